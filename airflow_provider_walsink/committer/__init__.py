@@ -1,0 +1,34 @@
+"""The committer table and the commit step (Airflow-free)."""
+
+from .commit import CheckpointCommitter, CommitSummary
+from .store import (
+    Actor,
+    CheckpointNotFoundError,
+    CheckpointRecord,
+    CommitterStore,
+    Lease,
+    LeaseHeldError,
+    LeaseLostError,
+    OrderingError,
+    StaleAttemptError,
+    StoreError,
+    TransitionError,
+)
+from .writer import CheckpointWriter
+
+__all__ = [
+    "Actor",
+    "CheckpointCommitter",
+    "CheckpointNotFoundError",
+    "CheckpointRecord",
+    "CheckpointWriter",
+    "CommitSummary",
+    "CommitterStore",
+    "Lease",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "OrderingError",
+    "StaleAttemptError",
+    "StoreError",
+    "TransitionError",
+]

@@ -1,0 +1,200 @@
+"""Committing one checkpoint: lease, sealed manifest, publish, COMMITTED, clean staging.
+
+This is walsink's exactly-once step. Flink's GenericWriteAheadSink publishes
+(``sendValues``) and then records the commit (``commitCheckpoint``) as two
+steps, so a crash between them replays the data. Here the publish is
+idempotent on the target side, so the crash window is harmless: a re-run
+(after the lease expires, by anyone) recognises what is already published and
+finishes the rest, and only then records COMMITTED.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from airflow_provider_walsink.protocol.errors import (
+    CommittableError,
+    InvalidIdentifierError,
+    ManifestError,
+    NotDurableError,
+    PathEscapeError,
+)
+from airflow_provider_walsink.protocol.manifest import read_manifest
+from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.states import CheckpointState
+from airflow_provider_walsink.publishers.base import Publisher
+
+from .store import Actor, CheckpointRecord, CommitterStore, Lease
+
+log = logging.getLogger(__name__)
+S = CheckpointState
+
+#: Errors caused by what is on disk: recorded on the checkpoint, which stays uncommitted.
+BAD_INPUT = (ManifestError, PathEscapeError, CommittableError, InvalidIdentifierError)
+
+
+@dataclass
+class CommitSummary:
+    """What a commit did, as returned to Airflow (XCom) or printed by the CLI."""
+
+    pipeline: str
+    checkpoint_key: str
+    sequence: int
+    attempt: int | None
+    state: str
+    already_committed: bool
+    published: int = 0
+    already_published: int = 0
+    committables: int | None = None
+    rows: int | None = None
+    bytes: int | None = None
+    partitions_replaced: list[str] = field(default_factory=list)
+    lease_taken_over_from: str | None = None
+    end_offsets: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def explain_not_committable(record: CheckpointRecord) -> str:
+    """Say, for a user, why a checkpoint cannot be committed yet."""
+    name = f"checkpoint {record.pipeline}/{record.checkpoint_key}"
+    match record.state:
+        case S.REGISTERED:
+            return f"{name} is not durable: its write phase has not started (no attempt, no manifest)"
+        case S.WRITING:
+            return f"{name} is not durable: attempt {record.attempt} is still writing; no sealed manifest yet"
+        case S.SEALED:
+            return (
+                f"{name} is not durable: attempt {record.sealed_attempt} sealed its manifest but its "
+                f"{record.committables} committables have not been verified (run the durability sensor)"
+            )
+        case S.FAILED:
+            return f"{name} is not durable: it FAILED before it was verified: {record.error}"
+        case S.ABORTED:
+            return f"{name} was ABORTED and will never be committed: {record.error}"
+    return f"{name} is {record.state}"
+
+
+class CheckpointCommitter:
+    """Commits checkpoints of one pipeline into one target with one publisher."""
+
+    def __init__(
+        self,
+        store: CommitterStore,
+        layout: StagingLayout,
+        publisher: Publisher,
+        *,
+        mode: str,
+        owner: str | None = None,
+        lease_ttl: timedelta = timedelta(minutes=10),
+    ) -> None:
+        self.store = store
+        self.layout = layout
+        self.publisher = publisher
+        self.mode = mode
+        self.owner = owner
+        self.lease_ttl = lease_ttl
+
+    def commit(self, pipeline: str, checkpoint_key: str, *, actor: Actor) -> CommitSummary:
+        started = time.monotonic()
+        record = self.store.require(pipeline, checkpoint_key)
+        if record.is_committed:
+            log.info(
+                "checkpoint %s/%s is already COMMITTED (at %s); nothing to do",
+                pipeline,
+                checkpoint_key,
+                record.committed_at,
+            )
+            return self._summary(record, already=True, started=started)
+        committable_states = (S.DURABLE, S.COMMITTING)
+        if record.state not in committable_states and not (record.state is S.FAILED and record.durable_at):
+            raise NotDurableError(explain_not_committable(record))
+
+        owner = self.owner or actor.name
+        lease = self.store.acquire_lease(
+            pipeline, checkpoint_key, owner=owner, ttl=self.lease_ttl, actor=actor, mode=self.mode
+        )
+        if lease.taken_over_from:
+            log.warning(
+                "took over the expired lease of %s on %s/%s", lease.taken_over_from, pipeline, checkpoint_key
+            )
+        record = self.store.require(pipeline, checkpoint_key)
+        assert record.sealed_attempt is not None and record.manifest_digest is not None
+        renew = _LeaseKeeper(self.store, lease, self.lease_ttl)
+        try:
+            manifest_path = self.layout.manifest_path(pipeline, checkpoint_key, record.sealed_attempt)
+            manifest = read_manifest(manifest_path, expected_digest=record.manifest_digest)
+            if (manifest.pipeline, manifest.checkpoint_key, manifest.attempt) != (
+                pipeline,
+                checkpoint_key,
+                record.sealed_attempt,
+            ):
+                raise ManifestError(
+                    f"manifest {manifest_path} describes {manifest.pipeline}/{manifest.checkpoint_key} "
+                    f"attempt {manifest.attempt}, not {pipeline}/{checkpoint_key} attempt {record.sealed_attempt}"
+                )
+            attempt_dir = self.layout.attempt_dir(pipeline, checkpoint_key, record.sealed_attempt)
+            result = self.publisher.publish(manifest, attempt_dir, keep_alive=renew)
+            renew.lease = renew()
+            done = self.store.mark_committed(
+                renew.lease,
+                actor=actor,
+                end_offsets=manifest.end_offsets,
+                detail=f"published {result.published}, already there {result.already}",
+            )
+        except BAD_INPUT as exc:
+            log.error("checkpoint %s/%s cannot be committed: %s", pipeline, checkpoint_key, exc)
+            self.store.fail(pipeline, checkpoint_key, error=str(exc), actor=actor, lease=renew.lease)
+            raise
+        # The commit is recorded: the WAL (every staged attempt) is garbage now.
+        self.publisher.forget(manifest)
+        self.layout.remove_checkpoint(pipeline, checkpoint_key)
+        summary = self._summary(done, already=False, started=started)
+        summary.published, summary.already_published = result.published, result.already
+        summary.partitions_replaced = result.partitions_replaced
+        summary.lease_taken_over_from = lease.taken_over_from
+        log.info(
+            "committed %s/%s: %d published, %d already there, %s rows",
+            pipeline,
+            checkpoint_key,
+            result.published,
+            result.already,
+            done.rows,
+        )
+        return summary
+
+    @staticmethod
+    def _summary(record: CheckpointRecord, *, already: bool, started: float) -> CommitSummary:
+        return CommitSummary(
+            pipeline=record.pipeline,
+            checkpoint_key=record.checkpoint_key,
+            sequence=record.sequence,
+            attempt=record.sealed_attempt,
+            state=record.state.value,
+            already_committed=already,
+            committables=record.committables,
+            rows=record.rows,
+            bytes=record.bytes,
+            end_offsets=record.end_offsets,
+            seconds=round(time.monotonic() - started, 3),
+        )
+
+
+class _LeaseKeeper:
+    """Renews the lease when a third of its time has passed (called between publish steps)."""
+
+    def __init__(self, store: CommitterStore, lease: Lease, ttl: timedelta) -> None:
+        self.store, self.lease, self.ttl = store, lease, ttl
+        self._renewed = time.monotonic()
+
+    def __call__(self) -> Lease:
+        if time.monotonic() - self._renewed >= self.ttl.total_seconds() / 3:
+            self.lease = self.store.renew_lease(self.lease, self.ttl)
+            self._renewed = time.monotonic()
+        return self.lease

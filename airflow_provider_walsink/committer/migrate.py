@@ -1,0 +1,101 @@
+"""Create or upgrade the committer schema with Alembic, safely from many processes.
+
+Many tasks may start at once against a fresh database; each takes a lock that
+the database itself holds (an advisory lock on PostgreSQL, ``GET_LOCK`` on
+MySQL/MariaDB, a file lock beside an SQLite file), checks the revision again
+and only then runs the migrations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, text
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+VERSION_TABLE = "walsink_alembic_version"
+_PG_LOCK_KEY = 0x77616C73696E6B  # "walsink"
+_MYSQL_LOCK_NAME = "walsink_migrate"
+_LOCK_TIMEOUT_S = 300
+
+
+def alembic_config(url: str | None = None) -> Config:
+    """An Alembic config for the walsink migrations, without an ini file."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("version_table", VERSION_TABLE)
+    if url:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def current_revision(conn: Connection) -> str | None:
+    ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+    return ctx.get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring the schema at ``engine`` to ``revision``; a no-op when it is there already."""
+    head = head_revision()
+    with engine.connect() as conn:
+        if revision == "head" and current_revision(conn) == head:
+            return
+    with _migration_lock(engine) as conn:
+        if revision == "head" and current_revision(conn) == head:
+            return
+        cfg = alembic_config()
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+        conn.commit()
+
+
+@contextlib.contextmanager
+def _migration_lock(engine: Engine) -> Iterator[Connection]:
+    backend = engine.url.get_backend_name()
+    if backend == "sqlite":
+        database = engine.url.database
+        if not database or database == ":memory:":
+            with engine.connect() as conn:
+                yield conn
+            return
+        with open(os.path.abspath(database) + ".migrate-lock", "a+") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            try:
+                with engine.connect() as conn:
+                    yield conn
+            finally:
+                fcntl.flock(lock_file, fcntl.LOCK_UN)
+        return
+    with engine.connect() as conn:
+        if backend == "postgresql":
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _PG_LOCK_KEY})
+            unlock = text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_LOCK_KEY}
+        elif backend in ("mysql", "mariadb"):
+            got = conn.execute(
+                text("SELECT GET_LOCK(:n, :t)"), {"n": _MYSQL_LOCK_NAME, "t": _LOCK_TIMEOUT_S}
+            ).scalar()
+            if got != 1:
+                raise TimeoutError(f"could not take the walsink migration lock in {_LOCK_TIMEOUT_S}s")
+            unlock = text("SELECT RELEASE_LOCK(:n)"), {"n": _MYSQL_LOCK_NAME}
+        else:
+            unlock = None
+        conn.commit()
+        try:
+            yield conn
+        finally:
+            if unlock is not None:
+                conn.rollback()
+                conn.execute(*unlock)
+                conn.commit()

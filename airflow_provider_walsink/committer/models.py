@@ -1,0 +1,119 @@
+"""The committer table (Flink's CheckpointCommitter, kept in an external database).
+
+The Alembic migrations in ``migrations/`` create exactly these tables; a test
+checks that autogenerate finds no difference between the two.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects import mysql
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# Naive UTC everywhere: SQLite has no time zones and MySQL's DATETIME neither;
+# microseconds matter for lease expiry, so MySQL gets fsp=6.
+Timestamp = DateTime(timezone=False).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+# BIGINT autoincrement keys, except on SQLite where only INTEGER PRIMARY KEY is rowid.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Pipeline(Base):
+    """One pipeline: its commit mode, target and the next checkpoint sequence number."""
+
+    __tablename__ = "walsink_pipeline"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    mode: Mapped[str] = mapped_column(String(16))
+    target: Mapped[str | None] = mapped_column(String(1024))
+    dag_id: Mapped[str | None] = mapped_column(String(250))
+    next_sequence: Mapped[int] = mapped_column(BigInteger, default=1)
+    created_at: Mapped[datetime] = mapped_column(Timestamp)
+
+
+class Checkpoint(Base):
+    """One checkpoint of one pipeline and where it is in its life cycle."""
+
+    __tablename__ = "walsink_checkpoint"
+    __table_args__ = (
+        UniqueConstraint("pipeline", "checkpoint_key"),
+        UniqueConstraint("pipeline", "sequence"),
+        # Keyset pagination and "pending checkpoints" per pipeline and state.
+        Index("ix_walsink_checkpoint_pipeline_state_sequence", "pipeline", "state", "sequence"),
+        Index("ix_walsink_checkpoint_dag_id_run_id", "dag_id", "run_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    pipeline: Mapped[str] = mapped_column(
+        String(128), ForeignKey("walsink_pipeline.name", ondelete="CASCADE")
+    )
+    checkpoint_key: Mapped[str] = mapped_column(String(128))
+    sequence: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    sealed_attempt: Mapped[int | None] = mapped_column(Integer)
+    manifest_uri: Mapped[str | None] = mapped_column(String(2048))
+    manifest_digest: Mapped[str | None] = mapped_column(String(80))
+    committables: Mapped[int | None] = mapped_column(Integer)
+    rows: Mapped[int | None] = mapped_column(BigInteger)
+    bytes: Mapped[int | None] = mapped_column(BigInteger)
+    start_offsets: Mapped[str | None] = mapped_column(Text)
+    end_offsets: Mapped[str | None] = mapped_column(Text)
+    lease_owner: Mapped[str | None] = mapped_column(String(255))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    error: Mapped[str | None] = mapped_column(Text)
+    # The Airflow run that registered it, for the UI's DAG and run tabs.
+    dag_id: Mapped[str | None] = mapped_column(String(250))
+    run_id: Mapped[str | None] = mapped_column(String(250))
+    created_at: Mapped[datetime] = mapped_column(Timestamp)
+    updated_at: Mapped[datetime] = mapped_column(Timestamp)
+    sealed_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    durable_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    committed_at: Mapped[datetime | None] = mapped_column(Timestamp)
+
+
+class Transition(Base):
+    """One state change of a checkpoint: from, to, who and when (invariant 7)."""
+
+    __tablename__ = "walsink_transition"
+    __table_args__ = (Index("ix_walsink_transition_checkpoint_id_id", "checkpoint_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    checkpoint_id: Mapped[int] = mapped_column(BigId, ForeignKey("walsink_checkpoint.id", ondelete="CASCADE"))
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer)
+    at: Mapped[datetime] = mapped_column(Timestamp)
+    actor: Mapped[str | None] = mapped_column(String(255))
+    dag_id: Mapped[str | None] = mapped_column(String(250))
+    run_id: Mapped[str | None] = mapped_column(String(250))
+    task_id: Mapped[str | None] = mapped_column(String(250))
+    try_number: Mapped[int | None] = mapped_column(Integer)
+    detail: Mapped[str | None] = mapped_column(Text)
+
+
+checkpoint_table = Checkpoint.__table__
+pipeline_table = Pipeline.__table__
+transition_table = Transition.__table__

@@ -1,0 +1,83 @@
+"""The durability check: is a sealed attempt complete and intact on disk?
+
+Flink calls a checkpoint complete when every subtask has acknowledged it;
+walsink calls a staged attempt *durable* when its manifest is sealed and every
+committable it lists is present with its recorded size (and, when asked, its
+checksum). The poke sensor, the deferrable trigger and the commit task all use
+this one function.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checksum import algorithm_of, file_checksum
+from .errors import PathEscapeError
+from .manifest import Manifest
+from .staging import StagingLayout
+
+
+@dataclass
+class DurabilityReport:
+    """What a durability check found; ``durable`` only when every list is empty."""
+
+    checked: int = 0
+    missing: list[str] = field(default_factory=list)
+    wrong_size: list[str] = field(default_factory=list)
+    wrong_checksum: list[str] = field(default_factory=list)
+    escaping: list[str] = field(default_factory=list)
+
+    @property
+    def durable(self) -> bool:
+        return not (self.missing or self.wrong_size or self.wrong_checksum or self.escaping)
+
+    def describe(self, limit: int = 5) -> str:
+        """One line naming what is wrong, e.g. for a sensor timeout or a task error."""
+        if self.durable:
+            return f"all {self.checked} committables present and verified"
+        parts = []
+        for label, items in (
+            ("outside the staging root", self.escaping),
+            ("missing", self.missing),
+            ("size mismatch", self.wrong_size),
+            ("checksum mismatch", self.wrong_checksum),
+        ):
+            if items:
+                shown = ", ".join(items[:limit]) + (
+                    f" (+{len(items) - limit} more)" if len(items) > limit else ""
+                )
+                parts.append(f"{len(items)} {label}: {shown}")
+        return "; ".join(parts)
+
+
+def check_attempt(
+    layout: StagingLayout,
+    manifest: Manifest,
+    attempt_dir: Path,
+    *,
+    verify_checksums: bool = False,
+) -> DurabilityReport:
+    """Check every committable of ``manifest`` under ``attempt_dir`` (one ``stat`` each)."""
+    report = DurabilityReport()
+    for c in manifest.committables:
+        report.checked += 1
+        try:
+            path = layout.committable_path(attempt_dir, c.path)
+        except PathEscapeError as e:
+            report.escaping.append(f"{c.path} ({e})")
+            continue
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            report.missing.append(c.path)
+            continue
+        if st.st_size != c.size:
+            report.wrong_size.append(f"{c.path} ({st.st_size} bytes, manifest says {c.size})")
+            continue
+        if verify_checksums and c.checksum is not None:
+            actual = file_checksum(path, algorithm_of(c.checksum))
+            if actual != c.checksum:
+                report.wrong_checksum.append(f"{c.path} ({actual}, manifest says {c.checksum})")
+    return report

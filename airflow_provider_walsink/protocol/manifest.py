@@ -1,0 +1,430 @@
+"""Committables and the manifest that lists them (Flink's CommittableWithLineage
+and CommittableSummary, written down as one schema-versioned JSON document).
+
+A manifest is *sealed* when it has been written atomically (temp file, fsync,
+rename, fsync of the directory) and its digest recorded in the committer table.
+Readers validate strictly: a manifest that is not exactly what this module
+writes is rejected with a message that names the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import PurePosixPath
+from typing import Any
+
+from .errors import InvalidIdentifierError, ManifestError
+from .identifiers import validate_identifier, validate_partition
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "_manifest.json"
+#: A manifest larger than this is refused before it is parsed.
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+MAX_COMMITTABLES = 1_000_000
+CHECKSUM_ALGORITHMS = ("sha256", "crc32")
+FILE_FORMATS = ("parquet", "orc", "json", "csv", "text", "avro")
+
+JsonObject = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Committable:
+    """One staged file of a checkpoint, with the lineage of the writer that made it.
+
+    ``path`` is relative to the attempt's staging directory, POSIX style, and
+    its directories are the Hive-style partition (``dt=2026-01-01/part-0.parquet``).
+    ``checksum`` is ``"<algorithm>:<hex>"`` or ``None`` when the writer did not
+    compute one (then only sizes can be verified).
+    """
+
+    path: str
+    size: int
+    rows: int | None
+    checksum: str | None = None
+    writer: str | None = None
+
+    @property
+    def partition(self) -> tuple[tuple[str, str], ...]:
+        """The ``(column, value)`` pairs named by the path's directories."""
+        return partition_of(self.path)
+
+    @property
+    def partition_path(self) -> str:
+        return "/".join(f"{c}={v}" for c, v in self.partition)
+
+    def to_json(self) -> JsonObject:
+        return {
+            "path": self.path,
+            "size": self.size,
+            "rows": self.rows,
+            "checksum": self.checksum,
+            "writer": self.writer,
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything a committer needs to publish one attempt of one checkpoint."""
+
+    pipeline: str
+    checkpoint_key: str
+    sequence: int
+    attempt: int
+    file_format: str
+    committables: tuple[Committable, ...]
+    #: Partitions this checkpoint replaces in ``overwrite`` mode, even if it
+    #: wrote no file to them (an interval with no rows still replaces its
+    #: partition). Each is a ``col=value/...`` path.
+    partitions: tuple[str, ...] = ()
+    start_offsets: JsonObject | None = None
+    end_offsets: JsonObject | None = None
+    created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
+    job: str | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "committables", tuple(self.committables))
+        object.__setattr__(self, "partitions", tuple(self.partitions))
+        _validate(self)
+
+    @property
+    def total_rows(self) -> int:
+        return sum(c.rows or 0 for c in self.committables)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(c.size for c in self.committables)
+
+    @property
+    def expected_count(self) -> int:
+        return len(self.committables)
+
+    def replaced_partitions(self) -> list[str]:
+        """Partitions an ``overwrite`` publish replaces: declared plus written ones."""
+        seen = dict.fromkeys(self.partitions)
+        for c in self.committables:
+            seen.setdefault(c.partition_path, None)
+        return list(seen)
+
+    def to_json(self) -> JsonObject:
+        return {
+            "schema_version": self.schema_version,
+            "pipeline": self.pipeline,
+            "checkpoint": {"key": self.checkpoint_key, "sequence": self.sequence},
+            "attempt": self.attempt,
+            "format": self.file_format,
+            "created_at": self.created_at,
+            "job": self.job,
+            "partitions": list(self.partitions),
+            "source_offsets": {"start": self.start_offsets, "end": self.end_offsets},
+            "committables": [c.to_json() for c in self.committables],
+            "expected_count": self.expected_count,
+            "totals": {
+                "count": self.expected_count,
+                "rows": self.total_rows,
+                "bytes": self.total_bytes,
+            },
+        }
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(self.to_json())
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, source: str = "manifest") -> Manifest:
+        return parse_manifest(data, source=source)
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+        "utf-8"
+    )
+
+
+def digest_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def partition_of(path: str) -> tuple[tuple[str, str], ...]:
+    parts = PurePosixPath(path).parts[:-1]
+    pairs = []
+    for part in parts:
+        column, sep, value = part.partition("=")
+        if not sep:
+            raise InvalidIdentifierError(
+                f"committable path {path!r}: directory {part!r} is not a column=value partition"
+            )
+        pairs.append(validate_partition(column, value))
+    return tuple(pairs)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _fail(source: str, problem: str) -> ManifestError:
+    return ManifestError(f"{source}: {problem}")
+
+
+def _check_relative_path(path: object, source: str, what: str) -> str:
+    if not isinstance(path, str) or not path:
+        raise _fail(source, f"{what} must be a non-empty string")
+    if "\x00" in path or "\\" in path:
+        raise _fail(source, f"{what} {path!r} contains a NUL or backslash")
+    pure = PurePosixPath(path)
+    if pure.is_absolute():
+        raise _fail(source, f"{what} {path!r} is absolute; it must be relative to the attempt")
+    if any(p in ("..", ".", "") for p in path.split("/")):
+        raise _fail(source, f"{what} {path!r} has '.', '..' or an empty segment")
+    if any(p.startswith(".") for p in pure.parts):
+        raise _fail(source, f"{what} {path!r} names a hidden file")
+    return path
+
+
+def _validate(m: Manifest) -> None:
+    src = "manifest"
+    if m.schema_version != SCHEMA_VERSION:
+        raise _fail(src, f"unknown schema_version {m.schema_version!r}; this walsink reads {SCHEMA_VERSION}")
+    try:
+        validate_identifier(m.pipeline, "pipeline id")
+        validate_identifier(m.checkpoint_key, "checkpoint key")
+    except InvalidIdentifierError as e:
+        raise _fail(src, str(e)) from None
+    for name, value in (("sequence", m.sequence), ("attempt", m.attempt)):
+        if not _is_int(value) or value < 0:
+            raise _fail(src, f"{name} must be a non-negative integer, got {value!r}")
+    if m.file_format not in FILE_FORMATS:
+        raise _fail(src, f"format {m.file_format!r} is not one of {', '.join(FILE_FORMATS)}")
+    if len(m.committables) > MAX_COMMITTABLES:
+        raise _fail(src, f"{len(m.committables)} committables exceed the limit of {MAX_COMMITTABLES}")
+    seen: set[str] = set()
+    for i, c in enumerate(m.committables):
+        what = f"committable {i}"
+        _check_relative_path(c.path, src, f"{what} path")
+        if c.path in seen:
+            raise _fail(src, f"{what} path {c.path!r} is listed twice")
+        seen.add(c.path)
+        try:
+            c.partition  # noqa: B018 - validates the partition directories
+        except InvalidIdentifierError as e:
+            raise _fail(src, str(e)) from None
+        if not _is_int(c.size) or c.size < 0:
+            raise _fail(src, f"{what} size must be a non-negative integer, got {c.size!r}")
+        if c.rows is not None and (not _is_int(c.rows) or c.rows < 0):
+            raise _fail(src, f"{what} rows must be a non-negative integer or null, got {c.rows!r}")
+        if c.checksum is not None:
+            algo, sep, hexdigest = str(c.checksum).partition(":")
+            if not sep or algo not in CHECKSUM_ALGORITHMS or not _is_hex(hexdigest):
+                raise _fail(src, f"{what} checksum {c.checksum!r} is not '<sha256|crc32>:<hex>'")
+        if c.writer is not None and (not isinstance(c.writer, str) or len(c.writer) > 256):
+            raise _fail(src, f"{what} writer must be a string of at most 256 characters")
+    for p in m.partitions:
+        try:
+            _check_relative_path(p + "/x", src, "partition")
+            partition_of(p + "/x")
+        except InvalidIdentifierError as e:
+            raise _fail(src, str(e)) from None
+    for name, offsets in (("start", m.start_offsets), ("end", m.end_offsets)):
+        if offsets is not None and not isinstance(offsets, Mapping):
+            raise _fail(src, f"source_offsets.{name} must be an object or null")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_hex(s: str) -> bool:
+    return bool(s) and all(ch in "0123456789abcdef" for ch in s)
+
+
+def _expect(obj: Mapping[str, Any], key: str, types: type | tuple[type, ...], source: str) -> Any:
+    if key not in obj:
+        raise _fail(source, f"missing field {key!r}")
+    value = obj[key]
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+        raise _fail(source, f"field {key!r} has the wrong type {type(value).__name__}")
+    return value
+
+
+def _as_tuple(t: type | tuple[type, ...]) -> tuple[type, ...]:
+    return t if isinstance(t, tuple) else (t,)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name}")
+
+
+def parse_manifest(data: bytes, *, source: str = "manifest") -> Manifest:
+    """Parse and validate manifest bytes; raise :class:`ManifestError` naming the problem."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise _fail(source, f"{len(data)} bytes exceed the manifest limit of {MAX_MANIFEST_BYTES}")
+    try:
+        obj = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise _fail(source, f"not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise _fail(source, "top level must be a JSON object")
+    version = obj.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise _fail(source, f"unknown schema_version {version!r}; this walsink reads {SCHEMA_VERSION}")
+    known = {
+        "schema_version", "pipeline", "checkpoint", "attempt", "format", "created_at", "job",
+        "partitions", "source_offsets", "committables", "expected_count", "totals",
+    }  # fmt: skip
+    unknown = sorted(set(obj) - known)
+    if unknown:
+        raise _fail(source, f"unknown fields {unknown}")
+    checkpoint = _expect(obj, "checkpoint", dict, source)
+    offsets = _expect(obj, "source_offsets", dict, source)
+    raw_committables = _expect(obj, "committables", list, source)
+    totals = _expect(obj, "totals", dict, source)
+    committables = []
+    for i, rc in enumerate(raw_committables):
+        if not isinstance(rc, dict):
+            raise _fail(source, f"committable {i} is not an object")
+        extra = sorted(set(rc) - {"path", "size", "rows", "checksum", "writer"})
+        if extra:
+            raise _fail(source, f"committable {i} has unknown fields {extra}")
+        committables.append(
+            Committable(
+                path=_expect(rc, "path", str, source),
+                size=_expect(rc, "size", int, source),
+                rows=_expect(rc, "rows", (int, type(None)), source),
+                checksum=_expect(rc, "checksum", (str, type(None)), source),
+                writer=_expect(rc, "writer", (str, type(None)), source),
+            )
+        )
+    try:
+        manifest = Manifest(
+            pipeline=_expect(obj, "pipeline", str, source),
+            checkpoint_key=_expect(checkpoint, "key", str, source),
+            sequence=_expect(checkpoint, "sequence", int, source),
+            attempt=_expect(obj, "attempt", int, source),
+            file_format=_expect(obj, "format", str, source),
+            committables=tuple(committables),
+            partitions=tuple(_expect(obj, "partitions", list, source)),
+            start_offsets=_expect(offsets, "start", (dict, type(None)), source),
+            end_offsets=_expect(offsets, "end", (dict, type(None)), source),
+            created_at=_expect(obj, "created_at", str, source),
+            job=_expect(obj, "job", (str, type(None)), source),
+        )
+    except ManifestError as e:
+        raise _fail(source, str(e).removeprefix("manifest: ")) from None
+    expected = _expect(obj, "expected_count", int, source)
+    if expected != manifest.expected_count:
+        raise _fail(
+            source, f"expected_count {expected} but {manifest.expected_count} committables are listed"
+        )
+    want = {"count": manifest.expected_count, "rows": manifest.total_rows, "bytes": manifest.total_bytes}
+    if totals != want:
+        raise _fail(source, f"totals {totals} do not match the committables ({want})")
+    return manifest
+
+
+# --------------------------------------------------------------------------- files
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a part.
+
+    Temp file in the same directory, fsync, rename over the target, fsync the
+    directory so the rename itself survives a crash.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(path) or "."
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(directory)
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_manifest(path: str | os.PathLike[str], manifest: Manifest) -> str:
+    """Seal ``manifest`` at ``path`` atomically and return its digest."""
+    data = manifest.to_bytes()
+    write_atomic(path, data)
+    return digest_of(data)
+
+
+def read_manifest(path: str | os.PathLike[str], *, expected_digest: str | None = None) -> Manifest:
+    """Read, digest-check and validate a sealed manifest.
+
+    The file is opened without following a final symlink and read with a size
+    cap, so a hostile manifest can neither redirect the read nor exhaust memory.
+    """
+    source = f"manifest {os.fspath(path)}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise _fail(source, "does not exist (the write phase has not sealed it)") from None
+    except OSError as e:
+        raise _fail(source, f"cannot be opened ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_MANIFEST_BYTES + 1)
+    if expected_digest is not None and digest_of(data) != expected_digest:
+        raise _fail(source, f"digest {digest_of(data)} does not match the sealed digest {expected_digest}")
+    return parse_manifest(data, source=source)
+
+
+def build_manifest(
+    *,
+    pipeline: str,
+    checkpoint_key: str,
+    sequence: int,
+    attempt: int,
+    file_format: str,
+    committables: Iterable[Committable],
+    partitions: Iterable[str] = (),
+    start_offsets: Mapping[str, Any] | None = None,
+    end_offsets: Mapping[str, Any] | None = None,
+    job: str | None = None,
+) -> Manifest:
+    """Build a validated manifest; committables are ordered by path so the bytes are stable."""
+    ordered = sorted(committables, key=lambda c: c.path)
+    for offsets in (start_offsets, end_offsets):
+        if offsets is not None:
+            _json_safe(offsets)
+    return Manifest(
+        pipeline=pipeline,
+        checkpoint_key=checkpoint_key,
+        sequence=sequence,
+        attempt=attempt,
+        file_format=file_format,
+        committables=tuple(ordered),
+        partitions=tuple(partitions),
+        start_offsets=dict(start_offsets) if start_offsets is not None else None,
+        end_offsets=dict(end_offsets) if end_offsets is not None else None,
+        job=job,
+    )
+
+
+def _json_safe(obj: Any) -> None:
+    try:
+        canonical_json(obj)
+    except (TypeError, ValueError) as e:
+        raise ManifestError(f"manifest: source offsets are not JSON-serialisable ({e})") from None
+    if isinstance(obj, float) and not math.isfinite(obj):
+        raise ManifestError("manifest: source offsets contain a non-finite number")

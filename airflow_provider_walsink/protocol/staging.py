@@ -1,0 +1,105 @@
+"""Staging layout and path confinement.
+
+Staged data lives at ``<staging_root>/<pipeline>/<checkpoint>/<attempt>/`` with
+the manifest beside the data files. Every path that comes from a manifest is
+resolved (symlinks included) and must stay under the root it belongs to; no
+manifest can make walsink read, move or delete anything outside it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import PathEscapeError
+from .identifiers import validate_identifier
+from .manifest import MANIFEST_NAME
+
+
+def confine(root: str | os.PathLike[str], relative: str, *, what: str = "path") -> Path:
+    """Resolve ``relative`` under ``root`` and return it, or raise :class:`PathEscapeError`.
+
+    Rejects absolute paths, ``..`` segments and any symlink along the way that
+    resolves outside ``root``. The file itself need not exist.
+    """
+    if not isinstance(relative, str) or not relative or "\x00" in relative:
+        raise PathEscapeError(f"{what} {relative!r} is empty or contains a NUL")
+    if os.path.isabs(relative) or relative.startswith("/"):
+        raise PathEscapeError(f"{what} {relative!r} is absolute; it must be relative to {os.fspath(root)}")
+    if any(part == ".." for part in relative.replace("\\", "/").split("/")):
+        raise PathEscapeError(f"{what} {relative!r} contains '..'")
+    real_root = Path(os.path.realpath(root))
+    resolved = Path(os.path.realpath(real_root / relative))
+    if resolved != real_root and real_root not in resolved.parents:
+        raise PathEscapeError(f"{what} {relative!r} resolves to {resolved}, outside {real_root}")
+    return resolved
+
+
+@dataclass(frozen=True)
+class StagingLayout:
+    """Where each checkpoint attempt is staged under one staging root."""
+
+    root: Path
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        object.__setattr__(self, "root", Path(os.path.abspath(root)))
+
+    def checkpoint_dir(self, pipeline: str, checkpoint_key: str) -> Path:
+        validate_identifier(pipeline, "pipeline id")
+        validate_identifier(checkpoint_key, "checkpoint key")
+        return confine(self.root, f"{pipeline}/{checkpoint_key}", what="checkpoint directory")
+
+    def attempt_dir(self, pipeline: str, checkpoint_key: str, attempt: int) -> Path:
+        if not isinstance(attempt, int) or attempt < 1:
+            raise ValueError(f"attempt must be a positive integer, got {attempt!r}")
+        return self.checkpoint_dir(pipeline, checkpoint_key) / f"attempt-{attempt}"
+
+    def manifest_path(self, pipeline: str, checkpoint_key: str, attempt: int) -> Path:
+        return self.attempt_dir(pipeline, checkpoint_key, attempt) / MANIFEST_NAME
+
+    def committable_path(self, attempt_dir: Path, relative: str) -> Path:
+        """The staged file of a committable, confined to the staging root.
+
+        Confined to the root (not only the attempt) and then to the attempt, so
+        the error names the tighter boundary that was crossed.
+        """
+        path = confine(
+            self.root,
+            os.path.relpath(attempt_dir, self.root) + "/" + relative,
+            what=f"committable {relative!r}",
+        )
+        real_attempt = Path(os.path.realpath(attempt_dir))
+        if real_attempt not in path.parents:
+            raise PathEscapeError(f"committable {relative!r} resolves to {path}, outside {real_attempt}")
+        return path
+
+    def remove_attempt(self, pipeline: str, checkpoint_key: str, attempt: int) -> bool:
+        """Delete one attempt's staging directory (the WAL). True if something was removed."""
+        return self._remove(self.attempt_dir(pipeline, checkpoint_key, attempt))
+
+    def remove_checkpoint(self, pipeline: str, checkpoint_key: str) -> bool:
+        return self._remove(self.checkpoint_dir(pipeline, checkpoint_key))
+
+    def _remove(self, path: Path) -> bool:
+        # The layout only builds paths from validated identifiers, but a symlink
+        # planted in place of a directory must not redirect the delete.
+        if path.is_symlink():
+            raise PathEscapeError(f"staging directory {path} is a symlink; refusing to delete through it")
+        if not path.exists():
+            return False
+        shutil.rmtree(path)
+        return True
+
+    def attempts(self, pipeline: str, checkpoint_key: str) -> list[int]:
+        """Attempt numbers staged for a checkpoint, in order."""
+        base = self.checkpoint_dir(pipeline, checkpoint_key)
+        if not base.is_dir():
+            return []
+        found = []
+        for entry in base.iterdir():
+            prefix, _, number = entry.name.partition("-")
+            if prefix == "attempt" and number.isdigit() and entry.is_dir() and not entry.is_symlink():
+                found.append(int(number))
+        return sorted(found)

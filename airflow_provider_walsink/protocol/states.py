@@ -1,0 +1,49 @@
+"""Checkpoint states and the transitions the committer table allows.
+
+The life cycle is DESIGN.md's::
+
+    REGISTERED -> WRITING -> SEALED -> DURABLE -> COMMITTING -> COMMITTED
+                     \\          \\         \\           \\
+                      +----------+---------+-----------+--> FAILED / ABORTED
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class CheckpointState(enum.StrEnum):
+    REGISTERED = "REGISTERED"
+    WRITING = "WRITING"
+    SEALED = "SEALED"
+    DURABLE = "DURABLE"
+    COMMITTING = "COMMITTING"
+    COMMITTED = "COMMITTED"
+    FAILED = "FAILED"
+    ABORTED = "ABORTED"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (CheckpointState.COMMITTED, CheckpointState.ABORTED)
+
+
+S = CheckpointState
+
+#: Which states each state may move to. A new write attempt may start from any
+#: state that has not begun publishing, so a cleared write task supersedes an
+#: earlier sealed attempt (only the newest sealed attempt ever counts).
+TRANSITIONS: dict[CheckpointState, frozenset[CheckpointState]] = {
+    S.REGISTERED: frozenset({S.WRITING, S.FAILED, S.ABORTED}),
+    S.WRITING: frozenset({S.WRITING, S.SEALED, S.FAILED, S.ABORTED}),
+    S.SEALED: frozenset({S.WRITING, S.DURABLE, S.FAILED, S.ABORTED}),
+    S.DURABLE: frozenset({S.WRITING, S.DURABLE, S.COMMITTING, S.FAILED, S.ABORTED}),
+    S.COMMITTING: frozenset({S.COMMITTING, S.COMMITTED, S.FAILED}),
+    S.COMMITTED: frozenset(),
+    # A failed checkpoint is never lost: it can be written again, or, if it was
+    # durable before it failed, committed again once the cause is fixed.
+    S.FAILED: frozenset({S.WRITING, S.DURABLE, S.COMMITTING, S.FAILED, S.ABORTED}),
+    S.ABORTED: frozenset(),
+}
+
+#: States from which a new write attempt may start.
+WRITABLE = frozenset(s for s, nxt in TRANSITIONS.items() if S.WRITING in nxt)
