@@ -1,0 +1,194 @@
+"""Shared test fixtures: committer databases (SQLite, PostgreSQL, MariaDB), one
+migrated Airflow home and one Spark session per test session.
+
+PostgreSQL and MariaDB are reached on 127.0.0.1 (database ``test``); each test
+session works in its own freshly created database, dropped at the end, so
+parallel sessions never see each other's rows. Outside CI an unreachable
+server skips its tests; under ``CI=true`` it fails them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SESSION_TMP = Path(tempfile.mkdtemp(prefix="walsink-tests-"))
+SESSION_ID = uuid.uuid4().hex[:8]
+
+# Airflow reads its configuration at import: point it at a private home first.
+AIRFLOW_HOME = SESSION_TMP / "airflow-home"
+AIRFLOW_HOME.mkdir()
+os.environ["AIRFLOW_HOME"] = str(AIRFLOW_HOME)
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{AIRFLOW_HOME}/airflow.db"
+os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
+
+PG_ADMIN_URL = os.environ.get("WALSINK_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
+MYSQL_ADMIN_URL = os.environ.get("WALSINK_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+BACKENDS = ["sqlite", "postgresql", "mysql"]
+
+
+def _unreachable(what: str, exc: BaseException):
+    message = f"{what} is unreachable: {exc}"
+    if IN_CI:
+        pytest.fail(message + " (CI=true: a missing database fails the run)")
+    pytest.skip(message)
+
+
+def _server_database(admin_url: str, backend: str):
+    """Create a private database on a server; return (url, drop)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"walsink_t_{SESSION_ID}_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5})
+    with admin.connect() as conn:
+        # The name is generated here from hex digits only; DDL cannot bind it.
+        conn.execute(text(f"CREATE DATABASE {name}"))
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            if backend == "postgresql":
+                conn.execute(text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"), {"d": name})
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+        admin.dispose()
+
+    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    return url, drop
+
+
+@pytest.fixture(scope="session")
+def database_urls():
+    """Lazily created private databases, one per backend, for the whole session."""
+    created: dict[str, str] = {}
+    drops = []
+    errors: dict[str, BaseException] = {}
+
+    def get(backend: str) -> str:
+        if backend in errors:
+            _unreachable(backend, errors[backend])
+        if backend not in created:
+            if backend == "sqlite":
+                created[backend] = f"sqlite:///{SESSION_TMP}/committer-{uuid.uuid4().hex[:6]}.db"
+            else:
+                admin = PG_ADMIN_URL if backend == "postgresql" else MYSQL_ADMIN_URL
+                try:
+                    url, drop = _server_database(admin, backend)
+                except Exception as exc:  # noqa: BLE001 - any connect failure
+                    errors[backend] = exc
+                    _unreachable(backend, exc)
+                created[backend] = url
+                drops.append(drop)
+        return created[backend]
+
+    yield get
+    for drop in drops:
+        try:
+            drop()
+        except Exception as exc:  # noqa: BLE001
+            print(f"warning: could not drop a test database: {exc}", file=sys.stderr)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def db_url(backend, database_urls) -> str:
+    """A committer database URL on each backend, migrated and emptied for this test."""
+
+    url = database_urls(backend)
+    store = _migrated_store(url)
+    _empty(store)
+    return url
+
+
+_STORES: dict = {}
+
+
+def _migrated_store(url: str):
+    from airflow_provider_walsink.committer.store import CommitterStore
+
+    if url not in _STORES:
+        _STORES[url] = CommitterStore.from_url(url)
+    return _STORES[url]
+
+
+def _empty(store) -> None:
+    from airflow_provider_walsink.committer.models import checkpoint_table, pipeline_table, transition_table
+
+    with store.engine.begin() as conn:
+        for table in (transition_table, checkpoint_table, pipeline_table):
+            conn.execute(table.delete())
+
+
+@pytest.fixture
+def store(db_url):
+    return _migrated_store(db_url)
+
+
+@pytest.fixture
+def sqlite_store(database_urls):
+    store = _migrated_store(database_urls("sqlite"))
+    _empty(store)
+    return store
+
+
+@pytest.fixture
+def pg_url(database_urls) -> str:
+    url = database_urls("postgresql")
+    _empty(_migrated_store(url))
+    return url
+
+
+@pytest.fixture
+def layout(tmp_path):
+    from airflow_provider_walsink.protocol.staging import StagingLayout
+
+    return StagingLayout(tmp_path / "staging")
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """One migrated Airflow metadata database (SQLite in the session's Airflow home)."""
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True,
+                   env=os.environ.copy())
+    return AIRFLOW_HOME
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session shared by every test that needs Spark."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("walsink-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for store in _STORES.values():
+        store.dispose()
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)

@@ -1,0 +1,51 @@
+"""Test helpers: stage and seal checkpoints without Spark, read back targets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from airflow_provider_walsink.committer import Actor, CheckpointWriter, CommitterStore
+from airflow_provider_walsink.protocol.staging import StagingLayout
+
+ACTOR = Actor(name="tests", dag_id="tests", run_id="run", task_id="task", try_number=1)
+
+
+def stage_checkpoint(
+    store: CommitterStore,
+    layout: StagingLayout,
+    pipeline: str,
+    key: str,
+    files: dict[str, bytes],
+    *,
+    mode: str = "overwrite",
+    durable: bool = True,
+    start_offsets: dict | None = None,
+    end_offsets: dict | None = None,
+    actor: Actor = ACTOR,
+):
+    """Register, write ``files`` (relative path → bytes) into a new attempt and seal it."""
+    store.register(pipeline, key, mode=mode, actor=actor)
+    writer = CheckpointWriter(store, layout, pipeline, key, actor=actor)
+    attempt_dir = writer.begin(start_offsets=start_offsets)
+    for rel, data in files.items():
+        path = attempt_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    writer.add_files(files, rows={rel: data.count(b"\n") for rel, data in files.items()}, writer="test-0")
+    manifest, digest = writer.seal(start_offsets=start_offsets, end_offsets=end_offsets)
+    if durable:
+        store.mark_durable(pipeline, key, attempt=writer.attempt, actor=actor)
+    return writer.record, manifest, attempt_dir
+
+
+def target_files(root: Path) -> dict[str, bytes]:
+    """Every visible data file under a target (bookkeeping and hidden files excluded)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(("_", "."))]
+        for name in filenames:
+            if not name.startswith(("_", ".")):
+                path = Path(dirpath) / name
+                out[str(path.relative_to(root))] = path.read_bytes()
+    return out
