@@ -801,13 +801,62 @@ class CommitterStore:
             rows = conn.execute(query.order_by(order).limit(limit)).mappings().all()
         return [CheckpointRecord.from_row(r) for r in rows]
 
-    def checkpoints_of_run(self, dag_id: str, run_id: str | None = None) -> list[CheckpointRecord]:
+    def checkpoints_of_run(
+        self, dag_id: str, run_id: str | None = None, *, limit: int | None = None
+    ) -> list[CheckpointRecord]:
+        """Checkpoints registered by a DAG (or one of its runs), uses the (dag_id, run_id) index."""
         query = select(ckpt).where(ckpt.c.dag_id == dag_id)
         if run_id is not None:
             query = query.where(ckpt.c.run_id == run_id)
+        query = query.order_by(ckpt.c.pipeline, ckpt.c.sequence)
+        if limit is not None:
+            query = query.limit(limit)
         with self.engine.connect() as conn:
-            rows = conn.execute(query.order_by(ckpt.c.pipeline, ckpt.c.sequence)).mappings().all()
+            rows = conn.execute(query).mappings().all()
         return [CheckpointRecord.from_row(r) for r in rows]
+
+    def get_pipeline(self, name: str) -> dict[str, Any] | None:
+        """One pipeline's row (name, mode, target, dag_id, next_sequence, created_at), or None."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(pipe).where(pipe.c.name == name)).mappings().first()
+        return dict(row) if row is not None else None
+
+    def pipeline_summary(self, pipeline: str) -> dict[str, Any]:
+        """Counts per state, the latest committed and the latest failed/aborted checkpoint.
+
+        Each part is one lookup on the (pipeline, state, sequence) index, so the
+        cost does not grow with the pipeline's history beyond an index-only count.
+        """
+        latest = {}
+        with self.engine.connect() as conn:
+            counts = dict(
+                conn.execute(
+                    select(ckpt.c.state, func.count())
+                    .where(ckpt.c.pipeline == pipeline)
+                    .group_by(ckpt.c.state)
+                ).all()
+            )
+            for name, states in (
+                ("committed", [S.COMMITTED.value]),
+                ("error", [S.FAILED.value, S.ABORTED.value]),
+            ):
+                # One indexed "newest first, limit 1" probe per state, then the newer of them.
+                found = []
+                for state in states:
+                    row = (
+                        conn.execute(
+                            select(ckpt)
+                            .where(ckpt.c.pipeline == pipeline, ckpt.c.state == state)
+                            .order_by(ckpt.c.sequence.desc())
+                            .limit(1)
+                        )
+                        .mappings()
+                        .first()
+                    )
+                    if row is not None:
+                        found.append(CheckpointRecord.from_row(row))
+                latest[name] = max(found, key=lambda r: r.sequence) if found else None
+        return {"counts": counts, "latest_committed": latest["committed"], "last_error": latest["error"]}
 
     def pipelines(self) -> list[dict[str, Any]]:
         """Every pipeline with its mode, target and checkpoint count per state."""
