@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.errors import (
     CommittableError,
     InvalidIdentifierError,
@@ -124,6 +125,7 @@ class CheckpointCommitter:
             log.warning(
                 "took over the expired lease of %s on %s/%s", lease.taken_over_from, pipeline, checkpoint_key
             )
+            crashpoint("lease.after_takeover")
         record = self.store.require(pipeline, checkpoint_key)
         assert record.sealed_attempt is not None and record.manifest_digest is not None
         renew = _LeaseKeeper(self.store, lease, self.lease_ttl)
@@ -141,6 +143,7 @@ class CheckpointCommitter:
                 )
             attempt_dir = self.layout.attempt_dir(pipeline, checkpoint_key, record.sealed_attempt)
             result = self.publisher.publish(manifest, attempt_dir, keep_alive=renew)
+            crashpoint("commit.after_publish")
             renew.lease = renew()
             done = self.store.mark_committed(
                 renew.lease,
@@ -152,6 +155,7 @@ class CheckpointCommitter:
             log.error("checkpoint %s/%s cannot be committed: %s", pipeline, checkpoint_key, exc)
             self.store.fail(pipeline, checkpoint_key, error=str(exc), actor=actor, lease=renew.lease)
             raise
+        crashpoint("commit.after_committed")
         # The commit is recorded: the WAL (every staged attempt) is garbage now.
         self.publisher.forget(manifest)
         self.layout.remove_checkpoint(pipeline, checkpoint_key)

@@ -31,6 +31,7 @@ from typing import Any, ParamSpec, TypeVar
 from sqlalchemy import Connection, Engine, and_, func, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
+from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.errors import WalsinkError
 from airflow_provider_walsink.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.protocol.states import TRANSITIONS, CheckpointState
@@ -553,6 +554,8 @@ class CommitterStore:
             if (mode or self._mode(conn, pipeline)) == "append":
                 self._check_append_order(conn, row)
             previous = row["lease_owner"] if row["lease_owner"] not in (None, owner) else None
+            if previous:
+                crashpoint("lease.takeover")
             expires = now + ttl
             self._move(
                 conn,

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.checksum import file_checksum
 from airflow_provider_walsink.protocol.manifest import Committable, Manifest, build_manifest, write_manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
@@ -44,6 +45,7 @@ class CheckpointWriter:
         self.record = self.store.start_attempt(
             self.pipeline, self.checkpoint_key, actor=self.actor, start_offsets=start_offsets
         )
+        crashpoint("write.before_staging")
         path = self.attempt_dir
         if path.exists():  # left by a crashed attempt with the same number: never reuse its files
             self.layout.remove_attempt(self.pipeline, self.checkpoint_key, self.record.attempt)
@@ -99,6 +101,7 @@ class CheckpointWriter:
         """Write the manifest atomically and record it; returns the manifest and its digest."""
         if self.record is None:
             raise RuntimeError("call begin() first")
+        crashpoint("write.after_staging")
         if start_offsets is None:
             start_offsets = self.record.start_offsets
         manifest = build_manifest(
@@ -115,6 +118,7 @@ class CheckpointWriter:
         )
         path = self.layout.manifest_path(self.pipeline, self.checkpoint_key, self.attempt)
         digest = write_manifest(path, manifest)
+        crashpoint("seal.after_manifest")
         self.record = self.store.seal(
             self.pipeline,
             self.checkpoint_key,
@@ -128,4 +132,5 @@ class CheckpointWriter:
             end_offsets=end_offsets,
             actor=self.actor,
         )
+        crashpoint("seal.after")
         return manifest, digest

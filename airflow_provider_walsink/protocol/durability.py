@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..faults import crashpoint
 from .checksum import algorithm_of, file_checksum
 from .errors import PathEscapeError
 from .manifest import Manifest
@@ -62,6 +63,7 @@ def check_attempt(
     """Check every committable of ``manifest`` under ``attempt_dir`` (one ``stat`` each)."""
     report = DurabilityReport()
     for c in manifest.committables:
+        crashpoint("durable.verifying")
         report.checked += 1
         try:
             path = layout.committable_path(attempt_dir, c.path)

@@ -26,6 +26,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
+from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.checksum import algorithm_of, file_checksum
 from airflow_provider_walsink.protocol.errors import CommittableError, PathEscapeError
 from airflow_provider_walsink.protocol.manifest import Committable, Manifest, fsync_dir, write_atomic
@@ -179,6 +180,7 @@ class FilePublisher:
                 dirs.add(dest.parent)
             _move(staged, dest)
             result.published += 1
+            crashpoint("publish.after_k")
             if i % 256 == 255:
                 keep_alive()
         for d in dirs:
@@ -198,6 +200,7 @@ class FilePublisher:
                 dirs.add(dest.parent)
             _move(staged, dest)
             result.published += 1
+            crashpoint("publish.after_k")
         for partition in manifest.replaced_partitions():
             keep_alive()
             if self._partition_is_ours(manifest, partition):
@@ -209,6 +212,7 @@ class FilePublisher:
             live.parent.mkdir(parents=True, exist_ok=True)
             _swap_in(pending, live)
             result.partitions_replaced.append(partition)
+            crashpoint("publish.after_swap")
         for _c, _staged, dest, _there in plan:
             rel = os.path.relpath(dest, pending_attempt)
             result.target_files.append(rel)
