@@ -1,0 +1,1 @@
+"""walsink benchmarks; run them all with ``python -m bench.run`` (see bench/README.md)."""
