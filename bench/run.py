@@ -50,15 +50,21 @@ SIZES = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", choices=SIZES, default="small")
     parser.add_argument("--only", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
     parser.add_argument("--repeats", type=int, help="repeats per measurement (default: the size's)")
     parser.add_argument(
         "--write-repeats", type=int, help="repeats of the Spark write benchmark (default: --repeats)"
     )
-    parser.add_argument("--db", choices=("sqlite", "postgresql"), default="sqlite",
-                        help="committer database for the commit benchmark (the table benchmark is PostgreSQL)")
+    parser.add_argument(
+        "--db",
+        choices=("sqlite", "postgresql"),
+        default="sqlite",
+        help="committer database for the commit benchmark (the table benchmark is PostgreSQL)",
+    )
     parser.add_argument("--work-dir", help="where scratch files go (default: the system temp dir)")
     parser.add_argument("--markdown", help="also write the tables to this file")
     args = parser.parse_args(argv)
@@ -93,7 +99,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_commit(size: Size, repeats: int, args: argparse.Namespace, scratch: Path) -> Table:
     from airflow_provider_walsink.committer import CommitterStore
-
     from bench import bench_commit
     from bench.common import private_pg_database
 
