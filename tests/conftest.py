@@ -170,6 +170,26 @@ def airflow_db():
 
 
 @pytest.fixture(scope="session")
+def airflow_stack():
+    """A real Airflow stack (scheduler, dag-processor, triggerer, api-server) on the repo's
+    ``dags/``, with a private PostgreSQL metadata database; started once per session on
+    first use, stopped at the end, logs saved under ``test-artifacts/``. See
+    ``tests/airflow_stack.py``.
+    """
+    from airflow_stack import AirflowStack
+
+    artifacts = REPO / "test-artifacts" / f"airflow-stack-{SESSION_ID}"
+    try:
+        stack = AirflowStack.create(
+            SESSION_TMP / "stack", postgres_admin_url=PG_ADMIN_URL, artifacts_dir=artifacts
+        )
+    except Exception as exc:  # noqa: BLE001 - any connect failure
+        _unreachable("postgresql (the Airflow stack's metadata database)", exc)
+    with stack:
+        yield stack
+
+
+@pytest.fixture(scope="session")
 def spark():
     """One local Spark session shared by every test that needs Spark."""
     pytest.importorskip("pyspark")
