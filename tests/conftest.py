@@ -60,8 +60,10 @@ def _server_database(admin_url: str, backend: str):
     def drop() -> None:
         with admin.connect() as conn:
             if backend == "postgresql":
-                conn.execute(text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"), {"d": name})
+                conn.execute(
+                    text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"),
+                    {"d": name},
+                )
             conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
         admin.dispose()
 
@@ -164,8 +166,12 @@ def layout(tmp_path):
 @pytest.fixture(scope="session")
 def airflow_db():
     """One migrated Airflow metadata database (SQLite in the session's Airflow home)."""
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True,
-                   env=os.environ.copy())
+    subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"],
+        check=True,
+        capture_output=True,
+        env=os.environ.copy(),
+    )
     return AIRFLOW_HOME
 
 

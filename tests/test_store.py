@@ -1,0 +1,207 @@
+"""The committer store's life cycle, on SQLite, PostgreSQL and MariaDB."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from airflow_provider_walsink.committer import (
+    Actor,
+    CommitterStore,
+    LeaseHeldError,
+    LeaseLostError,
+    OrderingError,
+    StaleAttemptError,
+    TransitionError,
+)
+from airflow_provider_walsink.committer.store import utcnow
+from airflow_provider_walsink.protocol import CheckpointState as S
+from airflow_provider_walsink.protocol import InvalidIdentifierError
+
+A = Actor(name="tester", dag_id="d", run_id="r", task_id="t", try_number=2)
+TTL = timedelta(minutes=5)
+
+
+def seal(store, key, attempt, *, p="p", end=None, start=None):
+    return store.seal(
+        p,
+        key,
+        attempt=attempt,
+        manifest_uri=f"file:///m/{key}/{attempt}",
+        manifest_digest=f"sha256:{attempt:064x}",
+        committables=2,
+        rows=10,
+        bytes=100,
+        start_offsets=start,
+        end_offsets=end,
+        actor=A,
+    )
+
+
+def to_durable(store, key, *, p="p", mode="overwrite", start=None, end=None):
+    store.register(p, key, mode=mode, actor=A)
+    rec = store.start_attempt(p, key, actor=A)
+    seal(store, key, rec.attempt, p=p, start=start, end=end)
+    return store.mark_durable(p, key, attempt=rec.attempt, actor=A)
+
+
+def test_register_is_idempotent_and_sequences_are_monotonic(store):
+    first = store.register("p", "k1", mode="overwrite", actor=A)
+    again = store.register("p", "k1", mode="overwrite", actor=A)
+    second = store.register("p", "k2", mode="overwrite", actor=A)
+    other = store.register("q", "k1", mode="append", actor=A)
+    assert first.id == again.id and first.state is S.REGISTERED
+    assert (first.sequence, second.sequence, other.sequence) == (1, 2, 1)
+    assert first.dag_id == "d" and first.run_id == "r"
+
+
+def test_register_refuses_a_mode_change_and_bad_identifiers(store):
+    store.register("p", "k1", mode="overwrite", actor=A)
+    with pytest.raises(Exception, match="overwrite mode, not append"):
+        store.register("p", "k2", mode="append", actor=A)
+    with pytest.raises(InvalidIdentifierError):
+        store.register("p'; DROP TABLE walsink_checkpoint; --", "k", mode="append", actor=A)
+
+
+def test_full_life_cycle_records_every_transition_with_who(store):
+    to_durable(store, "k", end={"offset": 7})
+    lease = store.acquire_lease("p", "k", owner="c1", ttl=TTL, actor=A)
+    done = store.mark_committed(lease, actor=A)
+    assert done.state is S.COMMITTED and done.committed_at is not None and done.lease_owner is None
+    assert store.is_committed("p", "k")
+    history = store.history("p", "k")
+    assert [(h.from_state, h.to_state) for h in history] == [
+        (None, "REGISTERED"),
+        ("REGISTERED", "WRITING"),
+        ("WRITING", "SEALED"),
+        ("SEALED", "DURABLE"),
+        ("DURABLE", "COMMITTING"),
+        ("COMMITTING", "COMMITTED"),
+    ]
+    assert all(
+        (h.dag_id, h.run_id, h.task_id, h.try_number, h.actor) == ("d", "r", "t", 2, "tester")
+        for h in history
+    )
+    assert all(h.at is not None for h in history)
+    assert store.last_committed_offsets("p") == {"offset": 7}
+
+
+def test_only_the_newest_attempt_can_seal(store):
+    store.register("p", "k", mode="overwrite", actor=A)
+    first = store.start_attempt("p", "k", actor=A)
+    second = store.start_attempt("p", "k", actor=A)
+    assert second.attempt == first.attempt + 1
+    with pytest.raises(StaleAttemptError, match="only the newest attempt counts"):
+        seal(store, "k", first.attempt)
+    sealed = seal(store, "k", second.attempt)
+    assert sealed.sealed_attempt == second.attempt
+    assert seal(store, "k", second.attempt).state is S.SEALED  # repeated call is harmless
+    with pytest.raises(StaleAttemptError):
+        store.mark_durable("p", "k", attempt=first.attempt, actor=A)
+
+
+def test_a_new_attempt_supersedes_a_sealed_one_but_not_a_commit(store):
+    to_durable(store, "k")
+    rewritten = store.start_attempt("p", "k", actor=A)
+    assert rewritten.state is S.WRITING and rewritten.sealed_attempt is None
+    seal(store, "k", rewritten.attempt)
+    store.mark_durable("p", "k", attempt=rewritten.attempt, actor=A)
+    lease = store.acquire_lease("p", "k", owner="c", ttl=TTL, actor=A)
+    with pytest.raises(TransitionError, match="being committed"):
+        store.start_attempt("p", "k", actor=A)
+    store.mark_committed(lease, actor=A)
+    with pytest.raises(TransitionError, match="already COMMITTED"):
+        store.start_attempt("p", "k", actor=A)
+
+
+def test_lease_is_exclusive_until_it_expires_then_taken_over(store):
+    now = [utcnow()]
+    clocked = CommitterStore(store.engine, clock=lambda: now[0])
+    to_durable(clocked, "k")
+    lease = clocked.acquire_lease("p", "k", owner="c1", ttl=TTL, actor=A)
+    with pytest.raises(LeaseHeldError, match="being committed by c1"):
+        clocked.acquire_lease("p", "k", owner="c2", ttl=TTL, actor=A)
+    assert clocked.acquire_lease("p", "k", owner="c1", ttl=TTL, actor=A).owner == "c1"  # re-entrant
+    now[0] += TTL + timedelta(seconds=1)
+    taken = clocked.acquire_lease("p", "k", owner="c2", ttl=TTL, actor=A)
+    assert taken.taken_over_from == "c1"
+    with pytest.raises(LeaseLostError):
+        clocked.renew_lease(lease, TTL)
+    with pytest.raises(LeaseLostError):
+        clocked.mark_committed(lease, actor=A)
+    assert clocked.mark_committed(taken, actor=A).state is S.COMMITTED
+    assert clocked.mark_committed(taken, actor=A).state is S.COMMITTED  # idempotent
+    assert "taken over from c1" in clocked.history("p", "k")[-2].detail
+
+
+def test_lease_needs_a_durable_checkpoint(store):
+    store.register("p", "k", mode="overwrite", actor=A)
+    rec = store.start_attempt("p", "k", actor=A)
+    seal(store, "k", rec.attempt)
+    with pytest.raises(TransitionError, match="not DURABLE"):
+        store.acquire_lease("p", "k", owner="c", ttl=TTL, actor=A)
+
+
+def test_renew_and_release(store):
+    to_durable(store, "k")
+    lease = store.acquire_lease("p", "k", owner="c1", ttl=TTL, actor=A)
+    renewed = store.renew_lease(lease, timedelta(hours=1))
+    assert renewed.expires_at > lease.expires_at
+    store.release_lease(renewed)
+    assert store.acquire_lease("p", "k", owner="c2", ttl=TTL, actor=A).taken_over_from is None
+
+
+def test_fail_keeps_the_error_and_the_checkpoint_uncommitted(store):
+    to_durable(store, "k")
+    lease = store.acquire_lease("p", "k", owner="c1", ttl=TTL, actor=A)
+    failed = store.fail("p", "k", error="size mismatch: part-0", actor=A, lease=lease)
+    assert failed.state is S.FAILED and failed.error == "size mismatch: part-0"
+    assert not store.is_committed("p", "k")
+    assert store.pending("p")[0].checkpoint_key == "k"
+    # Once fixed, a failed but previously durable checkpoint can be committed again.
+    again = store.acquire_lease("p", "k", owner="c2", ttl=TTL, actor=A)
+    assert store.mark_committed(again, actor=A).error is None
+
+
+def test_abort_is_final_and_unblocks_later_append_checkpoints(store):
+    to_durable(store, "k1", mode="append")
+    to_durable(store, "k2", mode="append")
+    with pytest.raises(OrderingError, match="waits for earlier checkpoint k1"):
+        store.acquire_lease("p", "k2", owner="c", ttl=TTL, actor=A)
+    store.abort("p", "k1", reason="bad data upstream", actor=A)
+    with pytest.raises(TransitionError):
+        store.start_attempt("p", "k1", actor=A)
+    assert store.acquire_lease("p", "k2", owner="c", ttl=TTL, actor=A).owner == "c"
+
+
+def test_append_offsets_must_continue_the_last_commit(store):
+    to_durable(store, "k1", mode="append", start={"n": 0}, end={"n": 5})
+    store.mark_committed(store.acquire_lease("p", "k1", owner="c", ttl=TTL, actor=A), actor=A)
+    to_durable(store, "k2", mode="append", start={"n": 4}, end={"n": 9})
+    with pytest.raises(OrderingError, match="write it again from the committed offsets"):
+        store.acquire_lease("p", "k2", owner="c", ttl=TTL, actor=A)
+    to_durable(store, "k3", mode="append", start={"n": 5}, end={"n": 9})
+    store.abort("p", "k2", reason="stale", actor=A)
+    store.mark_committed(store.acquire_lease("p", "k3", owner="c", ttl=TTL, actor=A), actor=A)
+    assert store.last_committed_offsets("p") == {"n": 9}
+
+
+def test_overwrite_checkpoints_commit_independently(store):
+    to_durable(store, "k1")
+    to_durable(store, "k2")
+    lease = store.acquire_lease("p", "k2", owner="c", ttl=TTL, actor=A)
+    assert store.mark_committed(lease, actor=A).is_committed
+    assert [c.checkpoint_key for c in store.pending("p")] == ["k1"]
+
+
+def test_keyset_pages_and_run_queries(store):
+    for i in range(7):
+        store.register("p", f"k{i}", mode="overwrite", actor=A)
+    page1 = store.checkpoints("p", limit=3)
+    page2 = store.checkpoints("p", limit=3, before_sequence=page1[-1].sequence)
+    assert [c.sequence for c in page1 + page2] == [7, 6, 5, 4, 3, 2]
+    assert [c.sequence for c in store.checkpoints("p", limit=2, after_sequence=5, descending=False)] == [6, 7]
+    assert len(store.checkpoints("p", states=["REGISTERED"], limit=100)) == 7
+    assert len(store.checkpoints_of_run("d", "r")) == 7
+    assert store.pipelines()[0]["counts"] == {"REGISTERED": 7}
