@@ -1,0 +1,357 @@
+"""The write task: run a PySpark job that stages one checkpoint, then record its seal."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.providers.apache.spark.hooks.spark_submit import DEFAULT_SPARK_BINARY, SparkSubmitHook
+
+from airflow_provider_walsink.committer.store import CheckpointRecord, OrderingError, TransitionError
+from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
+from airflow_provider_walsink.hooks.walsink import WalsinkHook
+from airflow_provider_walsink.protocol.errors import ManifestError
+from airflow_provider_walsink.protocol.manifest import digest_of, parse_manifest
+from airflow_provider_walsink.spark.args import ProtocolArgs
+
+try:
+    from airflow.sdk import BaseHook, BaseOperator
+except ImportError:  # pragma: no cover
+    from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
+    from airflow.models import BaseOperator  # type: ignore[no-redef]
+
+#: Master used when the operator names no Spark connection.
+DEFAULT_MASTER = "local[*]"
+#: Spark settings applied under the default local master unless the user sets them:
+#: keep the driver on loopback and skip the web UI (it binds every interface).
+LOCAL_DEFAULT_CONF = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.ui.enabled": "false",
+}
+
+
+def default_spark_binary() -> str:
+    """``spark-submit`` beside this interpreter (a virtualenv's ``bin/``), else on ``PATH``."""
+    candidate = os.path.join(os.path.dirname(sys.executable), DEFAULT_SPARK_BINARY)
+    if os.access(candidate, os.X_OK):
+        return candidate
+    return shutil.which(DEFAULT_SPARK_BINARY) or DEFAULT_SPARK_BINARY
+
+
+class ExplicitMasterSparkSubmitHook(SparkSubmitHook):
+    """A ``SparkSubmitHook`` whose master is given, not looked up in a connection.
+
+    The provider's hook falls back to ``yarn`` when its connection is missing;
+    walsink's default is chosen explicitly instead (``local[*]``), and nothing
+    is looked up.
+    """
+
+    def __init__(self, *, master: str, **kwargs: Any) -> None:
+        self._walsink_master = master
+        super().__init__(**kwargs)
+
+    def _resolve_connection(self) -> dict[str, Any]:
+        return {
+            "master": self._walsink_master,
+            "queue": None,
+            "deploy_mode": self._deploy_mode,
+            "spark_binary": self.spark_binary or DEFAULT_SPARK_BINARY,
+            "namespace": self._conf.get("spark.kubernetes.namespace"),
+            "principal": self._principal,
+            "keytab": self._keytab,
+            "rest_scheme": "http",
+            "rest_port": 6066,
+            "rest_endpoint": None,
+        }
+
+
+class WalWriteOperator(BaseOperator):
+    """Stage one checkpoint with a PySpark job (the write phase of the protocol).
+
+    1. Registers the checkpoint in the committer table (idempotent) and starts
+       a new write attempt. In ``append`` mode the attempt starts from the
+       pipeline's last committed end offsets, and an earlier uncommitted
+       checkpoint of the pipeline makes the task fail (retry it later): reading
+       from the committed offsets while an earlier checkpoint is still open
+       would read its input a second time.
+    2. Submits ``application`` through the Spark provider's ``SparkSubmitHook``
+       with the protocol arguments (``--walsink-protocol <json>``, see
+       :class:`~airflow_provider_walsink.spark.args.ProtocolArgs`) ahead of
+       ``application_args``. The job stages its output with
+       :class:`~airflow_provider_walsink.spark.job.CheckpointJob` and writes
+       the manifest.
+    3. Reads and validates the manifest and records the seal (digest, counts,
+       offsets) in the committer table. Pushes ``manifest_uri`` and
+       ``manifest_digest`` to XCom and returns a summary.
+
+    A retry starts a new attempt; only the newest sealed attempt ever counts.
+    A failed job records the error on the checkpoint (FAILED, retryable).
+
+    **Backfill policy, "skip committed"**: if the checkpoint is already
+    COMMITTED (a re-run backfill, a cleared write task), the Spark job is not
+    submitted; the task logs it, pushes the committed manifest's URI and digest
+    and succeeds, and the durability sensor and commit task then no-op. To
+    rewrite a committed interval, give it a new checkpoint key (e.g. a
+    versioned ``checkpoint_key`` template).
+
+    :param application: the PySpark script (templated).
+    :param pipeline: pipeline id (templated).
+    :param mode: ``overwrite`` or ``append``; must match the commit task's.
+    :param checkpoint_key: templated; defaults to the run's data interval start.
+    :param application_args: the job's own arguments (templated).
+    :param spark_conn_id: a Spark connection (master, deploy mode...). ``None``
+        (the default) means master ``local[*]``, chosen explicitly; a named
+        connection that does not exist is an error, never a silent ``yarn``.
+    :param master: master to use when ``spark_conn_id`` is ``None``.
+    :param conf: Spark configuration (templated). Under the default local
+        master, :data:`LOCAL_DEFAULT_CONF` fills what is not given.
+    :param env_vars: environment of spark-submit. ``PYSPARK_PYTHON`` and
+        ``PYSPARK_DRIVER_PYTHON`` default to this interpreter under a local master.
+    :param file_format: default Spark format of the job's :meth:`stage` calls.
+    :param partition_by: default partition columns of the job's :meth:`stage` calls.
+    :param checksum: committable checksum the job computes: ``crc32``
+        (default, cheapest), ``sha256`` or ``None``.
+    :param initial_offsets: start offsets of an ``append`` pipeline's first checkpoint.
+    :param target: the pipeline's target, recorded with the pipeline (templated).
+    :param walsink_conn_id: connection to the committer database.
+    :param staging_root: templated; defaults to the connection's ``staging_root``.
+    :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments
+        (``py_files``, ``driver_memory``, ``packages``...).
+    """
+
+    template_fields: Sequence[str] = (
+        "application",
+        "pipeline",
+        "checkpoint_key",
+        "application_args",
+        "conf",
+        "target",
+        "staging_root",
+    )
+    ui_color = "#f0e4ec"
+
+    def __init__(
+        self,
+        *,
+        application: str,
+        pipeline: str,
+        mode: str = "overwrite",
+        checkpoint_key: str | None = None,
+        application_args: Sequence[str] | None = None,
+        spark_conn_id: str | None = None,
+        master: str = DEFAULT_MASTER,
+        conf: Mapping[str, Any] | None = None,
+        env_vars: Mapping[str, str] | None = None,
+        file_format: str = "parquet",
+        partition_by: Sequence[str] = (),
+        checksum: str | None = "crc32",
+        initial_offsets: Mapping[str, Any] | None = None,
+        target: str | None = None,
+        walsink_conn_id: str = WalsinkHook.default_conn_name,
+        staging_root: str | None = None,
+        spark_binary: str | None = None,
+        spark_submit_kwargs: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if mode not in ("append", "overwrite"):
+            raise ValueError(f"mode must be 'append' or 'overwrite', got {mode!r}")
+        self.application = application
+        self.pipeline = pipeline
+        self.mode = mode
+        self.checkpoint_key = checkpoint_key
+        self.application_args = list(application_args or [])
+        self.spark_conn_id = spark_conn_id
+        self.master = master
+        self.conf = dict(conf or {})
+        self.env_vars = dict(env_vars or {})
+        self.file_format = file_format
+        self.partition_by = list(partition_by)
+        self.checksum = checksum
+        self.initial_offsets = dict(initial_offsets) if initial_offsets is not None else None
+        self.target = target
+        self.walsink_conn_id = walsink_conn_id
+        self.staging_root = staging_root
+        self.spark_binary = spark_binary
+        self.spark_submit_kwargs = dict(spark_submit_kwargs or {})
+        self._spark_hook: SparkSubmitHook | None = None
+
+    # ------------------------------------------------------------------ Spark
+
+    def build_spark_hook(self, application_args: list[str]) -> SparkSubmitHook:
+        """The provider's hook, with the master chosen explicitly when no connection is named."""
+        kwargs: dict[str, Any] = dict(
+            name=f"walsink-{self.pipeline}",
+            application_args=application_args,
+            spark_binary=self.spark_binary,
+            **self.spark_submit_kwargs,
+        )
+        if self.spark_conn_id is None:
+            conf = {**LOCAL_DEFAULT_CONF, **self.conf} if self.master.startswith("local") else self.conf
+            env = dict(self.env_vars)
+            if self.master.startswith("local"):
+                env.setdefault("PYSPARK_PYTHON", sys.executable)
+                env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+            kwargs["spark_binary"] = self.spark_binary or default_spark_binary()
+            return ExplicitMasterSparkSubmitHook(master=self.master, conf=conf, env_vars=env, **kwargs)
+        # Fail on a missing connection here: the provider would fall back to yarn.
+        BaseHook.get_connection(self.spark_conn_id)
+        return SparkSubmitHook(conn_id=self.spark_conn_id, conf=self.conf, env_vars=self.env_vars, **kwargs)
+
+    # ------------------------------------------------------------------ execute
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        key = self.checkpoint_key or checkpoint_key_from_context(context)
+        hook = WalsinkHook(self.walsink_conn_id)
+        store = hook.get_store()
+        layout = hook.get_layout(self.staging_root)
+        actor = actor_from_context(context)
+
+        record = store.register(self.pipeline, key, mode=self.mode, actor=actor, target=self.target)
+        if record.is_committed:
+            self.log.info(
+                "Checkpoint %s/%s is already COMMITTED (attempt %s, at %s): skipping the Spark job "
+                "(backfill policy: skip committed). Give the interval a new checkpoint key to rewrite it.",
+                self.pipeline,
+                key,
+                record.sealed_attempt,
+                record.committed_at,
+            )
+            return self._result(context, record, skipped=True)
+
+        start_offsets: dict[str, Any] | None = None
+        if self.mode == "append":
+            earlier = [r for r in store.pending(self.pipeline) if r.sequence < record.sequence]
+            if earlier:
+                first = earlier[0]
+                raise OrderingError(
+                    f"append checkpoint {self.pipeline}/{key} (sequence {record.sequence}) cannot start: "
+                    f"earlier checkpoint {first.checkpoint_key} (sequence {first.sequence}) is {first.state}; "
+                    "it must commit (or be aborted with `walsink`) first, or its input would be read twice"
+                )
+            start_offsets = store.last_committed_offsets(self.pipeline)
+            if start_offsets is None:
+                start_offsets = self.initial_offsets
+        try:
+            record = store.start_attempt(self.pipeline, key, actor=actor, start_offsets=start_offsets)
+        except TransitionError as e:
+            raise TransitionError(f"{e}; the write task cannot start a new attempt now") from None
+        attempt = record.attempt
+        attempt_dir = layout.attempt_dir(self.pipeline, key, attempt)
+        if attempt_dir.exists():  # left by a crash with the same attempt number: never reuse its files
+            layout.remove_attempt(self.pipeline, key, attempt)
+        attempt_dir.mkdir(parents=True)
+
+        interval_start = context.get("data_interval_start")
+        interval_end = context.get("data_interval_end")
+        protocol = ProtocolArgs(
+            pipeline=self.pipeline,
+            checkpoint_key=key,
+            sequence=record.sequence,
+            attempt=attempt,
+            staging_root=str(layout.root),
+            mode=self.mode,
+            file_format=self.file_format,
+            partition_by=tuple(self.partition_by),
+            start_offsets=start_offsets,
+            interval_start=interval_start.isoformat() if interval_start else None,
+            interval_end=interval_end.isoformat() if interval_end else None,
+            checksum=self.checksum,
+        )
+        self.log.info(
+            "Checkpoint %s/%s sequence %d: attempt %d stages into %s (start offsets %s)",
+            self.pipeline,
+            key,
+            record.sequence,
+            attempt,
+            attempt_dir,
+            start_offsets,
+        )
+        try:
+            self._spark_hook = self.build_spark_hook([*protocol.to_argv(), *map(str, self.application_args)])
+            self._spark_hook.submit(self.application)
+            record = self._record_seal(store, layout, protocol, actor)
+        except BaseException as exc:
+            detail = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__
+            try:
+                store.fail(self.pipeline, key, error=f"write attempt {attempt}: {detail}", actor=actor)
+            except Exception as fail_exc:  # noqa: BLE001 - keep the original error
+                self.log.warning("could not record the failure: %s", fail_exc)
+            raise
+        return self._result(context, record, skipped=False)
+
+    def _record_seal(self, store: Any, layout: Any, protocol: ProtocolArgs, actor: Any) -> CheckpointRecord:
+        path = layout.manifest_path(protocol.pipeline, protocol.checkpoint_key, protocol.attempt)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise ManifestError(
+                f"the Spark job finished but sealed no manifest at {path}: does it stage through "
+                "CheckpointJob and leave its `with` block (or call job.seal())?"
+            ) from None
+        with os.fdopen(fd, "rb") as f:
+            data = f.read()
+        manifest = parse_manifest(data, source=f"manifest {path}")
+        expected = (protocol.pipeline, protocol.checkpoint_key, protocol.sequence, protocol.attempt)
+        found = (manifest.pipeline, manifest.checkpoint_key, manifest.sequence, manifest.attempt)
+        if found != expected:
+            raise ManifestError(f"manifest {path} describes {found}, not {expected}")
+        if manifest.start_offsets != protocol.start_offsets:
+            raise ManifestError(
+                f"manifest {path} starts at offsets {manifest.start_offsets}, but the attempt was "
+                f"started at {protocol.start_offsets}"
+            )
+        digest = digest_of(data)
+        record = store.seal(
+            protocol.pipeline,
+            protocol.checkpoint_key,
+            attempt=protocol.attempt,
+            manifest_uri=path.as_uri(),
+            manifest_digest=digest,
+            committables=manifest.expected_count,
+            rows=manifest.total_rows,
+            bytes=manifest.total_bytes,
+            start_offsets=manifest.start_offsets,
+            end_offsets=manifest.end_offsets,
+            actor=actor,
+        )
+        self.log.info(
+            "Sealed %s/%s attempt %d: %d committables, %d rows, %d bytes, end offsets %s, digest %s",
+            protocol.pipeline,
+            protocol.checkpoint_key,
+            protocol.attempt,
+            manifest.expected_count,
+            manifest.total_rows,
+            manifest.total_bytes,
+            manifest.end_offsets,
+            digest,
+        )
+        return record
+
+    def _result(self, context: Any, record: CheckpointRecord, *, skipped: bool) -> dict[str, Any]:
+        ti = context["ti"]
+        ti.xcom_push(key="manifest_uri", value=record.manifest_uri)
+        ti.xcom_push(key="manifest_digest", value=record.manifest_digest)
+        return {
+            "pipeline": record.pipeline,
+            "checkpoint_key": record.checkpoint_key,
+            "sequence": record.sequence,
+            "attempt": record.sealed_attempt,
+            "state": record.state.value,
+            "skipped_committed": skipped,
+            "manifest_uri": record.manifest_uri,
+            "manifest_digest": record.manifest_digest,
+            "committables": record.committables,
+            "rows": record.rows,
+            "bytes": record.bytes,
+            "start_offsets": record.start_offsets,
+            "end_offsets": record.end_offsets,
+        }
+
+    def on_kill(self) -> None:
+        if self._spark_hook is not None:
+            self._spark_hook.on_kill()

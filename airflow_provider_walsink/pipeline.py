@@ -1,0 +1,117 @@
+"""One call that wires a pipeline's write → durable → commit tasks into a TaskGroup.
+
+::
+
+    with DAG("daily_events", schedule="@daily", ...):
+        walsink_pipeline(
+            "events",
+            pipeline="daily_events",
+            application="/opt/jobs/daily_events.py",
+            target="/data/tables/daily_events",
+            mode="overwrite",
+            partition_by=["dt"],
+        )
+
+The three tasks share the pipeline id, the checkpoint key (default: the run's
+data interval start), the committer connection and the staging root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from airflow_provider_walsink.hooks.walsink import WalsinkHook
+from airflow_provider_walsink.operators.commit import WalCommitOperator
+from airflow_provider_walsink.operators.write import WalWriteOperator
+from airflow_provider_walsink.sensors.durable import CheckpointDurableSensor
+
+try:
+    from airflow.sdk import TaskGroup
+except ImportError:  # pragma: no cover
+    from airflow.utils.task_group import TaskGroup  # type: ignore[no-redef]
+
+
+def walsink_pipeline(
+    group_id: str,
+    *,
+    pipeline: str,
+    application: str,
+    target: str,
+    mode: str = "overwrite",
+    partition_by: Sequence[str] = (),
+    file_format: str = "parquet",
+    application_args: Sequence[str] | None = None,
+    checkpoint_key: str | None = None,
+    spark_conn_id: str | None = None,
+    conf: Mapping[str, Any] | None = None,
+    walsink_conn_id: str = WalsinkHook.default_conn_name,
+    staging_root: str | None = None,
+    deferrable: bool = True,
+    poke_interval: float = 5,
+    durable_timeout: timedelta = timedelta(hours=1),
+    verify_checksums: bool = False,
+    checksum: str | None = "crc32",
+    initial_offsets: Mapping[str, Any] | None = None,
+    write_kwargs: Mapping[str, Any] | None = None,
+    durable_kwargs: Mapping[str, Any] | None = None,
+    commit_kwargs: Mapping[str, Any] | None = None,
+    **group_kwargs: Any,
+) -> TaskGroup:
+    """Create (inside the current DAG) a TaskGroup ``write >> durable >> commit``.
+
+    :param group_id: the TaskGroup's id (task ids become ``<group_id>.write`` etc.).
+    :param pipeline: pipeline id in the committer table.
+    :param application: the PySpark job (uses ``CheckpointJob``).
+    :param target: root directory of the target table.
+    :param mode: ``overwrite`` (each interval replaces its partitions; runs commit
+        independently) or ``append`` (offsets advance on commit, in checkpoint order).
+    :param partition_by: default partition columns of the job's stage calls.
+    :param deferrable: wait for durability in the triggerer (default) instead of a worker.
+    :param write_kwargs / durable_kwargs / commit_kwargs: further arguments of each
+        task (``retries``, ``pool``, ``spark_submit_kwargs``...).
+    Other parameters are those of :class:`WalWriteOperator`,
+    :class:`CheckpointDurableSensor` and :class:`WalCommitOperator`.
+    """
+    shared: dict[str, Any] = dict(
+        pipeline=pipeline,
+        checkpoint_key=checkpoint_key,
+        walsink_conn_id=walsink_conn_id,
+        staging_root=staging_root,
+    )
+    with TaskGroup(group_id, **group_kwargs) as group:
+        write = WalWriteOperator(
+            task_id="write",
+            application=application,
+            mode=mode,
+            application_args=application_args,
+            spark_conn_id=spark_conn_id,
+            conf=conf,
+            file_format=file_format,
+            partition_by=partition_by,
+            checksum=checksum,
+            initial_offsets=initial_offsets,
+            target=target,
+            **shared,
+            **dict(write_kwargs or {}),
+        )
+        durable = CheckpointDurableSensor(
+            task_id="durable",
+            deferrable=deferrable,
+            poke_interval=poke_interval,
+            timeout=durable_timeout,
+            verify_checksums=verify_checksums,
+            **shared,
+            **dict(durable_kwargs or {}),
+        )
+        commit = WalCommitOperator(
+            task_id="commit",
+            target=target,
+            mode=mode,
+            verify_checksums=verify_checksums,
+            **shared,
+            **dict(commit_kwargs or {}),
+        )
+        write >> durable >> commit
+    return group

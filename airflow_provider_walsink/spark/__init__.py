@@ -1,0 +1,10 @@
+"""Code that runs inside the PySpark job of a write phase (see :mod:`.job`).
+
+:mod:`.args` is importable without Spark (the operator uses it); :mod:`.job`
+imports PySpark lazily.
+"""
+
+from .args import FLAG, ProtocolArgs, ProtocolArgumentError
+from .job import CheckpointJob, StagedWrite, StagingError
+
+__all__ = ["FLAG", "CheckpointJob", "ProtocolArgs", "ProtocolArgumentError", "StagedWrite", "StagingError"]

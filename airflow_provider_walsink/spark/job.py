@@ -1,0 +1,331 @@
+"""The job side of the write phase: stage DataFrames into an attempt and seal its manifest.
+
+Used inside a PySpark application started by :class:`~airflow_provider_walsink.operators.write.WalWriteOperator`::
+
+    spark = SparkSession.builder.getOrCreate()
+    with CheckpointJob.from_argv(spark) as job:         # parses --walsink-protocol
+        df = spark.read.json(...).where(...)
+        job.stage(df, partition_by=["dt"])              # any Spark file format
+        job.end_offsets = {"files": "events-0042.jsonl"}
+    # leaving the block without an exception seals the manifest
+
+The job never talks to the committer database: the operator started the
+attempt before submitting the job and records the seal after it returns. The
+manifest file written here, atomically (temp + fsync + rename), *is* the seal
+on disk; an attempt that dies before it has none and never counts.
+
+How committables are described, without re-reading the data:
+
+* **files**: the attempt directory is listed before and after each Spark
+  write; the new visible files are the committables. Spark's bookkeeping
+  (``_SUCCESS``, ``_temporary/``, ``.crc`` side files: anything whose name
+  starts with ``_`` or ``.``) is not.
+* **sizes**: one ``stat`` per file.
+* **row counts**: the total comes from Spark's own write, an
+  :class:`~pyspark.sql.Observation` (``count(1)``) attached to the DataFrame
+  and filled in by the same job that writes it, with no extra pass. Per-file
+  counts come from the Parquet or ORC footers (a few KiB read per file, never
+  the data), and must add up to the observed total or the job fails naming
+  both numbers. Formats without a footer (CSV, JSON, text, Avro) get the
+  observed total when the write produced one file, else ``rows = null`` per
+  file (the observed total is still logged and returned by :meth:`stage`).
+* **checksums**: computed in the driver right after the write, while the
+  files are still in the page cache, in a thread pool (``zlib.crc32`` and
+  ``hashlib`` release the GIL). ``bench/checksum_cost.py`` measured on the
+  development machine (2 cores, local SSD, ~25 MiB of Parquet):
+  CRC32 adds ~1-3% to the Spark write, SHA-256 ~7-10%; computing them in the
+  executors instead would save little on local disks and needs the executors
+  to report back, so the driver does it. Default ``crc32``; ``sha256`` or
+  ``None`` (sizes only) via the operator's ``checksum`` argument.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_walsink.protocol.checksum import file_checksum
+from airflow_provider_walsink.protocol.errors import WalsinkError
+from airflow_provider_walsink.protocol.identifiers import validate_partition
+from airflow_provider_walsink.protocol.manifest import (
+    FILE_FORMATS,
+    Committable,
+    Manifest,
+    build_manifest,
+    write_manifest,
+)
+from airflow_provider_walsink.protocol.staging import StagingLayout
+
+from .args import ProtocolArgs
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+_TASK_OF_FILE = re.compile(r"^part-(\d+)")
+
+
+class StagingError(WalsinkError):
+    """The job could not stage or describe its output; the message says what."""
+
+
+@dataclass(frozen=True)
+class StagedWrite:
+    """What one :meth:`CheckpointJob.stage` call added to the attempt."""
+
+    committables: tuple[Committable, ...]
+    observed_rows: int
+
+    @property
+    def files(self) -> int:
+        return len(self.committables)
+
+    @property
+    def bytes(self) -> int:
+        return sum(c.size for c in self.committables)
+
+
+def _visible_files(root: Path) -> set[str]:
+    """Relative POSIX paths of the data files under ``root`` (no ``_``/``.`` names at any level)."""
+    found: set[str] = set()
+    if not root.is_dir():
+        return found
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(("_", "."))]
+        rel_dir = Path(dirpath).relative_to(root)
+        for name in filenames:
+            if not name.startswith(("_", ".")):
+                found.add((rel_dir / name).as_posix())
+    return found
+
+
+def footer_rows(path: Path, file_format: str) -> int | None:
+    """Row count from a Parquet or ORC footer (metadata only), else ``None``."""
+    if file_format == "parquet":
+        import pyarrow.parquet as pq
+
+        return int(pq.read_metadata(path).num_rows)
+    if file_format == "orc":
+        import pyarrow.orc as orc
+
+        return int(orc.ORCFile(path).nrows)
+    return None
+
+
+class CheckpointJob:
+    """One write attempt of one checkpoint, as seen from inside the Spark application.
+
+    :param spark: the application's session.
+    :param protocol: the arguments the operator passed (see :class:`ProtocolArgs`).
+    :param args: the user's own application arguments (what follows the protocol ones).
+    """
+
+    def __init__(self, spark: SparkSession, protocol: ProtocolArgs, args: Sequence[str] = ()) -> None:
+        self.spark = spark
+        self.protocol = protocol
+        self.args = list(args)
+        self.layout = StagingLayout(protocol.staging_root)
+        self.attempt_dir = self.layout.attempt_dir(
+            protocol.pipeline, protocol.checkpoint_key, protocol.attempt
+        )
+        self.end_offsets: dict[str, Any] | None = None
+        self._committables: list[Committable] = []
+        self._partitions: list[str] = []
+        self._formats: set[str] = set()
+        self._stages = 0
+        self.sealed_digest: str | None = None
+        self.attempt_dir.mkdir(parents=True, exist_ok=True)
+        leftovers = _visible_files(self.attempt_dir)
+        if leftovers:
+            # The operator hands every attempt an empty directory; files here mean
+            # two jobs share an attempt, and their committables would mix.
+            raise StagingError(
+                f"attempt directory {self.attempt_dir} already holds {len(leftovers)} file(s) "
+                f"(e.g. {sorted(leftovers)[0]}); each attempt must start empty"
+            )
+
+    @classmethod
+    def from_argv(cls, spark: SparkSession, argv: Sequence[str] | None = None) -> CheckpointJob:
+        """Build the job from the command line (``sys.argv[1:]`` by default)."""
+        protocol, rest = ProtocolArgs.from_argv(sys.argv[1:] if argv is None else argv)
+        return cls(spark, protocol, rest)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def pipeline(self) -> str:
+        return self.protocol.pipeline
+
+    @property
+    def checkpoint_key(self) -> str:
+        return self.protocol.checkpoint_key
+
+    @property
+    def attempt(self) -> int:
+        return self.protocol.attempt
+
+    @property
+    def start_offsets(self) -> dict[str, Any] | None:
+        """Where the source must be read from: the last committed end offsets (or ``None``)."""
+        return self.protocol.start_offsets
+
+    @property
+    def committables(self) -> tuple[Committable, ...]:
+        return tuple(self._committables)
+
+    # ------------------------------------------------------------------ staging
+
+    def stage(
+        self,
+        df: DataFrame,
+        *,
+        partition_by: Sequence[str] | None = None,
+        file_format: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        partition_prefix: Mapping[str, str] | None = None,
+        replace_partitions: Iterable[str] = (),
+    ) -> StagedWrite:
+        """Write ``df`` into the attempt and describe the new files as committables.
+
+        :param partition_by: Hive-style partition columns (default: the operator's).
+        :param file_format: Spark format (default: the operator's); every stage of
+            one checkpoint must use the same format.
+        :param options: writer options (``compression`` etc.).
+        :param partition_prefix: fixed ``column=value`` directories to write under,
+            so several DataFrames can share one attempt (e.g. ``{"source": "web"}``).
+        :param replace_partitions: partitions (``dt=2026-01-01``) an ``overwrite``
+            commit must replace even if ``df`` has no rows for them.
+        """
+        if self.sealed_digest is not None:
+            raise StagingError("the checkpoint is already sealed; nothing more can be staged")
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        fmt = file_format or self.protocol.file_format
+        if fmt not in FILE_FORMATS:
+            raise StagingError(f"file format {fmt!r} is not one of {', '.join(FILE_FORMATS)}")
+        if self._formats and fmt not in self._formats:
+            raise StagingError(
+                f"checkpoint already staged {sorted(self._formats)[0]} files; one manifest has one format"
+            )
+        columns = list(self.protocol.partition_by if partition_by is None else partition_by)
+        prefix = ""
+        for column, value in (partition_prefix or {}).items():
+            validate_partition(column, str(value))
+            prefix += f"{column}={value}/"
+        target = self.layout.committable_path(self.attempt_dir, prefix + "x").parent if prefix else None
+        out_dir = target or self.attempt_dir
+
+        before = _visible_files(self.attempt_dir)
+        self._stages += 1
+        observation = Observation(f"walsink_stage_{self._stages}")
+        observed = df.observe(observation, F.count(F.lit(1)).alias("rows"))
+        writer = observed.write.mode("append").format(fmt)
+        if columns:
+            writer = writer.partitionBy(*columns)
+        for key, value in (options or {}).items():
+            writer = writer.option(key, value)
+        writer.save(out_dir.as_uri())
+        observed_rows = int(observation.get.get("rows", 0))
+
+        new_files = sorted(_visible_files(self.attempt_dir) - before)
+        committables = self._describe(new_files, fmt, observed_rows)
+        self._committables.extend(committables)
+        self._formats.add(fmt)
+        for partition in replace_partitions:
+            self.declare_partition(partition)
+        staged = StagedWrite(tuple(committables), observed_rows)
+        log.info(
+            "walsink: staged %d file(s), %d bytes, %d rows into %s",
+            staged.files,
+            staged.bytes,
+            observed_rows,
+            self.attempt_dir,
+        )
+        return staged
+
+    def _describe(self, new_files: list[str], fmt: str, observed_rows: int) -> list[Committable]:
+        app_id = self.spark.sparkContext.applicationId
+        paths = [self.layout.committable_path(self.attempt_dir, rel) for rel in new_files]
+        algorithm = self.protocol.checksum
+
+        def one(item: tuple[str, Path]) -> Committable:
+            rel, path = item
+            match = _TASK_OF_FILE.match(path.name)
+            return Committable(
+                path=rel,
+                size=os.stat(path).st_size,
+                rows=footer_rows(path, fmt),
+                checksum=file_checksum(path, algorithm) if algorithm else None,
+                writer=f"{app_id}/task-{match.group(1)}" if match else app_id,
+            )
+
+        with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
+            described = list(pool.map(one, zip(new_files, paths, strict=True)))
+        if fmt in ("parquet", "orc"):
+            footer_total = sum(c.rows or 0 for c in described)
+            if footer_total != observed_rows:
+                raise StagingError(
+                    f"{fmt} footers of the {len(described)} new file(s) count {footer_total} rows but "
+                    f"Spark wrote {observed_rows}; another writer shares the attempt directory?"
+                )
+        elif len(described) == 1:
+            c = described[0]
+            described = [Committable(c.path, c.size, observed_rows, c.checksum, c.writer)]
+        return described
+
+    def declare_partition(self, partition: str) -> None:
+        """Name a partition (``dt=2026-01-01``) an overwrite commit replaces even if it stays empty."""
+        if partition not in self._partitions:
+            self._partitions.append(partition)
+
+    # ------------------------------------------------------------------ sealing
+
+    def manifest(self) -> Manifest:
+        """The manifest as it would be sealed now (validated)."""
+        return build_manifest(
+            pipeline=self.protocol.pipeline,
+            checkpoint_key=self.protocol.checkpoint_key,
+            sequence=self.protocol.sequence,
+            attempt=self.protocol.attempt,
+            file_format=next(iter(self._formats), self.protocol.file_format),
+            committables=self._committables,
+            partitions=self._partitions,
+            start_offsets=self.protocol.start_offsets,
+            end_offsets=self.end_offsets,
+            job=f"spark:{self.spark.sparkContext.applicationId}",
+        )
+
+    def seal(self) -> str:
+        """Write the manifest atomically into the attempt directory; return its digest.
+
+        Idempotent within one job. The operator records the seal in the
+        committer table after the job exits successfully.
+        """
+        if self.sealed_digest is not None:
+            return self.sealed_digest
+        manifest = self.manifest()
+        path = self.layout.manifest_path(self.pipeline, self.checkpoint_key, self.attempt)
+        self.sealed_digest = write_manifest(path, manifest)
+        print(
+            f"walsink: sealed {path} ({manifest.expected_count} committables, {manifest.total_rows} rows, "
+            f"{manifest.total_bytes} bytes) digest {self.sealed_digest}",
+            flush=True,
+        )
+        return self.sealed_digest
+
+    def __enter__(self) -> CheckpointJob:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        # An exception means the attempt is incomplete: no manifest, so it never counts.
+        if exc_type is None:
+            self.seal()

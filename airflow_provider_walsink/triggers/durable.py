@@ -1,0 +1,203 @@
+"""The durability gate, shared by the poke sensor and the deferrable trigger.
+
+:func:`evaluate_durability` is the one implementation: it reads the
+checkpoint's row, and for a SEALED checkpoint reads the sealed manifest
+(digest-checked against the committer table), checks every committable with
+:func:`~airflow_provider_walsink.protocol.durability.check_attempt` (size, and
+checksum when asked), checks the manifest's totals against the counts
+recorded at sealing, and then marks the checkpoint DURABLE.
+
+:class:`CheckpointDurableTrigger` runs it in a thread (``asyncio.to_thread``:
+it does blocking file and database I/O) every ``poke_interval`` seconds in the
+triggerer, and fires when the checkpoint is durable, or when its own deadline
+passes with a message naming what is still missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from airflow_provider_walsink.committer.store import Actor, CommitterStore, StaleAttemptError
+from airflow_provider_walsink.protocol.durability import check_attempt
+from airflow_provider_walsink.protocol.errors import ManifestError
+from airflow_provider_walsink.protocol.manifest import read_manifest
+from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.states import CheckpointState
+
+try:
+    from airflow.triggers.base import BaseTrigger, TriggerEvent
+except ImportError:  # pragma: no cover
+    from airflow.sdk.bases.trigger import BaseTrigger, TriggerEvent  # type: ignore[no-redef]
+
+S = CheckpointState
+#: States in which the checkpoint was verified durable already.
+DURABLE_OR_LATER = (S.DURABLE, S.COMMITTING, S.COMMITTED)
+
+
+@dataclass(frozen=True)
+class DurabilityStatus:
+    """The outcome of one check: ``durable``, the checkpoint's state and what is missing."""
+
+    durable: bool
+    state: str | None
+    message: str
+    attempt: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def evaluate_durability(
+    store: CommitterStore,
+    layout: StagingLayout,
+    pipeline: str,
+    checkpoint_key: str,
+    *,
+    actor: Actor,
+    verify_checksums: bool = False,
+) -> DurabilityStatus:
+    """Check one checkpoint and mark it DURABLE when it is; never raises for "not yet".
+
+    Not durable yet (with the reason in ``message``): not registered, still
+    writing, FAILED/ABORTED, manifest missing or not matching its recorded
+    digest, a committable missing or of the wrong size/checksum, or totals
+    that differ from the counts recorded at sealing.
+    """
+    name = f"checkpoint {pipeline}/{checkpoint_key}"
+    record = store.get(pipeline, checkpoint_key)
+    if record is None:
+        return DurabilityStatus(False, None, f"{name} is not registered (the write task has not run)")
+    if record.state in DURABLE_OR_LATER:
+        return DurabilityStatus(True, record.state.value, f"{name} is {record.state}", record.sealed_attempt)
+    if record.state is not S.SEALED or record.sealed_attempt is None or record.manifest_digest is None:
+        detail = f": {record.error}" if record.error else ""
+        return DurabilityStatus(
+            False,
+            record.state.value,
+            f"{name} is {record.state} at attempt {record.attempt}, no sealed manifest yet{detail}",
+            record.attempt,
+        )
+    attempt = record.sealed_attempt
+    manifest_path = layout.manifest_path(pipeline, checkpoint_key, attempt)
+    try:
+        manifest = read_manifest(manifest_path, expected_digest=record.manifest_digest)
+    except ManifestError as e:
+        return DurabilityStatus(False, record.state.value, f"{name} attempt {attempt}: {e}", attempt)
+    identity = (manifest.pipeline, manifest.checkpoint_key, manifest.attempt)
+    if identity != (pipeline, checkpoint_key, attempt):
+        return DurabilityStatus(
+            False,
+            record.state.value,
+            f"{name}: manifest {manifest_path} describes {identity}, not attempt {attempt}",
+            attempt,
+        )
+    totals = (manifest.expected_count, manifest.total_rows, manifest.total_bytes)
+    recorded = (record.committables, record.rows, record.bytes)
+    if totals != recorded:
+        return DurabilityStatus(
+            False,
+            record.state.value,
+            f"{name}: manifest totals (count, rows, bytes) {totals} differ from the sealed record {recorded}",
+            attempt,
+        )
+    attempt_dir = layout.attempt_dir(pipeline, checkpoint_key, attempt)
+    report = check_attempt(layout, manifest, attempt_dir, verify_checksums=verify_checksums)
+    if not report.durable:
+        return DurabilityStatus(
+            False, record.state.value, f"{name} attempt {attempt}: {report.describe()}", attempt
+        )
+    try:
+        done = store.mark_durable(
+            pipeline, checkpoint_key, attempt=attempt, actor=actor, detail=report.describe()
+        )
+    except StaleAttemptError as e:  # a newer attempt started meanwhile: check that one next time
+        return DurabilityStatus(False, record.state.value, str(e), attempt)
+    return DurabilityStatus(True, done.state.value, f"{name} attempt {attempt}: {report.describe()}", attempt)
+
+
+class CheckpointDurableTrigger(BaseTrigger):
+    """Fires when a checkpoint is durable (see :func:`evaluate_durability`).
+
+    Events: ``{"status": "durable", ...}`` or, once ``timeout_at`` (epoch
+    seconds) has passed, ``{"status": "timeout", "message": <what is missing>}``.
+
+    :param pipeline: pipeline id.
+    :param checkpoint_key: the checkpoint.
+    :param walsink_conn_id: connection to the committer database.
+    :param staging_root: staging root, or ``None`` for the connection's.
+    :param verify_checksums: also recompute every committable's checksum.
+    :param poke_interval: seconds between checks.
+    :param timeout_at: epoch seconds after which the trigger gives up, or ``None``.
+    :param actor: who marks the checkpoint DURABLE (``Actor`` fields).
+    """
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        checkpoint_key: str,
+        walsink_conn_id: str = "walsink_default",
+        staging_root: str | None = None,
+        verify_checksums: bool = False,
+        poke_interval: float = 5.0,
+        timeout_at: float | None = None,
+        actor: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.checkpoint_key = checkpoint_key
+        self.walsink_conn_id = walsink_conn_id
+        self.staging_root = staging_root
+        self.verify_checksums = verify_checksums
+        self.poke_interval = poke_interval
+        self.timeout_at = timeout_at
+        self.actor = dict(actor) if actor else {"name": "walsink-triggerer"}
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "pipeline": self.pipeline,
+                "checkpoint_key": self.checkpoint_key,
+                "walsink_conn_id": self.walsink_conn_id,
+                "staging_root": self.staging_root,
+                "verify_checksums": self.verify_checksums,
+                "poke_interval": self.poke_interval,
+                "timeout_at": self.timeout_at,
+                "actor": self.actor,
+            },
+        )
+
+    def _check(self) -> DurabilityStatus:
+        from airflow_provider_walsink.hooks.walsink import WalsinkHook
+
+        hook = WalsinkHook(self.walsink_conn_id)
+        return evaluate_durability(
+            hook.get_store(),
+            hook.get_layout(self.staging_root),
+            self.pipeline,
+            self.checkpoint_key,
+            actor=Actor(**self.actor),
+            verify_checksums=self.verify_checksums,
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        while True:
+            try:
+                status = await asyncio.to_thread(self._check)
+            except Exception as e:  # noqa: BLE001 - e.g. database down: report, and try again
+                status = DurabilityStatus(False, None, f"durability check failed: {e}")
+                self.log.warning("%s", status.message)
+            if status.durable:
+                self.log.info("%s", status.message)
+                yield TriggerEvent({"status": "durable", **status.to_dict()})
+                return
+            self.log.info("not durable yet: %s", status.message)
+            if self.timeout_at is not None and time.time() >= self.timeout_at:
+                yield TriggerEvent({"status": "timeout", **status.to_dict()})
+                return
+            await asyncio.sleep(self.poke_interval)
