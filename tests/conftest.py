@@ -9,6 +9,7 @@ server skips its tests; under ``CI=true`` it fails them.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -29,6 +30,15 @@ AIRFLOW_HOME.mkdir()
 os.environ["AIRFLOW_HOME"] = str(AIRFLOW_HOME)
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+# A second bundle holds DAGs that exist only for tests (dag.test() needs a DAG in a bundle).
+os.environ["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(
+    [
+        {"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+         "kwargs": {"path": str(REPO / "dags")}},
+        {"name": "walsink-test-dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+         "kwargs": {"path": str(REPO / "tests" / "dags")}},
+    ]
+)
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{AIRFLOW_HOME}/airflow.db"
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
 

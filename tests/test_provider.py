@@ -1,0 +1,87 @@
+"""The provider registers with Airflow: provider info, connection type, hook."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import airflow
+import jsonschema
+import pytest
+
+from airflow_provider_walsink.get_provider_info import get_provider_info
+
+
+def test_provider_info_validates_against_airflows_schema():
+    schema = json.loads((Path(airflow.__file__).parent / "provider_info.schema.json").read_text())
+    info = get_provider_info()
+    jsonschema.validate(info, schema)
+    conn = info["connection-types"][0]
+    assert conn["connection-type"] == "walsink"
+    assert {"backend", "staging_root"} <= set(conn["conn-fields"])
+
+
+def test_every_listed_module_and_class_imports():
+    import importlib
+
+    info = get_provider_info()
+    for section in ("hooks", "operators", "sensors", "triggers"):
+        for entry in info.get(section, []):
+            for module in entry["python-modules"]:
+                importlib.import_module(module)
+    for conn in info["connection-types"]:
+        module, _, cls = conn["hook-class-name"].rpartition(".")
+        assert getattr(importlib.import_module(module), cls).conn_type == conn["connection-type"]
+
+
+def _airflow(*args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "airflow", *args],
+        capture_output=True,
+        text=True,
+        env=os.environ.copy(),
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_airflow_lists_the_provider_and_its_connection_type():
+    assert "airflow-provider-walsink" in _airflow("providers", "list")
+    hooks = _airflow("providers", "hooks")
+    assert any("walsink" in line and "WalsinkHook" in line for line in hooks.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        (
+            dict(
+                backend="postgresql", host="127.0.0.1", port=5432, login="u", password="p@ss/w", database="db"
+            ),
+            "postgresql+psycopg2://u:p%40ss%2Fw@127.0.0.1:5432/db",
+        ),
+        (
+            dict(backend="mysql", host="127.0.0.1", port=3306, login="root", password=None, database="test"),
+            "mysql+pymysql://root@127.0.0.1:3306/test",
+        ),
+        (
+            dict(backend="sqlite", host=None, port=None, login=None, password=None, database="/var/w.db"),
+            "sqlite:////var/w.db",
+        ),
+    ],
+)
+def test_connection_fields_build_a_sqlalchemy_url(fields, expected):
+    from airflow_provider_walsink.hooks.walsink import url_from_connection
+
+    assert url_from_connection(**fields) == expected
+
+
+def test_unknown_backend_is_a_clear_error():
+    from airflow_provider_walsink.hooks.walsink import url_from_connection
+
+    with pytest.raises(ValueError, match="backend must be one of"):
+        url_from_connection(backend="oracle", host="h", port=1, login=None, password=None, database="d")
