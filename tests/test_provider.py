@@ -85,3 +85,26 @@ def test_unknown_backend_is_a_clear_error():
 
     with pytest.raises(ValueError, match="backend must be one of"):
         url_from_connection(backend="oracle", host="h", port=1, login=None, password=None, database="d")
+
+
+def test_a_built_wheel_carries_the_migrations_and_they_run(tmp_path):
+    """A non-editable install must include Alembic's env.py and versions (not Python packages)."""
+    from tests.conftest import REPO
+
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(wheels), str(REPO)], check=True, capture_output=True, timeout=300)
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
+                    *map(str, wheels.glob("*.whl"))], check=True, capture_output=True, timeout=300)
+    script = (
+        "import airflow_provider_walsink as w, sys;"
+        f"assert w.__file__.startswith({str(site)!r}), w.__file__;"
+        "from airflow_provider_walsink.committer import CommitterStore;"
+        f"s = CommitterStore.from_url('sqlite:///{tmp_path}/c.db');"
+        "print(sorted(s.engine.dialect.get_table_names(s.engine.connect())))"
+    )
+    out = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(site)},
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "walsink_checkpoint" in out.stdout and "walsink_alembic_version" in out.stdout
