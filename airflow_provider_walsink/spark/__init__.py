@@ -5,6 +5,14 @@ imports PySpark lazily.
 """
 
 from .args import FLAG, ProtocolArgs, ProtocolArgumentError
-from .job import CheckpointJob, StagedWrite, StagingError
+from .job import CheckpointJob, StagedWrite, StagingError, hadoop_uri
 
-__all__ = ["FLAG", "CheckpointJob", "ProtocolArgs", "ProtocolArgumentError", "StagedWrite", "StagingError"]
+__all__ = [
+    "FLAG",
+    "CheckpointJob",
+    "ProtocolArgs",
+    "ProtocolArgumentError",
+    "StagedWrite",
+    "StagingError",
+    "hadoop_uri",
+]

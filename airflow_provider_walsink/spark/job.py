@@ -107,6 +107,15 @@ def _visible_files(root: Path) -> set[str]:
     return found
 
 
+def hadoop_uri(path: str | os.PathLike[str]) -> str:
+    """``file://`` URI of a local path as Hadoop expects it.
+
+    Not :meth:`Path.as_uri`: it percent-encodes ``=``, and Hadoop would then
+    write a directory literally named ``dt%3D2026-01-01``.
+    """
+    return "file://" + os.path.abspath(path)
+
+
 def footer_rows(path: Path, file_format: str) -> int | None:
     """Row count from a Parquet or ORC footer (metadata only), else ``None``."""
     if file_format == "parquet":
@@ -233,7 +242,7 @@ class CheckpointJob:
             writer = writer.partitionBy(*columns)
         for key, value in (options or {}).items():
             writer = writer.option(key, value)
-        writer.save(out_dir.as_uri())
+        writer.save(hadoop_uri(out_dir))
         observed_rows = int(observation.get.get("rows", 0))
 
         new_files = sorted(_visible_files(self.attempt_dir) - before)

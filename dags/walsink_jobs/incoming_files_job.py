@@ -27,7 +27,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType  # noqa: E402
 from walsink_example_common import files_after  # noqa: E402
 
-from airflow_provider_walsink.spark import CheckpointJob  # noqa: E402
+from airflow_provider_walsink.spark import CheckpointJob, hadoop_uri  # noqa: E402
 
 SCHEMA = StructType(
     [
@@ -49,7 +49,7 @@ def main() -> None:
         names = files_after(options.incoming, last)
         print(f"walsink example: start offset {last!r}, {len(names)} new file(s): {names}", flush=True)
         if names:
-            paths = [(Path(options.incoming) / n).as_uri() for n in names]
+            paths = [hadoop_uri(Path(options.incoming) / n) for n in names]
             records = (
                 spark.read.schema(SCHEMA)
                 .json(paths)
