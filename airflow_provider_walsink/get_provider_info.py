@@ -27,6 +27,8 @@ def get_provider_info() -> dict:
         "operators": [
             {"integration-name": INTEGRATION, "python-modules": ["airflow_provider_walsink.operators.commit"]}
         ],
+        "plugins": [{"name": "walsink", "plugin-class": "airflow_provider_walsink.ui.plugin.WalsinkPlugin"}],
+        "extra-links": ["airflow_provider_walsink.links.WalsinkCheckpointLink"],
         "connection-types": [
             {
                 "hook-class-name": "airflow_provider_walsink.hooks.walsink.WalsinkHook",

@@ -1,0 +1,358 @@
+"""The commit-state FastAPI app, mounted by the plugin in Airflow's api-server at ``/walsink``.
+
+JSON API (``/walsink/api/...``) and server-rendered pages (Jinja2, autoescape
+on, no JavaScript, no CDN) over the committer table, read through the same
+:class:`~airflow_provider_walsink.committer.store.CommitterStore` the tasks use
+(``WalsinkHook(conn_id).get_store()``; the connection id is
+``[walsink] ui_conn_id``, default ``walsink_default``).
+
+Security: Airflow does not authenticate plugin apps, so *every* route here,
+static files included, depends on ``GetUserDep`` (401 without a valid bearer
+token or ``_token`` cookie) and filters or refuses pipelines by per-DAG read
+access (see :mod:`.access`).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote, urlencode
+
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
+from airflow.configuration import conf
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from airflow_provider_walsink.committer.store import CommitterStore
+from airflow_provider_walsink.hooks.walsink import WalsinkHook
+from airflow_provider_walsink.protocol.staging import StagingLayout
+
+from . import views
+from .access import readable_dags, require_dag
+
+URL_PREFIX = "/walsink"
+HERE = Path(__file__).parent
+STATIC_DIR = HERE / "static"
+_STATIC_TYPES = {".css": "text/css", ".svg": "image/svg+xml", ".png": "image/png"}
+_STATIC_NAME = re.compile(r"[A-Za-z0-9_-]+\.(css|svg|png)")
+MAX_PAGE = 500
+
+StateFilter = Annotated[list[str] | None, Query(description="Only these states (repeatable)")]
+
+
+def conn_id() -> str:
+    return conf.get("walsink", "ui_conn_id", fallback=WalsinkHook.default_conn_name)
+
+
+def get_store() -> CommitterStore:
+    """The committer store of the configured connection (one engine per URL and process)."""
+    return WalsinkHook(conn_id()).get_store()
+
+
+def get_layout() -> StagingLayout:
+    return WalsinkHook(conn_id()).get_layout()
+
+
+StoreDep = Annotated[CommitterStore, Depends(get_store)]
+
+
+@functools.cache
+def templates() -> Environment:
+    # autoescape for every template: pipeline ids, error messages, paths and
+    # lease holders are user-controlled text.
+    env = Environment(
+        loader=FileSystemLoader(HERE / "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+    )
+    env.filters["duration"] = _duration
+    env.filters["count"] = lambda v: "–" if v is None else f"{v:,}"
+    env.filters["size"] = _size
+    env.globals["STATES"] = views.STATE_ORDER
+    env.globals["q"] = quote  # URL path segments (macros see globals, not the render context)
+    return env
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "–"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _pipeline_or_404(store: CommitterStore, user: Any, pipeline: str) -> dict[str, Any]:
+    row = store.get_pipeline(pipeline)
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "Pipeline not found")
+    require_dag(user, row["dag_id"])
+    return row
+
+
+def _page(
+    store: CommitterStore,
+    pipeline: str,
+    states: list[str] | None,
+    before: int | None,
+    after: int | None,
+    limit: int,
+) -> dict[str, Any]:
+    """One keyset page, newest first (or oldest first after ``after``), plus the next cursors."""
+    bad = sorted(set(states or ()) - set(views.STATE_ORDER))
+    if bad:
+        raise HTTPException(422, f"Unknown state(s): {', '.join(bad)}")
+    descending = after is None
+    records = store.checkpoints(
+        pipeline,
+        states=states or None,
+        before_sequence=before,
+        after_sequence=after,
+        limit=limit + 1,
+        descending=descending,
+    )
+    more = len(records) > limit
+    records = records[:limit]
+    if not descending:
+        records.reverse()  # pages always read newest first
+    items = [views.checkpoint_dict(r) for r in records]
+    newest = items[0]["sequence"] if items else None
+    oldest = items[-1]["sequence"] if items else None
+    return {
+        "checkpoints": items,
+        # Older page: strictly below the oldest row shown; newer page: strictly above the newest.
+        "next_before": oldest if (more or not descending) and oldest is not None else None,
+        "next_after": newest if (before is not None or (after is not None and more)) else None,
+    }
+
+
+def _visible_pipelines(store: CommitterStore, user: Any) -> list[dict[str, Any]]:
+    rows = store.pipelines()
+    allowed = readable_dags(user, {r["dag_id"] for r in rows})
+    return [views.pipeline_dict(store, r) for r in rows if r["dag_id"] in allowed]
+
+
+def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, key: str) -> dict[str, Any]:
+    _pipeline_or_404(store, user, pipeline)
+    record = store.get(pipeline, key)
+    if record is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "Checkpoint not found")
+    return {
+        "checkpoint": views.checkpoint_dict(record),
+        "committables": views.committables(record, get_layout()),
+        "history": [views.transition_dict(t) for t in store.history(pipeline, key)],
+    }
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(
+        title="walsink commit state",
+        description="Checkpoints of walsink pipelines: written, durable, committed or stuck, and why.",
+        # Same-origin iframe pages; no docs UI (it would need a CDN and bypass nothing useful).
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+
+    # ------------------------------------------------------------------ JSON API
+
+    @app.get("/api/pipelines")
+    def api_pipelines(user: GetUserDep, store: StoreDep) -> dict[str, Any]:
+        """Pipelines the user may read, with counts per state, latest commit and last error."""
+        items = _visible_pipelines(store, user)
+        return {"pipelines": items, "total_entries": len(items)}
+
+    @app.get("/api/pipelines/{pipeline}")
+    def api_pipeline(pipeline: str, user: GetUserDep, store: StoreDep) -> dict[str, Any]:
+        return views.pipeline_dict(store, _pipeline_or_404(store, user, pipeline))
+
+    @app.get("/api/pipelines/{pipeline}/checkpoints")
+    def api_checkpoints(
+        pipeline: str,
+        user: GetUserDep,
+        store: StoreDep,
+        state: StateFilter = None,
+        before: Annotated[int | None, Query(description="Only sequences below (older page)")] = None,
+        after: Annotated[int | None, Query(description="Only sequences above (newer page)")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    ) -> dict[str, Any]:
+        """A page of checkpoints, newest first, keyset-paginated by sequence."""
+        _pipeline_or_404(store, user, pipeline)
+        return _page(store, pipeline, state, before, after, limit)
+
+    @app.get("/api/pipelines/{pipeline}/checkpoints/{checkpoint_key}")
+    def api_checkpoint(
+        pipeline: str, checkpoint_key: str, user: GetUserDep, store: StoreDep
+    ) -> dict[str, Any]:
+        """One checkpoint with its committables (from the sealed manifest) and transition history."""
+        return _checkpoint_or_404(store, user, pipeline, checkpoint_key)
+
+    @app.get("/api/pipelines/{pipeline}/checkpoints/{checkpoint_key}/committables")
+    def api_committables(
+        pipeline: str, checkpoint_key: str, user: GetUserDep, store: StoreDep
+    ) -> dict[str, Any]:
+        return _checkpoint_or_404(store, user, pipeline, checkpoint_key)["committables"]
+
+    @app.get("/api/pipelines/{pipeline}/checkpoints/{checkpoint_key}/history")
+    def api_history(pipeline: str, checkpoint_key: str, user: GetUserDep, store: StoreDep) -> dict[str, Any]:
+        _pipeline_or_404(store, user, pipeline)
+        if store.get(pipeline, checkpoint_key) is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, "Checkpoint not found")
+        return {"transitions": [views.transition_dict(t) for t in store.history(pipeline, checkpoint_key)]}
+
+    @app.get(
+        "/api/dags/{dag_id}/checkpoints",
+        dependencies=[Depends(requires_access_dag("GET"))],
+    )
+    def api_dag_checkpoints(
+        dag_id: str,
+        store: StoreDep,
+        run_id: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+    ) -> dict[str, Any]:
+        """Checkpoints registered by a DAG, or by one of its runs (the DAG and run tabs)."""
+        records = store.checkpoints_of_run(dag_id, run_id, limit=limit)
+        return {"checkpoints": [views.checkpoint_dict(r) for r in records]}
+
+    # ------------------------------------------------------------------ pages
+
+    def render(request: Request, template: str, **values: Any) -> HTMLResponse:
+        base = request.scope.get("root_path", "").rstrip("/")
+        html = templates().get_template(template).render(base=base, **values)
+        return HTMLResponse(html)
+
+    @app.get("/", response_class=HTMLResponse)
+    def page_overview(request: Request, user: GetUserDep, store: StoreDep) -> HTMLResponse:
+        return render(request, "overview.html", pipelines=_visible_pipelines(store, user))
+
+    @app.get("/pipelines/{pipeline}", response_class=HTMLResponse)
+    def page_pipeline(
+        request: Request,
+        pipeline: str,
+        user: GetUserDep,
+        store: StoreDep,
+        state: StateFilter = None,
+        before: int | None = None,
+        after: int | None = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 200,
+    ) -> HTMLResponse:
+        row = _pipeline_or_404(store, user, pipeline)
+        page = _page(store, pipeline, state, before, after, limit)
+        filters = [("state", s) for s in state or ()]
+        return render(
+            request,
+            "pipeline.html",
+            pipeline=views.pipeline_dict(store, row),
+            page=page,
+            selected_states=state or [],
+            older=urlencode([*filters, ("before", page["next_before"])]) if page["next_before"] else None,
+            newer=urlencode([*filters, ("after", page["next_after"])]) if page["next_after"] else None,
+        )
+
+    @app.get("/pipelines/{pipeline}/checkpoints/{checkpoint_key}", response_class=HTMLResponse)
+    def page_checkpoint(
+        request: Request, pipeline: str, checkpoint_key: str, user: GetUserDep, store: StoreDep
+    ) -> HTMLResponse:
+        return render(request, "checkpoint.html", **_checkpoint_or_404(store, user, pipeline, checkpoint_key))
+
+    @app.get(
+        "/dags/{dag_id}",
+        response_class=HTMLResponse,
+        dependencies=[Depends(requires_access_dag("GET"))],
+    )
+    def page_dag(request: Request, dag_id: str, store: StoreDep) -> HTMLResponse:
+        records = store.checkpoints_of_run(dag_id, limit=2000)
+        return render(
+            request,
+            "dag.html",
+            dag_id=dag_id,
+            run_id=None,
+            checkpoints=[views.checkpoint_dict(r) for r in records],
+        )
+
+    @app.get(
+        "/dags/{dag_id}/runs/{run_id:path}",
+        response_class=HTMLResponse,
+        dependencies=[Depends(requires_access_dag("GET"))],
+    )
+    def page_run(request: Request, dag_id: str, run_id: str, store: StoreDep) -> HTMLResponse:
+        records = store.checkpoints_of_run(dag_id, run_id, limit=2000)
+        return render(
+            request,
+            "dag.html",
+            dag_id=dag_id,
+            run_id=run_id,
+            checkpoints=[views.checkpoint_dict(r) for r in records],
+        )
+
+    @app.get("/link", dependencies=[Depends(requires_access_dag("GET"))])
+    def resolve_link(
+        request: Request, dag_id: str, run_id: str, store: StoreDep, pipeline: str | None = None
+    ) -> Response:
+        """Where an operator extra link lands: the run's checkpoint of ``pipeline``.
+
+        Redirects to the checkpoint's detail when the run registered exactly one
+        checkpoint of that pipeline, else shows the run's checkpoints.
+        """
+        records = [
+            r for r in store.checkpoints_of_run(dag_id, run_id) if pipeline is None or r.pipeline == pipeline
+        ]
+        base = request.scope.get("root_path", "").rstrip("/")
+        if len(records) == 1:
+            r = records[0]
+            target = f"{base}/pipelines/{quote(r.pipeline)}/checkpoints/{quote(r.checkpoint_key)}"
+        else:
+            target = f"{base}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+        return RedirectResponse(target, status_code=status.HTTP_303_SEE_OTHER)
+
+    @app.get("/static/{name}")
+    def static(name: str, user: GetUserDep) -> Response:
+        # Only fixed-shape names from our own directory: no path can be smuggled in.
+        if not _STATIC_NAME.fullmatch(name) or not (STATIC_DIR / name).is_file():
+            raise HTTPException(status.HTTP_404_NOT_FOUND, "Not found")
+        return Response(
+            (STATIC_DIR / name).read_bytes(),
+            media_type=_STATIC_TYPES[Path(name).suffix],
+            headers={"Cache-Control": "private, max-age=300"},
+        )
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        # Pages get a small HTML explanation (with a login link on 401); the API gets JSON.
+        if request.url.path.startswith(f"{request.scope.get('root_path', '')}/api") or "text/html" not in (
+            request.headers.get("accept", "")
+        ):
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        html = (
+            templates()
+            .get_template("error.html")
+            .render(
+                status_code=exc.status_code,
+                detail=exc.detail,
+                login=f"/auth/login?{urlencode({'next': str(request.url)})}"
+                if exc.status_code == 401
+                else None,
+            )
+        )
+        return HTMLResponse(html, status_code=exc.status_code)
+
+    return app
+
+
+app = create_app()

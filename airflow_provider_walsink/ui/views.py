@@ -1,0 +1,171 @@
+"""Committer-table records → JSON-ready dicts for the commit-state API and pages.
+
+Airflow-free: reads the store and the staging area only. The manifest of a
+checkpoint is read through the protocol (``StagingLayout.manifest_path`` →
+``read_manifest`` with the sealed digest), so nothing outside the staging
+root is ever opened because a database row says so (invariant 6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+from airflow_provider_walsink.committer.store import (
+    CheckpointRecord,
+    CommitterStore,
+    TransitionRecord,
+    utcnow,
+)
+from airflow_provider_walsink.protocol.errors import WalsinkError
+from airflow_provider_walsink.protocol.manifest import read_manifest
+from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.states import CheckpointState
+
+S = CheckpointState
+#: Display order of states (life-cycle order, then the two dead ends).
+STATE_ORDER = [s.value for s in S]
+#: How many committables a detail response lists at most (the manifest may hold a million).
+MAX_COMMITTABLES_SHOWN = 1000
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat(timespec="milliseconds") + "Z" if value is not None else None
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return round((end - start).total_seconds(), 3)
+
+
+def phases(record: CheckpointRecord, now: datetime | None = None) -> dict[str, Any]:
+    """Seconds spent writing, waiting to be durable and committing.
+
+    A phase that has started but not finished counts up to ``now`` and is
+    named in ``current``; phases never reached are ``None``.
+    """
+    now = now or utcnow()
+    out: dict[str, Any] = {
+        "write_s": _seconds(record.created_at, record.sealed_at),
+        "durable_s": _seconds(record.sealed_at, record.durable_at),
+        "commit_s": _seconds(record.durable_at, record.committed_at),
+        "total_s": _seconds(record.created_at, record.committed_at),
+        "current": None,
+    }
+    if record.state.is_final or record.state is S.FAILED:
+        return out
+    if record.sealed_at is None:
+        out["current"], out["write_s"] = "write", _seconds(record.created_at, now)
+    elif record.durable_at is None:
+        out["current"], out["durable_s"] = "durable", _seconds(record.sealed_at, now)
+    elif record.committed_at is None:
+        out["current"], out["commit_s"] = "commit", _seconds(record.durable_at, now)
+    return out
+
+
+def checkpoint_dict(record: CheckpointRecord, now: datetime | None = None) -> dict[str, Any]:
+    return {
+        "pipeline": record.pipeline,
+        "checkpoint_key": record.checkpoint_key,
+        "sequence": record.sequence,
+        "state": record.state.value,
+        "attempt": record.attempt,
+        "sealed_attempt": record.sealed_attempt,
+        "rows": record.rows,
+        "bytes": record.bytes,
+        "committables": record.committables,
+        "manifest_digest": record.manifest_digest,
+        "start_offsets": record.start_offsets,
+        "end_offsets": record.end_offsets,
+        "lease_owner": record.lease_owner,
+        "lease_expires_at": _iso(record.lease_expires_at),
+        "error": record.error,
+        "dag_id": record.dag_id,
+        "run_id": record.run_id,
+        "created_at": _iso(record.created_at),
+        "updated_at": _iso(record.updated_at),
+        "sealed_at": _iso(record.sealed_at),
+        "durable_at": _iso(record.durable_at),
+        "committed_at": _iso(record.committed_at),
+        "phases": phases(record, now),
+    }
+
+
+def transition_dict(record: TransitionRecord) -> dict[str, Any]:
+    out = asdict(record)
+    out["at"] = _iso(record.at)
+    del out["checkpoint_id"]
+    return out
+
+
+def pipeline_dict(store: CommitterStore, row: dict[str, Any]) -> dict[str, Any]:
+    """A pipeline with counts per state, latest committed checkpoint and last error."""
+    summary = store.pipeline_summary(row["name"])
+    counts = {state: summary["counts"].get(state, 0) for state in STATE_ORDER}
+    committed = summary["latest_committed"]
+    failed = summary["last_error"]
+    return {
+        "pipeline": row["name"],
+        "mode": row["mode"],
+        "target": row["target"],
+        "dag_id": row["dag_id"],
+        "created_at": _iso(row["created_at"]),
+        "checkpoints": sum(counts.values()),
+        "counts": counts,
+        "latest_committed": checkpoint_dict(committed) if committed else None,
+        "last_error": (
+            {
+                "checkpoint_key": failed.checkpoint_key,
+                "sequence": failed.sequence,
+                "state": failed.state.value,
+                "error": failed.error,
+                "at": _iso(failed.updated_at),
+            }
+            if failed
+            else None
+        ),
+    }
+
+
+def committables(record: CheckpointRecord, layout: StagingLayout) -> dict[str, Any]:
+    """The committables of the checkpoint's sealed manifest, or why they cannot be shown.
+
+    ``status`` is one of ``available``, ``not_sealed`` (no sealed attempt yet),
+    ``cleaned`` (committed and its staging already removed, as designed) and
+    ``unavailable`` (missing or invalid before commit: a problem worth a look).
+    """
+    base: dict[str, Any] = {"status": None, "message": None, "items": [], "total": 0, "truncated": False}
+    if record.sealed_attempt is None or record.manifest_digest is None:
+        return {**base, "status": "not_sealed", "message": "No sealed attempt yet: nothing to list."}
+    try:
+        path = layout.manifest_path(record.pipeline, record.checkpoint_key, record.sealed_attempt)
+    except WalsinkError as exc:
+        return {**base, "status": "unavailable", "message": str(exc)}
+    if record.state in (S.COMMITTED, S.ABORTED) and not path.exists():
+        return {
+            **base,
+            "status": "cleaned",
+            "message": f"Staging of attempt {record.sealed_attempt} was cleaned after the checkpoint was "
+            f"{record.state.value.lower()}; the committer table keeps its totals "
+            f"({record.committables} committables, {record.rows} rows, {record.bytes} bytes).",
+        }
+    try:
+        manifest = read_manifest(path, expected_digest=record.manifest_digest)
+    except WalsinkError as exc:
+        return {**base, "status": "unavailable", "message": str(exc)}
+    items = [c.to_json() for c in manifest.committables[:MAX_COMMITTABLES_SHOWN]]
+    for item, committable in zip(items, manifest.committables, strict=False):
+        item["partition"] = committable.partition_path or None
+    return {
+        **base,
+        "status": "available",
+        "message": None,
+        "items": items,
+        "total": len(manifest.committables),
+        "truncated": len(manifest.committables) > MAX_COMMITTABLES_SHOWN,
+        "attempt": manifest.attempt,
+        "total_rows": manifest.total_rows,
+        "total_bytes": manifest.total_bytes,
+    }

@@ -1,0 +1,163 @@
+"""The commit-state plugin's JSON API and pages, in-process on Airflow's real api app.
+
+``create_app()`` mounts the plugin exactly as the api-server does (through the
+plugin loader), the auth manager is Airflow's SimpleAuthManager and every
+token comes from ``POST /auth/token``. The committer table is filled through
+the store with the calls the tasks make (write, seal, durable, commit).
+"""
+
+from __future__ import annotations
+
+import pytest
+from ui_fixtures import DAG_A, DAG_B, build_world
+
+pytestmark = pytest.mark.airflow
+
+
+@pytest.fixture(scope="module")
+def world(airflow_db, database_urls, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        yield from build_world(database_urls("sqlite"), tmp_path_factory.mktemp("ui"), mp)
+
+
+def test_plugin_is_loaded_with_app_and_external_views(world):
+    from airflow import plugins_manager
+
+    plugins = {p.name: p for p in plugins_manager._get_plugins()[0]}
+    assert "walsink" in plugins, f"walsink plugin not loaded; loaded: {sorted(plugins)}"
+    plugin = plugins["walsink"]
+    assert [a["url_prefix"] for a in plugin.fastapi_apps] == ["/walsink"]
+    views = {v["destination"]: v for v in plugin.external_views}
+    assert views["nav"]["category"] == "browse" and views["nav"]["name"] == "Commit state"
+    assert views["dag"]["href"] == "/walsink/dags/{DAG_ID}"
+    assert views["dag_run"]["href"] == "/walsink/dags/{DAG_ID}/runs/{RUN_ID}"
+    # And the UI's plugin endpoint serves them.
+    listed = world.client.get("/api/v2/plugins", headers=world.headers("admin")).json()["plugins"]
+    assert any(p["name"] == "walsink" for p in listed)
+
+
+def test_pipelines_overview_counts_latest_commit_and_last_error(world):
+    body = world.client.get("/walsink/api/pipelines", headers=world.headers("admin")).json()
+    by_name = {p["pipeline"]: p for p in body["pipelines"]}
+    assert set(by_name) == {"sales_a", "sales_b"}
+    a = by_name["sales_a"]
+    assert a["dag_id"] == DAG_A and a["checkpoints"] == 5
+    assert a["counts"]["COMMITTED"] == 3 and a["counts"]["DURABLE"] == 1 and a["counts"]["FAILED"] == 1
+    assert a["latest_committed"]["checkpoint_key"] == "20260103T000000Z"
+    assert a["last_error"]["checkpoint_key"] == "20260105T000000Z"
+    assert "checksum mismatch" in a["last_error"]["error"]
+
+
+def test_checkpoints_keyset_pages_and_state_filter(world):
+    h = world.headers("admin")
+    url = "/walsink/api/pipelines/sales_a/checkpoints"
+    first = world.client.get(url, params={"limit": 2}, headers=h).json()
+    assert [c["sequence"] for c in first["checkpoints"]] == [5, 4]
+    second = world.client.get(url, params={"limit": 2, "before": first["next_before"]}, headers=h).json()
+    assert [c["sequence"] for c in second["checkpoints"]] == [3, 2]
+    last = world.client.get(url, params={"limit": 2, "before": second["next_before"]}, headers=h).json()
+    assert [c["sequence"] for c in last["checkpoints"]] == [1] and last["next_before"] is None
+    back = world.client.get(url, params={"limit": 2, "after": last["checkpoints"][0]["sequence"]}, headers=h)
+    assert [c["sequence"] for c in back.json()["checkpoints"]] == [3, 2]
+
+    committed = world.client.get(url, params=[("state", "COMMITTED")], headers=h).json()["checkpoints"]
+    assert [c["sequence"] for c in committed] == [3, 2, 1]
+    assert world.client.get(url, params={"state": "NOPE"}, headers=h).status_code == 422
+
+    row = committed[0]
+    assert row["rows"] == 2 and row["committables"] == 1 and row["attempt"] == 1
+    assert row["phases"]["write_s"] is not None and row["phases"]["commit_s"] is not None
+    assert row["dag_id"] == DAG_A and row["run_id"] == "run-2"
+
+
+def test_checkpoint_detail_committables_and_history(world):
+    h = world.headers("admin")
+    durable = world.client.get(
+        "/walsink/api/pipelines/sales_a/checkpoints/20260104T000000Z", headers=h
+    ).json()
+    assert durable["checkpoint"]["state"] == "DURABLE"
+    assert durable["checkpoint"]["phases"]["current"] == "commit"
+    assert durable["committables"]["status"] == "available"
+    assert sorted(i["path"] for i in durable["committables"]["items"]) == [
+        "dt=2026-01-04/part-0.csv",
+        "dt=2026-01-04/part-1.csv",
+    ]
+    assert durable["committables"]["total_rows"] == 3
+    assert [t["to_state"] for t in durable["history"]] == ["REGISTERED", "WRITING", "SEALED", "DURABLE"]
+
+    committed = world.client.get(
+        "/walsink/api/pipelines/sales_a/checkpoints/20260101T000000Z", headers=h
+    ).json()
+    # The commit task cleaned the staging area: the API says so instead of failing.
+    assert committed["committables"]["status"] == "cleaned"
+    assert "cleaned" in committed["committables"]["message"]
+    assert committed["history"][-1]["to_state"] == "COMMITTED"
+    assert committed["history"][-1]["task_id"] == "commit"
+
+    assert (
+        world.client.get(
+            "/walsink/api/pipelines/sales_a/checkpoints/20260104T000000Z/history", headers=h
+        ).json()["transitions"][0]["to_state"]
+        == "REGISTERED"
+    )
+    assert world.client.get("/walsink/api/pipelines/sales_a/checkpoints/nope", headers=h).status_code == 404
+    assert world.client.get("/walsink/api/pipelines/nope", headers=h).status_code == 404
+
+
+def test_dag_and_run_checkpoints(world):
+    h = world.headers("admin")
+    dag = world.client.get(f"/walsink/api/dags/{DAG_A}/checkpoints", headers=h).json()["checkpoints"]
+    assert [c["checkpoint_key"] for c in dag] == [f"2026010{i}T000000Z" for i in range(1, 6)]
+    run = world.client.get(f"/walsink/api/dags/{DAG_A}/checkpoints", params={"run_id": "run-3"}, headers=h)
+    assert [c["checkpoint_key"] for c in run.json()["checkpoints"]] == ["20260104T000000Z"]
+
+
+def test_pages_render_with_the_browser_cookie(world):
+    """The Airflow UI shows plugin pages in a same-origin iframe: the ``_token`` cookie is the credential."""
+    cookies = {"_token": world.tokens["admin"]}
+    client = world.client
+    client.cookies.clear()
+    overview = client.get("/walsink/", cookies=cookies)
+    assert overview.status_code == 200 and "sales_a" in overview.text and "sales_b" in overview.text
+    pipeline = client.get("/walsink/pipelines/sales_a", cookies=cookies)
+    assert pipeline.status_code == 200 and pipeline.text.count('class="cell s-') == 5
+    detail = client.get("/walsink/pipelines/sales_a/checkpoints/20260104T000000Z", cookies=cookies)
+    assert detail.status_code == 200 and "dt=2026-01-04/part-1.csv" in detail.text
+    assert client.get(f"/walsink/dags/{DAG_A}", cookies=cookies).status_code == 200
+    run_page = client.get(f"/walsink/dags/{DAG_A}/runs/run-3", cookies=cookies)
+    assert run_page.status_code == 200 and "20260104T000000Z" in run_page.text
+    css = client.get("/walsink/static/walsink.css", cookies=cookies)
+    assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
+
+
+def test_extra_link_resolves_to_the_checkpoint_detail(world):
+    from airflow_provider_walsink.links import WalsinkCheckpointLink, checkpoint_link
+
+    url = checkpoint_link(DAG_A, "run-3", "sales_a")
+    response = world.client.get(url, headers=world.headers("admin"), follow_redirects=False)
+    assert response.status_code == 303
+    assert response.headers["location"] == "/walsink/pipelines/sales_a/checkpoints/20260104T000000Z"
+
+    class Op:
+        pipeline = "sales_a"
+
+    class Key:
+        dag_id, run_id, task_id, map_index, try_number = DAG_A, "run-3", "commit", -1, 1
+
+    link = WalsinkCheckpointLink().get_link(Op(), ti_key=Key())
+    assert link.endswith("/walsink/link?dag_id=ui_dag_a&run_id=run-3&pipeline=sales_a")
+
+
+def test_team_user_sees_only_their_dags_pipelines(world):
+    alice = world.headers("alice")
+    names = [
+        p["pipeline"] for p in world.client.get("/walsink/api/pipelines", headers=alice).json()["pipelines"]
+    ]
+    assert names == ["sales_a"]
+    bob = world.headers("bob")
+    names = [
+        p["pipeline"] for p in world.client.get("/walsink/api/pipelines", headers=bob).json()["pipelines"]
+    ]
+    assert names == ["sales_b"]
+    assert world.client.get("/walsink/api/pipelines/sales_a/checkpoints", headers=alice).status_code == 200
+    assert DAG_B not in world.client.get("/walsink/", cookies={"_token": world.tokens["alice"]}).text
