@@ -112,6 +112,7 @@ class CheckpointCommitter:
                 checkpoint_key,
                 record.committed_at,
             )
+            self._finish_cleanup(record)
             return self._summary(record, already=True, started=started)
         committable_states = (S.DURABLE, S.COMMITTING)
         if record.state not in committable_states and not (record.state is S.FAILED and record.durable_at):
@@ -172,6 +173,28 @@ class CheckpointCommitter:
             done.rows,
         )
         return summary
+
+    def _finish_cleanup(self, record: CheckpointRecord) -> None:
+        """Do the cleanup a committer killed after COMMITTED never did (harmless when done).
+
+        Without it the publish journal outlives the commit, and if the row were
+        later trimmed by retention and the key re-run, a stale journal would
+        make the new publish roll back committed files.
+        """
+        if record.sealed_attempt is None:
+            return
+        path = self.layout.manifest_path(record.pipeline, record.checkpoint_key, record.sealed_attempt)
+        if not path.exists():
+            return  # staging is removed after the journal: nothing left to do
+        try:
+            manifest = read_manifest(path, expected_digest=record.manifest_digest)
+        except BAD_INPUT as exc:
+            log.warning(
+                "leaving staging of committed %s/%s alone: %s", record.pipeline, record.checkpoint_key, exc
+            )
+            return
+        self.publisher.forget(manifest)
+        self.layout.remove_checkpoint(record.pipeline, record.checkpoint_key)
 
     @staticmethod
     def _summary(record: CheckpointRecord, *, already: bool, started: float) -> CommitSummary:

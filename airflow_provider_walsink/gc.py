@@ -1,0 +1,322 @@
+"""Garbage collection and retention for staging areas and the committer table.
+
+Airflow-free (the operator and the ``walsink gc`` command are thin faces).
+
+**Staging** (the write-ahead log). A commit deletes its checkpoint's staging
+directory, but crashes, superseded attempts and aborted checkpoints leave
+directories behind. :func:`collect_staging` removes, once older than the
+retention period:
+
+* every attempt of a COMMITTED or ABORTED checkpoint (the commit is recorded,
+  or will never happen);
+* attempts of an uncommitted checkpoint that are neither its current attempt
+  nor its sealed attempt and are *older* than the current attempt (a newer
+  attempt number may belong to a writer that just started, so it is kept);
+* checkpoint directories the committer table does not know at all.
+
+It never touches the current or sealed attempt of an uncommitted checkpoint,
+never follows a symlink, and only walks names that are valid identifiers
+under the staging root.
+
+**Committer table** (Spark's ``_spark_metadata`` log grew without bound; this
+one does not). :func:`trim_committer_table` deletes COMMITTED checkpoint rows
+(with their history) whose commit is older than the retention period, except
+
+* the latest committed checkpoint of each pipeline (its end offsets are where
+  the next incremental run starts, and append ordering checks against it);
+* for each uncommitted checkpoint, the latest committed checkpoint before it
+  (its offset-continuity check reads that row);
+* rows of ``append`` pipelines without source offsets: for them the row is
+  the only memory that the interval was published, so deleting it would let
+  a re-run publish the interval again. Only their history is compacted.
+
+Deleting an ``overwrite`` row is safe because re-running that interval
+replaces its partitions instead of adding to them; deleting an ``append`` row
+with offsets is safe because a re-run starts from the kept latest end offsets
+and the store refuses a checkpoint that does not continue them. For every
+kept committed row older than the retention period, the history is compacted
+to its COMMITTED transition. ABORTED rows are deleted after the retention
+period.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import and_, delete, func, select
+
+from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
+from airflow_provider_walsink.committer.models import pipeline_table as pipe
+from airflow_provider_walsink.committer.models import transition_table as trans
+from airflow_provider_walsink.committer.store import CheckpointRecord, CommitterStore, utcnow
+from airflow_provider_walsink.protocol.errors import InvalidIdentifierError
+from airflow_provider_walsink.protocol.identifiers import validate_identifier
+from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.states import CheckpointState
+
+log = logging.getLogger(__name__)
+S = CheckpointState
+
+#: Rows deleted per statement, so one GC never holds long locks on a busy table.
+BATCH = 500
+
+
+@dataclass
+class GcReport:
+    """What a garbage collection removed (or, with ``dry_run``, would remove)."""
+
+    dry_run: bool = False
+    attempts_removed: list[str] = field(default_factory=list)
+    checkpoint_dirs_removed: list[str] = field(default_factory=list)
+    kept_recent: int = 0
+    skipped: list[str] = field(default_factory=list)
+    rows_deleted: int = 0
+    transitions_deleted: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        verb = "would remove" if self.dry_run else "removed"
+        return (
+            f"{verb} {len(self.attempts_removed)} orphaned attempts and "
+            f"{len(self.checkpoint_dirs_removed)} checkpoint directories; kept {self.kept_recent} "
+            f"younger than the retention period; {verb} {self.rows_deleted} committer rows and "
+            f"{self.transitions_deleted} history entries"
+            + (f"; skipped {len(self.skipped)}: {'; '.join(self.skipped[:3])}" if self.skipped else "")
+        )
+
+
+def _age_ok(path: Path, cutoff_ts: float) -> bool:
+    """True when ``path`` (a real directory, not a symlink) was last modified before the cutoff."""
+    st = os.lstat(path)
+    return stat.S_ISDIR(st.st_mode) and st.st_mtime <= cutoff_ts
+
+
+def _rmtree(path: Path, report: GcReport, dry_run: bool) -> bool:
+    if os.path.islink(path):
+        report.skipped.append(f"{path} is a symlink; not followed")
+        return False
+    if not dry_run:
+        shutil.rmtree(path)
+    return True
+
+
+def _subdirs(path: Path) -> Iterable[Path]:
+    try:
+        entries = sorted(os.scandir(path), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+
+
+def collect_staging(
+    store: CommitterStore,
+    layout: StagingLayout,
+    *,
+    retention: timedelta,
+    pipelines: Iterable[str] | None = None,
+    dry_run: bool = False,
+    clock: Callable[[], datetime] = utcnow,
+) -> GcReport:
+    """Remove orphaned attempts and finished checkpoints' staging (see the module docstring)."""
+    report = GcReport(dry_run=dry_run)
+    now = clock()
+    cutoff = now - timedelta(seconds=retention.total_seconds())
+    # Directory ages come from the file system clock; row ages from the store's clock.
+    cutoff_ts = _epoch(cutoff)
+    wanted = set(pipelines) if pipelines is not None else None
+    root = layout.root
+    for pdir in _subdirs(root):
+        try:
+            pipeline = validate_identifier(pdir.name, "pipeline id")
+        except InvalidIdentifierError:
+            report.skipped.append(f"{pdir}: not a pipeline id")
+            continue
+        if wanted is not None and pipeline not in wanted:
+            continue
+        for cdir in _subdirs(pdir):
+            try:
+                key = validate_identifier(cdir.name, "checkpoint key")
+            except InvalidIdentifierError:
+                report.skipped.append(f"{cdir}: not a checkpoint key")
+                continue
+            record = store.get(pipeline, key)
+            _collect_checkpoint(layout, pipeline, key, record, cutoff, cutoff_ts, report, dry_run)
+    return report
+
+
+def _collect_checkpoint(
+    layout: StagingLayout,
+    pipeline: str,
+    key: str,
+    record: CheckpointRecord | None,
+    cutoff: datetime,
+    cutoff_ts: float,
+    report: GcReport,
+    dry_run: bool,
+) -> None:
+    cdir = layout.checkpoint_dir(pipeline, key)
+    if record is None or record.state in (S.COMMITTED, S.ABORTED):
+        finished_at = None if record is None else (record.committed_at or record.updated_at)
+        old = _age_ok(cdir, cutoff_ts) if finished_at is None else finished_at <= cutoff
+        if not old:
+            report.kept_recent += 1
+            return
+        if _rmtree(cdir, report, dry_run):
+            report.checkpoint_dirs_removed.append(f"{pipeline}/{key}")
+            log.info("gc: %s staging of %s/%s", "would remove" if dry_run else "removed", pipeline, key)
+        return
+    # Uncommitted: only attempts older than the current one and not sealed are garbage.
+    keep = {record.attempt, record.sealed_attempt}
+    for attempt in layout.attempts(pipeline, key):
+        if attempt in keep or attempt > record.attempt:
+            continue
+        path = layout.attempt_dir(pipeline, key, attempt)
+        if not _age_ok(path, cutoff_ts):
+            report.kept_recent += 1
+            continue
+        if _rmtree(path, report, dry_run):
+            report.attempts_removed.append(f"{pipeline}/{key}/attempt-{attempt}")
+
+
+def _epoch(naive_utc: datetime) -> float:
+    from datetime import UTC
+
+    return naive_utc.replace(tzinfo=UTC).timestamp()
+
+
+def trim_committer_table(
+    store: CommitterStore,
+    *,
+    retention: timedelta,
+    pipelines: Iterable[str] | None = None,
+    dry_run: bool = False,
+    clock: Callable[[], datetime] = utcnow,
+) -> GcReport:
+    """Delete old COMMITTED/ABORTED rows and compact history (see the module docstring)."""
+    report = GcReport(dry_run=dry_run)
+    cutoff = clock() - retention
+    with store.engine.connect() as conn:
+        modes = dict(conn.execute(select(pipe.c.name, pipe.c.mode)).all())
+    names = sorted(modes if pipelines is None else set(pipelines) & set(modes))
+    for name in names:
+        _trim_pipeline(store, name, modes[name], cutoff, report, dry_run)
+    return report
+
+
+def _trim_pipeline(
+    store: CommitterStore, pipeline: str, mode: str, cutoff: datetime, report: GcReport, dry_run: bool
+) -> None:
+    # One transaction per pipeline, holding the pipeline row's lock so no
+    # checkpoint is registered while the protected set is computed.
+    with store._tx() as conn:  # noqa: SLF001 - same package family; the store's write transaction
+        conn.execute(select(pipe.c.name).where(pipe.c.name == pipeline).with_for_update())
+        committed = ckpt.c.state == S.COMMITTED.value
+        protected: set[int] = set()
+        latest = conn.execute(
+            select(ckpt.c.id).where(ckpt.c.pipeline == pipeline, committed).order_by(ckpt.c.sequence.desc())
+        ).first()
+        if latest is not None:
+            protected.add(latest.id)
+        open_sequences = conn.execute(
+            select(ckpt.c.sequence).where(
+                ckpt.c.pipeline == pipeline,
+                ckpt.c.state.notin_([S.COMMITTED.value, S.ABORTED.value]),
+            )
+        ).scalars()
+        for seq in open_sequences:
+            before = conn.execute(
+                select(ckpt.c.id)
+                .where(ckpt.c.pipeline == pipeline, committed, ckpt.c.sequence < seq)
+                .order_by(ckpt.c.sequence.desc())
+                .limit(1)
+            ).first()
+            if before is not None:
+                protected.add(before.id)
+        old_committed = and_(ckpt.c.pipeline == pipeline, committed, ckpt.c.committed_at <= cutoff)
+        deletable = old_committed
+        if mode == "append":
+            # Without offsets the row is the only record that the interval was published.
+            deletable = and_(deletable, ckpt.c.end_offsets.is_not(None))
+        old_aborted = and_(
+            ckpt.c.pipeline == pipeline, ckpt.c.state == S.ABORTED.value, ckpt.c.updated_at <= cutoff
+        )
+        doomed = [
+            i for i in conn.execute(select(ckpt.c.id).where(deletable)).scalars() if i not in protected
+        ] + list(conn.execute(select(ckpt.c.id).where(old_aborted)).scalars())
+        # Kept old committed rows: compact their history to the COMMITTED transition.
+        kept_old = [
+            i for i in conn.execute(select(ckpt.c.id).where(old_committed)).scalars() if i not in doomed
+        ]
+        for chunk in _chunks(kept_old):
+            keep_ids = (
+                select(func.max(trans.c.id))
+                .where(trans.c.checkpoint_id.in_(chunk), trans.c.to_state == S.COMMITTED.value)
+                .group_by(trans.c.checkpoint_id)
+            )
+            keep = set(conn.execute(keep_ids).scalars())
+            victims = [
+                t
+                for t in conn.execute(select(trans.c.id).where(trans.c.checkpoint_id.in_(chunk))).scalars()
+                if t not in keep
+            ]
+            report.transitions_deleted += len(victims)
+            if not dry_run:
+                for vchunk in _chunks(victims):
+                    conn.execute(delete(trans).where(trans.c.id.in_(vchunk)))
+        for chunk in _chunks(doomed):
+            n = conn.execute(select(func.count()).select_from(trans).where(trans.c.checkpoint_id.in_(chunk)))
+            report.transitions_deleted += n.scalar_one()
+            report.rows_deleted += len(chunk)
+            if not dry_run:
+                conn.execute(delete(trans).where(trans.c.checkpoint_id.in_(chunk)))
+                conn.execute(delete(ckpt).where(ckpt.c.id.in_(chunk)))
+
+
+def _chunks(ids: list[int]) -> Iterable[list[int]]:
+    for i in range(0, len(ids), BATCH):
+        yield ids[i : i + BATCH]
+
+
+def collect_garbage(
+    store: CommitterStore,
+    layout: StagingLayout,
+    *,
+    retention: timedelta,
+    history_retention: timedelta | None = None,
+    pipelines: Iterable[str] | None = None,
+    dry_run: bool = False,
+    clock: Callable[[], datetime] = utcnow,
+) -> GcReport:
+    """Staging GC, then (if ``history_retention`` is given) committer-table retention."""
+    pipelines = list(pipelines) if pipelines is not None else None
+    report = collect_staging(
+        store, layout, retention=retention, pipelines=pipelines, dry_run=dry_run, clock=clock
+    )
+    if history_retention is not None:
+        table = trim_committer_table(
+            store, retention=history_retention, pipelines=pipelines, dry_run=dry_run, clock=clock
+        )
+        report.rows_deleted, report.transitions_deleted = table.rows_deleted, table.transitions_deleted
+    return report
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``15m``, ``12h``, ``7d`` or ``2w`` (or a plain number of seconds) → timedelta."""
+    text = text.strip()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    try:
+        if text and text[-1] in units:
+            return timedelta(seconds=float(text[:-1]) * units[text[-1]])
+        return timedelta(seconds=float(text))
+    except ValueError:
+        raise ValueError(f"invalid duration {text!r}: use e.g. 90s, 15m, 12h, 7d or 2w") from None

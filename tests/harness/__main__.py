@@ -1,0 +1,35 @@
+"""``python -m tests.harness --seed S --schedules N [--db-url URL]``: a crash campaign from a shell."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+
+from .runner import run_harness
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.harness", description=__doc__)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--schedules", type=int, default=200)
+    parser.add_argument(
+        "--db-url", help="committer database (default: a fresh SQLite file in a temporary directory)"
+    )
+    parser.add_argument("--workdir", help="where staging and targets live (default: a temporary directory)")
+    parser.add_argument("--verbose", "-v", action="store_true", help="print every schedule")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="walsink-harness-") as tmp:
+        result = run_harness(
+            seed=args.seed,
+            schedules=args.schedules,
+            workdir=args.workdir or tmp,
+            db_url=args.db_url,
+            verbose=args.verbose,
+        )
+    print(result.describe())
+    return 0 if result.violations == [] and not result.uncovered else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,583 @@
+"""The crash campaign: seeded schedules of real pipelines, SIGKILLed, retried and checked.
+
+One *schedule* is one pipeline (``append`` with source offsets, or
+``overwrite`` of partitions that already hold stale data) of 2-4 checkpoints.
+Each checkpoint goes through the three tasks of a walsink DAG run, **write**
+(:class:`CheckpointWriter`: new attempt, stage files, seal), **durable** (read
+the sealed manifest, verify every committable on storage, mark DURABLE) and
+**commit** (:class:`CheckpointCommitter` with a :class:`FilePublisher`). Every
+task try runs in its own forked process; the schedule arms
+``WALSINK_CRASH_AT`` for some tries, so that process SIGKILLs itself at the
+named point. The driver then retries as Airflow does: a new try of the same
+task (the write starts a new attempt; a commit try is a new lease owner and
+waits out the dead owner's lease, then takes it over).
+
+After every injected crash the target is checked for what may be visible
+mid-flight (committed checkpoints complete, the in-flight one never
+duplicated, overwrite partitions old or new, never mixed). After the schedule
+it is checked against the source: every checkpoint COMMITTED exactly once,
+every source row in the target exactly once, no stale row, offsets continued,
+a re-run commit a no-op that changes nothing, and after GC no staging and no
+publish journal left.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import time
+import traceback
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from airflow_provider_walsink import faults
+from airflow_provider_walsink.committer.commit import CheckpointCommitter
+from airflow_provider_walsink.committer.store import Actor, CommitterStore, LeaseHeldError
+from airflow_provider_walsink.committer.writer import CheckpointWriter
+from airflow_provider_walsink.gc import collect_garbage
+from airflow_provider_walsink.protocol.durability import check_attempt
+from airflow_provider_walsink.protocol.manifest import read_manifest
+from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.states import CheckpointState
+from airflow_provider_walsink.publishers.files import BOOKKEEPING_DIR, FilePublisher
+
+STEPS = ("write", "durable", "commit")
+POINTS_BY_STEP: dict[str, tuple[str, ...]] = {
+    "write": ("write.before_staging", "write.after_staging", "seal.after_manifest", "seal.after"),
+    "durable": ("durable.verifying", "durable.before_mark"),
+    "commit": (
+        "publish.after_k",
+        "publish.after_swap",
+        "commit.after_publish",
+        "commit.after_committed",
+        "lease.takeover",
+        "lease.after_takeover",
+    ),
+}
+STEP_OF = {p: s for s, points in POINTS_BY_STEP.items() for p in points}
+assert set(STEP_OF) == set(faults.CRASH_POINTS), "every crash point must be scheduled by the harness"
+#: Crash points that only exist in one mode.
+ONLY_IN = {"publish.after_swap": "overwrite"}
+#: Crashes that leave a live lease behind, so the next try must take it over.
+HOLDS_LEASE = ("publish.after_k", "commit.after_publish", "lease.after_takeover")
+
+LEASE_TTL = timedelta(milliseconds=200)
+EXIT_LEASE_HELD = 75
+MAX_TRIES = 12
+
+
+# ----------------------------------------------------------------------------- schedules
+
+
+@dataclass
+class CheckpointSpec:
+    key: str
+    files: dict[str, bytes]
+    declared: list[str] = field(default_factory=list)
+    start: int = 0
+    end: int = 0
+
+    @property
+    def partitions(self) -> list[str]:
+        seen = dict.fromkeys(rel.rsplit("/", 1)[0] for rel in self.files)
+        for p in self.declared:
+            seen.setdefault(p, None)
+        return list(seen)
+
+    def rows(self, partition: str | None = None) -> list[str]:
+        out = []
+        for rel, data in self.files.items():
+            if partition is None or rel.rsplit("/", 1)[0] == partition:
+                out.extend(data.decode().splitlines())
+        return out
+
+
+@dataclass
+class Schedule:
+    index: int
+    pipeline: str
+    mode: str
+    checkpoints: list[CheckpointSpec]
+    #: (checkpoint index, step) -> crash point and nth for successive crashed tries.
+    crashes: dict[tuple[int, str], list[tuple[str, int]]]
+    stale: dict[str, bytes] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        plan = ", ".join(
+            f"{self.checkpoints[ci].key}.{step}: " + " then ".join(f"{p}:{n}" for p, n in crashes)
+            for (ci, step), crashes in sorted(self.crashes.items())
+        )
+        return f"#{self.index} {self.pipeline} ({self.mode}, {len(self.checkpoints)} checkpoints) {plan}"
+
+
+def _chunks(rows: list[str], n: int, rng: random.Random) -> list[list[str]]:
+    cuts = sorted(rng.randint(0, len(rows)) for _ in range(n - 1))
+    bounds = [0, *cuts, len(rows)]
+    return [rows[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _encode(rows: list[str]) -> bytes:
+    return "".join(r + "\n" for r in rows).encode()
+
+
+def make_schedule(seed: int, index: int, combos: list[tuple[str, str]]) -> Schedule:
+    """Schedule ``index`` of campaign ``seed``; the first ``len(combos)`` cover every (point, mode)."""
+    rng = random.Random(f"{seed}:{index}")
+    if index < len(combos):
+        point, mode = combos[index]
+    else:
+        mode = rng.choice(("append", "overwrite"))
+        point = rng.choice([p for p in STEP_OF if ONLY_IN.get(p, mode) == mode])
+    pipeline = f"h{seed}-{index}-{mode[:3]}"
+    checkpoints: list[CheckpointSpec] = []
+    stale: dict[str, bytes] = {}
+    offset = 0
+    for ci in range(rng.randint(2, 4)):
+        key = f"k{ci:02d}"
+        files: dict[str, bytes] = {}
+        if mode == "append":
+            size = rng.randint(1, 9)
+            rows = [f"{pipeline},row{offset + j}" for j in range(size)]
+            for fi, chunk in enumerate(_chunks(rows, rng.randint(1, 3), rng)):
+                files[f"b={rng.randint(0, 1)}/part-{fi:05d}.csv"] = _encode(chunk)
+            checkpoints.append(CheckpointSpec(key, files, start=offset, end=offset + size))
+            offset += size
+        else:
+            regions = rng.sample(["a", "b", "c"], rng.randint(1, 2))
+            fi = 0
+            for r in regions:
+                rows = [f"{pipeline},{key},{r},{j}" for j in range(rng.randint(1, 6))]
+                for chunk in _chunks(rows, rng.randint(1, 2), rng):
+                    files[f"dt={key}/r={r}/part-{fi:05d}.csv"] = _encode(chunk)
+                    fi += 1
+            declared = [f"dt={key}/r=z"] if rng.random() < 0.3 else []
+            spec = CheckpointSpec(key, files, declared)
+            checkpoints.append(spec)
+            for p in spec.partitions:
+                stale[f"{p}/old-00000.csv"] = _encode([f"STALE,{pipeline},{p}"])
+    if mode == "overwrite":
+        stale["dt=untouched/r=a/old-00000.csv"] = _encode([f"KEEP,{pipeline}"])
+
+    crashes: dict[tuple[int, str], list[tuple[str, int]]] = {}
+
+    def nth_for(p: str, spec: CheckpointSpec) -> int:
+        if p in ("publish.after_k", "durable.verifying"):
+            return rng.randint(1, len(spec.files))
+        if p == "publish.after_swap":
+            return rng.randint(1, len(spec.partitions))
+        return 1
+
+    ci = rng.randrange(len(checkpoints))
+    step = STEP_OF[point]
+    if point in ("lease.takeover", "lease.after_takeover"):
+        # Taking over needs a dead owner first: crash while holding the lease.
+        first = rng.choice(HOLDS_LEASE[:2])
+        plan = [(first, nth_for(first, checkpoints[ci])), (point, 1)]
+    else:
+        plan = [(point, nth_for(point, checkpoints[ci]))]
+    if rng.random() < 0.3:  # a crash of the retry too, at any point of the same task
+        extra = rng.choice([p for p in POINTS_BY_STEP[step] if ONLY_IN.get(p, mode) == mode])
+        plan.append((extra, nth_for(extra, checkpoints[ci])))
+    crashes[(ci, step)] = plan
+    if rng.random() < 0.3:  # and sometimes a crash in another task of another checkpoint
+        cj = rng.randrange(len(checkpoints))
+        other = rng.choice(
+            [p for p in STEP_OF if ONLY_IN.get(p, mode) == mode and p not in ("lease.takeover",)]
+        )
+        crashes.setdefault((cj, STEP_OF[other]), []).append((other, nth_for(other, checkpoints[cj])))
+    return Schedule(index, pipeline, mode, checkpoints, crashes, stale)
+
+
+def all_combos() -> list[tuple[str, str]]:
+    return [(p, m) for p in faults.CRASH_POINTS for m in ("append", "overwrite") if ONLY_IN.get(p, m) == m]
+
+
+# ----------------------------------------------------------------------------- one task try
+
+
+@dataclass
+class Env:
+    db_url: str
+    staging: Path
+    targets: Path
+    scratch: Path
+
+    def target(self, sched: Schedule) -> Path:
+        return self.targets / sched.pipeline
+
+    def layout(self) -> StagingLayout:
+        return StagingLayout(self.staging)
+
+
+def _actor(step: str, key: str, try_number: int) -> Actor:
+    return Actor(
+        name=f"harness.{step}@{key}#try{try_number}",
+        dag_id="harness",
+        run_id=key,
+        task_id=step,
+        try_number=try_number,
+    )
+
+
+def task_write(
+    store: CommitterStore, env: Env, sched: Schedule, spec: CheckpointSpec, try_number: int
+) -> None:
+    actor = _actor("write", spec.key, try_number)
+    store.register(sched.pipeline, spec.key, mode=sched.mode, actor=actor)
+    start = end = None
+    if sched.mode == "append":
+        # An incremental job reads from where the last committed checkpoint ended.
+        committed = store.last_committed_offsets(sched.pipeline) or {"src": 0}
+        assert committed == {"src": spec.start}, f"source offsets {committed} != {spec.start}"
+        start, end = committed, {"src": spec.end}
+    writer = CheckpointWriter(store, env.layout(), sched.pipeline, spec.key, actor=actor)
+    attempt_dir = writer.begin(start_offsets=start)
+    for rel, data in spec.files.items():
+        path = attempt_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    writer.add_files(
+        list(spec.files), rows={r: d.count(b"\n") for r, d in spec.files.items()}, writer=f"w{try_number}"
+    )
+    for p in spec.declared:
+        writer.declare_partition(p)
+    writer.seal(file_format="csv", start_offsets=start, end_offsets=end, job="harness")
+
+
+def task_durable(
+    store: CommitterStore, env: Env, sched: Schedule, spec: CheckpointSpec, try_number: int
+) -> None:
+    record = store.require(sched.pipeline, spec.key)
+    S = CheckpointState
+    if record.state in (S.DURABLE, S.COMMITTING, S.COMMITTED):
+        return
+    layout = env.layout()
+    attempt = record.sealed_attempt
+    assert attempt is not None, f"{spec.key} is {record.state} without a sealed attempt"
+    manifest = read_manifest(
+        layout.manifest_path(sched.pipeline, spec.key, attempt), expected_digest=record.manifest_digest
+    )
+    report = check_attempt(
+        layout, manifest, layout.attempt_dir(sched.pipeline, spec.key, attempt), verify_checksums=True
+    )
+    if not report.durable:
+        raise AssertionError(f"sealed attempt {attempt} of {spec.key} is not durable: {report.describe()}")
+    faults.crashpoint("durable.before_mark")
+    store.mark_durable(
+        sched.pipeline,
+        spec.key,
+        attempt=attempt,
+        actor=_actor("durable", spec.key, try_number),
+        detail=report.describe(),
+    )
+
+
+def task_commit(
+    store: CommitterStore, env: Env, sched: Schedule, spec: CheckpointSpec, try_number: int
+) -> None:
+    layout = env.layout()
+    publisher = FilePublisher(env.target(sched), sched.mode, layout=layout, verify_checksums=True)
+    actor = _actor("commit", spec.key, try_number)
+    committer = CheckpointCommitter(
+        store, layout, publisher, mode=sched.mode, owner=actor.name, lease_ttl=LEASE_TTL
+    )
+    committer.commit(sched.pipeline, spec.key, actor=actor)
+
+
+TASKS: dict[str, Callable[..., None]] = {"write": task_write, "durable": task_durable, "commit": task_commit}
+
+
+#: The driver's store, inherited by forked task tries.
+_PARENT_STORE: list[CommitterStore] = []
+
+
+def _child(
+    env: Env, sched: Schedule, ci: int, step: str, try_number: int, crash: tuple[str, int] | None, out: str
+) -> None:
+    """Body of one task try in a forked process. Never returns: SIGKILL or ``os._exit``."""
+    code = 1
+    try:
+        logging.disable(logging.CRITICAL)
+        if crash is None:
+            os.environ.pop(faults.ENV, None)
+        else:
+            os.environ[faults.ENV] = f"{crash[0]}:{crash[1]}"
+        os.environ[faults.LOG_ENV] = out + ".crash"
+        faults.reset()
+        # SQLAlchemy's fork recipe: a fresh pool (the parent's connections are
+        # neither used nor closed here), keeping the compiled-statement cache.
+        store = _PARENT_STORE[0]
+        store.engine.dispose(close=False)
+        try:
+            TASKS[step](store, env, sched, sched.checkpoints[ci], try_number)
+            code = 0
+        except LeaseHeldError as exc:
+            Path(out).write_text(str(exc))
+            code = EXIT_LEASE_HELD
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        Path(out).write_text(traceback.format_exc())
+        code = 1
+    os._exit(code)
+
+
+def run_try(
+    env: Env, sched: Schedule, ci: int, step: str, try_number: int, crash: tuple[str, int] | None
+) -> tuple[int, str, str | None]:
+    """Run one task try: (exit code, error text, crash point that fired).
+
+    A try armed with a crash runs in a forked process that SIGKILLs itself;
+    an unarmed try runs in this process (the same code, minus ~50 ms of fork
+    and copy-on-write per try, which is what keeps 200 schedules in CI time).
+    """
+    if crash is None:
+        try:
+            TASKS[step](_PARENT_STORE[0], env, sched, sched.checkpoints[ci], try_number)
+            return 0, "", None
+        except LeaseHeldError as exc:
+            return EXIT_LEASE_HELD, str(exc), None
+        except Exception:  # noqa: BLE001 - a task failure, reported as a violation
+            return 1, traceback.format_exc(), None
+    out = str(env.scratch / f"{uuid.uuid4().hex}.out")
+    gc.freeze()  # keep the child from touching (and so copying) every object of the parent
+    proc = multiprocessing.get_context("fork").Process(
+        target=_child, args=(env, sched, ci, step, try_number, crash, out)
+    )
+    proc.start()
+    proc.join(300)
+    if proc.is_alive():
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        return -1, "task try hung for 300 s", None
+    text = Path(out).read_text() if os.path.exists(out) else ""
+    fired = Path(out + ".crash").read_text().strip() if os.path.exists(out + ".crash") else None
+    for f in (out, out + ".crash"):
+        if os.path.exists(f):
+            os.unlink(f)
+    return proc.exitcode or 0, text, fired
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def read_target(root: Path) -> dict[str, list[str]]:
+    """Visible rows per partition directory (bookkeeping and hidden files excluded)."""
+    out: dict[str, list[str]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(("_", "."))]
+        rel = os.path.relpath(dirpath, root)
+        for name in filenames:
+            if not name.startswith(("_", ".")):
+                out.setdefault(rel, []).extend((Path(dirpath) / name).read_text().splitlines())
+    return out
+
+
+def check_target(sched: Schedule, root: Path, committed: int, in_flight: bool) -> list[str]:
+    """Problems with the target when checkpoints ``< committed`` are committed.
+
+    ``in_flight``: checkpoint ``committed`` may be partly published (append)
+    or have some of its partitions swapped in (overwrite).
+    """
+    problems = []
+    visible = read_target(root)
+    if sched.mode == "append":
+        counts = Counter(row for rows in visible.values() for row in rows)
+        for ci, spec in enumerate(sched.checkpoints):
+            for row in spec.rows():
+                n = counts.pop(row, 0)
+                if n > 1:
+                    problems.append(f"{spec.key}: row {row} visible {n} times (duplicate)")
+                elif ci < committed and n == 0:
+                    problems.append(f"{spec.key}: row {row} lost")
+                elif ci > committed and n:
+                    problems.append(f"{spec.key}: row {row} visible before its checkpoint was written")
+                elif ci == committed and n and not in_flight:
+                    problems.append(f"{spec.key}: row {row} visible before its commit")
+        problems += [f"row {row} not in the source (x{n})" for row, n in counts.items()]
+        return problems
+    expected: dict[str, list[list[str]]] = {}
+    for ci, spec in enumerate(sched.checkpoints):
+        for p in spec.partitions:
+            old = sorted(sched.stale[f"{p}/old-00000.csv"].decode().splitlines())
+            new = sorted(spec.rows(p))
+            expected[p] = [new] if ci < committed else [old, new] if ci == committed and in_flight else [old]
+    expected["dt=untouched/r=a"] = [[f"KEEP,{sched.pipeline}"]]
+    for p, options in expected.items():
+        got = sorted(visible.pop(p, []))
+        if got not in options:
+            problems.append(f"partition {p}: {got} is none of {options} (mixed, lost or duplicated)")
+    problems += [f"unexpected rows in {p}: {rows}" for p, rows in visible.items() if rows]
+    return problems
+
+
+def check_final(store: CommitterStore, env: Env, sched: Schedule) -> list[str]:
+    problems = check_target(sched, env.target(sched), len(sched.checkpoints), in_flight=False)
+    for spec in sched.checkpoints:
+        record = store.require(sched.pipeline, spec.key)
+        if not record.is_committed:
+            problems.append(f"{spec.key} is {record.state}, not COMMITTED: {record.error}")
+            continue
+        commits = [t for t in store.history(sched.pipeline, spec.key) if t.to_state == "COMMITTED"]
+        if len(commits) != 1:
+            problems.append(f"{spec.key}: {len(commits)} COMMITTED transitions in the history")
+        if sched.mode == "append" and record.end_offsets != {"src": spec.end}:
+            problems.append(f"{spec.key}: end offsets {record.end_offsets}, source says {spec.end}")
+    return problems
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+@dataclass
+class HarnessResult:
+    seed: int
+    schedules: int = 0
+    checkpoints: int = 0
+    task_tries: int = 0
+    crashes: int = 0
+    covered: Counter = field(default_factory=Counter)
+    planned_not_reached: int = 0
+    takeovers: int = 0
+    violations: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def uncovered(self) -> list[str]:
+        return [p for p in faults.CRASH_POINTS if not self.covered[p]]
+
+    def describe(self) -> str:
+        lines = [
+            f"walsink crash harness, seed {self.seed}",
+            f"schedules run:        {self.schedules} ({self.checkpoints} checkpoints, {self.task_tries} task tries)",
+            f"crashes injected:     {self.crashes} SIGKILLs ({self.planned_not_reached} planned past the last hit)",
+            f"lease takeovers:      {self.takeovers}",
+            f"crash points covered: {len(faults.CRASH_POINTS) - len(self.uncovered)}/{len(faults.CRASH_POINTS)}",
+        ]
+        lines += [f"  {p:<24} {self.covered[p]:>5}" for p in faults.CRASH_POINTS]
+        if self.uncovered:
+            lines.append(f"NOT covered: {', '.join(self.uncovered)}")
+        lines.append(f"violations:           {len(self.violations)}")
+        lines += [f"  {v}" for v in self.violations[:50]]
+        lines.append(f"seconds:              {self.seconds:.1f}")
+        return "\n".join(lines)
+
+
+def run_schedule(
+    store: CommitterStore, env: Env, sched: Schedule, result: HarnessResult, verbose: bool = False
+) -> None:
+    target = env.target(sched)
+    for rel, data in sched.stale.items():
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        (target / rel).write_bytes(data)
+    violations: list[str] = []
+    for ci, spec in enumerate(sched.checkpoints):
+        for step in STEPS:
+            plan = list(sched.crashes.get((ci, step), []))
+            try_number = 1
+            while True:
+                crash = plan[0] if plan else None
+                code, text, fired = run_try(env, sched, ci, step, try_number, crash)
+                result.task_tries += 1
+                try_number += 1
+                if code == 0:
+                    if plan:
+                        result.planned_not_reached += 1  # nth past the last hit in this try
+                        plan.clear()
+                    break
+                if code == -signal.SIGKILL and fired:
+                    point = fired.split(":")[0]
+                    result.crashes += 1
+                    result.covered[point] += 1
+                    plan.pop(0)
+                    problems = check_target(sched, target, ci, in_flight=step == "commit")
+                    violations += [f"after crash at {fired} in {spec.key}.{step}: {p}" for p in problems]
+                    if step == "commit":
+                        time.sleep(LEASE_TTL.total_seconds())  # Airflow's retry delay; the lease expires
+                elif code == EXIT_LEASE_HELD:
+                    time.sleep(LEASE_TTL.total_seconds())
+                else:
+                    violations.append(
+                        f"{spec.key}.{step} try {try_number - 1} failed (exit {code}): {text.strip()[-800:]}"
+                    )
+                    break
+                if try_number > MAX_TRIES:
+                    violations.append(f"{spec.key}.{step}: no success after {MAX_TRIES} tries")
+                    break
+            if violations:
+                break
+        if violations:
+            break
+    if not violations:
+        violations += check_final(store, env, sched)
+        takeovers = sum(
+            1
+            for spec in sched.checkpoints
+            for t in store.history(sched.pipeline, spec.key)
+            if t.detail and t.detail.startswith("lease taken over")
+        )
+        result.takeovers += takeovers
+        # A cleared commit task re-runs: a no-op that changes nothing (and finishes any cleanup).
+        before = read_target(target)
+        for ci, spec in enumerate(sched.checkpoints):
+            code, text, _ = run_try(env, sched, ci, "commit", 99, None)
+            if code != 0:
+                violations.append(f"re-run commit of {spec.key} failed: {text.strip()[-400:]}")
+        if read_target(target) != before:
+            violations.append("a re-run commit changed the target")
+        journal = target / BOOKKEEPING_DIR / "journal" / sched.pipeline
+        if journal.exists() and any(journal.iterdir()):
+            violations.append(
+                f"publish journals left after every commit and re-run: {sorted(os.listdir(journal))}"
+            )
+        collect_garbage(store, env.layout(), retention=timedelta(0), pipelines=[sched.pipeline])
+        staged = env.staging / sched.pipeline
+        if staged.exists() and any(staged.iterdir()):
+            violations.append(f"staging left after GC: {sorted(os.listdir(staged))}")
+        if read_target(target) != before:
+            violations.append("GC changed the target")
+    result.schedules += 1
+    result.checkpoints += len(sched.checkpoints)
+    result.violations += [f"{sched.describe()}: {v}" for v in violations]
+    if verbose:
+        print(f"{sched.describe()}: {'OK' if not violations else violations}", flush=True)
+
+
+def run_harness(
+    *,
+    seed: int,
+    schedules: int,
+    workdir: str | os.PathLike[str],
+    db_url: str | None = None,
+    verbose: bool = False,
+) -> HarnessResult:
+    """Run ``schedules`` seeded crash schedules; see the module docstring."""
+    started = time.monotonic()
+    work = Path(workdir) / f"run-{uuid.uuid4().hex[:8]}"
+    env = Env(
+        db_url=db_url or f"sqlite:///{work}/committer.db",
+        staging=work / "staging",
+        targets=work / "targets",
+        scratch=work / "scratch",
+    )
+    for d in (env.staging, env.targets, env.scratch):
+        d.mkdir(parents=True)
+    store = CommitterStore.from_url(env.db_url)
+    _PARENT_STORE[:] = [store]
+    result = HarnessResult(seed=seed)
+    combos = all_combos()
+    try:
+        for i in range(schedules):
+            run_schedule(store, env, make_schedule(seed, i, combos), result, verbose)
+    finally:
+        store.dispose()
+        shutil.rmtree(work, ignore_errors=True)
+    result.seconds = time.monotonic() - started
+    return result
