@@ -15,9 +15,10 @@ pytestmark = pytest.mark.airflow
 
 
 @pytest.fixture(scope="module")
-def world(airflow_db, database_urls, tmp_path_factory):
+def world(airflow_db, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ui")
     with pytest.MonkeyPatch.context() as mp:
-        yield from build_world(database_urls("sqlite"), tmp_path_factory.mktemp("ui"), mp)
+        yield from build_world(f"sqlite:///{tmp}/committer.db", tmp, mp)
 
 
 def test_plugin_is_loaded_with_app_and_external_views(world):
