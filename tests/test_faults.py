@@ -1,0 +1,131 @@
+"""Crash points and the bounded crash campaign (issue 5: exactly-once under SIGKILL).
+
+The campaign runs real write → durable → commit pipelines whose task processes
+SIGKILL themselves at every named protocol point, retries them as Airflow
+would and checks the target against the source. It prints its figures; the
+long run is ``python -m tests.harness --seed S --schedules 1000``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from airflow_provider_walsink import faults
+from tests.conftest import REPO
+from tests.harness import run_harness
+from tests.harness.runner import POINTS_BY_STEP, all_combos, make_schedule
+
+
+def _in_child(env: dict[str, str], calls: list[str], log: str) -> int:
+    def body() -> None:
+        os.environ.update(env)
+        os.environ[faults.LOG_ENV] = log
+        faults.reset()
+        for name in calls:
+            faults.crashpoint(name)
+        os._exit(0)
+
+    proc = multiprocessing.get_context("fork").Process(target=body)
+    proc.start()
+    proc.join(60)
+    return proc.exitcode
+
+
+def test_crashpoint_is_a_no_op_unless_armed(tmp_path, monkeypatch):
+    monkeypatch.delenv(faults.ENV, raising=False)
+    faults.crashpoint("publish.after_k")  # still alive
+    assert (
+        _in_child({faults.ENV: "seal.after"}, ["publish.after_k", "seal.after_manifest"], str(tmp_path / "l"))
+        == 0
+    )
+    assert not (tmp_path / "l").exists()
+
+
+def test_crashpoint_sigkills_at_the_nth_hit_and_logs_it(tmp_path):
+    log = str(tmp_path / "crash.log")
+    code = _in_child({faults.ENV: "publish.after_k:3"}, ["publish.after_k"] * 2, log)
+    assert code == 0
+    code = _in_child({faults.ENV: "publish.after_k:3"}, ["publish.after_k"] * 5, log)
+    assert code == -signal.SIGKILL
+    assert open(log).read() == "publish.after_k:3\n"
+
+
+def test_every_crash_point_is_placed_in_the_code_and_scheduled():
+    """A point listed in faults.CRASH_POINTS but called nowhere would never be covered."""
+    sources = (
+        "".join(
+            p.read_text() for p in (REPO / "airflow_provider_walsink").rglob("*.py") if p.name != "faults.py"
+        )
+        + (REPO / "tests" / "harness" / "runner.py").read_text()
+    )
+    for name in faults.CRASH_POINTS:
+        assert f'crashpoint("{name}")' in sources, f"crash point {name} is not placed"
+    assert sorted(p for ps in POINTS_BY_STEP.values() for p in ps) == sorted(faults.CRASH_POINTS)
+    combos = all_combos()
+    firsts = [make_schedule(0, i, combos) for i in range(len(combos))]
+    planned = {p for s in firsts for plan in s.crashes.values() for p, _ in plan}
+    assert planned == set(faults.CRASH_POINTS)
+
+
+def test_harness_detects_a_duplicate(tmp_path, monkeypatch):
+    """The checker can fail: a publisher that publishes every file twice is caught."""
+    from airflow_provider_walsink.publishers import files
+
+    real = files._move
+
+    def move_and_copy(src, dest):
+        data = open(src, "rb").read()
+        real(src, dest)
+        with open(str(dest) + ".dup.csv", "wb") as f:
+            f.write(data)
+
+    monkeypatch.setattr(files, "_move", move_and_copy)
+    result = run_harness(seed=5, schedules=2, workdir=tmp_path)
+    assert result.violations and any("duplicate" in v or "none of" in v for v in result.violations)
+
+
+@pytest.mark.slow
+def test_bounded_crash_campaign_sqlite(tmp_path):
+    """≥200 schedules, every crash point covered, no violation (figures printed)."""
+    result = run_harness(seed=20261122, schedules=200, workdir=tmp_path)
+    print("\n" + result.describe())
+    assert result.schedules == 200
+    assert result.uncovered == []
+    assert result.violations == []
+
+
+@pytest.mark.slow
+def test_crash_campaign_postgresql(tmp_path, pg_url):
+    """One schedule per (crash point, mode) on PostgreSQL: killed backends' transactions roll back."""
+    result = run_harness(seed=7, schedules=len(all_combos()), workdir=tmp_path, db_url=pg_url)
+    print("\n" + result.describe())
+    assert result.uncovered == []
+    assert result.violations == []
+
+
+def test_harness_runs_from_a_shell(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.harness",
+            "--seed",
+            "3",
+            "--schedules",
+            "4",
+            "--workdir",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "schedules run:        4" in out.stdout, out.stdout + out.stderr
+    assert "violations:           0" in out.stdout
