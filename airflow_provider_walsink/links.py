@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-from airflow_provider_walsink.ui.app import URL_PREFIX
+from airflow_provider_walsink.ui import URL_PREFIX
 
 try:
     from airflow.sdk import BaseOperatorLink

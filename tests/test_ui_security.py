@@ -34,7 +34,8 @@ def world(airflow_db, tmp_path_factory):
 
 def plugin_urls() -> list[str]:
     """Every route of the plugin app, with its path parameters filled in."""
-    from airflow_provider_walsink.ui.app import URL_PREFIX, app
+    from airflow_provider_walsink.ui import URL_PREFIX
+    from airflow_provider_walsink.ui.app import app
 
     urls = []
     for route in app.routes:

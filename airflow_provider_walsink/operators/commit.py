@@ -9,6 +9,7 @@ from typing import Any
 from airflow_provider_walsink.committer.commit import CheckpointCommitter
 from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
+from airflow_provider_walsink.links import WalsinkCheckpointLink
 from airflow_provider_walsink.publishers.files import FilePublisher
 
 try:
@@ -44,6 +45,7 @@ class WalCommitOperator(BaseOperator):
     :param verify_checksums: re-check each committable's checksum while publishing.
     """
 
+    operator_extra_links = (WalsinkCheckpointLink(),)
     template_fields: Sequence[str] = ("pipeline", "checkpoint_key", "target", "staging_root")
     ui_color = "#c5e8c5"
 

@@ -13,6 +13,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import DEFAULT_SPARK_BINA
 from airflow_provider_walsink.committer.store import CheckpointRecord, OrderingError, TransitionError
 from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
+from airflow_provider_walsink.links import WalsinkCheckpointLink
 from airflow_provider_walsink.protocol.errors import ManifestError
 from airflow_provider_walsink.protocol.manifest import digest_of, parse_manifest
 from airflow_provider_walsink.spark.args import ProtocolArgs
@@ -123,6 +124,7 @@ class WalWriteOperator(BaseOperator):
         (``py_files``, ``driver_memory``, ``packages``...).
     """
 
+    operator_extra_links = (WalsinkCheckpointLink(),)
     template_fields: Sequence[str] = (
         "application",
         "pipeline",

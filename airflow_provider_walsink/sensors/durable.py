@@ -9,6 +9,7 @@ from typing import Any
 
 from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
+from airflow_provider_walsink.links import WalsinkCheckpointLink
 from airflow_provider_walsink.triggers.durable import (
     CheckpointDurableTrigger,
     DurabilityStatus,
@@ -46,6 +47,7 @@ class CheckpointDurableSensor(BaseSensorOperator):
     :param deferrable: wait in the triggerer instead of a worker.
     """
 
+    operator_extra_links = (WalsinkCheckpointLink(),)
     template_fields: Sequence[str] = ("pipeline", "checkpoint_key", "staging_root")
     ui_color = "#e8e4c5"
 

@@ -33,7 +33,6 @@ from airflow_provider_walsink.protocol.staging import StagingLayout
 from . import views
 from .access import readable_dags, require_dag
 
-URL_PREFIX = "/walsink"
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
 _STATIC_TYPES = {".css": "text/css", ".svg": "image/svg+xml", ".png": "image/png"}

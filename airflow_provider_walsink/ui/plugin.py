@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from airflow_provider_walsink.ui.app import URL_PREFIX, app
+from airflow_provider_walsink.ui import URL_PREFIX
+from airflow_provider_walsink.ui.app import app
 
 
 class WalsinkPlugin(AirflowPlugin):
