@@ -25,7 +25,19 @@ def get_provider_info() -> dict:
             {"integration-name": INTEGRATION, "python-modules": ["airflow_provider_walsink.hooks.walsink"]}
         ],
         "operators": [
-            {"integration-name": INTEGRATION, "python-modules": ["airflow_provider_walsink.operators.commit"]}
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": [
+                    "airflow_provider_walsink.operators.commit",
+                    "airflow_provider_walsink.operators.write",
+                ],
+            }
+        ],
+        "sensors": [
+            {"integration-name": INTEGRATION, "python-modules": ["airflow_provider_walsink.sensors.durable"]}
+        ],
+        "triggers": [
+            {"integration-name": INTEGRATION, "python-modules": ["airflow_provider_walsink.triggers.durable"]}
         ],
         "plugins": [{"name": "walsink", "plugin-class": "airflow_provider_walsink.ui.plugin.WalsinkPlugin"}],
         "extra-links": ["airflow_provider_walsink.links.WalsinkCheckpointLink"],
