@@ -29,7 +29,7 @@ from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.protocol.states import CheckpointState
 from airflow_provider_walsink.publishers.base import Publisher
 
-from .store import Actor, CheckpointRecord, CommitterStore, Lease
+from .store import Actor, CheckpointRecord, CommitterStore, Lease, TransitionError
 
 log = logging.getLogger(__name__)
 S = CheckpointState
@@ -119,9 +119,19 @@ class CheckpointCommitter:
             raise NotDurableError(explain_not_committable(record))
 
         owner = self.owner or actor.name
-        lease = self.store.acquire_lease(
-            pipeline, checkpoint_key, owner=owner, ttl=self.lease_ttl, actor=actor, mode=self.mode
-        )
+        try:
+            lease = self.store.acquire_lease(
+                pipeline, checkpoint_key, owner=owner, ttl=self.lease_ttl, actor=actor, mode=self.mode
+            )
+        except TransitionError:
+            record = self.store.require(pipeline, checkpoint_key)
+            if not record.is_committed:
+                raise
+            # A racing committer finished it since we looked: the same no-op as a re-run.
+            log.info(
+                "checkpoint %s/%s was committed by another committer meanwhile", pipeline, checkpoint_key
+            )
+            return self._summary(record, already=True, started=started)
         if lease.taken_over_from:
             log.warning(
                 "took over the expired lease of %s on %s/%s", lease.taken_over_from, pipeline, checkpoint_key
