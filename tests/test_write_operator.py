@@ -1,0 +1,201 @@
+"""WalWriteOperator: explicit Spark master, a real spark-submit in a real Airflow run, retries, skip committed."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from airflow_provider_walsink.committer import CheckpointCommitter, CommitterStore
+from airflow_provider_walsink.operators.write import WalWriteOperator
+from airflow_provider_walsink.protocol import CheckpointState as S
+from airflow_provider_walsink.protocol import StagingLayout, read_manifest
+from airflow_provider_walsink.protocol.manifest import digest_of
+from airflow_provider_walsink.publishers import FilePublisher
+from tests.helpers import ACTOR
+
+INTERVAL_START = datetime(2026, 4, 1, tzinfo=UTC)
+KEY = "20260401T000000Z"
+
+# Attempt 1 stages its rows and exits without sealing (as a job that forgot to,
+# or died between its last write and the manifest); attempt 2 seals.
+JOB = textwrap.dedent(
+    """
+    from pyspark.sql import SparkSession
+    from airflow_provider_walsink.spark import CheckpointJob
+
+    spark = SparkSession.builder.getOrCreate()
+    job = CheckpointJob.from_argv(spark)
+    assert job.args == ["--rows", "42"], job.args
+    rows = int(job.args[1])
+    df = spark.range(rows).selectExpr("id", "'2026-04-01' AS dt")
+    job.stage(df, replace_partitions=["dt=2026-04-01"])
+    if job.attempt >= 2:
+        job.seal()
+    spark.stop()
+    """
+)
+
+
+@pytest.fixture
+def env(monkeypatch, sqlite_store, database_urls, tmp_path):
+    staging = tmp_path / "staging"
+    url = database_urls("sqlite")
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_WALSINK_DEFAULT",
+        json.dumps({"conn_type": "walsink", "extra": {"url": url, "staging_root": str(staging)}}),
+    )
+    return CommitterStore.from_url(url), StagingLayout(staging)
+
+
+def test_default_master_is_local_and_chosen_explicitly(monkeypatch):
+    # A spark_default pointing at YARN exists: walsink's default must not use it.
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", "yarn://")
+    op = WalWriteOperator(task_id="w", application="job.py", pipeline="p")
+    hook = op.build_spark_hook(["--x"])
+    cmd = hook._build_spark_submit_command("job.py")
+    assert cmd[cmd.index("--master") + 1] == "local[*]"
+    assert "spark.driver.bindAddress=127.0.0.1" in cmd
+    assert cmd[0].endswith("spark-submit")
+    assert hook._env["PYSPARK_PYTHON"]
+
+    op = WalWriteOperator(task_id="w", application="job.py", pipeline="p", master="local[2]")
+    cmd = op.build_spark_hook([])._build_spark_submit_command("job.py")
+    assert cmd[cmd.index("--master") + 1] == "local[2]"
+
+
+def test_a_named_spark_connection_is_used_and_a_missing_one_is_an_error(monkeypatch):
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL", json.dumps({"conn_type": "spark", "host": "local[3]"}))
+    op = WalWriteOperator(task_id="w", application="job.py", pipeline="p", spark_conn_id="spark_local")
+    cmd = op.build_spark_hook([])._build_spark_submit_command("job.py")
+    assert cmd[cmd.index("--master") + 1] == "local[3]"
+
+    op = WalWriteOperator(task_id="w", application="job.py", pipeline="p", spark_conn_id="no_such_spark")
+    with pytest.raises(AirflowNotFoundException, match="no_such_spark"):
+        op.build_spark_hook([])  # never a silent fallback to yarn
+
+
+def build_dag(application: str):
+    from airflow.sdk import DAG, task
+
+    with DAG(
+        "walsink_write_operator_test", schedule="@daily", start_date=INTERVAL_START, catchup=False
+    ) as dag:
+        write = WalWriteOperator(
+            task_id="write",
+            application=application,
+            application_args=["--rows", "{{ 40 + 2 }}"],
+            pipeline="events",
+            partition_by=["dt"],
+            master="local[1]",
+            retries=1,
+            retry_delay=timedelta(0),
+        )
+
+        @task
+        def xcoms(ti=None) -> dict:
+            return {
+                "uri": ti.xcom_pull(task_ids="write", key="manifest_uri"),
+                "digest": ti.xcom_pull(task_ids="write", key="manifest_digest"),
+                "summary": ti.xcom_pull(task_ids="write"),
+            }
+
+        write >> xcoms()
+    return dag
+
+
+def run(dag):
+    dr = dag.test(logical_date=INTERVAL_START)
+    tis = {ti.task_id: ti for ti in dr.get_task_instances()}
+    return {t: ti.state for t, ti in tis.items()}, tis
+
+
+def xcom_value(ti) -> dict:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        value = (
+            session.query(XComModel.value)
+            .filter_by(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, key="return_value")
+            .scalar()
+        )
+    return json.loads(value) if isinstance(value, str) else value
+
+
+@pytest.mark.spark
+@pytest.mark.airflow
+@pytest.mark.slow
+def test_write_task_retries_into_a_new_attempt_then_skips_when_committed(airflow_db, env, tmp_path):
+    store, layout = env
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+
+    states, tis = run(build_dag(str(job)))
+    assert states == {"write": "success", "xcoms": "success"}
+    assert tis["write"].try_number == 2
+
+    record = store.require("events", KEY)
+    assert (record.state, record.attempt, record.sealed_attempt) == (S.SEALED, 2, 2)
+    assert record.rows == 42
+    history = store.history("events", KEY)
+    failed = [h for h in history if h.to_state == "FAILED"]
+    assert len(failed) == 1 and failed[0].attempt == 1
+    assert "sealed no manifest" in failed[0].detail
+    assert [h.try_number for h in history if h.to_state == "WRITING"] == [1, 2]
+    # Attempt 1's staged files are garbage: no manifest, never counted.
+    assert any(layout.attempt_dir("events", KEY, 1).rglob("*.parquet"))
+    assert not layout.manifest_path("events", KEY, 1).exists()
+
+    manifest_path = layout.manifest_path("events", KEY, 2)
+    manifest = read_manifest(manifest_path, expected_digest=record.manifest_digest)
+    assert manifest.partitions == ("dt=2026-04-01",)
+    pushed = xcom_value(tis["xcoms"])
+    assert pushed["uri"] == manifest_path.as_uri() == record.manifest_uri
+    assert pushed["digest"] == digest_of(manifest_path.read_bytes())
+    assert pushed["summary"]["attempt"] == 2 and pushed["summary"]["skipped_committed"] is False
+
+    # Commit it; a re-run (backfill re-run, cleared task) must not submit the job
+    # again: the application no longer exists, so only a skip can succeed.
+    store.mark_durable("events", KEY, attempt=2, actor=ACTOR)
+    target = tmp_path / "target"
+    publisher = FilePublisher(target, "overwrite", layout=layout)
+    CheckpointCommitter(store, layout, publisher, mode="overwrite").commit("events", KEY, actor=ACTOR)
+    states, tis = run(build_dag(str(tmp_path / "gone.py")))
+    assert states == {"write": "success", "xcoms": "success"}
+    assert tis["write"].try_number == 1
+    pushed = xcom_value(tis["xcoms"])
+    assert pushed["summary"]["skipped_committed"] is True
+    assert pushed["digest"] == record.manifest_digest
+    assert store.require("events", KEY).state is S.COMMITTED
+
+
+@pytest.mark.spark
+def test_on_kill_stops_spark_submit(tmp_path):
+    job = tmp_path / "sleepy.py"
+    job.write_text("import time\ntime.sleep(600)\n")
+    op = WalWriteOperator(task_id="w", application=str(job), pipeline="p", master="local[1]")
+    hook = op.build_spark_hook([])
+    op._spark_hook = hook
+    errors: list[BaseException] = []
+
+    def submit() -> None:
+        try:
+            hook.submit(str(job))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    thread = threading.Thread(target=submit)
+    thread.start()
+    while hook._submit_sp is None and thread.is_alive():
+        thread.join(0.05)
+    op.on_kill()
+    thread.join(120)
+    assert not thread.is_alive()
+    assert hook._submit_sp.returncode not in (0, None)
+    assert errors and "Cannot execute" in str(errors[0])
