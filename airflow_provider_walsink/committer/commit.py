@@ -24,7 +24,7 @@ from airflow_provider_walsink.protocol.errors import (
     NotDurableError,
     PathEscapeError,
 )
-from airflow_provider_walsink.protocol.manifest import read_manifest
+from airflow_provider_walsink.protocol.manifest import Manifest, read_manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.protocol.states import CheckpointState
 from airflow_provider_walsink.publishers.base import Publisher
@@ -168,8 +168,7 @@ class CheckpointCommitter:
             raise
         crashpoint("commit.after_committed")
         # The commit is recorded: the WAL (every staged attempt) is garbage now.
-        self.publisher.forget(manifest)
-        self.layout.remove_checkpoint(pipeline, checkpoint_key)
+        self._remove_staging(manifest)
         summary = self._summary(done, already=False, started=started)
         summary.published, summary.already_published = result.published, result.already
         summary.partitions_replaced = result.partitions_replaced
@@ -203,8 +202,25 @@ class CheckpointCommitter:
                 "leaving staging of committed %s/%s alone: %s", record.pipeline, record.checkpoint_key, exc
             )
             return
-        self.publisher.forget(manifest)
-        self.layout.remove_checkpoint(record.pipeline, record.checkpoint_key)
+        self._remove_staging(manifest)
+
+    def _remove_staging(self, manifest: Manifest) -> None:
+        """Drop the journal and the staged attempts; best effort, the commit is already recorded.
+
+        Racing committers (a loser finishing the cleanup, a zombie writer still
+        writing) may remove or fill the directory meanwhile: that must not turn
+        a recorded commit into a failed task. What is left, GC removes.
+        """
+        try:
+            self.publisher.forget(manifest)
+            self.layout.remove_checkpoint(manifest.pipeline, manifest.checkpoint_key)
+        except OSError as exc:
+            log.warning(
+                "committed %s/%s, but its staging was not fully removed (GC will): %s",
+                manifest.pipeline,
+                manifest.checkpoint_key,
+                exc,
+            )
 
     @staticmethod
     def _summary(record: CheckpointRecord, *, already: bool, started: float) -> CommitSummary:
