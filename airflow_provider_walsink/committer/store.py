@@ -732,6 +732,8 @@ class CommitterStore:
     # ------------------------------------------------------------------ queries
 
     def get(self, pipeline: str, checkpoint_key: str) -> CheckpointRecord | None:
+        if not (_is_identifier(pipeline) and _is_identifier(checkpoint_key)):
+            return None  # register() never stores such a name (and a NUL would make the driver raise)
         with self.engine.connect() as conn:
             row = (
                 conn.execute(
@@ -901,6 +903,14 @@ class CommitterStore:
                 .all()
             )
         return [CheckpointRecord.from_row(r) for r in rows]
+
+
+def _is_identifier(value: object) -> bool:
+    try:
+        validate_identifier(value, "identifier")
+    except WalsinkError:
+        return False
+    return True
 
 
 def _dump(offsets: Mapping[str, Any] | None) -> str | None:
