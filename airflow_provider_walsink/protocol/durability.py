@@ -9,7 +9,6 @@ this one function.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,17 +61,16 @@ def check_attempt(
 ) -> DurabilityReport:
     """Check every committable of ``manifest`` under ``attempt_dir`` (one ``stat`` each)."""
     report = DurabilityReport()
+    committable_path = layout.committable_resolver(attempt_dir)  # resolves each directory once
     for c in manifest.committables:
         crashpoint("durable.verifying")
         report.checked += 1
         try:
-            path = layout.committable_path(attempt_dir, c.path)
+            path, st = committable_path(c.path)
         except PathEscapeError as e:
             report.escaping.append(f"{c.path} ({e})")
             continue
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
+        if st is None:  # the resolver's lstat of the resolved path (a symlink there was followed)
             report.missing.append(c.path)
             continue
         if st.st_size != c.size:

@@ -9,6 +9,7 @@ writes is rejected with a message that names the problem.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -50,12 +51,13 @@ class Committable:
     checksum: str | None = None
     writer: str | None = None
 
-    @property
+    # Cached: validation, planning and publishing each ask for it, for every committable.
+    @functools.cached_property
     def partition(self) -> tuple[tuple[str, str], ...]:
         """The ``(column, value)`` pairs named by the path's directories."""
         return partition_of(self.path)
 
-    @property
+    @functools.cached_property
     def partition_path(self) -> str:
         return "/".join(f"{c}={v}" for c, v in self.partition)
 

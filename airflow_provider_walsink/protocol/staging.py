@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,23 +20,79 @@ from .identifiers import validate_identifier
 from .manifest import MANIFEST_NAME
 
 
-def confine(root: str | os.PathLike[str], relative: str, *, what: str = "path") -> Path:
-    """Resolve ``relative`` under ``root`` and return it, or raise :class:`PathEscapeError`.
-
-    Rejects absolute paths, ``..`` segments and any symlink along the way that
-    resolves outside ``root``. The file itself need not exist.
-    """
+def _check_relative(relative: str, what: str, root: str | os.PathLike[str]) -> None:
+    """The lexical half of :func:`confine`: no NUL, not absolute, no ``..``."""
     if not isinstance(relative, str) or not relative or "\x00" in relative:
         raise PathEscapeError(f"{what} {relative!r} is empty or contains a NUL")
     if os.path.isabs(relative) or relative.startswith("/"):
         raise PathEscapeError(f"{what} {relative!r} is absolute; it must be relative to {os.fspath(root)}")
     if any(part == ".." for part in relative.replace("\\", "/").split("/")):
         raise PathEscapeError(f"{what} {relative!r} contains '..'")
+
+
+def confine(root: str | os.PathLike[str], relative: str, *, what: str = "path") -> Path:
+    """Resolve ``relative`` under ``root`` and return it, or raise :class:`PathEscapeError`.
+
+    Rejects absolute paths, ``..`` segments and any symlink along the way that
+    resolves outside ``root``. The file itself need not exist.
+    """
+    _check_relative(relative, what, root)
     real_root = Path(os.path.realpath(root))
     resolved = Path(os.path.realpath(real_root / relative))
     if resolved != real_root and real_root not in resolved.parents:
         raise PathEscapeError(f"{what} {relative!r} resolves to {resolved}, outside {real_root}")
     return resolved
+
+
+def _is_under(path: str, directory: str) -> bool:
+    """``path`` is ``directory`` or inside it (both already resolved, absolute, normalised)."""
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+class Confiner:
+    """:func:`confine` for many paths under one root, resolving each directory once.
+
+    ``Confiner(root)(relative)`` returns what ``confine(root, relative)`` returns
+    and raises what it raises, but the real path of each parent directory is
+    cached, so a path costs one ``lstat`` of its last component (resolved in
+    full only if it is a symlink) instead of one per component. Why: a publish
+    of 10,000 files spent most of its time in ``realpath``. Use one per
+    operation (one publish, one durability check), never longer: a directory
+    replaced by a symlink after it was cached is not noticed.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, what: str = "path") -> None:
+        self.root = root
+        self.what = what
+        self.real_root = os.path.realpath(root)
+        self._dirs: dict[str, str] = {}
+
+    def __call__(self, relative: str, *, what: str | None = None) -> Path:
+        return self.resolve(relative, what=what)[0]
+
+    def resolve(self, relative: str, *, what: str | None = None) -> tuple[Path, os.stat_result | None]:
+        """The confined path and its ``lstat`` (``None`` if nothing is there), from one system call."""
+        what = what or self.what
+        _check_relative(relative, what, self.root)
+        parent, _, name = relative.rpartition("/")
+        real_parent = self._dirs.get(parent)
+        if real_parent is None:
+            real_parent = os.path.realpath(os.path.join(self.real_root, parent)) if parent else self.real_root
+            self._dirs[parent] = real_parent
+        resolved = os.path.join(real_parent, name) if name not in ("", ".") else real_parent
+        try:
+            st: os.stat_result | None = os.lstat(resolved)
+        except (FileNotFoundError, NotADirectoryError):
+            st = None
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            resolved = os.path.realpath(resolved)
+            try:
+                st = os.lstat(resolved)
+            except OSError:
+                st = None
+        if not _is_under(resolved, self.real_root):
+            raise PathEscapeError(f"{what} {relative!r} resolves to {resolved}, outside {self.real_root}")
+        return Path(resolved), st
 
 
 @dataclass(frozen=True)
@@ -74,6 +132,23 @@ class StagingLayout:
         if real_attempt not in path.parents:
             raise PathEscapeError(f"committable {relative!r} resolves to {path}, outside {real_attempt}")
         return path
+
+    def committable_resolver(self, attempt_dir: Path) -> Callable[[str], tuple[Path, os.stat_result | None]]:
+        """:meth:`committable_path` for the many committables of one attempt (see :class:`Confiner`).
+
+        The returned function gives the path and its ``lstat`` (``None`` when absent).
+        """
+        prefix = os.path.relpath(attempt_dir, self.root) + "/"
+        confiner = Confiner(self.root)
+        inside = os.path.realpath(attempt_dir).rstrip("/") + "/"
+
+        def resolve(relative: str) -> tuple[Path, os.stat_result | None]:
+            path, st = confiner.resolve(prefix + relative, what=f"committable {relative!r}")
+            if not os.fspath(path).startswith(inside):
+                raise PathEscapeError(f"committable {relative!r} resolves to {path}, outside {inside[:-1]}")
+            return path, st
+
+        return resolve
 
     def remove_attempt(self, pipeline: str, checkpoint_key: str, attempt: int) -> bool:
         """Delete one attempt's staging directory (the WAL). True if something was removed."""

@@ -23,6 +23,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
@@ -30,7 +31,7 @@ from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.checksum import algorithm_of, file_checksum
 from airflow_provider_walsink.protocol.errors import CommittableError, PathEscapeError
 from airflow_provider_walsink.protocol.manifest import Committable, Manifest, fsync_dir, write_atomic
-from airflow_provider_walsink.protocol.staging import StagingLayout, confine
+from airflow_provider_walsink.protocol.staging import Confiner, StagingLayout, confine
 
 from .base import PublishResult
 
@@ -120,23 +121,27 @@ class FilePublisher:
             }
         plan = []
         problems = []
+        # One resolver per publish: each directory is resolved once, not once per file.
+        # and the lstat each needs comes from the confinement check itself.
+        staged_path = self.layout.committable_resolver(attempt_dir)
+        target = Confiner(self.target_root, what="target path")
         for index, c in enumerate(manifest.committables):
-            staged = self.layout.committable_path(attempt_dir, c.path)
+            staged, staged_st = staged_path(c.path)
             name = self.target_name(manifest, index, c)
             if self.mode == "append":
-                dest = self._target(f"{c.partition_path}/{name}" if c.partition_path else name)
+                dest, dest_st = target.resolve(f"{c.partition_path}/{name}" if c.partition_path else name)
             else:
                 if c.partition_path in done_partitions:
                     continue
-                dest = self._target(
+                dest, dest_st = target.resolve(
                     f"{BOOKKEEPING_DIR}/pending/{manifest.pipeline}/{manifest.checkpoint_key}/"
                     f"a{manifest.attempt}/{c.partition_path}/{name}"
                 )
-            there = self._matches(dest, c)
+            there = self._matches(dest, c, dest_st)
             if there is None:
                 problems.append(f"{c.path}: a different file already exists at {dest}")
             elif not there:
-                staged_ok = self._matches(staged, c)
+                staged_ok = self._matches(staged, c, staged_st)
                 if staged_ok is None:
                     problems.append(f"{c.path}: staged file does not match the manifest (size or checksum)")
                 elif not staged_ok:
@@ -150,13 +155,20 @@ class FilePublisher:
             )
         return plan
 
-    def _matches(self, path: Path, c: Committable) -> bool | None:
-        """True: a regular file matching the committable; False: absent; None: something else."""
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
+    def _matches(self, path: Path, c: Committable, st: os.stat_result | None | bool = True) -> bool | None:
+        """True: a regular file matching the committable; False: absent; None: something else.
+
+        ``st`` is the path's ``lstat`` when the caller has it (``None``: absent); by default it is taken here.
+        """
+        if st is True:
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                return False
+        if st is None:
             return False
-        if not os.path.isfile(path) or os.path.islink(path) or st.st_size != c.size:
+        # One lstat answers "regular file, not a symlink" (isfile + islink would stat twice more).
+        if not stat.S_ISREG(st.st_mode) or st.st_size != c.size:
             return None
         if (
             self.verify_checksums

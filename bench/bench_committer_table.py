@@ -1,0 +1,243 @@
+"""Benchmark 3: committer-table throughput on PostgreSQL vs ``pgbench`` simple-update.
+
+walsink's figure: checkpoints committed per second by C concurrent committer
+processes, each committing its own DURABLE checkpoints of one ``overwrite``
+pipeline (as a parallel backfill does). One commit is exactly the database
+work ``CheckpointCommitter.commit()`` does per checkpoint: read the row,
+take the lease (one transaction: lock, check, update, history row) and record
+COMMITTED (one transaction: the same). Publishing files is benchmark 2.
+
+The baseline: ``pgbench -N`` (the built-in simple-update script: UPDATE,
+SELECT, INSERT in one transaction) with C clients against the same server,
+in the same run, in its own private database. Both are measured in turns for
+the same duration; the ratio is walsink checkpoints/s over pgbench TPS.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+import shutil
+import subprocess
+import time
+from datetime import timedelta
+
+from sqlalchemy.engine import make_url
+
+from .common import Table, median, pg_server_version, private_pg_database
+
+PIPELINE = "bench_table"
+LEASE_TTL = timedelta(minutes=5)
+#: Checkpoints prepared per second of a round, shared by its clients; well above any rate seen here.
+PREPARED_PER_SECOND = 2_500
+
+
+def _bulk_durable(url: str, keys: list[str]) -> None:
+    """Insert DURABLE checkpoints directly (setup, not timed): far faster than four calls each."""
+    from sqlalchemy import func, select, update
+
+    from airflow_provider_walsink.committer import Actor, CommitterStore
+    from airflow_provider_walsink.committer.models import checkpoint_table, pipeline_table
+    from airflow_provider_walsink.committer.store import utcnow
+
+    store = CommitterStore.from_url(url)
+    try:
+        store.register(PIPELINE, "seed", mode="overwrite", actor=Actor(name="bench-setup"))
+        now = utcnow()
+        with store.engine.begin() as conn:
+            base = conn.execute(
+                select(func.max(checkpoint_table.c.sequence)).where(checkpoint_table.c.pipeline == PIPELINE)
+            ).scalar_one()
+            rows = [
+                dict(
+                    pipeline=PIPELINE,
+                    checkpoint_key=key,
+                    sequence=base + 1 + i,
+                    state="DURABLE",
+                    attempt=1,
+                    sealed_attempt=1,
+                    manifest_uri=f"file:///bench/{key}/attempt-1/_manifest.json",
+                    manifest_digest="sha256:" + "0" * 64,
+                    committables=1,
+                    rows=1,
+                    bytes=1,
+                    created_at=now,
+                    updated_at=now,
+                    sealed_at=now,
+                    durable_at=now,
+                )
+                for i, key in enumerate(keys)
+            ]
+            for start in range(0, len(rows), 5000):
+                conn.execute(checkpoint_table.insert(), rows[start : start + 5000])
+            conn.execute(
+                update(pipeline_table)
+                .where(pipeline_table.c.name == PIPELINE)
+                .values(next_sequence=base + 1 + len(keys))
+            )
+    finally:
+        store.dispose()
+
+
+def _committer(url: str, keys: list[str], start: mp.Event, deadline_s: float, out: mp.Queue) -> None:
+    """One committer process: commit its own checkpoints until the deadline (after ``start``)."""
+    from airflow_provider_walsink.committer import Actor, CommitterStore
+
+    store = CommitterStore.from_url(url, migrate=False, pool_size=1)
+    actor = Actor.local("bench-committer")
+    store.require(PIPELINE, "seed")  # connect before the clock starts
+    start.wait()
+    begin = time.perf_counter()
+    stop = begin + deadline_s
+    done = 0
+    for key in keys:
+        if time.perf_counter() >= stop:
+            break
+        # The committer's database work for one checkpoint (see the module docstring).
+        store.require(PIPELINE, key)
+        lease = store.acquire_lease(
+            PIPELINE, key, owner=actor.name, ttl=LEASE_TTL, actor=actor, mode="overwrite"
+        )
+        store.mark_committed(lease, actor=actor, detail="published 1, already there 0")
+        done += 1
+    out.put((done, time.perf_counter() - begin, done == len(keys)))
+    store.dispose()
+
+
+def walsink_rate(url: str, clients: int, seconds: float, round_id: str) -> float:
+    """Checkpoints committed per second by ``clients`` processes over ``seconds``."""
+    ceiling = int(seconds * PREPARED_PER_SECOND / clients) + 500
+    per_client = [[f"r{round_id}_c{c}_{i}" for i in range(ceiling)] for c in range(clients)]
+    _bulk_durable(url, [k for keys in per_client for k in keys])
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_committer, args=(url, keys, start, seconds, out)) for keys in per_client]
+    for p in procs:
+        p.start()
+    # Every process connects before the clock starts (spawning 16 interpreters takes seconds).
+    _wait_for_connections(url, clients)
+    start.set()
+    results = [out.get(timeout=seconds + 300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    if any(exhausted for _d, _t, exhausted in results):
+        raise RuntimeError("a committer ran out of prepared checkpoints; raise PREPARED_PER_SECOND")
+    total = sum(d for d, _t, _x in results)
+    return total / max(t for _d, t, _x in results)
+
+
+def _wait_for_connections(url: str, clients: int, timeout: float = 180.0) -> None:
+    from sqlalchemy import create_engine, text
+
+    name = make_url(url).database
+    engine = create_engine(url)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            with engine.connect() as conn:
+                n = conn.execute(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()"
+                    ),
+                    {"d": name},
+                ).scalar_one()
+            if n >= clients:
+                time.sleep(0.5)  # let the last one finish its warm-up query
+                return
+            time.sleep(0.2)
+    finally:
+        engine.dispose()
+    raise TimeoutError(f"only {n} of {clients} committers connected within {timeout:.0f}s")
+
+
+def _pg_args(url: str) -> list[str]:
+    u = make_url(url)
+    return ["-h", u.host or "127.0.0.1", "-p", str(u.port or 5432), "-U", u.username or "postgres"]
+
+
+def pgbench_init(url: str) -> None:
+    subprocess.run(
+        ["pgbench", *_pg_args(url), "-i", "-q", "-s", "10", make_url(url).database],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+
+
+def pgbench_tps(url: str, clients: int, seconds: float) -> float:
+    """TPS of ``pgbench -N`` (simple-update) with ``clients`` clients."""
+    proc = subprocess.run(
+        [
+            "pgbench",
+            *_pg_args(url),
+            "-n",  # the tables were vacuumed by -i
+            "-N",
+            "-c",
+            str(clients),
+            "-j",
+            str(min(clients, os.cpu_count() or 1)),
+            "-T",
+            str(max(1, round(seconds))),
+            make_url(url).database,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", proc.stdout)
+    if match is None:
+        raise RuntimeError(f"could not read TPS from pgbench output:\n{proc.stdout}\n{proc.stderr}")
+    return float(match.group(1))
+
+
+def run(clients: tuple[int, ...], seconds: float, repeats: int) -> Table:
+    if shutil.which("pgbench") is None:
+        raise RuntimeError("pgbench is not installed: apt-get install -y postgresql-contrib")
+    pg: dict[int, list[float]] = {c: [] for c in clients}
+    ws: dict[int, list[float]] = {c: [] for c in clients}
+    with private_pg_database() as pg_url, private_pg_database() as ws_url:
+        from airflow_provider_walsink.committer import CommitterStore
+
+        CommitterStore.from_url(ws_url).dispose()  # migrate once
+        pgbench_init(pg_url)
+        version = pg_server_version(pg_url)
+        for r in range(repeats):
+            for c in clients:
+                order = ("pgbench", "walsink") if (r + c) % 2 == 0 else ("walsink", "pgbench")
+                for kind in order:
+                    if kind == "pgbench":
+                        pg[c].append(pgbench_tps(pg_url, c, seconds))
+                    else:
+                        ws[c].append(walsink_rate(ws_url, c, seconds, f"{r}_{c}"))
+    t = Table(
+        "Benchmark 3: committer-table throughput on PostgreSQL vs pgbench simple-update "
+        "(goal at 16 committers: ≥ 50 %)",
+        [
+            "committers / clients",
+            "pgbench -N TPS (median)",
+            "walsink checkpoints/s (median)",
+            "ratio",
+            "walsink range",
+        ],
+    )
+    for c in clients:
+        t.rows.append(
+            [
+                c,
+                f"{median(pg[c]):,.0f}",
+                f"{median(ws[c]):,.0f}",
+                f"{100 * median(ws[c]) / median(pg[c]):.0f} %",
+                f"{min(ws[c]):,.0f} – {max(ws[c]):,.0f}",
+            ]
+        )
+    t.notes.append(
+        f"PostgreSQL {version} on 127.0.0.1 (TCP); {repeats} rounds of {seconds:.0f} s per cell, "
+        "pgbench and walsink alternating; each walsink committer is its own process with one connection."
+    )
+    t.notes.append(
+        "One walsink checkpoint commit = read the row + lease transaction + COMMITTED transaction "
+        "(each transaction locks the row, updates it and appends a history row); one pgbench -N "
+        "transaction = UPDATE + SELECT + INSERT."
+    )
+    return t
