@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         default="sqlite",
         help="committer database for the commit benchmark (the table benchmark is PostgreSQL)",
     )
+    parser.add_argument("--spark-event-log", help="write Spark event logs here (for profiling benchmark 1)")
     parser.add_argument("--work-dir", help="where scratch files go (default: the system temp dir)")
     parser.add_argument("--markdown", help="also write the tables to this file")
     args = parser.parse_args(argv)
@@ -129,7 +130,9 @@ def run_write(size: Size, repeats: int, args: argparse.Namespace, scratch: Path)
         return None
     from bench import bench_write
 
-    return bench_write.run(size.write_rows, args.write_repeats or repeats, scratch / "write")
+    return bench_write.run(
+        size.write_rows, args.write_repeats or repeats, scratch / "write", args.spark_event_log
+    )
 
 
 def run_orchestration(size: Size, repeats: int, args: argparse.Namespace, scratch: Path) -> Table | None:
