@@ -1,7 +1,8 @@
 """The ``walsink`` command: commit state and schema management from a shell.
 
 ``walsink status`` prints every checkpoint's state per pipeline;
-``walsink db upgrade`` creates or upgrades the committer schema.
+``walsink db upgrade`` creates or upgrades the committer schema;
+``walsink gc`` removes orphaned staging and trims old committer rows.
 The database is ``--url``, else ``$WALSINK_DATABASE_URL``, else the Airflow
 connection named by ``--conn-id`` (default ``walsink_default``, falling back
 to the embedded SQLite file in ``$AIRFLOW_HOME``).
@@ -92,6 +93,33 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    from airflow_provider_walsink.gc import collect_garbage, parse_duration
+    from airflow_provider_walsink.protocol.staging import StagingLayout
+
+    staging_root = args.staging_root
+    if not staging_root:
+        from airflow_provider_walsink.hooks.walsink import WalsinkHook, default_staging_root
+
+        staging_root = default_staging_root() if args.url else WalsinkHook(args.conn_id).staging_root
+    report = collect_garbage(
+        CommitterStore.from_url(_resolve_url(args)),
+        StagingLayout(staging_root),
+        retention=parse_duration(args.retention),
+        history_retention=parse_duration(args.history_retention) if args.history_retention else None,
+        pipelines=args.pipeline or None,
+        dry_run=args.dry_run,
+    )
+    if args.json:
+        json.dump(report.to_dict(), sys.stdout, indent=2)
+        print()
+    else:
+        print(report.describe())
+        for item in report.checkpoint_dirs_removed + report.attempts_removed:
+            print(f"  {'would remove' if args.dry_run else 'removed'} {item}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="walsink", description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="SQLAlchemy URL of the committer database")
@@ -109,6 +137,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     db_sub.add_parser("upgrade", help="create or upgrade the schema (Alembic)").set_defaults(
         func=cmd_db_upgrade
     )
+    gc = sub.add_parser("gc", help="remove orphaned staging and trim old committer rows")
+    gc.add_argument("--staging-root", help="default: the connection's staging root")
+    gc.add_argument(
+        "--retention", default="1d", help="minimum age of staging garbage (default 1d; 90s/15m/12h/7d)"
+    )
+    gc.add_argument(
+        "--history-retention", help="also trim committed rows and history older than this (e.g. 30d)"
+    )
+    gc.add_argument("--pipeline", action="append", help="only this pipeline (repeatable)")
+    gc.add_argument("--dry-run", action="store_true", help="report, remove nothing")
+    gc.add_argument("--json", action="store_true", help="print JSON")
+    gc.set_defaults(func=cmd_gc)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -180,6 +180,9 @@ def _collect_checkpoint(
     for attempt in layout.attempts(pipeline, key):
         if attempt in keep or attempt > record.attempt:
             continue
+        if attempt < 1:
+            report.skipped.append(f"{pipeline}/{key}/attempt-{attempt}: not an attempt number walsink uses")
+            continue
         path = layout.attempt_dir(pipeline, key, attempt)
         if not _age_ok(path, cutoff_ts):
             report.kept_recent += 1

@@ -30,6 +30,7 @@ def get_provider_info() -> dict:
                 "python-modules": [
                     "airflow_provider_walsink.operators.commit",
                     "airflow_provider_walsink.operators.write",
+                    "airflow_provider_walsink.operators.gc",
                 ],
             }
         ],

@@ -1,0 +1,266 @@
+"""Garbage collection and retention: staging orphans, aborted checkpoints, old committer rows.
+
+What GC removes is checked path by path and row by row; so is what it must
+keep: the current and sealed attempts of uncommitted checkpoints, anything
+newer than the record it read, anything younger than the retention period,
+anything outside the staging root, and the committed rows later commits need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import update
+
+from airflow_provider_walsink.cli import main as walsink_cli
+from airflow_provider_walsink.committer import CheckpointCommitter, CheckpointWriter
+from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
+from airflow_provider_walsink.committer.store import utcnow
+from airflow_provider_walsink.gc import collect_garbage, collect_staging, parse_duration, trim_committer_table
+from airflow_provider_walsink.protocol import CheckpointState as S
+from airflow_provider_walsink.publishers import FilePublisher
+from tests.helpers import ACTOR, stage_checkpoint, target_files
+
+DAY = timedelta(days=1)
+
+
+def files(key: str) -> dict[str, bytes]:
+    return {f"dt={key}/part-0.csv": f"{key},0\n".encode(), f"dt={key}/part-1.csv": f"{key},1\n".encode()}
+
+
+def commit(store, layout, target, pipeline, key, mode="overwrite"):
+    publisher = FilePublisher(target, mode, layout=layout)
+    return CheckpointCommitter(store, layout, publisher, mode=mode).commit(pipeline, key, actor=ACTOR)
+
+
+def age(store, pipeline, key, days=2):
+    """Make a checkpoint's row look ``days`` old."""
+    old = utcnow() - timedelta(days=days)
+    where = (ckpt.c.pipeline == pipeline, ckpt.c.checkpoint_key == key)
+    with store.engine.begin() as conn:
+        conn.execute(update(ckpt).where(*where).values(updated_at=old))
+        conn.execute(update(ckpt).where(*where, ckpt.c.committed_at.is_not(None)).values(committed_at=old))
+
+
+def age_rows(store, pipeline, days=2):
+    old = utcnow() - timedelta(days=days)
+    with store.engine.begin() as conn:
+        conn.execute(update(ckpt).where(ckpt.c.pipeline == pipeline).values(updated_at=old))
+        conn.execute(
+            update(ckpt)
+            .where(ckpt.c.pipeline == pipeline, ckpt.c.committed_at.is_not(None))
+            .values(committed_at=old)
+        )
+
+
+def age_tree(path, days=2):
+    stamp = time.time() - days * 86400
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            os.utime(os.path.join(dirpath, name), (stamp, stamp), follow_symlinks=False)
+    os.utime(path, (stamp, stamp))
+
+
+def test_staging_gc_removes_orphans_and_keeps_what_uncommitted_checkpoints_need(
+    sqlite_store, layout, tmp_path
+):
+    store, target = sqlite_store, tmp_path / "target"
+    # Committed, but the committer died before cleaning staging: garbage.
+    stage_checkpoint(store, layout, "p", "c1", files("c1"))
+    commit(store, layout, target, "p", "c1")
+    leftover = layout.attempt_dir("p", "c1", 1)
+    leftover.mkdir(parents=True)
+    (leftover / "part-0.csv").write_bytes(b"c1,0\n")
+    # Aborted: garbage.
+    stage_checkpoint(store, layout, "p", "a1", files("a1"), durable=False)
+    store.abort("p", "a1", reason="bad interval", actor=ACTOR)
+    # Uncommitted with superseded attempts 1-2, sealed and durable attempt 3: keep 3.
+    for _ in range(3):
+        stage_checkpoint(store, layout, "p", "s1", files("s1"))
+    # Uncommitted, sealed attempt 1 then a new attempt 2 writing: attempt 1 is superseded (and not sealed).
+    stage_checkpoint(store, layout, "p", "w1", files("w1"))
+    CheckpointWriter(store, layout, "p", "w1", actor=ACTOR).begin()
+    # A directory the committer table does not know, and names that are not identifiers.
+    (layout.root / "p" / "ghost" / "attempt-1").mkdir(parents=True)
+    (layout.root / "not a pipeline" / "k").mkdir(parents=True)
+    # A symlink planted in the staging root pointing outside: never followed.
+    outside = tmp_path / "outside"
+    (outside / "attempt-1").mkdir(parents=True)
+    (outside / "attempt-1" / "precious.csv").write_bytes(b"keep me\n")
+    os.symlink(outside, layout.root / "p" / "evil")
+    for key in ("c1", "a1"):
+        age(store, "p", key)
+    age_tree(layout.root)
+    # A racing writer's newer attempt of s1 (created after GC read the row): kept whatever its age.
+    newer = layout.attempt_dir("p", "s1", 4)
+    newer.mkdir()
+    age_tree(newer)
+    # A superseded attempt younger than the retention period: kept for now.
+    os.utime(layout.attempt_dir("p", "s1", 2))
+    # A name that only looks like an attempt: skipped, not deleted.
+    (layout.root / "p" / "s1" / "attempt-0").mkdir()
+
+    dry = collect_staging(store, layout, retention=DAY, dry_run=True)
+    assert sorted(dry.checkpoint_dirs_removed) == ["p/a1", "p/c1", "p/ghost"]
+    assert sorted(dry.attempts_removed) == ["p/s1/attempt-1", "p/w1/attempt-1"]
+    assert leftover.exists() and layout.attempt_dir("p", "s1", 1).exists()  # dry run: nothing removed
+
+    report = collect_staging(store, layout, retention=DAY)
+
+    assert sorted(report.checkpoint_dirs_removed) == ["p/a1", "p/c1", "p/ghost"]
+    assert sorted(report.attempts_removed) == ["p/s1/attempt-1", "p/w1/attempt-1"]
+    assert layout.attempts("p", "s1") == [0, 2, 3, 4]  # young 2, sealed 3 and newer 4 kept
+    assert layout.attempts("p", "w1") == [2]  # the current attempt, still writing
+    assert report.kept_recent == 1
+    assert (layout.root / "not a pipeline" / "k").exists()
+    assert any("not a pipeline id" in s for s in report.skipped)
+    assert (outside / "attempt-1" / "precious.csv").read_bytes() == b"keep me\n"
+    assert os.path.islink(layout.root / "p" / "evil")
+    # What GC kept still commits.
+    assert commit(store, layout, target, "p", "s1").published == 2
+    rows = sorted(line for data in target_files(target).values() for line in data.splitlines())
+    assert rows == [b"c1,0", b"c1,1", b"s1,0", b"s1,1"]
+
+
+def _commit_offsets(store, layout, target, pipeline, key, start, end):
+    data = {f"part-{start}.csv": "".join(f"row{j}\n" for j in range(start, end)).encode()}
+    stage_checkpoint(
+        store, layout, pipeline, key, data, mode="append",
+        start_offsets={"src": start}, end_offsets={"src": end},
+    )  # fmt: skip
+    commit(store, layout, target, pipeline, key, mode="append")
+
+
+def test_retention_trims_old_committed_rows_but_keeps_what_later_commits_need(store, layout, tmp_path):
+    target_ow, target_ap, target_an = (tmp_path / n for n in ("ow", "ap", "an"))
+    # overwrite: c1, c2 committed; c3 pending; c4, c5 committed (overwrite commits out of order).
+    for key in ("c1", "c2", "c3", "c4", "c5"):
+        stage_checkpoint(store, layout, "ow", key, files(key))
+    for key in ("c1", "c2", "c4", "c5"):
+        commit(store, layout, target_ow, "ow", key)
+    stage_checkpoint(store, layout, "ow", "x1", files("x1"), durable=False)
+    store.abort("ow", "x1", reason="given up", actor=ACTOR)
+    # append with offsets: four committed, then a pending one continuing the offsets.
+    for i in range(4):
+        _commit_offsets(store, layout, target_ap, "ap", f"a{i}", i * 3, i * 3 + 3)
+    stage_checkpoint(
+        store, layout, "ap", "a4", {"part-12.csv": b"row12\nrow13\nrow14\n"}, mode="append",
+        start_offsets={"src": 12}, end_offsets={"src": 15},
+    )  # fmt: skip
+    # append without offsets: the rows are the only memory of what was published.
+    for key in ("n0", "n1"):
+        stage_checkpoint(store, layout, "an", key, {"part-0.csv": f"{key}\n".encode()}, mode="append")
+        commit(store, layout, target_an, "an", key, mode="append")
+    for pipeline in ("ow", "ap", "an"):
+        age_rows(store, pipeline)
+    history_before = {k: len(store.history("ow", k)) for k in ("c3",)}
+
+    dry = trim_committer_table(store, retention=DAY, dry_run=True)
+    assert dry.rows_deleted == 6 and store.get("ow", "c1") is not None
+
+    report = trim_committer_table(store, retention=DAY)
+
+    assert report.rows_deleted == 6  # ow: c1, c4 and aborted x1; ap: a0, a1, a2
+    remaining = {
+        p: [c.checkpoint_key for c in store.checkpoints(p, descending=False)] for p in ("ow", "ap", "an")
+    }
+    assert remaining == {"ow": ["c2", "c3", "c5"], "ap": ["a3", "a4"], "an": ["n0", "n1"]}
+    # c5: latest committed; c2: the latest committed before pending c3. Their history is compacted.
+    for pipeline, key in (("ow", "c5"), ("ow", "c2"), ("ap", "a3"), ("an", "n0")):
+        assert [t.to_state for t in store.history(pipeline, key)] == ["COMMITTED"]
+    assert len(store.history("ow", "c3")) == history_before["c3"]  # uncommitted: untouched
+    assert store.last_committed_offsets("ap") == {"src": 12}
+    # The pending append checkpoint still commits: its offsets continue the kept latest commit.
+    summary = commit(store, layout, target_ap, "ap", "a4", mode="append")
+    assert summary.published == 1 and store.last_committed_offsets("ap") == {"src": 15}
+    # Re-running a trimmed overwrite interval replaces its partition: no duplicate.
+    before = target_files(target_ow)
+    stage_checkpoint(store, layout, "ow", "c1", files("c1"))
+    commit(store, layout, target_ow, "ow", "c1")
+    assert sorted(target_files(target_ow).values()) == sorted(before.values())
+
+    # Newer commits take over the protection: old c5 and a3 are no longer the latest.
+    second = trim_committer_table(store, retention=DAY)
+    assert second.rows_deleted == 2 and store.get("ow", "c5") is None and store.get("ap", "a3") is None
+    assert store.get("ow", "c2") is not None  # still the latest committed before pending c3
+    assert trim_committer_table(store, retention=DAY).rows_deleted == 0  # idempotent
+
+
+def test_walsink_gc_command(db_url, tmp_path, capsys):
+    from airflow_provider_walsink.committer.store import CommitterStore
+    from airflow_provider_walsink.protocol.staging import StagingLayout
+
+    store = CommitterStore.from_url(db_url)
+    layout = StagingLayout(tmp_path / "staging")
+    stage_checkpoint(store, layout, "cli", "k1", files("k1"), durable=False)
+    store.abort("cli", "k1", reason="test", actor=ACTOR)
+    age(store, "cli", "k1")
+
+    argv = ["--url", db_url, "gc", "--staging-root", str(layout.root), "--retention", "1d"]
+    assert walsink_cli([*argv, "--dry-run", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoint_dirs_removed"] == ["cli/k1"]
+    assert layout.checkpoint_dir("cli", "k1").exists()
+
+    assert walsink_cli([*argv, "--history-retention", "1d"]) == 0
+    out = capsys.readouterr().out
+    assert "removed 0 orphaned attempts and 1 checkpoint directories" in out and "removed cli/k1" in out
+    assert not layout.checkpoint_dir("cli", "k1").exists()
+    assert store.get("cli", "k1") is None  # the old ABORTED row is trimmed too
+
+
+def test_parse_duration():
+    assert parse_duration("90s") == timedelta(seconds=90)
+    assert parse_duration("7d") == timedelta(days=7)
+    assert parse_duration("2w") == timedelta(weeks=2)
+    assert parse_duration("30") == timedelta(seconds=30)
+    with pytest.raises(ValueError, match="invalid duration 'soon'"):
+        parse_duration("soon")
+
+
+@pytest.mark.airflow
+def test_gc_operator_in_a_real_airflow_run(airflow_db, sqlite_store, tmp_path, monkeypatch):
+    from airflow.sdk import DAG
+
+    from airflow_provider_walsink.operators.gc import WalGarbageCollectOperator
+    from airflow_provider_walsink.protocol.staging import StagingLayout
+
+    url = str(sqlite_store.engine.url)
+    layout = StagingLayout(tmp_path / "staging")
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_WALSINK_GC_TEST",
+        json.dumps({"conn_type": "walsink", "extra": {"url": url, "staging_root": str(layout.root)}}),
+    )
+    stage_checkpoint(sqlite_store, layout, "op", "k1", files("k1"))
+    commit(sqlite_store, layout, tmp_path / "target", "op", "k1")
+    stage_checkpoint(sqlite_store, layout, "op", "k2", files("k2"))
+    stage_checkpoint(sqlite_store, layout, "op", "k2", files("k2"))  # attempt 1 superseded by 2
+    age_tree(layout.root)
+
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+    with DAG("walsink_gc_operator_test", schedule="@daily", start_date=start, catchup=False) as dag:
+        WalGarbageCollectOperator(
+            task_id="gc", walsink_conn_id="walsink_gc_test", retention=DAY, history_retention=None
+        )
+    run = dag.test(logical_date=start)
+
+    assert {ti.task_id: ti.state for ti in run.get_task_instances()} == {"gc": "success"}
+    assert layout.attempts("op", "k2") == [2]
+    assert sqlite_store.require("op", "k2").state is S.DURABLE
+    assert sqlite_store.require("op", "k1").is_committed
+
+
+def test_collect_garbage_never_removes_attempts_of_a_checkpoint_being_committed(
+    sqlite_store, layout, tmp_path
+):
+    """GC racing a commit (COMMITTING, lease held): the sealed attempt stays whatever the retention."""
+    stage_checkpoint(sqlite_store, layout, "race", "k1", files("k1"))
+    sqlite_store.acquire_lease("race", "k1", owner="someone", ttl=timedelta(minutes=5), actor=ACTOR)
+    age_tree(layout.root)
+    report = collect_garbage(sqlite_store, layout, retention=timedelta(0), history_retention=timedelta(0))
+    assert report.attempts_removed == [] and report.checkpoint_dirs_removed == []
+    assert layout.attempts("race", "k1") == [1]
+    assert sqlite_store.require("race", "k1").state is S.COMMITTING
