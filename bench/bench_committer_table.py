@@ -5,7 +5,9 @@ processes, each committing its own DURABLE checkpoints of one ``overwrite``
 pipeline (as a parallel backfill does). One commit is exactly the database
 work ``CheckpointCommitter.commit()`` does per checkpoint: read the row,
 take the lease (one transaction: lock, check, update, history row) and record
-COMMITTED (one transaction: the same). Publishing files is benchmark 2.
+COMMITTED (one transaction: the same), in the order ``commit()`` makes its
+four calls (read, lease, read again under the lease, COMMITTED). Publishing
+files is benchmark 2.
 
 The baseline: ``pgbench -N`` (the built-in simple-update script: UPDATE,
 SELECT, INSERT in one transaction) with C clients against the same server,
@@ -99,6 +101,7 @@ def _committer(url: str, keys: list[str], start: mp.Event, deadline_s: float, ou
         lease = store.acquire_lease(
             PIPELINE, key, owner=actor.name, ttl=LEASE_TTL, actor=actor, mode="overwrite"
         )
+        store.require(PIPELINE, key)  # the committer re-reads the row under its lease
         store.mark_committed(lease, actor=actor, detail="published 1, already there 0")
         done += 1
     out.put((done, time.perf_counter() - begin, done == len(keys)))
@@ -236,7 +239,7 @@ def run(clients: tuple[int, ...], seconds: float, repeats: int) -> Table:
         "pgbench and walsink alternating; each walsink committer is its own process with one connection."
     )
     t.notes.append(
-        "One walsink checkpoint commit = read the row + lease transaction + COMMITTED transaction "
+        "One walsink checkpoint commit = read the row + lease transaction + read + COMMITTED transaction "
         "(each transaction locks the row, updates it and appends a history row); one pgbench -N "
         "transaction = UPDATE + SELECT + INSERT."
     )
