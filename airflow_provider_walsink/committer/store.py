@@ -863,10 +863,13 @@ class CommitterStore:
                 latest[name] = max(found, key=lambda r: r.sequence) if found else None
         return {"counts": counts, "latest_committed": latest["committed"], "last_error": latest["error"]}
 
-    def pipelines(self) -> list[dict[str, Any]]:
-        """Every pipeline with its mode, target and checkpoint count per state."""
+    def pipelines(self, *, with_counts: bool = True) -> list[dict[str, Any]]:
+        """Every pipeline with its mode, target and (unless ``with_counts=False``, which
+        skips a scan of the whole checkpoint table) checkpoint count per state."""
         with self.engine.connect() as conn:
             prows = conn.execute(select(pipe).order_by(pipe.c.name)).mappings().all()
+            if not with_counts:
+                return [dict(p) for p in prows]
             counts = conn.execute(
                 select(ckpt.c.pipeline, ckpt.c.state, func.count()).group_by(ckpt.c.pipeline, ckpt.c.state)
             ).all()
