@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from airflow_provider_walsink.committer.store import Actor, CommitterStore, StaleAttemptError
+from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.durability import check_attempt
 from airflow_provider_walsink.protocol.errors import ManifestError
 from airflow_provider_walsink.protocol.manifest import read_manifest
@@ -110,6 +111,7 @@ def evaluate_durability(
         return DurabilityStatus(
             False, record.state.value, f"{name} attempt {attempt}: {report.describe()}", attempt
         )
+    crashpoint("durable.before_mark")
     try:
         done = store.mark_durable(
             pipeline, checkpoint_key, attempt=attempt, actor=actor, detail=report.describe()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import tempfile
 
@@ -19,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", help="where staging and targets live (default: a temporary directory)")
     parser.add_argument("--verbose", "-v", action="store_true", help="print every schedule")
     args = parser.parse_args(argv)
+    if not args.verbose:
+        logging.disable(logging.WARNING)  # the figures, not every commit's log line
     with tempfile.TemporaryDirectory(prefix="walsink-harness-") as tmp:
         result = run_harness(
             seed=args.seed,

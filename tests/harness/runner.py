@@ -44,10 +44,7 @@ from airflow_provider_walsink.committer.commit import CheckpointCommitter
 from airflow_provider_walsink.committer.store import Actor, CommitterStore, LeaseHeldError
 from airflow_provider_walsink.committer.writer import CheckpointWriter
 from airflow_provider_walsink.gc import collect_garbage
-from airflow_provider_walsink.protocol.durability import check_attempt
-from airflow_provider_walsink.protocol.manifest import read_manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.protocol.states import CheckpointState
 from airflow_provider_walsink.publishers.files import BOOKKEEPING_DIR, FilePublisher
 
 STEPS = ("write", "durable", "commit")
@@ -256,29 +253,19 @@ def task_write(
 def task_durable(
     store: CommitterStore, env: Env, sched: Schedule, spec: CheckpointSpec, try_number: int
 ) -> None:
-    record = store.require(sched.pipeline, spec.key)
-    S = CheckpointState
-    if record.state in (S.DURABLE, S.COMMITTING, S.COMMITTED):
-        return
-    layout = env.layout()
-    attempt = record.sealed_attempt
-    assert attempt is not None, f"{spec.key} is {record.state} without a sealed attempt"
-    manifest = read_manifest(
-        layout.manifest_path(sched.pipeline, spec.key, attempt), expected_digest=record.manifest_digest
-    )
-    report = check_attempt(
-        layout, manifest, layout.attempt_dir(sched.pipeline, spec.key, attempt), verify_checksums=True
-    )
-    if not report.durable:
-        raise AssertionError(f"sealed attempt {attempt} of {spec.key} is not durable: {report.describe()}")
-    faults.crashpoint("durable.before_mark")
-    store.mark_durable(
+    """The durability sensor's check (:func:`evaluate_durability`, shared with the trigger)."""
+    from airflow_provider_walsink.triggers.durable import evaluate_durability
+
+    status = evaluate_durability(
+        store,
+        env.layout(),
         sched.pipeline,
         spec.key,
-        attempt=attempt,
         actor=_actor("durable", spec.key, try_number),
-        detail=report.describe(),
+        verify_checksums=True,
     )
+    if not status.durable:
+        raise AssertionError(f"{spec.key} is not durable after its write succeeded: {status.message}")
 
 
 def task_commit(
