@@ -1,0 +1,62 @@
+"""Smoke test of the benchmark code (bench/), for correctness only.
+
+Runs the smallest size of the non-Spark benchmarks through the same command
+a user runs. The benchmarks check their own results (every file published,
+staging cleaned, every checkpoint committed) and fail loudly otherwise; this
+test asserts on that and on the tables, never on a timing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def test_bench_runs_its_smallest_size(tmp_path):
+    if shutil.which("pgbench") is None:
+        if IN_CI:
+            pytest.fail("pgbench is not installed (apt-get install -y postgresql-contrib)")
+        pytest.skip("pgbench is not installed")
+    out = tmp_path / "tables.md"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.run",
+            "--size",
+            "smoke",
+            "--only",
+            "commit,table",
+            "--work-dir",
+            str(tmp_path),
+            "--markdown",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tables = out.read_text()
+    assert "### Machine" in tables and "| cores" in tables
+    # Commit benchmark: both modes at both sizes, each with a ratio.
+    for files in ("10", "100"):
+        for mode in ("append", "overwrite"):
+            assert any(
+                line.startswith(f"| {files:>7} | {mode}") and line.rstrip().endswith("|") and "x" in line
+                for line in tables.splitlines()
+            ), f"no commit row for {files} files, {mode}:\n{tables}"
+    assert "pgbench -N TPS" in tables and "walsink checkpoints/s" in tables
+    # Scratch space is removed afterwards.
+    assert [p.name for p in tmp_path.iterdir()] == ["tables.md"]
