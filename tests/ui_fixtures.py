@@ -11,7 +11,7 @@ team ``team_b``). DAG ``ui_dag_a`` lives in a bundle owned by ``team_a`` and
 from __future__ import annotations
 
 import json
-import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,12 +39,14 @@ class UiWorld:
 
 
 def ui_env(store_url: str, staging: Path) -> dict[str, str]:
+    # A connection id of its own per world: the UI caches resolved connections by id.
+    conn_id = f"walsink_ui_{uuid.uuid4().hex[:8]}"
     return {
         "AIRFLOW__CORE__MULTI_TEAM": "True",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": USERS,
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__WALSINK__UI_CONN_ID": "walsink_ui_test",
-        "AIRFLOW_CONN_WALSINK_UI_TEST": json.dumps(
+        "AIRFLOW__WALSINK__UI_CONN_ID": conn_id,
+        f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(
             {"conn_type": "walsink", "extra": {"url": store_url, "staging_root": str(staging)}}
         ),
     }
@@ -162,4 +164,3 @@ def build_world(store_url: str, tmp: Path, monkeypatch) -> Iterator[UiWorld]:
         yield UiWorld(client, store, layout, tokens)
     purge_cached_app()
     store.dispose()
-    os.environ.pop("AIRFLOW_CONN_WALSINK_UI_TEST", None)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
@@ -46,13 +48,34 @@ def conn_id() -> str:
     return conf.get("walsink", "ui_conn_id", fallback=WalsinkHook.default_conn_name)
 
 
+#: How long a resolved connection is reused: a request must not cost a connection
+#: lookup (secrets backends, metadata DB), yet an edited connection is picked up soon.
+HOOK_TTL_S = 60.0
+_hooks: dict[str, tuple[float, WalsinkHook]] = {}
+_hooks_lock = threading.Lock()
+
+
+def _hook() -> WalsinkHook:
+    name = conn_id()
+    now = time.monotonic()
+    with _hooks_lock:
+        cached = _hooks.get(name)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+    hook = WalsinkHook(name)
+    hook.sqlalchemy_url  # noqa: B018 - resolve the connection once, outside the lock
+    with _hooks_lock:
+        _hooks[name] = (now + HOOK_TTL_S, hook)
+    return hook
+
+
 def get_store() -> CommitterStore:
     """The committer store of the configured connection (one engine per URL and process)."""
-    return WalsinkHook(conn_id()).get_store()
+    return _hook().get_store()
 
 
 def get_layout() -> StagingLayout:
-    return WalsinkHook(conn_id()).get_layout()
+    return _hook().get_layout()
 
 
 StoreDep = Annotated[CommitterStore, Depends(get_store)]
