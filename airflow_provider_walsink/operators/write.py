@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,27 @@ def default_spark_binary() -> str:
     if os.access(candidate, os.X_OK):
         return candidate
     return shutil.which(DEFAULT_SPARK_BINARY) or DEFAULT_SPARK_BINARY
+
+
+_EXIT_CODE = re.compile(r"Error code is: (-?\d+)")
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for the committer table's history: what failed, without the whole command line.
+
+    The Spark hook's error starts with the full spark-submit command and ends
+    with the tail of its log; the job's own exception is the last line of it.
+    """
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    code = _EXIT_CODE.search(lines[0])
+    if lines[0].startswith("Cannot execute:") and code:
+        tail = next((ln for ln in reversed(lines[1:]) if "Error" in ln or "Exception" in ln), None)
+        tail = tail or (lines[-1] if len(lines) > 1 else "no log output")
+        return f"spark-submit exited with code {code.group(1)}: {tail}"[:1000]
+    return lines[0][:1000]
 
 
 class ExplicitMasterSparkSubmitHook(SparkSubmitHook):
@@ -278,7 +300,7 @@ class WalWriteOperator(BaseOperator):
             self._spark_hook.submit(self.application)
             record = self._record_seal(store, layout, protocol, actor)
         except BaseException as exc:
-            detail = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__
+            detail = describe_failure(exc)
             try:
                 store.fail(self.pipeline, key, error=f"write attempt {attempt}: {detail}", actor=actor)
             except Exception as fail_exc:  # noqa: BLE001 - keep the original error
