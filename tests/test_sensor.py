@@ -169,3 +169,20 @@ def test_trigger_timeout_names_what_is_missing(env):
     assert "1 missing: dt=2026-01-01/part-0.csv" in event["message"]
     with pytest.raises(AirflowSensorTimeout, match="1 missing: dt=2026-01-01/part-0.csv"):
         sensor(deferrable=True).execute_complete(context(), event)
+
+
+@pytest.mark.parametrize("how", ["argument", "run conf"])
+def test_check_before_defer_can_be_turned_off(env, how):
+    store, layout = env
+    stage_checkpoint(store, layout, "events", KEY, FILES, durable=False)
+    ctx = context()
+    if how == "argument":
+        s = sensor(deferrable=True, check_before_defer=False)
+    else:
+        s = sensor(deferrable=True)
+        ctx["dag_run"] = SimpleNamespace(conf={"walsink_check_before_defer": False})
+    with pytest.raises(TaskDeferred):
+        s.execute(ctx)  # durable already, but the wait goes to the triggerer all the same
+    assert store.require("events", KEY).state is S.SEALED
+    assert sensor(deferrable=True).execute(context()) is None  # default: checked first, no deferral
+    assert store.require("events", KEY).state is S.DURABLE

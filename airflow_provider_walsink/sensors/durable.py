@@ -45,6 +45,11 @@ class CheckpointDurableSensor(BaseSensorOperator):
     :param staging_root: templated; defaults to the connection's ``staging_root``.
     :param verify_checksums: recompute each committable's checksum too.
     :param deferrable: wait in the triggerer instead of a worker.
+    :param check_before_defer: with ``deferrable``, check once in the worker first and
+        finish at once when already durable (the common case), skipping the trip to the
+        triggerer. A run's conf key ``walsink_check_before_defer`` (``true``/``false``)
+        overrides it for that run, e.g. ``airflow backfill create ... --dag-run-conf
+        '{"walsink_check_before_defer": false}'`` to hand every wait to the triggerer.
     """
 
     operator_extra_links = (WalsinkCheckpointLink(),)
@@ -60,6 +65,7 @@ class CheckpointDurableSensor(BaseSensorOperator):
         staging_root: str | None = None,
         verify_checksums: bool = False,
         deferrable: bool = False,
+        check_before_defer: bool = True,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", 5)
@@ -71,6 +77,7 @@ class CheckpointDurableSensor(BaseSensorOperator):
         self.staging_root = staging_root
         self.verify_checksums = verify_checksums
         self.deferrable = deferrable
+        self.check_before_defer = check_before_defer
         self._last: DurabilityStatus | None = None
 
     def _key(self, context: Any) -> str:
@@ -98,7 +105,11 @@ class CheckpointDurableSensor(BaseSensorOperator):
             except AirflowSensorTimeout as e:
                 missing = self._last.message if self._last else "no check completed"
                 raise AirflowSensorTimeout(f"{e} Not durable: {missing}") from None
-        if self.poke(context):  # often durable already: skip the trip to the triggerer
+        dag_run = context.get("dag_run")
+        check_first = (getattr(dag_run, "conf", None) or {}).get(
+            "walsink_check_before_defer", self.check_before_defer
+        )
+        if check_first and self.poke(context):  # often durable already: skip the trip to the triggerer
             return None
         actor = actor_from_context(context)
         self.defer(
