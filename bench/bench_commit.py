@@ -23,7 +23,7 @@ from airflow_provider_walsink.committer import Actor, CheckpointCommitter, Check
 from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.publishers.files import FilePublisher
 
-from .common import Table, fmt_s, median, ratio, spread, stopwatch
+from .common import Table, Timer, fmt_s, median, ratio, spread
 
 ACTOR = Actor(name="bench-commit")
 PARTITION = "dt=2026-01-01"
@@ -33,11 +33,11 @@ PAYLOAD = os.urandom(FILE_BYTES)
 
 @dataclass
 class CommitRun:
-    """Timings of one N: the floor and each walsink mode, one value per repeat."""
+    """Timings of one N: the floor and each walsink mode, one ``Timer`` per repeat."""
 
     n: int
-    floor: list[float]
-    walsink: dict[str, list[float]]
+    floor: list[Timer]
+    walsink: dict[str, list[Timer]]
 
 
 def _write_files(directory: Path, n: int) -> list[str]:
@@ -49,22 +49,21 @@ def _write_files(directory: Path, n: int) -> list[str]:
     return names
 
 
-def floor_once(scratch: Path, n: int) -> float:
+def floor_once(scratch: Path, n: int) -> Timer:
     """Time a bare loop of ``os.rename`` of ``n`` staged files into an empty target directory."""
     src = scratch / "src" / PARTITION
     dst = scratch / "dst" / PARTITION
     names = _write_files(src, n)
     dst.mkdir(parents=True)
-    with stopwatch() as elapsed:
+    with Timer() as timer:
         for name in names:
             os.rename(src / name, dst / name)
-    seconds = elapsed()
     if len(os.listdir(dst)) != n:
         raise RuntimeError(f"floor: expected {n} files in {dst}, found {len(os.listdir(dst))}")
-    return seconds
+    return timer
 
 
-def walsink_once(store: CommitterStore, scratch: Path, n: int, mode: str, key: str) -> float:
+def walsink_once(store: CommitterStore, scratch: Path, n: int, mode: str, key: str) -> Timer:
     """Stage and seal a durable checkpoint of ``n`` files, then time its commit."""
     layout = StagingLayout(scratch / "staging")
     target = scratch / "target"
@@ -77,9 +76,8 @@ def walsink_once(store: CommitterStore, scratch: Path, n: int, mode: str, key: s
     writer.seal()
     store.mark_durable(pipeline, key, attempt=writer.attempt, actor=ACTOR)
     committer = CheckpointCommitter(store, layout, FilePublisher(target, mode, layout=layout), mode=mode)
-    with stopwatch() as elapsed:
+    with Timer() as timer:
         summary = committer.commit(pipeline, key, actor=ACTOR)
-    seconds = elapsed()
     published = [f for f in os.listdir(target / PARTITION) if not f.startswith(("_", "."))]
     if summary.published != n or len(published) != n:
         raise RuntimeError(
@@ -88,7 +86,7 @@ def walsink_once(store: CommitterStore, scratch: Path, n: int, mode: str, key: s
         )
     if layout.checkpoint_dir(pipeline, key).exists():
         raise RuntimeError(f"walsink {mode}: staging of {pipeline}/{key} was not cleaned up")
-    return seconds
+    return timer
 
 
 def run(
@@ -119,20 +117,41 @@ def run(
 def table(results: list[CommitRun], repeats: int, db: str) -> Table:
     t = Table(
         "Benchmark 2: commit of N committables vs a bare os.rename loop (goal at 10,000: ≤ 2× the floor)",
-        ["files", "mode", "os.rename floor (median)", "walsink commit (median)", "ratio", "walsink range"],
+        [
+            "files",
+            "mode",
+            "os.rename floor",
+            "walsink commit",
+            "ratio (wall)",
+            "floor CPU",
+            "walsink CPU",
+            "ratio (CPU)",
+            "walsink wall range",
+        ],
     )
     for res in results:
-        for mode, values in res.walsink.items():
+        floor_wall = median([x.wall for x in res.floor])
+        floor_cpu = median([x.cpu for x in res.floor])
+        for mode, timers in res.walsink.items():
+            wall = [x.wall for x in timers]
+            cpu = median([x.cpu for x in timers])
             t.rows.append(
                 [
                     f"{res.n:,}",
                     mode,
-                    fmt_s(median(res.floor)),
-                    fmt_s(median(values)),
-                    ratio(median(values), median(res.floor)),
-                    spread(values),
+                    fmt_s(floor_wall),
+                    fmt_s(median(wall)),
+                    ratio(median(wall), floor_wall),
+                    fmt_s(floor_cpu),
+                    fmt_s(cpu),
+                    ratio(cpu, floor_cpu),
+                    spread(wall),
                 ]
             )
+    t.notes.append(
+        "Times are medians; CPU = user + system time of the benchmark process (the committer database "
+        "is SQLite, in-process), the fairer comparison while other work shares the machine."
+    )
     t.notes.append(
         f"{repeats} repeats per cell, floor and walsink interleaved; {FILE_BYTES}-byte files in one "
         f"partition; committer table on {db}; fresh empty target each time."

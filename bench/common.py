@@ -78,6 +78,25 @@ def stopwatch() -> Iterator[Callable[[], float]]:
         end.append(time.perf_counter())
 
 
+class Timer:
+    """Wall and CPU (user + system of this process) time of a block: ``with Timer() as t: ...``.
+
+    CPU time is reported beside wall time because the machine may be shared:
+    other processes stretch wall time, but hardly this process's own CPU time.
+    """
+
+    wall: float = 0.0
+    cpu: float = 0.0
+
+    def __enter__(self) -> Timer:
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.wall = time.perf_counter() - self._wall
+        self.cpu = time.process_time() - self._cpu
+
+
 def _version(dist: str) -> str:
     try:
         return metadata.version(dist)
