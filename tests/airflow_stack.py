@@ -34,7 +34,10 @@ For a browser (issue 4's UI tests), everything needed is public:
   for ``context.add_cookies([...])`` when a test is not about logging in;
 * ``AirflowStack.create(..., plugins_folder=..., env={...}, components=(...))`` -
   load a plugins folder, add ``AIRFLOW__...`` settings, or start only the
-  api-server (``components=("api-server",)``) when no DAG needs to run.
+  api-server (``components=("api-server",)``) when no DAG needs to run;
+* ``scheduled_runs=False`` (default): the scheduler creates no runs from schedules
+  (``[scheduler] use_job_schedule``), only backfills and triggered runs, so a test
+  decides exactly which intervals run.
 
 The stack's processes run in their own process groups; ``stop()`` (also on
 ``__exit__`` and at the end of the fixture) terminates each group, then kills
@@ -141,6 +144,7 @@ class AirflowStack:
         env: Mapping[str, str] | None = None,
         artifacts_dir: Path | None = None,
         parallelism: int = 4,
+        scheduled_runs: bool = False,
         on_stop: Iterable[Callable[[], None]] = (),
     ) -> None:
         self.home = Path(home).resolve()
@@ -166,6 +170,7 @@ class AirflowStack:
             passwords_file=passwords_file,
             plugins_folder=plugins_folder,
             parallelism=parallelism,
+            scheduled_runs=scheduled_runs,
             extra=dict(env or {}),
         )
 
@@ -194,7 +199,13 @@ class AirflowStack:
         return cls(Path(root) / "airflow-home", on_stop=on_stop, **kwargs)
 
     def _build_env(
-        self, *, passwords_file: Path, plugins_folder: Path | None, parallelism: int, extra: dict[str, str]
+        self,
+        *,
+        passwords_file: Path,
+        plugins_folder: Path | None,
+        parallelism: int,
+        scheduled_runs: bool,
+        extra: dict[str, str],
     ) -> dict[str, str]:
         # Start from the caller's environment minus every Airflow setting, so the
         # stack never inherits the test session's home, database or connections.
@@ -244,8 +255,13 @@ class AirflowStack:
                 "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
                 "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
                 "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+                # By default only backfills and triggered runs: unpausing a DAG must not
+                # also start a run of the latest interval the test did not ask for.
+                "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": str(scheduled_runs),
                 "AIRFLOW__TRIGGERER__CAPACITY": "100",
                 "PYTHONUNBUFFERED": "1",
+                # Spark's JVM takes its session time zone from TZ: the same on every host.
+                "TZ": "UTC",
                 # The tasks' Spark jobs talk to their driver on loopback only.
                 "SPARK_LOCAL_IP": "127.0.0.1",
             }
@@ -285,6 +301,24 @@ class AirflowStack:
         self._procs[component] = subprocess.Popen(
             args, env=self.env, cwd=self.home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+
+    def stop_component(self, component: str, grace: float = 20) -> None:
+        """Stop one running component (its whole process group), e.g. the triggerer, so a
+        test can observe what waits for it; ``start_component`` brings it back."""
+        proc = self._procs.pop(component)
+        _signal_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait(timeout=10)
+        self._log_files.pop(component).close()
+
+    def start_component(self, component: str) -> None:
+        """Start one component (again) with the stack's configuration."""
+        if component in self._procs:
+            raise StackError(f"{component} is already running")
+        self._spawn(component)
 
     def _wait_http_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -448,6 +482,13 @@ class AirflowStack:
         return list(
             self.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", limit=100)["task_instances"]
         )
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
+        """One XCom value (as stored: JSON)."""
+        value = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}")[
+            "value"
+        ]
+        return json.loads(value) if isinstance(value, str) else value
 
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
         """``{task_id: state}`` for one run (mapped tasks as ``task_id[i]``)."""

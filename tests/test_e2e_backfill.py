@@ -1,0 +1,191 @@
+"""End to end on a real Airflow stack: a parallel backfill of the overwrite example with the
+deferrable durability sensor, then the same backfill re-run with ``--reprocess-behavior
+completed``; the target holds every interval's rows exactly once and the committer table one
+COMMITTED checkpoint per interval.
+
+How the sensor is seen waiting, honestly: the backfill's runs hand the durability wait to
+the triggerer without the sensor's first check in the worker (run conf
+``walsink_check_before_defer: false``), and the triggerer is stopped before the backfill,
+so every sensor stays ``deferred`` (its checkpoint SEALED, not yet verified, the commit
+task not started) until the triggerer is started again. Nothing in the DAG is slowed down.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from datetime import date, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_walsink.committer.store import CommitterStore
+
+pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+DAG_ID = "walsink_daily_overwrite"
+PIPELINE = "daily_events"
+FIRST_DAY = date(2026, 1, 1)
+DAYS = [FIRST_DAY + timedelta(days=i) for i in range(5)]
+WRITE_OP, DURABLE_OP, COMMIT_OP = "WalWriteOperator", "CheckpointDurableSensor", "WalCommitOperator"
+
+
+def _example_common():
+    sys.path.insert(0, str(REPO / "dags"))
+    try:
+        import walsink_example_common
+    finally:
+        sys.path.remove(str(REPO / "dags"))
+    return walsink_example_common
+
+
+def _key(day: date) -> str:
+    return f"{day:%Y%m%d}T000000Z"
+
+
+def _run_day(run: dict) -> date:
+    return datetime.fromisoformat(run["data_interval_start"].replace("Z", "+00:00")).date()
+
+
+def _tasks_by_operator(stack, run_id: str) -> dict[str, dict]:
+    return {ti["operator"]: ti for ti in stack.task_instances(DAG_ID, run_id)}
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    """Every file under the target (hidden bookkeeping included) → sha256."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _check_target_against_source(target: Path, days: list[date]) -> int:
+    """Each day's partition holds exactly that day's source rows, once; returns the row total."""
+    import pyarrow.parquet as pq
+
+    common = _example_common()
+    partitions = sorted(p.name for p in target.iterdir() if p.is_dir() and p.name.startswith("dt="))
+    assert partitions == [f"dt={d.isoformat()}" for d in sorted(days)]
+    total = 0
+    for day in days:
+        files = sorted((target / f"dt={day.isoformat()}").glob("*.parquet"))
+        assert files, f"no data files in partition dt={day}"
+        table = pq.ParquetDataset([str(f) for f in files]).read()
+        got = sorted(
+            (
+                r["event_id"],
+                r["ts"].strftime("%Y-%m-%d %H:%M:%S"),
+                r["user_id"],
+                r["country"],
+                r["event_type"],
+                r["amount_cents"],
+            )
+            for r in table.to_pylist()
+        )
+        want = sorted(
+            (e["event_id"], e["ts"], e["user_id"], e["country"], e["event_type"], e["amount_cents"])
+            for e in common.daily_events(day)
+        )
+        assert len(got) == len(want), f"dt={day}: {len(got)} rows in the target, {len(want)} in the source"
+        assert got == want, f"dt={day}: target rows differ from the source"
+        total += len(got)
+    return total
+
+
+def test_parallel_backfill_with_deferrable_sensor_then_rerun(airflow_stack):
+    stack = airflow_stack
+    examples = stack.home / "walsink" / "examples"
+    target = examples / "target" / PIPELINE
+    store = CommitterStore.from_url(f"sqlite:///{stack.home}/walsink/committer.db")
+    try:
+        stack.wait_for_dag(DAG_ID)
+        # Stopped triggerer: a deferred sensor can only wait (see the module docstring).
+        stack.stop_component("triggerer")
+        try:
+            stack.unpause(DAG_ID)
+            # The sensor's first check in the worker would usually find the checkpoint durable
+            # already; this run option hands every wait straight to the triggerer.
+            backfill = stack.backfill(
+                DAG_ID,
+                DAYS[0].isoformat(),
+                DAYS[-1].isoformat(),
+                max_active_runs=3,
+                conf={"walsink_check_before_defer": False},
+            )
+
+            def deferred_sensors() -> list[tuple[str, dict]] | None:
+                found = []
+                for run in stack.dag_runs(DAG_ID):
+                    if run["run_type"] != "backfill":
+                        continue
+                    tis = _tasks_by_operator(stack, run["dag_run_id"])
+                    if tis[DURABLE_OP]["state"] == "deferred":
+                        found.append((run, tis))
+                return found if len(found) >= 2 else None
+
+            waiting = stack.wait_until("two backfill runs' sensors to defer", deferred_sensors, timeout=600)
+            for run, tis in waiting:
+                run_id, day = run["dag_run_id"], _run_day(run)
+                record = store.require(PIPELINE, _key(day))
+                # The gate has not passed: staged and sealed, not verified, not published.
+                assert record.state.value == "SEALED", (run_id, record.state)
+                assert tis[WRITE_OP]["state"] == "success"
+                assert tis[COMMIT_OP]["state"] in (None, "none"), (run_id, tis[COMMIT_OP]["state"])
+                assert not (target / f"dt={day.isoformat()}").exists()
+        finally:
+            stack.start_component("triggerer")
+
+        runs = stack.wait_for_backfill(backfill, timeout=900)
+        assert sorted(_run_day(r) for r in runs) == DAYS
+        assert {r["state"] for r in runs} == {"success"}, [(r["dag_run_id"], r["state"]) for r in runs]
+        # Any other run of the DAG in this session (tests share the stack) is checked like the rest.
+        everything = stack.wait_for_runs(DAG_ID, [r["dag_run_id"] for r in stack.dag_runs(DAG_ID)])
+        assert {r["state"] for r in everything.values()} == {"success"}
+        days = sorted({_run_day(r) for r in everything.values()})
+
+        checkpoints = store.checkpoints(PIPELINE, descending=False)
+        assert sorted(c.checkpoint_key for c in checkpoints) == sorted(_key(d) for d in days)
+        assert {c.state.value for c in checkpoints} == {"COMMITTED"}
+        rows = _check_target_against_source(target, days)
+        assert rows == sum(c.rows for c in checkpoints)
+        before = _snapshot(target)
+        committed_before = {c.checkpoint_key: (c.sealed_attempt, c.committed_at) for c in checkpoints}
+        history_before = {
+            c.checkpoint_key: len(store.history(PIPELINE, c.checkpoint_key)) for c in checkpoints
+        }
+
+        # The same backfill again, re-running completed intervals: policy "skip committed".
+        rerun = stack.backfill(
+            DAG_ID,
+            DAYS[0].isoformat(),
+            DAYS[-1].isoformat(),
+            reprocess_behavior="completed",
+            max_active_runs=3,
+        )
+        assert rerun != backfill
+        reruns = stack.wait_for_backfill(rerun, timeout=900)
+        assert sorted(_run_day(r) for r in reruns) == DAYS
+        assert {r["state"] for r in reruns} == {"success"}
+        for run in reruns:
+            tis = _tasks_by_operator(stack, run["dag_run_id"])
+            # The re-run is recorded in Airflow: second tries, and the write task says it skipped.
+            assert {ti["try_number"] for ti in tis.values()} == {2}, run["dag_run_id"]
+            result = stack.xcom(DAG_ID, run["dag_run_id"], tis[WRITE_OP]["task_id"])
+            assert result["skipped_committed"] is True and result["state"] == "COMMITTED"
+            commit = stack.xcom(DAG_ID, run["dag_run_id"], tis[COMMIT_OP]["task_id"])
+            assert commit["already_committed"] is True
+
+        # Nothing changed: same files byte for byte, same checkpoints, no new transitions
+        # (a re-run of a COMMITTED checkpoint is a no-op in the committer table, invariant 4).
+        assert _snapshot(target) == before
+        checkpoints = store.checkpoints(PIPELINE, descending=False)
+        assert {c.checkpoint_key: (c.sealed_attempt, c.committed_at) for c in checkpoints} == committed_before
+        assert {c.state.value for c in checkpoints} == {"COMMITTED"}
+        assert {
+            c.checkpoint_key: len(store.history(PIPELINE, c.checkpoint_key)) for c in checkpoints
+        } == history_before
+        assert _check_target_against_source(target, days) == rows
+    finally:
+        store.dispose()
