@@ -136,6 +136,8 @@ def run_write(size: Size, repeats: int, args: argparse.Namespace, scratch: Path)
 
 
 def run_orchestration(size: Size, repeats: int, args: argparse.Namespace, scratch: Path) -> Table | None:
+    if not size.write_rows:  # the smoke size starts no Airflow stack
+        return None
     from bench import bench_orchestration
 
     return bench_orchestration.run(size, scratch / "orchestration")
