@@ -178,12 +178,14 @@ def _check_relative_path(path: object, source: str, what: str) -> str:
         raise _fail(source, f"{what} must be a non-empty string")
     if "\x00" in path or "\\" in path:
         raise _fail(source, f"{what} {path!r} contains a NUL or backslash")
-    pure = PurePosixPath(path)
-    if pure.is_absolute():
+    if path.startswith("/"):
         raise _fail(source, f"{what} {path!r} is absolute; it must be relative to the attempt")
-    if any(p in ("..", ".", "") for p in path.split("/")):
+    # String segments, not PurePosixPath (this runs once per committable): with no
+    # empty, "." or ".." segment allowed, they are exactly the path's parts.
+    parts = path.split("/")
+    if any(p in ("..", ".", "") for p in parts):
         raise _fail(source, f"{what} {path!r} has '.', '..' or an empty segment")
-    if any(p.startswith(".") for p in pure.parts):
+    if any(p.startswith(".") for p in parts):
         raise _fail(source, f"{what} {path!r} names a hidden file")
     return path
 

@@ -57,6 +57,7 @@ class FilePublisher:
         self.mode = mode
         self.layout = layout
         self.verify_checksums = verify_checksums
+        self._real_prefix: str | None = None
 
     # ------------------------------------------------------------------ naming
 
@@ -68,6 +69,18 @@ class FilePublisher:
 
     def _target(self, relative: str) -> Path:
         return confine(self.target_root, relative, what="target path")
+
+    def _relative(self, dest: Path) -> str:
+        """``dest`` (a confined, resolved path) relative to the target root.
+
+        A string slice: ``os.path.relpath`` per file cost more than the rename it describes.
+        """
+        path = os.fspath(dest)
+        if self._real_prefix is None:
+            self._real_prefix = os.path.realpath(self.target_root).rstrip("/") + "/"
+        if path.startswith(self._real_prefix):
+            return path[len(self._real_prefix) :]
+        return os.path.relpath(path, self.target_root)
 
     def _journal_path(self, manifest: Manifest) -> Path:
         return self._target(f"{BOOKKEEPING_DIR}/journal/{manifest.pipeline}/{manifest.checkpoint_key}.json")
@@ -183,7 +196,7 @@ class FilePublisher:
     ) -> None:
         dirs: set[Path] = set()
         for i, (_c, staged, dest, there) in enumerate(plan):
-            result.target_files.append(os.path.relpath(dest, self.target_root))
+            result.target_files.append(self._relative(dest))
             if there:
                 result.already += 1
                 continue
@@ -260,7 +273,7 @@ class FilePublisher:
             _rmtree(self._pending_root(manifest) / f"a{previous.get('attempt')}")
         if previous is None or previous.get("attempt") != manifest.attempt:
             journal_path.parent.mkdir(parents=True, exist_ok=True)
-            files = [os.path.relpath(dest, self.target_root) for _c, _s, dest, _t in plan]
+            files = [self._relative(dest) for _c, _s, dest, _t in plan]
             write_atomic(
                 journal_path,
                 json.dumps(
