@@ -109,6 +109,18 @@ def test_crash_campaign_postgresql(tmp_path, pg_url):
     assert result.violations == []
 
 
+@pytest.mark.spark
+@pytest.mark.slow
+def test_crash_campaign_with_a_real_spark_write(tmp_path):
+    """The write task is WalWriteOperator's path: start the attempt, spark-submit a CheckpointJob
+    (its Python driver SIGKILLed inside seal), retry with a new attempt, record the seal."""
+    result = run_harness(seed=11, schedules=0, workdir=tmp_path, spark_schedules=1, spark_checkpoints=1)
+    print("\n" + result.describe())
+    assert result.spark_schedules == 1 and result.covered["write.after_staging"] == 1  # in the driver
+    assert result.covered["publish.after_k"] == 1
+    assert result.violations == []
+
+
 def test_harness_runs_from_a_shell(tmp_path):
     out = subprocess.run(
         [

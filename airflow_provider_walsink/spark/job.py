@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.checksum import file_checksum
 from airflow_provider_walsink.protocol.errors import WalsinkError
 from airflow_provider_walsink.protocol.identifiers import validate_partition
@@ -324,9 +325,11 @@ class CheckpointJob:
         """
         if self.sealed_digest is not None:
             return self.sealed_digest
+        crashpoint("write.after_staging")
         manifest = self.manifest()
         path = self.layout.manifest_path(self.pipeline, self.checkpoint_key, self.attempt)
         self.sealed_digest = write_manifest(path, manifest)
+        crashpoint("seal.after_manifest")
         print(
             f"walsink: sealed {path} ({manifest.expected_count} committables, {manifest.total_rows} rows, "
             f"{manifest.total_bytes} bytes) digest {self.sealed_digest}",

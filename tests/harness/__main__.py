@@ -15,6 +15,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--schedules", type=int, default=200)
     parser.add_argument(
+        "--spark-schedules",
+        type=int,
+        default=0,
+        help="extra schedules whose writes are real spark-submit jobs",
+    )
+    parser.add_argument(
         "--db-url", help="committer database (default: a fresh SQLite file in a temporary directory)"
     )
     parser.add_argument("--workdir", help="where staging and targets live (default: a temporary directory)")
@@ -29,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             workdir=args.workdir or tmp,
             db_url=args.db_url,
             verbose=args.verbose,
+            spark_schedules=args.spark_schedules,
         )
     print(result.describe())
     return 0 if result.violations == [] and not result.uncovered else 1

@@ -24,12 +24,15 @@ publish journal left.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import multiprocessing
 import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 import time
 import traceback
 import uuid
@@ -38,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 from airflow_provider_walsink import faults
 from airflow_provider_walsink.committer.commit import CheckpointCommitter
@@ -107,13 +111,18 @@ class Schedule:
     #: (checkpoint index, step) -> crash point and nth for successive crashed tries.
     crashes: dict[tuple[int, str], list[tuple[str, int]]]
     stale: dict[str, bytes] = field(default_factory=dict)
+    #: The write task is a real spark-submit of ``spark_job.py`` (CheckpointJob).
+    spark: bool = False
 
     def describe(self) -> str:
         plan = ", ".join(
             f"{self.checkpoints[ci].key}.{step}: " + " then ".join(f"{p}:{n}" for p, n in crashes)
             for (ci, step), crashes in sorted(self.crashes.items())
         )
-        return f"#{self.index} {self.pipeline} ({self.mode}, {len(self.checkpoints)} checkpoints) {plan}"
+        kind = ", Spark" if self.spark else ""
+        return (
+            f"#{self.index} {self.pipeline} ({self.mode}{kind}, {len(self.checkpoints)} checkpoints) {plan}"
+        )
 
 
 def _chunks(rows: list[str], n: int, rng: random.Random) -> list[list[str]]:
@@ -192,6 +201,24 @@ def make_schedule(seed: int, index: int, combos: list[tuple[str, str]]) -> Sched
         )
         crashes.setdefault((cj, STEP_OF[other]), []).append((other, nth_for(other, checkpoints[cj])))
     return Schedule(index, pipeline, mode, checkpoints, crashes, stale)
+
+
+SPARK_WRITE_POINTS = ("write.after_staging", "seal.after_manifest")
+
+
+def make_spark_schedule(seed: int, index: int, checkpoints: int = 2) -> Schedule:
+    """The Spark driver of the first write is killed inside ``CheckpointJob.seal``, and the last
+    checkpoint's commit is killed mid-publish."""
+    sched = make_schedule(seed, index, [])
+    sched.checkpoints = sched.checkpoints[:checkpoints]
+    kept = {p for spec in sched.checkpoints for p in spec.partitions} | {"dt=untouched/r=a"}
+    sched.stale = {r: d for r, d in sched.stale.items() if r.rsplit("/", 1)[0] in kept}
+    sched.crashes = {
+        (0, "write"): [(SPARK_WRITE_POINTS[index % 2], 1)],
+        (len(sched.checkpoints) - 1, "commit"): [("publish.after_k", 1)],
+    }
+    sched.spark = True
+    return sched
 
 
 def all_combos() -> list[tuple[str, str]]:
@@ -280,6 +307,73 @@ def task_commit(
     committer.commit(sched.pipeline, spec.key, actor=actor)
 
 
+def task_write_spark(
+    store: CommitterStore,
+    env: Env,
+    sched: Schedule,
+    spec: CheckpointSpec,
+    try_number: int,
+    crash: tuple[str, int] | None,
+    crash_log: str,
+) -> tuple[int, str]:
+    """The write task as WalWriteOperator runs it: start the attempt, spark-submit, record the seal."""
+    from airflow_provider_walsink.operators.write import WalWriteOperator, default_spark_binary
+    from airflow_provider_walsink.spark.args import ProtocolArgs
+
+    actor = _actor("write", spec.key, try_number)
+    layout = env.layout()
+    store.register(sched.pipeline, spec.key, mode=sched.mode, actor=actor)
+    start = end = None
+    if sched.mode == "append":
+        start, end = store.last_committed_offsets(sched.pipeline) or {"src": 0}, {"src": spec.end}
+    record = store.start_attempt(sched.pipeline, spec.key, actor=actor, start_offsets=start)
+    attempt_dir = layout.attempt_dir(sched.pipeline, spec.key, record.attempt)
+    if attempt_dir.exists():
+        layout.remove_attempt(sched.pipeline, spec.key, record.attempt)
+    attempt_dir.mkdir(parents=True)
+    partition_by = ["b"] if sched.mode == "append" else ["dt", "r"]
+    rows = []
+    for rel, data in spec.files.items():
+        values = [part.split("=", 1)[1] for part in rel.split("/")[:-1]]
+        rows += [[line, *values] for line in data.decode().splitlines()]
+    job_input = env.scratch / f"{uuid.uuid4().hex}.json"
+    job_input.write_text(
+        json.dumps(
+            {"rows": rows, "partition_by": partition_by, "declared": spec.declared, "end_offsets": end}
+        )
+    )
+    protocol = ProtocolArgs(
+        pipeline=sched.pipeline,
+        checkpoint_key=spec.key,
+        sequence=record.sequence,
+        attempt=record.attempt,
+        staging_root=str(layout.root),
+        mode=sched.mode,
+        file_format="text",
+        partition_by=tuple(partition_by),
+        start_offsets=start,
+    )
+    child_env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    child_env.pop(faults.ENV, None)
+    if crash is not None:
+        child_env[faults.ENV] = f"{crash[0]}:{crash[1]}"
+    child_env[faults.LOG_ENV] = crash_log
+    cmd = [
+        default_spark_binary(), "--master", "local[1]",
+        "--conf", "spark.ui.enabled=false",
+        "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+        str(Path(__file__).with_name("spark_job.py")), *protocol.to_argv(), str(job_input),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        return proc.returncode, proc.stderr[-2000:]
+    # The operator's own seal recording (manifest identity and offsets checked, then store.seal).
+    WalWriteOperator._record_seal(
+        SimpleNamespace(log=logging.getLogger("harness")), store, layout, protocol, actor
+    )
+    return 0, ""
+
+
 TASKS: dict[str, Callable[..., None]] = {"write": task_write, "durable": task_durable, "commit": task_commit}
 
 
@@ -325,6 +419,18 @@ def run_try(
     an unarmed try runs in this process (the same code, minus ~50 ms of fork
     and copy-on-write per try, which is what keeps 200 schedules in CI time).
     """
+    if sched.spark and step == "write":
+        log = str(env.scratch / f"{uuid.uuid4().hex}.crash")
+        try:
+            code, text = task_write_spark(
+                _PARENT_STORE[0], env, sched, sched.checkpoints[ci], try_number, crash, log
+            )
+        except Exception:  # noqa: BLE001 - a task failure, reported as a violation
+            code, text = 1, traceback.format_exc()
+        fired = Path(log).read_text().strip() if os.path.exists(log) else None
+        if fired:  # the Python driver was SIGKILLed at the crash point; spark-submit then failed
+            code = -signal.SIGKILL
+        return code, text, fired
     if crash is None:
         try:
             TASKS[step](_PARENT_STORE[0], env, sched, sched.checkpoints[ci], try_number)
@@ -427,6 +533,7 @@ def check_final(store: CommitterStore, env: Env, sched: Schedule) -> list[str]:
 class HarnessResult:
     seed: int
     schedules: int = 0
+    spark_schedules: int = 0
     checkpoints: int = 0
     task_tries: int = 0
     crashes: int = 0
@@ -443,7 +550,9 @@ class HarnessResult:
     def describe(self) -> str:
         lines = [
             f"walsink crash harness, seed {self.seed}",
-            f"schedules run:        {self.schedules} ({self.checkpoints} checkpoints, {self.task_tries} task tries)",
+            f"schedules run:        {self.schedules} ({self.checkpoints} checkpoints, {self.task_tries} task tries"
+            + (f"; {self.spark_schedules} with spark-submit writes" if self.spark_schedules else "")
+            + ")",
             f"crashes injected:     {self.crashes} SIGKILLs ({self.planned_not_reached} planned past the last hit)",
             f"lease takeovers:      {self.takeovers}",
             f"crash points covered: {len(faults.CRASH_POINTS) - len(self.uncovered)}/{len(faults.CRASH_POINTS)}",
@@ -544,6 +653,8 @@ def run_harness(
     workdir: str | os.PathLike[str],
     db_url: str | None = None,
     verbose: bool = False,
+    spark_schedules: int = 0,
+    spark_checkpoints: int = 2,
 ) -> HarnessResult:
     """Run ``schedules`` seeded crash schedules; see the module docstring."""
     started = time.monotonic()
@@ -563,6 +674,11 @@ def run_harness(
     try:
         for i in range(schedules):
             run_schedule(store, env, make_schedule(seed, i, combos), result, verbose)
+        for i in range(spark_schedules):
+            run_schedule(
+                store, env, make_spark_schedule(seed, schedules + i, spark_checkpoints), result, verbose
+            )
+        result.spark_schedules = spark_schedules
     finally:
         store.dispose()
         shutil.rmtree(work, ignore_errors=True)
