@@ -272,7 +272,7 @@ def measure(url: str, maxima: dict[str, int], requests: int, rows: int, load_s: 
         f"Load: {rows:,} rows by COPY + VACUUM ANALYZE in {load_s:.1f} s (not timed above).",
         "Each API request goes through Airflow's api app in-process: JWT check, per-DAG authorization "
         "(auth manager), store query, JSON. Requests are interleaved round by round.",
-        f"Plan of the list query: {plan[0].strip()}",
+        "Plan of the list query: " + " → ".join(line.strip() for line in plan[:2]),
     ]
     return table
 

@@ -829,18 +829,31 @@ class CommitterStore:
     def pipeline_summary(self, pipeline: str) -> dict[str, Any]:
         """Counts per state, the latest committed and the latest failed/aborted checkpoint.
 
-        Each part is one lookup on the (pipeline, state, sequence) index, so the
-        cost does not grow with the pipeline's history beyond an index-only count.
+        Cost does not grow with the pipeline's history: ``register()`` allocates
+        sequence numbers without gaps in the same transaction as the row, and rows
+        are never deleted, so the number of COMMITTED checkpoints is the number
+        allocated (``next_sequence - 1``) minus the others, which are counted on
+        their own (few) ranges of the (pipeline, state, sequence) index. The latest
+        committed/failed checkpoints are "newest first, limit 1" probes on it.
         """
         latest = {}
+        others = [s.value for s in S if s is not S.COMMITTED]
         with self.engine.connect() as conn:
+            next_sequence = conn.execute(select(pipe.c.next_sequence).where(pipe.c.name == pipeline)).scalar()
             counts = dict(
                 conn.execute(
                     select(ckpt.c.state, func.count())
-                    .where(ckpt.c.pipeline == pipeline)
+                    .where(ckpt.c.pipeline == pipeline, ckpt.c.state.in_(others))
                     .group_by(ckpt.c.state)
                 ).all()
             )
+            committed = (next_sequence or 1) - 1 - sum(counts.values())
+            if committed < 0:  # rows written around register(): count them exactly instead
+                committed = conn.execute(
+                    select(func.count()).where(ckpt.c.pipeline == pipeline, ckpt.c.state == S.COMMITTED.value)
+                ).scalar_one()
+            if committed:
+                counts[S.COMMITTED.value] = committed
             for name, states in (
                 ("committed", [S.COMMITTED.value]),
                 ("error", [S.FAILED.value, S.ABORTED.value]),
