@@ -28,6 +28,10 @@ def _resolve_url(args: argparse.Namespace) -> str:
         return os.environ["WALSINK_DATABASE_URL"]
     from airflow_provider_walsink.hooks.walsink import WalsinkHook
 
+    # Outside a task the Task SDK reads connections only from environment variables and
+    # external secrets backends; a shell tool (like `airflow connections get`) must also
+    # read the metadata database, else a connection made in the UI is silently missed.
+    os.environ.setdefault("_AIRFLOW_PROCESS_CONTEXT", "server")
     return WalsinkHook(args.conn_id).sqlalchemy_url
 
 
