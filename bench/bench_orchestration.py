@@ -167,6 +167,11 @@ def run(size: Any, scratch: Path, runs: int = 3) -> Table:
         + "."
     )
     t.notes.append(
+        "Deferral run: "
+        + ", ".join(f"{n} {fmt_s(v)}" for n, v in deferred["steps"].items())
+        + " (the sensor's time includes its trip through the triggerer and a second task start)."
+    )
+    t.notes.append(
         f"Deferral run: sensor states seen {sorted(deferred['sensor_states'])}; a deferred sensor's "
         "worker process has exited (the triggerer waits), so no worker slot is held while it waits. "
         "In default runs the sensor's first check in the worker usually finds the checkpoint durable "

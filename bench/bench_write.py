@@ -70,6 +70,22 @@ def plain_once(spark, rows: int, target: Path) -> float:
     return elapsed()
 
 
+def _timed(obj: object, method: str) -> list[float]:
+    """Wrap ``obj.method`` so the seconds spent in it accumulate in the returned one-item list."""
+    spent = [0.0]
+    real = getattr(obj, method)
+
+    def timed(*args, **kwargs):
+        with stopwatch() as elapsed:
+            try:
+                return real(*args, **kwargs)
+            finally:
+                spent[0] += elapsed()
+
+    setattr(obj, method, timed)
+    return spent
+
+
 def walsink_once(spark, rows: int, store, layout, target: Path, key: str, phases: dict) -> float:
     from airflow_provider_walsink.committer import Actor, CheckpointCommitter
     from airflow_provider_walsink.protocol.manifest import read_manifest
@@ -94,9 +110,13 @@ def walsink_once(spark, rows: int, store, layout, target: Path, key: str, phases
             attempt=record.attempt,
             staging_root=str(layout.root),
         )
-        with CheckpointJob(spark, protocol) as job:
-            job.stage(df, partition_prefix={"dt": PARTITION.split("=", 1)[1]})
-        marks.append(("Spark stage + seal", elapsed()))
+        job = CheckpointJob(spark, protocol)
+        describe = _timed(job, "_describe")  # the real method, timed: listing, footers, checksums
+        job.stage(df, partition_prefix={"dt": PARTITION.split("=", 1)[1]})
+        marks.append(("Spark write", elapsed() - describe[0]))
+        marks.append(("describe files (footers, CRC32)", elapsed()))
+        job.seal()
+        marks.append(("manifest", elapsed()))
         # Write operator, after the job: record the seal.
         path = layout.manifest_path(PIPELINE, key, record.attempt)
         manifest = read_manifest(path, expected_digest=job.sealed_digest)
