@@ -71,7 +71,7 @@ ONLY_IN = {"publish.after_swap": "overwrite"}
 #: Crashes that leave a live lease behind, so the next try must take it over.
 HOLDS_LEASE = ("publish.after_k", "commit.after_publish", "lease.after_takeover")
 
-LEASE_TTL = timedelta(milliseconds=200)
+LEASE_TTL = timedelta(milliseconds=100)
 EXIT_LEASE_HELD = 75
 MAX_TRIES = 12
 
