@@ -103,6 +103,19 @@ def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url):
     # The commit cleaned the staging area (the WAL) of this checkpoint.
     assert not (walsink_env["staging"] / "daily_events" / key).exists()
 
+    # Running the committed day again changes nothing (policy "skip committed":
+    # no Spark job, the sensor and commit task no-op).
+    published = {p: p.stat().st_mtime_ns for p in (walsink_env["home"] / "target/daily_events").rglob("*")}
+    run = run_dag(dag, day)
+    write = next(ti for ti in run.get_task_instances() if ti.task_id == "daily_events.write")
+    assert write.try_number == 1
+    assert {
+        p: p.stat().st_mtime_ns for p in (walsink_env["home"] / "target/daily_events").rglob("*")
+    } == published
+    history = store.history("daily_events", key)
+    assert [h.to_state for h in history].count("WRITING") == 1
+    assert [h.to_state for h in history].count("COMMITTED") == 1
+
 
 # On PostgreSQL, tests/test_incremental.py runs this DAG (with a failed-then-retried write).
 @pytest.mark.parametrize("committer_url", ["sqlite"], indirect=True)
