@@ -378,16 +378,21 @@ def test_hostile_identifiers_are_rejected_or_stored_exactly_and_always_bound(
             conn.execute(select(func.count()).select_from(table)).scalar_one()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: MySQL/MariaDB compare pipeline ids case-insensitively (default collation), so "
-    "'sales' resolves to the row of 'Sales'; needs binary collation on the identifier columns",
-)
-def test_identifiers_differing_only_in_case_are_different_checkpoints(database_urls):
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
+def test_identifiers_differing_only_in_case_never_share_a_row(database_urls, backend):
+    """MySQL/MariaDB compare names case-insensitively by default: ``sales`` must never resolve to
+    the row of ``Sales`` (its data would be taken as already committed). Distinct rows where the
+    database tells them apart, else a clear error naming the collision."""
+    from airflow_provider_walsink.committer.store import StoreError
     from tests.conftest import _empty, _migrated_store
 
-    store = _migrated_store(database_urls("mysql"))
+    store = _migrated_store(database_urls(backend))
     _empty(store)
-    first = store.register("Sales", "k1", mode="append", actor=ACTOR)
-    second = store.register("sales", "k1", mode="append", actor=ACTOR)
-    assert second.pipeline == "sales" and second.id != first.id
+    first = store.register("Sales", "K1", mode="append", actor=ACTOR)
+    for pipeline, key in (("sales", "K1"), ("sales", "k2"), ("Sales", "k1")):
+        try:
+            second = store.register(pipeline, key, mode="append", actor=ACTOR)
+        except StoreError as e:
+            assert backend == "mysql" and "collides with the registered" in str(e), str(e)
+            continue
+        assert (second.pipeline, second.checkpoint_key) == (pipeline, key) and second.id != first.id

@@ -356,13 +356,15 @@ class CommitterStore:
                     .first()
                 )
                 if existing is not None:
-                    return CheckpointRecord.from_row(existing)
+                    return CheckpointRecord.from_row(_exact(existing, pipeline, checkpoint_key))
                 now = self._clock()
                 prow = (
                     conn.execute(select(pipe).where(pipe.c.name == pipeline).with_for_update())
                     .mappings()
                     .first()
                 )
+                if prow is not None and prow["name"] != pipeline:
+                    raise StoreError(_collision("pipeline id", pipeline, prow["name"]))
                 if prow is None:
                     conn.execute(
                         pipe.insert().values(
@@ -417,7 +419,7 @@ class CommitterStore:
                     target=target,
                     start_offsets=start_offsets,
                 )
-            return CheckpointRecord.from_row(existing)
+            return CheckpointRecord.from_row(_exact(existing, pipeline, checkpoint_key))
         return self.get(pipeline, checkpoint_key)  # type: ignore[return-value]
 
     @_retrying
@@ -919,6 +921,23 @@ class CommitterStore:
                 .all()
             )
         return [CheckpointRecord.from_row(r) for r in rows]
+
+
+def _collision(what: str, given: str, stored: str) -> str:
+    return (
+        f"{what} {given!r} collides with the registered {stored!r}: this database compares them as "
+        "equal (a case-insensitive collation, as MySQL/MariaDB use by default); use names that "
+        "differ by more than letter case"
+    )
+
+
+def _exact(row: Mapping[str, Any], pipeline: str, checkpoint_key: str) -> Mapping[str, Any]:
+    """The row only if it is the one asked for, byte for byte, never a case-insensitive match."""
+    if row["pipeline"] != pipeline:
+        raise StoreError(_collision("pipeline id", pipeline, row["pipeline"]))
+    if row["checkpoint_key"] != checkpoint_key:
+        raise StoreError(_collision("checkpoint key", checkpoint_key, row["checkpoint_key"]))
+    return row
 
 
 def _is_identifier(value: object) -> bool:
