@@ -71,6 +71,30 @@ def read_target(root: Path) -> list[dict]:
     return dataset.to_table().to_pylist()
 
 
+def test_example_dags_are_three_task_pipelines_built_by_the_helper():
+    """Shape only (no Spark): what each example promises its users."""
+    from airflow_provider_walsink.operators.commit import WalCommitOperator
+    from airflow_provider_walsink.operators.write import WalWriteOperator
+    from airflow_provider_walsink.sensors.durable import CheckpointDurableSensor
+
+    for dag_id, group, mode, max_runs in (
+        ("walsink_daily_overwrite", "daily_events", "overwrite", 4),
+        ("walsink_incremental_append", "incoming_events", "append", 1),
+    ):
+        dag = importlib.import_module(dag_id).dag
+        assert dag.max_active_runs == max_runs
+        write, durable, commit = (dag.get_task(f"{group}.{t}") for t in ("write", "durable", "commit"))
+        assert isinstance(write, WalWriteOperator) and write.mode == mode and write.partition_by == ["dt"]
+        assert isinstance(durable, CheckpointDurableSensor) and durable.deferrable
+        assert isinstance(commit, WalCommitOperator) and commit.mode == mode
+        assert write.pipeline == durable.pipeline == commit.pipeline == group
+        assert durable.upstream_task_ids == {write.task_id}
+        assert commit.upstream_task_ids == {durable.task_id}
+        assert write.spark_conn_id is None and write.master == "local[*]"
+        assert "{{ var.value.get('walsink_example_home'" in write.application_args[1]
+        assert write.target == commit.target and "walsink_example_home" in commit.target
+
+
 @pytest.mark.parametrize("committer_url", ["sqlite", "postgresql"], indirect=True)
 def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url):
     dag = load_dag(airflow_db, "walsink_daily_overwrite")

@@ -33,6 +33,7 @@ LOCAL_DEFAULT_CONF = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",  # progress bars garble the task log
 }
 
 
