@@ -115,6 +115,11 @@ class WalWriteOperator(BaseOperator):
     A retry starts a new attempt; only the newest sealed attempt ever counts.
     A failed job records the error on the checkpoint (FAILED, retryable).
 
+    The staging root is a filesystem path that the Spark driver and executors
+    and the Airflow workers all see at the same place: a local disk under the
+    default ``local[*]`` master, a shared mount (NFS, a FUSE-mounted object
+    store) on a cluster.
+
     **Backfill policy, "skip committed"**: if the checkpoint is already
     COMMITTED (a re-run backfill, a cleared write task), the Spark job is not
     submitted; the task logs it, pushes the committed manifest's URI and digest
