@@ -396,3 +396,4 @@ def test_identifiers_differing_only_in_case_never_share_a_row(database_urls, bac
             assert backend == "mysql" and "collides with the registered" in str(e), str(e)
             continue
         assert (second.pipeline, second.checkpoint_key) == (pipeline, key) and second.id != first.id
+    assert store.get("SALES", "K1") is None  # a lookup never returns a case-insensitive match either

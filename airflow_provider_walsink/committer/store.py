@@ -744,7 +744,9 @@ class CommitterStore:
                 .mappings()
                 .first()
             )
-        return CheckpointRecord.from_row(row) if row is not None else None
+        if row is None or (row["pipeline"], row["checkpoint_key"]) != (pipeline, checkpoint_key):
+            return None  # not a case-insensitive match (MySQL/MariaDB collation): not this checkpoint
+        return CheckpointRecord.from_row(row)
 
     def require(self, pipeline: str, checkpoint_key: str) -> CheckpointRecord:
         record = self.get(pipeline, checkpoint_key)
