@@ -8,6 +8,7 @@ bench/README.md, benchmark 2); these tests hold them to exactly what
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -84,7 +85,7 @@ def test_resolve_returns_the_lstat_of_the_resolved_path(tree):
     path, st = confiner.resolve("dt=1/a.parquet")
     assert st is not None and st.st_size == 2
     path, st = confiner.resolve("dt=1/link-in.parquet")  # followed, like confine(): the target's stat
-    assert path == tree / "dt=1" / "a.parquet" and st.st_size == 2
+    assert path == str(tree / "dt=1" / "a.parquet") and st.st_size == 2
     assert confiner.resolve("dt=1/missing.parquet")[1] is None
     assert confiner.resolve("dt=1/a.parquet/under-a-file")[1] is None
 
@@ -101,6 +102,6 @@ def test_committable_resolver_matches_committable_path(tmp_path):
     resolve = layout.committable_resolver(attempt)
     for rel in ["dt=1/f.parquet", "dt=1/none.parquet", "dt=9/x.parquet", "other-attempt/x.parquet"]:
         expected = _outcome(lambda r: layout.committable_path(attempt, r), rel)
-        got = _outcome(lambda r: resolve(r)[0], rel)
+        got = _outcome(lambda r: Path(resolve(r)[0]), rel)
         assert got == expected, rel
     assert resolve("dt=1/f.parquet")[1].st_size == 3

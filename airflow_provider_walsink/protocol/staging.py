@@ -68,10 +68,13 @@ class Confiner:
         self._dirs: dict[str, str] = {}
 
     def __call__(self, relative: str, *, what: str | None = None) -> Path:
-        return self.resolve(relative, what=what)[0]
+        return Path(self.resolve(relative, what=what)[0])
 
-    def resolve(self, relative: str, *, what: str | None = None) -> tuple[Path, os.stat_result | None]:
-        """The confined path and its ``lstat`` (``None`` if nothing is there), from one system call."""
+    def resolve(self, relative: str, *, what: str | None = None) -> tuple[str, os.stat_result | None]:
+        """The confined path, as a string, and its ``lstat`` (``None`` if nothing is there).
+
+        One system call per path, and no ``Path`` object: this runs once per file of a publish.
+        """
         what = what or self.what
         _check_relative(relative, what, self.root)
         parent, _, name = relative.rpartition("/")
@@ -92,7 +95,7 @@ class Confiner:
                 st = None
         if not _is_under(resolved, self.real_root):
             raise PathEscapeError(f"{what} {relative!r} resolves to {resolved}, outside {self.real_root}")
-        return Path(resolved), st
+        return resolved, st
 
 
 @dataclass(frozen=True)
@@ -133,18 +136,18 @@ class StagingLayout:
             raise PathEscapeError(f"committable {relative!r} resolves to {path}, outside {real_attempt}")
         return path
 
-    def committable_resolver(self, attempt_dir: Path) -> Callable[[str], tuple[Path, os.stat_result | None]]:
+    def committable_resolver(self, attempt_dir: Path) -> Callable[[str], tuple[str, os.stat_result | None]]:
         """:meth:`committable_path` for the many committables of one attempt (see :class:`Confiner`).
 
-        The returned function gives the path and its ``lstat`` (``None`` when absent).
+        The returned function gives the path (a string) and its ``lstat`` (``None`` when absent).
         """
         prefix = os.path.relpath(attempt_dir, self.root) + "/"
         confiner = Confiner(self.root)
         inside = os.path.realpath(attempt_dir).rstrip("/") + "/"
 
-        def resolve(relative: str) -> tuple[Path, os.stat_result | None]:
+        def resolve(relative: str) -> tuple[str, os.stat_result | None]:
             path, st = confiner.resolve(prefix + relative, what=f"committable {relative!r}")
-            if not os.fspath(path).startswith(inside):
+            if not path.startswith(inside):
                 raise PathEscapeError(f"committable {relative!r} resolves to {path}, outside {inside[:-1]}")
             return path, st
 

@@ -70,7 +70,7 @@ class FilePublisher:
     def _target(self, relative: str) -> Path:
         return confine(self.target_root, relative, what="target path")
 
-    def _relative(self, dest: Path) -> str:
+    def _relative(self, dest: str | Path) -> str:
         """``dest`` (a confined, resolved path) relative to the target root.
 
         A string slice: ``os.path.relpath`` per file cost more than the rename it describes.
@@ -115,10 +115,10 @@ class FilePublisher:
             self._publish_overwrite(manifest, planned, result, keep_alive)
         return result
 
-    def _plan(self, manifest: Manifest, attempt_dir: Path) -> list[tuple[Committable, Path, Path, bool]]:
+    def _plan(self, manifest: Manifest, attempt_dir: Path) -> list[tuple[Committable, str, str, bool]]:
         """Check every committable can be published before anything changes.
 
-        Returns ``(committable, staged path, destination, already there)``.
+        Returns ``(committable, staged path, destination, already there)``, paths as strings.
         Overwrite destinations are in the pending directory; a partition whose
         marker already names this attempt needs nothing.
         """
@@ -168,7 +168,9 @@ class FilePublisher:
             )
         return plan
 
-    def _matches(self, path: Path, c: Committable, st: os.stat_result | None | bool = True) -> bool | None:
+    def _matches(
+        self, path: str | Path, c: Committable, st: os.stat_result | None | bool = True
+    ) -> bool | None:
         """True: a regular file matching the committable; False: absent; None: something else.
 
         ``st`` is the path's ``lstat`` when the caller has it (``None``: absent); by default it is taken here.
@@ -194,35 +196,37 @@ class FilePublisher:
     def _publish_append(
         self, manifest: Manifest, plan: list, result: PublishResult, keep_alive: Callable[[], None]
     ) -> None:
-        dirs: set[Path] = set()
+        dirs: set[str] = set()
         for i, (_c, staged, dest, there) in enumerate(plan):
             result.target_files.append(self._relative(dest))
             if there:
                 result.already += 1
                 continue
-            if dest.parent not in dirs:
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dirs.add(dest.parent)
+            parent = os.path.dirname(dest)
+            if parent not in dirs:
+                os.makedirs(parent, exist_ok=True)
+                dirs.add(parent)
             _move(staged, dest)
             result.published += 1
             crashpoint("publish.after_k")
             if i % 256 == 255:
                 keep_alive()
         for d in dirs:
-            fsync_dir(str(d))
+            fsync_dir(d)
 
     def _publish_overwrite(
         self, manifest: Manifest, plan: list, result: PublishResult, keep_alive: Callable[[], None]
     ) -> None:
         pending_attempt = self._pending_root(manifest) / f"a{manifest.attempt}"
-        dirs: set[Path] = set()
+        dirs: set[str] = set()
         for _c, staged, dest, there in plan:
             if there:
                 result.already += 1
                 continue
-            if dest.parent not in dirs:
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dirs.add(dest.parent)
+            parent = os.path.dirname(dest)
+            if parent not in dirs:
+                os.makedirs(parent, exist_ok=True)
+                dirs.add(parent)
             _move(staged, dest)
             result.published += 1
             crashpoint("publish.after_k")
@@ -297,12 +301,12 @@ class FilePublisher:
             pass
 
 
-def _move(src: Path, dest: Path) -> None:
+def _move(src: str | Path, dest: str | Path) -> None:
     """Rename ``src`` to ``dest``; a concurrent committer that got there first is fine."""
     try:
         os.rename(src, dest)
     except FileNotFoundError:
-        if not dest.exists():
+        if not os.path.exists(dest):
             raise CommittableError(f"{src} vanished before it could be published to {dest}") from None
 
 
