@@ -31,6 +31,8 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_walsink.committer.store import CommitterStore
+
 REPO = Path(__file__).resolve().parent.parent
 DAILY = "walsink_daily_overwrite"
 INCREMENTAL = "walsink_incremental_append"
@@ -201,8 +203,6 @@ def run(argv: list[str] | None = None) -> int:
 
     say("walsink status")
     status = subprocess.run([sys.executable, "-m", "airflow_provider_walsink.cli", "status"], env=quiet_env)
-    from airflow_provider_walsink.committer.store import CommitterStore
-
     store = CommitterStore.from_url(f"sqlite:///{committer_db}", migrate=False)
     states = [
         c.state.value for p in store.pipelines() for c in store.checkpoints(p["name"], descending=False)
