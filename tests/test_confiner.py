@@ -105,3 +105,29 @@ def test_committable_resolver_matches_committable_path(tmp_path):
         got = _outcome(lambda r: Path(resolve(r)[0]), rel)
         assert got == expected, rel
     assert resolve("dt=1/f.parquet")[1].st_size == 3
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "a.parquet",
+        "dt=1/part-0.snappy.parquet",
+        "x",
+        ".hidden",
+        ".hidden.gz",
+        "a.",
+        "a.b.",
+        "dt=1/a..b",
+        "dt=1.5/f",
+        "dt=1/.x.y.z",
+        "..a.b",
+        "part-00000-c000.csv.gz",
+    ],
+)
+def test_target_suffixes_are_pathlibs(path):
+    """The publisher's string-based suffixes (target names) equal ``PurePosixPath.suffixes``."""
+    from pathlib import PurePosixPath
+
+    from airflow_provider_walsink.publishers.files import _suffixes
+
+    assert _suffixes(path) == PurePosixPath(path).suffixes

@@ -25,7 +25,7 @@ import os
 import shutil
 import stat
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.checksum import algorithm_of, file_checksum
@@ -64,7 +64,7 @@ class FilePublisher:
     @staticmethod
     def target_name(manifest: Manifest, index: int, committable: Committable) -> str:
         """Deterministic file name of a committable in the target."""
-        suffix = "".join(PurePosixPath(committable.path).suffixes[-2:])
+        suffix = "".join(_suffixes(committable.path)[-2:])
         return f"{manifest.pipeline}-{manifest.checkpoint_key}-a{manifest.attempt}-{index:05d}{suffix}"
 
     def _target(self, relative: str) -> Path:
@@ -299,6 +299,14 @@ class FilePublisher:
             os.unlink(self._journal_path(manifest))
         except FileNotFoundError:
             pass
+
+
+def _suffixes(path: str) -> list[str]:
+    """``PurePosixPath(path).suffixes`` by string operations (called once per published file)."""
+    name = path.rstrip("/").rpartition("/")[2]
+    if name.endswith("."):
+        return []
+    return ["." + suffix for suffix in name.lstrip(".").split(".")[1:]]
 
 
 def _move(src: str | Path, dest: str | Path) -> None:
