@@ -131,3 +131,46 @@ def test_target_suffixes_are_pathlibs(path):
     from airflow_provider_walsink.publishers.files import _suffixes
 
     assert _suffixes(path) == PurePosixPath(path).suffixes
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "f.parquet",
+        "dt=1/f",
+        "dt=1/h=2/f",
+        "/dt=1/f",
+        "dt=1//f",
+        "./dt=1/f",
+        "dt=1/./f",
+        "dt=1/",
+        "dt=1/../f",
+        "nocolumn/f",
+        "dt=1/x/f",
+        "//dt=1/f",
+    ],
+)
+def test_partition_of_splits_like_pathlib(path):
+    """``partition_of`` splits strings (fast path) and answers what the ``PurePosixPath`` version did."""
+    from pathlib import PurePosixPath
+
+    from airflow_provider_walsink.protocol.errors import InvalidIdentifierError
+    from airflow_provider_walsink.protocol.identifiers import validate_partition
+    from airflow_provider_walsink.protocol.manifest import partition_of
+
+    def reference(p):
+        pairs = []
+        for part in PurePosixPath(p).parts[:-1]:
+            column, sep, value = part.partition("=")
+            if not sep:
+                raise InvalidIdentifierError(part)
+            pairs.append(validate_partition(column, value))
+        return tuple(pairs)
+
+    def outcome(fn):
+        try:
+            return fn(path)
+        except InvalidIdentifierError:
+            return "invalid"
+
+    assert outcome(partition_of) == outcome(reference)

@@ -154,7 +154,10 @@ def digest_of(data: bytes) -> str:
 
 
 def partition_of(path: str) -> tuple[tuple[str, str], ...]:
-    parts = PurePosixPath(path).parts[:-1]
+    parts = path.split("/")
+    if "" in parts or "." in parts:  # only then do pathlib's parts differ from a plain split
+        parts = list(PurePosixPath(path).parts)
+    parts = parts[:-1]
     pairs = []
     for part in parts:
         column, sep, value = part.partition("=")
