@@ -2,7 +2,8 @@
 (``POST /api/v2/dags/{dag_id}/clearTaskInstances``), and what each clear does to the target.
 
 * Clearing the **commit** task of a committed run: the commit re-runs, finds the checkpoint
-  COMMITTED and changes nothing (no file, no transition).
+  COMMITTED and changes nothing (no file, no state change; the skipped write is
+  recorded as an event in the checkpoint's history).
 * Clearing the **write** task (with its downstream tasks, the UI's default) **after** the
   checkpoint committed: the write task skips its Spark job (backfill policy "skip
   committed"), the sensor and commit no-op; the target is unchanged.
@@ -129,7 +130,10 @@ def test_clear_after_commit_changes_nothing(stack, store):
     assert result["attempt"] == committed.sealed_attempt
     assert _snapshot(_partition(stack, AFTER_DAY)) == before
     assert store.require(PIPELINE, key) == committed
-    assert len(store.history(PIPELINE, key)) == transitions
+    # The skipped write is recorded as an event that changes no state.
+    events = store.history(PIPELINE, key)[transitions:]
+    assert [(e.from_state, e.to_state, e.task_id) for e in events] == [("COMMITTED", "COMMITTED", write_id)]
+    assert "write skipped" in events[0].detail
 
 
 def test_clear_write_before_commit_publishes_only_the_new_attempt(stack, store):

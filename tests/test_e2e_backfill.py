@@ -177,15 +177,18 @@ def test_parallel_backfill_with_deferrable_sensor_then_rerun(airflow_stack):
             commit = stack.xcom(DAG_ID, run["dag_run_id"], tis[COMMIT_OP]["task_id"])
             assert commit["already_committed"] is True
 
-        # Nothing changed: same files byte for byte, same checkpoints, no new transitions
-        # (a re-run of a COMMITTED checkpoint is a no-op in the committer table, invariant 4).
+        # Nothing changed: same files byte for byte, same checkpoints, no state change
+        # (a re-run of a COMMITTED checkpoint is a no-op, invariant 4); the re-run is
+        # recorded in each checkpoint's history as one event from the skipped write.
         assert _snapshot(target) == before
         checkpoints = store.checkpoints(PIPELINE, descending=False)
         assert {c.checkpoint_key: (c.sealed_attempt, c.committed_at) for c in checkpoints} == committed_before
         assert {c.state.value for c in checkpoints} == {"COMMITTED"}
-        assert {
-            c.checkpoint_key: len(store.history(PIPELINE, c.checkpoint_key)) for c in checkpoints
-        } == history_before
+        rerun_ids = {r["dag_run_id"] for r in reruns}
+        for c in checkpoints:
+            events = store.history(PIPELINE, c.checkpoint_key)[history_before[c.checkpoint_key]:]
+            assert [(e.from_state, e.to_state) for e in events] == [("COMMITTED", "COMMITTED")]
+            assert events[0].run_id in rerun_ids and "write skipped" in events[0].detail
         assert _check_target_against_source(target, days) == rows
     finally:
         store.dispose()

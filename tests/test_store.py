@@ -205,3 +205,12 @@ def test_keyset_pages_and_run_queries(store):
     assert len(store.checkpoints("p", states=["REGISTERED"], limit=100)) == 7
     assert len(store.checkpoints_of_run("d", "r")) == 7
     assert store.pipelines()[0]["counts"] == {"REGISTERED": 7}
+
+
+def test_record_event_appends_history_without_changing_state(store):
+    to_durable(store, "k")
+    before = store.require("p", "k")
+    store.record_event("p", "k", actor=A, detail="write skipped: already DURABLE")
+    assert store.require("p", "k") == before
+    last = store.history("p", "k")[-1]
+    assert (last.from_state, last.to_state, last.detail) == ("DURABLE", "DURABLE", "write skipped: already DURABLE")

@@ -731,6 +731,20 @@ class CommitterStore:
                 )
             return self._move(conn, row, S.ABORTED, actor, detail=reason, error=reason[:10000])
 
+    @_retrying
+    def record_event(self, pipeline: str, checkpoint_key: str, *, actor: Actor, detail: str) -> None:
+        """Append a history row that changes no state (from = to = the current state).
+
+        Used to record that a task ran against the checkpoint and deliberately
+        did nothing, e.g. a backfill re-run that skipped a COMMITTED checkpoint,
+        so the audit trail shows every run that touched it.
+        """
+        with self._tx() as conn:
+            row = self._lock(conn, pipeline, checkpoint_key)
+            self._record(
+                conn, row["id"], row["state"], row["state"], row["attempt"], actor, detail, self._clock()
+            )
+
     # ------------------------------------------------------------------ queries
 
     def get(self, pipeline: str, checkpoint_key: str) -> CheckpointRecord | None:

@@ -251,6 +251,12 @@ class WalWriteOperator(BaseOperator):
                 record.sealed_attempt,
                 record.committed_at,
             )
+            store.record_event(
+                self.pipeline,
+                key,
+                actor=actor,
+                detail="write skipped: the checkpoint is already COMMITTED (backfill policy: skip committed)",
+            )
             return self._result(context, record, skipped=True)
 
         start_offsets: dict[str, Any] | None = None
