@@ -39,13 +39,14 @@ class Size:
     table_clients: tuple[int, ...]
     table_seconds: float
     repeats: int
+    orchestration_runs: int
 
 
 SIZES = {
-    "smoke": Size((), (10, 100), (1,), 1.0, 1),
-    "small": Size((1_000_000,), (100, 1_000, 10_000), (1, 4, 16), 5.0, 5),
-    "medium": Size((1_000_000, 10_000_000), (100, 1_000, 10_000), (1, 4, 16), 10.0, 5),
-    "large": Size((1_000_000, 10_000_000, 50_000_000), (100, 1_000, 10_000), (1, 4, 16), 10.0, 5),
+    "smoke": Size((), (10, 100), (1,), 1.0, 1, 0),
+    "small": Size((1_000_000,), (100, 1_000, 10_000), (1, 4, 16), 5.0, 5, 1),
+    "medium": Size((1_000_000, 10_000_000), (100, 1_000, 10_000), (1, 4, 16), 10.0, 5, 3),
+    "large": Size((1_000_000, 10_000_000, 50_000_000), (100, 1_000, 10_000), (1, 4, 16), 10.0, 5, 3),
 }
 
 
@@ -136,11 +137,11 @@ def run_write(size: Size, repeats: int, args: argparse.Namespace, scratch: Path)
 
 
 def run_orchestration(size: Size, repeats: int, args: argparse.Namespace, scratch: Path) -> Table | None:
-    if not size.write_rows:  # the smoke size starts no Airflow stack
+    if not size.orchestration_runs:  # the smoke size starts no Airflow stack
         return None
     from bench import bench_orchestration
 
-    return bench_orchestration.run(size, scratch / "orchestration")
+    return bench_orchestration.run(size, scratch / "orchestration", runs=size.orchestration_runs)
 
 
 RUNNERS = {
