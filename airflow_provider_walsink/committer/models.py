@@ -32,6 +32,11 @@ NAMING_CONVENTION = {
 # Naive UTC everywhere: SQLite has no time zones and MySQL's DATETIME neither;
 # microseconds matter for lease expiry, so MySQL gets fsp=6.
 Timestamp = DateTime(timezone=False).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+# Pipeline ids and checkpoint keys are case-sensitive: MySQL/MariaDB compare
+# strings case-insensitively by default, so their columns get a binary collation.
+Identifier = String(128).with_variant(
+    mysql.VARCHAR(128, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
+)
 # BIGINT autoincrement keys, except on SQLite where only INTEGER PRIMARY KEY is rowid.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -45,7 +50,7 @@ class Pipeline(Base):
 
     __tablename__ = "walsink_pipeline"
 
-    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str] = mapped_column(Identifier, primary_key=True)
     mode: Mapped[str] = mapped_column(String(16))
     target: Mapped[str | None] = mapped_column(String(1024))
     dag_id: Mapped[str | None] = mapped_column(String(250))
@@ -66,10 +71,8 @@ class Checkpoint(Base):
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    pipeline: Mapped[str] = mapped_column(
-        String(128), ForeignKey("walsink_pipeline.name", ondelete="CASCADE")
-    )
-    checkpoint_key: Mapped[str] = mapped_column(String(128))
+    pipeline: Mapped[str] = mapped_column(Identifier, ForeignKey("walsink_pipeline.name", ondelete="CASCADE"))
+    checkpoint_key: Mapped[str] = mapped_column(Identifier)
     sequence: Mapped[int] = mapped_column(BigInteger)
     state: Mapped[str] = mapped_column(String(16))
     attempt: Mapped[int] = mapped_column(Integer, default=0)
