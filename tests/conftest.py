@@ -21,22 +21,37 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SESSION_TMP = Path(tempfile.mkdtemp(prefix="walsink-tests-"))
-SESSION_ID = uuid.uuid4().hex[:8]
+
+# This module may be imported twice in one session (as ``conftest`` by pytest and
+# as ``tests.conftest`` by a test): the session's paths must not change on the
+# second import, or Airflow would be pointed at a second, unmigrated home.
+_SESSION_ENV = "WALSINK_TEST_SESSION_TMP"
+_CREATED_HERE = _SESSION_ENV not in os.environ
+if _CREATED_HERE:
+    os.environ[_SESSION_ENV] = tempfile.mkdtemp(prefix="walsink-tests-")
+    os.environ["WALSINK_TEST_SESSION_ID"] = uuid.uuid4().hex[:8]
+SESSION_TMP = Path(os.environ[_SESSION_ENV])
+SESSION_ID = os.environ["WALSINK_TEST_SESSION_ID"]
 
 # Airflow reads its configuration at import: point it at a private home first.
 AIRFLOW_HOME = SESSION_TMP / "airflow-home"
-AIRFLOW_HOME.mkdir()
+AIRFLOW_HOME.mkdir(exist_ok=True)
 os.environ["AIRFLOW_HOME"] = str(AIRFLOW_HOME)
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
 # A second bundle holds DAGs that exist only for tests (dag.test() needs a DAG in a bundle).
 os.environ["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(
     [
-        {"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-         "kwargs": {"path": str(REPO / "dags")}},
-        {"name": "walsink-test-dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-         "kwargs": {"path": str(REPO / "tests" / "dags")}},
+        {
+            "name": "dags-folder",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(REPO / "dags")},
+        },
+        {
+            "name": "walsink-test-dags",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(REPO / "tests" / "dags")},
+        },
     ]
 )
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{AIRFLOW_HOME}/airflow.db"
@@ -227,4 +242,5 @@ def spark():
 def pytest_sessionfinish(session, exitstatus):
     for store in _STORES.values():
         store.dispose()
-    shutil.rmtree(SESSION_TMP, ignore_errors=True)
+    if _CREATED_HERE:
+        shutil.rmtree(SESSION_TMP, ignore_errors=True)

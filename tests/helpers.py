@@ -8,6 +8,8 @@ from pathlib import Path
 from airflow_provider_walsink.committer import Actor, CheckpointWriter, CommitterStore
 from airflow_provider_walsink.protocol.staging import StagingLayout
 
+REPO = Path(__file__).resolve().parent.parent
+
 ACTOR = Actor(name="tests", dag_id="tests", run_id="run", task_id="task", try_number=1)
 
 

@@ -15,8 +15,7 @@ from airflow_provider_walsink.committer import Actor, CheckpointCommitter, Commi
 from airflow_provider_walsink.protocol import CheckpointState as S
 from airflow_provider_walsink.protocol import NotDurableError
 from airflow_provider_walsink.publishers import FilePublisher
-from tests.conftest import REPO
-from tests.helpers import ACTOR, stage_checkpoint, target_files
+from tests.helpers import ACTOR, REPO, stage_checkpoint, target_files
 
 DAY1 = {f"dt=2026-01-01/part-{i}.csv": f"2026-01-01,{i}\n".encode() * (i + 1) for i in range(4)}
 DAY1_V2 = {"dt=2026-01-01/part-0.csv": b"2026-01-01,new\n" * 3}

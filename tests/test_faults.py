@@ -17,9 +17,9 @@ import sys
 import pytest
 
 from airflow_provider_walsink import faults
-from tests.conftest import REPO
 from tests.harness import run_harness
 from tests.harness.runner import POINTS_BY_STEP, all_combos, make_schedule
+from tests.helpers import REPO
 
 
 def _in_child(env: dict[str, str], calls: list[str], log: str) -> int:

@@ -14,7 +14,7 @@ from sqlalchemy import inspect
 from airflow_provider_walsink.committer.engine import create_committer_engine
 from airflow_provider_walsink.committer.migrate import VERSION_TABLE, current_revision, head_revision, upgrade
 from airflow_provider_walsink.committer.models import Base
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 TABLES = {"walsink_pipeline", "walsink_checkpoint", "walsink_transition", VERSION_TABLE}
 

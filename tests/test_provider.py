@@ -89,7 +89,7 @@ def test_unknown_backend_is_a_clear_error():
 
 def test_a_built_wheel_carries_the_migrations_and_they_run(tmp_path):
     """A non-editable install must include Alembic's env.py and versions (not Python packages)."""
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
