@@ -89,11 +89,19 @@ def test_unknown_backend_is_a_clear_error():
 
 def test_a_built_wheel_carries_the_migrations_and_they_run(tmp_path):
     """A non-editable install must include Alembic's env.py and versions (not Python packages)."""
+    import shutil
+
     from tests.helpers import REPO
 
+    # Build from a copy of the tracked sources, so the build leaves nothing in the checkout.
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True)
+    source = tmp_path / "source"
+    for rel in tracked.stdout.splitlines():
+        (source / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, source / rel)
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(wheels), str(REPO)], check=True, capture_output=True, timeout=300)
+                    str(wheels), str(source)], check=True, capture_output=True, timeout=300)
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
                     *map(str, wheels.glob("*.whl"))], check=True, capture_output=True, timeout=300)
