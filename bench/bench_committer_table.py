@@ -6,7 +6,7 @@ pipeline (as a parallel backfill does). One commit is exactly the database
 work ``CheckpointCommitter.commit()`` does per checkpoint: read the row,
 take the lease (one transaction: lock, check, update, history row) and record
 COMMITTED (one transaction: the same), in the order ``commit()`` makes its
-four calls (read, lease, read again under the lease, COMMITTED). Publishing
+three calls (read, lease, COMMITTED). Publishing
 files is benchmark 2.
 
 The baseline: ``pgbench -N`` (the built-in simple-update script: UPDATE,
@@ -101,7 +101,6 @@ def _committer(url: str, keys: list[str], start: mp.Event, deadline_s: float, ou
         lease = store.acquire_lease(
             PIPELINE, key, owner=actor.name, ttl=LEASE_TTL, actor=actor, mode="overwrite"
         )
-        store.require(PIPELINE, key)  # the committer re-reads the row under its lease
         store.mark_committed(lease, actor=actor, detail="published 1, already there 0")
         done += 1
     out.put((done, time.perf_counter() - begin, done == len(keys)))

@@ -137,7 +137,7 @@ class CheckpointCommitter:
                 "took over the expired lease of %s on %s/%s", lease.taken_over_from, pipeline, checkpoint_key
             )
             crashpoint("lease.after_takeover")
-        record = self.store.require(pipeline, checkpoint_key)
+        record = lease.record or self.store.require(pipeline, checkpoint_key)
         assert record.sealed_attempt is not None and record.manifest_digest is not None
         renew = _LeaseKeeper(self.store, lease, self.lease_ttl)
         try:

@@ -24,7 +24,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
@@ -34,6 +34,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.errors import WalsinkError
 from airflow_provider_walsink.protocol.identifiers import validate_identifier
+from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.states import TRANSITIONS, CheckpointState
 
 from .engine import WRITE, create_committer_engine
@@ -158,6 +159,9 @@ class Lease:
     owner: str
     expires_at: datetime
     taken_over_from: str | None = None
+    #: The checkpoint as the lease left it (COMMITTING, this owner), so the
+    #: committer needs no second read of the row it just locked.
+    record: CheckpointRecord | None = field(default=None, compare=False, repr=False)
 
 
 def utcnow() -> datetime:
@@ -499,6 +503,24 @@ class CommitterStore:
                 values["start_offsets"] = _dump(start_offsets)
             return self._move(conn, row, S.SEALED, actor, detail=manifest_digest, **values)
 
+    def seal_manifest(
+        self, manifest: Manifest, *, manifest_uri: str, manifest_digest: str, actor: Actor
+    ) -> CheckpointRecord:
+        """:meth:`seal` with every recorded figure taken from the sealed ``manifest`` itself."""
+        return self.seal(
+            manifest.pipeline,
+            manifest.checkpoint_key,
+            attempt=manifest.attempt,
+            manifest_uri=manifest_uri,
+            manifest_digest=manifest_digest,
+            committables=manifest.expected_count,
+            rows=manifest.total_rows,
+            bytes=manifest.total_bytes,
+            start_offsets=manifest.start_offsets,
+            end_offsets=manifest.end_offsets,
+            actor=actor,
+        )
+
     @_retrying
     def mark_durable(
         self, pipeline: str, checkpoint_key: str, *, attempt: int, actor: Actor, detail: str | None = None
@@ -559,7 +581,7 @@ class CommitterStore:
             if previous:
                 crashpoint("lease.takeover")
             expires = now + ttl
-            self._move(
+            record = self._move(
                 conn,
                 row,
                 S.COMMITTING,
@@ -568,7 +590,7 @@ class CommitterStore:
                 lease_owner=owner,
                 lease_expires_at=expires,
             )
-            return Lease(pipeline, checkpoint_key, owner, expires, taken_over_from=previous)
+            return Lease(pipeline, checkpoint_key, owner, expires, taken_over_from=previous, record=record)
 
     def _mode(self, conn: Connection, pipeline: str) -> str:
         return conn.execute(select(pipe.c.mode).where(pipe.c.name == pipeline)).scalar_one()

@@ -119,18 +119,8 @@ class CheckpointWriter:
         path = self.layout.manifest_path(self.pipeline, self.checkpoint_key, self.attempt)
         digest = write_manifest(path, manifest)
         crashpoint("seal.after_manifest")
-        self.record = self.store.seal(
-            self.pipeline,
-            self.checkpoint_key,
-            attempt=self.attempt,
-            manifest_uri=path.as_uri(),
-            manifest_digest=digest,
-            committables=manifest.expected_count,
-            rows=manifest.total_rows,
-            bytes=manifest.total_bytes,
-            start_offsets=start_offsets,
-            end_offsets=end_offsets,
-            actor=self.actor,
+        self.record = self.store.seal_manifest(
+            manifest, manifest_uri=path.as_uri(), manifest_digest=digest, actor=self.actor
         )
         crashpoint("seal.after")
         return manifest, digest

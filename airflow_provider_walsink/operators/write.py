@@ -342,18 +342,8 @@ class WalWriteOperator(BaseOperator):
                 f"started at {protocol.start_offsets}"
             )
         digest = digest_of(data)
-        record = store.seal(
-            protocol.pipeline,
-            protocol.checkpoint_key,
-            attempt=protocol.attempt,
-            manifest_uri=path.as_uri(),
-            manifest_digest=digest,
-            committables=manifest.expected_count,
-            rows=manifest.total_rows,
-            bytes=manifest.total_bytes,
-            start_offsets=manifest.start_offsets,
-            end_offsets=manifest.end_offsets,
-            actor=actor,
+        record = store.seal_manifest(
+            manifest, manifest_uri=path.as_uri(), manifest_digest=digest, actor=actor
         )
         self.log.info(
             "Sealed %s/%s attempt %d: %d committables, %d rows, %d bytes, end offsets %s, digest %s",
