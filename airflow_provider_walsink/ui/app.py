@@ -305,14 +305,7 @@ def create_app() -> FastAPI:
         dependencies=[Depends(requires_access_dag("GET"))],
     )
     def page_dag(request: Request, dag_id: str, store: StoreDep) -> HTMLResponse:
-        records = store.checkpoints_of_run(dag_id, limit=2000)
-        return render(
-            request,
-            "dag.html",
-            dag_id=dag_id,
-            run_id=None,
-            checkpoints=[views.checkpoint_dict(r) for r in records],
-        )
+        return _dag_page(request, store, dag_id, None)
 
     @app.get(
         "/dags/{dag_id}/runs/{run_id:path}",
@@ -320,14 +313,13 @@ def create_app() -> FastAPI:
         dependencies=[Depends(requires_access_dag("GET"))],
     )
     def page_run(request: Request, dag_id: str, run_id: str, store: StoreDep) -> HTMLResponse:
+        return _dag_page(request, store, dag_id, run_id)
+
+    def _dag_page(request: Request, store: CommitterStore, dag_id: str, run_id: str | None) -> HTMLResponse:
+        """The DAG tab (every run) or the run tab: that DAG's / run's checkpoints."""
         records = store.checkpoints_of_run(dag_id, run_id, limit=2000)
-        return render(
-            request,
-            "dag.html",
-            dag_id=dag_id,
-            run_id=run_id,
-            checkpoints=[views.checkpoint_dict(r) for r in records],
-        )
+        checkpoints = [views.checkpoint_dict(r) for r in records]
+        return render(request, "dag.html", dag_id=dag_id, run_id=run_id, checkpoints=checkpoints)
 
     @app.get("/link", dependencies=[Depends(requires_access_dag("GET"))])
     def resolve_link(
