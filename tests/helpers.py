@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NoReturn
+
+import pytest
 
 from airflow_provider_walsink.committer import Actor, CheckpointWriter, CommitterStore
 from airflow_provider_walsink.protocol.staging import StagingLayout
 
 REPO = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def missing_prerequisite(message: str) -> NoReturn:
+    """A service or tool a test needs is absent: skip on a developer's machine, fail under CI.
+
+    CI installs and starts everything the suite needs, so there a missing
+    prerequisite is a broken run, never a silently smaller one.
+    """
+    if IN_CI:
+        pytest.fail(f"{message} (CI=true: a missing prerequisite fails the run)")
+    pytest.skip(message)
+
 
 ACTOR = Actor(name="tests", dag_id="tests", run_id="run", task_id="task", try_number=1)
 

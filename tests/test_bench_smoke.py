@@ -8,7 +8,6 @@ test asserts on that and on the tables, never on a timing.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -16,17 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import missing_prerequisite
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def test_bench_runs_its_smallest_size(tmp_path):
     if shutil.which("pgbench") is None:
-        if IN_CI:
-            pytest.fail("pgbench is not installed (apt-get install -y postgresql-contrib)")
-        pytest.skip("pgbench is not installed")
+        missing_prerequisite("pgbench is not installed (apt-get install -y postgresql-contrib)")
     out = tmp_path / "tables.md"
     proc = subprocess.run(
         [

@@ -100,11 +100,40 @@ def test_a_built_wheel_carries_the_migrations_and_they_run(tmp_path):
         (source / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, source / rel)
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(wheels), str(source)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(wheels),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
-                    *map(str, wheels.glob("*.whl"))], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            *map(str, wheels.glob("*.whl")),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     script = (
         "import airflow_provider_walsink as w, sys;"
         f"assert w.__file__.startswith({str(site)!r}), w.__file__;"
@@ -112,7 +141,13 @@ def test_a_built_wheel_carries_the_migrations_and_they_run(tmp_path):
         f"s = CommitterStore.from_url('sqlite:///{tmp_path}/c.db');"
         "print(sorted(s.engine.dialect.get_table_names(s.engine.connect())))"
     )
-    out = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(site)},
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert "walsink_checkpoint" in out.stdout and "walsink_alembic_version" in out.stdout

@@ -213,4 +213,8 @@ def test_record_event_appends_history_without_changing_state(store):
     store.record_event("p", "k", actor=A, detail="write skipped: already DURABLE")
     assert store.require("p", "k") == before
     last = store.history("p", "k")[-1]
-    assert (last.from_state, last.to_state, last.detail) == ("DURABLE", "DURABLE", "write skipped: already DURABLE")
+    assert (last.from_state, last.to_state, last.detail) == (
+        "DURABLE",
+        "DURABLE",
+        "write skipped: already DURABLE",
+    )
