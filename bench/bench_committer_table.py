@@ -238,7 +238,7 @@ def run(clients: tuple[int, ...], seconds: float, repeats: int) -> Table:
         "pgbench and walsink alternating; each walsink committer is its own process with one connection."
     )
     t.notes.append(
-        "One walsink checkpoint commit = read the row + lease transaction + read + COMMITTED transaction "
+        "One walsink checkpoint commit = read the row + lease transaction + COMMITTED transaction "
         "(each transaction locks the row, updates it and appends a history row); one pgbench -N "
         "transaction = UPDATE + SELECT + INSERT."
     )
