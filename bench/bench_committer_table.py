@@ -3,11 +3,10 @@
 walsink's figure: checkpoints committed per second by C concurrent committer
 processes, each committing its own DURABLE checkpoints of one ``overwrite``
 pipeline (as a parallel backfill does). One commit is exactly the database
-work ``CheckpointCommitter.commit()`` does per checkpoint: read the row,
-take the lease (one transaction: lock, check, update, history row) and record
-COMMITTED (one transaction: the same), in the order ``commit()`` makes its
-three calls (read, lease, COMMITTED). Publishing
-files is benchmark 2.
+work ``CheckpointCommitter.commit()`` does per checkpoint, with the same two
+store calls: take the lease (one transaction: lock, check, update, history
+row) and record COMMITTED (one transaction: the same). On PostgreSQL each is
+one statement (see ``committer/store.py``). Publishing files is benchmark 2.
 
 The baseline: ``pgbench -N`` (the built-in simple-update script: UPDATE,
 SELECT, INSERT in one transaction) with C clients against the same server,
@@ -97,7 +96,6 @@ def _committer(url: str, keys: list[str], start: mp.Event, deadline_s: float, ou
         if time.perf_counter() >= stop:
             break
         # The committer's database work for one checkpoint (see the module docstring).
-        store.require(PIPELINE, key)
         lease = store.acquire_lease(
             PIPELINE, key, owner=actor.name, ttl=LEASE_TTL, actor=actor, mode="overwrite"
         )
@@ -238,8 +236,8 @@ def run(clients: tuple[int, ...], seconds: float, repeats: int) -> Table:
         "pgbench and walsink alternating; each walsink committer is its own process with one connection."
     )
     t.notes.append(
-        "One walsink checkpoint commit = read the row + lease transaction + COMMITTED transaction "
-        "(each transaction locks the row, updates it and appends a history row); one pgbench -N "
+        "One walsink checkpoint commit = lease transaction + COMMITTED transaction (each locks the row, "
+        "updates it and appends a history row, in one statement on PostgreSQL); one pgbench -N "
         "transaction = UPDATE + SELECT + INSERT."
     )
     return t

@@ -110,12 +110,16 @@ def via(pg_url: str, port: int) -> str:
 
 
 def on_commit_statement(engine, action) -> list[int]:
-    """Call ``action(connection)`` once, just before the UPDATE that records COMMITTED is sent."""
+    """Call ``action(connection)`` once, just before the UPDATE that records COMMITTED is sent.
+
+    On PostgreSQL that UPDATE is inside the one statement that records COMMITTED
+    (``store._one_statement_transition``).
+    """
     fired: list[int] = []
 
     @event.listens_for(engine, "before_cursor_execute")
     def _before(conn, cursor, statement, parameters, context, executemany):
-        if not fired and statement.startswith("UPDATE walsink_checkpoint") and "COMMITTED" in str(parameters):
+        if not fired and "UPDATE walsink_checkpoint" in statement and "'COMMITTED'" in str(parameters):
             fired.append(1)
             action(conn)
 
@@ -149,7 +153,7 @@ def test_connection_cut_mid_commit_is_retried_with_backoff_and_publishes_once(
     store = CommitterStore(create_committer_engine(via(pg_url, proxy.port)))
 
     def cut_then_heal(_conn) -> None:
-        proxy.cut()  # the UPDATE below goes into a dead socket, mid-transaction
+        proxy.cut()  # the statement recording COMMITTED goes into a dead socket
         threading.Timer(0.3, proxy.restore).start()
 
     fired = on_commit_statement(store.engine, cut_then_heal)
@@ -220,10 +224,19 @@ def test_committer_backend_terminated_mid_commit_is_retried(pg_url, layout, tmp_
 
 
 class _InterferingStore(CommitterStore):
-    """Runs ``hook(conn)`` inside the first locking transaction, before the row lock is taken."""
+    """Runs ``hook(conn)`` inside the first locking transaction, before the row lock is taken.
+
+    A deadlock or a serialization failure needs a transaction of several
+    statements: this store takes the locking path for every transition (as
+    ``append`` pipelines, SQLite and MySQL do), not PostgreSQL's one statement.
+    """
 
     hook = None
     calls = 0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._one_statement = False
 
     def _lock(self, conn, pipeline, key):
         type(self).calls += 1

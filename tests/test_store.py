@@ -218,3 +218,48 @@ def test_record_event_appends_history_without_changing_state(store):
         "DURABLE",
         "write skipped: already DURABLE",
     )
+
+
+def _life_cycle_history(store, key):
+    """Take and re-take the lease, commit, and commit again; return the history (what, who, why)."""
+    to_durable(store, key)
+    lease = store.acquire_lease("p", key, owner="c1", ttl=TTL, actor=A, mode="overwrite")
+    lease = store.acquire_lease("p", key, owner="c1", ttl=TTL, actor=A, mode="overwrite")  # re-entrant
+    done = store.mark_committed(lease, actor=A, end_offsets={"n": 3}, detail="published 2")
+    again = store.mark_committed(lease, actor=A, detail="published 2")  # a lost acknowledgement
+    assert done.state is again.state is S.COMMITTED and again.end_offsets == {"n": 3}
+    assert done.lease_owner is None and done.committed_at is not None
+    history = [
+        (t.from_state, t.to_state, t.attempt, t.actor, t.dag_id, t.run_id, t.task_id, t.try_number)
+        for t in store.history("p", key)
+    ]
+    details = [t.detail.split(" until ")[0] if t.detail else None for t in store.history("p", key)]
+    return history, details, store.require("p", key).end_offsets
+
+
+def test_one_statement_transitions_record_what_the_locking_path_records(store):
+    """PostgreSQL's one-statement lease and commit leave the row and history the locking path leaves."""
+    locking = CommitterStore(store.engine)
+    locking._one_statement = False
+    assert _life_cycle_history(store, "fast") == _life_cycle_history(locking, "locking")
+
+
+def test_a_commit_is_two_statements_on_postgresql(pg_url):
+    """Lease and COMMITTED are one statement each: no ping, no BEGIN, no separate history insert."""
+    from sqlalchemy import event
+
+    store = CommitterStore.from_url(pg_url, migrate=False)
+    to_durable(store, "k")
+    store.get("p", "k")  # the pool's connection exists (its first checkout asks for server settings)
+    statements: list[str] = []
+    listener = lambda *args: statements.append(args[2])  # noqa: E731 - (conn, cursor, statement, ...)
+    event.listen(store.engine, "before_cursor_execute", listener)
+    try:
+        lease = store.acquire_lease("p", "k", owner="c", ttl=TTL, actor=A, mode="overwrite")
+        store.mark_committed(lease, actor=A)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", listener)
+    assert len(statements) == 2, statements
+    assert all("INSERT INTO walsink_transition" in s for s in statements)
+    assert [t.to_state for t in store.history("p", "k")][-2:] == ["COMMITTING", "COMMITTED"]
+    store.dispose()

@@ -104,34 +104,30 @@ class CheckpointCommitter:
 
     def commit(self, pipeline: str, checkpoint_key: str, *, actor: Actor) -> CommitSummary:
         started = time.monotonic()
-        record = self.store.require(pipeline, checkpoint_key)
-        if record.is_committed:
-            log.info(
-                "checkpoint %s/%s is already COMMITTED (at %s); nothing to do",
-                pipeline,
-                checkpoint_key,
-                record.committed_at,
-            )
-            self._finish_cleanup(record)
-            return self._summary(record, already=True, started=started)
-        committable_states = (S.DURABLE, S.COMMITTING)
-        if record.state not in committable_states and not (record.state is S.FAILED and record.durable_at):
-            raise NotDurableError(explain_not_committable(record))
-
         owner = self.owner or actor.name
+        # Ask for the lease first: it refuses a committed or not yet durable
+        # checkpoint itself, so the usual case needs no read before it.
         try:
             lease = self.store.acquire_lease(
                 pipeline, checkpoint_key, owner=owner, ttl=self.lease_ttl, actor=actor, mode=self.mode
             )
         except TransitionError:
             record = self.store.require(pipeline, checkpoint_key)
-            if not record.is_committed:
-                raise
-            # A racing committer finished it since we looked: the same no-op as a re-run.
-            log.info(
-                "checkpoint %s/%s was committed by another committer meanwhile", pipeline, checkpoint_key
-            )
-            return self._summary(record, already=True, started=started)
+            if record.is_committed:
+                # A re-run, or a racing committer that finished first: nothing to publish.
+                log.info(
+                    "checkpoint %s/%s is already COMMITTED (at %s); nothing to do",
+                    pipeline,
+                    checkpoint_key,
+                    record.committed_at,
+                )
+                self._finish_cleanup(record)
+                return self._summary(record, already=True, started=started)
+            if record.state not in (S.DURABLE, S.COMMITTING) and not (
+                record.state is S.FAILED and record.durable_at
+            ):
+                raise NotDurableError(explain_not_committable(record)) from None
+            raise
         if lease.taken_over_from:
             log.warning(
                 "took over the expired lease of %s on %s/%s", lease.taken_over_from, pipeline, checkpoint_key

@@ -28,7 +28,9 @@ def create_committer_engine(url: str, **kwargs: Any) -> Engine:
         engine = create_engine(parsed, connect_args=connect_args, **kwargs)
         _configure_sqlite(engine)
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
+    # No ping per checkout (a round trip each): the store retries every call
+    # on a dropped connection instead (committer.store._retrying).
+    kwargs.setdefault("pool_pre_ping", False)
     if parsed.get_backend_name() == "postgresql":
         kwargs.setdefault("connect_args", {}).setdefault("connect_timeout", 10)
     elif parsed.get_backend_name() in ("mysql", "mariadb"):

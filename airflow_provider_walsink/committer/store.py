@@ -11,6 +11,19 @@ life cycle. Each public method
   connection dropped before the commit was acknowledged) succeeds again
   instead of failing, so transient database errors can be retried safely;
 * binds every value as a parameter; no identifier is ever formatted into SQL.
+
+On PostgreSQL the two transitions every commit makes (taking the lease,
+recording COMMITTED) are each one statement in one round trip: a
+data-modifying CTE locks the row, checks the transition, updates the row and
+inserts the history row (see :func:`_one_statement_transition`). When its
+checks do not hold (a held or expired lease, an ``append`` pipeline, an
+already committed checkpoint) it changes nothing and the general path above
+runs, which gives the precise answer or error. SQLite and MySQL/MariaDB have
+no data-modifying CTEs and always take the general path.
+
+Connections are not pinged on checkout: every method, reads included, is
+retried on a dropped connection instead (:func:`_retrying`), which saves a
+round trip per call.
 """
 
 from __future__ import annotations
@@ -28,7 +41,21 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, and_, func, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Select,
+    String,
+    and_,
+    bindparam,
+    func,
+    insert,
+    literal,
+    null,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from airflow_provider_walsink.faults import crashpoint
@@ -39,6 +66,7 @@ from airflow_provider_walsink.protocol.states import TRANSITIONS, CheckpointStat
 
 from .engine import WRITE, create_committer_engine
 from .migrate import upgrade
+from .models import Timestamp
 from .models import checkpoint_table as ckpt
 from .models import pipeline_table as pipe
 from .models import transition_table as trans
@@ -229,12 +257,113 @@ def _retrying(fn: Callable[P, T]) -> Callable[P, T]:
     return wrapper
 
 
+#: History columns every transition writes (``_record`` and the one-statement path).
+_HISTORY_COLUMNS = ("actor", "dag_id", "run_id", "task_id", "try_number", "detail")
+
+
+def _history_values(actor: Actor, detail: str | None) -> dict[str, Any]:
+    return dict(
+        actor=actor.name[:255],
+        dag_id=actor.dag_id,
+        run_id=actor.run_id,
+        task_id=actor.task_id,
+        try_number=actor.try_number,
+        detail=detail[:10000] if detail else None,
+    )
+
+
+@functools.cache
+def _one_statement_transition(to: CheckpointState) -> Select:
+    """One PostgreSQL statement that moves a checkpoint to COMMITTING or COMMITTED, or changes nothing.
+
+    ``moved`` updates the row only if the general path would allow the move
+    without asking anything more (below); ``hist`` appends the transition; the
+    result is the moved row, or no row when nothing changed. Parameters
+    (``p_`` and: pipeline, checkpoint_key, owner, now, expires, end_offsets
+    and the history columns) never share a column's name: SQLAlchemy would
+    add such a name to the UPDATE's SET clause.
+
+    * COMMITTING (take the lease): the checkpoint is DURABLE, COMMITTING or
+      FAILED after it was durable, with no lease or our own (a takeover of
+      someone else's, expired or not, takes the general path). For
+      ``overwrite`` pipelines only: ``append`` checks the order of commits.
+      ``old`` locks the row first and keeps its state for the history, which
+      RETURNING (new values only) cannot give.
+    * COMMITTED: the checkpoint is COMMITTING under our lease, so that is the
+      state before; the UPDATE's own row lock suffices.
+    """
+    where = and_(
+        ckpt.c.pipeline == bindparam("p_pipeline"), ckpt.c.checkpoint_key == bindparam("p_checkpoint_key")
+    )
+    owner = bindparam("p_owner", type_=String)
+    now = bindparam("p_now", type_=Timestamp)
+    from_state: Any
+    if to is S.COMMITTING:
+        old = select(ckpt.c.id, ckpt.c.state.label("from_state")).where(where).with_for_update().cte("old")
+        moved = (
+            update(ckpt)
+            .where(
+                ckpt.c.id == old.c.id,
+                or_(
+                    old.c.from_state == S.DURABLE.value,
+                    old.c.from_state == S.COMMITTING.value,
+                    and_(old.c.from_state == S.FAILED.value, ckpt.c.durable_at.is_not(None)),
+                ),
+                or_(ckpt.c.lease_owner.is_(None), ckpt.c.lease_owner == owner),
+            )
+            .values(
+                state=to.value,
+                updated_at=now,
+                lease_owner=owner,
+                lease_expires_at=bindparam("p_expires", type_=Timestamp),
+            )
+            .returning(*ckpt.c, old.c.from_state)
+            .cte("moved")
+        )
+        from_state = moved.c.from_state
+    else:
+        moved = (
+            update(ckpt)
+            .where(where, ckpt.c.state == S.COMMITTING.value, ckpt.c.lease_owner == owner)
+            .values(
+                state=to.value,
+                updated_at=now,
+                lease_owner=null(),
+                lease_expires_at=null(),
+                committed_at=now,
+                error=null(),
+                end_offsets=func.coalesce(bindparam("p_end_offsets", type_=String), ckpt.c.end_offsets),
+            )
+            .returning(*ckpt.c)
+            .cte("moved")
+        )
+        from_state = literal(S.COMMITTING.value, String)
+    hist = (
+        insert(trans)
+        .from_select(
+            ["checkpoint_id", "from_state", "to_state", "attempt", "at", *_HISTORY_COLUMNS],
+            select(
+                moved.c.id,
+                from_state,
+                moved.c.state,
+                moved.c.attempt,
+                now,
+                *(bindparam(f"p_{c}", type_=trans.c[c].type) for c in _HISTORY_COLUMNS),
+            ),
+        )
+        .cte("hist")
+    )
+    return select(*(moved.c[c.name] for c in ckpt.c)).add_cte(hist)
+
+
 class CommitterStore:
     """The committer table's API. Thread-safe; share one per process and engine."""
 
     def __init__(self, engine: Engine, *, clock: Callable[[], datetime] = utcnow) -> None:
         self.engine = engine
         self._clock = clock
+        # Data-modifying CTEs: PostgreSQL only (see the module docstring).
+        self._one_statement = engine.dialect.name == "postgresql"
 
     @classmethod
     def from_url(cls, url: str, *, migrate: bool = True, **engine_kwargs: Any) -> CommitterStore:
@@ -321,14 +450,33 @@ class CommitterStore:
                 to_state=to_state,
                 attempt=attempt,
                 at=now,
-                actor=actor.name[:255],
-                dag_id=actor.dag_id,
-                run_id=actor.run_id,
-                task_id=actor.task_id,
-                try_number=actor.try_number,
-                detail=detail[:10000] if detail else None,
+                **_history_values(actor, detail),
             )
         )
+
+    def _try_one_statement(
+        self, to: CheckpointState, lease_owner: str, actor: Actor, detail: str | None, **params: Any
+    ) -> CheckpointRecord | None:
+        """Run :func:`_one_statement_transition` (autocommit: it is its own transaction)."""
+        params.update(owner=lease_owner, **_history_values(actor, detail))
+        params.setdefault("expires", None)
+        params.setdefault("end_offsets", None)
+        with self.engine.connect() as conn:
+            # The statement is its own transaction. The driver's autocommit
+            # switch is free; SQLAlchemy's isolation_level="AUTOCOMMIT" costs
+            # psycopg2 a round trip per checkout to restore the level.
+            driver = conn.connection.driver_connection
+            driver.autocommit = True
+            try:
+                row = (
+                    conn.execute(_one_statement_transition(to), {f"p_{k}": v for k, v in params.items()})
+                    .mappings()
+                    .first()
+                )
+            finally:
+                if not conn.invalidated:
+                    driver.autocommit = False
+        return CheckpointRecord.from_row(row) if row is not None else None
 
     # ------------------------------------------------------------------ life cycle
 
@@ -558,6 +706,21 @@ class CommitterStore:
         blocks this one, and the checkpoint's start offsets must continue the
         last committed checkpoint's end offsets.
         """
+        if self._one_statement and mode == "overwrite":
+            now = self._clock()
+            expires = now + ttl
+            record = self._try_one_statement(
+                S.COMMITTING,
+                owner,
+                actor,
+                f"lease until {expires:%H:%M:%S}",
+                pipeline=pipeline,
+                checkpoint_key=checkpoint_key,
+                now=now,
+                expires=expires,
+            )
+            if record is not None:
+                return Lease(pipeline, checkpoint_key, owner, expires, record=record)
         with self._tx() as conn:
             row = self._lock(conn, pipeline, checkpoint_key)
             state = CheckpointState(row["state"])
@@ -677,6 +840,19 @@ class CommitterStore:
         detail: str | None = None,
     ) -> CheckpointRecord:
         """Record the commit. Only the lease holder may, and only once."""
+        if self._one_statement:
+            record = self._try_one_statement(
+                S.COMMITTED,
+                lease.owner,
+                actor,
+                detail,
+                pipeline=lease.pipeline,
+                checkpoint_key=lease.checkpoint_key,
+                now=self._clock(),
+                end_offsets=_dump(end_offsets),
+            )
+            if record is not None:
+                return record
         with self._tx() as conn:
             row = self._lock(conn, lease.pipeline, lease.checkpoint_key)
             if row["state"] == S.COMMITTED.value:
@@ -769,6 +945,7 @@ class CommitterStore:
 
     # ------------------------------------------------------------------ queries
 
+    @_retrying
     def get(self, pipeline: str, checkpoint_key: str) -> CheckpointRecord | None:
         if not (_is_identifier(pipeline) and _is_identifier(checkpoint_key)):
             return None  # register() never stores such a name (and a NUL would make the driver raise)
@@ -794,6 +971,7 @@ class CommitterStore:
         record = self.get(pipeline, checkpoint_key)
         return record is not None and record.is_committed
 
+    @_retrying
     def last_committed_offsets(self, pipeline: str) -> dict[str, Any] | None:
         """End offsets of the pipeline's latest committed checkpoint (where the next one starts)."""
         with self.engine.connect() as conn:
@@ -809,6 +987,7 @@ class CommitterStore:
             ).scalar()
         return json.loads(value) if value is not None else None
 
+    @_retrying
     def pending(self, pipeline: str) -> list[CheckpointRecord]:
         """Checkpoints neither committed nor aborted, in sequence order."""
         with self.engine.connect() as conn:
@@ -823,6 +1002,7 @@ class CommitterStore:
             )
         return [CheckpointRecord.from_row(r) for r in rows]
 
+    @_retrying
     def checkpoints(
         self,
         pipeline: str,
@@ -846,6 +1026,7 @@ class CommitterStore:
             rows = conn.execute(query.order_by(order).limit(limit)).mappings().all()
         return [CheckpointRecord.from_row(r) for r in rows]
 
+    @_retrying
     def checkpoints_of_run(
         self, dag_id: str, run_id: str | None = None, *, limit: int | None = None
     ) -> list[CheckpointRecord]:
@@ -860,12 +1041,14 @@ class CommitterStore:
             rows = conn.execute(query).mappings().all()
         return [CheckpointRecord.from_row(r) for r in rows]
 
+    @_retrying
     def get_pipeline(self, name: str) -> dict[str, Any] | None:
         """One pipeline's row (name, mode, target, dag_id, next_sequence, created_at), or None."""
         with self.engine.connect() as conn:
             row = conn.execute(select(pipe).where(pipe.c.name == name)).mappings().first()
         return dict(row) if row is not None else None
 
+    @_retrying
     def pipeline_summary(self, pipeline: str) -> dict[str, Any]:
         """Counts per state, the latest committed and the latest failed/aborted checkpoint.
 
@@ -916,6 +1099,7 @@ class CommitterStore:
                 latest[name] = max(found, key=lambda r: r.sequence) if found else None
         return {"counts": counts, "latest_committed": latest["committed"], "last_error": latest["error"]}
 
+    @_retrying
     def pipelines(self, *, with_counts: bool = True) -> list[dict[str, Any]]:
         """Every pipeline with its mode, target and (unless ``with_counts=False``, which
         skips a scan of the whole checkpoint table) checkpoint count per state."""
@@ -931,6 +1115,7 @@ class CommitterStore:
             by_pipeline.setdefault(name, {})[state] = count
         return [{**dict(p), "counts": by_pipeline.get(p["name"], {})} for p in prows]
 
+    @_retrying
     def history(self, pipeline: str, checkpoint_key: str) -> list[TransitionRecord]:
         """The checkpoint's transitions, oldest first."""
         record = self.require(pipeline, checkpoint_key)
@@ -942,6 +1127,7 @@ class CommitterStore:
             )
         return [TransitionRecord(**r) for r in rows]
 
+    @_retrying
     def expired_leases(self) -> list[CheckpointRecord]:
         now = self._clock()
         with self.engine.connect() as conn:
