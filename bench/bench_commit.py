@@ -2,9 +2,8 @@
 
 The floor is the least any file publish can do: one ``os.rename`` per staged
 file into the target directory, nothing else. walsink's figure is one
-``CheckpointCommitter.commit()`` call with a ``FilePublisher``: read the
-committer row, take the lease (one transaction), read and digest-check the
-manifest, confine and check every path, rename every file, fsync the target
+``CheckpointCommitter.commit()`` call with a ``FilePublisher``: take the
+lease (one transaction), read and digest-check the manifest, confine and check every path, rename every file, fsync the target
 directories, record COMMITTED (one transaction) and delete the staging
 directory. The database work is per checkpoint, never per file.
 

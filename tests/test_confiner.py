@@ -62,9 +62,10 @@ def _outcome(fn, relative):
         return ("escape", str(e))
 
 
+@pytest.mark.parametrize("list_dirs", [False, True], ids=["lstat", "listdir"])
 @pytest.mark.parametrize("relative", SAME + ESCAPES)
-def test_confiner_answers_exactly_what_confine_answers(tree, relative):
-    confiner = Confiner(tree, what="target path")
+def test_confiner_answers_exactly_what_confine_answers(tree, relative, list_dirs):
+    confiner = Confiner(tree, what="target path", list_dirs=list_dirs)
     # Twice: the second answer comes from the cached parent directory.
     for _ in range(2):
         assert _outcome(confiner, relative) == _outcome(
@@ -80,14 +81,16 @@ def test_a_cached_directory_still_catches_an_escaping_file_next_to_good_ones(tre
     assert confiner("dt=1/b.parquet") == tree / "dt=1" / "b.parquet"
 
 
-def test_resolve_returns_the_lstat_of_the_resolved_path(tree):
-    confiner = Confiner(tree)
+@pytest.mark.parametrize("list_dirs", [False, True], ids=["lstat", "listdir"])
+def test_resolve_returns_the_lstat_of_the_resolved_path(tree, list_dirs):
+    confiner = Confiner(tree, list_dirs=list_dirs)
     path, st = confiner.resolve("dt=1/a.parquet")
     assert st is not None and st.st_size == 2
     path, st = confiner.resolve("dt=1/link-in.parquet")  # followed, like confine(): the target's stat
     assert path == str(tree / "dt=1" / "a.parquet") and st.st_size == 2
     assert confiner.resolve("dt=1/missing.parquet")[1] is None
     assert confiner.resolve("dt=1/a.parquet/under-a-file")[1] is None
+    assert confiner.resolve("dt=3/new/deeper.parquet")[1] is None  # a directory that does not exist
 
 
 def test_committable_resolver_matches_committable_path(tmp_path):
@@ -174,3 +177,28 @@ def test_partition_of_splits_like_pathlib(path):
             return "invalid"
 
     assert outcome(partition_of) == outcome(reference)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["a", "a/b", "a//b", "a/", "./a", "a/.", "a/..", "../a", ".a", "a/.b", "a/b.", "a..b", "a/./b", "..", ".",
+     "dt=1/.x/y", "dt=1/x./y", "a/b/", "x.y/z"],
+)  # fmt: skip
+def test_manifest_path_check_answers_what_the_segment_rules_answer(path):
+    """The manifest's substring fast path accepts exactly the paths the per-segment rules accept."""
+    from airflow_provider_walsink.protocol.errors import ManifestError
+    from airflow_provider_walsink.protocol.manifest import _check_relative_path
+
+    parts = path.split("/")
+    if any(p in ("..", ".", "") for p in parts):
+        expected = "has '.', '..' or an empty segment"
+    elif any(p.startswith(".") for p in parts):
+        expected = "names a hidden file"
+    else:
+        expected = None
+    try:
+        _check_relative_path(path, "m", "path")
+        got = None
+    except ManifestError as e:
+        got = next(m for m in ("has '.', '..' or an empty segment", "names a hidden file") if m in str(e))
+    assert got == expected

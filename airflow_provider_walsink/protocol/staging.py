@@ -59,13 +59,20 @@ class Confiner:
     of 10,000 files spent most of its time in ``realpath``. Use one per
     operation (one publish, one durability check), never longer: a directory
     replaced by a symlink after it was cached is not noticed.
+
+    With ``list_dirs``, each directory is also listed once, and a name missing
+    from its listing is reported absent without an ``lstat``: for destinations
+    that mostly do not exist yet, one ``listdir`` per directory replaces one
+    failed ``lstat`` per file. Only for paths nothing else creates during
+    the operation (a publish's destinations, under its lease).
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, what: str = "path") -> None:
+    def __init__(self, root: str | os.PathLike[str], *, what: str = "path", list_dirs: bool = False) -> None:
         self.root = root
         self.what = what
         self.real_root = os.path.realpath(root)
         self._dirs: dict[str, str] = {}
+        self._listings: dict[str, frozenset[str]] | None = {} if list_dirs else None
 
     def __call__(self, relative: str, *, what: str | None = None) -> Path:
         return Path(self.resolve(relative, what=what)[0])
@@ -83,10 +90,12 @@ class Confiner:
             real_parent = os.path.realpath(os.path.join(self.real_root, parent)) if parent else self.real_root
             self._dirs[parent] = real_parent
         resolved = os.path.join(real_parent, name) if name not in ("", ".") else real_parent
-        try:
-            st: os.stat_result | None = os.lstat(resolved)
-        except (FileNotFoundError, NotADirectoryError):
-            st = None
+        st: os.stat_result | None = None
+        if resolved == real_parent or self._listed(real_parent, name):
+            try:
+                st = os.lstat(resolved)
+            except (FileNotFoundError, NotADirectoryError):
+                st = None
         if st is not None and stat.S_ISLNK(st.st_mode):
             resolved = os.path.realpath(resolved)
             try:
@@ -96,6 +105,19 @@ class Confiner:
         if not _is_under(resolved, self.real_root):
             raise PathEscapeError(f"{what} {relative!r} resolves to {resolved}, outside {self.real_root}")
         return resolved, st
+
+    def _listed(self, real_parent: str, name: str) -> bool:
+        """Whether ``name`` may exist in ``real_parent`` (always True without ``list_dirs``)."""
+        if self._listings is None:
+            return True
+        names = self._listings.get(real_parent)
+        if names is None:
+            try:
+                names = frozenset(os.listdir(real_parent))
+            except (FileNotFoundError, NotADirectoryError):
+                names = frozenset()
+            self._listings[real_parent] = names
+        return name in names
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ class FilePublisher:
         # One resolver per publish: each directory is resolved once, not once per file.
         # and the lstat each needs comes from the confinement check itself.
         staged_path = self.layout.committable_resolver(attempt_dir)
-        target = Confiner(self.target_root, what="target path")
+        target = Confiner(self.target_root, what="target path", list_dirs=True)
         for index, c in enumerate(manifest.committables):
             staged, staged_st = staged_path(c.path)
             name = self.target_name(manifest, index, c)
@@ -242,8 +242,10 @@ class FilePublisher:
             _swap_in(pending, live)
             result.partitions_replaced.append(partition)
             crashpoint("publish.after_swap")
+        # Where each file now is, relative to the target: a string slice, not relpath per file.
+        prefix = os.fspath(pending_attempt) + "/"
         for _c, _staged, dest, _there in plan:
-            rel = os.path.relpath(dest, pending_attempt)
+            rel = dest[len(prefix) :] if dest.startswith(prefix) else os.path.relpath(dest, pending_attempt)
             result.target_files.append(rel)
         # The old partitions now sit in the pending directory: they leave last.
         _rmtree(self._pending_root(manifest))
