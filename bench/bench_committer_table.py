@@ -10,8 +10,17 @@ one statement (see ``committer/store.py``). Publishing files is benchmark 2.
 
 The baseline: ``pgbench -N`` (the built-in simple-update script: UPDATE,
 SELECT, INSERT in one transaction) with C clients against the same server,
-in the same run, in its own private database. Both are measured in turns for
-the same duration; the ratio is walsink checkpoints/s over pgbench TPS.
+in the same run, in its own private database.
+
+Between the two, the **protocol floor**: the same two statements walsink
+sends per checkpoint (compiled from ``store._one_statement_transition``),
+sent by a bare psycopg2 loop in C processes, with no walsink or SQLAlchemy
+code per call. It is what this commit protocol costs the database and the
+driver, so walsink / floor is the cost of walsink's own code, and floor /
+pgbench the cost of a commit being two durable transactions instead of one.
+
+All three are measured in turns for the same duration; the ratio is walsink
+checkpoints/s over pgbench TPS.
 """
 
 from __future__ import annotations
@@ -105,14 +114,66 @@ def _committer(url: str, keys: list[str], start: mp.Event, deadline_s: float, ou
     store.dispose()
 
 
-def walsink_rate(url: str, clients: int, seconds: float, round_id: str) -> float:
-    """Checkpoints committed per second by ``clients`` processes over ``seconds``."""
+def _floor_committer(url: str, keys: list[str], start: mp.Event, deadline_s: float, out: mp.Queue) -> None:
+    """The protocol floor: walsink's two statements per checkpoint from a bare psycopg2 loop."""
+    import psycopg2
+    from sqlalchemy import create_engine
+
+    from airflow_provider_walsink.committer.store import S, _one_statement_transition, utcnow
+
+    engine = create_engine(url)  # for its dialect only: statements compile the way the store's do
+    steps = []
+    for to in (S.COMMITTING, S.COMMITTED):
+        compiled = _one_statement_transition(to).compile(dialect=engine.dialect)
+        fixed = {k: v for k, v in compiled.params.items() if not k.startswith("p_")}
+        steps.append((str(compiled), fixed))
+    u = make_url(url)
+    conn = psycopg2.connect(
+        host=u.host or "127.0.0.1", port=u.port or 5432, user=u.username or "postgres", dbname=u.database
+    )
+    conn.autocommit = True
+    cur = conn.cursor()
+    history = dict(p_actor="bench-floor", p_dag_id=None, p_run_id=None, p_task_id=None, p_try_number=None)
+    start.wait()
+    begin = time.perf_counter()
+    stop = begin + deadline_s
+    done = 0
+    for key in keys:
+        now = time.perf_counter()
+        if now >= stop:
+            break
+        at = utcnow()
+        params = dict(
+            history,
+            p_pipeline=PIPELINE,
+            p_checkpoint_key=key,
+            p_owner="bench-floor",
+            p_now=at,
+            p_expires=at + LEASE_TTL,
+            p_end_offsets=None,
+        )
+        for (sql, fixed), detail in zip(steps, ("lease", "published 1, already there 0"), strict=True):
+            cur.execute(sql, {**fixed, **params, "p_detail": detail})
+            if cur.fetchone() is None:
+                raise RuntimeError(f"floor: checkpoint {key} did not move")
+        done += 1
+    out.put((done, time.perf_counter() - begin, done == len(keys)))
+    conn.close()
+    engine.dispose()
+
+
+def walsink_rate(url: str, clients: int, seconds: float, round_id: str, *, floor: bool = False) -> float:
+    """Checkpoints committed per second by ``clients`` processes over ``seconds``.
+
+    ``floor``: the processes run :func:`_floor_committer` instead of walsink's store.
+    """
     ceiling = int(seconds * PREPARED_PER_SECOND / clients) + 500
     per_client = [[f"r{round_id}_c{c}_{i}" for i in range(ceiling)] for c in range(clients)]
     _bulk_durable(url, [k for keys in per_client for k in keys])
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_committer, args=(url, keys, start, seconds, out)) for keys in per_client]
+    target = _floor_committer if floor else _committer
+    procs = [ctx.Process(target=target, args=(url, keys, start, seconds, out)) for keys in per_client]
     for p in procs:
         p.start()
     # Every process connects before the clock starts (spawning 16 interpreters takes seconds).
@@ -196,6 +257,7 @@ def run(clients: tuple[int, ...], seconds: float, repeats: int) -> Table:
         raise RuntimeError("pgbench is not installed: apt-get install -y postgresql-contrib")
     pg: dict[int, list[float]] = {c: [] for c in clients}
     ws: dict[int, list[float]] = {c: [] for c in clients}
+    fl: dict[int, list[float]] = {c: [] for c in clients}
     with private_pg_database() as pg_url, private_pg_database() as ws_url:
         from airflow_provider_walsink.committer import CommitterStore
 
@@ -204,10 +266,13 @@ def run(clients: tuple[int, ...], seconds: float, repeats: int) -> Table:
         version = pg_server_version(pg_url)
         for r in range(repeats):
             for c in clients:
-                order = ("pgbench", "walsink") if (r + c) % 2 == 0 else ("walsink", "pgbench")
-                for kind in order:
+                kinds = ["pgbench", "floor", "walsink"]
+                shift = (r + c) % 3  # each kind goes first, second and third in turn
+                for kind in kinds[shift:] + kinds[:shift]:
                     if kind == "pgbench":
                         pg[c].append(pgbench_tps(pg_url, c, seconds))
+                    elif kind == "floor":
+                        fl[c].append(walsink_rate(ws_url, c, seconds, f"f{r}_{c}", floor=True))
                     else:
                         ws[c].append(walsink_rate(ws_url, c, seconds, f"{r}_{c}"))
     t = Table(
@@ -215,29 +280,37 @@ def run(clients: tuple[int, ...], seconds: float, repeats: int) -> Table:
         "(goal at 16 committers: ≥ 50 %)",
         [
             "committers / clients",
-            "pgbench -N TPS (median)",
-            "walsink checkpoints/s (median)",
-            "ratio",
+            "pgbench -N TPS",
+            "protocol floor, checkpoints/s",
+            "walsink checkpoints/s",
+            "walsink / pgbench",
+            "walsink / floor",
+            "floor / pgbench",
             "walsink range",
         ],
     )
     for c in clients:
+        p, f, w = median(pg[c]), median(fl[c]), median(ws[c])
         t.rows.append(
             [
                 c,
-                f"{median(pg[c]):,.0f}",
-                f"{median(ws[c]):,.0f}",
-                f"{100 * median(ws[c]) / median(pg[c]):.0f} %",
+                f"{p:,.0f}",
+                f"{f:,.0f}",
+                f"{w:,.0f}",
+                f"{100 * w / p:.0f} %",
+                f"{100 * w / f:.0f} %",
+                f"{100 * f / p:.0f} %",
                 f"{min(ws[c]):,.0f} – {max(ws[c]):,.0f}",
             ]
         )
     t.notes.append(
-        f"PostgreSQL {version} on 127.0.0.1 (TCP); {repeats} rounds of {seconds:.0f} s per cell, "
-        "pgbench and walsink alternating; each walsink committer is its own process with one connection."
+        f"PostgreSQL {version} on 127.0.0.1 (TCP); medians of {repeats} rounds of {seconds:.0f} s per cell, "
+        "pgbench, floor and walsink in rotating order; each committer is its own process with one connection."
     )
     t.notes.append(
         "One walsink checkpoint commit = lease transaction + COMMITTED transaction (each locks the row, "
         "updates it and appends a history row, in one statement on PostgreSQL); one pgbench -N "
-        "transaction = UPDATE + SELECT + INSERT."
+        "transaction = UPDATE + SELECT + INSERT. The protocol floor sends walsink's two statements from a "
+        "bare psycopg2 loop (see the module docstring)."
     )
     return t

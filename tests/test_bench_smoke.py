@@ -56,5 +56,6 @@ def test_bench_runs_its_smallest_size(tmp_path):
                 for line in tables.splitlines()
             ), f"no commit row for {files} files, {mode}:\n{tables}"
     assert "pgbench -N TPS" in tables and "walsink checkpoints/s" in tables
+    assert "protocol floor, checkpoints/s" in tables
     # Scratch space is removed afterwards.
     assert [p.name for p in tmp_path.iterdir()] == ["tables.md"]
