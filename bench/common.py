@@ -125,13 +125,18 @@ def _mem_gib() -> str:
 
 
 def _git_rev() -> str:
-    try:
+    """The short revision, marked when tracked files differ from it (the figures are then not its)."""
+
+    def git(*args: str) -> str:
         return subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
+            ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True
         ).stdout.strip()
+
+    try:
+        rev = git("rev-parse", "--short", "HEAD")
+        return rev + (
+            " + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else ""
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
