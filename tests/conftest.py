@@ -10,6 +10,7 @@ server skips its tests; under ``CI=true`` it fails them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -234,6 +235,10 @@ def spark():
     )
     yield session
     session.stop()
+    # py4j logs "Closing down clientserver connection" from __del__ at interpreter
+    # exit, after pytest has closed the stream its handler writes to.
+    for name in ("py4j", "py4j.clientserver"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def pytest_sessionfinish(session, exitstatus):
