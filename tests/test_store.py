@@ -263,3 +263,40 @@ def test_a_commit_is_two_statements_on_postgresql(pg_url):
     assert all("INSERT INTO walsink_transition" in s for s in statements)
     assert [t.to_state for t in store.history("p", "k")][-2:] == ["COMMITTING", "COMMITTED"]
     store.dispose()
+
+
+def test_psycopg3_takes_the_same_two_statements_and_leaves_the_same_history(pg_url):
+    """``postgresql+psycopg://`` (psycopg 3) works like psycopg2, one-statement path included."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import make_url
+
+    pytest.importorskip("psycopg")
+    url = make_url(pg_url).set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    psycopg3 = CommitterStore.from_url(url, migrate=False)
+    psycopg2 = CommitterStore.from_url(pg_url, migrate=False)
+    statements: list[str] = []
+    listener = lambda *args: statements.append(args[2])  # noqa: E731
+    event.listen(psycopg3.engine, "before_cursor_execute", listener)
+    try:
+        to_durable(psycopg3, "k")
+        del statements[:]
+        lease = psycopg3.acquire_lease("p", "k", owner="c", ttl=TTL, actor=A, mode="overwrite")
+        psycopg3.mark_committed(lease, actor=A)
+        assert len(statements) == 2, statements
+    finally:
+        event.remove(psycopg3.engine, "before_cursor_execute", listener)
+    assert _life_cycle_history(psycopg3, "v3") == _life_cycle_history(psycopg2, "v2")
+    for s in (psycopg3, psycopg2):
+        s.dispose()
+
+
+def test_transient_errors_are_recognised_from_either_postgresql_driver():
+    """Deadlocks and serialization failures are retried whether psycopg2 or psycopg 3 raised them."""
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    from airflow_provider_walsink.committer.store import is_transient
+
+    errors = pytest.importorskip("psycopg.errors")
+    assert is_transient(OperationalError("UPDATE", {}, errors.DeadlockDetected("deadlock detected")))
+    assert is_transient(OperationalError("UPDATE", {}, errors.SerializationFailure("could not serialize")))
+    assert not is_transient(IntegrityError("INSERT", {}, errors.UniqueViolation("duplicate key")))

@@ -210,7 +210,8 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     orig = getattr(exc, "orig", None)
-    if getattr(orig, "pgcode", None) in _TRANSIENT_SQLSTATES:
+    # psycopg2 names the SQLSTATE pgcode, psycopg 3 sqlstate.
+    if (getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None)) in _TRANSIENT_SQLSTATES:
         return True
     args = getattr(orig, "args", ())
     if args and isinstance(args[0], int) and args[0] in _TRANSIENT_MYSQL_CODES | {2003, 2006, 2013}:
