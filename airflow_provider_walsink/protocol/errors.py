@@ -29,3 +29,21 @@ class CommittableError(WalsinkError):
 
 class NotDurableError(WalsinkError):
     """The checkpoint is not durable yet; the message says what is missing."""
+
+
+class FencedError(WalsinkError):
+    """This committer no longer holds the checkpoint: its lease was taken over,
+    released or the checkpoint was aborted (the fencing token moved on).
+
+    Raised before the next side effect; the process must stop touching the
+    target and the committer table for this checkpoint.
+    """
+
+
+class LayoutError(WalsinkError):
+    """The staged data or the target does not have the layout the pipeline declares
+    (partition columns, a symlink where a directory must be); nothing was changed."""
+
+
+class OrderError(WalsinkError):
+    """An ``overwrite`` commit would replace a partition with an older checkpoint's data."""

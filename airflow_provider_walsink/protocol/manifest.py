@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +25,10 @@ from typing import Any
 from .errors import InvalidIdentifierError, ManifestError
 from .identifiers import validate_identifier, validate_partition
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions this walsink reads. Version 1 had no ``attempt_id`` and no
+#: ``partition_columns``; its attempts are identified as ``v1-a<attempt>``.
+READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "_manifest.json"
 #: A manifest larger than this is refused before it is parsed.
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
@@ -81,6 +85,17 @@ class Manifest:
     attempt: int
     file_format: str
     committables: tuple[Committable, ...]
+    #: Globally unique id of this write attempt (32 hex digits, given by the
+    #: committer table when the attempt starts). Staged names, target file
+    #: names, publish markers and journals carry it, so "already published"
+    #: is decided by identity, never by ``(pipeline, key, attempt number)``,
+    #: which repeat once retention has trimmed the committer table.
+    attempt_id: str = ""
+    #: The partition columns the pipeline declares, in order (``()``: not
+    #: declared). Every committable's partition directories must name exactly
+    #: these columns, so a job writing ``dt=1/hour=5`` for a pipeline that
+    #: declares ``dt`` fails before the target changes.
+    partition_columns: tuple[str, ...] = ()
     #: Partitions this checkpoint replaces in ``overwrite`` mode, even if it
     #: wrote no file to them (an interval with no rows still replaces its
     #: partition). Each is a ``col=value/...`` path.
@@ -94,6 +109,9 @@ class Manifest:
     def __post_init__(self) -> None:
         object.__setattr__(self, "committables", tuple(self.committables))
         object.__setattr__(self, "partitions", tuple(self.partitions))
+        object.__setattr__(self, "partition_columns", tuple(self.partition_columns))
+        if not self.attempt_id:
+            object.__setattr__(self, "attempt_id", legacy_attempt_id(self.attempt))
         _validate(self)
 
     @property
@@ -121,7 +139,13 @@ class Manifest:
         return tuple(seen)
 
     def to_json(self) -> JsonObject:
+        v2 = (
+            {"attempt_id": self.attempt_id, "partition_columns": list(self.partition_columns)}
+            if self.schema_version >= 2
+            else {}
+        )
         return {
+            **v2,
             "schema_version": self.schema_version,
             "pipeline": self.pipeline,
             "checkpoint": {"key": self.checkpoint_key, "sequence": self.sequence},
@@ -146,6 +170,11 @@ class Manifest:
     @classmethod
     def from_bytes(cls, data: bytes, *, source: str = "manifest") -> Manifest:
         return parse_manifest(data, source=source)
+
+
+def legacy_attempt_id(attempt: int) -> str:
+    """The identity of an attempt sealed by a version-1 manifest (which had no attempt id)."""
+    return f"v1-a{attempt}"
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -215,8 +244,18 @@ def _check_relative_path(path: object, source: str, what: str) -> str:
 
 def _validate(m: Manifest) -> None:
     src = "manifest"
-    if m.schema_version != SCHEMA_VERSION:
-        raise _fail(src, f"unknown schema_version {m.schema_version!r}; this walsink reads {SCHEMA_VERSION}")
+    if m.schema_version not in READABLE_VERSIONS:
+        raise _fail(src, f"unknown schema_version {m.schema_version!r}; this walsink reads {READABLE_VERSIONS}")
+    if not isinstance(m.attempt_id, str) or not _ATTEMPT_ID.fullmatch(m.attempt_id):
+        raise _fail(src, f"attempt_id {m.attempt_id!r} is not 32 hex digits")
+    columns = m.partition_columns
+    if len(set(columns)) != len(columns):
+        raise _fail(src, f"partition_columns {list(columns)} name a column twice")
+    try:
+        for column in columns:
+            validate_partition(column, "x")
+    except InvalidIdentifierError as e:
+        raise _fail(src, str(e)) from None
     try:
         validate_identifier(m.pipeline, "pipeline id")
         validate_identifier(m.checkpoint_key, "checkpoint key")
@@ -237,9 +276,11 @@ def _validate(m: Manifest) -> None:
             raise _fail(src, f"{what} path {c.path!r} is listed twice")
         seen.add(c.path)
         try:
-            c.partition  # noqa: B018 - validates the partition directories
+            partition = c.partition  # validates the partition directories
         except InvalidIdentifierError as e:
             raise _fail(src, str(e)) from None
+        if columns and tuple(col for col, _ in partition) != columns:
+            raise _fail(src, _layout_problem(c.path, partition, columns))
         if not _is_int(c.size) or c.size < 0:
             raise _fail(src, f"{what} size must be a non-negative integer, got {c.size!r}")
         if c.rows is not None and (not _is_int(c.rows) or c.rows < 0):
@@ -253,12 +294,26 @@ def _validate(m: Manifest) -> None:
     for p in m.partitions:
         try:
             _check_relative_path(p + "/x", src, "partition")
-            partition_of(p + "/x")
+            pairs = partition_of(p + "/x")
         except InvalidIdentifierError as e:
             raise _fail(src, str(e)) from None
+        if columns and tuple(col for col, _ in pairs) != columns:
+            raise _fail(src, _layout_problem(p, pairs, columns))
     for name, offsets in (("start", m.start_offsets), ("end", m.end_offsets)):
         if offsets is not None and not isinstance(offsets, Mapping):
             raise _fail(src, f"source_offsets.{name} must be an object or null")
+
+
+_ATTEMPT_ID = re.compile(r"[0-9a-f]{32}|v1-a[0-9]{1,9}")
+
+
+def _layout_problem(path: str, partition: tuple[tuple[str, str], ...], columns: tuple[str, ...]) -> str:
+    found = [col for col, _ in partition]
+    return (
+        f"{path!r} is partitioned by {found or 'nothing'}, but the pipeline declares partition columns "
+        f"{list(columns)}: the job must write exactly those (nested or missing partition directories "
+        "would be published beside, not over, the live partitions)"
+    )
 
 
 def _is_int(v: object) -> bool:
@@ -297,12 +352,14 @@ def parse_manifest(data: bytes, *, source: str = "manifest") -> Manifest:
     if not isinstance(obj, dict):
         raise _fail(source, "top level must be a JSON object")
     version = obj.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise _fail(source, f"unknown schema_version {version!r}; this walsink reads {SCHEMA_VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise _fail(source, f"unknown schema_version {version!r}; this walsink reads {READABLE_VERSIONS}")
     known = {
         "schema_version", "pipeline", "checkpoint", "attempt", "format", "created_at", "job",
         "partitions", "source_offsets", "committables", "expected_count", "totals",
     }  # fmt: skip
+    if version >= 2:
+        known |= {"attempt_id", "partition_columns"}
     unknown = sorted(set(obj) - known)
     if unknown:
         raise _fail(source, f"unknown fields {unknown}")
@@ -332,6 +389,8 @@ def parse_manifest(data: bytes, *, source: str = "manifest") -> Manifest:
             checkpoint_key=_expect(checkpoint, "key", str, source),
             sequence=_expect(checkpoint, "sequence", int, source),
             attempt=_expect(obj, "attempt", int, source),
+            attempt_id=_expect(obj, "attempt_id", str, source) if version >= 2 else "",
+            partition_columns=tuple(_expect(obj, "partition_columns", list, source)) if version >= 2 else (),
             file_format=_expect(obj, "format", str, source),
             committables=tuple(committables),
             partitions=tuple(_expect(obj, "partitions", list, source)),
@@ -339,6 +398,7 @@ def parse_manifest(data: bytes, *, source: str = "manifest") -> Manifest:
             end_offsets=_expect(offsets, "end", (dict, type(None)), source),
             created_at=_expect(obj, "created_at", str, source),
             job=_expect(obj, "job", (str, type(None)), source),
+            schema_version=version,
         )
     except ManifestError as e:
         raise _fail(source, str(e).removeprefix("manifest: ")) from None
@@ -424,6 +484,8 @@ def build_manifest(
     attempt: int,
     file_format: str,
     committables: Iterable[Committable],
+    attempt_id: str,
+    partition_columns: Iterable[str] = (),
     partitions: Iterable[str] = (),
     start_offsets: Mapping[str, Any] | None = None,
     end_offsets: Mapping[str, Any] | None = None,
@@ -439,6 +501,8 @@ def build_manifest(
         checkpoint_key=checkpoint_key,
         sequence=sequence,
         attempt=attempt,
+        attempt_id=attempt_id,
+        partition_columns=tuple(partition_columns),
         file_format=file_format,
         committables=tuple(ordered),
         partitions=tuple(partitions),

@@ -1,45 +1,162 @@
-"""The publisher contract (Flink's ``Committer.commit``)."""
+"""The publisher contract (Flink's ``Committer.commit``), one per target kind.
+
+A *publisher* makes one sealed attempt of one checkpoint visible in a target
+(a directory of files, an Iceberg or Delta table, a SQL table), exactly once.
+The committer (``committer/commit.py``) calls it in this order, as Spark's
+``FileCommitProtocol`` numbers its calls:
+
+1. ``publish(manifest, attempt_dir, ctx)``, under the checkpoint's lease. It
+   may be called any number of times for the same sealed attempt, by the same
+   or another committer, after a crash at any point: every step already done
+   is recognised **by the attempt's identity** (``manifest.attempt_id``,
+   globally unique, plus checksums where the target keeps them), never by a
+   file's size or by ``(pipeline, key, attempt number)``, which repeat once
+   retention has trimmed the committer table. Before changing the target it
+   checks that everything can be published (committables staged with the
+   recorded size, the layout the pipeline declares, no symlink where a
+   directory must be); if not, it raises a
+   :class:`~airflow_provider_walsink.protocol.errors.WalsinkError` subclass
+   and the target is unchanged. **Before every side effect** (a rename, a
+   delete, a journal write, a table commit) it calls ``ctx.fence()``, which
+   raises :class:`~airflow_provider_walsink.protocol.errors.FencedError` once
+   the lease has moved on; a target with its own atomic commit also carries
+   ``ctx.epoch`` (the fencing token) into that commit and refuses a commit
+   whose token is lower than one the target already holds for the checkpoint.
+   A publish of a newer attempt of the same checkpoint first retracts what an
+   older attempt had published (ask ``ctx.fence()`` first).
+2. The committer records COMMITTED in the committer table.
+3. ``finish(manifest, layout)``: drop the publisher's own bookkeeping and the
+   staging the target does not reference (best effort, after COMMITTED).
+
+``published_attempt(manifest)`` answers, from the target alone, whether the
+target already holds an attempt of this checkpoint and which one: it lets a
+committer reconcile the committer table after a crash or after its rows were
+trimmed or lost. Targets that keep no such record return ``None``.
+
+Raises, for every method: ``FencedError`` (stop, do nothing more; safe to
+ignore for the target, which is consistent), a ``WalsinkError`` naming bad
+input or layout (the checkpoint is recorded FAILED with that message and can
+be retried after the cause is fixed), ``OSError`` and the table libraries'
+own errors (recorded the same way). Repeating any call is safe.
+"""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from airflow_provider_walsink.protocol.manifest import Manifest
+from airflow_provider_walsink.protocol.staging import StagingLayout
+
+
+class PublishOutcome(enum.StrEnum):
+    """What a ``publish`` call found and did (Flink's commit-request signals)."""
+
+    #: This call made (the rest of) the attempt visible.
+    PUBLISHED = "PUBLISHED"
+    #: The target already held exactly this attempt: nothing was changed.
+    ALREADY_PUBLISHED = "ALREADY_PUBLISHED"
 
 
 @dataclass
 class PublishResult:
     """What one ``publish`` call did; a re-run after a full publish reports only ``already``."""
 
+    outcome: PublishOutcome = PublishOutcome.PUBLISHED
     published: int = 0
     already: int = 0
     partitions_replaced: list[str] = field(default_factory=list)
     files_rolled_back: int = 0
+    #: Where the committables now are, relative to the target (files) or as the
+    #: table references them (table targets).
     target_files: list[str] = field(default_factory=list)
+    #: The table version that holds the attempt (Iceberg snapshot id, Delta
+    #: version, SQL marker id), for the committer table and the UI.
+    snapshot: str | None = None
+    rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.outcome is PublishOutcome.PUBLISHED and not self.published and self.already:
+            self.outcome = PublishOutcome.ALREADY_PUBLISHED
+
+
+@dataclass(frozen=True)
+class TargetCapabilities:
+    """What a target guarantees on its own; docs/targets.md tabulates them."""
+
+    #: A commit becomes visible in one atomic step (a table commit, a SQL transaction).
+    atomic: bool
+    #: Publishing moves files by rename (needs a file system with atomic rename).
+    needs_rename: bool
+    #: The target records which checkpoint attempts it holds, so a commit stays
+    #: exactly-once even if the committer table is trimmed, restored or lost.
+    remembers_commits: bool
+    #: The target's own commit refuses a fenced-out committer (``ctx.epoch``),
+    #: closing the window between ``ctx.fence()`` and the side effect.
+    fenced_by_target: bool
+
+
+@runtime_checkable
+class PublisherContext(Protocol):
+    """Runtime services the committer passes to ``publish`` (Flink's ``CommitterInitContext``).
+
+    ``epoch`` is the fencing token of the lease this publish runs under:
+    strictly greater than the token of every earlier holder of the
+    checkpoint. ``fence()`` raises ``FencedError`` unless the lease is still
+    this committer's, and extends it (one conditional statement in the
+    committer database; free when the lease was confirmed recently enough
+    that nobody else can have taken it). ``event(name)`` marks a point of the
+    protocol (fault-injection tests crash there).
+    """
+
+    pipeline: str
+    checkpoint_key: str
+    attempt_id: str
+    epoch: int
+
+    def fence(self) -> None: ...
+
+    def event(self, name: str) -> None: ...
+
+
+@dataclass
+class StaticContext:
+    """A context for publishing outside a lease (tools, tests): never fenced."""
+
+    pipeline: str
+    checkpoint_key: str
+    attempt_id: str
+    epoch: int = 0
+    on_event: Callable[[str], None] | None = None
+
+    def fence(self) -> None:
+        return None
+
+    def event(self, name: str) -> None:
+        if self.on_event is not None:
+            self.on_event(name)
+
+    @classmethod
+    def for_manifest(cls, manifest: Manifest, **kwargs: Any) -> StaticContext:
+        return cls(manifest.pipeline, manifest.checkpoint_key, manifest.attempt_id, **kwargs)
 
 
 class Publisher(Protocol):
-    """Makes a sealed attempt's committables visible in a target, exactly once.
+    """Makes a sealed attempt's committables visible in a target, exactly once (module docstring)."""
 
-    ``publish(manifest, attempt_dir)`` may be called any number of times for
-    the same sealed attempt, by the same or another committer, after a crash
-    at any point: every step already done is recognised and skipped, so the
-    target ends with each committable once. Before changing the target it
-    checks that every committable can be published (staged with the recorded
-    size, or already in place); if one cannot, it raises
-    :class:`~airflow_provider_walsink.protocol.errors.CommittableError` and
-    the target is unchanged. A publish of a newer attempt of the same
-    checkpoint first removes what an older attempt had published.
-    ``keep_alive`` is called between steps so the caller can renew its lease
-    (and abort by raising). ``forget`` drops the publisher's own bookkeeping
-    for a checkpoint once the commit is recorded.
-    """
+    #: The URI scheme or name of the target kind (``file``, ``iceberg``, ``delta``, ``sql``).
+    kind: ClassVar[str]
+    capabilities: ClassVar[TargetCapabilities]
 
-    def publish(
-        self, manifest: Manifest, attempt_dir: Path, *, keep_alive: Callable[[], None] | None = None
-    ) -> PublishResult: ...
+    def publish(self, manifest: Manifest, attempt_dir: Path, ctx: PublisherContext) -> PublishResult: ...
 
-    def forget(self, manifest: Manifest) -> None: ...
+    def published_attempt(self, manifest: Manifest) -> str | None: ...
+
+    def finish(self, manifest: Manifest, layout: StagingLayout) -> None: ...
+
+    def describe(self) -> str:
+        """A one-line, credential-free description of the target for logs and the UI."""
+        ...
