@@ -135,6 +135,7 @@ class CheckpointCommitter:
         owner = self.owner or actor.lease_owner
         # Ask for the lease first: it refuses a committed or not yet durable
         # checkpoint itself, so the usual case needs no read before it.
+        asked = time.monotonic()  # the lease runs from no earlier than this
         try:
             lease = self.store.acquire_lease(
                 pipeline, checkpoint_key, owner=owner, ttl=self.lease_ttl, actor=actor, mode=self.mode
@@ -163,7 +164,9 @@ class CheckpointCommitter:
             crashpoint("lease.after_takeover")
         record = lease.record or self.store.require(pipeline, checkpoint_key)
         assert record.sealed_attempt is not None and record.manifest_digest is not None
-        ctx = FencingContext(self.store, lease, self.lease_ttl, attempt_id=record.sealed_attempt_id or "")
+        ctx = FencingContext(
+            self.store, lease, self.lease_ttl, attempt_id=record.sealed_attempt_id or "", confirmed_at=asked
+        )
         try:
             manifest_path = self.layout.manifest_path(pipeline, checkpoint_key, record.sealed_attempt)
             manifest = read_manifest(manifest_path, expected_digest=record.manifest_digest)
@@ -303,14 +306,23 @@ class FencingContext:
     """
 
     #: Fraction of the TTL during which a confirmation is trusted without asking again.
-    FRESH = 0.5
+    FRESH = 1 / 3
 
-    def __init__(self, store: CommitterStore, lease: Lease, ttl: timedelta, *, attempt_id: str) -> None:
+    def __init__(
+        self,
+        store: CommitterStore,
+        lease: Lease,
+        ttl: timedelta,
+        *,
+        attempt_id: str,
+        confirmed_at: float | None = None,
+    ) -> None:
         self.store, self.lease, self.ttl = store, lease, ttl
         self.pipeline, self.checkpoint_key = lease.pipeline, lease.checkpoint_key
         self.attempt_id = attempt_id
         self.epoch = lease.epoch
-        self._confirmed = time.monotonic()  # the lease was just taken
+        # When the lease was asked for (monotonic): it cannot run out before then + TTL.
+        self._confirmed = time.monotonic() if confirmed_at is None else confirmed_at
 
     def fence(self, *, force: bool = False) -> None:
         started = time.monotonic()
