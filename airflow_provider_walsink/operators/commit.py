@@ -6,20 +6,18 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
+from airflow.sdk import AssetAlias, BaseOperator
+
 from airflow_provider_walsink.committer.commit import CheckpointCommitter
 from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.connections import airflow_connection_fields
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
+from airflow_provider_walsink.lineage import asset_alias_name, operator_lineage, target_asset, target_uri
 from airflow_provider_walsink.links import WalsinkCheckpointLink
 from airflow_provider_walsink.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.publishers.base import Publisher
 from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
-
-try:
-    from airflow.sdk import BaseOperator
-except ImportError:  # pragma: no cover
-    from airflow.models import BaseOperator  # type: ignore[no-redef]
 
 MODES = ("append", "overwrite")
 
@@ -68,6 +66,9 @@ class WalCommitOperator(BaseOperator):
         partition that a newer checkpoint key wrote (off: refused, so a late
         retry of an old interval never rolls newer data back).
     :param target_options: kind-specific target settings (catalog properties...).
+    :param emit_asset_events: declare the ``walsink-<pipeline>`` asset alias and
+        add an event for the target's asset only when this try recorded
+        COMMITTED (never on a no-op re-run): schedule downstream DAGs on it.
     """
 
     operator_extra_links = (WalsinkCheckpointLink(),)
@@ -88,8 +89,13 @@ class WalCommitOperator(BaseOperator):
         verify_checksums: bool = False,
         allow_older_overwrite: bool = False,
         target_options: Mapping[str, Any] | None = None,
+        emit_asset_events: bool = True,
         **kwargs: Any,
     ) -> None:
+        self.asset_alias: AssetAlias | None = None
+        if emit_asset_events and "{{" not in pipeline:
+            self.asset_alias = AssetAlias(name=asset_alias_name(pipeline))
+            kwargs["outlets"] = [*(kwargs.get("outlets") or []), self.asset_alias]
         super().__init__(**kwargs)
         if mode not in MODES:
             raise ValueError(f"mode must be 'append' or 'overwrite', got {mode!r}")
@@ -131,6 +137,32 @@ class WalCommitOperator(BaseOperator):
             hook.get_store(), layout, self.get_publisher(layout), mode=self.mode, lease_ttl=self.lease_ttl
         )
         summary = committer.commit(self.pipeline, key, actor=actor)
+        self._summary = summary.to_dict()
         if summary.already_committed:
-            self.log.info("Checkpoint %s/%s was already committed; nothing changed", self.pipeline, key)
-        return summary.to_dict()
+            self.log.info(
+                "Checkpoint %s/%s was already committed; nothing changed and no asset event",
+                self.pipeline,
+                key,
+            )
+        elif self.asset_alias is not None:
+            context["outlet_events"][self.asset_alias].add(
+                target_asset(self.pipeline, self.target),
+                extra={
+                    "pipeline": self.pipeline,
+                    "checkpoint_key": key,
+                    "attempt": summary.attempt,
+                    "rows": summary.rows,
+                    "files": summary.committables,
+                    "published": summary.published,
+                },
+            )
+        return self._summary
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The target as output (with its rows) and the checkpoint as a run facet."""
+        return operator_lineage(
+            summary=getattr(self, "_summary", None),
+            pipeline=self.pipeline,
+            checkpoint_key=self.checkpoint_key,
+            output_uri=target_uri(self.target),
+        )
