@@ -28,6 +28,21 @@ def validate_static_identifier(value: str | None, what: str) -> None:
         validate_identifier(value, what)
 
 
+def target_staging_root(target: str | Publisher | None, *, mode: str, layout: StagingLayout) -> str | None:
+    """Where ``target`` wants its attempts staged (table targets: inside the table location), or None.
+
+    A target kind may define ``staging_root()``; directories of files do not
+    (they stage under the connection's staging root and move files in).
+    """
+    if target is None or (isinstance(target, str) and (target.startswith("/") or target.startswith("file:"))):
+        return None
+    publisher = resolve_target(
+        target, TargetOptions(mode=mode, layout=layout, connections=airflow_connection_fields)
+    )
+    staging_root = getattr(publisher, "staging_root", None)
+    return staging_root() if callable(staging_root) else None
+
+
 class WalCommitOperator(BaseOperator):
     """Publish a checkpoint's sealed manifest into the target, idempotently.
 
@@ -57,7 +72,8 @@ class WalCommitOperator(BaseOperator):
     :param partition_by: the pipeline's declared partition columns: a
         committable partitioned otherwise fails before the target changes.
     :param walsink_conn_id: connection to the committer database.
-    :param staging_root: templated; defaults to the connection's ``staging_root``.
+    :param staging_root: templated; defaults to where the target stages (table
+        targets: inside the table location), else the connection's ``staging_root``.
     :param lease_ttl: how long the lease lasts without renewal; a crashed
         committer's checkpoint can be taken over after it. Size it well above
         the longest pause between two publish steps (docs/production.md).
@@ -132,9 +148,15 @@ class WalCommitOperator(BaseOperator):
         key = self.checkpoint_key or checkpoint_key_from_context(context)
         hook = WalsinkHook(self.walsink_conn_id)
         layout = hook.get_layout(self.staging_root)
+        publisher = self.get_publisher(layout)
+        if not self.staging_root:
+            own = getattr(publisher, "staging_root", None)
+            if callable(own) and own():
+                layout = hook.get_layout(own())
+                publisher = self.get_publisher(layout)
         actor = actor_from_context(context)
         committer = CheckpointCommitter(
-            hook.get_store(), layout, self.get_publisher(layout), mode=self.mode, lease_ttl=self.lease_ttl
+            hook.get_store(), layout, publisher, mode=self.mode, lease_ttl=self.lease_ttl
         )
         summary = committer.commit(self.pipeline, key, actor=actor)
         self._summary = summary.to_dict()
