@@ -42,7 +42,7 @@ def test_plugin_is_loaded_with_app_and_external_views(world):
 def test_pipelines_overview_counts_latest_commit_and_last_error(world):
     body = world.client.get("/walsink/api/pipelines", headers=world.headers("admin")).json()
     by_name = {p["pipeline"]: p for p in body["pipelines"]}
-    assert set(by_name) == {"sales_a", "sales_b"}
+    assert set(by_name) == {"sales_a", "sales_b", "shared", "notebook"}
     a = by_name["sales_a"]
     assert a["dag_id"] == DAG_A and a["checkpoints"] == 5
     assert a["counts"]["COMMITTED"] == 3 and a["counts"]["DURABLE"] == 1 and a["counts"]["FAILED"] == 1
@@ -110,7 +110,10 @@ def test_checkpoint_detail_committables_and_history(world):
 def test_dag_and_run_checkpoints(world):
     h = world.headers("admin")
     dag = world.client.get(f"/walsink/api/dags/{DAG_A}/checkpoints", headers=h).json()["checkpoints"]
-    assert [c["checkpoint_key"] for c in dag] == [f"2026010{i}T000000Z" for i in range(1, 6)]
+    assert [c["checkpoint_key"] for c in dag if c["pipeline"] == "sales_a"] == [
+        f"2026010{i}T000000Z" for i in range(1, 6)
+    ]
+    assert {c["pipeline"] for c in dag} == {"sales_a", "shared"}
     run = world.client.get(f"/walsink/api/dags/{DAG_A}/checkpoints", params={"run_id": "run-3"}, headers=h)
     assert [c["checkpoint_key"] for c in run.json()["checkpoints"]] == ["20260104T000000Z"]
 
@@ -149,6 +152,23 @@ def test_extra_link_resolves_to_the_checkpoint_detail(world):
 
     link = WalsinkCheckpointLink().get_link(Op(), ti_key=Key())
     assert link.endswith("/walsink/link?dag_id=ui_dag_a&run_id=run-3&pipeline=sales_a")
+
+
+def test_unknown_dag_answers_404(world):
+    h = world.headers("admin")
+    for url in (
+        "/walsink/api/dags/no_such_dag/checkpoints",
+        "/walsink/api/dags/no_such_dag/checkpoints?run_id=run-0",
+        "/walsink/dags/no_such_dag",
+        "/walsink/dags/no_such_dag/runs/run-0",
+        "/walsink/link?dag_id=no_such_dag&run_id=run-0",
+    ):
+        response = world.client.get(url, headers=h, follow_redirects=False)
+        assert response.status_code == 404, f"{url} -> {response.status_code}"
+        assert "no_such_dag" in response.json()["detail"]
+    # A known DAG without checkpoints in that run is an empty 200, not a 404.
+    known = world.client.get(f"/walsink/api/dags/{DAG_B}/checkpoints?run_id=nope", headers=h)
+    assert known.status_code == 200 and known.json()["checkpoints"] == []
 
 
 def test_team_user_sees_only_their_dags_pipelines(world):

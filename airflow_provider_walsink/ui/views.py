@@ -12,6 +12,10 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import select
+
+from airflow_provider_walsink.committer.models import checkpoint_table as _ckpt
+from airflow_provider_walsink.committer.models import pipeline_table as _pipe
 from airflow_provider_walsink.committer.store import (
     CheckpointRecord,
     CommitterStore,
@@ -127,6 +131,25 @@ def pipeline_dict(store: CommitterStore, row: dict[str, Any]) -> dict[str, Any]:
             else None
         ),
     }
+
+
+def pipeline_writers(store: CommitterStore, names: list[str] | None = None) -> dict[str, set[str]]:
+    """Pipeline -> the DAG ids that write it: the DAG that registered the pipeline
+    and every DAG that registered one of its checkpoints (all pipelines, or ``names``).
+
+    One query over the checkpoint table's ``(pipeline, dag_id)`` pairs: access is
+    decided per pipeline on the page, never per row.
+    """
+    pq = select(_pipe.c.name, _pipe.c.dag_id)
+    cq = select(_ckpt.c.pipeline, _ckpt.c.dag_id).where(_ckpt.c.dag_id.is_not(None)).distinct()
+    if names is not None:
+        pq = pq.where(_pipe.c.name.in_(names))
+        cq = cq.where(_ckpt.c.pipeline.in_(names))
+    with store.engine.connect() as conn:
+        out: dict[str, set[str]] = {name: ({dag} if dag else set()) for name, dag in conn.execute(pq)}
+        for name, dag in conn.execute(cq):
+            out.setdefault(name, set()).add(dag)
+    return out
 
 
 def committables(record: CheckpointRecord, layout: StagingLayout) -> dict[str, Any]:
