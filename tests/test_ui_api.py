@@ -214,3 +214,25 @@ def test_api_benchmark_runs(tmp_path):
     assert "Commit-state API latency, 2,000 checkpoints" in result.stdout
     for row in ("list API, deep keyset page", "baseline: raw indexed SQL", "pipelines overview API"):
         assert row in result.stdout, result.stdout
+
+
+def test_connection_forms_test_button_runs_the_hooks_checks(world, monkeypatch, tmp_path):
+    """``POST /api/v2/connections/test`` (the form's Test button) reaches WalsinkHook.test_connection."""
+    import json
+
+    monkeypatch.setenv("AIRFLOW__CORE__TEST_CONNECTION", "Enabled")
+    url = str(world.store.engine.url.render_as_string(hide_password=False))
+
+    def press(extra: dict) -> dict:
+        body = {"connection_id": "walsink_form", "conn_type": "walsink", "extra": json.dumps(extra)}
+        response = world.client.post("/api/v2/connections/test", json=body, headers=world.headers("admin"))
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    ok = press({"url": url, "staging_root": str(tmp_path)})
+    assert ok["status"] is True and "schema at head" in ok["message"], ok
+    (tmp_path / "file").write_text("x")
+    bad = press({"url": url, "staging_root": str(tmp_path / "file" / "staging")})
+    assert bad["status"] is False and "is not a directory" in bad["message"], bad
+    missing = press({"url": f"sqlite:///{tmp_path}/nope/c.db", "staging_root": str(tmp_path)})
+    assert missing["status"] is False and "does not exist" in missing["message"], missing
