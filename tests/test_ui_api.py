@@ -9,6 +9,8 @@ the store with the calls the tasks make (write, seal, durable, commit).
 from __future__ import annotations
 
 import os
+import re
+from datetime import timedelta
 
 import pytest
 from ui_fixtures import DAG_A, DAG_B, build_world
@@ -151,7 +153,7 @@ def test_extra_link_resolves_to_the_checkpoint_detail(world):
         dag_id, run_id, task_id, map_index, try_number = DAG_A, "run-3", "commit", -1, 1
 
     link = WalsinkCheckpointLink().get_link(Op(), ti_key=Key())
-    assert link.endswith("/walsink/link?dag_id=ui_dag_a&run_id=run-3&pipeline=sales_a")
+    assert link == "/walsink/link?dag_id=ui_dag_a&run_id=run-3&pipeline=sales_a"
 
 
 def test_unknown_dag_answers_404(world):
@@ -236,3 +238,141 @@ def test_connection_forms_test_button_runs_the_hooks_checks(world, monkeypatch, 
     assert bad["status"] is False and "is not a directory" in bad["message"], bad
     missing = press({"url": f"sqlite:///{tmp_path}/nope/c.db", "staging_root": str(tmp_path)})
     assert missing["status"] is False and "does not exist" in missing["message"], missing
+
+
+# ------------------------------------------------------------ what the pages say
+
+
+def _page(world, url: str) -> str:
+    response = world.client.get(url, headers=world.headers("admin"))
+    assert response.status_code == 200, response.text
+    return response.text
+
+
+def test_times_follow_airflows_default_timezone(world, monkeypatch):
+    record = world.store.get("sales_a", "20260104T000000Z")
+    url = "/walsink/pipelines/sales_a/checkpoints/20260104T000000Z"
+    monkeypatch.setenv("AIRFLOW__CORE__DEFAULT_TIMEZONE", "Asia/Kolkata")  # +05:30, no DST
+    kolkata = (record.created_at + timedelta(hours=5, minutes=30)).strftime("%Y-%m-%d %H:%M:%S IST")
+    html = _page(world, url)
+    assert kolkata in html
+    monkeypatch.setenv("AIRFLOW__CORE__DEFAULT_TIMEZONE", "UTC")
+    html = _page(world, url)
+    assert record.created_at.strftime("%Y-%m-%d %H:%M:%S UTC") in html and kolkata not in html
+    # The machine-readable value stays in the markup and the API stays UTC.
+    assert f'datetime="{record.created_at.isoformat(timespec="milliseconds")}Z"' in html
+
+
+def test_offsets_render_as_key_value_text(world):
+    html = _page(world, "/walsink/pipelines/shared/checkpoints/20260102T000000Z")
+    facts = html[html.index("Start offsets") : html.index("</dl>")]
+    text = re.sub(r"<[^>]+>", "", facts)
+    assert "events.0 = 42" in text and "events.1 = 7" in text and "events.0 = 50" in text
+    assert "{" not in text and "'" not in text  # no Python or JSON dict syntax
+
+
+def test_counts_use_correct_plurals(world):
+    one = _page(world, "/walsink/pipelines/sales_a/checkpoints/20260105T000000Z")
+    two = _page(world, "/walsink/pipelines/sales_a/checkpoints/20260104T000000Z")
+    assert "1 committable in the sealed manifest" in one and "1 row," in one
+    assert "2 committables in the sealed manifest" in two and "3 rows," in two
+    for html in (one, two, _page(world, f"/walsink/dags/{DAG_A}")):
+        assert "(s)" not in html and "1 committables" not in html and "1 rows" not in html
+        assert "1 files" not in html
+
+
+def test_history_colours_only_failures_red(world):
+    failed = _page(world, "/walsink/pipelines/sales_a/checkpoints/20260105T000000Z")
+    history = failed[failed.index('class="grid history"') :]
+    rows = re.findall(r"<tr class=\"([^\"]*)\">\s*<td>.*?</tr>", history, re.S)
+    assert rows.count("failure") == 1, rows  # the FAILED transition, and it alone
+    aborted = _page(world, "/walsink/pipelines/shared/checkpoints/20260102T000000Z")
+    durable = _page(world, "/walsink/pipelines/sales_a/checkpoints/20260104T000000Z")
+    for html in (aborted, durable):
+        assert "failure" not in html[html.index("<main>") :]
+    css = world.client.get("/walsink/static/walsink.css", headers=world.headers("admin")).text
+    red_rules = [rule for rule in css.split("}") if "var(--failed)" in rule and "{" in rule]
+    assert all(
+        ".s-failed" in r or ".failure" in r or "--failed:" in r or "status-unavailable" in r
+        for r in red_rules
+    ), red_rules
+
+
+def test_checkpoints_link_to_airflows_dag_run_and_task_pages(world):
+    html = _page(world, "/walsink/pipelines/sales_a/checkpoints/20260101T000000Z")
+    assert f'href="/dags/{DAG_A}"' in html
+    assert f'href="/dags/{DAG_A}/runs/run-0"' in html
+    assert f'href="/dags/{DAG_A}/runs/run-0/tasks/commit"' in html  # the commit in the history
+    assert f'href="/dags/{DAG_A}/runs/run-0/tasks/write"' in html
+    body = world.client.get(
+        "/walsink/api/pipelines/sales_a/checkpoints/20260101T000000Z", headers=world.headers("admin")
+    ).json()
+    assert body["checkpoint"]["airflow"] == {"dag": f"/dags/{DAG_A}", "run": f"/dags/{DAG_A}/runs/run-0"}
+    # The hostile run id is one path segment, escaped.
+    hostile = _page(world, "/walsink/pipelines/sales_a/checkpoints/20260105T000000Z")
+    assert f'href="/dags/{DAG_A}/runs/manual__%3Cscript%3Ealert%28%27walsink%27%29%3C%2Fscript%3E"' in hostile
+
+
+def test_a_committed_checkpoint_shows_what_it_published(world, monkeypatch):
+    """With the committer's ``publication`` record set, the page lists the files or the snapshot."""
+    import dataclasses
+
+    from airflow_provider_walsink.committer.store import CheckpointRecord, CommitterStore
+
+    @dataclasses.dataclass(frozen=True)
+    class Published(CheckpointRecord):
+        publication: dict | None = None
+
+    publications = {
+        "20260101T000000Z": {
+            "target": "/data/sales",
+            "kind": "files",
+            "outcome": "PUBLISHED",
+            "files": [f"dt=2026-01-01/part-{i}.csv" for i in range(3)],
+            "files_total": 5,
+            "snapshot": None,
+        },
+        "20260102T000000Z": {"target": "iceberg://lake/db.sales", "kind": "iceberg", "snapshot": "4711"},
+    }
+    real_get = CommitterStore.get
+
+    def get(self, pipeline, key):
+        record = real_get(self, pipeline, key)
+        if record is None or pipeline != "sales_a" or key not in publications:
+            return record
+        fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(CheckpointRecord)}
+        return Published(**{**fields, "publication": publications[key]})
+
+    monkeypatch.setattr(CommitterStore, "get", get)
+    files = _page(world, "/walsink/pipelines/sales_a/checkpoints/20260101T000000Z")
+    published = files[files.index('id="publication"') :]
+    assert "/data/sales" in published and "dt=2026-01-01/part-2.csv" in published
+    assert "5 files; the first 3 are listed" in published
+    table = _page(world, "/walsink/pipelines/sales_a/checkpoints/20260102T000000Z")
+    assert "iceberg://lake/db.sales" in table and 'class="path snapshot">4711<' in table
+    api = world.client.get(
+        "/walsink/api/pipelines/sales_a/checkpoints/20260102T000000Z", headers=world.headers("admin")
+    ).json()
+    assert api["checkpoint"]["publication"]["snapshot"] == "4711"
+    # Without a publication record the page falls back to the committables (here: cleaned staging).
+    plain = _page(world, "/walsink/pipelines/sales_a/checkpoints/20260103T000000Z")
+    assert 'id="publication"' not in plain and 'id="committables-status"' in plain
+
+
+def test_extra_link_is_relative_whatever_base_url_says(monkeypatch):
+    from airflow_provider_walsink.links import WalsinkCheckpointLink
+
+    class Op:
+        pipeline = "sales_a"
+
+    class Key:
+        dag_id, run_id, task_id, map_index, try_number = DAG_A, "run-3", "commit", -1, 1
+
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "http://old-host:8080")
+    assert WalsinkCheckpointLink().get_link(Op(), ti_key=Key()) == (
+        "/walsink/link?dag_id=ui_dag_a&run_id=run-3&pipeline=sales_a"
+    )
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com:8443/airflow/")
+    assert WalsinkCheckpointLink().get_link(Op(), ti_key=Key()) == (
+        "/airflow/walsink/link?dag_id=ui_dag_a&run_id=run-3&pipeline=sales_a"
+    )

@@ -31,6 +31,8 @@ DAG_A, DAG_B = "ui_dag_a", "ui_dag_b"
 XSS = "<script>alert('walsink')</script>"
 USERS = "admin:admin,alice:viewer:team_a,bob:viewer:team_b,carol:viewer"
 USER_NAMES = ("admin", "alice", "bob", "carol")
+#: Source offsets of the ``shared`` pipeline's checkpoints (start of each, end of the last).
+SHARED_OFFSETS = [{"events": {"0": 0, "1": 0}}, {"events": {"0": 42, "1": 7}}, {"events": {"0": 50, "1": 9}}]
 
 
 @dataclass
@@ -141,8 +143,17 @@ def fill(store: CommitterStore, layout: StagingLayout, target: Path) -> None:
     for i, dag_id in enumerate((DAG_A, DAG_B)):
         actor = Actor(name="w", dag_id=dag_id, run_id=f"shared-{i}", task_id="write", try_number=1)
         stage_checkpoint(
-            store, layout, "shared", f"2026010{i + 1}T000000Z", {"part-0.csv": b"s\n"}, actor=actor
+            store,
+            layout,
+            "shared",
+            f"2026010{i + 1}T000000Z",
+            {"part-0.csv": b"s\n"},
+            actor=actor,
+            start_offsets=SHARED_OFFSETS[i],
+            end_offsets=SHARED_OFFSETS[i + 1],
         )
+    # Ended by a user: not a failure, so never shown red.
+    store.abort("shared", "20260102T000000Z", reason="aborted by hand", actor=actor)
     # Registered from a script or notebook: no DAG writes it.
     stage_checkpoint(
         store, layout, "notebook", "20260101T000000Z", {"part-0.csv": b"n\n"}, actor=Actor(name="nb")

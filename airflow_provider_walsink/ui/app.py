@@ -93,9 +93,38 @@ def templates() -> Environment:
     env.filters["duration"] = _duration
     env.filters["count"] = lambda v: "–" if v is None else f"{v:,}"
     env.filters["size"] = _size
+    env.filters["plural"] = views.plural
+    env.filters["kv"] = views.key_values
+    env.filters["local"] = local_time
     env.globals["STATES"] = views.STATE_ORDER
+    env.globals["FAILURES"] = views.FAILURE_STATES
     env.globals["q"] = quote  # URL path segments (macros see globals, not the render context)
     return env
+
+
+def display_timezone() -> Any:
+    """Airflow's ``[core] default_timezone`` (``system`` is the server's own zone), read per
+    request through Airflow's conf, so the pages show times as the rest of the Airflow UI."""
+    import pendulum
+
+    name = conf.get("core", "default_timezone", fallback="utc") or "utc"
+    try:
+        return pendulum.local_timezone() if name.strip().lower() == "system" else pendulum.timezone(name)
+    except Exception:  # noqa: BLE001 - Airflow itself refuses to start with a bad zone; be safe here
+        return pendulum.timezone("UTC")
+
+
+def local_time(iso: str | None) -> str:
+    """An ISO UTC timestamp (as the API returns it) in the configured zone, to the second,
+    with the zone's abbreviation or offset: ``2026-01-03 05:30:00 IST``."""
+    if not iso:
+        return "–"
+    import pendulum
+
+    moment = pendulum.parse(iso).in_timezone(display_timezone())
+    abbreviation = moment.format("zz")
+    suffix = abbreviation if abbreviation and abbreviation[0] not in "+-" else moment.format("Z")
+    return f"{moment.format('YYYY-MM-DD HH:mm:ss')} {suffix}"
 
 
 def _duration(seconds: float | None) -> str:
