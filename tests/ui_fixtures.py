@@ -41,6 +41,7 @@ class UiWorld:
     store: CommitterStore
     layout: StagingLayout
     tokens: dict[str, str]
+    app: object = None  # the Airflow api app itself (to serve it over HTTP for a browser)
 
     def headers(self, user: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[user]}"}
@@ -187,6 +188,6 @@ def build_world(store_url: str, tmp: Path, monkeypatch) -> Iterator[UiWorld]:
     app = create_app(apps="core")
     with TestClient(app, base_url="http://127.0.0.1") as client:
         tokens = {u: login(client, u) for u in USER_NAMES}
-        yield UiWorld(client, store, layout, tokens)
+        yield UiWorld(client, store, layout, tokens, app)
     purge_cached_app()
     store.dispose()
