@@ -319,9 +319,17 @@ def test_a_committed_checkpoint_shows_what_it_published(world, monkeypatch):
 
     from airflow_provider_walsink.committer.store import CheckpointRecord, CommitterStore
 
-    @dataclasses.dataclass(frozen=True)
-    class Published(CheckpointRecord):
-        publication: dict | None = None
+    if "publication" in {f.name for f in dataclasses.fields(CheckpointRecord)}:
+        with_publication = dataclasses.replace  # the committer table records it
+    else:  # not yet: a record type that carries it, as the committer's will
+
+        @dataclasses.dataclass(frozen=True)
+        class Published(CheckpointRecord):
+            publication: dict | None = None
+
+        def with_publication(record, publication):
+            fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(CheckpointRecord)}
+            return Published(**fields, publication=publication)
 
     publications = {
         "20260101T000000Z": {
@@ -340,8 +348,7 @@ def test_a_committed_checkpoint_shows_what_it_published(world, monkeypatch):
         record = real_get(self, pipeline, key)
         if record is None or pipeline != "sales_a" or key not in publications:
             return record
-        fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(CheckpointRecord)}
-        return Published(**{**fields, "publication": publications[key]})
+        return with_publication(record, publication=publications[key])
 
     monkeypatch.setattr(CommitterStore, "get", get)
     files = _page(world, "/walsink/pipelines/sales_a/checkpoints/20260101T000000Z")
