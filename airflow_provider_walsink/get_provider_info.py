@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+
 from airflow_provider_walsink import __version__
 
 INTEGRATION = "walsink"
 
 
 def get_provider_info() -> dict:
+    from airflow_provider_walsink.hooks.form import CONN_FIELDS, CONN_TYPE, HOOK_NAME, UI_FIELD_BEHAVIOUR
+
     return {
         "package-name": "airflow-provider-walsink",
         "name": "walsink",
@@ -45,34 +49,13 @@ def get_provider_info() -> dict:
         "connection-types": [
             {
                 "hook-class-name": "airflow_provider_walsink.hooks.walsink.WalsinkHook",
-                "hook-name": "walsink committer database",
-                "connection-type": "walsink",
+                "hook-name": HOOK_NAME,
+                "connection-type": CONN_TYPE,
+                # The hook's form, declared once in hooks/form.py (kebab-case keys here).
                 "ui-field-behaviour": {
-                    "hidden-fields": ["extra"],
-                    "relabeling": {"schema": "Database (file path for SQLite)"},
-                    "placeholders": {
-                        "host": "127.0.0.1 (leave empty for SQLite)",
-                        "schema": "walsink or /var/lib/airflow/walsink.db",
-                        "port": "5432 / 3306",
-                    },
+                    key.replace("_", "-"): copy.deepcopy(value) for key, value in UI_FIELD_BEHAVIOUR.items()
                 },
-                "conn-fields": {
-                    "backend": {
-                        "label": "Backend",
-                        "description": "sqlite (embedded default), postgresql or mysql (MySQL/MariaDB)",
-                        "schema": {
-                            "type": ["string", "null"],
-                            "enum": ["sqlite", "postgresql", "mysql", None],
-                            "default": "sqlite",
-                        },
-                    },
-                    "staging_root": {
-                        "label": "Staging root",
-                        "description": "Directory where write phases stage checkpoints "
-                        "(default $AIRFLOW_HOME/walsink/staging)",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                },
+                "conn-fields": copy.deepcopy(CONN_FIELDS),
             }
         ],
     }

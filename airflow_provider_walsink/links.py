@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from airflow_provider_walsink.ui import URL_PREFIX
 
@@ -16,8 +16,11 @@ if TYPE_CHECKING:
     from airflow.models.taskinstancekey import TaskInstanceKey
 
 
-def checkpoint_link(dag_id: str, run_id: str, pipeline: str | None = None, *, base_url: str = "") -> str:
-    """The commit-state URL that resolves to the run's checkpoint of ``pipeline``.
+def checkpoint_link(dag_id: str, run_id: str, pipeline: str | None = None, *, base_path: str = "") -> str:
+    """The commit-state URL (a path, never a host) that resolves to the run's checkpoint of ``pipeline``.
+
+    ``base_path`` is the path Airflow is served under (``/airflow`` for
+    ``[api] base_url = https://host/airflow``), empty at the root.
 
     The run's checkpoint key is whatever the write phase registered (a templated
     key, the data interval, ...), so the link names the run and the pipeline and
@@ -26,14 +29,16 @@ def checkpoint_link(dag_id: str, run_id: str, pipeline: str | None = None, *, ba
     query = {"dag_id": dag_id, "run_id": run_id}
     if pipeline:
         query["pipeline"] = pipeline
-    return f"{base_url.rstrip('/')}{URL_PREFIX}/link?{urlencode(query)}"
+    return f"{base_path.rstrip('/')}{URL_PREFIX}/link?{urlencode(query)}"
 
 
 class WalsinkCheckpointLink(BaseOperatorLink):
     """ "Commit state" button on walsink tasks, leading to the checkpoint's detail page.
 
     Airflow 3 computes the link when the task finishes and keeps it in XCom,
-    so it is built from the task's rendered ``pipeline`` and its run.
+    so it is built from the task's rendered ``pipeline`` and its run. The link
+    is relative (a path): a stored absolute URL would break when the api-server
+    moves to another host or port.
     """
 
     name = "Commit state"
@@ -42,9 +47,9 @@ class WalsinkCheckpointLink(BaseOperatorLink):
         from airflow.configuration import conf
 
         pipeline = getattr(operator, "pipeline", None)
-        # An absolute link when the deployment says where the api-server lives, else
-        # a path on the same host (the UI opens it next to itself).
-        base_url = conf.get("api", "base_url", fallback="") or ""
+        # Only the path of [api] base_url (Airflow behind a prefix); its host and port
+        # are left to the browser, which resolves the link against wherever the UI is.
+        base_path = urlsplit(conf.get("api", "base_url", fallback="") or "").path
         return checkpoint_link(
-            ti_key.dag_id, ti_key.run_id, pipeline if isinstance(pipeline, str) else None, base_url=base_url
+            ti_key.dag_id, ti_key.run_id, pipeline if isinstance(pipeline, str) else None, base_path=base_path
         )

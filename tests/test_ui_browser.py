@@ -6,7 +6,11 @@ with the walsink plugin loaded from the installed package) runs the
 module run alone), one backfill day is run here with real Spark. Then a
 browser logs in through Airflow's login form and walks: Browse → Commit
 state, the pipeline's timeline, a checkpoint's detail, the commit task's
-"Commit state" extra link, and the DAG and DAG-run tabs. Screenshots go to
+"Commit state" extra link, Airflow's own run and task pages linked from the
+checkpoint, and the DAG and DAG-run tabs, on a 1,280x800 screen, measuring that
+every column of the tabs lies inside Airflow's frame. Then the api-server moves
+to another port (with another default time zone) and the extra link, stored
+when the task ran, still leads to the checkpoint. Screenshots go to
 ``test-artifacts/ui/``.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -39,6 +44,61 @@ PIPELINE = "daily_events"
 #: A day the backfill test (tests/test_e2e_backfill.py) does not use.
 OWN_DAY = "2026-01-20"
 TIMEOUT_MS = 30_000
+SCREEN = {"width": 1280, "height": 800}
+
+#: Runs inside the plugin's frame: its width, the document's, and every checkpoint cell's box.
+MEASURE = """() => {
+  const width = document.documentElement.clientWidth;
+  const cells = [...document.querySelectorAll('table.checkpoints th, table.checkpoints td')].map(e => {
+    const r = e.getBoundingClientRect();
+    return {text: e.innerText.trim().slice(0, 40), left: r.left, right: r.right};
+  });
+  return {width, scrollWidth: document.documentElement.scrollWidth, cells,
+          headers: [...document.querySelectorAll('table.checkpoints th')].map(e => e.innerText.trim())};
+}"""
+
+
+def assert_fits(page, url_part: str) -> None:
+    """Every column of the tab's checkpoint table (the error included) lies inside the frame."""
+    frame = next(f for f in page.frames if url_part in f.url)
+    m = frame.evaluate(MEASURE)
+    assert "Error" in m["headers"], m["headers"]
+    assert m["scrollWidth"] <= m["width"], f"the tab scrolls sideways: {m['scrollWidth']} > {m['width']}"
+    outside = [c for c in m["cells"] if c["left"] < 0 or c["right"] > m["width"] + 0.5]
+    assert not outside, f"cells outside the {m['width']} px frame: {outside[:5]}"
+
+
+def move_api_server(stack, port: int, **settings: str) -> None:
+    """Restart the stack's api-server on ``port`` (and with ``settings``, e.g. a time zone),
+    as an operator moving Airflow would; the other components keep running."""
+    stack.stop_component("api-server")
+    stack.port = port
+    stack.base_url = f"http://127.0.0.1:{port}"
+    stack.env.update(
+        {
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__BASE_URL": stack.base_url + "/",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{stack.base_url}/execution/",
+            **settings,
+        }
+    )
+    for client in stack._clients.values():
+        client.close()
+    stack._clients.clear()
+    stack.start_component("api-server")
+    stack._wait_http_ready(240)
+
+
+def login(page, stack) -> None:
+    from playwright.sync_api import expect
+
+    admin = stack.users["admin"]
+    page.goto(stack.base_url + "/")
+    expect(page).to_have_url(re.compile(r"/auth/login"))
+    page.fill("input[name=username]", admin.name)
+    page.fill("input[name=password]", admin.password)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("button", name="Browse")).to_be_visible()
 
 
 @pytest.fixture(scope="module")
@@ -88,20 +148,14 @@ def test_commit_state_in_the_airflow_ui(airflow_stack, committed_run, browser):
     from playwright.sync_api import expect
 
     stack = airflow_stack
-    admin = stack.users["admin"]
     key, run_id = committed_run["key"], committed_run["run_id"]
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    context = browser.new_context(viewport=SCREEN)
     context.set_default_timeout(TIMEOUT_MS)
     expect.set_options(timeout=TIMEOUT_MS)
     page = context.new_page()
     try:
         # Log in through Airflow's own form.
-        page.goto(stack.base_url + "/")
-        expect(page).to_have_url(re.compile(r"/auth/login"))
-        page.fill("input[name=username]", admin.name)
-        page.fill("input[name=password]", admin.password)
-        page.get_by_role("button", name="Sign in").click()
-        expect(page.get_by_role("button", name="Browse")).to_be_visible()
+        login(page, stack)
 
         # Browse → Commit state: the plugin's overview in Airflow's iframe.
         page.get_by_role("button", name="Browse").click()
@@ -150,6 +204,18 @@ def test_commit_state_in_the_airflow_ui(airflow_stack, committed_run, browser):
         expect(detail.locator("h1")).to_contain_text(key)
         expect(detail.locator("h1 .badge")).to_have_text("COMMITTED")
         shot(detail, "5-extra-link-target")
+
+        # The checkpoint links to Airflow's own run and task pages, and they resolve.
+        commit_task = committed_run["commit_task"]
+        detail.locator("a.af-run").click()
+        run_path = f"/dags/{DAG_ID}/runs/{quote(run_id, safe='')}"  # one escaped path segment
+        expect(detail).to_have_url(re.compile(re.escape(run_path) + "$"))
+        expect(detail.get_by_text(run_id).first).to_be_visible()
+        detail.go_back()
+        detail.locator("a.af-task", has_text=commit_task).first.click()
+        expect(detail).to_have_url(re.compile(re.escape(f"{run_path}/tasks/{commit_task}") + "$"))
+        expect(detail.get_by_text(commit_task).first).to_be_visible()
+        shot(detail, "5b-airflow-task-page")
         if detail is not page:
             detail.close()
 
@@ -159,6 +225,7 @@ def test_commit_state_in_the_airflow_ui(airflow_stack, committed_run, browser):
         expect(page).to_have_url(re.compile(r"/plugin/walsink-dag-commit-state$"))
         expect(frame.get_by_role("heading", name=re.compile(f"Checkpoints of DAG {DAG_ID}"))).to_be_visible()
         expect(frame.get_by_role("link", name=key, exact=True)).to_be_visible()
+        assert_fits(page, f"/walsink/dags/{DAG_ID}")
         shot(page, "6-dag-tab")
 
         page.goto(f"{stack.base_url}/dags/{DAG_ID}/runs/{run_id}")
@@ -168,12 +235,64 @@ def test_commit_state_in_the_airflow_ui(airflow_stack, committed_run, browser):
         rows = frame.locator("table.checkpoints tbody tr")
         expect(rows).to_have_count(1)
         expect(rows.first).to_contain_text(key)
+        assert_fits(page, "/walsink/dags/")
         shot(page, "7-run-tab")
     except Exception:
         shot(page, "failure")
         raise
     finally:
         context.close()
+
+
+def test_extra_link_survives_an_api_server_move(airflow_stack, committed_run, browser):
+    """The link was stored when the task ran; after the api-server moves to another port
+    it still leads to the checkpoint, whose times now follow the new default time zone."""
+    from playwright.sync_api import expect
+
+    from tests.airflow_stack import free_port
+
+    stack = airflow_stack
+    key, run_id = committed_run["key"], committed_run["run_id"]
+    old_port, old_env = stack.port, dict(stack.env)
+    move_api_server(stack, free_port(), AIRFLOW__CORE__DEFAULT_TIMEZONE="Asia/Kolkata")
+    context = browser.new_context(viewport=SCREEN)
+    context.set_default_timeout(TIMEOUT_MS)
+    expect.set_options(timeout=TIMEOUT_MS)
+    page = context.new_page()
+    try:
+        assert stack.port != old_port
+        login(page, stack)
+        task_url = (
+            f"{stack.base_url}/dags/{DAG_ID}/runs/{run_id}/tasks/{committed_run['commit_task']}/details"
+        )
+        page.goto(task_url)
+        link = page.get_by_role("link", name="Commit state")
+        expect(link).to_be_visible()
+        href = link.get_attribute("href") or ""
+        assert f":{old_port}" not in href, href
+        if link.get_attribute("target") == "_blank":
+            with context.expect_page() as opened:
+                link.click()
+            detail = opened.value
+        else:
+            link.click()
+            detail = page
+        expect(detail).to_have_url(
+            re.compile(rf"^{re.escape(stack.base_url)}/walsink/pipelines/{PIPELINE}/checkpoints/{key}$")
+        )
+        expect(detail.locator("h1 .badge")).to_have_text("COMMITTED")
+        # Times in the configured zone (India has one offset all year).
+        expect(detail.locator("table.phases")).to_contain_text("IST")
+        shot(detail, "8-after-port-move")
+    except Exception:
+        shot(page, "failure-port-move")
+        raise
+    finally:
+        context.close()
+        # Put the api-server back where the rest of the session expects it.
+        stack.env.clear()
+        stack.env.update(old_env)
+        move_api_server(stack, old_port)
 
 
 def test_logged_out_browser_gets_no_plugin_data(airflow_stack, browser):

@@ -100,6 +100,48 @@ def test_user_limited_to_another_dag_is_refused_this_dags_pipelines(world):
     assert "sales_a" in cookie_page.text and "sales_b" not in cookie_page.text
 
 
+def _listed(world, user: str) -> set[str]:
+    body = world.client.get("/walsink/api/pipelines", headers=world.headers(user)).json()
+    return {p["pipeline"] for p in body["pipelines"]}
+
+
+def test_admin_sees_every_pipeline_including_those_without_a_dag(world):
+    assert _listed(world, "admin") == {"sales_a", "sales_b", "shared", "notebook"}
+    for url in ("/walsink/api/pipelines/notebook", "/walsink/api/pipelines/shared/checkpoints"):
+        assert world.client.get(url, headers=world.headers("admin")).status_code == 200
+
+
+def test_viewer_of_some_dags_sees_only_pipelines_all_of_whose_dags_they_read(world):
+    """alice reads DAG A only: ``shared`` (written by A and B) and ``notebook`` (no DAG) stay hidden."""
+    assert _listed(world, "alice") == {"sales_a"}
+    for url in (
+        "/walsink/api/pipelines/shared",
+        "/walsink/api/pipelines/shared/checkpoints/20260101T000000Z",
+        "/walsink/api/pipelines/notebook",
+        "/walsink/pipelines/notebook",
+    ):
+        response = world.client.get(url, headers=world.headers("alice"))
+        assert response.status_code == 403, f"alice GET {url} -> {response.status_code}"
+    page = world.client.get("/walsink/", cookies={"_token": world.tokens["alice"]}).text
+    assert "notebook" not in page and "shared" not in page
+
+
+def test_viewer_with_no_dag_sees_no_pipeline(world):
+    """carol is a viewer of no team: before, she saw every pipeline registered outside Airflow."""
+    assert _listed(world, "carol") == set()
+    for url in (
+        "/walsink/api/pipelines/notebook",
+        "/walsink/api/pipelines/sales_a",
+        "/walsink/pipelines/notebook",
+    ):
+        response = world.client.get(url, headers=world.headers("carol"))
+        assert response.status_code == 403, f"carol GET {url} -> {response.status_code}"
+    assert (
+        "No pipelines you may read"
+        in world.client.get("/walsink/", cookies={"_token": world.tokens["carol"]}).text
+    )
+
+
 @pytest.mark.parametrize(
     "url",
     [

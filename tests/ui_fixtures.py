@@ -4,8 +4,13 @@ committer table filled through the store as the tasks fill it.
 
 Users (SimpleAuthManager, multi-team mode so access can differ per DAG):
 ``admin`` (admin), ``alice`` (viewer in team ``team_a``), ``bob`` (viewer in
-team ``team_b``). DAG ``ui_dag_a`` lives in a bundle owned by ``team_a`` and
-``ui_dag_b`` in one owned by ``team_b``: alice may read only ``ui_dag_a``.
+team ``team_b``), ``carol`` (viewer in no team: may read no team's DAG). DAG
+``ui_dag_a`` lives in a bundle owned by ``team_a`` and ``ui_dag_b`` in one owned
+by ``team_b``: alice may read only ``ui_dag_a``.
+
+Pipelines: ``sales_a`` (DAG A), ``sales_b`` (DAG B), ``shared`` (registered by
+DAG A, one checkpoint written by DAG B: only readers of both see it) and
+``notebook`` (no DAG: admins only).
 """
 
 from __future__ import annotations
@@ -24,7 +29,10 @@ from airflow_provider_walsink.publishers import FilePublisher
 
 DAG_A, DAG_B = "ui_dag_a", "ui_dag_b"
 XSS = "<script>alert('walsink')</script>"
-USERS = "admin:admin,alice:viewer:team_a,bob:viewer:team_b"
+USERS = "admin:admin,alice:viewer:team_a,bob:viewer:team_b,carol:viewer"
+USER_NAMES = ("admin", "alice", "bob", "carol")
+#: Source offsets of the ``shared`` pipeline's checkpoints (start of each, end of the last).
+SHARED_OFFSETS = [{"events": {"0": 0, "1": 0}}, {"events": {"0": 42, "1": 7}}, {"events": {"0": 50, "1": 9}}]
 
 
 @dataclass
@@ -33,6 +41,7 @@ class UiWorld:
     store: CommitterStore
     layout: StagingLayout
     tokens: dict[str, str]
+    app: object = None  # the Airflow api app itself (to serve it over HTTP for a browser)
 
     def headers(self, user: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[user]}"}
@@ -132,6 +141,24 @@ def fill(store: CommitterStore, layout: StagingLayout, target: Path) -> None:
         durable=False,
     )
     store.fail("sales_a", "20260105T000000Z", error=f"checksum mismatch in {XSS}", actor=hostile)
+    for i, dag_id in enumerate((DAG_A, DAG_B)):
+        actor = Actor(name="w", dag_id=dag_id, run_id=f"shared-{i}", task_id="write", try_number=1)
+        stage_checkpoint(
+            store,
+            layout,
+            "shared",
+            f"2026010{i + 1}T000000Z",
+            {"part-0.csv": b"s\n"},
+            actor=actor,
+            start_offsets=SHARED_OFFSETS[i],
+            end_offsets=SHARED_OFFSETS[i + 1],
+        )
+    # Ended by a user: not a failure, so never shown red.
+    store.abort("shared", "20260102T000000Z", reason="aborted by hand", actor=actor)
+    # Registered from a script or notebook: no DAG writes it.
+    stage_checkpoint(
+        store, layout, "notebook", "20260101T000000Z", {"part-0.csv": b"n\n"}, actor=Actor(name="nb")
+    )
 
 
 def login(client, user: str) -> str:
@@ -160,7 +187,7 @@ def build_world(store_url: str, tmp: Path, monkeypatch) -> Iterator[UiWorld]:
     purge_cached_app()
     app = create_app(apps="core")
     with TestClient(app, base_url="http://127.0.0.1") as client:
-        tokens = {u: login(client, u) for u in ("admin", "alice", "bob")}
-        yield UiWorld(client, store, layout, tokens)
+        tokens = {u: login(client, u) for u in USER_NAMES}
+        yield UiWorld(client, store, layout, tokens, app)
     purge_cached_app()
     store.dispose()

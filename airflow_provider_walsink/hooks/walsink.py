@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 from sqlalchemy.engine import URL
 
 from airflow_provider_walsink.committer.store import CommitterStore
+from airflow_provider_walsink.hooks.form import CONN_TYPE, HOOK_NAME, UI_FIELD_BEHAVIOUR
 from airflow_provider_walsink.protocol.staging import StagingLayout
 
 try:
@@ -48,8 +50,10 @@ class WalsinkHook(BaseHook):
 
     Connection fields: *Backend* (``sqlite``, ``postgresql`` or ``mysql``),
     host, port, login, password and *Database* (for SQLite, the database
-    file's path). The extra ``staging_root`` names where write phases stage
-    their output (default: ``$AIRFLOW_HOME/walsink/staging``).
+    file's path), or a whole *Database URL* that wins over them. The extra
+    ``staging_root`` names where write phases stage their output (default:
+    ``$AIRFLOW_HOME/walsink/staging``). Every field the hook reads is on the
+    connection form (:data:`CONN_FIELDS`, :data:`UI_FIELD_BEHAVIOUR`).
 
     If ``walsink_default`` does not exist, the embedded default is used: an
     SQLite file at ``$AIRFLOW_HOME/walsink/committer.db``.
@@ -59,8 +63,8 @@ class WalsinkHook(BaseHook):
 
     conn_name_attr = "walsink_conn_id"
     default_conn_name = "walsink_default"
-    conn_type = "walsink"
-    hook_name = "walsink committer database"
+    conn_type = CONN_TYPE
+    hook_name = HOOK_NAME
 
     def __init__(self, walsink_conn_id: str = default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -70,15 +74,13 @@ class WalsinkHook(BaseHook):
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {
-            "hidden_fields": ["extra"],
-            "relabeling": {"schema": "Database (file path for SQLite)"},
-            "placeholders": {
-                "host": "127.0.0.1 (leave empty for SQLite)",
-                "schema": "walsink or /var/lib/airflow/walsink.db",
-                "port": "5432 / 3306",
-            },
-        }
+        """The form's hidden fields, labels and placeholders (Airflow 3 takes them from
+        provider info, which is built from the same :data:`UI_FIELD_BEHAVIOUR`)."""
+        return copy.deepcopy(UI_FIELD_BEHAVIOUR)
+
+    def _field(self, name: str) -> Any:
+        # Forms store custom fields under their bare name; older ones under extra__<type>__<name>.
+        return self._extra.get(name) or self._extra.get(f"extra__{self.conn_type}__{name}")
 
     def _load(self) -> None:
         if self._url is not None:
@@ -95,13 +97,13 @@ class WalsinkHook(BaseHook):
             return
         self._extra = dict(conn.extra_dejson or {})
         self._url = url_from_connection(
-            backend=self._extra.get("backend") or ("sqlite" if not conn.host else "postgresql"),
+            backend=self._field("backend") or ("sqlite" if not conn.host else "postgresql"),
             host=conn.host,
             port=conn.port,
             login=conn.login,
             password=conn.password,
             database=conn.schema,
-            url=self._extra.get("url"),
+            url=self._field("url"),
         )
 
     @property
@@ -113,7 +115,7 @@ class WalsinkHook(BaseHook):
     @property
     def staging_root(self) -> str:
         self._load()
-        return self._extra.get("staging_root") or default_staging_root()
+        return self._field("staging_root") or default_staging_root()
 
     def get_store(self) -> CommitterStore:
         """The committer store (schema migrated on first use in this process)."""
@@ -123,14 +125,96 @@ class WalsinkHook(BaseHook):
         return StagingLayout(staging_root or self.staging_root)
 
     def test_connection(self) -> tuple[bool, str]:
+        """The connection form's "Test" button: is the committer usable from here?
+
+        Checks, changing nothing: the committer database answers and its schema
+        is at the head revision of this walsink (the first task would migrate an
+        empty one, so an empty database is reported as such), and the staging
+        root exists or could be created, and is writable. Returns ``(ok,
+        message)``; the message names the first problem found, or both checked
+        places on success.
+        """
         try:
-            store = CommitterStore.from_url(self.sqlalchemy_url, migrate=False)
-            with store.engine.connect() as conn:
-                conn.exec_driver_sql("SELECT 1")
-            store.dispose()
-        except Exception as e:
-            return False, str(e)
-        return True, "Connection successfully tested"
+            url = self.sqlalchemy_url
+        except Exception as exc:
+            return False, f"Bad connection: {_one_line(exc)}"
+        ok, db_message = _check_database(url)
+        if not ok:
+            return False, db_message
+        ok, staging_message = _check_staging_root(self.staging_root)
+        if not ok:
+            return False, staging_message
+        return True, f"{db_message}; {staging_message}"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _check_database(url: str) -> tuple[bool, str]:
+    """Connect (without migrating) and compare the schema's revision with this walsink's head."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+
+    from airflow_provider_walsink.committer.migrate import current_revision, head_revision
+
+    try:
+        parsed = make_url(url)
+    except Exception as exc:
+        return False, f"Committer database URL is not valid: {_one_line(exc)}"
+    where = parsed.render_as_string(hide_password=True)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        # SQLite would create a missing file (and fail on a missing directory): say so instead.
+        if not os.path.exists(parsed.database):
+            return False, f"Committer database {where}: the file does not exist yet"
+    try:
+        engine = create_engine(parsed)
+    except Exception as exc:  # e.g. a missing driver
+        return False, f"Committer database {where}: {_one_line(exc)}"
+    try:
+        with engine.connect() as conn:
+            revision = current_revision(conn)
+    except Exception as exc:
+        return False, f"Committer database {where} is unreachable: {_one_line(exc)}"
+    finally:
+        engine.dispose()
+    head = head_revision()
+    if revision is None:
+        return (
+            False,
+            f"Committer database {where} has no walsink schema (run: walsink db upgrade, or any task)",
+        )
+    if revision != head:
+        return (
+            False,
+            f"Committer database {where} schema is at revision {revision}, this walsink needs {head}",
+        )
+    return True, f"Committer database {where} reachable, schema at head ({head})"
+
+
+def _check_staging_root(root: str) -> tuple[bool, str]:
+    """The staging root exists and is writable, or its nearest existing parent would let
+    it be made. Writability is tried (a temporary file, removed at once), not inferred
+    from permission bits, which say yes to root on a read-only mount."""
+    import tempfile
+
+    path = os.path.abspath(os.path.expanduser(root))
+    probe = path
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        return False, f"Staging root {path}: {probe} is not a directory"
+    try:
+        fd, name = tempfile.mkstemp(prefix=".walsink-test-", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        what = "is not writable" if probe == path else f"cannot be created ({probe} is not writable)"
+        return False, f"Staging root {path} {what}: {exc.strerror}"
+    if probe != path:
+        return True, f"Staging root {path} does not exist yet and can be created"
+    return True, f"Staging root {path} exists and is writable"
 
 
 def url_from_connection(

@@ -6,48 +6,95 @@ every route of :mod:`airflow_provider_walsink.ui.app` depends on
 ``_token`` cookie the Airflow UI sets at login and the browser sends to the
 plugin's same-origin iframe) and on the checks below.
 
-A pipeline belongs to the DAG that registered it (``walsink_pipeline.dag_id``);
-a user sees a pipeline only if the auth manager lets them read that DAG. A
-pipeline registered outside Airflow (no DAG) needs read access to all DAGs.
+A pipeline belongs to the DAGs that write it: the DAG that registered it
+(``walsink_pipeline.dag_id``) and every DAG that registered one of its
+checkpoints. A user sees a pipeline only if the auth manager lets them read
+*all* of those DAGs (a viewer of one writer must not see what another writer
+published). A pipeline that no DAG writes (registered from a script or a
+notebook) is shown to administrators only: it belongs to nobody else.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.base_auth_manager import BaseAuthManager
 from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 from airflow.models.dag import DagModel
 from fastapi import HTTPException, status
 
+#: A team name no user belongs to: only an administrator may act on it (see :func:`is_admin`).
+_PROBE_TEAM = "walsink-admin-probe-no-such-team"
 
-def readable_dags(user: BaseUser, dag_ids: Iterable[str | None]) -> set[str | None]:
-    """The subset of ``dag_ids`` the user may read (``None`` stands for "no DAG").
+
+def readable_dags(user: BaseUser, dag_ids: Iterable[str]) -> set[str]:
+    """The subset of ``dag_ids`` the user may read.
 
     Batches by team, as Airflow's own ``get_authorized_dag_ids`` does, so one
     call covers every pipeline on a page instead of one check per row.
     """
-    wanted = set(dag_ids)
+    known = sorted({d for d in dag_ids if d})
+    if not known:
+        return set()
     auth_manager = get_auth_manager()
-    known = sorted(d for d in wanted if d)
-    allowed: set[str | None] = set()
-    if known:
-        teams = DagModel.get_dag_id_to_team_name_mapping(known)
-        by_team: dict[str | None, set[str]] = defaultdict(set)
-        for dag_id in known:
-            by_team[teams.get(dag_id)].add(dag_id)
-        for team, ids in by_team.items():
-            allowed |= auth_manager.filter_authorized_dag_ids(
-                dag_ids=ids, user=user, method="GET", team_name=team
-            )
-    # details=None asks "may this user read DAGs in general" (all-DAG access).
-    if None in wanted and auth_manager.is_authorized_dag(method="GET", user=user):
-        allowed.add(None)
+    teams = DagModel.get_dag_id_to_team_name_mapping(known)
+    by_team: dict[str | None, set[str]] = defaultdict(set)
+    for dag_id in known:
+        by_team[teams.get(dag_id)].add(dag_id)
+    allowed: set[str] = set()
+    for team, ids in by_team.items():
+        allowed |= auth_manager.filter_authorized_dag_ids(
+            dag_ids=ids, user=user, method="GET", team_name=team
+        )
     return allowed
 
 
-def require_dag(user: BaseUser, dag_id: str | None) -> None:
-    """Raise 403 unless the user may read ``dag_id``."""
-    if dag_id not in readable_dags(user, [dag_id]):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "Forbidden: no read access to this pipeline's DAG")
+def is_admin(user: BaseUser) -> bool:
+    """Whether the user administers this Airflow: full rights on every DAG, connection,
+    variable, pool and the configuration, and, with an auth manager that knows teams,
+    rights on a team they are not a member of.
+
+    ``BaseAuthManager`` has no "is admin" question; this asks the ones an Op-like
+    role does not pass together (Airflow's SimpleAuthManager grants the team check
+    to its ADMIN role only).
+    """
+    am: BaseAuthManager = get_auth_manager()
+    if not (
+        am.is_authorized_dag(method="DELETE", user=user)
+        and am.is_authorized_configuration(method="PUT", user=user)
+        and am.is_authorized_connection(method="DELETE", user=user)
+        and am.is_authorized_variable(method="DELETE", user=user)
+        and am.is_authorized_pool(method="DELETE", user=user)
+    ):
+        return False
+    from airflow.api_fastapi.auth.managers.models.resource_details import TeamDetails
+
+    try:
+        return am.is_authorized_team(method="GET", user=user, details=TeamDetails(name=_PROBE_TEAM))
+    except NotImplementedError:  # an auth manager without teams: the checks above decide
+        return True
+
+
+def visible(user: BaseUser, writers: Mapping[str, set[str]]) -> set[str]:
+    """The pipelines of ``writers`` (pipeline -> DAG ids that write it) the user may see."""
+    allowed = readable_dags(user, {d for dags in writers.values() for d in dags})
+    admin: bool | None = None
+    out = set()
+    for pipeline, dags in writers.items():
+        if dags:
+            if dags <= allowed:
+                out.add(pipeline)
+        else:
+            if admin is None:
+                admin = is_admin(user)
+            if admin:
+                out.add(pipeline)
+    return out
+
+
+def require_pipeline(user: BaseUser, pipeline: str, dag_ids: set[str]) -> None:
+    """Raise 403 unless the user may see the pipeline written by ``dag_ids``."""
+    if pipeline not in visible(user, {pipeline: dag_ids}):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "Forbidden: no read access to this pipeline's DAGs")

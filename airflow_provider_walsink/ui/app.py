@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
+from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from airflow.configuration import conf
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
@@ -33,7 +34,7 @@ from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.protocol.staging import StagingLayout
 
 from . import views
-from .access import readable_dags, require_dag
+from .access import require_pipeline, visible
 
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
@@ -92,9 +93,38 @@ def templates() -> Environment:
     env.filters["duration"] = _duration
     env.filters["count"] = lambda v: "–" if v is None else f"{v:,}"
     env.filters["size"] = _size
+    env.filters["plural"] = views.plural
+    env.filters["kv"] = views.key_values
+    env.filters["local"] = local_time
     env.globals["STATES"] = views.STATE_ORDER
+    env.globals["FAILURES"] = views.FAILURE_STATES
     env.globals["q"] = quote  # URL path segments (macros see globals, not the render context)
     return env
+
+
+def display_timezone() -> Any:
+    """Airflow's ``[core] default_timezone`` (``system`` is the server's own zone), read per
+    request through Airflow's conf, so the pages show times as the rest of the Airflow UI."""
+    import pendulum
+
+    name = conf.get("core", "default_timezone", fallback="utc") or "utc"
+    try:
+        return pendulum.local_timezone() if name.strip().lower() == "system" else pendulum.timezone(name)
+    except Exception:  # noqa: BLE001 - Airflow itself refuses to start with a bad zone; be safe here
+        return pendulum.timezone("UTC")
+
+
+def local_time(iso: str | None) -> str:
+    """An ISO UTC timestamp (as the API returns it) in the configured zone, to the second,
+    with the zone's abbreviation or offset: ``2026-01-03 05:30:00 IST``."""
+    if not iso:
+        return "–"
+    import pendulum
+
+    moment = pendulum.parse(iso).in_timezone(display_timezone())
+    abbreviation = moment.format("zz")
+    suffix = abbreviation if abbreviation and abbreviation[0] not in "+-" else moment.format("Z")
+    return f"{moment.format('YYYY-MM-DD HH:mm:ss')} {suffix}"
 
 
 def _duration(seconds: float | None) -> str:
@@ -130,8 +160,16 @@ def _pipeline_or_404(store: CommitterStore, user: Any, pipeline: str) -> dict[st
     row = store.get_pipeline(pipeline)
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "Pipeline not found")
-    require_dag(user, row["dag_id"])
+    require_pipeline(user, pipeline, views.pipeline_writers(store, [pipeline]).get(pipeline, set()))
     return row
+
+
+def known_dag(dag_id: str, session: SessionDep) -> None:
+    """404 for a DAG id Airflow does not know (a typo must not look like "no checkpoints")."""
+    from airflow.models.dag import DagModel
+
+    if session.get(DagModel, dag_id) is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"DAG {dag_id!r} not found")
 
 
 def _page(
@@ -172,8 +210,8 @@ def _page(
 
 def _visible_pipelines(store: CommitterStore, user: Any) -> list[dict[str, Any]]:
     rows = store.pipelines(with_counts=False)  # counted per visible pipeline below, not all
-    allowed = readable_dags(user, {r["dag_id"] for r in rows})
-    return [views.pipeline_dict(store, r) for r in rows if r["dag_id"] in allowed]
+    allowed = visible(user, views.pipeline_writers(store))
+    return [views.pipeline_dict(store, r) for r in rows if r["name"] in allowed]
 
 
 def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, key: str) -> dict[str, Any]:
@@ -246,7 +284,7 @@ def create_app() -> FastAPI:
 
     @app.get(
         "/api/dags/{dag_id}/checkpoints",
-        dependencies=[Depends(requires_access_dag("GET"))],
+        dependencies=[Depends(requires_access_dag("GET")), Depends(known_dag)],
     )
     def api_dag_checkpoints(
         dag_id: str,
@@ -302,7 +340,7 @@ def create_app() -> FastAPI:
     @app.get(
         "/dags/{dag_id}",
         response_class=HTMLResponse,
-        dependencies=[Depends(requires_access_dag("GET"))],
+        dependencies=[Depends(requires_access_dag("GET")), Depends(known_dag)],
     )
     def page_dag(request: Request, dag_id: str, store: StoreDep) -> HTMLResponse:
         return _dag_page(request, store, dag_id, None)
@@ -310,7 +348,7 @@ def create_app() -> FastAPI:
     @app.get(
         "/dags/{dag_id}/runs/{run_id:path}",
         response_class=HTMLResponse,
-        dependencies=[Depends(requires_access_dag("GET"))],
+        dependencies=[Depends(requires_access_dag("GET")), Depends(known_dag)],
     )
     def page_run(request: Request, dag_id: str, run_id: str, store: StoreDep) -> HTMLResponse:
         return _dag_page(request, store, dag_id, run_id)
@@ -321,7 +359,7 @@ def create_app() -> FastAPI:
         checkpoints = [views.checkpoint_dict(r) for r in records]
         return render(request, "dag.html", dag_id=dag_id, run_id=run_id, checkpoints=checkpoints)
 
-    @app.get("/link", dependencies=[Depends(requires_access_dag("GET"))])
+    @app.get("/link", dependencies=[Depends(requires_access_dag("GET")), Depends(known_dag)])
     def resolve_link(
         request: Request, dag_id: str, run_id: str, store: StoreDep, pipeline: str | None = None
     ) -> Response:

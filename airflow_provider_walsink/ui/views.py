@@ -8,10 +8,16 @@ root is ever opened because a database row says so (invariant 6).
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
+from sqlalchemy import select
+
+from airflow_provider_walsink.committer.models import checkpoint_table as _ckpt
+from airflow_provider_walsink.committer.models import pipeline_table as _pipe
 from airflow_provider_walsink.committer.store import (
     CheckpointRecord,
     CommitterStore,
@@ -28,6 +34,50 @@ S = CheckpointState
 STATE_ORDER = [s.value for s in S]
 #: How many committables a detail response lists at most (the manifest may hold a million).
 MAX_COMMITTABLES_SHOWN = 1000
+#: States the pages colour as failures (red); every other state, ABORTED included, is neutral.
+FAILURE_STATES = frozenset(s for s in STATE_ORDER if s in ("FAILED", "REJECTED"))
+
+
+def plural(n: int | None, word: str, plural_word: str | None = None) -> str:
+    """``"1 committable"``, ``"2 committables"``, ``"1,024 rows"`` (``None`` counts as unknown)."""
+    if n is None:
+        return f"? {plural_word or word + 's'}"
+    return f"{n:,} {word if n == 1 else (plural_word or word + 's')}"
+
+
+def key_values(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """Offsets and similar JSON as readable ``(key, value)`` pairs: nested keys joined by
+    dots, lists by commas, in the order given (``{"events": {"0": 42}}`` -> ``events.0 = 42``)."""
+    if isinstance(value, dict):
+        if not value and prefix:
+            return [(prefix, "{}")]
+        out: list[tuple[str, str]] = []
+        for k, v in value.items():
+            out += key_values(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    if isinstance(value, list):
+        text = ", ".join(str(v) if not isinstance(v, dict | list) else json.dumps(v) for v in value)
+    elif value is None:
+        text = "null"
+    else:
+        text = str(value)
+    return [(prefix or "value", text)]
+
+
+def airflow_links(dag_id: str | None, run_id: str | None, task_id: str | None = None) -> dict[str, str]:
+    """Relative links to Airflow 3's own pages for a DAG, a run and a task (whichever are known).
+
+    Relative (``/dags/...``), so they follow the api-server wherever it is served from.
+    """
+    if not dag_id:
+        return {}
+    dag = f"/dags/{quote(dag_id, safe='')}"
+    out = {"dag": dag}
+    if run_id:
+        out["run"] = f"{dag}/runs/{quote(run_id, safe='')}"
+        if task_id:
+            out["task"] = f"{out['run']}/tasks/{quote(task_id, safe='')}"
+    return out
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -90,6 +140,9 @@ def checkpoint_dict(record: CheckpointRecord, now: datetime | None = None) -> di
         "durable_at": _iso(record.durable_at),
         "committed_at": _iso(record.committed_at),
         "phases": phases(record, now),
+        # What the commit published (target, files or snapshot), when the committer recorded it.
+        "publication": getattr(record, "publication", None),
+        "airflow": airflow_links(record.dag_id, record.run_id),
     }
 
 
@@ -97,6 +150,7 @@ def transition_dict(record: TransitionRecord) -> dict[str, Any]:
     out = asdict(record)
     out["at"] = _iso(record.at)
     del out["checkpoint_id"]
+    out["airflow"] = airflow_links(record.dag_id, record.run_id, record.task_id)
     return out
 
 
@@ -129,6 +183,25 @@ def pipeline_dict(store: CommitterStore, row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def pipeline_writers(store: CommitterStore, names: list[str] | None = None) -> dict[str, set[str]]:
+    """Pipeline -> the DAG ids that write it: the DAG that registered the pipeline
+    and every DAG that registered one of its checkpoints (all pipelines, or ``names``).
+
+    One query over the checkpoint table's ``(pipeline, dag_id)`` pairs: access is
+    decided per pipeline on the page, never per row.
+    """
+    pq = select(_pipe.c.name, _pipe.c.dag_id)
+    cq = select(_ckpt.c.pipeline, _ckpt.c.dag_id).where(_ckpt.c.dag_id.is_not(None)).distinct()
+    if names is not None:
+        pq = pq.where(_pipe.c.name.in_(names))
+        cq = cq.where(_ckpt.c.pipeline.in_(names))
+    with store.engine.connect() as conn:
+        out: dict[str, set[str]] = {name: ({dag} if dag else set()) for name, dag in conn.execute(pq)}
+        for name, dag in conn.execute(cq):
+            out.setdefault(name, set()).add(dag)
+    return out
+
+
 def committables(record: CheckpointRecord, layout: StagingLayout) -> dict[str, Any]:
     """The committables of the checkpoint's sealed manifest, or why they cannot be shown.
 
@@ -149,7 +222,8 @@ def committables(record: CheckpointRecord, layout: StagingLayout) -> dict[str, A
             "status": "cleaned",
             "message": f"Staging of attempt {record.sealed_attempt} was cleaned after the checkpoint was "
             f"{record.state.value.lower()}; the committer table keeps its totals "
-            f"({record.committables} committables, {record.rows} rows, {record.bytes} bytes).",
+            f"({plural(record.committables, 'committable')}, {plural(record.rows, 'row')}, "
+            f"{plural(record.bytes, 'byte')}).",
         }
     try:
         manifest = read_manifest(path, expected_digest=record.manifest_digest)

@@ -1,0 +1,182 @@
+"""The walsink connection form and its "Test" button.
+
+The form is declared once on the hook (``CONN_FIELDS``, ``UI_FIELD_BEHAVIOUR``);
+provider info copies it and Airflow's own ProvidersManager reads it from there.
+``WalsinkHook.test_connection`` is what the form's Test button calls (through
+``POST /api/v2/connections/test``); it is checked against real SQLite,
+PostgreSQL and MariaDB databases and real directories, for success and for
+each failure it names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from airflow_provider_walsink.committer.migrate import VERSION_TABLE, head_revision
+from airflow_provider_walsink.get_provider_info import get_provider_info
+from airflow_provider_walsink.hooks.form import CONN_FIELDS, UI_FIELD_BEHAVIOUR
+from airflow_provider_walsink.hooks.walsink import WalsinkHook
+
+#: Every connection attribute and extra the hook reads (see WalsinkHook._load and staging_root).
+FIELDS_THE_HOOK_READS = {"host", "port", "login", "password", "schema", "backend", "url", "staging_root"}
+
+
+def hook_for(monkeypatch, *, extra: dict, **fields) -> WalsinkHook:
+    """A hook on a real Airflow connection (from an ``AIRFLOW_CONN_*`` variable)."""
+    conn_id = f"walsink_t_{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "walsink", **fields, "extra": extra})
+    )
+    return WalsinkHook(conn_id)
+
+
+def test_the_form_shows_every_field_the_hook_reads_with_a_placeholder():
+    placeholders = UI_FIELD_BEHAVIOUR["placeholders"]
+    assert set(placeholders) >= FIELDS_THE_HOOK_READS
+    assert all(placeholders[f].strip() for f in FIELDS_THE_HOOK_READS)
+    assert "extra" in UI_FIELD_BEHAVIOUR["hidden_fields"]  # every extra has its own field instead
+    assert set(CONN_FIELDS) == {"backend", "url", "staging_root"}
+    assert CONN_FIELDS["url"]["schema"]["format"] == "password"  # a URL may carry a password
+
+
+def test_provider_info_is_derived_from_the_hook():
+    conn = get_provider_info()["connection-types"][0]
+    assert conn["conn-fields"] == CONN_FIELDS
+    assert conn["ui-field-behaviour"] == {
+        "hidden-fields": UI_FIELD_BEHAVIOUR["hidden_fields"],
+        "relabeling": UI_FIELD_BEHAVIOUR["relabeling"],
+        "placeholders": UI_FIELD_BEHAVIOUR["placeholders"],
+    }
+    assert conn["hook-class-name"] == f"{WalsinkHook.__module__}.{WalsinkHook.__qualname__}"
+    assert (conn["connection-type"], conn["hook-name"]) == (WalsinkHook.conn_type, WalsinkHook.hook_name)
+    assert WalsinkHook.get_ui_field_behaviour() == UI_FIELD_BEHAVIOUR
+
+
+def test_airflow_builds_the_form_from_provider_info():
+    """Airflow's ProvidersManager (what the connection form's API serves) sees every field."""
+    from airflow.providers_manager import ProvidersManager
+
+    pm = ProvidersManager()
+    behaviour = pm.field_behaviours["walsink"]
+    for name in ("host", "port", "login", "password", "schema"):
+        assert behaviour["placeholders"][name]
+    for name in ("backend", "url", "staging_root"):
+        assert behaviour["placeholders"][f"extra__walsink__{name}"]
+        assert f"extra__walsink__{name}" in pm.connection_form_widgets
+    assert pm.connection_form_widgets["extra__walsink__url"].is_sensitive
+
+
+def test_the_hook_reads_the_forms_fields(monkeypatch, tmp_path):
+    hook = hook_for(monkeypatch, extra={"url": "sqlite:////x/y.db", "staging_root": str(tmp_path)})
+    assert hook.sqlalchemy_url == "sqlite:////x/y.db" and hook.staging_root == str(tmp_path)
+    # Older forms store custom fields prefixed.
+    hook = hook_for(monkeypatch, extra={"extra__walsink__staging_root": str(tmp_path)}, schema="/x/z.db")
+    assert hook.staging_root == str(tmp_path) and hook.sqlalchemy_url == "sqlite:////x/z.db"
+
+
+# ---------------------------------------------------------------- the Test button
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
+def test_test_connection_succeeds_on_a_migrated_database(monkeypatch, tmp_path, database_urls, backend):
+    from tests.conftest import _migrated_store
+
+    url = database_urls(backend)
+    _migrated_store(url)
+    hook = hook_for(monkeypatch, extra={"url": url, "staging_root": str(tmp_path / "staging")})
+    ok, message = hook.test_connection()
+    assert ok, message
+    assert f"schema at head ({head_revision()})" in message
+    assert "can be created" in message
+    assert not (tmp_path / "staging").exists()  # the test changes nothing
+    (tmp_path / "staging").mkdir()
+    ok, message = hook.test_connection()
+    assert ok and "exists and is writable" in message, message
+    assert os.listdir(tmp_path / "staging") == []  # its write probe is gone
+
+
+def test_test_connection_reports_an_unreachable_server(monkeypatch, tmp_path):
+    # A loopback port nothing listens on.
+    url = "postgresql+psycopg2://postgres@127.0.0.1:1/test"
+    ok, message = hook_for(monkeypatch, extra={"url": url, "staging_root": str(tmp_path)}).test_connection()
+    assert not ok and "is unreachable" in message and "127.0.0.1:1" in message, message
+    assert "\n" not in message
+
+
+def test_test_connection_reports_a_missing_sqlite_file_and_creates_nothing(monkeypatch, tmp_path):
+    db = tmp_path / "nowhere" / "committer.db"
+    ok, message = hook_for(
+        monkeypatch, extra={"url": f"sqlite:///{db}", "staging_root": str(tmp_path)}
+    ).test_connection()
+    assert not ok and "does not exist" in message, message
+    assert not db.parent.exists()
+
+
+def test_test_connection_reports_a_database_without_the_schema(monkeypatch, tmp_path):
+    db = tmp_path / "empty.db"
+    create_engine(f"sqlite:///{db}").connect().close()  # an empty SQLite file
+    ok, message = hook_for(
+        monkeypatch, extra={"url": f"sqlite:///{db}", "staging_root": str(tmp_path)}
+    ).test_connection()
+    assert not ok and "has no walsink schema" in message, message
+
+
+def test_test_connection_reports_a_schema_behind_head(monkeypatch, tmp_path):
+    from tests.conftest import _migrated_store
+
+    url = f"sqlite:///{tmp_path}/old.db"
+    _migrated_store(url)
+    engine = create_engine(url)
+    with engine.begin() as conn:  # as if written by an older walsink
+        conn.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = 'older'"))
+    engine.dispose()
+    ok, message = hook_for(monkeypatch, extra={"url": url, "staging_root": str(tmp_path)}).test_connection()
+    assert not ok and "revision older" in message and head_revision() in message, message
+
+
+def test_test_connection_reports_a_missing_driver(monkeypatch, tmp_path):
+    ok, message = hook_for(
+        monkeypatch, extra={"url": "mssql+nosuchdriver://h/db", "staging_root": str(tmp_path)}
+    ).test_connection()
+    assert not ok and message.startswith("Committer database") and "nosuchdriver" in message, message
+
+
+def test_test_connection_reports_a_bad_backend(monkeypatch):
+    ok, message = hook_for(monkeypatch, extra={"backend": "oracle"}, host="h").test_connection()
+    assert not ok and "backend must be one of" in message, message
+
+
+@pytest.fixture
+def migrated_sqlite(tmp_path) -> str:
+    from tests.conftest import _migrated_store
+
+    url = f"sqlite:///{tmp_path}/ok.db"
+    _migrated_store(url)
+    return url
+
+
+def test_test_connection_reports_a_staging_root_under_a_file(monkeypatch, tmp_path, migrated_sqlite):
+    (tmp_path / "file").write_text("x")
+    root = tmp_path / "file" / "staging"
+    ok, message = hook_for(
+        monkeypatch, extra={"url": migrated_sqlite, "staging_root": str(root)}
+    ).test_connection()
+    assert not ok and message.startswith(f"Staging root {root}") and "is not a directory" in message, message
+
+
+def test_test_connection_reports_an_unwritable_staging_root(monkeypatch, tmp_path, migrated_sqlite):
+    if os.geteuid() == 0:
+        root = "/proc/walsink-staging"  # not even root may create files in procfs
+    else:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        root = str(locked / "staging")
+    ok, message = hook_for(
+        monkeypatch, extra={"url": migrated_sqlite, "staging_root": root}
+    ).test_connection()
+    assert not ok and "cannot be created" in message and "not writable" in message, message
