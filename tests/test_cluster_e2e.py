@@ -297,6 +297,8 @@ def test_backfill_on_a_spark_cluster_with_an_executor_killed_mid_write(
         assert all(per_worker[worker_id] > 0 for worker_id in alive.values()), per_worker
     finally:
         store.dispose()
+        if cluster.artifacts_dir:  # beside the master's and workers' logs
+            shutil.copytree(event_logs, cluster.artifacts_dir / "spark-events", dirs_exist_ok=True)
 
 
 def test_cluster_is_the_compose_files(spark_cluster):
