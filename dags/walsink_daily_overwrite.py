@@ -15,7 +15,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG
-from walsink_example_common import JOBS_DIR, home_template
+from walsink_example_common import JOBS_DIR, home_template, spark_conn_id
 
 from airflow_provider_walsink.pipeline import walsink_pipeline
 
@@ -41,6 +41,7 @@ with DAG(
         mode="overwrite",
         partition_by=["dt"],
         conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+        spark_conn_id=spark_conn_id(),
         deferrable=True,
         poke_interval=2,
     )

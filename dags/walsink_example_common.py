@@ -7,6 +7,10 @@ Locations (the example DAGs work copied unchanged into any Airflow):
   lives under ``<home>/raw/``, the target tables under ``<home>/target/``.
 * Staging root and committer database come from the ``walsink_default``
   connection (default: ``$AIRFLOW_HOME/walsink/staging`` and an SQLite file).
+* Spark: master ``local[*]``, unless the environment variable
+  ``WALSINK_EXAMPLE_SPARK_CONN_ID`` names a Spark connection (read when the DAG is
+  parsed), e.g. the standalone cluster of ``docker/compose.yaml`` or of
+  ``scripts/cluster-demo.sh``.
 
 The raw data is generated, deterministically, on first use: the same day
 always yields the same rows, so a test (or a curious user) can recompute what
@@ -35,6 +39,11 @@ FILES_PER_INTERVAL = 3
 def default_example_home() -> str:
     airflow_home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
     return os.environ.get("WALSINK_EXAMPLE_HOME") or os.path.join(airflow_home, "walsink", "examples")
+
+
+def spark_conn_id() -> str | None:
+    """The Spark connection the examples submit through; ``None``: the default ``local[*]``."""
+    return os.environ.get("WALSINK_EXAMPLE_SPARK_CONN_ID") or None
 
 
 def home_template() -> str:

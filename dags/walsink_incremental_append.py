@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG, task
-from walsink_example_common import JOBS_DIR, home_template, land_arrivals
+from walsink_example_common import JOBS_DIR, home_template, land_arrivals, spark_conn_id
 
 from airflow_provider_walsink.pipeline import walsink_pipeline
 
@@ -49,6 +49,7 @@ with DAG(
         mode="append",
         partition_by=["dt"],
         conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+        spark_conn_id=spark_conn_id(),
         deferrable=True,
         poke_interval=2,
     )

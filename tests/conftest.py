@@ -201,7 +201,7 @@ def airflow_db():
 @pytest.fixture(scope="session")
 def airflow_stack():
     """A real Airflow stack (scheduler, dag-processor, triggerer, api-server) on the repo's
-    ``dags/``, with a private PostgreSQL metadata database; started once per session on
+    ``dags/`` and ``tests/dags/`` (two bundles), with a private PostgreSQL metadata database; started once per session on
     first use, stopped at the end, logs saved under ``test-artifacts/``. See
     ``tests/airflow_stack.py``.
     """
@@ -210,7 +210,15 @@ def airflow_stack():
     artifacts = REPO / "test-artifacts" / f"airflow-stack-{SESSION_ID}"
     try:
         stack = AirflowStack.create(
-            SESSION_TMP / "stack", postgres_admin_url=PG_ADMIN_URL, artifacts_dir=artifacts
+            SESSION_TMP / "stack",
+            postgres_admin_url=PG_ADMIN_URL,
+            artifacts_dir=artifacts,
+            # Both bundles, as for dag.test(): e2e tests may run the DAGs under tests/dags too.
+            env={
+                "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": os.environ[
+                    "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"
+                ]
+            },
         )
     except Exception as exc:  # noqa: BLE001 - any connect failure
         _unreachable("postgresql (the Airflow stack's metadata database)", exc)

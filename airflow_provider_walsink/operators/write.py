@@ -19,6 +19,7 @@ from airflow_provider_walsink.operators.commit import target_staging_root, valid
 from airflow_provider_walsink.protocol.errors import ManifestError
 from airflow_provider_walsink.protocol.manifest import digest_of, parse_manifest
 from airflow_provider_walsink.spark.args import ProtocolArgs
+from airflow_provider_walsink.spark.placement import check_operator_placement
 
 try:
     from airflow.sdk import BaseHook, BaseOperator
@@ -241,7 +242,6 @@ class WalWriteOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         key = self.checkpoint_key or checkpoint_key_from_context(context)
         hook = WalsinkHook(self.walsink_conn_id)
-        store = hook.get_store()
         layout = hook.get_layout(self.staging_root)
         if not self.staging_root:
             # A table target stages inside its own location (never visible until committed).
@@ -249,6 +249,9 @@ class WalWriteOperator(BaseOperator):
             if own:
                 layout = hook.get_layout(own)
         self._staging_root = str(layout.root)
+        # Before anything is recorded: a cluster master needs a staging root every node sees.
+        self.log.info("Staging placement: %s", check_operator_placement(self, hook, layout.root))
+        store = hook.get_store()
         actor = actor_from_context(context)
 
         record = store.register(self.pipeline, key, mode=self.mode, actor=actor, target=self.target)
