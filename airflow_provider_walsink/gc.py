@@ -18,6 +18,15 @@ It never touches the current or sealed attempt of an uncommitted checkpoint,
 never follows a symlink, and only walks names that are valid identifiers
 under the staging root.
 
+**Table targets** (Iceberg, Delta) add the staged files to the table by path:
+the staging directory of a committed attempt *is* table data. For pipelines
+whose target keeps staged files (``references_staged_files`` of its
+publisher, or a target kind that cannot be loaded here), GC removes only
+attempts that are neither the current nor the sealed one, whatever the
+checkpoint's state, and never a checkpoint directory the committer table does
+not know: the table's own maintenance (remove orphan files, VACUUM) decides
+about files no snapshot references (docs/targets.md).
+
 **Committer table** (Spark's ``_spark_metadata`` log grew without bound; this
 one does not). :func:`trim_committer_table` deletes COMMITTED checkpoint rows
 (with their history) whose commit is older than the retention period, except
@@ -143,6 +152,7 @@ def collect_staging(
             continue
         if wanted is not None and pipeline not in wanted:
             continue
+        keeps_staged = _target_keeps_staged_files(store, pipeline)
         for cdir in _subdirs(pdir):
             try:
                 key = validate_identifier(cdir.name, "checkpoint key")
@@ -150,8 +160,34 @@ def collect_staging(
                 report.skipped.append(f"{cdir}: not a checkpoint key")
                 continue
             record = store.get(pipeline, key)
+            if keeps_staged:
+                if record is None:
+                    report.skipped.append(f"{pipeline}/{key}: unknown checkpoint of a table target, kept")
+                    continue
+                record = _as_uncommitted(record)
             _collect_checkpoint(layout, pipeline, key, record, cutoff, cutoff_ts, report, dry_run)
     return report
+
+
+def _target_keeps_staged_files(store: CommitterStore, pipeline: str) -> bool:
+    """Whether the pipeline's target references its staged files in place (table targets)."""
+    from airflow_provider_walsink.publishers.registry import TargetError, publisher_class, target_scheme
+
+    row = store.get_pipeline(pipeline)
+    target = (row or {}).get("target")
+    if not target:
+        return False  # registered without a target: the directory-of-files default
+    try:
+        return bool(getattr(publisher_class(target_scheme(target)), "references_staged_files", False))
+    except TargetError:
+        return True  # a kind this process cannot load: assume its files are referenced
+
+
+def _as_uncommitted(record: CheckpointRecord) -> CheckpointRecord:
+    """Treat a checkpoint as open, so only attempts neither current nor sealed are removed."""
+    from dataclasses import replace
+
+    return replace(record, state=S.FAILED) if record.state in (S.COMMITTED, S.ABORTED) else record
 
 
 def _collect_checkpoint(

@@ -68,6 +68,8 @@ class Checkpoint(Base):
         # Keyset pagination and "pending checkpoints" per pipeline and state.
         Index("ix_walsink_checkpoint_pipeline_state_sequence", "pipeline", "state", "sequence"),
         Index("ix_walsink_checkpoint_dag_id_run_id", "dag_id", "run_id"),
+        # The UI's access check: which DAGs write each pipeline (an index-only scan).
+        Index("ix_walsink_checkpoint_pipeline_dag_id", "pipeline", "dag_id"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

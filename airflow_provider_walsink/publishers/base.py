@@ -150,6 +150,9 @@ class Publisher(Protocol):
     #: The URI scheme or name of the target kind (``file``, ``iceberg``, ``delta``, ``sql``).
     kind: ClassVar[str]
     capabilities: ClassVar[TargetCapabilities]
+    #: The target references staged files in place (table targets): GC must never
+    #: remove a committed attempt's staging (``gc.py``).
+    references_staged_files: ClassVar[bool]
 
     def publish(self, manifest: Manifest, attempt_dir: Path, ctx: PublisherContext) -> PublishResult: ...
 

@@ -68,6 +68,7 @@ class FilePublisher:
     capabilities: ClassVar[TargetCapabilities] = TargetCapabilities(
         atomic=False, needs_rename=True, remembers_commits=False, fenced_by_target=False
     )
+    references_staged_files: ClassVar[bool] = False  # files are moved into the target
 
     def __init__(
         self,

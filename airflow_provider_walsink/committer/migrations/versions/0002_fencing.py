@@ -9,6 +9,7 @@ Create Date: 2026-11-23 04:10:00
 * ``attempt_id`` / ``sealed_attempt_id``: globally unique ids of the current
   and the sealed write attempt (the numbers repeat after retention).
 * ``publication``: what the commit published (JSON: target, files or snapshot).
+* an index on ``(pipeline, dag_id)`` for the UI's access check.
 """
 
 from collections.abc import Sequence
@@ -28,9 +29,13 @@ def upgrade() -> None:
         batch.add_column(sa.Column("attempt_id", sa.String(length=40), nullable=True))
         batch.add_column(sa.Column("sealed_attempt_id", sa.String(length=40), nullable=True))
         batch.add_column(sa.Column("publication", sa.Text(), nullable=True))
+    op.create_index(
+        "ix_walsink_checkpoint_pipeline_dag_id", "walsink_checkpoint", ["pipeline", "dag_id"], unique=False
+    )
 
 
 def downgrade() -> None:
+    op.drop_index("ix_walsink_checkpoint_pipeline_dag_id", table_name="walsink_checkpoint")
     with op.batch_alter_table("walsink_checkpoint") as batch:
         batch.drop_column("publication")
         batch.drop_column("sealed_attempt_id")
