@@ -190,8 +190,8 @@ def test_resolved_from_uris(tmp_path):
         },
         extra={"conn_id": "s3"},
     )
-    local = resolve_target(f"delta://{tmp_path}/t", options)
-    assert isinstance(local, DeltaPublisher) and local.table_uri == f"{tmp_path}/t"
+    local = resolve_target(f"delta://{tmp_path}/t?create_table=true", options)
+    assert isinstance(local, DeltaPublisher) and local.table_uri == f"{tmp_path}/t" and local.create_table
     remote = resolve_target("delta+s3://bucket/tables/t", options)
     assert remote.table_uri == "s3://bucket/tables/t"
     assert remote.storage_options["AWS_ACCESS_KEY_ID"] == "AK"

@@ -216,6 +216,20 @@ class Storage:
         return removed
 
 
+def uri_flags(query: str, allowed: Sequence[str], uri: str) -> dict[str, bool]:
+    """Boolean options written in a target URI's query (``?create_table=true``)."""
+    from urllib.parse import parse_qsl
+
+    flags = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name not in allowed:
+            raise LayoutError(f"target {uri!r}: unknown option {name!r} (known: {', '.join(allowed)})")
+        if value.lower() not in ("true", "false", "1", "0", ""):
+            raise LayoutError(f"target {uri!r}: option {name}={value!r} must be true or false")
+        flags[name] = value.lower() in ("true", "1", "")
+    return flags
+
+
 def checkpoint_location(staging_root: str, manifest: Manifest) -> str:
     return f"{staging_root.rstrip('/')}/{manifest.pipeline}/{manifest.checkpoint_key}"
 

@@ -61,6 +61,7 @@ from ._tables import (
     partition_of_path,
     schema_problems,
     staged_base,
+    uri_flags,
 )
 from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
 
@@ -131,7 +132,7 @@ class DeltaPublisher:
 
     @classmethod
     def from_uri(cls, uri: str, options: Any) -> DeltaPublisher:
-        """``delta:///abs/path`` or ``delta+s3://bucket/path`` with :class:`~.registry.TargetOptions`."""
+        """``delta:///abs/path`` or ``delta+s3://bucket/path`` (``?create_table=true``) with :class:`~.registry.TargetOptions`."""
         parts = urlsplit(uri)
         extra = dict(options.extra or {})
         if parts.scheme == "delta":
@@ -148,12 +149,13 @@ class DeltaPublisher:
         if extra.get("conn_id") and options.connections is not None:
             opts.update(storage_options_from_connection(options.connections(extra["conn_id"])))
         opts.update({str(k): str(v) for k, v in (extra.get("storage_options") or {}).items()})
+        flags = uri_flags(parts.query, ("create_table",), uri)
         return cls(
             table_uri,
             options.mode,
             storage_options=opts,
             partition_by=tuple(options.partition_by or ()),
-            create_table=bool(extra.get("create_table", False)),
+            create_table=flags.get("create_table", bool(extra.get("create_table", False))),
         )
 
     def _s3_settings(self) -> S3Settings:

@@ -81,6 +81,7 @@ from ._tables import (
     partition_of_path,
     schema_problems,
     staged_base,
+    uri_flags,
 )
 from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
 
@@ -175,7 +176,7 @@ class IcebergPublisher:
 
     @classmethod
     def from_uri(cls, uri: str, options: Any) -> IcebergPublisher:
-        """``iceberg://<catalog>/<namespace>.<table>`` with :class:`~.registry.TargetOptions`."""
+        """``iceberg://<catalog>/<namespace>.<table>[?create_table=true]`` with :class:`~.registry.TargetOptions`."""
         parts = urlsplit(uri)
         identifier = parts.path.strip("/")
         if parts.scheme != "iceberg" or not parts.netloc or not identifier:
@@ -193,13 +194,14 @@ class IcebergPublisher:
                 props = catalog_properties_from_connection(conn)
         if props is None and extra.get("catalog"):
             props = {str(k): str(v) for k, v in dict(extra["catalog"]).items()}
+        flags = uri_flags(parts.query, ("create_table",), uri)
         return cls(
             identifier,
             options.mode,
             catalog_name=parts.netloc,
             catalog_properties=props,
             partition_by=tuple(options.partition_by or ()),
-            create_table=bool(extra.get("create_table", False)),
+            create_table=flags.get("create_table", bool(extra.get("create_table", False))),
             table_properties=extra.get("table_properties"),
         )
 
