@@ -227,3 +227,43 @@ def test_resolved_from_a_uri_with_catalog_from_a_connection(tmp_path):
         },
     ).describe()
     assert "pw" not in described and "S" not in described.replace("Iceberg", "").replace("table", "")
+
+
+@pytest.mark.spark
+def test_files_staged_by_spark_are_committed_and_int96_is_refused_clearly(spark, tmp_path):
+    """Spark's partitionBy output (no dt column in the files) with TIMESTAMP_MICROS; INT96 gets a clear error."""
+    import datetime as dt
+
+    from airflow_provider_walsink.protocol.manifest import Committable, build_manifest
+    from airflow_provider_walsink.spark.job import hadoop_uri
+
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}/wh"}
+    publisher = IcebergPublisher("ns.spark_events", "overwrite", catalog_properties=props, create_table=True)
+    rows = [("2026-01-01", 1, dt.datetime(2026, 1, 1, 5)), ("2026-01-02", 2, dt.datetime(2026, 1, 2, 6))]
+    df = spark.createDataFrame(rows, "dt string, id long, ts timestamp")
+
+    def staged(attempt: int, timestamp_type: str):
+        attempt_dir = tmp_path / "staging" / "events" / "2026-01" / f"attempt-{attempt}"
+        spark.conf.set("spark.sql.parquet.outputTimestampType", timestamp_type)
+        try:
+            df.coalesce(1).write.partitionBy("dt").parquet(hadoop_uri(attempt_dir))
+        finally:
+            spark.conf.unset("spark.sql.parquet.outputTimestampType")
+        files = sorted(p for p in attempt_dir.rglob("*.parquet"))
+        committables = [Committable(str(p.relative_to(attempt_dir)), p.stat().st_size, None) for p in files]
+        manifest = build_manifest(
+            pipeline="events", checkpoint_key="2026-01", sequence=1, attempt=attempt, file_format="parquet",
+            committables=committables, attempt_id=uuid.uuid4().hex, partition_columns=("dt",),
+        )  # fmt: skip
+        return manifest, attempt_dir
+
+    int96, int96_dir = staged(1, "INT96")
+    with pytest.raises(IcebergTargetError, match="INT96.*TIMESTAMP_MICROS"):
+        publisher.publish(int96, int96_dir, ctx(int96))
+
+    manifest, attempt_dir = staged(2, "TIMESTAMP_MICROS")
+    result = publisher.publish(manifest, attempt_dir, ctx(manifest))
+    assert result.outcome is PublishOutcome.PUBLISHED
+    got = publisher.load_table().scan().to_arrow().to_pylist()
+    assert sorted((r["dt"], r["id"]) for r in got) == [("2026-01-01", 1), ("2026-01-02", 2)]
+    assert all(r["ts"] is not None for r in got)

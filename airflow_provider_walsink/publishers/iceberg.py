@@ -50,6 +50,7 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.expressions import AlwaysTrue, And, EqualTo, Or
 from pyiceberg.io.pyarrow import (
+    UnsupportedPyArrowTypeException,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
@@ -511,10 +512,22 @@ class IcebergPublisher:
                 f"Iceberg table {self.identifier} does not exist and checkpoint "
                 f"{manifest.pipeline}/{manifest.checkpoint_key} staged no file to take its schema from"
             )
+        int96 = sorted({col for meta in footers for col in int96_columns(meta)})
+        if int96:
+            raise IcebergTargetError(
+                f"staged files of {manifest.pipeline}/{manifest.checkpoint_key} hold INT96 timestamps {int96}, which "
+                "Iceberg cannot read: make Spark write TIMESTAMP_MICROS "
+                "(spark.sql.parquet.outputTimestampType=TIMESTAMP_MICROS); table not created"
+            )
         file_schema = footers[0].schema.to_arrow_schema()
         columns = list(self.partition_by or manifest.partition_columns)
         fields = list(file_schema) + [pa.field(c, pa.string()) for c in columns if c not in file_schema.names]
-        schema = Catalog._convert_schema_if_needed(pa.schema(fields))
+        try:
+            schema = Catalog._convert_schema_if_needed(pa.schema(fields))
+        except (TypeError, ValueError, UnsupportedPyArrowTypeException) as e:  # no Iceberg equivalent
+            raise IcebergTargetError(
+                f"cannot create Iceberg table {self.identifier}: {e}; table not created"
+            ) from e
         spec = PartitionSpec(
             *(
                 PartitionField(
