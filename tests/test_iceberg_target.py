@@ -267,3 +267,22 @@ def test_files_staged_by_spark_are_committed_and_int96_is_refused_clearly(spark,
     got = publisher.load_table().scan().to_arrow().to_pylist()
     assert sorted((r["dt"], r["id"]) for r in got) == [("2026-01-01", 1), ("2026-01-02", 2)]
     assert all(r["ts"] is not None for r in got)
+
+
+def test_an_empty_overwrite_checkpoint_still_replaces_its_partition_once(target):
+    from airflow_provider_walsink.protocol.manifest import build_manifest
+
+    first, first_dir = target.stage("2026-01-01", ROWS_A)
+    target.publisher("overwrite").publish(first, first_dir, ctx(first))
+    empty = build_manifest(
+        pipeline="events", checkpoint_key="2026-01-01b", sequence=2, attempt=1, file_format="parquet",
+        committables=[], attempt_id=uuid.uuid4().hex, partition_columns=("dt",), partitions=("dt=2026-01-01",),
+    )  # fmt: skip
+    empty_dir = f"{target.staging}/events/2026-01-01b/attempt-1"
+    assert (
+        target.publisher("overwrite").publish(empty, empty_dir, ctx(empty)).outcome
+        is PublishOutcome.PUBLISHED
+    )
+    again = target.publisher("overwrite").publish(empty, empty_dir, ctx(empty))
+    assert again.outcome is PublishOutcome.ALREADY_PUBLISHED
+    assert target.rows() == [("2026-01-02", 3, "c")]

@@ -411,6 +411,8 @@ class DeltaPublisher:
         if self.mode != "overwrite" and not retract:
             return []
         files = pa.table(dt.get_add_actions(flatten=True))
+        if files.num_rows == 0:
+            return []
         partition_by = dt.metadata().partition_columns
         replaced: set[tuple[str | None, ...]] = set()
         if self.mode == "overwrite":
