@@ -217,3 +217,44 @@ def test_an_empty_overwrite_checkpoint_still_replaces_its_partition_once(target)
     again = target.publisher("overwrite").publish(empty, empty_dir, ctx(empty))
     assert again.outcome is PublishOutcome.ALREADY_PUBLISHED
     assert target.rows() == [("2026-01-02", 3, "c")]
+
+
+def test_committer_killed_after_the_table_commit_then_rerun_commits_once(tmp_path, sqlite_store):
+    """Through the real committer and store: publish lands, the task dies before COMMITTED, the re-run records it."""
+    import io as _io
+
+    import pyarrow.parquet as pq
+
+    from airflow_provider_walsink.committer import CheckpointCommitter
+    from tests.helpers import ACTOR, stage_checkpoint
+    from tests.table_fixtures import Place, events_table
+
+    target = Target(Place("local", str(tmp_path / "tables")))
+    layout = StagingLayout(target.staging)
+    day = events_table(ROWS_A).filter(pa.compute.equal(events_table(ROWS_A)["dt"], "2026-01-01"))
+    buf = _io.BytesIO()
+    pq.write_table(day.drop_columns(["dt"]), buf)
+    stage_checkpoint(
+        sqlite_store, layout, "events", "2026-01-01", {"dt=2026-01-01/p-0.parquet": buf.getvalue()}
+    )
+
+    class Killed(Exception):
+        pass
+
+    class DiesAfterTheTableCommit(DeltaPublisher):
+        def publish(self, manifest, attempt_dir, ctx):
+            super().publish(manifest, attempt_dir, ctx)
+            raise Killed("worker lost after the table commit")
+
+    dying = DiesAfterTheTableCommit(target.uri, "append", partition_by=["dt"], create_table=True)
+    with pytest.raises(Killed):
+        CheckpointCommitter(sqlite_store, layout, dying, mode="append").commit(
+            "events", "2026-01-01", actor=ACTOR
+        )
+    assert target.version() == 0
+    summary = CheckpointCommitter(sqlite_store, layout, target.publisher(), mode="append").commit(
+        "events", "2026-01-01", actor=ACTOR
+    )
+    assert summary.state == "COMMITTED" and summary.already_published == 1 and summary.published == 0
+    assert target.version() == 0
+    assert target.rows() == [("2026-01-01", 1, "a"), ("2026-01-01", 2, "b")]

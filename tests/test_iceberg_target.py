@@ -286,3 +286,51 @@ def test_an_empty_overwrite_checkpoint_still_replaces_its_partition_once(target)
     again = target.publisher("overwrite").publish(empty, empty_dir, ctx(empty))
     assert again.outcome is PublishOutcome.ALREADY_PUBLISHED
     assert target.rows() == [("2026-01-02", 3, "c")]
+
+
+def test_committer_killed_after_the_table_commit_then_rerun_commits_once(tmp_path, sqlite_store):
+    """Through the real committer and store: publish lands, the task dies before COMMITTED, the re-run records it."""
+    import io as _io
+
+    import pyarrow.parquet as pq
+
+    from airflow_provider_walsink.committer import CheckpointCommitter
+    from airflow_provider_walsink.publishers._tables import local_path
+    from tests.helpers import ACTOR, stage_checkpoint
+    from tests.table_fixtures import Place, events_table
+
+    target = Target(Place("local", str(tmp_path / "tables")), tmp_path)
+    publisher = target.publisher()
+    layout = StagingLayout(local_path(publisher.staging_root()))
+    buf = _io.BytesIO()
+    pq.write_table(
+        events_table(ROWS_A)
+        .filter(pa.compute.equal(events_table(ROWS_A)["dt"], "2026-01-01"))
+        .drop_columns(["dt"]),
+        buf,
+    )
+    files = {"dt=2026-01-01/part-00000.parquet": buf.getvalue()}
+    stage_checkpoint(sqlite_store, layout, "events", "2026-01-01", files, mode="append")
+
+    class Killed(Exception):
+        pass
+
+    class DiesAfterTheTableCommit(type(publisher)):
+        def publish(self, manifest, attempt_dir, ctx):
+            super().publish(manifest, attempt_dir, ctx)
+            raise Killed("worker lost after the table commit")
+
+    dying = DiesAfterTheTableCommit(
+        target.identifier, "append", catalog_properties=target.props, partition_by=["dt"], create_table=True
+    )
+    with pytest.raises(Killed):
+        CheckpointCommitter(sqlite_store, layout, dying, mode="append").commit(
+            "events", "2026-01-01", actor=ACTOR
+        )
+    assert len(target.snapshots()) == 1
+    summary = CheckpointCommitter(sqlite_store, layout, target.publisher(), mode="append").commit(
+        "events", "2026-01-01", actor=ACTOR
+    )
+    assert summary.state == "COMMITTED" and summary.already_published == 1 and summary.published == 0
+    assert len(target.snapshots()) == 1
+    assert target.rows() == [("2026-01-01", 1, "a"), ("2026-01-01", 2, "b")]
