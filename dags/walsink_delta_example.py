@@ -43,6 +43,8 @@ with DAG(
         application=str(JOBS_DIR / "daily_events_job.py"),
         application_args=["--raw", f"{HOME}/raw/daily_events"],
         target=f"delta://{HOME}/target/delta_daily_events?create_table=true",
+        # Stage inside the table directory: Delta adds the files by path, never copies them.
+        staging_root=f"{HOME}/target/delta_daily_events/_walsink_staging",
         mode="overwrite",
         partition_by=["dt"],
         conf={
