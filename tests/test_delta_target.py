@@ -127,6 +127,7 @@ def test_zombie_with_a_lower_or_equal_version_is_fenced_and_adds_nothing(target)
             target.publisher().publish(zombie, zombie_dir, ctx(zombie, epoch=epoch))
     assert target.version() == 0
     assert target.rows() == sorted(ROWS_A)
+    assert target.publisher().published_marker(zombie, need_id=False).epoch == 3
 
 
 def test_newer_attempt_retracts_the_older_one(target):

@@ -141,6 +141,8 @@ def test_zombie_with_a_lower_epoch_is_fenced_and_adds_nothing(target):
             target.publisher().publish(zombie, zombie_dir, ctx(zombie, epoch=epoch))
     assert target.snapshots() == before
     assert target.rows() == sorted(ROWS_A)
+    marker = target.publisher().published_marker(zombie)
+    assert (marker.attempt_id, marker.epoch) == (current.attempt_id, 3)
 
 
 def test_newer_attempt_retracts_the_older_one(target):

@@ -207,9 +207,18 @@ class DeltaPublisher:
                 return commit.get("walsink.attempt-id")
         return None
 
-    def published_attempt(self, manifest: Manifest) -> str | None:
+    def published_marker(self, manifest: Manifest, *, need_id: bool = True) -> Marker | None:
+        """The table's marker for the manifest's checkpoint (attempt id, fencing token), or ``None``.
+
+        Lets a committer whose rows were trimmed take its next lease above the token the table
+        holds. With ``need_id=False`` the id of an attempt other than the manifest's is not
+        looked up in the history (the token alone, two lookups).
+        """
         dt = self.load_table()
-        marker = self.marker_of(dt, manifest, need_id=True) if dt is not None else None
+        return self.marker_of(dt, manifest, need_id=need_id) if dt is not None else None
+
+    def published_attempt(self, manifest: Manifest) -> str | None:
+        marker = self.published_marker(manifest)
         return marker.attempt_id if marker else None
 
     # ------------------------------------------------------------------ publish

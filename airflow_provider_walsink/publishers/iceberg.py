@@ -268,9 +268,16 @@ class IcebergPublisher:
             data["attempt_id"], int(data["epoch"]), data.get("snapshot"), tuple(data.get("previous", ()))
         )
 
-    def published_attempt(self, manifest: Manifest) -> str | None:
+    def published_marker(self, manifest: Manifest) -> Marker | None:
+        """The table's marker for the manifest's checkpoint (attempt id, fencing token, snapshot), or ``None``.
+
+        Lets a committer whose rows were trimmed take its next lease above the token the table holds.
+        """
         table = self.load_table()
-        marker = self.marker_of(table, manifest) if table is not None else None
+        return self.marker_of(table, manifest) if table is not None else None
+
+    def published_attempt(self, manifest: Manifest) -> str | None:
+        marker = self.published_marker(manifest)
         return marker.attempt_id if marker else None
 
     # ------------------------------------------------------------------ publish
