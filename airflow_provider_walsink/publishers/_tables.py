@@ -1,0 +1,324 @@
+"""What the table targets (:mod:`.iceberg`, :mod:`.delta`) share: the marker rule,
+staged-file locations on a local disk or an object store, Parquet footers, the
+schema check and the cleanup that never touches a file a table references.
+
+No Airflow import, and no table library either: each table module brings its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from airflow_provider_walsink.protocol.errors import CommittableError, FencedError, LayoutError, WalsinkError
+from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, Manifest, parse_manifest
+
+from .base import PublisherContext
+
+log = logging.getLogger(__name__)
+
+#: Directory, inside the table location, where the write phase stages attempts.
+#: Leading underscore: Spark, Hive and ``VACUUM`` skip it, so an uncommitted
+#: attempt is never visible and never vacuumed away from under a committer.
+STAGING_DIR = "_walsink_staging"
+#: Footers are read in parallel (object stores: one round trip each).
+FOOTER_THREADS = 8
+
+
+class TableCommitConflict(WalsinkError):
+    """The table kept changing under every retry of a commit; the message says how often."""
+
+
+@dataclass(frozen=True)
+class Marker:
+    """What the table records about the checkpoint attempt it holds."""
+
+    attempt_id: str
+    epoch: int
+    snapshot: str | None = None
+    #: Attempt ids of this checkpoint the table held before (their files may
+    #: still be referenced by older snapshots: cleanup leaves them alone).
+    previous: tuple[str, ...] = ()
+
+
+def decide(marker: Marker | None, manifest: Manifest, ctx: PublisherContext) -> bool:
+    """Apply the marker rule; True: the table already holds this attempt (publish nothing).
+
+    * our attempt id -> already published, whatever the epochs;
+    * another attempt with an epoch >= ours -> :class:`FencedError`: a committer
+      holding a newer lease published (a zombie must add nothing);
+    * another attempt with a lower epoch -> False: publish ours and retract it.
+    """
+    if marker is None:
+        return False
+    if marker.attempt_id == manifest.attempt_id:
+        return True
+    if marker.epoch >= ctx.epoch:
+        raise FencedError(
+            f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: the table already holds attempt "
+            f"{marker.attempt_id} committed under fencing token {marker.epoch} (snapshot {marker.snapshot}); "
+            f"this committer's token is {ctx.epoch}, so its attempt {manifest.attempt_id} is not published"
+        )
+    return False
+
+
+# --------------------------------------------------------------------------- locations
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """How to reach an S3-compatible store (credentials are never logged or described)."""
+
+    endpoint: str | None = None
+    access_key: str | None = None
+    secret_key: str | None = None
+    session_token: str | None = None
+    region: str | None = None
+
+    def filesystem(self) -> Any:
+        import pyarrow.fs as pafs
+
+        kwargs: dict[str, Any] = {}
+        if self.endpoint:
+            parts = urlsplit(self.endpoint)
+            kwargs["endpoint_override"] = parts.netloc or self.endpoint
+            kwargs["scheme"] = parts.scheme or "https"
+        if self.access_key:
+            kwargs.update(access_key=self.access_key, secret_key=self.secret_key)
+            if self.session_token:
+                kwargs["session_token"] = self.session_token
+        kwargs["region"] = self.region or "us-east-1"
+        return pafs.S3FileSystem(**kwargs)
+
+
+def staged_base(attempt_dir: str | os.PathLike[str]) -> str:
+    """The attempt's location as a URI (``s3://...``) or an absolute local path."""
+    text = os.fspath(attempt_dir)
+    if "://" in text:
+        return text.rstrip("/")
+    return os.path.abspath(text)
+
+
+def is_remote(location: str) -> bool:
+    return "://" in location and not location.startswith("file://")
+
+
+def local_path(location: str) -> str:
+    return location[len("file://") :] if location.startswith("file://") else location
+
+
+def as_uri(location: str) -> str:
+    """A URI for a table library: ``file:///abs`` for local paths, remote URIs as they are."""
+    if "://" in location:
+        return location
+    return "file://" + os.path.abspath(location)
+
+
+class Storage:
+    """Reads and deletes staged files on a local disk or an S3-compatible store (pyarrow's file systems)."""
+
+    def __init__(self, s3: S3Settings | None = None) -> None:
+        self.s3 = s3 or S3Settings()
+        self._s3fs: Any = None
+
+    def fs_and_path(self, location: str) -> tuple[Any, str]:
+        import pyarrow.fs as pafs
+
+        if is_remote(location):
+            parts = urlsplit(location)
+            if parts.scheme not in ("s3", "s3a"):
+                raise LayoutError(f"staging location {location!r}: only local paths and s3:// are supported")
+            if self._s3fs is None:
+                self._s3fs = self.s3.filesystem()
+            return self._s3fs, f"{parts.netloc}{parts.path}"
+        return pafs.LocalFileSystem(), local_path(location)
+
+    def footers(self, files: Sequence[tuple[str, int]]) -> list[Any]:
+        """Parquet metadata of each ``(location, expected size)``; raise naming every file that does not match.
+
+        Only footers are read (a few KiB per file), in parallel.
+        """
+        import pyarrow.parquet as pq
+
+        def one(item: tuple[str, int]) -> Any:
+            location, size = item
+            fs, path = self.fs_and_path(location)
+            try:
+                info = fs.get_file_info(path)
+            except OSError as e:
+                return f"{location}: cannot be read ({e})"
+            if info.type.name != "File":
+                return f"{location}: missing from staging"
+            if info.size != size:
+                return f"{location}: {info.size} bytes staged, the manifest records {size}"
+            try:
+                with fs.open_input_file(path) as f:
+                    return pq.ParquetFile(f).metadata
+            except Exception as e:  # pyarrow raises ArrowInvalid/OSError for a corrupt footer
+                return f"{location}: not a readable Parquet file ({e})"
+
+        with ThreadPoolExecutor(max_workers=FOOTER_THREADS) as pool:
+            found = list(pool.map(one, files))
+        problems = [f for f in found if isinstance(f, str)]
+        if problems:
+            shown = "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+            raise CommittableError(f"staged files cannot be published, table left unchanged: {shown}")
+        return found
+
+    def remove_unreferenced_attempts(
+        self, checkpoint_location: str, manifest: Manifest, held: Callable[[str], bool]
+    ) -> list[str]:
+        """Delete what a committed checkpoint no longer needs; return what was removed.
+
+        Removes this attempt's manifest file, and every other attempt directory
+        of the checkpoint whose attempt id the table never held (``held(id)`` is False).
+        An attempt that cannot be identified (its manifest unreadable) is left
+        for the table's own orphan-file removal. Never deletes a data file of an
+        attempt the table holds or held.
+        """
+        fs, base = self.fs_and_path(checkpoint_location)
+        removed = []
+        import pyarrow.fs as pafs
+
+        try:
+            entries = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+        except OSError as e:
+            log.warning("cannot list %s: %s", checkpoint_location, e)
+            return removed
+        for entry in entries:
+            if entry.type.name != "Directory" or not posixpath.basename(entry.path).startswith("attempt-"):
+                continue
+            manifest_path = f"{entry.path}/{MANIFEST_NAME}"
+            info = fs.get_file_info(manifest_path)
+            if info.type.name == "File":
+                try:
+                    with fs.open_input_stream(manifest_path) as f:
+                        other = parse_manifest(f.read(), source=manifest_path)
+                except (WalsinkError, OSError) as e:
+                    log.warning("leaving %s alone: its manifest cannot be read (%s)", entry.path, e)
+                    continue
+                if other.attempt_id == manifest.attempt_id:
+                    fs.delete_file(manifest_path)  # the data files stay: the table references them
+                    removed.append(manifest_path)
+                    continue
+                if held(other.attempt_id):
+                    continue
+            # Never sealed, or sealed but never held by the table: nothing references it.
+            fs.delete_dir(entry.path)
+            removed.append(entry.path)
+        return removed
+
+
+def uri_flags(query: str, allowed: Sequence[str], uri: str) -> dict[str, bool]:
+    """Boolean options written in a target URI's query (``?create_table=true``)."""
+    from urllib.parse import parse_qsl
+
+    flags = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name not in allowed:
+            raise LayoutError(f"target {uri!r}: unknown option {name!r} (known: {', '.join(allowed)})")
+        if value.lower() not in ("true", "false", "1", "0", ""):
+            raise LayoutError(f"target {uri!r}: option {name}={value!r} must be true or false")
+        flags[name] = value.lower() in ("true", "1", "")
+    return flags
+
+
+def checkpoint_location(staging_root: str, manifest: Manifest) -> str:
+    return f"{staging_root.rstrip('/')}/{manifest.pipeline}/{manifest.checkpoint_key}"
+
+
+def layout_root(layout: Any) -> str | None:
+    """The staging root of a :class:`StagingLayout`, a root URI, or ``None``."""
+    if layout is None:
+        return None
+    root = getattr(layout, "root", layout)
+    return os.fspath(root) if isinstance(root, Path) else str(root)
+
+
+# --------------------------------------------------------------------------- partitions and schema
+
+
+def partition_values(manifest: Manifest, relative: str, declared: Sequence[str]) -> dict[str, str]:
+    """The Hive-style ``column=value`` pairs of a committable, checked against the declared columns."""
+    pairs = dict(partition_of_path(relative))
+    if declared and tuple(pairs) != tuple(declared):
+        raise LayoutError(
+            f"committable {relative!r} of {manifest.pipeline}/{manifest.checkpoint_key} is partitioned by "
+            f"{list(pairs) or 'nothing'}, but the table is partitioned by {list(declared)}; nothing was changed"
+        )
+    return pairs
+
+
+def partition_of_path(relative: str) -> list[tuple[str, str]]:
+    return [tuple(part.split("=", 1)) for part in relative.split("/")[:-1]]  # type: ignore[misc]
+
+
+def normalise_type(t: Any) -> str:
+    """A comparable name of an Arrow type: the string and binary flavours are one, dictionaries their values."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        t = pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        t = pa.binary()
+    if pa.types.is_large_list(t):
+        t = pa.list_(t.value_type)
+    return str(t)
+
+
+def schema_problems(
+    table_columns: Mapping[str, Any],
+    file_schema: Any,
+    from_path: Iterable[str],
+    *,
+    int96: Iterable[str] = (),
+) -> list[str]:
+    """Differences between a table's columns and a staged file's (plus the columns its path gives).
+
+    ``table_columns`` and ``file_schema`` hold Arrow types; an empty list means they match.
+    """
+    path_columns = set(from_path)
+    found = {f.name: f.type for f in file_schema}
+    problems = []
+    missing = [c for c in table_columns if c not in found and c not in path_columns]
+    extra = [c for c in found if c not in table_columns]
+    if missing:
+        problems.append(f"missing columns {missing}")
+    if extra:
+        problems.append(f"columns not in the table {extra}")
+    int96 = set(int96)
+    for name, want in table_columns.items():
+        if name in found and normalise_type(found[name]) != normalise_type(want):
+            hint = (
+                " (an INT96 timestamp: make Spark write TIMESTAMP_MICROS with "
+                "spark.sql.parquet.outputTimestampType=TIMESTAMP_MICROS)"
+                if name in int96
+                else ""
+            )
+            problems.append(
+                f"column {name!r} is {normalise_type(found[name])}, the table has {normalise_type(want)}{hint}"
+            )
+    return problems
+
+
+def int96_columns(parquet_metadata: Any) -> list[str]:
+    schema = parquet_metadata.schema
+    return [schema.column(i).path for i in range(len(schema)) if schema.column(i).physical_type == "INT96"]
+
+
+def call_with_events(ctx: PublisherContext, name: str, action: Callable[[], Any]) -> Any:
+    """Fence, mark ``before_<name>``, run ``action``, mark ``after_<name>`` (fault tests crash there)."""
+    ctx.fence()
+    ctx.event(f"table.before_{name}")
+    result = action()
+    ctx.event(f"table.after_{name}")
+    return result

@@ -1,0 +1,471 @@
+"""A Delta Lake table as a walsink target (deltalake), exactly once through the table's own commit.
+
+``delta:///abs/path`` (local) or ``delta+s3://bucket/path`` (S3-compatible:
+``TargetOptions.extra["storage_options"]`` as deltalake takes them, or
+``extra["conn_id"]``, a connection whose login/password are the access key
+pair and whose extra may hold ``endpoint_url`` and ``region_name``).
+
+**Commit = one table version.** The write phase stages Parquet files inside
+the table directory (:meth:`DeltaPublisher.staging_root`:
+``<table>/_walsink_staging``, skipped by readers and by ``VACUUM``'s orphan
+scan because of the leading underscore). ``publish`` adds them by path (no
+copy, no rename) in one commit; in ``overwrite`` the same commit removes the
+files of the interval's partitions.
+
+**The marker.** The commit carries two application transactions: app id
+``walsink/<pipeline>/<key>`` and ``walsink/<pipeline>/<key>/<attempt id>``, both
+at version = the fencing token (``ctx.epoch``: strictly increasing per lease
+take of the checkpoint, so a later holder always commits a higher version),
+plus commit metadata naming pipeline, checkpoint, attempt id and token. Both
+lookups are ``transaction_version(app_id)``, answered from the table state the
+library loads anyway (flat as history grows). deltalake does **not** enforce
+transaction versions (committing the same or a lower version succeeds), so
+walsink refuses itself: the checkpoint's version >= ours with another attempt
+-> ``FencedError``; our attempt's version equal to the checkpoint's -> already
+published. A concurrent commit of the same app id is refused by the table's
+conflict check (``CommitFailedError``): walsink then reloads and checks again,
+and finds the winner's marker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any, ClassVar
+from urllib.parse import quote, unquote, urlsplit
+
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import Schema as DeltaSchema
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
+
+from airflow_provider_walsink.protocol.errors import LayoutError, WalsinkError
+from airflow_provider_walsink.protocol.manifest import Manifest
+
+from ._tables import (
+    STAGING_DIR,
+    Marker,
+    S3Settings,
+    Storage,
+    TableCommitConflict,
+    call_with_events,
+    checkpoint_location,
+    decide,
+    int96_columns,
+    layout_root,
+    local_path,
+    partition_of_path,
+    schema_problems,
+    staged_base,
+    uri_flags,
+)
+from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
+
+log = logging.getLogger(__name__)
+
+MODES = ("append", "overwrite")
+MAX_COMMIT_ATTEMPTS = 20
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+#: How far back ``published_attempt`` looks for the id of another attempt (a rare, reconciling path).
+HISTORY_SCAN_LIMIT = 10_000
+
+
+class DeltaTargetError(WalsinkError):
+    """The Delta target cannot be used as configured; the message says why (table unchanged)."""
+
+
+def app_id(manifest: Manifest, attempt_id: str | None = None) -> str:
+    base = f"walsink/{manifest.pipeline}/{manifest.checkpoint_key}"
+    return f"{base}/{attempt_id}" if attempt_id else base
+
+
+def storage_options_from_connection(conn: Mapping[str, Any]) -> dict[str, str]:
+    extra = conn.get("extra") or {}
+    if isinstance(extra, str):
+        extra = json.loads(extra) if extra.strip() else {}
+    opts: dict[str, str] = {}
+    if conn.get("login"):
+        opts["AWS_ACCESS_KEY_ID"] = str(conn["login"])
+        opts["AWS_SECRET_ACCESS_KEY"] = str(conn.get("password") or "")
+    endpoint = extra.get("endpoint_url") or extra.get("endpoint")
+    if endpoint:
+        opts["AWS_ENDPOINT_URL"] = str(endpoint)
+        if str(endpoint).startswith("http://"):
+            opts["AWS_ALLOW_HTTP"] = "true"
+    if extra.get("region_name"):
+        opts["AWS_REGION"] = str(extra["region_name"])
+    opts.update({str(k): str(v) for k, v in (extra.get("storage_options") or {}).items()})
+    return opts
+
+
+class DeltaPublisher:
+    """Publishes checkpoint attempts into one Delta table (module docstring)."""
+
+    kind: ClassVar[str] = "delta"
+    capabilities: ClassVar[TargetCapabilities] = TargetCapabilities(
+        atomic=True, needs_rename=False, remembers_commits=True, fenced_by_target=True
+    )
+
+    def __init__(
+        self,
+        table_uri: str,
+        mode: str,
+        *,
+        storage_options: Mapping[str, str] | None = None,
+        partition_by: Sequence[str] = (),
+        create_table: bool = False,
+    ) -> None:
+        if mode not in MODES:
+            raise DeltaTargetError(f"mode must be one of {MODES}, got {mode!r}")
+        if "://" not in table_uri and not os.path.isabs(table_uri):
+            raise DeltaTargetError(f"Delta table {table_uri!r} must be an absolute path or an s3:// URI")
+        self.table_uri = table_uri.rstrip("/")
+        self.mode = mode
+        self.storage_options = dict(storage_options or {})
+        self.partition_by = tuple(partition_by)
+        self.create_table = create_table
+        self.storage = Storage(self._s3_settings())
+
+    @classmethod
+    def from_uri(cls, uri: str, options: Any) -> DeltaPublisher:
+        """``delta:///abs/path`` or ``delta+s3://bucket/path`` (``?create_table=true``) with :class:`~.registry.TargetOptions`."""
+        parts = urlsplit(uri)
+        extra = dict(options.extra or {})
+        if parts.scheme == "delta":
+            if parts.netloc or not parts.path.startswith("/"):
+                raise DeltaTargetError(f"Delta target {uri!r} must be delta:///absolute/path (three slashes)")
+            table_uri = parts.path
+        elif parts.scheme in ("delta+s3", "delta+s3a"):
+            if not parts.netloc or not parts.path.strip("/"):
+                raise DeltaTargetError(f"Delta target {uri!r} must be delta+s3://bucket/path")
+            table_uri = f"s3://{parts.netloc}{parts.path}"
+        else:
+            raise DeltaTargetError(f"Delta target {uri!r}: use delta:///path or delta+s3://bucket/path")
+        opts: dict[str, str] = {}
+        if extra.get("conn_id") and options.connections is not None:
+            opts.update(storage_options_from_connection(options.connections(extra["conn_id"])))
+        opts.update({str(k): str(v) for k, v in (extra.get("storage_options") or {}).items()})
+        flags = uri_flags(parts.query, ("create_table",), uri)
+        return cls(
+            table_uri,
+            options.mode,
+            storage_options=opts,
+            partition_by=tuple(options.partition_by or ()),
+            create_table=flags.get("create_table", bool(extra.get("create_table", False))),
+        )
+
+    def _s3_settings(self) -> S3Settings:
+        o = {k.upper(): v for k, v in self.storage_options.items()}
+        return S3Settings(
+            endpoint=o.get("AWS_ENDPOINT_URL") or o.get("AWS_ENDPOINT"),
+            access_key=o.get("AWS_ACCESS_KEY_ID"),
+            secret_key=o.get("AWS_SECRET_ACCESS_KEY"),
+            session_token=o.get("AWS_SESSION_TOKEN"),
+            region=o.get("AWS_REGION") or o.get("AWS_DEFAULT_REGION"),
+        )
+
+    # ------------------------------------------------------------------ table
+
+    def load_table(self) -> DeltaTable | None:
+        try:
+            return DeltaTable(self.table_uri, storage_options=self.storage_options or None)
+        except TableNotFoundError:
+            return None
+
+    def describe(self) -> str:
+        endpoint = self._s3_settings().endpoint
+        where = f" at {endpoint}" if endpoint else ""
+        return f"Delta table {self.table_uri}{where}, {self.mode}"
+
+    def staging_root(self) -> str | None:
+        """Where the write phase stages attempts: inside the table directory, unreferenced until committed."""
+        return f"{self.table_uri}/{STAGING_DIR}"
+
+    # ------------------------------------------------------------------ marker
+
+    def marker_of(self, dt: DeltaTable, manifest: Manifest, *, need_id: bool = False) -> Marker | None:
+        version = dt.transaction_version(app_id(manifest))
+        if version is None:
+            return None
+        if dt.transaction_version(app_id(manifest, manifest.attempt_id)) == version:
+            return Marker(manifest.attempt_id, version)
+        other = self._attempt_in_history(dt, manifest, version) if need_id else None
+        return Marker(other or "another attempt", version)
+
+    @staticmethod
+    def _attempt_in_history(dt: DeltaTable, manifest: Manifest, version: int) -> str | None:
+        for commit in dt.history(HISTORY_SCAN_LIMIT):
+            if (
+                commit.get("walsink.pipeline") == manifest.pipeline
+                and commit.get("walsink.checkpoint") == manifest.checkpoint_key
+                and str(commit.get("walsink.epoch")) == str(version)
+            ):
+                return commit.get("walsink.attempt-id")
+        return None
+
+    def published_marker(self, manifest: Manifest, *, need_id: bool = True) -> Marker | None:
+        """The table's marker for the manifest's checkpoint (attempt id, fencing token), or ``None``.
+
+        Lets a committer whose rows were trimmed take its next lease above the token the table
+        holds. With ``need_id=False`` the id of an attempt other than the manifest's is not
+        looked up in the history (the token alone, two lookups).
+        """
+        dt = self.load_table()
+        return self.marker_of(dt, manifest, need_id=need_id) if dt is not None else None
+
+    def published_attempt(self, manifest: Manifest) -> str | None:
+        marker = self.published_marker(manifest)
+        return marker.attempt_id if marker else None
+
+    # ------------------------------------------------------------------ publish
+
+    def publish(
+        self, manifest: Manifest, attempt_dir: str | os.PathLike[str], ctx: PublisherContext
+    ) -> PublishResult:
+        """Add the attempt's staged files in one Delta commit, or find it already there.
+
+        Raises ``FencedError``, ``CommittableError`` / ``LayoutError`` /
+        :class:`DeltaTargetError` (table unchanged), :class:`TableCommitConflict`.
+        Safe to repeat.
+        """
+        base = staged_base(attempt_dir)
+        locations = [f"{base}/{c.path}" for c in manifest.committables]
+        footers: list[Any] | None = None
+        for _ in range(MAX_COMMIT_ATTEMPTS):
+            dt = self.load_table()
+            marker = self.marker_of(dt, manifest) if dt is not None else None
+            if decide(marker, manifest, ctx):
+                return self._already(manifest, marker, locations, dt)
+            if footers is None:
+                footers = self.storage.footers(
+                    [(loc, c.size) for loc, c in zip(locations, manifest.committables, strict=True)]
+                )
+            commit = self._commit_properties(manifest, ctx)
+            try:
+                if dt is None:
+                    adds, schema, partition_by = self._adds_for_new_table(manifest, locations, footers)
+                    call_with_events(
+                        ctx,
+                        "table_commit",
+                        partial(
+                            create_table_with_add_actions,
+                            self.table_uri,
+                            schema,
+                            adds,
+                            mode="error",
+                            partition_by=list(partition_by),
+                            storage_options=self.storage_options or None,
+                            commit_properties=commit,
+                        ),
+                    )
+                    removes: list[RemoveAction] = []
+                else:
+                    adds = self._adds(dt, manifest, locations, footers)
+                    removes = self._removes(dt, manifest, marker, base)
+                    actions: list[AddAction | RemoveAction] = [*removes, *adds]
+                    call_with_events(
+                        ctx,
+                        "table_commit",
+                        partial(
+                            dt.create_write_transaction,
+                            actions,
+                            "append",
+                            dt.schema(),
+                            partition_by=dt.metadata().partition_columns,
+                            commit_properties=commit,
+                        ),
+                    )
+            except CommitFailedError as e:
+                log.info(
+                    "Delta commit of %s/%s conflicted (%s); checking again",
+                    manifest.pipeline,
+                    manifest.checkpoint_key,
+                    e,
+                )
+                continue
+            except DeltaError as e:
+                if dt is None and "exist" in str(e).lower():
+                    continue  # another committer created the table first: check its marker
+                raise
+            after = self.load_table()
+            result = PublishResult(
+                outcome=PublishOutcome.PUBLISHED,
+                published=len(adds),
+                target_files=locations,
+                snapshot=str(after.version()) if after is not None else None,
+                rows=manifest.total_rows,
+            )
+            result.files_rolled_back = len(removes)
+            if self.mode == "overwrite":
+                result.partitions_replaced = manifest.replaced_partitions()
+            return result
+        raise TableCommitConflict(
+            f"Delta table {self.table_uri} changed under each of {MAX_COMMIT_ATTEMPTS} commit attempts of "
+            f"{manifest.pipeline}/{manifest.checkpoint_key}; nothing was published, retry the commit"
+        )
+
+    def _already(
+        self, manifest: Manifest, marker: Marker | None, locations: list[str], dt: Any
+    ) -> PublishResult:
+        return PublishResult(
+            outcome=PublishOutcome.ALREADY_PUBLISHED,
+            already=manifest.expected_count,
+            target_files=locations,
+            snapshot=str(dt.version()) if dt is not None else None,
+            rows=manifest.total_rows,
+        )
+
+    @staticmethod
+    def _commit_properties(manifest: Manifest, ctx: PublisherContext) -> CommitProperties:
+        return CommitProperties(
+            custom_metadata={
+                "walsink.pipeline": manifest.pipeline,
+                "walsink.checkpoint": manifest.checkpoint_key,
+                "walsink.sequence": str(manifest.sequence),
+                "walsink.attempt-id": manifest.attempt_id,
+                "walsink.epoch": str(ctx.epoch),
+            },
+            app_transactions=[
+                Transaction(app_id(manifest), ctx.epoch),
+                Transaction(app_id(manifest, manifest.attempt_id), ctx.epoch),
+            ],
+            # The library's retries only rebase onto commits its conflict check
+            # accepts; a commit carrying our app id is refused, and then walsink
+            # reloads and checks the marker itself.
+        )
+
+    # ------------------------------------------------------------------ actions
+
+    def _relative(self, location: str) -> str:
+        """The path of a staged file as the Delta log records it (relative to the table, URI-encoded)."""
+        root = self.table_uri + "/"
+        if location.startswith(root):
+            return quote(location[len(root) :], safe="/=:@+-_.")
+        raise LayoutError(
+            f"staged file {location} is outside the Delta table {self.table_uri}: stage into "
+            f"{self.staging_root()} (files are added by path, never copied)"
+        )
+
+    def _check(
+        self, columns: Mapping[str, Any], partition_by: Sequence[str], manifest: Manifest, footers: list[Any]
+    ) -> None:
+        for c, meta in zip(manifest.committables, footers, strict=True):
+            pairs = dict(partition_of_path(c.path))
+            problems = schema_problems(
+                columns, meta.schema.to_arrow_schema(), pairs, int96=int96_columns(meta)
+            )
+            if tuple(pairs) != tuple(partition_by):
+                problems.append(
+                    f"partition directories {list(pairs)}, the table is partitioned by {list(partition_by)}"
+                )
+            if problems:
+                raise DeltaTargetError(
+                    f"staged file {c.path} does not match Delta table {self.table_uri}: {'; '.join(problems)}; "
+                    "table unchanged"
+                )
+
+    def _add_actions(self, manifest: Manifest, locations: list[str], footers: list[Any]) -> list[AddAction]:
+        now = int(time.time() * 1000)
+        adds = []
+        for c, location, meta in zip(manifest.committables, locations, footers, strict=True):
+            values = {k: (None if v == HIVE_NULL else v) for k, v in partition_of_path(c.path)}
+            stats = json.dumps({"numRecords": meta.num_rows})
+            adds.append(AddAction(self._relative(location), c.size, values, now, True, stats))
+        return adds
+
+    def _adds(
+        self, dt: DeltaTable, manifest: Manifest, locations: list[str], footers: list[Any]
+    ) -> list[AddAction]:
+        import pyarrow as pa
+
+        columns = {f.name: f.type for f in pa.schema(dt.schema().to_arrow())}
+        self._check(columns, dt.metadata().partition_columns, manifest, footers)
+        return self._add_actions(manifest, locations, footers)
+
+    def _adds_for_new_table(
+        self, manifest: Manifest, locations: list[str], footers: list[Any]
+    ) -> tuple[list[AddAction], DeltaSchema, Sequence[str]]:
+        if not self.create_table:
+            raise DeltaTargetError(
+                f"Delta table {self.table_uri} does not exist; create it, or set "
+                'extra={"create_table": True} to create it from the staged files on the first commit'
+            )
+        if not footers:
+            raise DeltaTargetError(
+                f"Delta table {self.table_uri} does not exist and {manifest.pipeline}/{manifest.checkpoint_key} "
+                "staged no file to take its schema from"
+            )
+        import pyarrow as pa
+
+        partition_by = tuple(self.partition_by or manifest.partition_columns)
+        file_schema = footers[0].schema.to_arrow_schema()
+        fields = list(file_schema) + [
+            pa.field(c, pa.string()) for c in partition_by if c not in file_schema.names
+        ]
+        schema = pa.schema(fields)
+        self._check({f.name: f.type for f in schema}, partition_by, manifest, footers)
+        return self._add_actions(manifest, locations, footers), DeltaSchema.from_arrow(schema), partition_by
+
+    def _removes(
+        self, dt: DeltaTable, manifest: Manifest, marker: Marker | None, base: str
+    ) -> list[RemoveAction]:
+        """The replaced partitions' files (overwrite) and an older attempt's files of this checkpoint."""
+        import pyarrow as pa
+
+        retract = marker is not None and marker.attempt_id != manifest.attempt_id
+        if self.mode != "overwrite" and not retract:
+            return []
+        files = pa.table(dt.get_add_actions(flatten=True))
+        if files.num_rows == 0:
+            return []
+        partition_by = dt.metadata().partition_columns
+        replaced: set[tuple[str | None, ...]] = set()
+        if self.mode == "overwrite":
+            for partition in manifest.replaced_partitions():
+                pairs = partition_of_path(partition + "/x")
+                if [c for c, _ in pairs] != list(partition_by):
+                    raise LayoutError(
+                        f"partition {partition!r} does not name the partition columns {list(partition_by)} of "
+                        f"Delta table {self.table_uri}; table unchanged"
+                    )
+                replaced.add(tuple(None if v == HIVE_NULL else v for _, v in pairs))
+        checkpoint_prefix = self._relative(base.rsplit("/", 1)[0]) + "/"
+        ours = self._relative(base) + "/"
+        columns = {name: files.column(f"partition.{name}").to_pylist() for name in partition_by}
+        paths = files.column("path").to_pylist()
+        sizes = files.column("size_bytes").to_pylist()
+        now = int(time.time() * 1000)
+        removes = []
+        for i, path in enumerate(paths):
+            values = tuple(None if columns[c][i] is None else str(columns[c][i]) for c in partition_by)
+            encoded = quote(unquote(path), safe="/=:@+-_.")
+            older = retract and encoded.startswith(checkpoint_prefix) and not encoded.startswith(ours)
+            if values in replaced or older:
+                removes.append(
+                    RemoveAction(path, True, now, sizes[i], dict(zip(partition_by, values, strict=True)))
+                )
+        return removes
+
+    # ------------------------------------------------------------------ finish
+
+    def finish(self, manifest: Manifest, layout: Any = None) -> list[str]:
+        """Drop the attempt's manifest and the checkpoint's attempts the table never held; best effort.
+
+        Never deletes a file a table version references: an attempt is removed
+        only if the table has no application transaction for its attempt id.
+        """
+        dt = self.load_table()
+        marker = self.marker_of(dt, manifest) if dt is not None else None
+        if dt is None or marker is None or marker.attempt_id != manifest.attempt_id:
+            return []
+        root = layout_root(layout) or self.staging_root()
+        assert root is not None
+        return self.storage.remove_unreferenced_attempts(
+            checkpoint_location(local_path(root), manifest),
+            manifest,
+            lambda attempt: dt.transaction_version(app_id(manifest, attempt)) is not None,
+        )

@@ -1,0 +1,597 @@
+"""An Apache Iceberg table as a walsink target (pyiceberg), exactly once through the table's own commit.
+
+``iceberg://<catalog>/<namespace>.<table>``. The catalog is the connection
+named ``<catalog>`` when the committer has a connection resolver and such a
+connection exists (its ``extra`` holds catalog properties: ``type`` ``sql`` or
+``rest``, ``uri``, ``warehouse``, ``s3.*``), else the properties in
+``TargetOptions.extra["catalog"]``, else an embedded SQL catalog on SQLite
+under ``$WALSINK_ICEBERG_HOME`` (default ``~/.walsink/iceberg``).
+
+**Commit = one snapshot.** The write phase stages Parquet files inside the
+table location (:meth:`IcebergPublisher.staging_root`: ``<location>/_walsink_staging``),
+invisible until a snapshot references them. ``publish`` adds them *by path*
+(no copy, no rename) in one snapshot: a fast append, or in ``overwrite`` an
+overwrite snapshot that also deletes the files of the interval's partitions.
+The snapshot summary names pipeline, checkpoint key, attempt id and fencing
+token (keyed by the stable pipeline id and checkpoint key, never by a run id:
+Flink's sink lost data when its job id changed, iceberg issues 10892/16008).
+
+**The marker.** The same commit sets the table property
+``walsink.marker.<pipeline>/<key>`` = ``{attempt_id, epoch, snapshot, previous}``:
+one dictionary lookup in metadata the table loads anyway, so the check costs
+the same at 10 or 10,000 snapshots, and it survives snapshot expiry.
+
+**No rebasing retries.** pyiceberg retries a conflicting commit by rebasing it
+onto the new table state, which re-adds files another committer already added
+(duplicate rows). Here the library's retries are off for walsink's commit and
+walsink retries *check + commit* itself: every attempt loads the table, checks
+the marker in exactly the metadata the commit is based on, and commits with
+the requirement that the branch head has not moved; a conflict reloads and
+checks again (then usually finds the winner's marker: already published).
+
+**Schema.** The staged files (plus the Hive partition columns of their paths)
+must have the table's columns and types, or the publish fails naming them and
+the table is unchanged; with ``extra["create_table"]`` a missing table is
+created from the first staged file, partitioned by the declared columns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.expressions import AlwaysTrue, And, EqualTo, Or
+from pyiceberg.io.pyarrow import (
+    UnsupportedPyArrowTypeException,
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+    schema_to_pyarrow,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.typedef import Record
+from pyiceberg.types import BooleanType, DateType, IntegerType, LongType, StringType
+from pyiceberg.utils.datetime import date_str_to_days
+
+from airflow_provider_walsink.protocol.errors import LayoutError, WalsinkError
+from airflow_provider_walsink.protocol.manifest import Manifest
+
+from ._tables import (
+    STAGING_DIR,
+    Marker,
+    S3Settings,
+    Storage,
+    TableCommitConflict,
+    as_uri,
+    call_with_events,
+    checkpoint_location,
+    decide,
+    int96_columns,
+    layout_root,
+    partition_of_path,
+    schema_problems,
+    staged_base,
+    uri_flags,
+)
+from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
+
+log = logging.getLogger(__name__)
+
+MODES = ("append", "overwrite")
+MARKER_PREFIX = "walsink.marker."
+#: Check + commit attempts before giving up on a table that keeps changing.
+MAX_COMMIT_ATTEMPTS = 20
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+#: Catalog properties that are secrets: never described or logged.
+_SECRET_KEYS = ("secret", "password", "token", "credential", "key-id")
+
+
+class IcebergTargetError(WalsinkError):
+    """The Iceberg target cannot be used as configured; the message says why (table unchanged)."""
+
+
+def marker_property(manifest: Manifest) -> str:
+    # "/" cannot occur in a pipeline id or checkpoint key, so the key is unambiguous.
+    return f"{MARKER_PREFIX}{manifest.pipeline}/{manifest.checkpoint_key}"
+
+
+def default_catalog_properties() -> dict[str, str]:
+    """The embedded catalog: SQLite file and a local warehouse under ``$WALSINK_ICEBERG_HOME``."""
+    home = Path(os.environ.get("WALSINK_ICEBERG_HOME") or Path.home() / ".walsink" / "iceberg")
+    home.mkdir(parents=True, exist_ok=True)
+    return {
+        "type": "sql",
+        "uri": f"sqlite:///{home / 'catalog.db'}",
+        "warehouse": as_uri(str(home / "warehouse")),
+    }
+
+
+def catalog_properties_from_connection(conn: Mapping[str, Any]) -> dict[str, str]:
+    """Catalog properties from a connection's fields: ``extra`` as is, ``host``/``login`` filling gaps."""
+    extra = conn.get("extra") or {}
+    if isinstance(extra, str):
+        extra = json.loads(extra) if extra.strip() else {}
+    props = {str(k): str(v) for k, v in extra.items()}
+    conn_type = (conn.get("conn_type") or "").lower()
+    if "type" not in props:
+        props["type"] = "rest" if conn_type in ("http", "https", "iceberg_rest", "rest") else "sql"
+    if "uri" not in props and conn.get("host"):
+        scheme = "https" if conn_type == "https" else "http"
+        port = f":{conn['port']}" if conn.get("port") else ""
+        props["uri"] = f"{scheme}://{conn['host']}{port}{conn.get('schema') and '/' + conn['schema'] or ''}"
+    if conn.get("login") and "s3.access-key-id" not in props:
+        props["s3.access-key-id"] = str(conn["login"])
+        props["s3.secret-access-key"] = str(conn.get("password") or "")
+    return props
+
+
+def _is_secret(key: str) -> bool:
+    return any(s in key.lower() for s in _SECRET_KEYS)
+
+
+class IcebergPublisher:
+    """Publishes checkpoint attempts into one Iceberg table (module docstring)."""
+
+    kind: ClassVar[str] = "iceberg"
+    capabilities: ClassVar[TargetCapabilities] = TargetCapabilities(
+        atomic=True, needs_rename=False, remembers_commits=True, fenced_by_target=True
+    )
+
+    def __init__(
+        self,
+        identifier: str,
+        mode: str,
+        *,
+        catalog_name: str = "walsink",
+        catalog_properties: Mapping[str, str] | None = None,
+        partition_by: Sequence[str] = (),
+        create_table: bool = False,
+        table_properties: Mapping[str, str] | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise IcebergTargetError(f"mode must be one of {MODES}, got {mode!r}")
+        namespace, dot, name = identifier.rpartition(".")
+        if not dot or not namespace or not name:
+            raise IcebergTargetError(f"Iceberg table {identifier!r} must be written <namespace>.<table>")
+        self.identifier = identifier
+        self.namespace = namespace
+        self.mode = mode
+        self.catalog_name = catalog_name
+        self.catalog_properties = dict(catalog_properties or default_catalog_properties())
+        self.partition_by = tuple(partition_by)
+        self.create_table = create_table
+        self.table_properties = dict(table_properties or {})
+        self._catalog: Catalog | None = None
+        self.storage = Storage(self._s3_settings())
+
+    @classmethod
+    def from_uri(cls, uri: str, options: Any) -> IcebergPublisher:
+        """``iceberg://<catalog>/<namespace>.<table>[?create_table=true]`` with :class:`~.registry.TargetOptions`."""
+        parts = urlsplit(uri)
+        identifier = parts.path.strip("/")
+        if parts.scheme != "iceberg" or not parts.netloc or not identifier:
+            raise IcebergTargetError(
+                f"Iceberg target {uri!r} must be iceberg://<catalog>/<namespace>.<table>"
+            )
+        extra = dict(options.extra or {})
+        props: dict[str, str] | None = None
+        if options.connections is not None:
+            try:
+                conn = options.connections(parts.netloc)
+            except Exception:  # the resolver's "no such connection" differs by environment
+                conn = None
+            if conn:
+                props = catalog_properties_from_connection(conn)
+        if props is None and extra.get("catalog"):
+            props = {str(k): str(v) for k, v in dict(extra["catalog"]).items()}
+        flags = uri_flags(parts.query, ("create_table",), uri)
+        return cls(
+            identifier,
+            options.mode,
+            catalog_name=parts.netloc,
+            catalog_properties=props,
+            partition_by=tuple(options.partition_by or ()),
+            create_table=flags.get("create_table", bool(extra.get("create_table", False))),
+            table_properties=extra.get("table_properties"),
+        )
+
+    # ------------------------------------------------------------------ catalog and table
+
+    def _s3_settings(self) -> S3Settings:
+        p = self.catalog_properties
+        return S3Settings(
+            endpoint=p.get("s3.endpoint"),
+            access_key=p.get("s3.access-key-id"),
+            secret_key=p.get("s3.secret-access-key"),
+            session_token=p.get("s3.session-token"),
+            region=p.get("s3.region") or p.get("client.region"),
+        )
+
+    @property
+    def catalog(self) -> Catalog:
+        if self._catalog is None:
+            self._catalog = load_catalog(self.catalog_name, **self.catalog_properties)
+        return self._catalog
+
+    def load_table(self) -> Table | None:
+        try:
+            return self.catalog.load_table(self.identifier)
+        except (NoSuchTableError, NoSuchNamespaceError):
+            return None
+
+    def describe(self) -> str:
+        shown = {k: v for k, v in self.catalog_properties.items() if k in ("type", "warehouse")}
+        uri = self.catalog_properties.get("uri", "")
+        if "://" in uri:  # never the user:password part of a database URI
+            parts = urlsplit(uri)
+            shown["uri"] = (
+                f"{parts.scheme}://{parts.hostname or ''}{parts.path if parts.scheme.startswith('sqlite') else ''}"
+            )
+        settings = ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))
+        return f"Iceberg table {self.identifier} in catalog {self.catalog_name} ({settings}), {self.mode}"
+
+    def staging_root(self) -> str | None:
+        """Where the write phase stages attempts: inside the table location, unreferenced until committed."""
+        table = self.load_table()
+        if table is not None:
+            location = table.location()
+        else:
+            try:
+                if self.create_table:  # the table will be created here: its namespace may be created now
+                    self.catalog.create_namespace_if_not_exists(self.namespace)
+                name = self.identifier.rpartition(".")[2]
+                location = self.catalog._resolve_table_location(None, self.namespace, name)
+            except Exception:  # namespace missing, or a catalog that cannot say before the table exists
+                return None
+        return f"{location.rstrip('/')}/{STAGING_DIR}"
+
+    # ------------------------------------------------------------------ marker
+
+    @staticmethod
+    def marker_of(table: Table, manifest: Manifest) -> Marker | None:
+        raw = table.metadata.properties.get(marker_property(manifest))
+        if not raw:
+            return None
+        data = json.loads(raw)
+        return Marker(
+            data["attempt_id"], int(data["epoch"]), data.get("snapshot"), tuple(data.get("previous", ()))
+        )
+
+    def published_marker(self, manifest: Manifest) -> Marker | None:
+        """The table's marker for the manifest's checkpoint (attempt id, fencing token, snapshot), or ``None``.
+
+        Lets a committer whose rows were trimmed take its next lease above the token the table holds.
+        """
+        table = self.load_table()
+        return self.marker_of(table, manifest) if table is not None else None
+
+    def published_attempt(self, manifest: Manifest) -> str | None:
+        marker = self.published_marker(manifest)
+        return marker.attempt_id if marker else None
+
+    # ------------------------------------------------------------------ publish
+
+    def publish(
+        self, manifest: Manifest, attempt_dir: str | os.PathLike[str], ctx: PublisherContext
+    ) -> PublishResult:
+        """Add the attempt's staged files to the table in one snapshot, or find it already there.
+
+        Raises ``FencedError`` (a newer committer's attempt is in the table, or
+        ``ctx.fence()`` refused), ``CommittableError`` / ``LayoutError`` /
+        :class:`IcebergTargetError` (staged files, layout or schema do not fit;
+        table unchanged), :class:`TableCommitConflict` (the table changed under
+        every one of :data:`MAX_COMMIT_ATTEMPTS` attempts). Safe to repeat.
+        """
+        base = staged_base(attempt_dir)
+        locations = [as_uri(f"{base}/{c.path}") for c in manifest.committables]
+        footers: list[Any] | None = None
+        for _ in range(MAX_COMMIT_ATTEMPTS):
+            table = self.load_table()
+            marker = self.marker_of(table, manifest) if table is not None else None
+            if decide(marker, manifest, ctx):
+                return self._already(manifest, marker, locations)
+            if footers is None:
+                footers = self.storage.footers(
+                    [(loc, c.size) for loc, c in zip(locations, manifest.committables, strict=True)]
+                )
+            if table is None:
+                table = self._create(manifest, footers)
+                marker = self.marker_of(table, manifest)
+                if decide(marker, manifest, ctx):
+                    return self._already(manifest, marker, locations)
+            data_files = self._data_files(table, manifest, locations, footers)
+            deletes = self._files_to_delete(table, manifest, marker, base)
+            try:
+                snapshot = call_with_events(
+                    ctx,
+                    "table_commit",
+                    partial(self._commit, table, manifest, ctx, marker, data_files, deletes),
+                )
+            except CommitFailedException as e:
+                log.info(
+                    "Iceberg commit of %s/%s conflicted (%s); checking again",
+                    manifest.pipeline,
+                    manifest.checkpoint_key,
+                    e,
+                )
+                continue
+            result = PublishResult(
+                outcome=PublishOutcome.PUBLISHED,
+                published=len(data_files),
+                target_files=locations,
+                snapshot=str(snapshot),
+                rows=manifest.total_rows,
+            )
+            result.files_rolled_back = len(deletes)
+            if self.mode == "overwrite":
+                result.partitions_replaced = manifest.replaced_partitions()
+            return result
+        raise TableCommitConflict(
+            f"Iceberg table {self.identifier} changed under each of {MAX_COMMIT_ATTEMPTS} commit attempts of "
+            f"{manifest.pipeline}/{manifest.checkpoint_key}; nothing was published, retry the commit"
+        )
+
+    def _already(self, manifest: Manifest, marker: Marker | None, locations: list[str]) -> PublishResult:
+        return PublishResult(
+            outcome=PublishOutcome.ALREADY_PUBLISHED,
+            already=manifest.expected_count,
+            target_files=locations,
+            snapshot=marker.snapshot if marker else None,
+            rows=manifest.total_rows,
+        )
+
+    def _commit(
+        self,
+        table: Table,
+        manifest: Manifest,
+        ctx: PublisherContext,
+        marker: Marker | None,
+        data_files: list[DataFile],
+        deletes: list[DataFile],
+    ) -> int:
+        """One transaction, library retries off: snapshot + marker, or ``CommitFailedException``."""
+        view = Table(
+            table._identifier,
+            table.metadata.model_copy(
+                update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}}
+            ),
+            table.metadata_location,
+            table.io,
+            table.catalog,
+        )
+        tx = view.transaction()
+        summary = {
+            "walsink.pipeline": manifest.pipeline,
+            "walsink.checkpoint": manifest.checkpoint_key,
+            "walsink.sequence": str(manifest.sequence),
+            "walsink.attempt-id": manifest.attempt_id,
+            "walsink.epoch": str(ctx.epoch),
+        }
+        update = tx.update_snapshot(snapshot_properties=summary)
+        producer = update.overwrite() if deletes else update.fast_append()
+        with producer:
+            for df in deletes:
+                producer.delete_data_file(df)
+            for df in data_files:
+                producer.append_data_file(df)
+        previous = list(marker.previous) if marker else []
+        if marker and marker.attempt_id != manifest.attempt_id:
+            previous.append(marker.attempt_id)
+        value = {
+            "attempt_id": manifest.attempt_id,
+            "epoch": ctx.epoch,
+            "snapshot": str(producer.snapshot_id),
+            "previous": previous[-20:],
+        }
+        props = {marker_property(manifest): json.dumps(value, sort_keys=True)}
+        if table.metadata.name_mapping() is None:
+            # Staged files carry no Iceberg field ids: readers map their columns by name.
+            props[TableProperties.DEFAULT_NAME_MAPPING] = table.schema().name_mapping.model_dump_json()
+        tx.set_properties(props)
+        tx.commit_transaction()
+        return producer.snapshot_id
+
+    # ------------------------------------------------------------------ files
+
+    def _data_files(
+        self, table: Table, manifest: Manifest, locations: list[str], footers: list[Any]
+    ) -> list[DataFile]:
+        """One ``DataFile`` per staged file, from its footer; partition from its Hive path (identity) or stats."""
+        schema = table.schema()
+        spec = table.spec()
+        columns = {f.name: f.type for f in schema_to_pyarrow(schema, include_field_ids=False)}
+        plan = compute_statistics_plan(schema, table.metadata.properties)
+        mapping = parquet_path_to_id_mapping(schema)
+        fields = [(pf, schema.find_column_name(pf.source_id)) for pf in spec.fields]
+        identity = {name for pf, name in fields if isinstance(pf.transform, IdentityTransform)}
+        result = []
+        for c, location, meta in zip(manifest.committables, locations, footers, strict=True):
+            pairs = dict(partition_of_path(c.path))
+            file_schema = meta.schema.to_arrow_schema()
+            problems = schema_problems(columns, file_schema, pairs, int96=int96_columns(meta))
+            lost = [col for col in pairs if col not in identity and col not in file_schema.names]
+            if lost:
+                problems.append(
+                    f"partition directories {lost} are not identity partitions of the table and not in the file"
+                )
+            if problems:
+                raise IcebergTargetError(
+                    f"staged file {c.path} does not match Iceberg table {self.identifier}: "
+                    f"{'; '.join(problems)}; table unchanged"
+                )
+            stats = data_file_statistics_from_parquet_metadata(
+                parquet_metadata=meta, stats_columns=plan, parquet_column_mapping=mapping
+            )
+            from_stats: Record | None = None
+            values = []
+            for i, (pf, name) in enumerate(fields):
+                if name in pairs and isinstance(pf.transform, IdentityTransform):
+                    values.append(_from_path(pairs[name], schema.find_field(pf.source_id).field_type, c.path))
+                else:
+                    if from_stats is None:
+                        from_stats = stats.partition(spec, schema)
+                    values.append(from_stats[i])
+            result.append(
+                DataFile.from_args(
+                    content=DataFileContent.DATA,
+                    file_path=location,
+                    file_format=FileFormat.PARQUET,
+                    partition=Record(*values),
+                    file_size_in_bytes=c.size,
+                    sort_order_id=None,
+                    spec_id=table.metadata.default_spec_id,
+                    equality_ids=None,
+                    key_metadata=None,
+                    **stats.to_serialized_dict(),
+                )
+            )
+        return result
+
+    def _files_to_delete(
+        self, table: Table, manifest: Manifest, marker: Marker | None, base: str
+    ) -> list[DataFile]:
+        """Files this commit removes: the replaced partitions' (overwrite) and an older attempt's of this checkpoint."""
+        if table.current_snapshot() is None:
+            return []
+        found: dict[str, DataFile] = {}
+        if self.mode == "overwrite":
+            replaced = manifest.replaced_partitions()
+            if any(not p for p in replaced):
+                raise LayoutError(
+                    f"overwrite needs a partitioned table: {manifest.pipeline}/{manifest.checkpoint_key} has "
+                    "files outside any partition directory"
+                )
+            schema = table.schema()
+            spec = table.spec()
+            names = {schema.find_column_name(pf.source_id): pf for pf in spec.fields}
+            records = set()
+            predicates = []
+            for partition in replaced:
+                pairs = partition_of_path(partition + "/x")
+                if [c for c, _ in pairs] != list(names) or not all(
+                    isinstance(names[c].transform, IdentityTransform) for c, _ in pairs
+                ):
+                    raise LayoutError(
+                        f"partition {partition!r} does not name the identity partition columns "
+                        f"{list(names)} of Iceberg table {self.identifier}; table unchanged"
+                    )
+                typed = [_from_path(v, schema.find_field(c).field_type, partition) for c, v in pairs]
+                records.add(tuple(typed))
+                terms = [EqualTo(c, v) for (c, _), v in zip(pairs, typed, strict=True)]
+                predicates.append(terms[0] if len(terms) == 1 else And(*terms))
+            row_filter = predicates[0] if len(predicates) == 1 else Or(*predicates)
+            for task in table.scan(row_filter=row_filter).plan_files():
+                df = task.file
+                if tuple(df.partition) in records:
+                    found[df.file_path] = df
+        if marker is not None and marker.attempt_id != manifest.attempt_id:
+            # Retract what an older attempt of this checkpoint published (rare: a full scan).
+            prefix = as_uri(base.rsplit("/", 1)[0]) + "/"  # <root>/<pipeline>/<key>/
+            ours = as_uri(base) + "/"
+            for task in table.scan(row_filter=AlwaysTrue()).plan_files():
+                df = task.file
+                if df.file_path.startswith(prefix) and not df.file_path.startswith(ours):
+                    found[df.file_path] = df
+        return list(found.values())
+
+    def _create(self, manifest: Manifest, footers: list[Any]) -> Table:
+        """Create the table from the first staged file (plus path partition columns), if asked to."""
+        if not self.create_table:
+            raise IcebergTargetError(
+                f"Iceberg table {self.identifier} does not exist in catalog {self.catalog_name}; create it, or set "
+                'extra={"create_table": True} to create it from the staged files on the first commit'
+            )
+        import pyarrow as pa
+
+        if not footers:
+            raise IcebergTargetError(
+                f"Iceberg table {self.identifier} does not exist and checkpoint "
+                f"{manifest.pipeline}/{manifest.checkpoint_key} staged no file to take its schema from"
+            )
+        int96 = sorted({col for meta in footers for col in int96_columns(meta)})
+        if int96:
+            raise IcebergTargetError(
+                f"staged files of {manifest.pipeline}/{manifest.checkpoint_key} hold INT96 timestamps {int96}, which "
+                "Iceberg cannot read: make Spark write TIMESTAMP_MICROS "
+                "(spark.sql.parquet.outputTimestampType=TIMESTAMP_MICROS); table not created"
+            )
+        file_schema = footers[0].schema.to_arrow_schema()
+        columns = list(self.partition_by or manifest.partition_columns)
+        fields = list(file_schema) + [pa.field(c, pa.string()) for c in columns if c not in file_schema.names]
+        try:
+            schema = Catalog._convert_schema_if_needed(pa.schema(fields))
+        except (TypeError, ValueError, UnsupportedPyArrowTypeException) as e:  # no Iceberg equivalent
+            raise IcebergTargetError(
+                f"cannot create Iceberg table {self.identifier}: {e}; table not created"
+            ) from e
+        spec = PartitionSpec(
+            *(
+                PartitionField(
+                    source_id=schema.find_field(c).field_id,
+                    field_id=1000 + i,
+                    transform=IdentityTransform(),
+                    name=c,
+                )
+                for i, c in enumerate(columns)
+            )
+        )
+        self.catalog.create_namespace_if_not_exists(self.namespace)
+        # The name mapping (staged files carry no field ids) is set by the first commit, from the
+        # schema with the ids the catalog assigned.
+        return self.catalog.create_table_if_not_exists(
+            self.identifier, schema=schema, partition_spec=spec, properties=self.table_properties
+        )
+
+    # ------------------------------------------------------------------ finish
+
+    def finish(self, manifest: Manifest, layout: Any = None) -> list[str]:
+        """Drop the attempt's manifest and the checkpoint's attempts the table never held; best effort.
+
+        ``layout``: the :class:`StagingLayout` (or staging root URI) the attempt
+        was staged under; default :meth:`staging_root`. Never deletes a file a
+        snapshot references: data files of attempts the marker names (current or
+        previous) stay; the table's expire-snapshots / remove-orphan-files own them.
+        """
+        root = layout_root(layout) or self.staging_root()
+        if root is None:
+            return []
+        table = self.load_table()
+        marker = self.marker_of(table, manifest) if table is not None else None
+        if marker is None or marker.attempt_id != manifest.attempt_id:
+            return []  # not (or no longer) ours in the table: leave everything to the committer's GC
+        held = {marker.attempt_id, *marker.previous}
+        return self.storage.remove_unreferenced_attempts(
+            checkpoint_location(root, manifest), manifest, held.__contains__
+        )
+
+
+def _from_path(value: str, iceberg_type: Any, where: str) -> Any:
+    """A Hive path's partition value as the Iceberg value of an identity partition."""
+    if value == HIVE_NULL:
+        return None
+    try:
+        if isinstance(iceberg_type, StringType):
+            return value
+        if isinstance(iceberg_type, (IntegerType, LongType)):
+            return int(value)
+        if isinstance(iceberg_type, DateType):
+            return date_str_to_days(value)
+        if isinstance(iceberg_type, BooleanType):
+            return {"true": True, "false": False}[value.lower()]
+    except (ValueError, KeyError):
+        raise LayoutError(f"{where}: partition value {value!r} is not a valid {iceberg_type}") from None
+    raise LayoutError(
+        f"{where}: partition columns of type {iceberg_type} cannot be read from a directory name; "
+        "write the column into the files instead"
+    )

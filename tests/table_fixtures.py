@@ -1,0 +1,196 @@
+"""Fixtures shared by the Iceberg and Delta target tests.
+
+* ``s3_server``: moto in server mode on a loopback port (port 0: the OS picks
+  a free one), session-scoped, stopped at the end; tables on it are reached
+  through the table libraries' own S3 file IO, exactly as on a real store.
+* ``place``: parametrised ``local`` / ``s3``, where a test's tables and staged
+  files live.
+* :func:`stage_attempt`: writes Parquet files with pyarrow where the write
+  phase's executors would (``<staging root>/<pipeline>/<key>/attempt-N/``,
+  Hive partition directories, no partition column inside the files, as Spark's
+  ``partitionBy`` writes them) and returns the attempt's manifest.
+"""
+
+from __future__ import annotations
+
+import io
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_walsink.protocol.manifest import Committable, Manifest, build_manifest
+from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.publishers._tables import S3Settings, Storage
+from airflow_provider_walsink.publishers.base import StaticContext
+
+ACCESS_KEY = "walsink-test-key"
+SECRET_KEY = "walsink-test-secret"
+REGION = "us-east-1"
+
+
+@dataclass
+class S3Server:
+    endpoint: str
+    bucket: str
+
+    @property
+    def settings(self) -> S3Settings:
+        return S3Settings(endpoint=self.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY, region=REGION)
+
+    def iceberg_properties(self) -> dict[str, str]:
+        return {
+            "s3.endpoint": self.endpoint,
+            "s3.access-key-id": ACCESS_KEY,
+            "s3.secret-access-key": SECRET_KEY,
+            "s3.region": REGION,
+        }
+
+    def delta_options(self) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": REGION,
+            "AWS_ALLOW_HTTP": "true",
+            # moto has no conditional put for the log; a lock-free single-writer
+            # setting would be wrong in production and is not used: deltalake's
+            # S3 commits use conditional PUT (If-None-Match), which moto supports.
+            "aws_conditional_put": "etag",
+        }
+
+    def list(self, prefix: str) -> list[str]:
+        import boto3
+
+        s3 = boto3.client(
+            "s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
+            region_name=REGION,
+        )  # fmt: skip
+        keys = []
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            keys += [o["Key"] for o in page.get("Contents", [])]
+        return keys
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        import boto3
+
+        boto3.client(
+            "s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
+            region_name=REGION,
+        ).create_bucket(Bucket="walsink")  # fmt: skip
+        yield S3Server(endpoint, "walsink")
+    finally:
+        server.stop()
+
+
+@dataclass
+class Place:
+    """Where one test's tables live: a local directory or a prefix in the S3 server's bucket."""
+
+    kind: str
+    root: str  # absolute path or s3://bucket/prefix
+    s3: S3Server | None = None
+
+    @property
+    def storage(self) -> Storage:
+        return Storage(self.s3.settings if self.s3 else None)
+
+    def uri(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+
+@pytest.fixture(params=["local", "s3"])
+def place(request, tmp_path) -> Place:
+    if request.param == "local":
+        return Place("local", str(tmp_path / "tables"))
+    server: S3Server = request.getfixturevalue("s3_server")
+    return Place("s3", f"s3://{server.bucket}/{uuid.uuid4().hex[:12]}", server)
+
+
+def events_table(rows: list[tuple[str, int, str]]) -> pa.Table:
+    """Rows ``(dt, id, name)`` as the job's DataFrame would hold them."""
+    return pa.table(
+        {
+            "dt": pa.array([r[0] for r in rows], pa.string()),
+            "id": pa.array([r[1] for r in rows], pa.int64()),
+            "name": pa.array([r[2] for r in rows], pa.string()),
+        }
+    )
+
+
+def stage_attempt(
+    place: Place,
+    staging_root: str,
+    pipeline: str,
+    key: str,
+    rows: list[tuple[str, int, str]],
+    *,
+    attempt: int = 1,
+    files_per_partition: int = 1,
+    partitioned: bool = True,
+    table: pa.Table | None = None,
+    sequence: int = 1,
+) -> tuple[Manifest, str]:
+    """Write an attempt's Parquet files where executors would; return (manifest, attempt location)."""
+    attempt_dir = f"{staging_root.rstrip('/')}/{pipeline}/{key}/attempt-{attempt}"
+    data = table if table is not None else events_table(rows)
+    groups: dict[str, pa.Table] = {}
+    if partitioned:
+        for dt in sorted(set(data.column("dt").to_pylist())):
+            mask = pa.compute.equal(data.column("dt"), dt)
+            groups[f"dt={dt}"] = data.filter(mask).drop_columns(["dt"])
+    else:
+        groups[""] = data
+    committables = []
+    storage = place.storage
+    for partition, part in groups.items():
+        chunk = max(1, -(-part.num_rows // files_per_partition))
+        for i in range(files_per_partition):
+            piece = part.slice(i * chunk, chunk)
+            rel = f"{partition}/part-{i:05d}-{uuid.uuid4().hex[:8]}.parquet".lstrip("/")
+            buf = io.BytesIO()
+            pq.write_table(piece, buf)
+            payload = buf.getvalue()
+            fs, path = storage.fs_and_path(f"{attempt_dir}/{rel}")
+            if place.kind == "local":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            with fs.open_output_stream(path) as out:
+                out.write(payload)
+            committables.append(Committable(rel, len(payload), piece.num_rows, None, f"executor-{i}"))
+    manifest = build_manifest(
+        pipeline=pipeline,
+        checkpoint_key=key,
+        sequence=sequence,
+        attempt=attempt,
+        file_format="parquet",
+        committables=committables,
+        attempt_id=uuid.uuid4().hex,
+        partition_columns=("dt",) if partitioned else (),
+        partitions=tuple(p for p in groups if p),
+    )
+    fs, path = storage.fs_and_path(f"{attempt_dir}/_manifest.json")
+    with fs.open_output_stream(path) as out:
+        out.write(manifest.to_bytes())
+    return manifest, attempt_dir
+
+
+def ctx(manifest: Manifest, epoch: int = 1, **kwargs: Any) -> StaticContext:
+    return StaticContext.for_manifest(manifest, epoch=epoch, **kwargs)
+
+
+def layout_for(place: Place, root: str) -> Any:
+    """What ``finish`` takes: a :class:`StagingLayout` for local roots, the root URI on S3."""
+    return StagingLayout(root) if place.kind == "local" else root

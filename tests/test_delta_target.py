@@ -1,0 +1,261 @@
+"""The Delta target (deltalake), on a local directory and on the S3 server.
+
+Each test stages Parquet files where the write phase's executors would
+(inside the table directory), publishes through :class:`DeltaPublisher` and
+reads the rows back with deltalake.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from airflow_provider_walsink.protocol.errors import FencedError
+from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.publishers.base import PublishOutcome
+from airflow_provider_walsink.publishers.delta import DeltaPublisher, DeltaTargetError, app_id
+from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+from tests.table_fixtures import ctx, layout_for, place, s3_server, stage_attempt  # noqa: F401
+
+ROWS_A = [("2026-01-01", 1, "a"), ("2026-01-01", 2, "b"), ("2026-01-02", 3, "c")]
+
+
+class Target:
+    """One Delta table at ``place``."""
+
+    def __init__(self, place):  # noqa: F811
+        self.place = place
+        self.uri = place.uri(f"events_{uuid.uuid4().hex[:6]}")
+        self.options = place.s3.delta_options() if place.s3 else {}
+
+    def publisher(self, mode="append", **kwargs) -> DeltaPublisher:
+        kwargs.setdefault("create_table", True)
+        return DeltaPublisher(self.uri, mode, storage_options=self.options, partition_by=["dt"], **kwargs)
+
+    @property
+    def staging(self) -> str:
+        return self.publisher().staging_root()
+
+    def stage(self, key, rows, **kwargs):
+        return stage_attempt(self.place, self.staging, "events", key, rows, **kwargs)
+
+    def table(self) -> DeltaTable:
+        return DeltaTable(self.uri, storage_options=self.options or None)
+
+    def rows(self) -> list[tuple]:
+        return sorted((r["dt"], r["id"], r["name"]) for r in self.table().to_pyarrow_table().to_pylist())
+
+    def version(self) -> int | None:
+        dt = self.publisher().load_table()
+        return dt.version() if dt is not None else None
+
+
+@pytest.fixture
+def target(place):  # noqa: F811
+    return Target(place)
+
+
+def test_publish_then_republish_after_a_crash_and_without_committer_state(target):
+    manifest, attempt_dir = target.stage("2026-01-01", ROWS_A, files_per_partition=2)
+    first = target.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=1))
+    assert first.outcome is PublishOutcome.PUBLISHED and first.published == 4
+    assert target.rows() == sorted(ROWS_A)
+    assert target.table().transaction_version(app_id(manifest)) == 1
+    assert target.table().transaction_version(app_id(manifest, manifest.attempt_id)) == 1
+    if target.place.kind == "local":  # deltalake's history() stalls against moto's server
+        (commit,) = [c for c in target.table().history() if c.get("walsink.attempt-id")]
+        assert commit["walsink.attempt-id"] == manifest.attempt_id and commit["walsink.epoch"] == "1"
+
+    again = target.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=1))
+    assert again.outcome is PublishOutcome.ALREADY_PUBLISHED and again.published == 0
+    fresh = target.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=0))
+    assert fresh.outcome is PublishOutcome.ALREADY_PUBLISHED
+    assert target.rows() == sorted(ROWS_A)
+    assert target.version() == 0
+    assert target.publisher().published_attempt(manifest) == manifest.attempt_id
+
+
+def test_racing_committers_on_one_checkpoint_make_one_version(target):
+    """Both read 'no transaction for this app id' before either commits; the table refuses the second."""
+    seed, seed_dir = target.stage("seed", [("2026-01-09", 0, "seed")])
+    target.publisher().publish(seed, seed_dir, ctx(seed))
+    manifest, attempt_dir = target.stage("2026-01-01", ROWS_A)
+    barrier = threading.Barrier(2, timeout=60)
+    seen = []
+
+    def at(name):
+        seen.append(name)
+        if name == "table.before_table_commit" and not barrier.broken:
+            try:
+                barrier.wait()
+            except threading.BrokenBarrierError:
+                pass
+
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(
+                target.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=1, on_event=at))
+            )
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert sorted(r.outcome for r in results) == [PublishOutcome.ALREADY_PUBLISHED, PublishOutcome.PUBLISHED]
+    assert seen.count("table.before_table_commit") == 2 and seen.count("table.after_table_commit") == 1
+    assert target.version() == 1
+    assert target.rows() == sorted([*ROWS_A, ("2026-01-09", 0, "seed")])
+
+
+def test_zombie_with_a_lower_or_equal_version_is_fenced_and_adds_nothing(target):
+    """deltalake itself would accept the same or a lower transaction version: walsink refuses."""
+    current, current_dir = target.stage("2026-01-01", ROWS_A, attempt=2)
+    target.publisher().publish(current, current_dir, ctx(current, epoch=3))
+    zombie, zombie_dir = target.stage("2026-01-01", [("2026-01-01", 99, "zombie")], attempt=1)
+    for epoch in (2, 3):
+        with pytest.raises(FencedError, match="fencing token 3"):
+            target.publisher().publish(zombie, zombie_dir, ctx(zombie, epoch=epoch))
+    assert target.version() == 0
+    assert target.rows() == sorted(ROWS_A)
+    assert target.publisher().published_marker(zombie, need_id=False).epoch == 3
+
+
+def test_newer_attempt_retracts_the_older_one(target):
+    old, old_dir = target.stage("2026-01-01", [("2026-01-01", 1, "old")], attempt=1)
+    target.publisher().publish(old, old_dir, ctx(old, epoch=1))
+    new, new_dir = target.stage("2026-01-01", [("2026-01-01", 2, "new")], attempt=2)
+    result = target.publisher().publish(new, new_dir, ctx(new, epoch=2))
+    assert result.files_rolled_back == 1
+    assert target.rows() == [("2026-01-01", 2, "new")]
+    assert target.publisher().published_attempt(new) == new.attempt_id
+    if target.place.kind == "local":  # another attempt's id comes from history(), which stalls against moto
+        assert target.publisher().published_attempt(old) == new.attempt_id
+
+
+def test_overwrite_replaces_the_partition(target):
+    first, first_dir = target.stage("2026-01-01", ROWS_A)
+    target.publisher("overwrite").publish(first, first_dir, ctx(first))
+    second, second_dir = target.stage("2026-01-01b", [("2026-01-01", 7, "x"), ("2026-01-01", 8, "y")])
+    result = target.publisher("overwrite").publish(second, second_dir, ctx(second))
+    assert result.partitions_replaced == ["dt=2026-01-01"] and result.files_rolled_back == 1
+    assert target.rows() == [("2026-01-01", 7, "x"), ("2026-01-01", 8, "y"), ("2026-01-02", 3, "c")]
+    assert target.version() == 1
+
+
+def test_schema_mismatch_fails_clearly_and_leaves_the_table_unchanged(target):
+    good, good_dir = target.stage("2026-01-01", ROWS_A)
+    target.publisher().publish(good, good_dir, ctx(good))
+    bad_table = pa.table({"dt": pa.array(["2026-01-03"]), "id": pa.array(["x"]), "colour": pa.array(["red"])})
+    bad, bad_dir = target.stage("2026-01-03", [], table=bad_table)
+    with pytest.raises(DeltaTargetError) as e:
+        target.publisher().publish(bad, bad_dir, ctx(bad))
+    message = str(e.value)
+    assert "missing columns ['name']" in message and "columns not in the table ['colour']" in message
+    assert "column 'id' is string, the table has int64" in message and "table unchanged" in message
+    assert target.version() == 0
+    assert target.rows() == sorted(ROWS_A)
+
+
+def test_finish_removes_only_what_no_version_references(target):
+    orphan, orphan_dir = target.stage("2026-01-01", [("2026-01-01", 5, "never committed")], attempt=1)
+    manifest, attempt_dir = target.stage("2026-01-01", ROWS_A, attempt=2)
+    publisher = target.publisher()
+    publisher.publish(manifest, attempt_dir, ctx(manifest))
+    removed = publisher.finish(manifest, layout_for(target.place, target.staging))
+    assert any(r.endswith("attempt-1") for r in removed)
+    assert any(r.endswith("attempt-2/_manifest.json") for r in removed)
+    assert target.rows() == sorted(ROWS_A)
+    fs, path = target.place.storage.fs_and_path(f"{orphan_dir}/{orphan.committables[0].path}")
+    assert fs.get_file_info(path).type.name == "NotFound"
+
+
+def test_resolved_from_uris(tmp_path):
+    options = TargetOptions(
+        mode="overwrite",
+        layout=StagingLayout(tmp_path / "staging"),
+        partition_by=("dt",),
+        connections=lambda conn_id: {
+            "login": "AK",
+            "password": "SK",
+            "extra": {"endpoint_url": "http://127.0.0.1:9"},
+        },
+        extra={"conn_id": "s3"},
+    )
+    local = resolve_target(f"delta://{tmp_path}/t?create_table=true", options)
+    assert isinstance(local, DeltaPublisher) and local.table_uri == f"{tmp_path}/t" and local.create_table
+    remote = resolve_target("delta+s3://bucket/tables/t", options)
+    assert remote.table_uri == "s3://bucket/tables/t"
+    assert remote.storage_options["AWS_ACCESS_KEY_ID"] == "AK"
+    assert "SK" not in remote.describe() and "AK" not in remote.describe()
+    with pytest.raises(DeltaTargetError, match="three slashes"):
+        resolve_target("delta://relative/t", options)
+
+
+def test_an_empty_overwrite_checkpoint_still_replaces_its_partition_once(target):
+    from airflow_provider_walsink.protocol.manifest import build_manifest
+
+    first, first_dir = target.stage("2026-01-01", ROWS_A)
+    target.publisher("overwrite").publish(first, first_dir, ctx(first))
+    empty = build_manifest(
+        pipeline="events", checkpoint_key="2026-01-01b", sequence=2, attempt=1, file_format="parquet",
+        committables=[], attempt_id=uuid.uuid4().hex, partition_columns=("dt",), partitions=("dt=2026-01-01",),
+    )  # fmt: skip
+    empty_dir = f"{target.staging}/events/2026-01-01b/attempt-1"
+    assert (
+        target.publisher("overwrite").publish(empty, empty_dir, ctx(empty)).outcome
+        is PublishOutcome.PUBLISHED
+    )
+    again = target.publisher("overwrite").publish(empty, empty_dir, ctx(empty))
+    assert again.outcome is PublishOutcome.ALREADY_PUBLISHED
+    assert target.rows() == [("2026-01-02", 3, "c")]
+
+
+def test_committer_killed_after_the_table_commit_then_rerun_commits_once(tmp_path, sqlite_store):
+    """Through the real committer and store: publish lands, the task dies before COMMITTED, the re-run records it."""
+    import io as _io
+
+    import pyarrow.parquet as pq
+
+    from airflow_provider_walsink.committer import CheckpointCommitter
+    from tests.helpers import ACTOR, stage_checkpoint
+    from tests.table_fixtures import Place, events_table
+
+    target = Target(Place("local", str(tmp_path / "tables")))
+    layout = StagingLayout(target.staging)
+    day = events_table(ROWS_A).filter(pa.compute.equal(events_table(ROWS_A)["dt"], "2026-01-01"))
+    buf = _io.BytesIO()
+    pq.write_table(day.drop_columns(["dt"]), buf)
+    stage_checkpoint(
+        sqlite_store, layout, "events", "2026-01-01", {"dt=2026-01-01/p-0.parquet": buf.getvalue()}
+    )
+
+    class Killed(Exception):
+        pass
+
+    class DiesAfterTheTableCommit(DeltaPublisher):
+        def publish(self, manifest, attempt_dir, ctx):
+            super().publish(manifest, attempt_dir, ctx)
+            raise Killed("worker lost after the table commit")
+
+    dying = DiesAfterTheTableCommit(target.uri, "append", partition_by=["dt"], create_table=True)
+    with pytest.raises(Killed):
+        CheckpointCommitter(sqlite_store, layout, dying, mode="append").commit(
+            "events", "2026-01-01", actor=ACTOR
+        )
+    assert target.version() == 0
+    summary = CheckpointCommitter(sqlite_store, layout, target.publisher(), mode="append").commit(
+        "events", "2026-01-01", actor=ACTOR
+    )
+    assert summary.state == "COMMITTED" and summary.already_published == 1 and summary.published == 0
+    assert target.version() == 0
+    assert target.rows() == [("2026-01-01", 1, "a"), ("2026-01-01", 2, "b")]

@@ -1,0 +1,338 @@
+"""The Iceberg target (pyiceberg, SQL catalog on SQLite), on a local warehouse and on the S3 server.
+
+Each test stages Parquet files where the write phase's executors would
+(inside the table location), publishes through :class:`IcebergPublisher` and
+reads the rows back with pyiceberg.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_walsink.protocol.errors import FencedError
+from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.publishers.base import PublishOutcome
+from airflow_provider_walsink.publishers.iceberg import IcebergPublisher, IcebergTargetError, marker_property
+from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+from tests.table_fixtures import ctx, layout_for, place, s3_server, stage_attempt  # noqa: F401
+
+pytest.importorskip("pyiceberg")
+
+ROWS_A = [("2026-01-01", 1, "a"), ("2026-01-01", 2, "b"), ("2026-01-02", 3, "c")]
+
+
+class Target:
+    """One Iceberg table in a fresh catalog at ``place``."""
+
+    def __init__(self, place, tmp_path):  # noqa: F811
+        self.place = place
+        self.props = {
+            "type": "sql",
+            "uri": f"sqlite:///{tmp_path}/catalog.db",
+            "warehouse": place.uri("warehouse"),
+        }
+        if place.s3:
+            self.props.update(place.s3.iceberg_properties())
+        self.identifier = f"ns.events_{uuid.uuid4().hex[:6]}"
+
+    def publisher(self, mode="append", **kwargs) -> IcebergPublisher:
+        kwargs.setdefault("create_table", True)
+        return IcebergPublisher(
+            self.identifier, mode, catalog_properties=self.props, partition_by=["dt"], **kwargs
+        )
+
+    @property
+    def staging(self) -> str:
+        return self.publisher().staging_root()
+
+    def stage(self, key, rows, **kwargs):
+        return stage_attempt(self.place, self.staging, "events", key, rows, **kwargs)
+
+    def rows(self) -> list[tuple]:
+        table = self.publisher().load_table()
+        return sorted((r["dt"], r["id"], r["name"]) for r in table.scan().to_arrow().to_pylist())
+
+    def snapshots(self) -> list:
+        table = self.publisher().load_table()
+        return list(table.snapshots()) if table is not None else []
+
+
+@pytest.fixture
+def target(place, tmp_path):  # noqa: F811
+    return Target(place, tmp_path)
+
+
+def test_publish_then_republish_after_a_crash_and_without_committer_state(target):
+    manifest, attempt_dir = target.stage("2026-01-01", ROWS_A, files_per_partition=2)
+    first = target.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=1))
+    assert first.outcome is PublishOutcome.PUBLISHED and first.published == 4
+    assert target.rows() == sorted(ROWS_A)
+    (snapshot,) = target.snapshots()
+    assert snapshot.summary["walsink.attempt-id"] == manifest.attempt_id
+    assert (
+        snapshot.summary["walsink.pipeline"] == "events"
+        and snapshot.summary["walsink.checkpoint"] == "2026-01-01"
+    )
+    assert snapshot.summary["walsink.epoch"] == "1"
+    assert str(snapshot.snapshot_id) == first.snapshot
+
+    # Killed after the table commit, before COMMITTED: the re-run (a fresh publisher, same lease epoch) finds it.
+    again = target.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=1))
+    assert again.outcome is PublishOutcome.ALREADY_PUBLISHED and again.published == 0
+    # Committer rows deleted (retention, lost backup): a new lease starts from epoch 0; the table still knows.
+    fresh = target.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=0))
+    assert fresh.outcome is PublishOutcome.ALREADY_PUBLISHED
+    assert target.rows() == sorted(ROWS_A)
+    assert len(target.snapshots()) == 1
+    assert target.publisher().published_attempt(manifest) == manifest.attempt_id
+
+
+def test_racing_committers_on_one_checkpoint_make_one_snapshot(target):
+    """Both check the marker before either commits (a stale table handle): the loser must not re-add the files."""
+    manifest, attempt_dir = target.stage("2026-01-01", ROWS_A)
+    target.publisher().load_table() or target.publisher()._create(manifest, target.place.storage.footers(
+        [(f"{attempt_dir}/{c.path}", c.size) for c in manifest.committables]))  # fmt: skip
+    barrier = threading.Barrier(2, timeout=60)
+
+    seen = []
+
+    def at(name):
+        seen.append(name)
+        if name == "table.before_table_commit" and not barrier.broken:
+            try:
+                barrier.wait()
+            except threading.BrokenBarrierError:
+                pass
+
+    results, errors = [], []
+
+    def run():
+        try:
+            c = ctx(manifest, epoch=1, on_event=at)
+            results.append(target.publisher().publish(manifest, attempt_dir, c))
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert sorted(r.outcome for r in results) == [PublishOutcome.ALREADY_PUBLISHED, PublishOutcome.PUBLISHED]
+    # Both reached the commit with the marker absent; one commit landed, the other conflicted and re-checked.
+    assert seen.count("table.before_table_commit") == 2 and seen.count("table.after_table_commit") == 1
+    snapshots = target.snapshots()
+    assert [s.summary.get("walsink.attempt-id") for s in snapshots] == [manifest.attempt_id]
+    assert target.rows() == sorted(ROWS_A)
+
+
+def test_zombie_with_a_lower_epoch_is_fenced_and_adds_nothing(target):
+    current, current_dir = target.stage("2026-01-01", ROWS_A, attempt=2)
+    target.publisher().publish(current, current_dir, ctx(current, epoch=3))
+    zombie, zombie_dir = target.stage("2026-01-01", [("2026-01-01", 99, "zombie")], attempt=1)
+    before = target.snapshots()
+    for epoch in (2, 3):  # lower, and equal with another attempt
+        with pytest.raises(FencedError, match="fencing token 3"):
+            target.publisher().publish(zombie, zombie_dir, ctx(zombie, epoch=epoch))
+    assert target.snapshots() == before
+    assert target.rows() == sorted(ROWS_A)
+    marker = target.publisher().published_marker(zombie)
+    assert (marker.attempt_id, marker.epoch) == (current.attempt_id, 3)
+
+
+def test_newer_attempt_retracts_the_older_one(target):
+    old, old_dir = target.stage("2026-01-01", [("2026-01-01", 1, "old")], attempt=1)
+    target.publisher().publish(old, old_dir, ctx(old, epoch=1))
+    new, new_dir = target.stage("2026-01-01", [("2026-01-01", 2, "new")], attempt=2)
+    result = target.publisher().publish(new, new_dir, ctx(new, epoch=2))
+    assert result.files_rolled_back == 1
+    assert target.rows() == [("2026-01-01", 2, "new")]
+    marker = target.publisher().load_table().metadata.properties[marker_property(new)]
+    assert old.attempt_id in marker
+
+
+def test_overwrite_replaces_the_partition(target):
+    first, first_dir = target.stage("2026-01-01", ROWS_A)
+    target.publisher("overwrite").publish(first, first_dir, ctx(first))
+    second, second_dir = target.stage("2026-01-01b", [("2026-01-01", 7, "x"), ("2026-01-01", 8, "y")])
+    result = target.publisher("overwrite").publish(second, second_dir, ctx(second))
+    assert result.partitions_replaced == ["dt=2026-01-01"]
+    assert target.rows() == [("2026-01-01", 7, "x"), ("2026-01-01", 8, "y"), ("2026-01-02", 3, "c")]
+    assert len(target.snapshots()) == 2
+    assert target.snapshots()[-1].summary.operation.value == "overwrite"
+
+
+def test_schema_mismatch_fails_clearly_and_leaves_the_table_unchanged(target):
+    good, good_dir = target.stage("2026-01-01", ROWS_A)
+    target.publisher().publish(good, good_dir, ctx(good))
+    bad_table = pa.table(
+        {
+            "dt": pa.array(["2026-01-03"]),
+            "id": pa.array(["not-a-number"]),
+            "colour": pa.array(["red"]),
+        }
+    )
+    bad, bad_dir = target.stage("2026-01-03", [], table=bad_table)
+    before = target.snapshots()
+    with pytest.raises(IcebergTargetError) as e:
+        target.publisher().publish(bad, bad_dir, ctx(bad))
+    message = str(e.value)
+    assert "missing columns ['name']" in message and "columns not in the table ['colour']" in message
+    assert "column 'id' is string, the table has int64" in message and "table unchanged" in message
+    assert target.snapshots() == before
+    assert target.rows() == sorted(ROWS_A)
+
+
+def test_missing_table_without_create_table_is_a_clear_error(target):
+    manifest, attempt_dir = target.stage("2026-01-01", ROWS_A)
+    with pytest.raises(IcebergTargetError, match="does not exist.*create_table"):
+        target.publisher(create_table=False).publish(manifest, attempt_dir, ctx(manifest))
+
+
+def test_finish_removes_only_what_no_snapshot_references(target):
+    orphan, orphan_dir = target.stage("2026-01-01", [("2026-01-01", 5, "never committed")], attempt=1)
+    manifest, attempt_dir = target.stage("2026-01-01", ROWS_A, attempt=2)
+    publisher = target.publisher()
+    publisher.publish(manifest, attempt_dir, ctx(manifest))
+    removed = publisher.finish(manifest, layout_for(target.place, target.staging))
+    assert any(r.endswith("attempt-1") for r in removed)
+    assert any(r.endswith("attempt-2/_manifest.json") for r in removed)
+    assert target.rows() == sorted(ROWS_A)  # every referenced data file is still readable
+    fs, path = target.place.storage.fs_and_path(f"{orphan_dir}/{orphan.committables[0].path}")
+    assert fs.get_file_info(path).type.name == "NotFound"
+
+
+def test_resolved_from_a_uri_with_catalog_from_a_connection(tmp_path):
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}/wh"}
+    options = TargetOptions(
+        mode="append",
+        layout=StagingLayout(tmp_path / "staging"),
+        partition_by=("dt",),
+        connections=lambda conn_id: {"conn_type": "generic", "extra": props} if conn_id == "lake" else {},
+        extra={"create_table": True},
+    )
+    publisher = resolve_target("iceberg://lake/sales.orders", options)
+    assert isinstance(publisher, IcebergPublisher)
+    assert publisher.identifier == "sales.orders" and publisher.catalog_properties["uri"] == props["uri"]
+    described = IcebergPublisher(
+        "a.b",
+        "append",
+        catalog_properties={
+            "type": "rest",
+            "uri": "https://u:pw@cat.example/api",
+            "s3.secret-access-key": "S",
+        },
+    ).describe()
+    assert "pw" not in described and "S" not in described.replace("Iceberg", "").replace("table", "")
+
+
+@pytest.mark.spark
+def test_files_staged_by_spark_are_committed_and_int96_is_refused_clearly(spark, tmp_path):
+    """Spark's partitionBy output (no dt column in the files) with TIMESTAMP_MICROS; INT96 gets a clear error."""
+    import datetime as dt
+
+    from airflow_provider_walsink.protocol.manifest import Committable, build_manifest
+    from airflow_provider_walsink.spark.job import hadoop_uri
+
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}/wh"}
+    publisher = IcebergPublisher("ns.spark_events", "overwrite", catalog_properties=props, create_table=True)
+    rows = [("2026-01-01", 1, dt.datetime(2026, 1, 1, 5)), ("2026-01-02", 2, dt.datetime(2026, 1, 2, 6))]
+    df = spark.createDataFrame(rows, "dt string, id long, ts timestamp")
+
+    def staged(attempt: int, timestamp_type: str):
+        attempt_dir = tmp_path / "staging" / "events" / "2026-01" / f"attempt-{attempt}"
+        spark.conf.set("spark.sql.parquet.outputTimestampType", timestamp_type)
+        try:
+            df.coalesce(1).write.partitionBy("dt").parquet(hadoop_uri(attempt_dir))
+        finally:
+            spark.conf.unset("spark.sql.parquet.outputTimestampType")
+        files = sorted(p for p in attempt_dir.rglob("*.parquet"))
+        committables = [Committable(str(p.relative_to(attempt_dir)), p.stat().st_size, None) for p in files]
+        manifest = build_manifest(
+            pipeline="events", checkpoint_key="2026-01", sequence=1, attempt=attempt, file_format="parquet",
+            committables=committables, attempt_id=uuid.uuid4().hex, partition_columns=("dt",),
+        )  # fmt: skip
+        return manifest, attempt_dir
+
+    int96, int96_dir = staged(1, "INT96")
+    with pytest.raises(IcebergTargetError, match="INT96.*TIMESTAMP_MICROS"):
+        publisher.publish(int96, int96_dir, ctx(int96))
+
+    manifest, attempt_dir = staged(2, "TIMESTAMP_MICROS")
+    result = publisher.publish(manifest, attempt_dir, ctx(manifest))
+    assert result.outcome is PublishOutcome.PUBLISHED
+    got = publisher.load_table().scan().to_arrow().to_pylist()
+    assert sorted((r["dt"], r["id"]) for r in got) == [("2026-01-01", 1), ("2026-01-02", 2)]
+    assert all(r["ts"] is not None for r in got)
+
+
+def test_an_empty_overwrite_checkpoint_still_replaces_its_partition_once(target):
+    from airflow_provider_walsink.protocol.manifest import build_manifest
+
+    first, first_dir = target.stage("2026-01-01", ROWS_A)
+    target.publisher("overwrite").publish(first, first_dir, ctx(first))
+    empty = build_manifest(
+        pipeline="events", checkpoint_key="2026-01-01b", sequence=2, attempt=1, file_format="parquet",
+        committables=[], attempt_id=uuid.uuid4().hex, partition_columns=("dt",), partitions=("dt=2026-01-01",),
+    )  # fmt: skip
+    empty_dir = f"{target.staging}/events/2026-01-01b/attempt-1"
+    assert (
+        target.publisher("overwrite").publish(empty, empty_dir, ctx(empty)).outcome
+        is PublishOutcome.PUBLISHED
+    )
+    again = target.publisher("overwrite").publish(empty, empty_dir, ctx(empty))
+    assert again.outcome is PublishOutcome.ALREADY_PUBLISHED
+    assert target.rows() == [("2026-01-02", 3, "c")]
+
+
+def test_committer_killed_after_the_table_commit_then_rerun_commits_once(tmp_path, sqlite_store):
+    """Through the real committer and store: publish lands, the task dies before COMMITTED, the re-run records it."""
+    import io as _io
+
+    import pyarrow.parquet as pq
+
+    from airflow_provider_walsink.committer import CheckpointCommitter
+    from airflow_provider_walsink.publishers._tables import local_path
+    from tests.helpers import ACTOR, stage_checkpoint
+    from tests.table_fixtures import Place, events_table
+
+    target = Target(Place("local", str(tmp_path / "tables")), tmp_path)
+    publisher = target.publisher()
+    layout = StagingLayout(local_path(publisher.staging_root()))
+    buf = _io.BytesIO()
+    pq.write_table(
+        events_table(ROWS_A)
+        .filter(pa.compute.equal(events_table(ROWS_A)["dt"], "2026-01-01"))
+        .drop_columns(["dt"]),
+        buf,
+    )
+    files = {"dt=2026-01-01/part-00000.parquet": buf.getvalue()}
+    stage_checkpoint(sqlite_store, layout, "events", "2026-01-01", files, mode="append")
+
+    class Killed(Exception):
+        pass
+
+    class DiesAfterTheTableCommit(type(publisher)):
+        def publish(self, manifest, attempt_dir, ctx):
+            super().publish(manifest, attempt_dir, ctx)
+            raise Killed("worker lost after the table commit")
+
+    dying = DiesAfterTheTableCommit(
+        target.identifier, "append", catalog_properties=target.props, partition_by=["dt"], create_table=True
+    )
+    with pytest.raises(Killed):
+        CheckpointCommitter(sqlite_store, layout, dying, mode="append").commit(
+            "events", "2026-01-01", actor=ACTOR
+        )
+    assert len(target.snapshots()) == 1
+    summary = CheckpointCommitter(sqlite_store, layout, target.publisher(), mode="append").commit(
+        "events", "2026-01-01", actor=ACTOR
+    )
+    assert summary.state == "COMMITTED" and summary.already_published == 1 and summary.published == 0
+    assert len(target.snapshots()) == 1
+    assert target.rows() == [("2026-01-01", 1, "a"), ("2026-01-01", 2, "b")]
