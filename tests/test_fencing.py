@@ -410,7 +410,7 @@ def test_fenced_error_is_what_a_stale_lease_gets(store, layout):
     old = store.acquire_lease("p", "k1", owner="a", ttl=ttl, actor=ACTOR, mode="overwrite")
     time.sleep(0.1)
     new = store.acquire_lease("p", "k1", owner="b", ttl=timedelta(minutes=1), actor=ACTOR, mode="overwrite")
-    assert new.epoch == old.epoch + 1
+    assert new.epoch > old.epoch
     for call in (lambda: store.fence(old, ttl), lambda: store.mark_committed(old, actor=ACTOR)):
         with pytest.raises(FencedError, match="epoch"):
             call()

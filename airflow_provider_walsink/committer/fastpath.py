@@ -18,6 +18,7 @@ import functools
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Interval,
     Select,
     String,
@@ -83,7 +84,11 @@ def one_statement_transition(to: CheckpointState) -> Select:
                 updated_at=now,
                 lease_owner=bindparam("p_owner", type_=String),
                 lease_expires_at=now + bindparam("p_ttl", type_=Interval),
-                lease_epoch=ckpt.c.lease_epoch + 1,
+                # store.next_epoch: above the row's token and never below the clock in ms.
+                lease_epoch=func.greatest(
+                    ckpt.c.lease_epoch + 1,
+                    cast(func.floor(func.extract("epoch", func.now()) * 1000), BigInteger),
+                ),
             )
             .returning(*ckpt.c, old.c.from_state)
             .cte("moved")

@@ -31,6 +31,7 @@ retried on a dropped connection instead, which saves a round trip per call.
 
 from __future__ import annotations
 
+import calendar
 import json
 import logging
 import uuid
@@ -91,6 +92,18 @@ log = logging.getLogger(__name__)
 
 S = CheckpointState
 MODES = ("append", "overwrite")
+
+
+def next_epoch(current: int, now: datetime) -> int:
+    """The fencing token of the next lease take: above the row's, and never below the clock.
+
+    Strictly greater than every token this row handed out. Taking the database's
+    time in milliseconds as a floor also puts it above every token a *trimmed or
+    lost* row of the same checkpoint handed out earlier, which a table target
+    still holds in its marker: a re-run after retention is not mistaken for a
+    zombie (and a zombie of the old row stays below it).
+    """
+    return max(current + 1, calendar.timegm(now.timetuple()) * 1000 + now.microsecond // 1000)
 
 
 def _history_values(actor: Actor, detail: str | None) -> dict[str, Any]:
@@ -554,7 +567,7 @@ class CommitterStore(CheckpointQueries):
             if previous:
                 crashpoint("lease.takeover")
             expires = now + ttl
-            epoch = row["lease_epoch"] + 1
+            epoch = next_epoch(row["lease_epoch"], now)
             record = self._move(
                 conn,
                 row,
@@ -773,7 +786,7 @@ class CommitterStore(CheckpointQueries):
                 error=reason[:10000],
                 lease_owner=None,
                 lease_expires_at=None,
-                lease_epoch=row["lease_epoch"] + 1,
+                lease_epoch=next_epoch(row["lease_epoch"], row["_now"]),
             )
 
     @retrying

@@ -48,18 +48,30 @@ class Marker:
     previous: tuple[str, ...] = ()
 
 
-def decide(marker: Marker | None, manifest: Manifest, ctx: PublisherContext) -> bool:
+def decide(marker: Marker | None, manifest: Manifest, ctx: PublisherContext, mode: str = "overwrite") -> bool:
     """Apply the marker rule; True: the table already holds this attempt (publish nothing).
 
     * our attempt id -> already published, whatever the epochs;
     * another attempt with an epoch >= ours -> :class:`FencedError`: a committer
       holding a newer lease published (a zombie must add nothing);
-    * another attempt with a lower epoch -> False: publish ours and retract it.
+    * another attempt with a lower epoch -> False: publish ours and, in
+      ``overwrite``, retract it (the interval's partitions are replaced). In
+      ``append`` the table cannot tell a crashed older attempt from rows that
+      were committed before the committer table was trimmed, so retracting
+      could lose committed rows: refused with :class:`CommittableError`,
+      nothing written (abort the checkpoint, or re-run under a new key).
     """
     if marker is None:
         return False
     if marker.attempt_id == manifest.attempt_id:
         return True
+    if mode == "append" and marker.epoch < ctx.epoch:
+        raise CommittableError(
+            f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: the table already holds attempt "
+            f"{marker.attempt_id} of this append checkpoint (snapshot {marker.snapshot}); walsink will not "
+            f"retract rows that may have been committed, so attempt {manifest.attempt_id} is not published. "
+            "Abort the checkpoint, or write the interval under a new checkpoint key; table left unchanged"
+        )
     if marker.epoch >= ctx.epoch:
         raise FencedError(
             f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: the table already holds attempt "

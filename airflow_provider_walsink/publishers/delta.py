@@ -109,6 +109,8 @@ class DeltaPublisher:
     capabilities: ClassVar[TargetCapabilities] = TargetCapabilities(
         atomic=True, needs_rename=False, remembers_commits=True, fenced_by_target=True
     )
+    #: Snapshots reference the staged files in place: GC never removes a committed attempt.
+    references_staged_files: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -238,7 +240,7 @@ class DeltaPublisher:
         for _ in range(MAX_COMMIT_ATTEMPTS):
             dt = self.load_table()
             marker = self.marker_of(dt, manifest) if dt is not None else None
-            if decide(marker, manifest, ctx):
+            if decide(marker, manifest, ctx, self.mode):
                 return self._already(manifest, marker, locations, dt)
             if footers is None:
                 footers = self.storage.footers(

@@ -147,6 +147,8 @@ class IcebergPublisher:
     capabilities: ClassVar[TargetCapabilities] = TargetCapabilities(
         atomic=True, needs_rename=False, remembers_commits=True, fenced_by_target=True
     )
+    #: Snapshots reference the staged files in place: GC never removes a committed attempt.
+    references_staged_files: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -299,7 +301,7 @@ class IcebergPublisher:
         for _ in range(MAX_COMMIT_ATTEMPTS):
             table = self.load_table()
             marker = self.marker_of(table, manifest) if table is not None else None
-            if decide(marker, manifest, ctx):
+            if decide(marker, manifest, ctx, self.mode):
                 return self._already(manifest, marker, locations)
             if footers is None:
                 footers = self.storage.footers(
@@ -308,7 +310,7 @@ class IcebergPublisher:
             if table is None:
                 table = self._create(manifest, footers)
                 marker = self.marker_of(table, manifest)
-                if decide(marker, manifest, ctx):
+                if decide(marker, manifest, ctx, self.mode):
                     return self._already(manifest, marker, locations)
             data_files = self._data_files(table, manifest, locations, footers)
             deletes = self._files_to_delete(table, manifest, marker, base)
