@@ -538,3 +538,21 @@ def test_registry_builds_the_publisher_from_an_airflow_style_connection(database
         resolve_target("sql://x/t", TargetOptions(mode="append", layout=layout, extra={"urll": "x"}))
     with pytest.raises(WalsinkError, match="replace mode needs"):
         resolve_target("sql://x/t", TargetOptions(mode="overwrite", layout=layout, connections=connections))
+
+
+def test_a_value_the_column_cannot_hold_rolls_the_whole_load_back(url, names, layout):
+    """PostgreSQL's COPY fails; MySQL's LOAD DATA LOCAL only warns, which the target turns into an error."""
+    table, pipeline = names
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE TABLE {table} (id BIGINT, name VARCHAR(3), dt VARCHAR(20))"))
+    engine.dispose()
+    manifest, attempt_dir = stage(
+        layout,
+        pipeline,
+        DAY1,
+        {f"dt={DAY1}/part-0.parquet": pa.table({"id": [1, 2], "name": ["ok", "too long"]})},
+    )
+    with pytest.raises(Exception, match="(?i)too long|truncat"):
+        publish(publisher(url, table, layout), manifest, attempt_dir)
+    assert rows(url, table) == [] and markers(url, pipeline) == []
