@@ -556,3 +556,29 @@ def test_a_value_the_column_cannot_hold_rolls_the_whole_load_back(url, names, la
     with pytest.raises(Exception, match="(?i)too long|truncat"):
         publish(publisher(url, table, layout), manifest, attempt_dir)
     assert rows(url, table) == [] and markers(url, pipeline) == []
+
+
+def test_a_conversion_error_in_a_worker_thread_reaches_the_load(tmp_path):
+    """The CSV converter threads hand their errors to the consumer (the load then rolls back)."""
+    from airflow_provider_walsink.publishers.sql import _csv_chunks, _Plan
+
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.table({"id": list(range(10))}), good)
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not parquet at all")
+    plan = _Plan(
+        files=[(str(good), {}), (str(bad), {})],
+        schema=pa.schema([("id", pa.int64())]),
+        partition_columns=[],
+        rows=20,
+    )
+    with pytest.raises(pa.ArrowInvalid):
+        b"".join(_csv_chunks(plan, mysql=False))
+    ok = _Plan(
+        files=[(str(good), {"dt": DAY1})] * 3,
+        schema=pa.schema([("id", pa.int64())]),
+        partition_columns=["dt"],
+        rows=30,
+    )
+    text = b"".join(_csv_chunks(ok, mysql=False)).decode()
+    assert sorted(text.splitlines()) == sorted(f'{i},"{DAY1}"' for i in range(10) for _ in range(3))
