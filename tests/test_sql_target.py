@@ -582,3 +582,22 @@ def test_a_conversion_error_in_a_worker_thread_reaches_the_load(tmp_path):
     )
     text = b"".join(_csv_chunks(ok, mysql=False)).decode()
     assert sorted(text.splitlines()) == sorted(f'{i},"{DAY1}"' for i in range(10) for _ in range(3))
+
+
+def test_an_empty_interval_in_replace_mode_deletes_the_days_rows(url, names, layout):
+    """A day reprocessed to no rows: its declared partition is replaced by nothing, other days stay."""
+    table, pipeline = names
+    # Before the table exists, an empty interval creates nothing and loads nothing.
+    m0, d0 = stage(layout, pipeline, "2026-01-03", {}, partitions=("dt=2026-01-03",))
+    assert publish(publisher(url, table, layout, "replace"), m0, d0).rows == 0
+    assert not sa.inspect(sa.create_engine(url)).has_table(table)
+    for key in (DAY1, DAY2):
+        m, d = day_manifest(layout, pipeline, key=key, n=20)
+        publish(publisher(url, table, layout, "replace"), m, d)
+    before = rows(url, table)
+    empty, empty_dir = stage(layout, pipeline, DAY1, {}, attempt=2, partitions=(f"dt={DAY1}",))
+    result = publish(publisher(url, table, layout, "replace"), empty, empty_dir)
+    assert result.outcome is PublishOutcome.PUBLISHED and result.rows == 0
+    assert result.partitions_replaced == [f"dt={DAY1}"]
+    assert rows(url, table) == [r for r in before if r[7] == DAY2]
+    assert markers(url, pipeline)[0] == (pipeline, DAY1, empty.attempt_id, 1)

@@ -385,7 +385,7 @@ class SqlPublisher:
     # ------------------------------------------------------------------ transaction
 
     def _transaction(
-        self, manifest: Manifest, plan: _Plan, target: sa.Table, ctx: PublisherContext
+        self, manifest: Manifest, plan: _Plan, target: sa.Table | None, ctx: PublisherContext
     ) -> PublishResult:
         # READ COMMITTED on both: a locking read sees the latest committed marker,
         # and MySQL takes no gap locks (a concurrent first insert then waits on
@@ -426,7 +426,7 @@ class SqlPublisher:
                         raise _LostRace() from None
                 ctx.event("sql.marker_locked")
                 replaced: list[str] = []
-                if self.mode == "replace":
+                if self.mode == "replace" and target is not None:
                     replaced = self._delete_interval(conn, target, manifest, plan)
                 ctx.event("sql.before_load")
                 loaded = self._bulk_load(conn, target, plan)
@@ -585,10 +585,15 @@ class SqlPublisher:
             if not sa.inspect(self.engine).has_table(table.name, schema=table.schema):
                 raise
 
-    def _prepare_target(self, plan: _Plan) -> sa.Table:
-        """Create the target table, or check the existing one accepts the staged columns."""
+    def _prepare_target(self, plan: _Plan) -> sa.Table | None:
+        """Create the target table, or check the existing one accepts the staged columns.
+
+        ``None``: no table and an empty checkpoint, so there is nothing to create, replace or load.
+        """
         metadata = sa.MetaData()
         if not sa.inspect(self.engine).has_table(self.table, schema=self.schema):
+            if not plan.files:
+                return None
             if not self.create_table:
                 raise SqlTargetError(
                     f"target table {self._target_name()} does not exist (create_table is off)"
@@ -671,9 +676,9 @@ class SqlPublisher:
 
     # ------------------------------------------------------------------ bulk load
 
-    def _bulk_load(self, conn: Connection, target: sa.Table, plan: _Plan) -> int:
+    def _bulk_load(self, conn: Connection, target: sa.Table | None, plan: _Plan) -> int:
         """Load every staged row through the driver's bulk path; return the rows the database loaded."""
-        if not plan.files:
+        if not plan.files or target is None:
             return 0
         preparer = conn.dialect.identifier_preparer
         table_sql = preparer.format_table(target)
