@@ -601,3 +601,39 @@ def test_an_empty_interval_in_replace_mode_deletes_the_days_rows(url, names, lay
     assert result.partitions_replaced == [f"dt={DAY1}"]
     assert rows(url, table) == [r for r in before if r[7] == DAY2]
     assert markers(url, pipeline)[0] == (pipeline, DAY1, empty.attempt_id, 1)
+
+
+def test_psycopg3_urls_load_through_its_copy_api(database_urls, names, layout):
+    url = sa.engine.make_url(database_urls("postgresql")).set(drivername="postgresql+psycopg")
+    url = url.render_as_string(hide_password=False)
+    table, pipeline = names
+    manifest, attempt_dir = day_manifest(layout, pipeline, n=120)
+    assert publish(publisher(url, table, layout), manifest, attempt_dir).rows == 120
+    assert (
+        publish(publisher(url, table, layout), manifest, attempt_dir).outcome
+        is PublishOutcome.ALREADY_PUBLISHED
+    )
+    assert [r[0] for r in rows(url, table)] == list(range(120))
+
+
+def test_a_staged_file_that_breaks_during_the_load_rolls_everything_back(url, names, layout):
+    """Footer intact (the plan reads it), data pages corrupt: the error surfaces mid-load, nothing stays."""
+    table, pipeline = names
+    manifest, attempt_dir = stage(
+        layout,
+        pipeline,
+        DAY1,
+        {
+            f"dt={DAY1}/part-0.parquet": events(DAY1, 3000),
+            f"dt={DAY1}/part-1.parquet": events(DAY1, 3000, 3000),
+        },
+    )
+    broken = attempt_dir / f"dt={DAY1}/part-1.parquet"
+    data = bytearray(broken.read_bytes())
+    data[8:-2000] = b"\xff" * (len(data) - 2008)  # same size, so only reading the rows finds it
+    broken.write_bytes(bytes(data))
+    events_seen = []
+    with pytest.raises(Exception) as e:  # noqa: B017 - whichever error the Parquet reader raises
+        publish(publisher(url, table, layout), manifest, attempt_dir, on_event=events_seen.append)
+    assert "sql.before_load" in events_seen and "sql.loaded" not in events_seen, e.value
+    assert rows(url, table) == [] and markers(url, pipeline) == []

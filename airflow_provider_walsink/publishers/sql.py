@@ -453,7 +453,8 @@ class SqlPublisher:
             raise FencedError(
                 f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: the target holds epoch "
                 f"{marker.epoch}, newer than this committer's {ctx.epoch}; its lease was taken over, "
-                "nothing written"
+                "nothing written (if the checkpoint was registered again after retention trimmed the "
+                "committer table and its epochs restarted, the target's marker row still fences it)"
             )
         if marker.attempt_id == manifest.attempt_id:
             return PublishResult(
@@ -685,10 +686,13 @@ class SqlPublisher:
         columns_sql = ", ".join(preparer.quote(c) for c in plan.columns)
         dbapi = conn.connection.dbapi_connection
         chunks = _csv_chunks(plan, mysql=self.dialect_name == "mysql")
-        if self.dialect_name == "postgresql":
-            sql = f"COPY {table_sql} ({columns_sql}) FROM STDIN WITH (FORMAT csv)"
-            return _pg_copy(dbapi, sql, chunks)
-        return _mysql_load(dbapi, table_sql, columns_sql, chunks)
+        try:
+            if self.dialect_name == "postgresql":
+                sql = f"COPY {table_sql} ({columns_sql}) FROM STDIN WITH (FORMAT csv)"
+                return _pg_copy(dbapi, sql, chunks)
+            return _mysql_load(dbapi, table_sql, columns_sql, chunks)
+        finally:
+            chunks.close()  # a failed load stops the converter threads now, not at garbage collection
 
 
 class _LostRace(Exception):
@@ -862,13 +866,30 @@ def _pg_copy(dbapi: Any, sql: str, chunks: Iterator[bytes]) -> int:
 
 
 def _mysql_load(dbapi: Any, table_sql: str, columns_sql: str, chunks: Iterator[bytes]) -> int:
-    # PyMySQL sends a LOCAL file by name, so the CSV goes to a private file first.
+    """``LOAD DATA LOCAL INFILE`` of the chunks, through a private named pipe.
+
+    PyMySQL sends a LOCAL file by opening it by name; a FIFO lets a feeder
+    thread write the CSV while the server loads it (no temporary copy on
+    disk, conversion overlapping the load, as the PostgreSQL COPY does).
+    """
     tmp = tempfile.mkdtemp(prefix="walsink-sql-")
+    fifo = os.path.join(tmp, "rows.csv")
+    os.mkfifo(fifo, 0o600)
+    failed: list[BaseException] = []
+
+    def feed() -> None:
+        try:
+            with open(fifo, "wb") as f:  # returns once PyMySQL opens the other end
+                for chunk in chunks:
+                    f.write(chunk)
+        except BrokenPipeError:
+            pass  # the reader went away: the load has failed and says why
+        except BaseException as exc:  # noqa: BLE001 - raised by the caller below
+            failed.append(exc)
+
+    feeder = threading.Thread(target=feed, name="walsink-sql-feed", daemon=True)
+    feeder.start()
     try:
-        path = os.path.join(tmp, "rows.csv")
-        with open(path, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
         cursor = dbapi.cursor()
         try:
             # %s: PyMySQL quotes the file name as a string literal; identifiers come quoted by the preparer.
@@ -876,7 +897,7 @@ def _mysql_load(dbapi: Any, table_sql: str, columns_sql: str, chunks: Iterator[b
                 f"LOAD DATA LOCAL INFILE %s INTO TABLE {table_sql} CHARACTER SET utf8mb4 "
                 "FIELDS TERMINATED BY ',' OPTIONALLY ENCLOSED BY '\"' ESCAPED BY '' "
                 f"LINES TERMINATED BY '\\n' ({columns_sql})",
-                (path,),
+                (fifo,),
             )
             loaded = cursor.rowcount
             # LOCAL implies IGNORE: bad values and duplicate keys become warnings. Refuse them.
@@ -884,13 +905,30 @@ def _mysql_load(dbapi: Any, table_sql: str, columns_sql: str, chunks: Iterator[b
             warnings = [w for w in cursor.fetchall() if str(w[0]).lower() in ("warning", "error")]
         finally:
             cursor.close()
-        if warnings:
-            raise SqlTargetError(
-                "LOAD DATA reported problems, rolled back: " + "; ".join(f"{w[1]}: {w[2]}" for w in warnings)
-            )
-        return loaded
     finally:
+        _release_feeder(fifo, feeder)
         shutil.rmtree(tmp, ignore_errors=True)
+    if failed:
+        raise failed[0]  # the rows sent were incomplete; the caller's transaction rolls back
+    if warnings:
+        raise SqlTargetError(
+            "LOAD DATA reported problems, rolled back: " + "; ".join(f"{w[1]}: {w[2]}" for w in warnings)
+        )
+    return loaded
+
+
+def _release_feeder(fifo: str, feeder: threading.Thread) -> None:
+    """Wait for the feeder; if the load never read the pipe, open and close it so the feeder ends."""
+    while feeder.is_alive():
+        try:
+            fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            feeder.join(0.05)
+            continue
+        try:
+            feeder.join(0.05)
+        finally:
+            os.close(fd)
 
 
 def url_from_connection(conn_id: str, fields: Mapping[str, Any]) -> URL:
