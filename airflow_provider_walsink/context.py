@@ -6,7 +6,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_provider_walsink.committer.store import Actor
+from airflow_provider_walsink.committer.store import Actor, new_instance_id
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=+-]+")
 
@@ -15,12 +15,17 @@ def actor_from_context(context: Any, *, role: str = "task") -> Actor:
     ti = context["ti"]
     map_index = getattr(ti, "map_index", -1)
     name = f"{ti.dag_id}.{ti.task_id}" + (f"[{map_index}]" if map_index not in (None, -1) else "")
+    try_number = getattr(ti, "try_number", None)
     return Actor(
         name=f"{name}@{ti.run_id}",
         dag_id=ti.dag_id,
         run_id=ti.run_id,
         task_id=ti.task_id,
-        try_number=getattr(ti, "try_number", None),
+        try_number=try_number,
+        # The lease owner: unique per task try and process (the ti id and try number
+        # name the try, host/pid/random part the process), so try 2 of a task never
+        # adopts a lease try 1 still holds.
+        instance=new_instance_id(getattr(ti, "id", None), try_number),
     )
 
 

@@ -20,6 +20,10 @@ import threading
 
 ENV = "WALSINK_CRASH_AT"
 LOG_ENV = "WALSINK_CRASH_LOG"
+#: ``STOP`` makes the point SIGSTOP the process instead (a paused VM, a stalled
+#: mount, a lost heartbeat): it goes on where it stopped once SIGCONTed, as a
+#: zombie task try does.
+SIGNAL_ENV = "WALSINK_CRASH_SIGNAL"
 
 #: Every crash point placed in the protocol code, with where it sits.
 CRASH_POINTS: dict[str, str] = {
@@ -67,7 +71,8 @@ def crashpoint(name: str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-    os.kill(os.getpid(), signal.SIGKILL)
+    stop = os.environ.get(SIGNAL_ENV, "KILL").upper() == "STOP"
+    os.kill(os.getpid(), signal.SIGSTOP if stop else signal.SIGKILL)
 
 
 def reset() -> None:

@@ -64,10 +64,12 @@ def walsink_pipeline(
     :param group_id: the TaskGroup's id (task ids become ``<group_id>.write`` etc.).
     :param pipeline: pipeline id in the committer table.
     :param application: the PySpark job (uses ``CheckpointJob``).
-    :param target: root directory of the target table.
+    :param target: where to publish: a directory, or an ``iceberg://``, ``delta://`` or
+        ``sql://`` URI (docs/targets.md).
     :param mode: ``overwrite`` (each interval replaces its partitions; runs commit
         independently) or ``append`` (offsets advance on commit, in checkpoint order).
-    :param partition_by: default partition columns of the job's stage calls.
+    :param partition_by: the pipeline's partition columns: the default of the job's
+        stage calls, and the exact layout the commit accepts.
     :param deferrable: wait for durability in the triggerer (default) instead of a worker.
     :param write_kwargs / durable_kwargs / commit_kwargs: further arguments of each
         task (``retries``, ``pool``, ``spark_submit_kwargs``...).
@@ -109,6 +111,7 @@ def walsink_pipeline(
             task_id="commit",
             target=target,
             mode=mode,
+            partition_by=partition_by,
             verify_checksums=verify_checksums,
             **shared,
             **dict(commit_kwargs or {}),

@@ -64,11 +64,11 @@ CASES = {
         "not valid JSON",
     ),
     "unknown schema version": (
-        lambda s, lay, r, t: edit_manifest(s, lay, r, lambda d: d.update(schema_version=2)),
-        "unknown schema_version 2",
+        lambda s, lay, r, t: edit_manifest(s, lay, r, lambda d: d.update(schema_version=3)),
+        "unknown schema_version 3",
     ),
     "committable outside the staging root": (break_with_outside_path, "'..'"),
-    "symlink escaping the staging root": (break_with_symlink, "outside"),
+    "symlink escaping the staging root": (break_with_symlink, "symlink"),
     "size mismatch": (
         lambda s, lay, r, t: (lay.attempt_dir("p", "k1", r.attempt) / "dt=2026-01-01/part-1.csv").write_bytes(
             b"x"

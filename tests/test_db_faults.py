@@ -21,7 +21,7 @@ from sqlalchemy import create_engine, event, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from airflow_provider_walsink.committer import store as store_module
+from airflow_provider_walsink.committer import retry as retry_module
 from airflow_provider_walsink.committer.commit import CheckpointCommitter
 from airflow_provider_walsink.committer.engine import create_committer_engine
 from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
@@ -176,7 +176,7 @@ def test_outage_longer_than_the_retries_fails_clearly_and_the_next_try_completes
     stage_checkpoint(setup, layout, "p", "d1", FILES)
     store = CommitterStore(create_committer_engine(via(pg_url, proxy.port)))
     on_commit_statement(store.engine, lambda _conn: proxy.cut())  # and it stays down
-    monkeypatch.setattr(store_module, "_RETRY_DELAYS_S", (0.05, 0.1))  # a short retry budget
+    monkeypatch.setattr(retry_module, "_RETRY_DELAYS_S", (0.05, 0.1))  # a short retry budget
     target = tmp_path / "target"
 
     with pytest.raises(DBAPIError) as err:

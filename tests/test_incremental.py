@@ -61,7 +61,7 @@ def sources_by_checkpoint(target: Path) -> dict[str, Counter]:
     for path in target.rglob("*.parquet"):
         if any(part.startswith(("_", ".")) for part in path.relative_to(target).parts):
             continue
-        checkpoint = path.name.split("-")[1]  # incoming_events-<key>-a<attempt>-<n>.parquet
+        checkpoint = path.name.split("-")[0]  # <key>-<attempt id>-<n>.parquet
         rows = pq.read_table(path, columns=["file", "line"]).to_pylist()
         found.setdefault(checkpoint, Counter()).update((r["file"], r["line"]) for r in rows)
     return found

@@ -25,6 +25,7 @@ def manifest(**overrides):
         checkpoint_key="20260101T000000Z",
         sequence=3,
         attempt=2,
+        attempt_id="a" * 32,
         file_format="parquet",
         committables=[
             Committable("dt=2026-01-01/part-1.parquet", 20, 5, "sha256:" + "b" * 64, "task-1"),
@@ -46,7 +47,8 @@ def test_round_trip_keeps_every_field_and_orders_committables(tmp_path):
     assert back == m
     assert [c.path for c in back.committables] == sorted(c.path for c in m.committables)
     doc = json.loads(path.read_bytes())
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == 2
+    assert doc["attempt_id"] == "a" * 32
     assert doc["checkpoint"] == {"key": "20260101T000000Z", "sequence": 3}
     assert doc["totals"] == {"count": 2, "rows": 7, "bytes": 30}
     assert doc["expected_count"] == 2

@@ -59,7 +59,7 @@ def test_committable_path_stays_inside_its_attempt(tmp_path):
     other.mkdir(parents=True)
     attempt.mkdir(parents=True)
     (attempt / "x").symlink_to(other)
-    with pytest.raises(PathEscapeError, match="outside"):
+    with pytest.raises(PathEscapeError, match="symlink"):
         layout.committable_path(attempt, "x/f.parquet")
 
 

@@ -19,15 +19,18 @@ from typing import Any
 from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.errors import (
     CommittableError,
+    FencedError,
     InvalidIdentifierError,
+    LayoutError,
     ManifestError,
     NotDurableError,
+    OrderError,
     PathEscapeError,
 )
 from airflow_provider_walsink.protocol.manifest import Manifest, read_manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.protocol.states import CheckpointState
-from airflow_provider_walsink.publishers.base import Publisher
+from airflow_provider_walsink.publishers.base import Publisher, PublishResult
 
 from .store import Actor, CheckpointRecord, CommitterStore, Lease, TransitionError
 
@@ -35,7 +38,16 @@ log = logging.getLogger(__name__)
 S = CheckpointState
 
 #: Errors caused by what is on disk: recorded on the checkpoint, which stays uncommitted.
-BAD_INPUT = (ManifestError, PathEscapeError, CommittableError, InvalidIdentifierError)
+BAD_INPUT = (
+    ManifestError,
+    PathEscapeError,
+    CommittableError,
+    InvalidIdentifierError,
+    LayoutError,
+    OrderError,
+)
+#: How many published file names the committer table keeps per checkpoint (the UI shows them).
+PUBLICATION_FILES = 1000
 
 
 @dataclass
@@ -83,7 +95,22 @@ def explain_not_committable(record: CheckpointRecord) -> str:
 
 
 class CheckpointCommitter:
-    """Commits checkpoints of one pipeline into one target with one publisher."""
+    """Commits checkpoints of one pipeline into one target with one publisher.
+
+    :meth:`commit` takes the checkpoint's lease (bumping its fencing token),
+    reads the sealed manifest, has the publisher publish it under a
+    :class:`FencingContext`, records COMMITTED by compare-and-set on the
+    token, then lets the publisher clean up.
+
+    Raises ``NotDurableError`` (not yet committable: says what is missing),
+    ``LeaseHeldError`` (another committer is publishing: retry later),
+    ``OrderingError`` (an earlier ``append`` checkpoint is open),
+    ``FencedError`` (the lease was lost mid-publish: this process stopped
+    before its next change; the new holder finishes), or the publisher's
+    error, after recording it on the checkpoint (FAILED, lease released).
+    Repeating a commit is always safe; after COMMITTED it is a no-op that
+    says so.
+    """
 
     def __init__(
         self,
@@ -104,9 +131,11 @@ class CheckpointCommitter:
 
     def commit(self, pipeline: str, checkpoint_key: str, *, actor: Actor) -> CommitSummary:
         started = time.monotonic()
-        owner = self.owner or actor.name
+        # Unique per task try: try 2 never adopts try 1's live lease as its own.
+        owner = self.owner or actor.lease_owner
         # Ask for the lease first: it refuses a committed or not yet durable
         # checkpoint itself, so the usual case needs no read before it.
+        asked = time.monotonic()  # the lease runs from no earlier than this
         try:
             lease = self.store.acquire_lease(
                 pipeline, checkpoint_key, owner=owner, ttl=self.lease_ttl, actor=actor, mode=self.mode
@@ -135,7 +164,9 @@ class CheckpointCommitter:
             crashpoint("lease.after_takeover")
         record = lease.record or self.store.require(pipeline, checkpoint_key)
         assert record.sealed_attempt is not None and record.manifest_digest is not None
-        renew = _LeaseKeeper(self.store, lease, self.lease_ttl)
+        ctx = FencingContext(
+            self.store, lease, self.lease_ttl, attempt_id=record.sealed_attempt_id or "", confirmed_at=asked
+        )
         try:
             manifest_path = self.layout.manifest_path(pipeline, checkpoint_key, record.sealed_attempt)
             manifest = read_manifest(manifest_path, expected_digest=record.manifest_digest)
@@ -143,28 +174,39 @@ class CheckpointCommitter:
                 pipeline,
                 checkpoint_key,
                 record.sealed_attempt,
-            ):
+            ) or (record.sealed_attempt_id and manifest.attempt_id != record.sealed_attempt_id):
                 raise ManifestError(
                     f"manifest {manifest_path} describes {manifest.pipeline}/{manifest.checkpoint_key} "
-                    f"attempt {manifest.attempt}, not {pipeline}/{checkpoint_key} attempt {record.sealed_attempt}"
+                    f"attempt {manifest.attempt} ({manifest.attempt_id}), not {pipeline}/{checkpoint_key} "
+                    f"attempt {record.sealed_attempt} ({record.sealed_attempt_id})"
                 )
+            ctx.attempt_id = manifest.attempt_id
             attempt_dir = self.layout.attempt_dir(pipeline, checkpoint_key, record.sealed_attempt)
-            result = self.publisher.publish(manifest, attempt_dir, keep_alive=renew)
+            result = self.publisher.publish(manifest, attempt_dir, ctx)
             crashpoint("commit.after_publish")
-            renew.lease = renew()
+            ctx.fence(force=True)
             done = self.store.mark_committed(
-                renew.lease,
+                ctx.lease,
                 actor=actor,
                 end_offsets=manifest.end_offsets,
                 detail=f"published {result.published}, already there {result.already}",
+                publication=self._publication(result),
             )
-        except BAD_INPUT as exc:
+        except FencedError as exc:
+            # Another committer holds the checkpoint now (or it was aborted): change nothing more.
+            log.error("stopped committing %s/%s: %s", pipeline, checkpoint_key, exc)
+            self._record_failure(pipeline, checkpoint_key, f"fenced out: {exc}", actor, ctx.lease)
+            raise
+        except Exception as exc:
+            # Bad input, a layout the target cannot take, an OS error (ENAMETOOLONG,
+            # ENOSPC...), a table library's error: recorded on the checkpoint, the
+            # lease released, never a COMMITTING checkpoint left without a reason.
             log.error("checkpoint %s/%s cannot be committed: %s", pipeline, checkpoint_key, exc)
-            self.store.fail(pipeline, checkpoint_key, error=str(exc), actor=actor, lease=renew.lease)
+            self._record_failure(pipeline, checkpoint_key, _describe(exc), actor, ctx.lease)
             raise
         crashpoint("commit.after_committed")
         # The commit is recorded: the WAL (every staged attempt) is garbage now.
-        self._remove_staging(manifest)
+        self._finish(manifest)
         summary = self._summary(done, already=False, started=started)
         summary.published, summary.already_published = result.published, result.already
         summary.partitions_replaced = result.partitions_replaced
@@ -198,9 +240,26 @@ class CheckpointCommitter:
                 "leaving staging of committed %s/%s alone: %s", record.pipeline, record.checkpoint_key, exc
             )
             return
-        self._remove_staging(manifest)
+        self._finish(manifest)
 
-    def _remove_staging(self, manifest: Manifest) -> None:
+    def _record_failure(self, pipeline: str, key: str, error: str, actor: Actor, lease: Lease) -> None:
+        try:
+            self.store.fail(pipeline, key, error=error, actor=actor, lease=lease)
+        except Exception as exc:  # noqa: BLE001 - keep the original error
+            log.warning("could not record the failure of %s/%s: %s", pipeline, key, exc)
+
+    def _publication(self, result: PublishResult) -> dict[str, Any]:
+        return {
+            "target": self.publisher.describe(),
+            "kind": self.publisher.kind,
+            "outcome": result.outcome.value,
+            "snapshot": result.snapshot,
+            "files": result.target_files[:PUBLICATION_FILES],
+            "files_total": len(result.target_files),
+            "partitions_replaced": result.partitions_replaced,
+        }
+
+    def _finish(self, manifest: Manifest) -> None:
         """Drop the journal and the staged attempts; best effort, the commit is already recorded.
 
         Racing committers (a loser finishing the cleanup, a zombie writer still
@@ -208,8 +267,7 @@ class CheckpointCommitter:
         a recorded commit into a failed task. What is left, GC removes.
         """
         try:
-            self.publisher.forget(manifest)
-            self.layout.remove_checkpoint(manifest.pipeline, manifest.checkpoint_key)
+            self.publisher.finish(manifest, self.layout)
         except OSError as exc:
             log.warning(
                 "committed %s/%s, but its staging was not fully removed (GC will): %s",
@@ -235,15 +293,51 @@ class CheckpointCommitter:
         )
 
 
-class _LeaseKeeper:
-    """Renews the lease when a third of its time has passed (called between publish steps)."""
+class FencingContext:
+    """The :class:`~airflow_provider_walsink.publishers.base.PublisherContext` of a lease.
 
-    def __init__(self, store: CommitterStore, lease: Lease, ttl: timedelta) -> None:
+    ``fence()`` asks the committer database (one compare-and-set on the epoch,
+    which also extends the lease) unless the lease was confirmed less than
+    :attr:`FRESH` of its TTL ago: until a confirmed lease's TTL has passed on
+    the database's clock nobody else can take it, so a publish of 10,000
+    files costs a few statements, not 10,000. A process paused for longer
+    than that is asked again when it resumes, and stops. ``force=True`` always
+    asks (before recording the outcome).
+    """
+
+    #: Fraction of the TTL during which a confirmation is trusted without asking again.
+    FRESH = 1 / 3
+
+    def __init__(
+        self,
+        store: CommitterStore,
+        lease: Lease,
+        ttl: timedelta,
+        *,
+        attempt_id: str,
+        confirmed_at: float | None = None,
+    ) -> None:
         self.store, self.lease, self.ttl = store, lease, ttl
-        self._renewed = time.monotonic()
+        self.pipeline, self.checkpoint_key = lease.pipeline, lease.checkpoint_key
+        self.attempt_id = attempt_id
+        self.epoch = lease.epoch
+        # When the lease was asked for (monotonic): it cannot run out before then + TTL.
+        self._confirmed = time.monotonic() if confirmed_at is None else confirmed_at
 
-    def __call__(self) -> Lease:
-        if time.monotonic() - self._renewed >= self.ttl.total_seconds() / 3:
-            self.lease = self.store.renew_lease(self.lease, self.ttl)
-            self._renewed = time.monotonic()
-        return self.lease
+    def fence(self, *, force: bool = False) -> None:
+        started = time.monotonic()
+        if not force and started - self._confirmed < self.ttl.total_seconds() * self.FRESH:
+            return
+        self.lease = self.store.fence(self.lease, self.ttl)
+        # Measured from before the statement: the database extended the lease after it.
+        self._confirmed = started
+
+    def event(self, name: str) -> None:
+        crashpoint(name)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, OSError) and not isinstance(exc, BAD_INPUT):
+        return f"{type(exc).__name__} while publishing: {text}"
+    return text

@@ -86,6 +86,14 @@ class Checkpoint(Base):
     end_offsets: Mapped[str | None] = mapped_column(Text)
     lease_owner: Mapped[str | None] = mapped_column(String(255))
     lease_expires_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    #: The fencing token: bumped by every lease take (and by an abort), checked
+    #: by every lease-scoped change, so a committer that lost its lease is refused.
+    lease_epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    #: Globally unique ids of the current and the sealed write attempt.
+    attempt_id: Mapped[str | None] = mapped_column(String(40))
+    sealed_attempt_id: Mapped[str | None] = mapped_column(String(40))
+    #: What the commit published (JSON: target, files or table snapshot).
+    publication: Mapped[str | None] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)
     # The Airflow run that registered it, for the UI's DAG and run tabs.
     dag_id: Mapped[str | None] = mapped_column(String(250))

@@ -12,254 +12,85 @@ life cycle. Each public method
   instead of failing, so transient database errors can be retried safely;
 * binds every value as a parameter; no identifier is ever formatted into SQL.
 
-On PostgreSQL the two transitions every commit makes (taking the lease,
-recording COMMITTED) are each one statement in one round trip: a
-data-modifying CTE locks the row, checks the transition, updates the row and
-inserts the history row (see :func:`_one_statement_transition`). When its
-checks do not hold (a held or expired lease, an ``append`` pipeline, an
-already committed checkpoint) it changes nothing and the general path above
-runs, which gives the precise answer or error. SQLite and MySQL/MariaDB have
-no data-modifying CTEs and always take the general path.
+**Fencing** (invariants 3 and 8). Taking a lease bumps the checkpoint's
+``lease_epoch``, the fencing token, and returns it in the :class:`Lease`.
+Every change made under a lease (:meth:`fence`, which also renews it,
+:meth:`release_lease`, :meth:`mark_committed`, :meth:`fail` with a lease) is
+a compare-and-set on ``(state, epoch)``; a holder whose lease was taken over
+gets :class:`LeaseLostError` (a ``FencedError``) and changes nothing. Lease
+owners are unique per task try (:attr:`Actor.lease_owner`), and expiry is
+computed and judged on the **database's** clock (:mod:`.clock`), never a
+client's. A write try may only fail its own attempt, never a checkpoint
+another process holds.
 
+The read model lives in :mod:`.queries`, the PostgreSQL one-statement
+transitions in :mod:`.fastpath`, the retry policy in :mod:`.retry`.
 Connections are not pinged on checkout: every method, reads included, is
-retried on a dropped connection instead (:func:`_retrying`), which saves a
-round trip per call.
+retried on a dropped connection instead, which saves a round trip per call.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-import os
-import random
-import socket
-import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
-from typing import Any, ParamSpec, TypeVar
+from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import (
-    Connection,
-    Engine,
-    Select,
-    String,
-    and_,
-    bindparam,
-    func,
-    insert,
-    literal,
-    null,
-    or_,
-    select,
-    update,
-)
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy import Connection, Engine, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
 
 from airflow_provider_walsink.faults import crashpoint
-from airflow_provider_walsink.protocol.errors import WalsinkError
 from airflow_provider_walsink.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.states import TRANSITIONS, CheckpointState
 
+from .clock import as_datetime, db_now
 from .engine import WRITE, create_committer_engine
+from .errors import (
+    CheckpointNotFoundError,
+    LeaseHeldError,
+    LeaseLostError,
+    OrderingError,
+    StaleAttemptError,
+    StoreError,
+    TransitionError,
+)
+from .fastpath import HISTORY_COLUMNS, one_statement_transition
 from .migrate import upgrade
-from .models import Timestamp
 from .models import checkpoint_table as ckpt
 from .models import pipeline_table as pipe
 from .models import transition_table as trans
+from .queries import OPEN_STATES, CheckpointQueries
+from .records import Actor, CheckpointRecord, Lease, TransitionRecord, new_instance_id, utcnow
+from .retry import is_transient, retrying
+
+__all__ = [
+    "OPEN_STATES",
+    "Actor",
+    "CheckpointNotFoundError",
+    "CheckpointRecord",
+    "CommitterStore",
+    "Lease",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "OrderingError",
+    "StaleAttemptError",
+    "StoreError",
+    "TransitionError",
+    "TransitionRecord",
+    "is_transient",
+    "new_instance_id",
+    "utcnow",
+]
 
 log = logging.getLogger(__name__)
 
 S = CheckpointState
 MODES = ("append", "overwrite")
-#: States in which a checkpoint still holds data a later commit may need.
-OPEN_STATES = frozenset(s.value for s in S if not s.is_final)
-
-
-class StoreError(WalsinkError):
-    """A committer-store operation was refused; the message says why."""
-
-
-class CheckpointNotFoundError(StoreError):
-    pass
-
-
-class TransitionError(StoreError):
-    """The checkpoint is not in a state that allows the requested change."""
-
-
-class StaleAttemptError(TransitionError):
-    """An older write attempt tried to seal after a newer one started."""
-
-
-class LeaseHeldError(StoreError):
-    """Another committer holds a live lease on the checkpoint."""
-
-
-class LeaseLostError(StoreError):
-    """The lease expired and was taken over, or was released."""
-
-
-class OrderingError(StoreError):
-    """An ``append`` checkpoint must wait for an earlier one to commit (invariant 5)."""
-
-
-@dataclass(frozen=True)
-class Actor:
-    """Who makes a transition: a free-form name plus the Airflow task instance, if any."""
-
-    name: str
-    dag_id: str | None = None
-    run_id: str | None = None
-    task_id: str | None = None
-    try_number: int | None = None
-
-    @classmethod
-    def local(cls, label: str = "walsink") -> Actor:
-        return cls(name=f"{label}@{socket.gethostname()}:{os.getpid()}")
-
-
-@dataclass(frozen=True)
-class CheckpointRecord:
-    id: int
-    pipeline: str
-    checkpoint_key: str
-    sequence: int
-    state: CheckpointState
-    attempt: int
-    sealed_attempt: int | None
-    manifest_uri: str | None
-    manifest_digest: str | None
-    committables: int | None
-    rows: int | None
-    bytes: int | None
-    start_offsets: dict[str, Any] | None
-    end_offsets: dict[str, Any] | None
-    lease_owner: str | None
-    lease_expires_at: datetime | None
-    error: str | None
-    dag_id: str | None
-    run_id: str | None
-    created_at: datetime
-    updated_at: datetime
-    sealed_at: datetime | None
-    durable_at: datetime | None
-    committed_at: datetime | None
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> CheckpointRecord:
-        values = dict(row)
-        values["state"] = CheckpointState(values["state"])
-        for key in ("start_offsets", "end_offsets"):
-            values[key] = json.loads(values[key]) if values[key] is not None else None
-        return cls(**values)
-
-    @property
-    def is_committed(self) -> bool:
-        return self.state is S.COMMITTED
-
-
-@dataclass(frozen=True)
-class TransitionRecord:
-    id: int
-    checkpoint_id: int
-    from_state: str | None
-    to_state: str
-    attempt: int
-    at: datetime
-    actor: str | None
-    dag_id: str | None
-    run_id: str | None
-    task_id: str | None
-    try_number: int | None
-    detail: str | None
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A committer's right to publish one checkpoint until ``expires_at`` (naive UTC)."""
-
-    pipeline: str
-    checkpoint_key: str
-    owner: str
-    expires_at: datetime
-    taken_over_from: str | None = None
-    #: The checkpoint as the lease left it (COMMITTING, this owner), so the
-    #: committer needs no second read of the row it just locked.
-    record: CheckpointRecord | None = field(default=None, compare=False, repr=False)
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC).replace(tzinfo=None)
-
-
-P = ParamSpec("P")
-T = TypeVar("T")
-
-_RETRY_DELAYS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
-# PostgreSQL serialization failure / deadlock; MySQL deadlock / lock wait timeout.
-_TRANSIENT_SQLSTATES = {"40001", "40P01"}
-_TRANSIENT_MYSQL_CODES = {1205, 1213}
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True for database errors after which repeating the whole transaction is safe."""
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return True
-    orig = getattr(exc, "orig", None)
-    # psycopg2 names the SQLSTATE pgcode, psycopg 3 sqlstate.
-    if (getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None)) in _TRANSIENT_SQLSTATES:
-        return True
-    args = getattr(orig, "args", ())
-    if args and isinstance(args[0], int) and args[0] in _TRANSIENT_MYSQL_CODES | {2003, 2006, 2013}:
-        return True
-    if isinstance(exc, OperationalError):
-        text = str(orig).lower()
-        return any(
-            s in text
-            for s in (
-                "database is locked",
-                "could not connect",
-                "server closed",
-                "connection refused",
-                "terminating connection",
-                "connection",
-            )
-        )
-    return False
-
-
-def _retrying(fn: Callable[P, T]) -> Callable[P, T]:
-    """Repeat a store operation on transient database errors, with jittered backoff.
-
-    Safe because every operation is idempotent (see the module docstring).
-    """
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        for delay in (*_RETRY_DELAYS_S, None):
-            try:
-                return fn(*args, **kwargs)
-            except DBAPIError as exc:
-                if delay is None or not is_transient(exc):
-                    raise
-                log.warning(
-                    "committer database: %s; retrying %s in %.2fs",
-                    str(exc).splitlines()[0],
-                    fn.__name__,
-                    delay,
-                )
-                time.sleep(delay * (1 + random.random()))
-        raise AssertionError("unreachable")
-
-    return wrapper
-
-
-#: History columns every transition writes (``_record`` and the one-statement path).
-_HISTORY_COLUMNS = ("actor", "dag_id", "run_id", "task_id", "try_number", "detail")
 
 
 def _history_values(actor: Actor, detail: str | None) -> dict[str, Any]:
@@ -273,98 +104,23 @@ def _history_values(actor: Actor, detail: str | None) -> dict[str, Any]:
     )
 
 
-@functools.cache
-def _one_statement_transition(to: CheckpointState) -> Select:
-    """One PostgreSQL statement that moves a checkpoint to COMMITTING or COMMITTED, or changes nothing.
+assert tuple(_history_values(Actor("x"), None)) == HISTORY_COLUMNS
 
-    ``moved`` updates the row only if the general path would allow the move
-    without asking anything more (below); ``hist`` appends the transition; the
-    result is the moved row, or no row when nothing changed. Parameters
-    (``p_`` and: pipeline, checkpoint_key, owner, now, expires, end_offsets
-    and the history columns) never share a column's name: SQLAlchemy would
-    add such a name to the UPDATE's SET clause.
 
-    * COMMITTING (take the lease): the checkpoint is DURABLE, COMMITTING or
-      FAILED after it was durable, with no lease or our own (a takeover of
-      someone else's, expired or not, takes the general path). For
-      ``overwrite`` pipelines only: ``append`` checks the order of commits.
-      ``old`` locks the row first and keeps its state for the history, which
-      RETURNING (new values only) cannot give.
-    * COMMITTED: the checkpoint is COMMITTING under our lease, so that is the
-      state before; the UPDATE's own row lock suffices.
+class CommitterStore(CheckpointQueries):
+    """The committer table's API. Thread-safe; share one per process and engine.
+
+    ``clock`` replaces the database's clock, for tests that need time to pass
+    faster than it does; production code never sets it.
     """
-    where = and_(
-        ckpt.c.pipeline == bindparam("p_pipeline"), ckpt.c.checkpoint_key == bindparam("p_checkpoint_key")
-    )
-    owner = bindparam("p_owner", type_=String)
-    now = bindparam("p_now", type_=Timestamp)
-    from_state: Any
-    if to is S.COMMITTING:
-        old = select(ckpt.c.id, ckpt.c.state.label("from_state")).where(where).with_for_update().cte("old")
-        moved = (
-            update(ckpt)
-            .where(
-                ckpt.c.id == old.c.id,
-                or_(
-                    old.c.from_state == S.DURABLE.value,
-                    old.c.from_state == S.COMMITTING.value,
-                    and_(old.c.from_state == S.FAILED.value, ckpt.c.durable_at.is_not(None)),
-                ),
-                or_(ckpt.c.lease_owner.is_(None), ckpt.c.lease_owner == owner),
-            )
-            .values(
-                state=to.value,
-                updated_at=now,
-                lease_owner=owner,
-                lease_expires_at=bindparam("p_expires", type_=Timestamp),
-            )
-            .returning(*ckpt.c, old.c.from_state)
-            .cte("moved")
-        )
-        from_state = moved.c.from_state
-    else:
-        moved = (
-            update(ckpt)
-            .where(where, ckpt.c.state == S.COMMITTING.value, ckpt.c.lease_owner == owner)
-            .values(
-                state=to.value,
-                updated_at=now,
-                lease_owner=null(),
-                lease_expires_at=null(),
-                committed_at=now,
-                error=null(),
-                end_offsets=func.coalesce(bindparam("p_end_offsets", type_=String), ckpt.c.end_offsets),
-            )
-            .returning(*ckpt.c)
-            .cte("moved")
-        )
-        from_state = literal(S.COMMITTING.value, String)
-    hist = (
-        insert(trans)
-        .from_select(
-            ["checkpoint_id", "from_state", "to_state", "attempt", "at", *_HISTORY_COLUMNS],
-            select(
-                moved.c.id,
-                from_state,
-                moved.c.state,
-                moved.c.attempt,
-                now,
-                *(bindparam(f"p_{c}", type_=trans.c[c].type) for c in _HISTORY_COLUMNS),
-            ),
-        )
-        .cte("hist")
-    )
-    return select(*(moved.c[c.name] for c in ckpt.c)).add_cte(hist)
 
-
-class CommitterStore:
-    """The committer table's API. Thread-safe; share one per process and engine."""
-
-    def __init__(self, engine: Engine, *, clock: Callable[[], datetime] = utcnow) -> None:
+    def __init__(self, engine: Engine, *, clock: Callable[[], datetime] | None = None) -> None:
         self.engine = engine
         self._clock = clock
-        # Data-modifying CTEs: PostgreSQL only (see the module docstring).
-        self._one_statement = engine.dialect.name == "postgresql"
+        self._dialect = engine.dialect.name
+        # Data-modifying CTEs: PostgreSQL only (see .fastpath); they read the
+        # database's clock, so an injected test clock takes the general path.
+        self._one_statement = self._dialect == "postgresql" and clock is None
 
     @classmethod
     def from_url(cls, url: str, *, migrate: bool = True, **engine_kwargs: Any) -> CommitterStore:
@@ -382,15 +138,31 @@ class CommitterStore:
 
     # ------------------------------------------------------------------ plumbing
 
+    def _now_expr(self) -> ColumnElement:
+        if self._clock is not None:
+            from sqlalchemy import literal
+
+            from .models import Timestamp
+
+            return literal(self._clock(), Timestamp)
+        return db_now(self._dialect)
+
+    def _now(self, conn: Connection) -> datetime:
+        """The database's current time (naive UTC), read inside ``conn``'s transaction."""
+        if self._clock is not None:
+            return self._clock()
+        return as_datetime(conn.execute(select(db_now(self._dialect))).scalar_one())
+
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
         with self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
             yield conn
 
     def _lock(self, conn: Connection, pipeline: str, key: str) -> dict[str, Any]:
+        """Lock the checkpoint's row; the row's ``_now`` is the database's time, read with it."""
         row = (
             conn.execute(
-                select(ckpt)
+                select(ckpt, self._now_expr().label("_now"))
                 .where(ckpt.c.pipeline == pipeline, ckpt.c.checkpoint_key == key)
                 .with_for_update()
             )
@@ -399,7 +171,9 @@ class CommitterStore:
         )
         if row is None:
             raise CheckpointNotFoundError(f"checkpoint {pipeline}/{key} is not registered")
-        return dict(row)
+        values = dict(row)
+        values["_now"] = as_datetime(values["_now"])
+        return values
 
     def _move(
         self,
@@ -417,7 +191,7 @@ class CommitterStore:
             raise TransitionError(
                 f"checkpoint {row['pipeline']}/{row['checkpoint_key']} is {current}; it cannot move to {to}"
             )
-        now = self._clock()
+        now = row["_now"]
         values = {"state": to.value, "updated_at": now, **values}
         conn.execute(update(ckpt).where(ckpt.c.id == row["id"]).values(**values))
         self._record(
@@ -455,13 +229,17 @@ class CommitterStore:
             )
         )
 
+    def _event(self, conn: Connection, row: Mapping[str, Any], actor: Actor, detail: str) -> None:
+        """A history row that changes no state (from = to = the current state)."""
+        self._record(conn, row["id"], row["state"], row["state"], row["attempt"], actor, detail, row["_now"])
+
     def _try_one_statement(
-        self, to: CheckpointState, lease_owner: str, actor: Actor, detail: str | None, **params: Any
+        self, to: CheckpointState, actor: Actor, detail: str | None, **params: Any
     ) -> CheckpointRecord | None:
-        """Run :func:`_one_statement_transition` (autocommit: it is its own transaction)."""
-        params.update(owner=lease_owner, **_history_values(actor, detail))
-        params.setdefault("expires", None)
-        params.setdefault("end_offsets", None)
+        """Run :func:`.fastpath.one_statement_transition` (autocommit: it is its own transaction)."""
+        params.update(**_history_values(actor, detail))
+        for name in ("owner", "ttl", "epoch", "end_offsets", "publication"):
+            params.setdefault(name, None)
         with self.engine.connect() as conn:
             # The statement is its own transaction. The driver's autocommit
             # switch is free; SQLAlchemy's isolation_level="AUTOCOMMIT" costs
@@ -470,7 +248,7 @@ class CommitterStore:
             driver.autocommit = True
             try:
                 row = (
-                    conn.execute(_one_statement_transition(to), {f"p_{k}": v for k, v in params.items()})
+                    conn.execute(one_statement_transition(to), {f"p_{k}": v for k, v in params.items()})
                     .mappings()
                     .first()
                 )
@@ -481,7 +259,7 @@ class CommitterStore:
 
     # ------------------------------------------------------------------ life cycle
 
-    @_retrying
+    @retrying
     def register(
         self,
         pipeline: str,
@@ -510,7 +288,7 @@ class CommitterStore:
                 )
                 if existing is not None:
                     return CheckpointRecord.from_row(_exact(existing, pipeline, checkpoint_key))
-                now = self._clock()
+                now = self._now(conn)
                 prow = (
                     conn.execute(select(pipe).where(pipe.c.name == pipeline).with_for_update())
                     .mappings()
@@ -575,7 +353,7 @@ class CommitterStore:
             return CheckpointRecord.from_row(_exact(existing, pipeline, checkpoint_key))
         return self.get(pipeline, checkpoint_key)  # type: ignore[return-value]
 
-    @_retrying
+    @retrying
     def start_attempt(
         self,
         pipeline: str,
@@ -584,7 +362,11 @@ class CommitterStore:
         actor: Actor,
         start_offsets: Mapping[str, Any] | None = None,
     ) -> CheckpointRecord:
-        """Start a new write attempt; any earlier attempt, sealed or not, no longer counts."""
+        """Start a new write attempt; any earlier attempt, sealed or not, no longer counts.
+
+        The attempt gets a globally unique ``attempt_id`` (its number repeats
+        once retention has trimmed the row and the interval is re-run).
+        """
         with self._tx() as conn:
             row = self._lock(conn, pipeline, checkpoint_key)
             state = CheckpointState(row["state"])
@@ -597,7 +379,9 @@ class CommitterStore:
                 )
             values: dict[str, Any] = dict(
                 attempt=row["attempt"] + 1,
+                attempt_id=uuid.uuid4().hex,
                 sealed_attempt=None,
+                sealed_attempt_id=None,
                 manifest_uri=None,
                 manifest_digest=None,
                 committables=None,
@@ -612,7 +396,7 @@ class CommitterStore:
                 values["start_offsets"] = _dump(start_offsets)
             return self._move(conn, row, S.WRITING, actor, **values)
 
-    @_retrying
+    @retrying
     def seal(
         self,
         pipeline: str,
@@ -627,8 +411,14 @@ class CommitterStore:
         actor: Actor,
         start_offsets: Mapping[str, Any] | None = None,
         end_offsets: Mapping[str, Any] | None = None,
+        attempt_id: str | None = None,
     ) -> CheckpointRecord:
-        """Record that ``attempt`` sealed its manifest. Only the current attempt may seal."""
+        """Record that ``attempt`` sealed its manifest. Only the current attempt may seal.
+
+        ``attempt_id`` (the manifest's) must be the current attempt's: a writer
+        of an earlier life of this checkpoint (same number, before retention)
+        cannot seal it.
+        """
         with self._tx() as conn:
             row = self._lock(conn, pipeline, checkpoint_key)
             if row["sealed_attempt"] == attempt and row["manifest_digest"] == manifest_digest:
@@ -638,15 +428,22 @@ class CommitterStore:
                     f"attempt {attempt} of {pipeline}/{checkpoint_key} cannot seal: the checkpoint is "
                     f"{row['state']} at attempt {row['attempt']} (only the newest attempt counts)"
                 )
+            legacy = attempt_id is not None and attempt_id.startswith("v1-")  # a 0.1 manifest, no id
+            if attempt_id is not None and not legacy and row["attempt_id"] not in (None, attempt_id):
+                raise StaleAttemptError(
+                    f"attempt {attempt} of {pipeline}/{checkpoint_key} cannot seal: its attempt id "
+                    f"{attempt_id} is not the current attempt's ({row['attempt_id']})"
+                )
             values: dict[str, Any] = dict(
                 sealed_attempt=attempt,
+                sealed_attempt_id=attempt_id or row["attempt_id"],
                 manifest_uri=manifest_uri,
                 manifest_digest=manifest_digest,
                 committables=committables,
                 rows=rows,
                 bytes=bytes,
                 end_offsets=_dump(end_offsets),
-                sealed_at=self._clock(),
+                sealed_at=row["_now"],
             )
             if start_offsets is not None:
                 values["start_offsets"] = _dump(start_offsets)
@@ -667,10 +464,11 @@ class CommitterStore:
             bytes=manifest.total_bytes,
             start_offsets=manifest.start_offsets,
             end_offsets=manifest.end_offsets,
+            attempt_id=manifest.attempt_id,
             actor=actor,
         )
 
-    @_retrying
+    @retrying
     def mark_durable(
         self, pipeline: str, checkpoint_key: str, *, attempt: int, actor: Actor, detail: str | None = None
     ) -> CheckpointRecord:
@@ -684,11 +482,11 @@ class CommitterStore:
                 )
             if row["state"] in (S.DURABLE.value, S.COMMITTING.value, S.COMMITTED.value):
                 return CheckpointRecord.from_row(row)
-            return self._move(
-                conn, row, S.DURABLE, actor, detail=detail, durable_at=self._clock(), error=None
-            )
+            return self._move(conn, row, S.DURABLE, actor, detail=detail, durable_at=row["_now"], error=None)
 
-    @_retrying
+    # ------------------------------------------------------------------ leases (fenced)
+
+    @retrying
     def acquire_lease(
         self,
         pipeline: str,
@@ -699,40 +497,51 @@ class CommitterStore:
         actor: Actor,
         mode: str | None = None,
     ) -> Lease:
-        """Take the right to publish a durable checkpoint (compare-and-set on the row).
+        """Take the right to publish a durable checkpoint, bumping its fencing token.
 
         Succeeds when nobody holds the lease, when ``owner`` already holds it,
-        or when the holder's lease has expired (takeover: the holder crashed).
-        In ``append`` mode an earlier uncommitted checkpoint of the pipeline
+        or when the holder's lease has expired on the database's clock
+        (takeover: the holder crashed or stalled; its token is now stale). In
+        ``append`` mode an earlier uncommitted checkpoint of the pipeline
         blocks this one, and the checkpoint's start offsets must continue the
         last committed checkpoint's end offsets.
+
+        Raises :class:`LeaseHeldError` (someone else holds a live lease; retry
+        later), :class:`TransitionError` (committed, or not durable),
+        :class:`OrderingError` (append order). Repeating it is safe.
         """
         if self._one_statement and mode == "overwrite":
-            now = self._clock()
-            expires = now + ttl
             record = self._try_one_statement(
                 S.COMMITTING,
-                owner,
                 actor,
-                f"lease until {expires:%H:%M:%S}",
+                f"lease taken for {ttl.total_seconds():g}s",  # the statement appends the epoch
+                owner=owner,
                 pipeline=pipeline,
                 checkpoint_key=checkpoint_key,
-                now=now,
-                expires=expires,
+                ttl=ttl,
             )
             if record is not None:
-                return Lease(pipeline, checkpoint_key, owner, expires, record=record)
+                assert record.lease_expires_at is not None
+                return Lease(
+                    pipeline,
+                    checkpoint_key,
+                    owner,
+                    record.lease_expires_at,
+                    record.lease_epoch,
+                    record=record,
+                )
         with self._tx() as conn:
             row = self._lock(conn, pipeline, checkpoint_key)
             state = CheckpointState(row["state"])
-            now = self._clock()
+            now = row["_now"]
             if state is S.COMMITTED:
                 raise TransitionError(f"checkpoint {pipeline}/{checkpoint_key} is already COMMITTED")
             if state is S.COMMITTING and row["lease_owner"] not in (None, owner):
                 if row["lease_expires_at"] is not None and row["lease_expires_at"] > now:
                     raise LeaseHeldError(
                         f"checkpoint {pipeline}/{checkpoint_key} is being committed by {row['lease_owner']} "
-                        f"(lease until {row['lease_expires_at']:%Y-%m-%d %H:%M:%S} UTC)"
+                        f"(lease until {row['lease_expires_at']:%Y-%m-%d %H:%M:%S} UTC on the committer "
+                        "database's clock)"
                     )
             elif state not in (S.DURABLE, S.COMMITTING) and not (state is S.FAILED and row["durable_at"]):
                 raise TransitionError(
@@ -745,16 +554,240 @@ class CommitterStore:
             if previous:
                 crashpoint("lease.takeover")
             expires = now + ttl
+            epoch = row["lease_epoch"] + 1
             record = self._move(
                 conn,
                 row,
                 S.COMMITTING,
                 actor,
-                detail=f"lease taken over from {previous}" if previous else f"lease until {expires:%H:%M:%S}",
+                detail=(
+                    f"lease taken over from {previous} (epoch {epoch})"
+                    if previous
+                    else f"lease taken for {ttl.total_seconds():g}s (epoch {epoch})"
+                ),
                 lease_owner=owner,
                 lease_expires_at=expires,
+                lease_epoch=epoch,
             )
-            return Lease(pipeline, checkpoint_key, owner, expires, taken_over_from=previous, record=record)
+            return Lease(
+                pipeline, checkpoint_key, owner, expires, epoch, taken_over_from=previous, record=record
+            )
+
+    def _lease_lost(self, conn: Connection, lease: Lease, doing: str) -> LeaseLostError:
+        row = (
+            conn.execute(
+                select(ckpt.c.state, ckpt.c.lease_owner, ckpt.c.lease_epoch).where(
+                    ckpt.c.pipeline == lease.pipeline, ckpt.c.checkpoint_key == lease.checkpoint_key
+                )
+            )
+            .mappings()
+            .first()
+        )
+        now = (
+            f"state {row['state']}, epoch {row['lease_epoch']}, holder {row['lease_owner']}"
+            if row
+            else "gone"
+        )
+        return LeaseLostError(
+            f"cannot {doing} {lease.pipeline}/{lease.checkpoint_key}: the lease of {lease.owner} "
+            f"(epoch {lease.epoch}) was taken over, released or aborted ({now}); stopping before any "
+            "further change"
+        )
+
+    @retrying
+    def fence(self, lease: Lease, ttl: timedelta) -> Lease:
+        """Confirm the lease is still ours and extend it: one compare-and-set on the epoch.
+
+        Called before each side effect of a publish. Raises
+        :class:`LeaseLostError` (a ``FencedError``) once another committer took
+        the lease or the checkpoint was aborted; then nothing more may change.
+        An expired lease that nobody took is still ours (the epoch did not
+        move), and is extended.
+        """
+        with self._tx() as conn:
+            now = self._now(conn)
+            result = conn.execute(
+                update(ckpt)
+                .where(
+                    ckpt.c.pipeline == lease.pipeline,
+                    ckpt.c.checkpoint_key == lease.checkpoint_key,
+                    ckpt.c.state == S.COMMITTING.value,
+                    ckpt.c.lease_epoch == lease.epoch,
+                )
+                .values(lease_expires_at=now + ttl, lease_owner=lease.owner)
+            )
+            if result.rowcount != 1:
+                raise self._lease_lost(conn, lease, "extend the lease on")
+        return Lease(
+            lease.pipeline,
+            lease.checkpoint_key,
+            lease.owner,
+            now + ttl,
+            lease.epoch,
+            taken_over_from=lease.taken_over_from,
+            record=lease.record,
+        )
+
+    #: The name older callers use: renewing is fencing.
+    renew_lease = fence
+
+    @retrying
+    def release_lease(self, lease: Lease, *, actor: Actor | None = None, reason: str | None = None) -> None:
+        """Give a lease back without committing (the checkpoint stays COMMITTING, lease free).
+
+        Only the current holder (same epoch) releases; a stale holder changes nothing.
+        """
+        with self._tx() as conn:
+            row = self._lock(conn, lease.pipeline, lease.checkpoint_key)
+            if row["state"] != S.COMMITTING.value or row["lease_epoch"] != lease.epoch:
+                return
+            conn.execute(
+                update(ckpt).where(ckpt.c.id == row["id"]).values(lease_owner=None, lease_expires_at=None)
+            )
+            self._event(
+                conn,
+                row,
+                actor or Actor(lease.owner),
+                f"lease released (epoch {lease.epoch}){': ' + reason if reason else ''}",
+            )
+
+    @retrying
+    def mark_committed(
+        self,
+        lease: Lease,
+        *,
+        actor: Actor,
+        end_offsets: Mapping[str, Any] | None = None,
+        detail: str | None = None,
+        publication: Mapping[str, Any] | None = None,
+    ) -> CheckpointRecord:
+        """Record the commit: a compare-and-set on the lease's epoch, once.
+
+        Raises :class:`LeaseLostError` if the lease was taken over (the new
+        holder records the commit). Repeating it after it took effect returns
+        the committed row.
+        """
+        if self._one_statement:
+            record = self._try_one_statement(
+                S.COMMITTED,
+                actor,
+                detail,
+                pipeline=lease.pipeline,
+                checkpoint_key=lease.checkpoint_key,
+                epoch=lease.epoch,
+                end_offsets=_dump(end_offsets),
+                publication=_dump(publication),
+            )
+            if record is not None:
+                return record
+        with self._tx() as conn:
+            row = self._lock(conn, lease.pipeline, lease.checkpoint_key)
+            if row["state"] == S.COMMITTED.value and row["lease_epoch"] == lease.epoch:
+                return CheckpointRecord.from_row(row)  # repeated call after a lost acknowledgement
+            if row["state"] != S.COMMITTING.value or row["lease_epoch"] != lease.epoch:
+                raise self._lease_lost(conn, lease, "mark COMMITTED")
+            values: dict[str, Any] = dict(
+                lease_owner=None,
+                lease_expires_at=None,
+                committed_at=row["_now"],
+                error=None,
+                publication=_dump(publication),
+            )
+            if end_offsets is not None:
+                values["end_offsets"] = _dump(end_offsets)
+            return self._move(conn, row, S.COMMITTED, actor, detail=detail, **values)
+
+    @retrying
+    def fail(
+        self,
+        pipeline: str,
+        checkpoint_key: str,
+        *,
+        error: str,
+        actor: Actor,
+        lease: Lease | None = None,
+        attempt: int | None = None,
+    ) -> CheckpointRecord:
+        """Record an error; the checkpoint stays uncommitted (FAILED) and keeps its data.
+
+        Failures are owned: a committer passes its ``lease`` and fails the
+        checkpoint only while that lease is current (same epoch); a writer
+        passes its ``attempt`` and fails only that attempt, and only before a
+        committer took the checkpoint. Anyone else's error (a zombie's, a
+        stale try's) is kept in the history and changes nothing. With neither,
+        a COMMITTING checkpoint cannot be failed (abort it instead).
+        """
+        with self._tx() as conn:
+            row = self._lock(conn, pipeline, checkpoint_key)
+            state = CheckpointState(row["state"])
+            if lease is not None:
+                owned = state is S.COMMITTING and row["lease_epoch"] == lease.epoch
+                why = f"the lease of epoch {lease.epoch} is no longer current (epoch {row['lease_epoch']})"
+            elif attempt is not None:
+                owned = row["attempt"] == attempt and state in (
+                    S.REGISTERED,
+                    S.WRITING,
+                    S.SEALED,
+                    S.DURABLE,
+                    S.FAILED,
+                )
+                why = f"attempt {attempt} is not the checkpoint's current, uncommitted attempt ({row['attempt']}, {state})"
+            else:
+                owned = not state.is_final and state is not S.COMMITTING
+                why = f"the checkpoint is {state}"
+            if not owned:
+                self._event(conn, row, actor, f"error not recorded as FAILED ({why}): {error}")
+                return CheckpointRecord.from_row(row)
+            return self._move(
+                conn,
+                row,
+                S.FAILED,
+                actor,
+                detail=error,
+                error=error[:10000],
+                lease_owner=None,
+                lease_expires_at=None,
+            )
+
+    @retrying
+    def abort(self, pipeline: str, checkpoint_key: str, *, reason: str, actor: Actor) -> CheckpointRecord:
+        """Give a checkpoint up for good (it unblocks later ``append`` checkpoints).
+
+        Bumps the fencing token, so any committer still holding an old lease is
+        refused at its next step.
+        """
+        with self._tx() as conn:
+            row = self._lock(conn, pipeline, checkpoint_key)
+            if row["state"] == S.ABORTED.value:
+                return CheckpointRecord.from_row(row)
+            if row["state"] == S.COMMITTING.value:
+                raise TransitionError(
+                    f"checkpoint {pipeline}/{checkpoint_key} is being committed; it cannot be aborted now"
+                )
+            return self._move(
+                conn,
+                row,
+                S.ABORTED,
+                actor,
+                detail=reason,
+                error=reason[:10000],
+                lease_owner=None,
+                lease_expires_at=None,
+                lease_epoch=row["lease_epoch"] + 1,
+            )
+
+    @retrying
+    def record_event(self, pipeline: str, checkpoint_key: str, *, actor: Actor, detail: str) -> None:
+        """Append a history row that changes no state (from = to = the current state).
+
+        Used to record that a task ran against the checkpoint and deliberately
+        did nothing, e.g. a backfill re-run that skipped a COMMITTED checkpoint,
+        so the audit trail shows every run that touched it.
+        """
+        with self._tx() as conn:
+            self._event(conn, self._lock(conn, pipeline, checkpoint_key), actor, detail)
+
+    # ------------------------------------------------------------------ ordering
 
     def _mode(self, conn: Connection, pipeline: str) -> str:
         return conn.execute(select(pipe.c.mode).where(pipe.c.name == pipeline)).scalar_one()
@@ -795,358 +828,6 @@ class CommitterStore:
                     f"at {last.end_offsets}; write it again from the committed offsets"
                 )
 
-    @_retrying
-    def renew_lease(self, lease: Lease, ttl: timedelta) -> Lease:
-        """Extend a held lease; raise :class:`LeaseLostError` if it is no longer ours."""
-        now = self._clock()
-        expires = now + ttl
-        with self._tx() as conn:
-            result = conn.execute(
-                update(ckpt)
-                .where(
-                    ckpt.c.pipeline == lease.pipeline,
-                    ckpt.c.checkpoint_key == lease.checkpoint_key,
-                    ckpt.c.state == S.COMMITTING.value,
-                    ckpt.c.lease_owner == lease.owner,
-                )
-                .values(lease_expires_at=expires, updated_at=now)
-            )
-            if result.rowcount != 1:
-                raise LeaseLostError(
-                    f"lease of {lease.owner} on {lease.pipeline}/{lease.checkpoint_key} was lost"
-                )
-        return replace(lease, expires_at=expires)
-
-    @_retrying
-    def release_lease(self, lease: Lease) -> None:
-        """Give a lease back without committing (the checkpoint stays COMMITTING, lease free)."""
-        with self._tx() as conn:
-            conn.execute(
-                update(ckpt)
-                .where(
-                    ckpt.c.pipeline == lease.pipeline,
-                    ckpt.c.checkpoint_key == lease.checkpoint_key,
-                    ckpt.c.lease_owner == lease.owner,
-                )
-                .values(lease_owner=None, lease_expires_at=None)
-            )
-
-    @_retrying
-    def mark_committed(
-        self,
-        lease: Lease,
-        *,
-        actor: Actor,
-        end_offsets: Mapping[str, Any] | None = None,
-        detail: str | None = None,
-    ) -> CheckpointRecord:
-        """Record the commit. Only the lease holder may, and only once."""
-        if self._one_statement:
-            record = self._try_one_statement(
-                S.COMMITTED,
-                lease.owner,
-                actor,
-                detail,
-                pipeline=lease.pipeline,
-                checkpoint_key=lease.checkpoint_key,
-                now=self._clock(),
-                end_offsets=_dump(end_offsets),
-            )
-            if record is not None:
-                return record
-        with self._tx() as conn:
-            row = self._lock(conn, lease.pipeline, lease.checkpoint_key)
-            if row["state"] == S.COMMITTED.value:
-                return CheckpointRecord.from_row(row)  # repeated call after a lost acknowledgement
-            if row["state"] != S.COMMITTING.value or row["lease_owner"] != lease.owner:
-                raise LeaseLostError(
-                    f"cannot mark {lease.pipeline}/{lease.checkpoint_key} COMMITTED: lease of {lease.owner} "
-                    f"was lost (state {row['state']}, holder {row['lease_owner']})"
-                )
-            values: dict[str, Any] = dict(
-                lease_owner=None,
-                lease_expires_at=None,
-                committed_at=self._clock(),
-                error=None,
-            )
-            if end_offsets is not None:
-                values["end_offsets"] = _dump(end_offsets)
-            return self._move(conn, row, S.COMMITTED, actor, detail=detail, **values)
-
-    @_retrying
-    def fail(
-        self,
-        pipeline: str,
-        checkpoint_key: str,
-        *,
-        error: str,
-        actor: Actor,
-        lease: Lease | None = None,
-    ) -> CheckpointRecord:
-        """Record an error; the checkpoint stays uncommitted (FAILED) and keeps its data.
-
-        A committer passes its lease: if the lease was taken over meanwhile, the
-        new holder's progress is not disturbed and the error is only logged in
-        the history.
-        """
-        with self._tx() as conn:
-            row = self._lock(conn, pipeline, checkpoint_key)
-            state = CheckpointState(row["state"])
-            if state.is_final:
-                raise TransitionError(f"checkpoint {pipeline}/{checkpoint_key} is {state}; it cannot fail")
-            if lease is not None and state is S.COMMITTING and row["lease_owner"] != lease.owner:
-                self._record(
-                    conn,
-                    row["id"],
-                    state.value,
-                    state.value,
-                    row["attempt"],
-                    actor,
-                    f"error after losing the lease: {error}",
-                    self._clock(),
-                )
-                return CheckpointRecord.from_row(row)
-            return self._move(
-                conn,
-                row,
-                S.FAILED,
-                actor,
-                detail=error,
-                error=error[:10000],
-                lease_owner=None,
-                lease_expires_at=None,
-            )
-
-    @_retrying
-    def abort(self, pipeline: str, checkpoint_key: str, *, reason: str, actor: Actor) -> CheckpointRecord:
-        """Give a checkpoint up for good (it unblocks later ``append`` checkpoints)."""
-        with self._tx() as conn:
-            row = self._lock(conn, pipeline, checkpoint_key)
-            if row["state"] == S.ABORTED.value:
-                return CheckpointRecord.from_row(row)
-            if row["state"] == S.COMMITTING.value:
-                raise TransitionError(
-                    f"checkpoint {pipeline}/{checkpoint_key} is being committed; it cannot be aborted now"
-                )
-            return self._move(conn, row, S.ABORTED, actor, detail=reason, error=reason[:10000])
-
-    @_retrying
-    def record_event(self, pipeline: str, checkpoint_key: str, *, actor: Actor, detail: str) -> None:
-        """Append a history row that changes no state (from = to = the current state).
-
-        Used to record that a task ran against the checkpoint and deliberately
-        did nothing, e.g. a backfill re-run that skipped a COMMITTED checkpoint,
-        so the audit trail shows every run that touched it.
-        """
-        with self._tx() as conn:
-            row = self._lock(conn, pipeline, checkpoint_key)
-            self._record(
-                conn, row["id"], row["state"], row["state"], row["attempt"], actor, detail, self._clock()
-            )
-
-    # ------------------------------------------------------------------ queries
-
-    @_retrying
-    def get(self, pipeline: str, checkpoint_key: str) -> CheckpointRecord | None:
-        if not (_is_identifier(pipeline) and _is_identifier(checkpoint_key)):
-            return None  # register() never stores such a name (and a NUL would make the driver raise)
-        with self.engine.connect() as conn:
-            row = (
-                conn.execute(
-                    select(ckpt).where(ckpt.c.pipeline == pipeline, ckpt.c.checkpoint_key == checkpoint_key)
-                )
-                .mappings()
-                .first()
-            )
-        if row is None or (row["pipeline"], row["checkpoint_key"]) != (pipeline, checkpoint_key):
-            return None  # not a case-insensitive match (MySQL/MariaDB collation): not this checkpoint
-        return CheckpointRecord.from_row(row)
-
-    def require(self, pipeline: str, checkpoint_key: str) -> CheckpointRecord:
-        record = self.get(pipeline, checkpoint_key)
-        if record is None:
-            raise CheckpointNotFoundError(f"checkpoint {pipeline}/{checkpoint_key} is not registered")
-        return record
-
-    def is_committed(self, pipeline: str, checkpoint_key: str) -> bool:
-        record = self.get(pipeline, checkpoint_key)
-        return record is not None and record.is_committed
-
-    @_retrying
-    def last_committed_offsets(self, pipeline: str) -> dict[str, Any] | None:
-        """End offsets of the pipeline's latest committed checkpoint (where the next one starts)."""
-        with self.engine.connect() as conn:
-            value = conn.execute(
-                select(ckpt.c.end_offsets)
-                .where(
-                    ckpt.c.pipeline == pipeline,
-                    ckpt.c.state == S.COMMITTED.value,
-                    ckpt.c.end_offsets.is_not(None),
-                )
-                .order_by(ckpt.c.sequence.desc())
-                .limit(1)
-            ).scalar()
-        return json.loads(value) if value is not None else None
-
-    @_retrying
-    def pending(self, pipeline: str) -> list[CheckpointRecord]:
-        """Checkpoints neither committed nor aborted, in sequence order."""
-        with self.engine.connect() as conn:
-            rows = (
-                conn.execute(
-                    select(ckpt)
-                    .where(ckpt.c.pipeline == pipeline, ckpt.c.state.in_(OPEN_STATES))
-                    .order_by(ckpt.c.sequence)
-                )
-                .mappings()
-                .all()
-            )
-        return [CheckpointRecord.from_row(r) for r in rows]
-
-    @_retrying
-    def checkpoints(
-        self,
-        pipeline: str,
-        *,
-        states: list[str] | None = None,
-        after_sequence: int | None = None,
-        before_sequence: int | None = None,
-        limit: int = 100,
-        descending: bool = True,
-    ) -> list[CheckpointRecord]:
-        """One page of a pipeline's checkpoints, keyset-paginated by sequence."""
-        query = select(ckpt).where(ckpt.c.pipeline == pipeline)
-        if states:
-            query = query.where(ckpt.c.state.in_(states))
-        if after_sequence is not None:
-            query = query.where(ckpt.c.sequence > after_sequence)
-        if before_sequence is not None:
-            query = query.where(ckpt.c.sequence < before_sequence)
-        order = ckpt.c.sequence.desc() if descending else ckpt.c.sequence
-        with self.engine.connect() as conn:
-            rows = conn.execute(query.order_by(order).limit(limit)).mappings().all()
-        return [CheckpointRecord.from_row(r) for r in rows]
-
-    @_retrying
-    def checkpoints_of_run(
-        self, dag_id: str, run_id: str | None = None, *, limit: int | None = None
-    ) -> list[CheckpointRecord]:
-        """Checkpoints registered by a DAG (or one of its runs), uses the (dag_id, run_id) index."""
-        query = select(ckpt).where(ckpt.c.dag_id == dag_id)
-        if run_id is not None:
-            query = query.where(ckpt.c.run_id == run_id)
-        query = query.order_by(ckpt.c.pipeline, ckpt.c.sequence)
-        if limit is not None:
-            query = query.limit(limit)
-        with self.engine.connect() as conn:
-            rows = conn.execute(query).mappings().all()
-        return [CheckpointRecord.from_row(r) for r in rows]
-
-    @_retrying
-    def get_pipeline(self, name: str) -> dict[str, Any] | None:
-        """One pipeline's row (name, mode, target, dag_id, next_sequence, created_at), or None."""
-        with self.engine.connect() as conn:
-            row = conn.execute(select(pipe).where(pipe.c.name == name)).mappings().first()
-        return dict(row) if row is not None else None
-
-    @_retrying
-    def pipeline_summary(self, pipeline: str) -> dict[str, Any]:
-        """Counts per state, the latest committed and the latest failed/aborted checkpoint.
-
-        Cost does not grow with the pipeline's history: ``register()`` allocates
-        sequence numbers without gaps in the same transaction as the row, and rows
-        are never deleted, so the number of COMMITTED checkpoints is the number
-        allocated (``next_sequence - 1``) minus the others, which are counted on
-        their own (few) ranges of the (pipeline, state, sequence) index. The latest
-        committed/failed checkpoints are "newest first, limit 1" probes on it.
-        """
-        latest = {}
-        others = [s.value for s in S if s is not S.COMMITTED]
-        with self.engine.connect() as conn:
-            next_sequence = conn.execute(select(pipe.c.next_sequence).where(pipe.c.name == pipeline)).scalar()
-            counts = dict(
-                conn.execute(
-                    select(ckpt.c.state, func.count())
-                    .where(ckpt.c.pipeline == pipeline, ckpt.c.state.in_(others))
-                    .group_by(ckpt.c.state)
-                ).all()
-            )
-            committed = (next_sequence or 1) - 1 - sum(counts.values())
-            if committed < 0:  # rows written around register(): count them exactly instead
-                committed = conn.execute(
-                    select(func.count()).where(ckpt.c.pipeline == pipeline, ckpt.c.state == S.COMMITTED.value)
-                ).scalar_one()
-            if committed:
-                counts[S.COMMITTED.value] = committed
-            for name, states in (
-                ("committed", [S.COMMITTED.value]),
-                ("error", [S.FAILED.value, S.ABORTED.value]),
-            ):
-                # One indexed "newest first, limit 1" probe per state, then the newer of them.
-                found = []
-                for state in states:
-                    row = (
-                        conn.execute(
-                            select(ckpt)
-                            .where(ckpt.c.pipeline == pipeline, ckpt.c.state == state)
-                            .order_by(ckpt.c.sequence.desc())
-                            .limit(1)
-                        )
-                        .mappings()
-                        .first()
-                    )
-                    if row is not None:
-                        found.append(CheckpointRecord.from_row(row))
-                latest[name] = max(found, key=lambda r: r.sequence) if found else None
-        return {"counts": counts, "latest_committed": latest["committed"], "last_error": latest["error"]}
-
-    @_retrying
-    def pipelines(self, *, with_counts: bool = True) -> list[dict[str, Any]]:
-        """Every pipeline with its mode, target and (unless ``with_counts=False``, which
-        skips a scan of the whole checkpoint table) checkpoint count per state."""
-        with self.engine.connect() as conn:
-            prows = conn.execute(select(pipe).order_by(pipe.c.name)).mappings().all()
-            if not with_counts:
-                return [dict(p) for p in prows]
-            counts = conn.execute(
-                select(ckpt.c.pipeline, ckpt.c.state, func.count()).group_by(ckpt.c.pipeline, ckpt.c.state)
-            ).all()
-        by_pipeline: dict[str, dict[str, int]] = {}
-        for name, state, count in counts:
-            by_pipeline.setdefault(name, {})[state] = count
-        return [{**dict(p), "counts": by_pipeline.get(p["name"], {})} for p in prows]
-
-    @_retrying
-    def history(self, pipeline: str, checkpoint_key: str) -> list[TransitionRecord]:
-        """The checkpoint's transitions, oldest first."""
-        record = self.require(pipeline, checkpoint_key)
-        with self.engine.connect() as conn:
-            rows = (
-                conn.execute(select(trans).where(trans.c.checkpoint_id == record.id).order_by(trans.c.id))
-                .mappings()
-                .all()
-            )
-        return [TransitionRecord(**r) for r in rows]
-
-    @_retrying
-    def expired_leases(self) -> list[CheckpointRecord]:
-        now = self._clock()
-        with self.engine.connect() as conn:
-            rows = (
-                conn.execute(
-                    select(ckpt).where(
-                        ckpt.c.state == S.COMMITTING.value,
-                        or_(
-                            ckpt.c.lease_owner.is_(None),
-                            and_(ckpt.c.lease_expires_at.is_not(None), ckpt.c.lease_expires_at < now),
-                        ),
-                    )
-                )
-                .mappings()
-                .all()
-            )
-        return [CheckpointRecord.from_row(r) for r in rows]
-
 
 def _collision(what: str, given: str, stored: str) -> str:
     return (
@@ -1165,13 +846,5 @@ def _exact(row: Mapping[str, Any], pipeline: str, checkpoint_key: str) -> Mappin
     return row
 
 
-def _is_identifier(value: object) -> bool:
-    try:
-        validate_identifier(value, "identifier")
-    except WalsinkError:
-        return False
-    return True
-
-
-def _dump(offsets: Mapping[str, Any] | None) -> str | None:
-    return json.dumps(offsets, sort_keys=True) if offsets is not None else None
+def _dump(value: Mapping[str, Any] | None) -> str | None:
+    return json.dumps(value, sort_keys=True) if value is not None else None

@@ -33,8 +33,10 @@ class CheckpointWriter:
         checkpoint_key: str,
         *,
         actor: Actor,
+        partition_columns: tuple[str, ...] | list[str] = (),
     ) -> None:
         self.store, self.layout, self.actor = store, layout, actor
+        self.partition_columns = tuple(partition_columns)
         self.pipeline, self.checkpoint_key = pipeline, checkpoint_key
         self.record: CheckpointRecord | None = None
         self.committables: list[Committable] = []
@@ -109,6 +111,8 @@ class CheckpointWriter:
             checkpoint_key=self.checkpoint_key,
             sequence=self.record.sequence,
             attempt=self.attempt,
+            attempt_id=self.record.attempt_id or "",
+            partition_columns=self.partition_columns,
             file_format=file_format,
             committables=self.committables,
             partitions=self.partitions,

@@ -2,47 +2,72 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 from airflow_provider_walsink.committer.commit import CheckpointCommitter
 from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
+from airflow_provider_walsink.hooks.connections import airflow_connection_fields
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.links import WalsinkCheckpointLink
-from airflow_provider_walsink.publishers.files import FilePublisher
+from airflow_provider_walsink.protocol.identifiers import validate_identifier
+from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.publishers.base import Publisher
+from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
 
 try:
     from airflow.sdk import BaseOperator
 except ImportError:  # pragma: no cover
     from airflow.models import BaseOperator  # type: ignore[no-redef]
 
+MODES = ("append", "overwrite")
+
+
+def validate_static_identifier(value: str | None, what: str) -> None:
+    """Check a pipeline id or key at DAG parse time unless it is a template (checked when rendered)."""
+    if value is not None and "{{" not in value and "{%" not in value:
+        validate_identifier(value, what)
+
 
 class WalCommitOperator(BaseOperator):
     """Publish a checkpoint's sealed manifest into the target, idempotently.
 
-    Reads the checkpoint's sealed manifest, takes the checkpoint's lease in
-    the committer table, publishes every committable (skipping what is
-    already in place), records COMMITTED with the end offsets, deletes the
-    staged attempts and returns a summary (pushed to XCom).
+    Takes the checkpoint's lease in the committer table (its fencing token),
+    reads the sealed manifest, publishes every committable through the
+    target's publisher (skipping what is already in place, by the attempt's
+    identity), records COMMITTED with the end offsets, cleans the staging and
+    returns a summary (pushed to XCom).
 
     * Already COMMITTED: logs it and succeeds without touching anything, so a
       retry, a cleared task or a backfill re-run is safe.
     * Not durable yet: fails with a message that says what is missing.
-    * Bad manifest or staged data: fails naming the problem; the checkpoint
-      stays uncommitted with the error recorded and the target unchanged.
+    * Bad manifest, staged data or layout, an OS error: fails naming the
+      problem; the checkpoint stays uncommitted (FAILED) with the error
+      recorded and the lease released.
+    * Lease lost mid-publish (this try was a zombie): stops before its next
+      change and fails; the try that took over finishes.
 
     :param pipeline: pipeline id (templated).
-    :param target: root directory of the target table (templated).
+    :param target: where to publish (templated): a directory (``/data/t`` or
+        ``file:///data/t``), an ``iceberg://``, ``delta://`` or ``sql://``
+        URI, or a publisher object (see docs/targets.md).
     :param mode: ``overwrite`` (each checkpoint replaces its partitions) or
         ``append`` (files are added, in checkpoint order).
     :param checkpoint_key: templated; defaults to the run's data interval start
         (``20260101T000000Z``).
+    :param partition_by: the pipeline's declared partition columns: a
+        committable partitioned otherwise fails before the target changes.
     :param walsink_conn_id: connection to the committer database.
     :param staging_root: templated; defaults to the connection's ``staging_root``.
     :param lease_ttl: how long the lease lasts without renewal; a crashed
-        committer's checkpoint can be taken over after it.
+        committer's checkpoint can be taken over after it. Size it well above
+        the longest pause between two publish steps (docs/production.md).
     :param verify_checksums: re-check each committable's checksum while publishing.
+    :param allow_older_overwrite: let an ``overwrite`` commit replace a
+        partition that a newer checkpoint key wrote (off: refused, so a late
+        retry of an old interval never rolls newer data back).
+    :param target_options: kind-specific target settings (catalog properties...).
     """
 
     operator_extra_links = (WalsinkCheckpointLink(),)
@@ -53,37 +78,57 @@ class WalCommitOperator(BaseOperator):
         self,
         *,
         pipeline: str,
-        target: str,
+        target: str | Publisher,
         mode: str = "overwrite",
         checkpoint_key: str | None = None,
+        partition_by: Sequence[str] = (),
         walsink_conn_id: str = WalsinkHook.default_conn_name,
         staging_root: str | None = None,
         lease_ttl: timedelta = timedelta(minutes=10),
         verify_checksums: bool = False,
+        allow_older_overwrite: bool = False,
+        target_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if mode not in ("append", "overwrite"):
+        if mode not in MODES:
             raise ValueError(f"mode must be 'append' or 'overwrite', got {mode!r}")
+        validate_static_identifier(pipeline, "pipeline id")
+        validate_static_identifier(checkpoint_key, "checkpoint key")
         self.pipeline = pipeline
         self.target = target
         self.mode = mode
         self.checkpoint_key = checkpoint_key
+        self.partition_by = list(partition_by)
         self.walsink_conn_id = walsink_conn_id
         self.staging_root = staging_root
         self.lease_ttl = lease_ttl
         self.verify_checksums = verify_checksums
+        self.allow_older_overwrite = allow_older_overwrite
+        self.target_options = dict(target_options or {})
+
+    def get_publisher(self, layout: StagingLayout) -> Publisher:
+        """The target's publisher: the object given, or one built from the target URI."""
+        return resolve_target(
+            self.target,
+            TargetOptions(
+                mode=self.mode,
+                layout=layout,
+                partition_by=tuple(self.partition_by),
+                verify_checksums=self.verify_checksums,
+                allow_older_overwrite=self.allow_older_overwrite,
+                connections=airflow_connection_fields,
+                extra=self.target_options,
+            ),
+        )
 
     def execute(self, context: Any) -> dict[str, Any]:
         key = self.checkpoint_key or checkpoint_key_from_context(context)
         hook = WalsinkHook(self.walsink_conn_id)
         layout = hook.get_layout(self.staging_root)
-        publisher = FilePublisher(
-            self.target, self.mode, layout=layout, verify_checksums=self.verify_checksums
-        )
         actor = actor_from_context(context)
         committer = CheckpointCommitter(
-            hook.get_store(), layout, publisher, mode=self.mode, owner=actor.name, lease_ttl=self.lease_ttl
+            hook.get_store(), layout, self.get_publisher(layout), mode=self.mode, lease_ttl=self.lease_ttl
         )
         summary = committer.commit(self.pipeline, key, actor=actor)
         if summary.already_committed:

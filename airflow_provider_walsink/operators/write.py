@@ -15,6 +15,7 @@ from airflow_provider_walsink.committer.store import CheckpointRecord, OrderingE
 from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.links import WalsinkCheckpointLink
+from airflow_provider_walsink.operators.commit import validate_static_identifier
 from airflow_provider_walsink.protocol.errors import ManifestError
 from airflow_provider_walsink.protocol.manifest import digest_of, parse_manifest
 from airflow_provider_walsink.spark.args import ProtocolArgs
@@ -190,6 +191,9 @@ class WalWriteOperator(BaseOperator):
         super().__init__(**kwargs)
         if mode not in ("append", "overwrite"):
             raise ValueError(f"mode must be 'append' or 'overwrite', got {mode!r}")
+        # Bad ids fail when the DAG is parsed, not at the first run (templates when rendered).
+        validate_static_identifier(pipeline, "pipeline id")
+        validate_static_identifier(checkpoint_key, "checkpoint key")
         self.application = application
         self.pipeline = pipeline
         self.mode = mode
@@ -297,6 +301,7 @@ class WalWriteOperator(BaseOperator):
             interval_start=interval_start.isoformat() if interval_start else None,
             interval_end=interval_end.isoformat() if interval_end else None,
             checksum=self.checksum,
+            attempt_id=record.attempt_id or "",
         )
         self.log.info(
             "Checkpoint %s/%s sequence %d: attempt %d stages into %s (start offsets %s)",
@@ -314,7 +319,14 @@ class WalWriteOperator(BaseOperator):
         except BaseException as exc:
             detail = describe_failure(exc)
             try:
-                store.fail(self.pipeline, key, error=f"write attempt {attempt}: {detail}", actor=actor)
+                # Owned: fails this attempt only, never a checkpoint a newer try or a committer holds.
+                store.fail(
+                    self.pipeline,
+                    key,
+                    error=f"write attempt {attempt}: {detail}",
+                    actor=actor,
+                    attempt=attempt,
+                )
             except Exception as fail_exc:  # noqa: BLE001 - keep the original error
                 self.log.warning("could not record the failure: %s", fail_exc)
             raise
@@ -332,8 +344,20 @@ class WalWriteOperator(BaseOperator):
         with os.fdopen(fd, "rb") as f:
             data = f.read()
         manifest = parse_manifest(data, source=f"manifest {path}")
-        expected = (protocol.pipeline, protocol.checkpoint_key, protocol.sequence, protocol.attempt)
-        found = (manifest.pipeline, manifest.checkpoint_key, manifest.sequence, manifest.attempt)
+        expected = (
+            protocol.pipeline,
+            protocol.checkpoint_key,
+            protocol.sequence,
+            protocol.attempt,
+            protocol.attempt_id,
+        )
+        found = (
+            manifest.pipeline,
+            manifest.checkpoint_key,
+            manifest.sequence,
+            manifest.attempt,
+            manifest.attempt_id,
+        )
         if found != expected:
             raise ManifestError(f"manifest {path} describes {found}, not {expected}")
         if manifest.start_offsets != protocol.start_offsets:

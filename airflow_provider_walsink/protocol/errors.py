@@ -47,3 +47,7 @@ class LayoutError(WalsinkError):
 
 class OrderError(WalsinkError):
     """An ``overwrite`` commit would replace a partition with an older checkpoint's data."""
+
+
+class SymlinkRefusedError(PathEscapeError, LayoutError):
+    """A symlink inside a staging area or a target: walsink never follows one (invariant 11)."""

@@ -245,7 +245,9 @@ def _check_relative_path(path: object, source: str, what: str) -> str:
 def _validate(m: Manifest) -> None:
     src = "manifest"
     if m.schema_version not in READABLE_VERSIONS:
-        raise _fail(src, f"unknown schema_version {m.schema_version!r}; this walsink reads {READABLE_VERSIONS}")
+        raise _fail(
+            src, f"unknown schema_version {m.schema_version!r}; this walsink reads {READABLE_VERSIONS}"
+        )
     if not isinstance(m.attempt_id, str) or not _ATTEMPT_ID.fullmatch(m.attempt_id):
         raise _fail(src, f"attempt_id {m.attempt_id!r} is not 32 hex digits")
     columns = m.partition_columns

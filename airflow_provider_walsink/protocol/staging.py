@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import PathEscapeError
+from .errors import PathEscapeError, SymlinkRefusedError
 from .identifiers import validate_identifier
 from .manifest import MANIFEST_NAME
 
@@ -65,11 +65,25 @@ class Confiner:
     that mostly do not exist yet, one ``listdir`` per directory replaces one
     failed ``lstat`` per file. Only for paths nothing else creates during
     the operation (a publish's destinations, under its lease).
+
+    With ``follow_symlinks=False`` a symlink anywhere below the root (a
+    directory on the way or the path itself) raises :class:`LayoutError`
+    instead of being resolved: targets and staging areas never contain
+    links, and a link to another partition would make a publish of one
+    partition replace or delete the other.
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, what: str = "path", list_dirs: bool = False) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        what: str = "path",
+        list_dirs: bool = False,
+        follow_symlinks: bool = True,
+    ) -> None:
         self.root = root
         self.what = what
+        self.follow_symlinks = follow_symlinks
         self.real_root = os.path.realpath(root)
         self._dirs: dict[str, str] = {}
         self._listings: dict[str, frozenset[str]] | None = {} if list_dirs else None
@@ -88,6 +102,13 @@ class Confiner:
         real_parent = self._dirs.get(parent)
         if real_parent is None:
             real_parent = os.path.realpath(os.path.join(self.real_root, parent)) if parent else self.real_root
+            if not self.follow_symlinks and real_parent != os.path.normpath(
+                os.path.join(self.real_root, parent)
+            ):
+                raise SymlinkRefusedError(
+                    f"{what} {relative!r}: a directory on the way ({parent!r}) is a symlink, which walsink "
+                    f"never follows inside {self.real_root}; replace it with a real directory"
+                )
             self._dirs[parent] = real_parent
         resolved = os.path.join(real_parent, name) if name not in ("", ".") else real_parent
         st: os.stat_result | None = None
@@ -97,6 +118,10 @@ class Confiner:
             except (FileNotFoundError, NotADirectoryError):
                 st = None
         if st is not None and stat.S_ISLNK(st.st_mode):
+            if not self.follow_symlinks:
+                raise SymlinkRefusedError(
+                    f"{what} {relative!r} is a symlink, which walsink never follows inside {self.real_root}"
+                )
             resolved = os.path.realpath(resolved)
             try:
                 st = os.lstat(resolved)
@@ -143,20 +168,8 @@ class StagingLayout:
         return self.attempt_dir(pipeline, checkpoint_key, attempt) / MANIFEST_NAME
 
     def committable_path(self, attempt_dir: Path, relative: str) -> Path:
-        """The staged file of a committable, confined to the staging root.
-
-        Confined to the root (not only the attempt) and then to the attempt, so
-        the error names the tighter boundary that was crossed.
-        """
-        path = confine(
-            self.root,
-            os.path.relpath(attempt_dir, self.root) + "/" + relative,
-            what=f"committable {relative!r}",
-        )
-        real_attempt = Path(os.path.realpath(attempt_dir))
-        if real_attempt not in path.parents:
-            raise PathEscapeError(f"committable {relative!r} resolves to {path}, outside {real_attempt}")
-        return path
+        """The staged file of a committable, confined to the attempt, never through a symlink."""
+        return Path(self.committable_resolver(attempt_dir)(relative)[0])
 
     def committable_resolver(self, attempt_dir: Path) -> Callable[[str], tuple[str, os.stat_result | None]]:
         """:meth:`committable_path` for the many committables of one attempt (see :class:`Confiner`).
@@ -164,7 +177,8 @@ class StagingLayout:
         The returned function gives the path (a string) and its ``lstat`` (``None`` when absent).
         """
         prefix = os.path.relpath(attempt_dir, self.root) + "/"
-        confiner = Confiner(self.root)
+        # Staged files are never links (invariant 11): a link inside staging is refused, not followed.
+        confiner = Confiner(self.root, follow_symlinks=False)
         inside = os.path.realpath(attempt_dir).rstrip("/") + "/"
 
         def resolve(relative: str) -> tuple[str, os.stat_result | None]:

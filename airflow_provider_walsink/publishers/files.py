@@ -1,19 +1,32 @@
 """A publisher for partitioned file tables (Parquet, ORC, JSON, CSV, ... as Spark writes them).
 
-``append``: each committable is renamed into its partition under a name
-derived from pipeline, checkpoint, attempt and its index in the manifest, so
-a re-publish recognises its own files (same name and size: already there).
+``append``: each committable is renamed into its partition under a name that
+carries the attempt's globally unique id (``<key>-<attempt id>-<index>``), so
+a re-publish recognises its own files by identity, never a same-sized file of
+another attempt or of an earlier life of the checkpoint.
 
 ``overwrite``: each partition the checkpoint covers is assembled complete in
 a hidden pending directory and then swapped with the live partition in one
 ``renameat2(RENAME_EXCHANGE)`` (two renames where the kernel lacks it); the
 old files are deleted only after the new ones are in place. A marker file in
-the partition names the checkpoint that wrote it, so a re-publish skips it.
+the partition names the pipeline, checkpoint key and attempt id that wrote
+it: a re-publish of that attempt skips it, and a commit of an *older*
+checkpoint key over it is refused (invariant 10) unless the pipeline allows
+it explicitly.
 
 Bookkeeping lives under ``<target>/_walsink/``, which Spark and Hive readers
 ignore (leading underscore): a *publish journal* per checkpoint names the
 attempt being published and the files it creates, so a later attempt of the
 same checkpoint can roll them back first.
+
+Fencing: every side effect (a rename, a swap, a delete, a journal write) is
+preceded by ``ctx.fence()``. On a POSIX file system a window remains between
+that check and the side effect: a process paused right there for longer than
+the lease TTL can still rename once after another committer took over
+(docs/guarantees.md). Layout: the target is never followed through a
+symlink; directories are opened with ``O_NOFOLLOW`` and renames are made
+relative to those descriptors, so a link swapped in after planning cannot
+redirect a rename or a delete.
 """
 
 from __future__ import annotations
@@ -24,24 +37,37 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import unquote, urlsplit
 
-from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.checksum import algorithm_of, file_checksum
-from airflow_provider_walsink.protocol.errors import CommittableError, PathEscapeError
+from airflow_provider_walsink.protocol.errors import (
+    CommittableError,
+    LayoutError,
+    OrderError,
+    PathEscapeError,
+    SymlinkRefusedError,
+)
 from airflow_provider_walsink.protocol.manifest import Committable, Manifest, fsync_dir, write_atomic
 from airflow_provider_walsink.protocol.staging import Confiner, StagingLayout, confine
 
-from .base import PublishResult
+from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
 
 MODES = ("append", "overwrite")
 BOOKKEEPING_DIR = "_walsink"
 MARKER_NAME = "_walsink_checkpoint"
+#: A committable's own suffix (``.snappy.parquet``) is kept in its target name up to this length.
+MAX_SUFFIX = 24
 
 
 class FilePublisher:
     """Publishes committables into ``target_root`` (see the module docstring)."""
+
+    kind: ClassVar[str] = "file"
+    capabilities: ClassVar[TargetCapabilities] = TargetCapabilities(
+        atomic=False, needs_rename=True, remembers_commits=False, fenced_by_target=False
+    )
 
     def __init__(
         self,
@@ -50,6 +76,8 @@ class FilePublisher:
         *,
         layout: StagingLayout,
         verify_checksums: bool = False,
+        partition_by: tuple[str, ...] | list[str] = (),
+        allow_older_overwrite: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -57,15 +85,40 @@ class FilePublisher:
         self.mode = mode
         self.layout = layout
         self.verify_checksums = verify_checksums
+        self.partition_by = tuple(partition_by)
+        self.allow_older_overwrite = allow_older_overwrite
         self._real_prefix: str | None = None
+
+    @classmethod
+    def from_uri(cls, uri: str, options: Any) -> FilePublisher:
+        """``/data/t`` or ``file:///data/t`` (see :mod:`..registry`)."""
+        path = uri
+        if not os.path.isabs(uri):
+            parts = urlsplit(uri)
+            if parts.scheme != "file" or parts.netloc not in ("", "localhost"):
+                raise LayoutError(f"file target {uri!r} must be an absolute path or file:///absolute/path")
+            path = unquote(parts.path)
+        return cls(
+            path,
+            options.mode,
+            layout=options.layout,
+            verify_checksums=options.verify_checksums,
+            partition_by=tuple(options.partition_by),
+            allow_older_overwrite=options.allow_older_overwrite,
+        )
+
+    def describe(self) -> str:
+        return f"file://{self.target_root} ({self.mode})"
 
     # ------------------------------------------------------------------ naming
 
     @staticmethod
     def target_name(manifest: Manifest, index: int, committable: Committable) -> str:
-        """Deterministic file name of a committable in the target."""
+        """Name of a committable in the target: unique per attempt, within NAME_MAX for any valid key."""
         suffix = "".join(_suffixes(committable.path)[-2:])
-        return f"{manifest.pipeline}-{manifest.checkpoint_key}-a{manifest.attempt}-{index:05d}{suffix}"
+        if len(suffix) > MAX_SUFFIX:
+            suffix = ""
+        return f"{manifest.checkpoint_key}-{manifest.attempt_id}-{index:05d}{suffix}"
 
     def _target(self, relative: str) -> Path:
         return confine(self.target_root, relative, what="target path")
@@ -82,38 +135,68 @@ class FilePublisher:
             return path[len(self._real_prefix) :]
         return os.path.relpath(path, self.target_root)
 
-    def _journal_path(self, manifest: Manifest) -> Path:
-        return self._target(f"{BOOKKEEPING_DIR}/journal/{manifest.pipeline}/{manifest.checkpoint_key}.json")
+    def _journal_rel(self, manifest: Manifest) -> str:
+        return f"{BOOKKEEPING_DIR}/journal/{manifest.pipeline}/{manifest.checkpoint_key}.json"
 
-    def _pending_root(self, manifest: Manifest) -> Path:
-        return self._target(f"{BOOKKEEPING_DIR}/pending/{manifest.pipeline}/{manifest.checkpoint_key}")
+    def _pending_rel(self, manifest: Manifest) -> str:
+        return f"{BOOKKEEPING_DIR}/pending/{manifest.pipeline}/{manifest.checkpoint_key}"
 
-    def _marker(self, manifest: Manifest) -> str:
-        return json.dumps(
-            {
-                "pipeline": manifest.pipeline,
-                "checkpoint": manifest.checkpoint_key,
-                "attempt": manifest.attempt,
-            },
-            sort_keys=True,
-        )
+    def _marker(self, manifest: Manifest) -> dict[str, Any]:
+        return {
+            "pipeline": manifest.pipeline,
+            "checkpoint": manifest.checkpoint_key,
+            "attempt": manifest.attempt,
+            "attempt_id": manifest.attempt_id,
+        }
 
     # ------------------------------------------------------------------ publish
 
-    def publish(
-        self, manifest: Manifest, attempt_dir: Path, *, keep_alive: Callable[[], None] | None = None
-    ) -> PublishResult:
-        keep_alive = keep_alive or (lambda: None)
+    def publish(self, manifest: Manifest, attempt_dir: Path, ctx: PublisherContext) -> PublishResult:
         result = PublishResult()
         self.target_root.mkdir(parents=True, exist_ok=True)
+        self._check_layout(manifest)
         planned = self._plan(manifest, attempt_dir)
-        self._roll_back_other_attempts(manifest, planned, result)
-        keep_alive()
+        self._roll_back_other_attempts(manifest, planned, result, ctx)
         if self.mode == "append":
-            self._publish_append(manifest, planned, result, keep_alive)
+            self._publish_append(manifest, planned, result, ctx)
         else:
-            self._publish_overwrite(manifest, planned, result, keep_alive)
+            self._publish_overwrite(manifest, planned, result, ctx)
+        if not result.published and not result.partitions_replaced:
+            result.outcome = PublishOutcome.ALREADY_PUBLISHED
         return result
+
+    def _check_layout(self, manifest: Manifest) -> None:
+        """Partition directories must be exactly the declared columns, before anything changes."""
+        declared = self.partition_by or manifest.partition_columns
+        if declared and manifest.partition_columns and tuple(manifest.partition_columns) != tuple(declared):
+            raise LayoutError(
+                f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: the job staged partition "
+                f"columns {list(manifest.partition_columns)}, the pipeline declares {list(declared)}"
+            )
+        seen: set[tuple[str, ...]] = set()
+        for c in manifest.committables:
+            columns = tuple(col for col, _ in c.partition)
+            if declared and columns != tuple(declared):
+                raise LayoutError(
+                    f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: committable {c.path!r} is "
+                    f"partitioned by {list(columns) or 'nothing'}, the pipeline declares {list(declared)}; "
+                    "target left unchanged"
+                )
+            seen.add(columns)
+        for p in manifest.partitions:
+            columns = tuple(part.partition("=")[0] for part in p.split("/"))
+            if declared and columns != tuple(declared):
+                raise LayoutError(
+                    f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: declared partition {p!r} "
+                    f"does not match the partition columns {list(declared)}; target left unchanged"
+                )
+            seen.add(columns)
+        if self.mode == "overwrite" and len(seen) > 1:
+            raise LayoutError(
+                f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key} mixes partition layouts "
+                f"{sorted(list(s) for s in seen)}: an overwrite must replace partitions of one layout "
+                "(declare partition_by on the pipeline)"
+            )
 
     def _plan(self, manifest: Manifest, attempt_dir: Path) -> list[tuple[Committable, str, str, bool]]:
         """Check every committable can be published before anything changes.
@@ -123,21 +206,25 @@ class FilePublisher:
         marker already names this attempt needs nothing.
         """
         done_partitions = set()
+        target = Confiner(self.target_root, what="target path", list_dirs=True, follow_symlinks=False)
         if self.mode == "overwrite":
             if any(not p for p in manifest.replaced_partitions()):
                 raise CommittableError(
                     f"overwrite mode needs a partitioned table: checkpoint {manifest.checkpoint_key} "
                     "has committables outside any partition directory"
                 )
-            done_partitions = {
-                p for p in manifest.replaced_partitions() if self._partition_is_ours(manifest, p)
-            }
+            for p in manifest.replaced_partitions():
+                target.resolve(p)  # refuses a symlinked partition or parent before anything changes
+                marker = self._live_marker(p)
+                if marker is not None and marker.get("attempt_id") == manifest.attempt_id:
+                    done_partitions.add(p)
+                else:
+                    self._check_order(manifest, p, marker)
         plan = []
         problems = []
-        # One resolver per publish: each directory is resolved once, not once per file.
+        # One resolver per publish: each directory is resolved once, not once per file,
         # and the lstat each needs comes from the confinement check itself.
         staged_path = self.layout.committable_resolver(attempt_dir)
-        target = Confiner(self.target_root, what="target path", list_dirs=True)
         for index, c in enumerate(manifest.committables):
             staged, staged_st = staged_path(c.path)
             name = self.target_name(manifest, index, c)
@@ -147,8 +234,7 @@ class FilePublisher:
                 if c.partition_path in done_partitions:
                     continue
                 dest, dest_st = target.resolve(
-                    f"{BOOKKEEPING_DIR}/pending/{manifest.pipeline}/{manifest.checkpoint_key}/"
-                    f"a{manifest.attempt}/{c.partition_path}/{name}"
+                    f"{self._pending_rel(manifest)}/{manifest.attempt_id}/{c.partition_path}/{name}"
                 )
             there = self._matches(dest, c, dest_st)
             if there is None:
@@ -167,6 +253,23 @@ class FilePublisher:
                 f"cannot be published, target left unchanged: {shown}"
             )
         return plan
+
+    def _check_order(self, manifest: Manifest, partition: str, marker: dict[str, Any] | None) -> None:
+        """Invariant 10: a partition never goes back to an older checkpoint's data unless allowed."""
+        if (
+            marker is None
+            or self.allow_older_overwrite
+            or marker.get("pipeline") != manifest.pipeline
+            or not isinstance(marker.get("checkpoint"), str)
+            or marker["checkpoint"] <= manifest.checkpoint_key
+        ):
+            return
+        raise OrderError(
+            f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key} would replace partition {partition!r}, "
+            f"which holds the newer checkpoint {marker['checkpoint']}: a late commit of an older checkpoint "
+            "is refused (pass allow_older_overwrite=True to the commit task to roll the partition back "
+            "on purpose); target left unchanged"
+        )
 
     def _matches(
         self, path: str | Path, c: Committable, st: os.stat_result | None | bool = True
@@ -194,90 +297,115 @@ class FilePublisher:
         return True
 
     def _publish_append(
-        self, manifest: Manifest, plan: list, result: PublishResult, keep_alive: Callable[[], None]
+        self, manifest: Manifest, plan: list, result: PublishResult, ctx: PublisherContext
     ) -> None:
-        dirs: set[str] = set()
-        for i, (_c, staged, dest, there) in enumerate(plan):
-            result.target_files.append(self._relative(dest))
-            if there:
-                result.already += 1
-                continue
-            parent = os.path.dirname(dest)
-            if parent not in dirs:
-                os.makedirs(parent, exist_ok=True)
-                dirs.add(parent)
-            _move(staged, dest)
-            result.published += 1
-            crashpoint("publish.after_k")
-            if i % 256 == 255:
-                keep_alive()
-        for d in dirs:
-            fsync_dir(d)
+        with _DirFds(self.target_root) as dirs:
+            for _c, staged, dest, there in plan:
+                result.target_files.append(self._relative(dest))
+                if there:
+                    result.already += 1
+                    continue
+                ctx.fence()
+                parent, name = self._relative(dest).rpartition("/")[::2]
+                _move(staged, dirs.open(parent, create=True), name, dest)
+                result.published += 1
+                ctx.event("publish.after_k")
+            dirs.fsync_all()
 
     def _publish_overwrite(
-        self, manifest: Manifest, plan: list, result: PublishResult, keep_alive: Callable[[], None]
+        self, manifest: Manifest, plan: list, result: PublishResult, ctx: PublisherContext
     ) -> None:
-        pending_attempt = self._pending_root(manifest) / f"a{manifest.attempt}"
-        dirs: set[str] = set()
-        for _c, staged, dest, there in plan:
-            if there:
-                result.already += 1
-                continue
-            parent = os.path.dirname(dest)
-            if parent not in dirs:
-                os.makedirs(parent, exist_ok=True)
-                dirs.add(parent)
-            _move(staged, dest)
-            result.published += 1
-            crashpoint("publish.after_k")
-        for partition in manifest.replaced_partitions():
-            keep_alive()
-            if self._partition_is_ours(manifest, partition):
-                continue
-            pending = pending_attempt / partition
-            pending.mkdir(parents=True, exist_ok=True)
-            write_atomic(pending / MARKER_NAME, self._marker(manifest).encode())
-            live = self._target(partition)
-            live.parent.mkdir(parents=True, exist_ok=True)
-            _swap_in(pending, live)
-            result.partitions_replaced.append(partition)
-            crashpoint("publish.after_swap")
-        # Where each file now is, relative to the target: a string slice, not relpath per file.
-        prefix = os.fspath(pending_attempt) + "/"
-        for _c, _staged, dest, _there in plan:
-            rel = dest[len(prefix) :] if dest.startswith(prefix) else os.path.relpath(dest, pending_attempt)
-            result.target_files.append(rel)
-        # The old partitions now sit in the pending directory: they leave last.
-        _rmtree(self._pending_root(manifest))
+        pending_rel = f"{self._pending_rel(manifest)}/{manifest.attempt_id}"
+        with _DirFds(self.target_root) as dirs:
+            for _c, staged, dest, there in plan:
+                if there:
+                    result.already += 1
+                    continue
+                ctx.fence()
+                parent, name = self._relative(dest).rpartition("/")[::2]
+                _move(staged, dirs.open(parent, create=True), name, dest)
+                result.published += 1
+                ctx.event("publish.after_k")
+            for partition in manifest.replaced_partitions():
+                marker = self._live_marker(partition)
+                if marker is not None and marker.get("attempt_id") == manifest.attempt_id:
+                    continue
+                self._check_order(manifest, partition, marker)  # again: another pipeline run may have won
+                ctx.fence()
+                pending_fd = dirs.open(f"{pending_rel}/{partition}", create=True)
+                write_atomic_at(pending_fd, MARKER_NAME, json.dumps(self._marker(manifest), sort_keys=True))
+                live_parent, live_name = partition.rpartition("/")[::2]
+                pending_parent, pending_name = f"{pending_rel}/{partition}".rpartition("/")[::2]
+                ctx.fence()
+                _swap_in(
+                    dirs.open(pending_parent), pending_name, dirs.open(live_parent, create=True), live_name
+                )
+                result.partitions_replaced.append(partition)
+                ctx.event("publish.after_swap")
+            # Where each file now is, relative to the target: a string slice, not relpath per file.
+            prefix = pending_rel + "/"
+            for _c, _staged, dest, _there in plan:
+                rel = self._relative(dest)
+                result.target_files.append(rel[len(prefix) :] if rel.startswith(prefix) else rel)
+            # The old partitions now sit in the pending directory: they leave last.
+            ctx.fence()
+            dirs.rmtree(self._pending_rel(manifest))
 
-    def _partition_is_ours(self, manifest: Manifest, partition: str) -> bool:
+    def _live_marker(self, partition: str) -> dict[str, Any] | None:
+        """The marker of the live partition, read without following links (None: no marker)."""
         try:
-            with open(self._target(partition) / MARKER_NAME, encoding="utf-8") as f:
-                return f.read() == self._marker(manifest)
-        except (FileNotFoundError, NotADirectoryError):
-            return False
+            with _DirFds(self.target_root) as dirs:
+                fd = dirs.open(partition)
+                mfd = os.open(MARKER_NAME, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+                with os.fdopen(mfd, encoding="utf-8") as f:
+                    marker = json.loads(f.read())
+        except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+            return None
+        return marker if isinstance(marker, dict) else None
+
+    def published_attempt(self, manifest: Manifest) -> str | None:
+        """Overwrite: the attempt id every replaced partition's marker names (None: none or mixed)."""
+        if self.mode != "overwrite":
+            return None
+        ids = {(self._live_marker(p) or {}).get("attempt_id") for p in manifest.replaced_partitions()}
+        return ids.pop() if len(ids) == 1 and None not in ids else None
 
     # ------------------------------------------------------------------ journal
 
-    def _roll_back_other_attempts(self, manifest: Manifest, plan: list, result: PublishResult) -> None:
-        """Write the publish journal; first undo what another attempt of this checkpoint published."""
-        journal_path = self._journal_path(manifest)
+    def _roll_back_other_attempts(
+        self, manifest: Manifest, plan: list, result: PublishResult, ctx: PublisherContext
+    ) -> None:
+        """Write the publish journal; first undo what another attempt of this checkpoint published.
+
+        Files are removed only if their name carries the other attempt's id:
+        the journal can never make this delete a file of another attempt.
+        """
+        journal_path = self._target(self._journal_rel(manifest))
         try:
             previous = json.loads(journal_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             previous = None
-        if previous is not None and previous.get("attempt") != manifest.attempt:
-            if self.mode == "append":
+        except json.JSONDecodeError as exc:
+            raise CommittableError(f"publish journal {journal_path} is not valid JSON ({exc})") from None
+        previous_id = previous.get("attempt_id") if isinstance(previous, dict) else None
+        if previous is not None and previous_id != manifest.attempt_id:
+            ctx.fence()
+            if self.mode == "append" and previous_id:
                 for rel in previous.get("files", []):
+                    if not isinstance(rel, str) or f"-{previous_id}-" not in rel.rpartition("/")[2]:
+                        continue
                     try:
-                        os.unlink(self._target(rel))
+                        os.unlink(confine(self.target_root, rel, what="journal entry"))
                         result.files_rolled_back += 1
                     except (FileNotFoundError, PathEscapeError):
                         pass
             # Overwrite: the partition swap replaces whatever is live; only the
             # other attempt's pending directory is garbage.
-            _rmtree(self._pending_root(manifest) / f"a{previous.get('attempt')}")
-        if previous is None or previous.get("attempt") != manifest.attempt:
+            if previous_id:
+                with _DirFds(self.target_root) as dirs:
+                    dirs.rmtree(f"{self._pending_rel(manifest)}/{previous_id}")
+        if previous is None or previous_id != manifest.attempt_id:
+            ctx.fence()
             journal_path.parent.mkdir(parents=True, exist_ok=True)
             files = [self._relative(dest) for _c, _s, dest, _t in plan]
             write_atomic(
@@ -287,6 +415,8 @@ class FilePublisher:
                         "pipeline": manifest.pipeline,
                         "checkpoint": manifest.checkpoint_key,
                         "attempt": manifest.attempt,
+                        "attempt_id": manifest.attempt_id,
+                        "epoch": ctx.epoch,
                         "mode": self.mode,
                         "files": files if self.mode == "append" else [],
                         "partitions": manifest.replaced_partitions() if self.mode == "overwrite" else [],
@@ -295,10 +425,18 @@ class FilePublisher:
                 ).encode(),
             )
 
-    def forget(self, manifest: Manifest) -> None:
-        """Drop the publish journal once the commit is recorded in the committer table."""
+    def finish(self, manifest: Manifest, layout: StagingLayout) -> None:
+        """After COMMITTED: drop the publish journal, then the checkpoint's staging (every attempt)."""
         try:
-            os.unlink(self._journal_path(manifest))
+            os.unlink(self._target(self._journal_rel(manifest)))
+        except FileNotFoundError:
+            pass
+        layout.remove_checkpoint(manifest.pipeline, manifest.checkpoint_key)
+
+    def forget(self, manifest: Manifest) -> None:
+        """Drop the publish journal only (kept for callers of the 0.1 API)."""
+        try:
+            os.unlink(self._target(self._journal_rel(manifest)))
         except FileNotFoundError:
             pass
 
@@ -311,26 +449,104 @@ def _suffixes(path: str) -> list[str]:
     return ["." + suffix for suffix in name.lstrip(".").split(".")[1:]]
 
 
-def _move(src: str | Path, dest: str | Path) -> None:
-    """Rename ``src`` to ``dest``; a concurrent committer that got there first is fine."""
+class _DirFds:
+    """Directories below a root opened component by component with ``O_NOFOLLOW``.
+
+    Renames and deletes are made relative to these descriptors, so a symlink
+    put in place of a directory after planning cannot redirect them: opening
+    through it fails (``ELOOP``/``ENOTDIR``) and the publish stops with
+    :class:`SymlinkRefusedError`.
+    """
+
+    _FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._fds: dict[str, int] = {}
+
+    def __enter__(self) -> _DirFds:
+        self._fds[""] = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def open(self, relative: str, *, create: bool = False) -> int:
+        fd = self._fds.get(relative)
+        if fd is not None:
+            return fd
+        parent, _, name = relative.rpartition("/")
+        parent_fd = self.open(parent, create=create) if relative else self._fds[""]
+        if create:
+            try:
+                os.mkdir(name, dir_fd=parent_fd)
+            except FileExistsError:
+                pass
+        try:
+            fd = os.open(name, self._FLAGS, dir_fd=parent_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise SymlinkRefusedError(
+                    f"target path {relative!r} under {self.root} is a symlink or not a directory; walsink "
+                    "never follows links inside a target"
+                ) from None
+            raise
+        self._fds[relative] = fd
+        return fd
+
+    def fsync_all(self) -> None:
+        for relative, fd in self._fds.items():
+            if relative:
+                os.fsync(fd)
+
+    def rmtree(self, relative: str) -> None:
+        """Delete a directory tree below the root without following any link (``shutil.rmtree`` with a dir fd)."""
+        parent, _, name = relative.rpartition("/")
+        try:
+            parent_fd = self.open(parent)
+        except FileNotFoundError:
+            return
+        try:
+            st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise SymlinkRefusedError(f"{self.root / relative} is a symlink; refusing to delete through it")
+        # shutil.rmtree's fd-based implementation never follows links.
+        shutil.rmtree(name, dir_fd=parent_fd, ignore_errors=True)
+        for key in [k for k in self._fds if k == relative or k.startswith(relative + "/")]:
+            os.close(self._fds.pop(key))
+
+
+def write_atomic_at(dir_fd: int, name: str, text: str) -> None:
+    """:func:`write_atomic` relative to a directory descriptor (temp, fsync, rename, fsync dir)."""
+    tmp = f".{name}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    os.fsync(dir_fd)
+
+
+def _move(src: str, dest_dir_fd: int, name: str, dest: str) -> None:
+    """Rename ``src`` into a directory descriptor; a concurrent committer that got there first is fine."""
     try:
-        os.rename(src, dest)
+        os.rename(src, name, dst_dir_fd=dest_dir_fd)
     except FileNotFoundError:
-        if not os.path.exists(dest):
+        try:
+            os.stat(name, dir_fd=dest_dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
             raise CommittableError(f"{src} vanished before it could be published to {dest}") from None
-
-
-def _rmtree(path: Path) -> None:
-    if path.is_symlink():
-        raise PathEscapeError(f"{path} is a symlink; refusing to delete through it")
-    shutil.rmtree(path, ignore_errors=True)
 
 
 # renameat2(2) with RENAME_EXCHANGE swaps two paths atomically. Python has no
 # binding, so it is called through libc; where the kernel or file system lacks
 # it, two renames are used (a reader may then briefly miss the partition, but
 # never sees old and new rows mixed).
-_AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
@@ -340,30 +556,36 @@ except (OSError, AttributeError):
     _renameat2 = None
 
 
-def _exchange(a: Path, b: Path) -> bool:
+def _exchange(a_fd: int, a: str, b_fd: int, b: str) -> bool:
     if _renameat2 is None:
         return False
-    if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+    if _renameat2(a_fd, os.fsencode(a), b_fd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
         return False
-    raise OSError(err, os.strerror(err), str(a), None, str(b))
+    raise OSError(err, os.strerror(err), a, None, b)
 
 
-def _swap_in(pending: Path, live: Path) -> None:
+def _swap_in(pending_fd: int, pending: str, live_fd: int, live: str) -> None:
     """Make ``pending`` the live partition; the old live directory ends up at ``pending``."""
-    if live.exists() and not live.is_symlink():
-        if _exchange(pending, live):
-            fsync_dir(str(live.parent))
-            return
-        trash = pending.with_name(pending.name + ".old")
-        _rmtree(trash)
-        os.rename(live, trash)
-        os.rename(pending, live)
-        os.rename(trash, pending)
-    elif live.is_symlink():
-        raise PathEscapeError(f"live partition {live} is a symlink; refusing to replace it")
-    else:
-        os.rename(pending, live)
-    fsync_dir(str(live.parent))
+    try:
+        st = os.stat(live, dir_fd=live_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise SymlinkRefusedError(f"live partition {live!r} is a symlink; refusing to replace it")
+    if st is None:
+        os.rename(pending, live, src_dir_fd=pending_fd, dst_dir_fd=live_fd)
+    elif not _exchange(pending_fd, pending, live_fd, live):
+        trash = pending + ".old"
+        shutil.rmtree(trash, dir_fd=pending_fd, ignore_errors=True)
+        os.rename(live, trash, src_dir_fd=live_fd, dst_dir_fd=pending_fd)
+        os.rename(pending, live, src_dir_fd=pending_fd, dst_dir_fd=live_fd)
+        os.rename(trash, pending, src_dir_fd=pending_fd, dst_dir_fd=pending_fd)
+    os.fsync(live_fd)
+    fsync_dir_fd = pending_fd
+    os.fsync(fsync_dir_fd)
+
+
+__all__ = ["BOOKKEEPING_DIR", "MARKER_NAME", "FilePublisher", "fsync_dir"]

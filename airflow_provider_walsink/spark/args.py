@@ -60,6 +60,8 @@ class ProtocolArgs:
     interval_end: str | None = None
     checksum: str | None = "crc32"
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The attempt's globally unique id (from the committer table); the manifest carries it.
+    attempt_id: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partition_by", tuple(self.partition_by))

@@ -150,6 +150,8 @@ class CheckpointJob:
             protocol.pipeline, protocol.checkpoint_key, protocol.attempt
         )
         self.end_offsets: dict[str, Any] | None = None
+        # Parquet timestamps as INT64 micros, not INT96: Iceberg readers (pyiceberg) refuse INT96.
+        spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         self._committables: list[Committable] = []
         self._partitions: list[str] = []
         self._formats: set[str] = set()
@@ -309,6 +311,8 @@ class CheckpointJob:
             checkpoint_key=self.protocol.checkpoint_key,
             sequence=self.protocol.sequence,
             attempt=self.protocol.attempt,
+            attempt_id=self.protocol.attempt_id,
+            partition_columns=self.protocol.partition_by,
             file_format=next(iter(self._formats), self.protocol.file_format),
             committables=self._committables,
             partitions=self._partitions,

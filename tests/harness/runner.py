@@ -19,6 +19,21 @@ it is checked against the source: every checkpoint COMMITTED exactly once,
 every source row in the target exactly once, no stale row, offsets continued,
 a re-run commit a no-op that changes nothing, and after GC no staging and no
 publish journal left.
+
+Two more kinds of schedule prove the fencing (invariant 8) and re-runs after
+retention (invariant 9):
+
+* **zombie**: the first commit try is *stopped* (SIGSTOP, as a paused VM or a
+  stalled mount) at a point where it holds the lease and has published part
+  of the checkpoint. While it is stopped, a second try of the same task runs
+  with a client clock two hours fast: it must not take the live lease early,
+  waits it out, takes it over and commits. Then the first try is resumed
+  (SIGCONT): it must stop with a fencing error and leave the target exactly
+  as the second try left it.
+* **retention** (``overwrite``): after the schedule, one committed
+  checkpoint's rows are deleted from the committer table, as retention does,
+  and its interval is re-run with new rows: its partitions must then hold
+  exactly the new rows.
 """
 
 from __future__ import annotations
@@ -72,6 +87,12 @@ ONLY_IN = {"publish.after_swap": "overwrite"}
 HOLDS_LEASE = ("publish.after_k", "commit.after_publish", "lease.after_takeover")
 
 LEASE_TTL = timedelta(milliseconds=100)
+#: A stopped zombie's lease must outlive the second try's first attempts (which must wait).
+ZOMBIE_LEASE_TTL = timedelta(milliseconds=1500)
+#: Points where a stopped commit try holds the lease with work done (files moved, or all published).
+ZOMBIE_POINTS = ("publish.after_k", "publish.after_swap", "commit.after_publish")
+ZOMBIE_SHARE = 0.2
+RETENTION_SHARE = 0.25
 EXIT_LEASE_HELD = 75
 MAX_TRIES = 12
 
@@ -113,6 +134,11 @@ class Schedule:
     stale: dict[str, bytes] = field(default_factory=dict)
     #: The write task is a real spark-submit of ``spark_job.py`` (CheckpointJob).
     spark: bool = False
+    #: (checkpoint index, crash point, nth): that checkpoint's first commit try is
+    #: stopped there and resumed after a second try committed (see the module docstring).
+    zombie: tuple[int, str, int] | None = None
+    #: Index of a committed checkpoint re-run after its rows are trimmed (overwrite).
+    retention: int | None = None
 
     def describe(self) -> str:
         plan = ", ".join(
@@ -120,6 +146,12 @@ class Schedule:
             for (ci, step), crashes in sorted(self.crashes.items())
         )
         kind = ", Spark" if self.spark else ""
+        if self.zombie:
+            kind += (
+                f", zombie {self.checkpoints[self.zombie[0]].key}.commit at {self.zombie[1]}:{self.zombie[2]}"
+            )
+        if self.retention is not None:
+            kind += f", retention re-run of {self.checkpoints[self.retention].key}"
         return (
             f"#{self.index} {self.pipeline} ({self.mode}{kind}, {len(self.checkpoints)} checkpoints) {plan}"
         )
@@ -200,7 +232,16 @@ def make_schedule(seed: int, index: int, combos: list[tuple[str, str]]) -> Sched
             [p for p in STEP_OF if ONLY_IN.get(p, mode) == mode and p not in ("lease.takeover",)]
         )
         crashes.setdefault((cj, STEP_OF[other]), []).append((other, nth_for(other, checkpoints[cj])))
-    return Schedule(index, pipeline, mode, checkpoints, crashes, stale)
+    zombie = None
+    free = [i for i in range(len(checkpoints)) if (i, "commit") not in crashes]
+    if free and rng.random() < ZOMBIE_SHARE:
+        cz = rng.choice(free)
+        point = rng.choice([p for p in ZOMBIE_POINTS if ONLY_IN.get(p, mode) == mode])
+        zombie = (cz, point, nth_for(point, checkpoints[cz]))
+    retention = (
+        rng.randrange(len(checkpoints)) if mode == "overwrite" and rng.random() < RETENTION_SHARE else None
+    )
+    return Schedule(index, pipeline, mode, checkpoints, crashes, stale, zombie=zombie, retention=retention)
 
 
 SPARK_WRITE_POINTS = ("write.after_staging", "seal.after_manifest")
@@ -252,6 +293,10 @@ def _actor(step: str, key: str, try_number: int) -> Actor:
     )
 
 
+def lease_ttl(sched: Schedule) -> timedelta:
+    return ZOMBIE_LEASE_TTL if sched.zombie else LEASE_TTL
+
+
 def task_write(
     store: CommitterStore, env: Env, sched: Schedule, spec: CheckpointSpec, try_number: int
 ) -> None:
@@ -301,8 +346,9 @@ def task_commit(
     layout = env.layout()
     publisher = FilePublisher(env.target(sched), sched.mode, layout=layout, verify_checksums=True)
     actor = _actor("commit", spec.key, try_number)
+    ttl = lease_ttl(sched)
     committer = CheckpointCommitter(
-        store, layout, publisher, mode=sched.mode, owner=actor.name, lease_ttl=LEASE_TTL
+        store, layout, publisher, mode=sched.mode, owner=actor.name, lease_ttl=ttl
     )
     committer.commit(sched.pipeline, spec.key, actor=actor)
 
@@ -382,7 +428,15 @@ _PARENT_STORE: list[CommitterStore] = []
 
 
 def _child(
-    env: Env, sched: Schedule, ci: int, step: str, try_number: int, crash: tuple[str, int] | None, out: str
+    env: Env,
+    sched: Schedule,
+    ci: int,
+    step: str,
+    try_number: int,
+    crash: tuple[str, int] | None,
+    out: str,
+    stop: bool = False,
+    clock_skew: timedelta | None = None,
 ) -> None:
     """Body of one task try in a forked process. Never returns: SIGKILL or ``os._exit``."""
     code = 1
@@ -392,6 +446,9 @@ def _child(
             os.environ.pop(faults.ENV, None)
         else:
             os.environ[faults.ENV] = f"{crash[0]}:{crash[1]}"
+        os.environ[faults.SIGNAL_ENV] = "STOP" if stop else "KILL"
+        if clock_skew is not None:
+            _skew_client_clock(clock_skew)
         os.environ[faults.LOG_ENV] = out + ".crash"
         faults.reset()
         # SQLAlchemy's fork recipe: a fresh pool (the parent's connections are
@@ -408,6 +465,91 @@ def _child(
         Path(out).write_text(traceback.format_exc())
         code = 1
     os._exit(code)
+
+
+def _skew_client_clock(skew: timedelta) -> None:
+    """Make this process's wall clock (as Python reads it) run ``skew`` ahead."""
+    import datetime as dt
+
+    from airflow_provider_walsink.committer import records, store
+
+    class Skewed(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):  # noqa: ANN001 - datetime's own signature
+            return dt.datetime.now(tz) + skew
+
+    for module in (records, store):
+        if hasattr(module, "datetime"):
+            module.datetime = Skewed  # type: ignore[attr-defined]
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return "X"
+
+
+def run_zombie_commit(
+    env: Env, sched: Schedule, ci: int, point: str, nth: int, result: HarnessResult
+) -> list[str]:
+    """Try 1 of a commit stopped at ``point`` while try 2 (fast client clock) commits; then try 1 resumes."""
+    out1 = str(env.scratch / f"{uuid.uuid4().hex}.out")
+    gc.freeze()
+    zombie = multiprocessing.get_context("fork").Process(
+        target=_child, args=(env, sched, ci, "commit", 1, (point, nth), out1, True)
+    )
+    zombie.start()
+    deadline = time.monotonic() + 120
+    while _proc_state(zombie.pid) != "T" and zombie.is_alive():
+        if time.monotonic() > deadline:
+            zombie.kill()
+            return ["zombie try never reached its stop"]
+        time.sleep(0.01)
+    if not zombie.is_alive():  # the point was not reached (nth past the last hit): an ordinary commit
+        zombie.join()
+        return [] if zombie.exitcode == 0 else [f"commit try 1 failed: {Path(out1).read_text()[-400:]}"]
+    result.covered["zombie:" + point] += 1
+    stopped_at = time.monotonic()
+    problems: list[str] = []
+    try_number, early_refusals = 2, 0
+    # The stopped try confirmed its lease at most a third of the TTL before stopping
+    # (FencingContext.FRESH), so it holds until at least stopped_at + 2/3 TTL.
+    must_be_refused = time.monotonic() - stopped_at < ZOMBIE_LEASE_TTL.total_seconds() / 3
+    while True:
+        out2 = str(env.scratch / f"{uuid.uuid4().hex}.out")
+        second = multiprocessing.get_context("fork").Process(
+            target=_child,
+            args=(env, sched, ci, "commit", try_number, None, out2, False, timedelta(hours=2)),
+        )
+        second.start()
+        second.join(300)
+        result.task_tries += 1
+        if second.exitcode == 0:
+            break
+        if second.exitcode != EXIT_LEASE_HELD or try_number > MAX_TRIES:
+            text = Path(out2).read_text() if os.path.exists(out2) else ""
+            problems.append(f"commit try {try_number} failed (exit {second.exitcode}): {text[-600:]}")
+            break
+        early_refusals += 1
+        try_number += 1
+        time.sleep(ZOMBIE_LEASE_TTL.total_seconds() / 2)
+    if must_be_refused and not early_refusals:
+        problems.append("a try with a fast client clock took the stopped try's live lease at once")
+    result.covered["zombie-refused-early"] += bool(early_refusals)
+    before = read_target(env.target(sched))
+    os.kill(zombie.pid, signal.SIGCONT)
+    zombie.join(300)
+    result.task_tries += 1
+    text = Path(out1).read_text() if os.path.exists(out1) else ""
+    if read_target(env.target(sched)) != before:
+        problems.append("the resumed zombie try changed the target after another try committed")
+    if zombie.exitcode != 0 and "LeaseLostError" not in text and "FencedError" not in text:
+        problems.append(f"the resumed zombie try failed with something else than fencing: {text[-600:]}")
+    if zombie.exitcode == 0 and point != "commit.after_committed":
+        problems.append("the resumed zombie try reported success after losing its lease")
+    return problems
 
 
 def run_try(
@@ -518,7 +660,12 @@ def check_final(store: CommitterStore, env: Env, sched: Schedule) -> list[str]:
         if not record.is_committed:
             problems.append(f"{spec.key} is {record.state}, not COMMITTED: {record.error}")
             continue
-        commits = [t for t in store.history(sched.pipeline, spec.key) if t.to_state == "COMMITTED"]
+        # Transitions into COMMITTED (events recorded on a committed checkpoint have from = to).
+        commits = [
+            t
+            for t in store.history(sched.pipeline, spec.key)
+            if t.to_state == "COMMITTED" and t.from_state != "COMMITTED"
+        ]
         if len(commits) != 1:
             problems.append(f"{spec.key}: {len(commits)} COMMITTED transitions in the history")
         if sched.mode == "append" and record.end_offsets != {"src": spec.end}:
@@ -558,6 +705,13 @@ class HarnessResult:
             f"crash points covered: {len(faults.CRASH_POINTS) - len(self.uncovered)}/{len(faults.CRASH_POINTS)}",
         ]
         lines += [f"  {p:<24} {self.covered[p]:>5}" for p in faults.CRASH_POINTS]
+        zombies = {p: n for p, n in self.covered.items() if p.startswith("zombie:")}
+        lines.append(
+            f"zombie tries resumed:  {sum(zombies.values())} "
+            f"({', '.join(f'{p[7:]} {n}' for p, n in sorted(zombies.items())) or 'none'}; "
+            f"{self.covered['zombie-refused-early']} refused a live lease to a fast-clock try first)"
+        )
+        lines.append(f"retention re-runs:    {self.covered['retention-rerun']}")
         if self.uncovered:
             lines.append(f"NOT covered: {', '.join(self.uncovered)}")
         lines.append(f"violations:           {len(self.violations)}")
@@ -576,6 +730,14 @@ def run_schedule(
     violations: list[str] = []
     for ci, spec in enumerate(sched.checkpoints):
         for step in STEPS:
+            if sched.zombie and sched.zombie[0] == ci and step == "commit":
+                violations += [
+                    f"zombie {spec.key}.commit at {sched.zombie[1]}: {p}"
+                    for p in run_zombie_commit(env, sched, ci, sched.zombie[1], sched.zombie[2], result)
+                ]
+                if violations:
+                    break
+                continue
             plan = list(sched.crashes.get((ci, step), []))
             try_number = 1
             while True:
@@ -596,9 +758,11 @@ def run_schedule(
                     problems = check_target(sched, target, ci, in_flight=step == "commit")
                     violations += [f"after crash at {fired} in {spec.key}.{step}: {p}" for p in problems]
                     if step == "commit":
-                        time.sleep(LEASE_TTL.total_seconds())  # Airflow's retry delay; the lease expires
+                        time.sleep(
+                            lease_ttl(sched).total_seconds()
+                        )  # Airflow's retry delay; the lease expires
                 elif code == EXIT_LEASE_HELD:
-                    time.sleep(LEASE_TTL.total_seconds())
+                    time.sleep(lease_ttl(sched).total_seconds())
                 else:
                     violations.append(
                         f"{spec.key}.{step} try {try_number - 1} failed (exit {code}): {text.strip()[-800:]}"
@@ -633,6 +797,9 @@ def run_schedule(
             violations.append(
                 f"publish journals left after every commit and re-run: {sorted(os.listdir(journal))}"
             )
+        if sched.retention is not None and not violations:
+            violations += rerun_after_retention(store, env, sched, sched.retention, result)
+            before = read_target(target)
         collect_garbage(store, env.layout(), retention=timedelta(0), pipelines=[sched.pipeline])
         staged = env.staging / sched.pipeline
         if staged.exists() and any(staged.iterdir()):
@@ -644,6 +811,35 @@ def run_schedule(
     result.violations += [f"{sched.describe()}: {v}" for v in violations]
     if verbose:
         print(f"{sched.describe()}: {'OK' if not violations else violations}", flush=True)
+
+
+def rerun_after_retention(
+    store: CommitterStore, env: Env, sched: Schedule, ci: int, result: HarnessResult
+) -> list[str]:
+    """Trim one committed checkpoint's rows (as retention does), re-run its interval with new rows."""
+    from sqlalchemy import delete
+
+    from airflow_provider_walsink.committer.models import checkpoint_table, transition_table
+
+    spec = sched.checkpoints[ci]
+    record = store.require(sched.pipeline, spec.key)
+    with store.engine.begin() as conn:
+        conn.execute(delete(transition_table).where(transition_table.c.checkpoint_id == record.id))
+        conn.execute(delete(checkpoint_table).where(checkpoint_table.c.id == record.id))
+    # Same partitions, same file names and sizes where possible, other rows.
+    spec.files = {
+        rel: data.replace(b",", b";", 1) if data.count(b",") else data + b"!"
+        for rel, data in spec.files.items()
+    }
+    for step in STEPS:
+        code, text, _ = run_try(env, sched, ci, step, 50, None)
+        result.task_tries += 1
+        if code != 0:
+            return [
+                f"re-run of {spec.key}.{step} after retention failed (exit {code}): {text.strip()[-600:]}"
+            ]
+    result.covered["retention-rerun"] += 1
+    return [f"after the retention re-run of {spec.key}: {p}" for p in check_final(store, env, sched)]
 
 
 def run_harness(
