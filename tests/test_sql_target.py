@@ -637,3 +637,21 @@ def test_a_staged_file_that_breaks_during_the_load_rolls_everything_back(url, na
         publish(publisher(url, table, layout), manifest, attempt_dir, on_event=events_seen.append)
     assert "sql.before_load" in events_seen and "sql.loaded" not in events_seen, e.value
     assert rows(url, table) == [] and markers(url, pipeline) == []
+
+
+def test_append_after_a_finished_commit_appends_a_new_attempt_of_the_key(url, names, layout):
+    """After COMMITTED (finish() ran), another attempt of the key is a re-run after retention: new rows."""
+    table, pipeline = names
+    m1, d1 = day_manifest(layout, pipeline, n=30)
+    pub = publisher(url, table, layout)
+    publish(pub, m1, d1)
+    pub.finish(m1, layout)
+    pub.close()
+    m2, d2 = day_manifest(layout, pipeline, n=20, attempt=2, offset=100)
+    assert publish(publisher(url, table, layout), m2, d2).outcome is PublishOutcome.PUBLISHED
+    assert [r[0] for r in rows(url, table)] == [*range(30), *range(100, 120)]
+    assert markers(url, pipeline) == [(pipeline, DAY1, m2.attempt_id, 1)]
+    # The new attempt's commit is not recorded yet: a third attempt is refused again.
+    m3, d3 = day_manifest(layout, pipeline, n=5, attempt=3, offset=500)
+    with pytest.raises(SqlTargetError, match="whose commit was never recorded"):
+        publish(publisher(url, table, layout), m3, d3)

@@ -18,8 +18,11 @@ table is trimmed or lost. Inside that transaction, before any row is written:
    raises :class:`FencedError` and rolls back: a zombie committer is refused by
    the target itself, not only by the committer table;
 3. a marker naming this attempt means ALREADY_PUBLISHED: nothing is written;
-4. a marker naming another attempt is an error in ``append`` mode (loading
-   again would duplicate rows); in ``replace`` mode the interval is replaced.
+4. a marker naming another attempt: in ``replace`` mode the interval is
+   replaced; in ``append`` mode it is an error while that attempt's commit
+   was never recorded (loading would duplicate its rows), and a plain append
+   once ``finish()`` has marked it finished (a re-run after retention trimmed
+   the committer table: new rows, as the file target treats it).
 
 Modes: ``append`` inserts the rows; ``replace`` (the pipeline mode
 ``overwrite``) first deletes the interval's rows, in the same transaction,
@@ -46,6 +49,7 @@ dialect's identifier preparer; every value is a bound parameter.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import queue
 import re
@@ -73,6 +77,8 @@ from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
 
 from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
+
+log = logging.getLogger(__name__)
 
 MODES = ("append", "replace")
 #: Pipeline modes that mean ``replace`` here (the file target calls it ``overwrite``).
@@ -208,6 +214,8 @@ class _Marker:
     attempt_id: str
     epoch: int
     rows: int
+    #: The committer recorded the commit of this attempt (``finish()`` ran).
+    finished: bool
 
 
 class SqlPublisher:
@@ -342,7 +350,30 @@ class SqlPublisher:
         return marker.attempt_id if marker else None
 
     def finish(self, manifest: Manifest, layout: StagingLayout | None = None) -> None:
-        """Remove the checkpoint's staging (after COMMITTED; the table holds the rows now)."""
+        """After COMMITTED: mark the marker row finished, then remove the checkpoint's staging.
+
+        A finished marker tells a later ``append`` of *another* attempt of the
+        same key (a re-run after retention trimmed the committer table, with
+        new rows) that the old rows are final, so it appends; an unfinished one
+        (its commit was never recorded) refuses it instead of duplicating the
+        interval. Best effort: a database error is logged, never raised (the
+        commit is recorded; a re-run of the commit task finishes it).
+        """
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    self._markers.update()
+                    .where(*self._marker_key(manifest), self._markers.c.attempt_id == manifest.attempt_id)
+                    .where(self._markers.c.finished_at.is_(None))
+                    .values(finished_at=sa.func.now())
+                )
+        except DBAPIError as exc:
+            log.warning(
+                "committed %s/%s, but its marker row was not marked finished: %s",
+                manifest.pipeline,
+                manifest.checkpoint_key,
+                exc,
+            )
         layout = layout or self.layout
         if layout is not None:
             layout.remove_checkpoint(manifest.pipeline, manifest.checkpoint_key)
@@ -406,6 +437,7 @@ class SqlPublisher:
                             rows=plan.rows,
                             target_table=self._target_name(),
                             published_at=sa.func.now(),
+                            finished_at=None,
                         )
                     )
                 else:
@@ -463,22 +495,28 @@ class SqlPublisher:
                 snapshot=self._snapshot(manifest, marker.epoch),
                 rows=marker.rows,
             )
-        if self.mode == "append":
+        if self.mode == "append" and not marker.finished:
             raise SqlTargetError(
                 f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key} was already appended to "
-                f"{self._target_name()} by attempt {marker.attempt_id}; appending attempt "
-                f"{manifest.attempt_id} would duplicate its rows, nothing written (use replace mode to "
-                "reprocess an interval)"
+                f"{self._target_name()} by attempt {marker.attempt_id}, whose commit was never recorded; "
+                f"appending attempt {manifest.attempt_id} could duplicate its rows, nothing written (use "
+                "replace mode to reprocess an interval, or delete the marker row once the rows are checked)"
             )
+        # replace: the interval is replaced. append over a finished marker: a re-run after
+        # retention with new rows (the old rows are final), appended like any checkpoint.
         return None
 
     def _read_marker(self, conn: Connection, manifest: Manifest, *, lock: bool) -> _Marker | None:
         m = self._markers
-        query = sa.select(m.c.attempt_id, m.c.epoch, m.c.rows).where(*self._marker_key(manifest))
+        query = sa.select(m.c.attempt_id, m.c.epoch, m.c.rows, m.c.finished_at).where(
+            *self._marker_key(manifest)
+        )
         if lock:
             query = query.with_for_update()
         row = conn.execute(query).first()
-        return _Marker(row.attempt_id, int(row.epoch), int(row.rows)) if row else None
+        if row is None:
+            return None
+        return _Marker(row.attempt_id, int(row.epoch), int(row.rows), row.finished_at is not None)
 
     def _marker_key(self, manifest: Manifest) -> tuple[Any, ...]:
         m = self._markers
@@ -710,6 +748,7 @@ def _marker_table(name: str, schema: str | None) -> sa.Table:
         sa.Column("rows", sa.BigInteger, nullable=False),
         sa.Column("target_table", sa.String(255), nullable=False),
         sa.Column("published_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
         schema=schema,
     )
 
