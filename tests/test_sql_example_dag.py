@@ -103,4 +103,4 @@ def test_sql_example_dag_loads_each_days_totals_once(airflow_db, monkeypatch, tm
         ).scalar_one()
     engine.dispose()
     store.dispose()
-    assert marker == record.attempt_id
+    assert marker == record.sealed_attempt_id
