@@ -655,3 +655,27 @@ def test_append_after_a_finished_commit_appends_a_new_attempt_of_the_key(url, na
     m3, d3 = day_manifest(layout, pipeline, n=5, attempt=3, offset=500)
     with pytest.raises(SqlTargetError, match="whose commit was never recorded"):
         publish(publisher(url, table, layout), m3, d3)
+
+
+def test_a_publisher_holding_the_marker_row_blocks_another_only_up_to_the_lock_timeout(url, names, layout):
+    """A paused committer inside its transaction (here: a connection holding the row lock)."""
+    table, pipeline = names
+    m1, d1 = day_manifest(layout, pipeline, n=10)
+    publish(publisher(url, table, layout, "replace"), m1, d1)
+    m2, d2 = day_manifest(layout, pipeline, n=30, attempt=2)
+    engine = sa.create_engine(url)
+    holder = engine.connect()
+    try:
+        with holder.begin():
+            holder.execute(
+                sa.text("SELECT attempt_id FROM walsink_markers WHERE pipeline = :p FOR UPDATE"),
+                {"p": pipeline},
+            )
+            with pytest.raises(SqlTargetError, match="stayed locked by another publisher .* for 1 s"):
+                publish(publisher(url, table, layout, "replace", lock_timeout=1), m2, d2)
+    finally:
+        holder.close()
+        engine.dispose()
+    assert len(rows(url, table)) == 10
+    assert publish(publisher(url, table, layout, "replace", lock_timeout=1), m2, d2).rows == 30
+    assert len(rows(url, table)) == 30

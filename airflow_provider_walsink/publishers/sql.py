@@ -84,6 +84,9 @@ MODES = ("append", "replace")
 #: Pipeline modes that mean ``replace`` here (the file target calls it ``overwrite``).
 MODE_ALIASES = {"append": "append", "replace": "replace", "overwrite": "replace"}
 DEFAULT_MARKER_TABLE = "walsink_markers"
+#: Seconds a publish waits for the checkpoint's marker row (held by another,
+#: perhaps paused, publisher) before it gives up with an error; Airflow retries.
+DEFAULT_LOCK_TIMEOUT = 60.0
 #: Airflow connection types → SQLAlchemy drivers (the common-sql providers' connection types).
 CONN_TYPE_DRIVERS = {
     "postgres": "postgresql+psycopg2",
@@ -240,6 +243,7 @@ class SqlPublisher:
         create_table: bool = True,
         partition_by: Sequence[str] = (),
         label: str | None = None,
+        lock_timeout: float = 60.0,
     ) -> None:
         if mode not in MODE_ALIASES:
             raise SqlTargetError(f"sql target mode must be one of {sorted(MODE_ALIASES)}, got {mode!r}")
@@ -272,6 +276,11 @@ class SqlPublisher:
         self.create_table = create_table
         self.layout = layout
         self.label = label
+        if not lock_timeout > 0:
+            raise SqlTargetError(
+                f"sql target lock_timeout must be a positive number of seconds, got {lock_timeout!r}"
+            )
+        self.lock_timeout = lock_timeout
         self._engine: Engine | None = None
         self._markers = _marker_table(self.marker_table, self.schema)
 
@@ -287,7 +296,7 @@ class SqlPublisher:
         if not table or "/" in name or parts.query or parts.fragment:
             raise SqlTargetError(f"sql target {uri!r} must look like sql://<conn_id>/<schema>.<table>")
         extra: Mapping[str, Any] = options.extra or {}
-        known = {"url", "replace_key", "replace_predicate", "marker_table", "create_table"}
+        known = {"url", "replace_key", "replace_predicate", "marker_table", "create_table", "lock_timeout"}
         unknown = sorted(set(extra) - known)
         if unknown:
             raise SqlTargetError(f"sql target: unknown option(s) {unknown}; known: {sorted(known)}")
@@ -312,6 +321,7 @@ class SqlPublisher:
             replace_predicate=extra.get("replace_predicate"),
             marker_table=extra.get("marker_table", DEFAULT_MARKER_TABLE),
             create_table=bool(extra.get("create_table", True)),
+            lock_timeout=float(extra.get("lock_timeout", DEFAULT_LOCK_TIMEOUT)),
             partition_by=options.partition_by,
             label=f"sql://{conn_id}/{name}" if conn_id else None,
         )
@@ -423,7 +433,11 @@ class SqlPublisher:
         # the key and fails cleanly instead of deadlocking).
         with self.engine.connect().execution_options(isolation_level="READ COMMITTED") as conn:
             with conn.begin():
-                marker = self._read_marker(conn, manifest, lock=True)
+                self._set_lock_timeout(conn)
+                try:
+                    marker = self._read_marker(conn, manifest, lock=True)
+                except DBAPIError as exc:
+                    raise self._lock_error(exc, manifest) from exc
                 if marker is not None:
                     outcome = self._judge(marker, manifest, ctx)
                     if outcome is not None:
@@ -456,6 +470,8 @@ class SqlPublisher:
                     except IntegrityError:
                         # Another publisher inserted it and committed while we waited: start over.
                         raise _LostRace() from None
+                    except DBAPIError as exc:
+                        raise self._lock_error(exc, manifest) from exc
                 ctx.event("sql.marker_locked")
                 replaced: list[str] = []
                 if self.mode == "replace" and target is not None:
@@ -478,6 +494,29 @@ class SqlPublisher:
             snapshot=self._snapshot(manifest, ctx.epoch),
             rows=plan.rows,
         )
+
+    def _set_lock_timeout(self, conn: Connection) -> None:
+        """Bound the wait for the marker row, so a paused publisher holding it cannot block forever."""
+        if self.dialect_name == "postgresql":
+            conn.execute(
+                sa.select(sa.func.set_config("lock_timeout", f"{int(self.lock_timeout * 1000)}ms", True))
+            )
+        else:
+            conn.execute(
+                sa.text("SET SESSION innodb_lock_wait_timeout = :s"), {"s": max(1, int(self.lock_timeout))}
+            )
+
+    def _lock_error(self, exc: DBAPIError, manifest: Manifest) -> Exception:
+        """A lock wait that timed out, as a clear error; any other database error as it is."""
+        code = getattr(exc.orig, "pgcode", None) or getattr(getattr(exc.orig, "diag", None), "sqlstate", None)
+        mysql_code = exc.orig.args[0] if self.dialect_name == "mysql" and exc.orig.args else None
+        if code == "55P03" or mysql_code == 1205:
+            return SqlTargetError(
+                f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: its marker row in "
+                f"{self.marker_table} stayed locked by another publisher (a slow or paused committer) for "
+                f"{self.lock_timeout:g} s; nothing written, try again"
+            )
+        return exc
 
     def _judge(self, marker: _Marker, manifest: Manifest, ctx: PublisherContext) -> PublishResult | None:
         """What an existing marker means: fenced, already published, refused, or ``None`` (go on)."""
