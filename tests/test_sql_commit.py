@@ -150,3 +150,93 @@ def test_a_killed_commit_whose_committer_rows_are_then_lost_never_loads_twice(
     summary = committer(store, layout, target_url, table, "overwrite").commit("p", KEY, actor=ACTOR)
     assert summary.state == "COMMITTED" and summary.partitions_replaced == ["dt=2026-01-01"]
     assert ids_in(target_url, table) == list(range(100))
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _lock_waiters(url: str) -> int:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            if engine.dialect.name == "postgresql":
+                query = (
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                )
+            else:
+                query = "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+            return int(conn.execute(sa.text(query)).scalar())
+    finally:
+        engine.dispose()
+
+
+def test_a_zombie_committer_paused_inside_its_transaction_is_fenced_when_it_resumes(
+    sqlite_store, layout, target_url
+):
+    """SIGSTOP with the rows loaded and the marker row held; the successor takes the lease over and
+    waits on the row; SIGCONT: the zombie's fence before COMMIT refuses it, the successor commits."""
+    import signal
+    import threading
+
+    store, table = sqlite_store, f"t_{uuid.uuid4().hex[:8]}"
+    stage_checkpoint(store, layout, "p", KEY, day(range(100)))
+    env = {
+        **os.environ,
+        "WALSINK_CRASH_AT": "sql.loaded",
+        "WALSINK_CRASH_SIGNAL": "STOP",
+        "PYTHONPATH": str(REPO),
+    }
+    zombie = subprocess.Popen(
+        [sys.executable, "-c", KILLED_COMMIT.format(repo=str(REPO))]
+        + [store.engine.url.render_as_string(hide_password=False), str(layout.root), target_url, table]
+        + ["overwrite", KEY],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(3000):
+            if _state(zombie.pid) == "T" or zombie.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert _state(zombie.pid) == "T", "the zombie never reached sql.loaded"
+        time.sleep(TTL.total_seconds() * 1.5)  # its lease runs out while it is paused
+        outcome: dict = {}
+
+        def successor() -> None:
+            try:
+                outcome["summary"] = committer(store, layout, target_url, table, "overwrite").commit(
+                    "p", KEY, actor=ACTOR
+                )
+            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=successor)
+        thread.start()
+        for _ in range(3000):
+            if _lock_waiters(target_url) or not thread.is_alive():
+                break
+            time.sleep(0.05)
+        assert thread.is_alive(), f"the successor did not wait for the zombie's marker row: {outcome}"
+        os.kill(zombie.pid, signal.SIGCONT)
+        _, err = zombie.communicate(timeout=120)
+        thread.join(120)
+    finally:
+        if zombie.poll() is None:
+            zombie.kill()
+            zombie.wait()
+    # LeaseLostError is the committer's FencedError, raised by the fence just before the SQL COMMIT.
+    assert zombie.returncode != 0 and "LeaseLostError" in err and "was taken over" in err, err[-2000:]
+    assert "publishers/sql.py" in err.rsplit("ctx.fence()", 1)[0], err[-2000:]
+    assert "summary" in outcome, outcome
+    assert outcome["summary"].state == "COMMITTED" and outcome["summary"].lease_taken_over_from
+    assert ids_in(target_url, table) == list(range(100))
+    engine = sa.create_engine(target_url)
+    with engine.connect() as conn:
+        epoch = conn.execute(sa.text("SELECT epoch FROM walsink_markers WHERE pipeline = 'p'")).scalar_one()
+    engine.dispose()
+    assert epoch >= 2  # the successor's token, not the zombie's 1
