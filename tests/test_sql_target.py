@@ -679,3 +679,18 @@ def test_a_publisher_holding_the_marker_row_blocks_another_only_up_to_the_lock_t
     assert len(rows(url, table)) == 10
     assert publish(publisher(url, table, layout, "replace", lock_timeout=1), m2, d2).rows == 30
     assert len(rows(url, table)) == 30
+
+
+def test_a_missing_driver_names_the_extra_to_install(monkeypatch):
+    """PyMySQL is installed here, so its absence is simulated (the one thing that cannot run)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "pymysql" else real(name, *a)
+    )
+    with pytest.raises(
+        SqlTargetError,
+        match=r'driver .pymysql. is not installed: pip install "airflow-provider-walsink\[mysql\]"',
+    ):
+        SqlPublisher("mysql+pymysql://root@127.0.0.1/test", "t")

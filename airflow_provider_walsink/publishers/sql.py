@@ -48,6 +48,7 @@ dialect's identifier preparer; every value is a bound parameter.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import logging
 import os
@@ -93,6 +94,12 @@ CONN_TYPE_DRIVERS = {
     "postgresql": "postgresql+psycopg2",
     "mysql": "mysql+pymysql",
     "mariadb": "mysql+pymysql",
+}
+#: SQLAlchemy driver name → (module, the walsink extra that installs it).
+_DRIVER_EXTRAS = {
+    "psycopg2": ("psycopg2", "postgres"),
+    "psycopg": ("psycopg", "psycopg"),
+    "pymysql": ("pymysql", "mysql"),
 }
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _BATCH_ROWS = 64 * 1024
@@ -256,6 +263,12 @@ class SqlPublisher:
         if self.dialect_name == "mysql" and self.url.get_driver_name() != "pymysql":
             raise SqlTargetError(
                 f"sql target loads MySQL/MariaDB through PyMySQL (mysql+pymysql://), not {self.url.drivername!r}"
+            )
+        driver, extra = _DRIVER_EXTRAS.get(self.url.get_driver_name(), (None, None))
+        if driver is not None and importlib.util.find_spec(driver) is None:
+            raise SqlTargetError(
+                f"the sql target's driver {driver!r} is not installed: "
+                f'pip install "airflow-provider-walsink[{extra}]"'
             )
         self.table = validate_sql_identifier(table, "table name")
         self.schema = validate_sql_identifier(schema, "schema name") if schema else None
