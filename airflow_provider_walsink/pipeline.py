@@ -80,11 +80,16 @@ def walsink_pipeline(
         pipeline=pipeline,
         checkpoint_key=checkpoint_key,
         walsink_conn_id=walsink_conn_id,
-        staging_root=staging_root,
     )
     with TaskGroup(group_id, **group_kwargs) as group:
+        # Where the write task staged (its own root, the target's, or the connection's),
+        # so the durability and commit tasks look in the same place.
+        staged_at = staging_root or (
+            "{{ ti.xcom_pull(task_ids='" + group.child_id("write") + "', key='staging_root') or '' }}"
+        )
         write = WalWriteOperator(
             task_id="write",
+            staging_root=staging_root,
             application=application,
             mode=mode,
             application_args=application_args,
@@ -100,6 +105,7 @@ def walsink_pipeline(
         )
         durable = CheckpointDurableSensor(
             task_id="durable",
+            staging_root=staged_at,
             deferrable=deferrable,
             poke_interval=poke_interval,
             timeout=durable_timeout,
@@ -109,6 +115,7 @@ def walsink_pipeline(
         )
         commit = WalCommitOperator(
             task_id="commit",
+            staging_root=staged_at,
             target=target,
             mode=mode,
             partition_by=partition_by,

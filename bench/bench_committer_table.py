@@ -119,12 +119,13 @@ def _floor_committer(url: str, keys: list[str], start: mp.Event, deadline_s: flo
     import psycopg2
     from sqlalchemy import create_engine
 
-    from airflow_provider_walsink.committer.store import S, _one_statement_transition, utcnow
+    from airflow_provider_walsink.committer.fastpath import one_statement_transition
+    from airflow_provider_walsink.committer.store import S
 
     engine = create_engine(url)  # for its dialect only: statements compile the way the store's do
     steps = []
     for to in (S.COMMITTING, S.COMMITTED):
-        compiled = _one_statement_transition(to).compile(dialect=engine.dialect)
+        compiled = one_statement_transition(to).compile(dialect=engine.dialect)
         fixed = {k: v for k, v in compiled.params.items() if not k.startswith("p_")}
         steps.append((str(compiled), fixed))
     u = make_url(url)
@@ -142,20 +143,23 @@ def _floor_committer(url: str, keys: list[str], start: mp.Event, deadline_s: flo
         now = time.perf_counter()
         if now >= stop:
             break
-        at = utcnow()
         params = dict(
             history,
             p_pipeline=PIPELINE,
             p_checkpoint_key=key,
             p_owner="bench-floor",
-            p_now=at,
-            p_expires=at + LEASE_TTL,
+            p_ttl=LEASE_TTL,
             p_end_offsets=None,
+            p_publication=None,
         )
+        # The lease statement returns the new fencing token; COMMITTED is a compare-and-set on it.
+        epoch = None
         for (sql, fixed), detail in zip(steps, ("lease", "published 1, already there 0"), strict=True):
-            cur.execute(sql, {**fixed, **params, "p_detail": detail})
-            if cur.fetchone() is None:
+            cur.execute(sql, {**fixed, **params, "p_detail": detail, "p_epoch": epoch})
+            row = cur.fetchone()
+            if row is None:
                 raise RuntimeError(f"floor: checkpoint {key} did not move")
+            epoch = row[[d.name for d in cur.description].index("lease_epoch")]
         done += 1
     out.put((done, time.perf_counter() - begin, done == len(keys)))
     conn.close()

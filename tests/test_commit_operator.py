@@ -79,3 +79,77 @@ def test_commit_task_fails_naming_what_is_missing_when_not_durable(airflow_db, w
     assert states == {"commit": "failed"}
     assert store.require("events", KEY).state is S.SEALED
     assert not (tmp_path / "target").exists()
+
+
+def asset_events(dag_run) -> list[dict]:
+    """Asset events Airflow recorded for the walsink alias of pipeline ``events`` in one run."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(AssetEvent.extra, AssetModel.uri)
+            .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            .where(AssetEvent.source_run_id == dag_run.run_id, AssetModel.name == "walsink/events")
+        ).all()
+    return [{"uri": uri, **(extra or {})} for extra, uri in rows]
+
+
+def test_asset_event_only_when_the_commit_is_new(airflow_db, walsink_conn, tmp_path):
+    """Issue 15: an asset-scheduled downstream runs once per new commit, never on a no-op re-run."""
+    store, layout = walsink_conn
+    target = tmp_path / "target"
+    stage_checkpoint(store, layout, "events", KEY, FILES)
+    dag = build_dag(target)
+    assert [o.name for o in dag.get_task("commit").outlets] == ["walsink-events"]
+    states, first = run(dag)
+    assert states == {"commit": "success"}
+    events = asset_events(first)
+    assert len(events) == 1, events
+    assert events[0]["uri"] == f"file://{target}"
+    assert events[0]["pipeline"] == "events" and events[0]["checkpoint_key"] == KEY
+    assert events[0]["rows"] == 1 and events[0]["files"] == 1
+
+    # dag.test() of the same interval again: the checkpoint is committed, nothing new, no event.
+    with __import__("airflow.utils.session", fromlist=["create_session"]).create_session() as session:
+        from airflow.models.asset import AssetEvent
+
+        before = session.query(AssetEvent).count()
+    states, _ = run(build_dag(target))
+    assert states == {"commit": "success"}
+    with __import__("airflow.utils.session", fromlist=["create_session"]).create_session() as session:
+        assert session.query(AssetEvent).count() == before
+
+
+def test_openlineage_events_name_the_target_and_the_checkpoint(
+    airflow_db, walsink_conn, tmp_path, monkeypatch
+):
+    """Issue 15: the OpenLineage provider's listener emits the commit's lineage (file transport)."""
+    events_file = tmp_path / "openlineage.jsonl"
+    monkeypatch.setenv(
+        "AIRFLOW__OPENLINEAGE__TRANSPORT",
+        json.dumps({"type": "file", "log_file_path": str(events_file), "append": True}),
+    )
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__DISABLED", "False")
+    from airflow.providers.openlineage.conf import transport  # noqa: F401 - conf is cached per process
+
+    for name in ("transport", "is_disabled", "_is_openlineage_provider_accessible"):
+        cached = getattr(__import__("airflow.providers.openlineage.conf", fromlist=[name]), name, None)
+        if hasattr(cached, "cache_clear"):
+            cached.cache_clear()
+    store, layout = walsink_conn
+    target = tmp_path / "target"
+    stage_checkpoint(store, layout, "events", KEY, FILES)
+    states, _ = run(build_dag(target))
+    assert states == {"commit": "success"}
+    events = [json.loads(line) for line in events_file.read_text().splitlines() if line.strip()]
+    complete = [
+        e for e in events if e.get("eventType") == "COMPLETE" and e["job"]["name"].endswith(".commit")
+    ]
+    assert complete, [e.get("eventType") for e in events]
+    outputs = complete[-1]["outputs"]
+    assert [(d["namespace"], d["name"]) for d in outputs] == [("file", str(target))]
+    assert outputs[0]["outputFacets"]["outputStatistics"]["rowCount"] == 1
+    facet = complete[-1]["run"]["facets"]["walsink"]
+    assert (facet["pipeline"], facet["checkpointKey"], facet["state"]) == ("events", KEY, "COMMITTED")

@@ -60,6 +60,7 @@ class CommitSummary:
     attempt: int | None
     state: str
     already_committed: bool
+    attempt_id: str | None = None
     published: int = 0
     already_published: int = 0
     committables: int | None = None
@@ -283,6 +284,7 @@ class CheckpointCommitter:
             checkpoint_key=record.checkpoint_key,
             sequence=record.sequence,
             attempt=record.sealed_attempt,
+            attempt_id=record.sealed_attempt_id,
             state=record.state.value,
             already_committed=already,
             committables=record.committables,

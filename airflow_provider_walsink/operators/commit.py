@@ -6,20 +6,18 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
+from airflow.sdk import AssetAlias, BaseOperator
+
 from airflow_provider_walsink.committer.commit import CheckpointCommitter
 from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.connections import airflow_connection_fields
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
+from airflow_provider_walsink.lineage import asset_alias_name, operator_lineage, target_asset, target_uri
 from airflow_provider_walsink.links import WalsinkCheckpointLink
 from airflow_provider_walsink.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.publishers.base import Publisher
 from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
-
-try:
-    from airflow.sdk import BaseOperator
-except ImportError:  # pragma: no cover
-    from airflow.models import BaseOperator  # type: ignore[no-redef]
 
 MODES = ("append", "overwrite")
 
@@ -28,6 +26,21 @@ def validate_static_identifier(value: str | None, what: str) -> None:
     """Check a pipeline id or key at DAG parse time unless it is a template (checked when rendered)."""
     if value is not None and "{{" not in value and "{%" not in value:
         validate_identifier(value, what)
+
+
+def target_staging_root(target: str | Publisher | None, *, mode: str, layout: StagingLayout) -> str | None:
+    """Where ``target`` wants its attempts staged (table targets: inside the table location), or None.
+
+    A target kind may define ``staging_root()``; directories of files do not
+    (they stage under the connection's staging root and move files in).
+    """
+    if target is None or (isinstance(target, str) and (target.startswith("/") or target.startswith("file:"))):
+        return None
+    publisher = resolve_target(
+        target, TargetOptions(mode=mode, layout=layout, connections=airflow_connection_fields)
+    )
+    staging_root = getattr(publisher, "staging_root", None)
+    return staging_root() if callable(staging_root) else None
 
 
 class WalCommitOperator(BaseOperator):
@@ -59,7 +72,8 @@ class WalCommitOperator(BaseOperator):
     :param partition_by: the pipeline's declared partition columns: a
         committable partitioned otherwise fails before the target changes.
     :param walsink_conn_id: connection to the committer database.
-    :param staging_root: templated; defaults to the connection's ``staging_root``.
+    :param staging_root: templated; defaults to where the target stages (table
+        targets: inside the table location), else the connection's ``staging_root``.
     :param lease_ttl: how long the lease lasts without renewal; a crashed
         committer's checkpoint can be taken over after it. Size it well above
         the longest pause between two publish steps (docs/production.md).
@@ -68,6 +82,9 @@ class WalCommitOperator(BaseOperator):
         partition that a newer checkpoint key wrote (off: refused, so a late
         retry of an old interval never rolls newer data back).
     :param target_options: kind-specific target settings (catalog properties...).
+    :param emit_asset_events: declare the ``walsink-<pipeline>`` asset alias and
+        add an event for the target's asset only when this try recorded
+        COMMITTED (never on a no-op re-run): schedule downstream DAGs on it.
     """
 
     operator_extra_links = (WalsinkCheckpointLink(),)
@@ -88,8 +105,13 @@ class WalCommitOperator(BaseOperator):
         verify_checksums: bool = False,
         allow_older_overwrite: bool = False,
         target_options: Mapping[str, Any] | None = None,
+        emit_asset_events: bool = True,
         **kwargs: Any,
     ) -> None:
+        self.asset_alias: AssetAlias | None = None
+        if emit_asset_events and "{{" not in pipeline:
+            self.asset_alias = AssetAlias(name=asset_alias_name(pipeline))
+            kwargs["outlets"] = [*(kwargs.get("outlets") or []), self.asset_alias]
         super().__init__(**kwargs)
         if mode not in MODES:
             raise ValueError(f"mode must be 'append' or 'overwrite', got {mode!r}")
@@ -126,11 +148,43 @@ class WalCommitOperator(BaseOperator):
         key = self.checkpoint_key or checkpoint_key_from_context(context)
         hook = WalsinkHook(self.walsink_conn_id)
         layout = hook.get_layout(self.staging_root)
+        publisher = self.get_publisher(layout)
+        if not self.staging_root:
+            own = getattr(publisher, "staging_root", None)
+            if callable(own) and own():
+                layout = hook.get_layout(own())
+                publisher = self.get_publisher(layout)
         actor = actor_from_context(context)
         committer = CheckpointCommitter(
-            hook.get_store(), layout, self.get_publisher(layout), mode=self.mode, lease_ttl=self.lease_ttl
+            hook.get_store(), layout, publisher, mode=self.mode, lease_ttl=self.lease_ttl
         )
         summary = committer.commit(self.pipeline, key, actor=actor)
+        self._summary = summary.to_dict()
         if summary.already_committed:
-            self.log.info("Checkpoint %s/%s was already committed; nothing changed", self.pipeline, key)
-        return summary.to_dict()
+            self.log.info(
+                "Checkpoint %s/%s was already committed; nothing changed and no asset event",
+                self.pipeline,
+                key,
+            )
+        elif self.asset_alias is not None:
+            context["outlet_events"][self.asset_alias].add(
+                target_asset(self.pipeline, self.target),
+                extra={
+                    "pipeline": self.pipeline,
+                    "checkpoint_key": key,
+                    "attempt": summary.attempt,
+                    "rows": summary.rows,
+                    "files": summary.committables,
+                    "published": summary.published,
+                },
+            )
+        return self._summary
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The target as output (with its rows) and the checkpoint as a run facet."""
+        return operator_lineage(
+            summary=getattr(self, "_summary", None),
+            pipeline=self.pipeline,
+            checkpoint_key=self.checkpoint_key,
+            output_uri=target_uri(self.target),
+        )

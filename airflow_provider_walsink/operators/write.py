@@ -15,7 +15,7 @@ from airflow_provider_walsink.committer.store import CheckpointRecord, OrderingE
 from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.links import WalsinkCheckpointLink
-from airflow_provider_walsink.operators.commit import validate_static_identifier
+from airflow_provider_walsink.operators.commit import target_staging_root, validate_static_identifier
 from airflow_provider_walsink.protocol.errors import ManifestError
 from airflow_provider_walsink.protocol.manifest import digest_of, parse_manifest
 from airflow_provider_walsink.spark.args import ProtocolArgs
@@ -243,6 +243,12 @@ class WalWriteOperator(BaseOperator):
         hook = WalsinkHook(self.walsink_conn_id)
         store = hook.get_store()
         layout = hook.get_layout(self.staging_root)
+        if not self.staging_root:
+            # A table target stages inside its own location (never visible until committed).
+            own = target_staging_root(self.target, mode=self.mode, layout=layout)
+            if own:
+                layout = hook.get_layout(own)
+        self._staging_root = str(layout.root)
         actor = actor_from_context(context)
 
         record = store.register(self.pipeline, key, mode=self.mode, actor=actor, target=self.target)
@@ -384,6 +390,8 @@ class WalWriteOperator(BaseOperator):
 
     def _result(self, context: Any, record: CheckpointRecord, *, skipped: bool) -> dict[str, Any]:
         ti = context["ti"]
+        # The durability and commit tasks of walsink_pipeline read where this attempt staged.
+        ti.xcom_push(key="staging_root", value=getattr(self, "_staging_root", None))
         ti.xcom_push(key="manifest_uri", value=record.manifest_uri)
         ti.xcom_push(key="manifest_digest", value=record.manifest_digest)
         return {
