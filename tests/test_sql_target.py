@@ -536,8 +536,15 @@ def test_registry_builds_the_publisher_from_an_airflow_style_connection(database
         resolve_target("sql://x/a/b", options)
     with pytest.raises(WalsinkError, match="unknown option"):
         resolve_target("sql://x/t", TargetOptions(mode="append", layout=layout, extra={"urll": "x"}))
+    # Built without partition columns (as the write task does to ask where to stage): fine until it
+    # must publish, then the replace mode cannot name the interval's rows, and nothing is written.
+    unnamed = resolve_target(
+        "sql://x/t_unnamed", TargetOptions(mode="overwrite", layout=layout, connections=connections)
+    )
+    m, d = stage(layout, "p_unnamed", DAY1, {"part-0.parquet": events(DAY1, 3)}, partition_columns=())
     with pytest.raises(WalsinkError, match="replace mode needs"):
-        resolve_target("sql://x/t", TargetOptions(mode="overwrite", layout=layout, connections=connections))
+        publish(unnamed, m, d)
+    assert not sa.inspect(sa.create_engine(database_urls("postgresql"))).has_table("t_unnamed")
 
 
 def test_a_value_the_column_cannot_hold_rolls_the_whole_load_back(url, names, layout):

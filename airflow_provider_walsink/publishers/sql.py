@@ -280,12 +280,6 @@ class SqlPublisher:
         if self.replace_key and replace_predicate:
             raise SqlTargetError("give the sql target replace_key or replace_predicate, not both")
         self.partition_by = tuple(partition_by)
-        if self.mode == "replace" and not (self.replace_key or replace_predicate or self.partition_by):
-            raise SqlTargetError(
-                "replace mode needs the interval's rows to be named: set extra 'replace_key' (column names) "
-                "or 'replace_predicate' (SQL with :pipeline, :checkpoint_key, :sequence), or declare "
-                "partition columns"
-            )
         self.create_table = create_table
         self.layout = layout
         self.label = label
@@ -633,6 +627,13 @@ class SqlPublisher:
         for f in schema:
             _sql_type_for(f)  # raises for a type the target cannot load
         plan = _Plan(files=files, schema=schema, partition_columns=partition_columns, rows=rows)
+        # Checked here, not when built: the write task builds a publisher only to ask where to stage.
+        if self.mode == "replace" and not (self.replace_key or self.replace_predicate or self.partition_by):
+            raise SqlTargetError(
+                "replace mode needs the interval's rows to be named: set extra 'replace_key' (column names) "
+                "or 'replace_predicate' (SQL with :pipeline, :checkpoint_key, :sequence), or declare "
+                "partition columns"
+            )
         if self.mode == "replace" and not self.replace_predicate:
             plan.replace_values = self._replace_values(manifest, plan)
         return plan
