@@ -1,0 +1,242 @@
+"""The SQL target under the real committer (``CheckpointCommitter``), committer table on SQLite,
+target tables on PostgreSQL and MariaDB.
+
+A commit process is SIGKILLed (``WALSINK_CRASH_AT``) after the SQL transaction
+committed but before COMMITTED is recorded; the re-run must find the marker and
+write nothing, also when the committer rows are deleted in between (retention)
+and the interval is written and committed again.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from datetime import timedelta
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import delete
+
+from airflow_provider_walsink.committer import CheckpointCommitter
+from airflow_provider_walsink.committer.models import checkpoint_table, pipeline_table, transition_table
+from airflow_provider_walsink.protocol import CheckpointState as S
+from airflow_provider_walsink.publishers.sql import SqlPublisher, SqlTargetError
+from tests.helpers import ACTOR, REPO, stage_checkpoint
+
+KEY = "20260101T000000Z"
+TTL = timedelta(seconds=1)
+
+
+def parquet(ids: range) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"id": pa.array(ids, pa.int64()), "v": [f"v{i}" for i in ids]}), sink)
+    return sink.getvalue()
+
+
+def day(ids: range) -> dict[str, bytes]:
+    return {"dt=2026-01-01/part-0.parquet": parquet(ids)}
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+def target_url(request, database_urls) -> str:
+    return database_urls(request.param)
+
+
+def committer(store, layout, url, table, mode) -> CheckpointCommitter:
+    publisher = SqlPublisher(url, table, mode=mode, layout=layout, partition_by=("dt",))
+    return CheckpointCommitter(store, layout, publisher, mode=mode, lease_ttl=TTL)
+
+
+def ids_in(url: str, table: str) -> list[int]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return sorted(conn.execute(sa.text(f"SELECT id FROM {table}")).scalars())
+    finally:
+        engine.dispose()
+
+
+KILLED_COMMIT = textwrap.dedent("""
+    import sys
+    from datetime import timedelta
+    sys.path.insert(0, {repo!r})
+    from airflow_provider_walsink.committer import CheckpointCommitter, CommitterStore
+    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from airflow_provider_walsink.publishers.sql import SqlPublisher
+    from tests.helpers import ACTOR
+    store_url, staging, url, table, mode, key = sys.argv[1:7]
+    layout = StagingLayout(staging)
+    publisher = SqlPublisher(url, table, mode=mode, layout=layout, partition_by=("dt",))
+    CheckpointCommitter(CommitterStore.from_url(store_url), layout, publisher, mode=mode,
+                        lease_ttl=timedelta(seconds=1)).commit("p", key, actor=ACTOR)
+""")
+
+
+def kill_commit_after_publish(store, layout, url: str, table: str, mode: str) -> None:
+    env = {**os.environ, "WALSINK_CRASH_AT": "commit.after_publish", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_COMMIT.format(repo=str(REPO))]
+        + [
+            str(store.engine.url.render_as_string(hide_password=False)),
+            str(layout.root),
+            url,
+            table,
+            mode,
+            KEY,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == -9, proc.stderr[-2000:]
+
+
+def forget_checkpoint(store, pipeline: str, key: str) -> None:
+    """What retention does to a checkpoint's committer rows."""
+    record = store.require(pipeline, key)
+    with store.engine.begin() as conn:
+        conn.execute(delete(transition_table).where(transition_table.c.checkpoint_id == record.id))
+        conn.execute(delete(checkpoint_table).where(checkpoint_table.c.id == record.id))
+        conn.execute(delete(pipeline_table).where(pipeline_table.c.name == pipeline))
+
+
+@pytest.mark.parametrize("mode", ["append", "overwrite"])
+def test_a_commit_killed_after_the_sql_load_is_finished_by_the_rerun_without_a_second_load(
+    sqlite_store, layout, target_url, mode
+):
+    store, table = sqlite_store, f"t_{uuid.uuid4().hex[:8]}"
+    stage_checkpoint(store, layout, "p", KEY, day(range(100)), mode=mode)
+    kill_commit_after_publish(store, layout, target_url, table, mode)
+    assert store.require("p", KEY).state is S.COMMITTING  # the rows are in, COMMITTED is not
+    assert ids_in(target_url, table) == list(range(100))
+    time.sleep(TTL.total_seconds() * 1.5)  # let the dead committer's lease expire
+    summary = committer(store, layout, target_url, table, mode).commit("p", KEY, actor=ACTOR)
+    assert summary.state == "COMMITTED" and summary.lease_taken_over_from
+    assert summary.published == 0 and summary.already_published == 1
+    assert ids_in(target_url, table) == list(range(100))
+    assert not layout.checkpoint_dir("p", KEY).exists()  # finish() cleaned the staging
+
+
+def test_a_killed_commit_whose_committer_rows_are_then_lost_never_loads_twice(
+    sqlite_store, layout, target_url
+):
+    """Killed after the load, committer rows deleted, the interval written again: the target's
+    marker alone decides. append: refused (the old rows were never confirmed); overwrite: replaced."""
+    store, table = sqlite_store, f"t_{uuid.uuid4().hex[:8]}"
+    stage_checkpoint(store, layout, "p", KEY, day(range(100)), mode="append")
+    kill_commit_after_publish(store, layout, target_url, table, "append")
+    forget_checkpoint(store, "p", KEY)
+    stage_checkpoint(store, layout, "p", KEY, day(range(100)), mode="append")  # the same rows, a new attempt
+    with pytest.raises(SqlTargetError, match="whose commit was never recorded"):
+        committer(store, layout, target_url, table, "append").commit("p", KEY, actor=ACTOR)
+    assert store.require("p", KEY).state is S.FAILED
+    assert ids_in(target_url, table) == list(range(100))
+
+    # The same story in overwrite mode: the re-run replaces the interval.
+    table = f"t_{uuid.uuid4().hex[:8]}"
+    forget_checkpoint(store, "p", KEY)
+    stage_checkpoint(store, layout, "p", KEY, day(range(100)))
+    kill_commit_after_publish(store, layout, target_url, table, "overwrite")
+    forget_checkpoint(store, "p", KEY)
+    stage_checkpoint(store, layout, "p", KEY, day(range(100)))
+    summary = committer(store, layout, target_url, table, "overwrite").commit("p", KEY, actor=ACTOR)
+    assert summary.state == "COMMITTED" and summary.partitions_replaced == ["dt=2026-01-01"]
+    assert ids_in(target_url, table) == list(range(100))
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _lock_waiters(url: str) -> int:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            if engine.dialect.name == "postgresql":
+                query = (
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                )
+            else:
+                query = "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+            return int(conn.execute(sa.text(query)).scalar())
+    finally:
+        engine.dispose()
+
+
+def test_a_zombie_committer_paused_inside_its_transaction_is_fenced_when_it_resumes(
+    sqlite_store, layout, target_url
+):
+    """SIGSTOP with the rows loaded and the marker row held; the successor takes the lease over and
+    waits on the row; SIGCONT: the zombie's fence before COMMIT refuses it, the successor commits."""
+    import signal
+    import threading
+
+    store, table = sqlite_store, f"t_{uuid.uuid4().hex[:8]}"
+    stage_checkpoint(store, layout, "p", KEY, day(range(100)))
+    env = {
+        **os.environ,
+        "WALSINK_CRASH_AT": "sql.loaded",
+        "WALSINK_CRASH_SIGNAL": "STOP",
+        "PYTHONPATH": str(REPO),
+    }
+    zombie = subprocess.Popen(
+        [sys.executable, "-c", KILLED_COMMIT.format(repo=str(REPO))]
+        + [store.engine.url.render_as_string(hide_password=False), str(layout.root), target_url, table]
+        + ["overwrite", KEY],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(3000):
+            if _state(zombie.pid) == "T" or zombie.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert _state(zombie.pid) == "T", "the zombie never reached sql.loaded"
+        time.sleep(TTL.total_seconds() * 1.5)  # its lease runs out while it is paused
+        outcome: dict = {}
+
+        def successor() -> None:
+            try:
+                outcome["summary"] = committer(store, layout, target_url, table, "overwrite").commit(
+                    "p", KEY, actor=ACTOR
+                )
+            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=successor)
+        thread.start()
+        for _ in range(3000):
+            if _lock_waiters(target_url) or not thread.is_alive():
+                break
+            time.sleep(0.05)
+        assert thread.is_alive(), f"the successor did not wait for the zombie's marker row: {outcome}"
+        os.kill(zombie.pid, signal.SIGCONT)
+        _, err = zombie.communicate(timeout=120)
+        thread.join(120)
+    finally:
+        if zombie.poll() is None:
+            zombie.kill()
+            zombie.wait()
+    # LeaseLostError is the committer's FencedError, raised by the fence just before the SQL COMMIT.
+    assert zombie.returncode != 0 and "LeaseLostError" in err and "was taken over" in err, err[-2000:]
+    assert "publishers/sql.py" in err.rsplit("ctx.fence()", 1)[0], err[-2000:]
+    assert "summary" in outcome, outcome
+    assert outcome["summary"].state == "COMMITTED" and outcome["summary"].lease_taken_over_from
+    assert ids_in(target_url, table) == list(range(100))
+    engine = sa.create_engine(target_url)
+    with engine.connect() as conn:
+        epoch = conn.execute(sa.text("SELECT epoch FROM walsink_markers WHERE pipeline = 'p'")).scalar_one()
+    engine.dispose()
+    assert epoch >= 2  # the successor's token, not the zombie's 1
