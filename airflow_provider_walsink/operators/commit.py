@@ -17,7 +17,12 @@ from airflow_provider_walsink.links import WalsinkCheckpointLink
 from airflow_provider_walsink.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.publishers.base import Publisher
-from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+from airflow_provider_walsink.publishers.registry import (
+    TargetOptions,
+    publisher_class,
+    resolve_target,
+    target_scheme,
+)
 
 MODES = ("append", "overwrite")
 
@@ -36,6 +41,8 @@ def target_staging_root(target: str | Publisher | None, *, mode: str, layout: St
     """
     if target is None or (isinstance(target, str) and (target.startswith("/") or target.startswith("file:"))):
         return None
+    if isinstance(target, str) and not hasattr(publisher_class(target_scheme(target)), "staging_root"):
+        return None  # a kind that stages under the connection's root (files, SQL)
     publisher = resolve_target(
         target, TargetOptions(mode=mode, layout=layout, connections=airflow_connection_fields)
     )
