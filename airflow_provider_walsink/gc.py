@@ -21,11 +21,11 @@ under the staging root.
 **Table targets** (Iceberg, Delta) add the staged files to the table by path:
 the staging directory of a committed attempt *is* table data. For pipelines
 whose target keeps staged files (``references_staged_files`` of its
-publisher, or a target kind that cannot be loaded here), GC removes only
-attempts that are neither the current nor the sealed one, whatever the
-checkpoint's state, and never a checkpoint directory the committer table does
-not know: the table's own maintenance (remove orphan files, VACUUM) decides
-about files no snapshot references (docs/targets.md).
+publisher, or a target kind that cannot be loaded here), GC removes nothing:
+an attempt directory may be referenced by a snapshot even when the committer
+table no longer knows it (rows trimmed by retention, a restore); the table's
+own maintenance (remove orphan files, VACUUM) decides about files no snapshot
+references (docs/targets.md).
 
 **Committer table** (Spark's ``_spark_metadata`` log grew without bound; this
 one does not). :func:`trim_committer_table` deletes COMMITTED checkpoint rows
@@ -159,12 +159,12 @@ def collect_staging(
             except InvalidIdentifierError:
                 report.skipped.append(f"{cdir}: not a checkpoint key")
                 continue
-            record = store.get(pipeline, key)
             if keeps_staged:
-                if record is None:
-                    report.skipped.append(f"{pipeline}/{key}: unknown checkpoint of a table target, kept")
-                    continue
-                record = _as_uncommitted(record)
+                # Staged files are table data once committed, also those of a checkpoint whose
+                # rows retention trimmed: the table's own maintenance removes what it dropped.
+                report.skipped.append(f"{pipeline}/{key}: staging of a table target, left to the table")
+                continue
+            record = store.get(pipeline, key)
             _collect_checkpoint(layout, pipeline, key, record, cutoff, cutoff_ts, report, dry_run)
     return report
 
@@ -181,13 +181,6 @@ def _target_keeps_staged_files(store: CommitterStore, pipeline: str) -> bool:
         return bool(getattr(publisher_class(target_scheme(target)), "references_staged_files", False))
     except TargetError:
         return True  # a kind this process cannot load: assume its files are referenced
-
-
-def _as_uncommitted(record: CheckpointRecord) -> CheckpointRecord:
-    """Treat a checkpoint as open, so only attempts neither current nor sealed are removed."""
-    from dataclasses import replace
-
-    return replace(record, state=S.FAILED) if record.state in (S.COMMITTED, S.ABORTED) else record
 
 
 def _collect_checkpoint(
@@ -211,20 +204,22 @@ def _collect_checkpoint(
             report.checkpoint_dirs_removed.append(f"{pipeline}/{key}")
             log.info("gc: %s staging of %s/%s", "would remove" if dry_run else "removed", pipeline, key)
         return
-    # Uncommitted: only attempts older than the current one and not sealed are garbage.
-    keep = {record.attempt, record.sealed_attempt}
-    for attempt in layout.attempts(pipeline, key):
-        if attempt in keep or attempt > record.attempt:
+    # Uncommitted: only attempts older than the current one and not sealed are garbage. An
+    # attempt is known by its number and id (numbers repeat across lives of a checkpoint).
+    keep = {(record.attempt, record.attempt_id), (record.sealed_attempt, record.sealed_attempt_id)}
+    for attempt, attempt_id, path in layout.staged_attempts(pipeline, key):
+        if (attempt, attempt_id) in keep or (attempt_id is None and attempt in {a for a, _ in keep}):
+            continue
+        if attempt > record.attempt:
             continue
         if attempt < 1:
-            report.skipped.append(f"{pipeline}/{key}/attempt-{attempt}: not an attempt number walsink uses")
+            report.skipped.append(f"{pipeline}/{key}/{path.name}: not an attempt number walsink uses")
             continue
-        path = layout.attempt_dir(pipeline, key, attempt)
         if not _age_ok(path, cutoff_ts):
             report.kept_recent += 1
             continue
         if _rmtree(path, report, dry_run):
-            report.attempts_removed.append(f"{pipeline}/{key}/attempt-{attempt}")
+            report.attempts_removed.append(f"{pipeline}/{key}/{path.name}")
 
 
 def _epoch(naive_utc: datetime) -> float:

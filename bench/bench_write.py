@@ -100,7 +100,9 @@ def walsink_once(spark, rows: int, store, layout, target: Path, key: str, phases
         # Write operator, before spark-submit.
         store.register(PIPELINE, key, mode="overwrite", actor=actor, target=str(target))
         record = store.start_attempt(PIPELINE, key, actor=actor)
-        layout.attempt_dir(PIPELINE, key, record.attempt).mkdir(parents=True, exist_ok=True)
+        layout.attempt_dir(PIPELINE, key, record.attempt, record.attempt_id).mkdir(
+            parents=True, exist_ok=True
+        )
         marks.append(("register + attempt", elapsed()))
         # Job side.
         protocol = ProtocolArgs(
@@ -108,6 +110,7 @@ def walsink_once(spark, rows: int, store, layout, target: Path, key: str, phases
             checkpoint_key=key,
             sequence=record.sequence,
             attempt=record.attempt,
+            attempt_id=record.attempt_id,
             staging_root=str(layout.root),
         )
         job = CheckpointJob(spark, protocol)
@@ -118,7 +121,7 @@ def walsink_once(spark, rows: int, store, layout, target: Path, key: str, phases
         job.seal()
         marks.append(("manifest", elapsed()))
         # Write operator, after the job: record the seal.
-        path = layout.manifest_path(PIPELINE, key, record.attempt)
+        path = layout.manifest_path(PIPELINE, key, record.attempt, record.attempt_id)
         manifest = read_manifest(path, expected_digest=job.sealed_digest)
         store.seal(
             PIPELINE,

@@ -89,8 +89,8 @@ def test_only_the_sealed_attempt_is_published(sqlite_store, layout, tmp_path):
     """Invariant 2: a later attempt supersedes an earlier sealed one; the earlier is garbage."""
     target = tmp_path / "target"
     stage_checkpoint(sqlite_store, layout, "p", "k1", DAY1)
-    _, _, second_dir = stage_checkpoint(sqlite_store, layout, "p", "k1", DAY1_V2)
-    assert second_dir.name == "attempt-2"
+    second, _, second_dir = stage_checkpoint(sqlite_store, layout, "p", "k1", DAY1_V2)
+    assert second_dir.name == f"attempt-2-{second.attempt_id}"  # staging names carry the attempt's identity
     make_committer(sqlite_store, layout, target, "overwrite").commit("p", "k1", actor=ACTOR)
     assert rows(target_files(target)) == rows(DAY1_V2)
     assert not layout.checkpoint_dir("p", "k1").exists()

@@ -317,7 +317,7 @@ def test_a_committed_checkpoint_shows_what_it_published(world, monkeypatch):
     """With the committer's ``publication`` record set, the page lists the files or the snapshot."""
     import dataclasses
 
-    from airflow_provider_walsink.committer.store import CheckpointRecord, CommitterStore
+    from airflow_provider_walsink.committer.store import CommitterStore
 
     with_publication = dataclasses.replace
     # A real commit records what it published (the fixture's day 3 went through the committer).

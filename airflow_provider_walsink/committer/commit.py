@@ -169,7 +169,9 @@ class CheckpointCommitter:
             self.store, lease, self.lease_ttl, attempt_id=record.sealed_attempt_id or "", confirmed_at=asked
         )
         try:
-            manifest_path = self.layout.manifest_path(pipeline, checkpoint_key, record.sealed_attempt)
+            manifest_path = self.layout.manifest_path(
+                pipeline, checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
+            )
             manifest = read_manifest(manifest_path, expected_digest=record.manifest_digest)
             if (manifest.pipeline, manifest.checkpoint_key, manifest.attempt) != (
                 pipeline,
@@ -182,7 +184,9 @@ class CheckpointCommitter:
                     f"attempt {record.sealed_attempt} ({record.sealed_attempt_id})"
                 )
             ctx.attempt_id = manifest.attempt_id
-            attempt_dir = self.layout.attempt_dir(pipeline, checkpoint_key, record.sealed_attempt)
+            attempt_dir = self.layout.attempt_dir(
+                pipeline, checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
+            )
             result = self.publisher.publish(manifest, attempt_dir, ctx)
             crashpoint("commit.after_publish")
             ctx.fence(force=True)
@@ -231,7 +235,9 @@ class CheckpointCommitter:
         """
         if record.sealed_attempt is None:
             return
-        path = self.layout.manifest_path(record.pipeline, record.checkpoint_key, record.sealed_attempt)
+        path = self.layout.manifest_path(
+            record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
+        )
         if not path.exists():
             return  # staging is removed after the journal: nothing left to do
         try:

@@ -16,7 +16,13 @@ from typing import Any
 
 from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.checksum import file_checksum
-from airflow_provider_walsink.protocol.manifest import Committable, Manifest, build_manifest, write_manifest
+from airflow_provider_walsink.protocol.manifest import (
+    MANIFEST_NAME,
+    Committable,
+    Manifest,
+    build_manifest,
+    write_manifest,
+)
 from airflow_provider_walsink.protocol.staging import StagingLayout
 
 from .store import Actor, CheckpointRecord, CommitterStore
@@ -50,7 +56,9 @@ class CheckpointWriter:
         crashpoint("write.before_staging")
         path = self.attempt_dir
         if path.exists():  # left by a crashed attempt with the same number: never reuse its files
-            self.layout.remove_attempt(self.pipeline, self.checkpoint_key, self.record.attempt)
+            self.layout.remove_attempt(
+                self.pipeline, self.checkpoint_key, self.record.attempt, self.record.attempt_id
+            )
         path.mkdir(parents=True)
         return path
 
@@ -62,7 +70,10 @@ class CheckpointWriter:
 
     @property
     def attempt_dir(self) -> Path:
-        return self.layout.attempt_dir(self.pipeline, self.checkpoint_key, self.attempt)
+        assert self.record is not None
+        return self.layout.attempt_dir(
+            self.pipeline, self.checkpoint_key, self.attempt, self.record.attempt_id
+        )
 
     def add(self, committables: Iterable[Committable]) -> None:
         self.committables.extend(committables)
@@ -120,7 +131,7 @@ class CheckpointWriter:
             end_offsets=end_offsets,
             job=job,
         )
-        path = self.layout.manifest_path(self.pipeline, self.checkpoint_key, self.attempt)
+        path = self.attempt_dir / MANIFEST_NAME
         digest = write_manifest(path, manifest)
         crashpoint("seal.after_manifest")
         self.record = self.store.seal_manifest(

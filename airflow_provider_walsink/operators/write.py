@@ -290,9 +290,9 @@ class WalWriteOperator(BaseOperator):
         except TransitionError as e:
             raise TransitionError(f"{e}; the write task cannot start a new attempt now") from None
         attempt = record.attempt
-        attempt_dir = layout.attempt_dir(self.pipeline, key, attempt)
+        attempt_dir = layout.attempt_dir(self.pipeline, key, attempt, record.attempt_id)
         if attempt_dir.exists():  # left by a crash with the same attempt number: never reuse its files
-            layout.remove_attempt(self.pipeline, key, attempt)
+            layout.remove_attempt(self.pipeline, key, attempt, record.attempt_id)
         attempt_dir.mkdir(parents=True)
 
         interval_start = context.get("data_interval_start")
@@ -342,7 +342,9 @@ class WalWriteOperator(BaseOperator):
         return self._result(context, record, skipped=False)
 
     def _record_seal(self, store: Any, layout: Any, protocol: ProtocolArgs, actor: Any) -> CheckpointRecord:
-        path = layout.manifest_path(protocol.pipeline, protocol.checkpoint_key, protocol.attempt)
+        path = layout.manifest_path(
+            protocol.pipeline, protocol.checkpoint_key, protocol.attempt, protocol.attempt_id or None
+        )
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:

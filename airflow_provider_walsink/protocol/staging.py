@@ -9,6 +9,7 @@ manifest can make walsink read, move or delete anything outside it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 from collections.abc import Callable
@@ -18,6 +19,8 @@ from pathlib import Path
 from .errors import PathEscapeError, SymlinkRefusedError
 from .identifiers import validate_identifier
 from .manifest import MANIFEST_NAME
+
+_ATTEMPT_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def _check_relative(relative: str, what: str, root: str | os.PathLike[str]) -> None:
@@ -159,13 +162,36 @@ class StagingLayout:
         validate_identifier(checkpoint_key, "checkpoint key")
         return confine(self.root, f"{pipeline}/{checkpoint_key}", what="checkpoint directory")
 
-    def attempt_dir(self, pipeline: str, checkpoint_key: str, attempt: int) -> Path:
+    def attempt_dir(
+        self, pipeline: str, checkpoint_key: str, attempt: int, attempt_id: str | None = None
+    ) -> Path:
+        """``<root>/<pipeline>/<key>/attempt-<n>-<attempt id>``: unique across lives of a checkpoint.
+
+        Attempt numbers repeat once retention has trimmed a checkpoint's row and
+        the interval is written again; the attempt id never does, so a new life
+        never writes into (or deletes) an old life's staging, which a table
+        target may still reference. Without ``attempt_id`` (attempts sealed by
+        walsink 0.1, and tools that only know the number) the one directory of
+        that number is meant.
+        """
         if not isinstance(attempt, int) or attempt < 1:
             raise ValueError(f"attempt must be a positive integer, got {attempt!r}")
-        return self.checkpoint_dir(pipeline, checkpoint_key) / f"attempt-{attempt}"
+        base = self.checkpoint_dir(pipeline, checkpoint_key)
+        if attempt_id and not attempt_id.startswith("v1-"):
+            if not _ATTEMPT_ID.fullmatch(attempt_id):
+                raise ValueError(f"attempt id must be 32 hex digits, got {attempt_id!r}")
+            return base / f"attempt-{attempt}-{attempt_id}"
+        plain = base / f"attempt-{attempt}"
+        if attempt_id is None and not plain.exists() and base.is_dir():
+            named = [e for e in base.iterdir() if e.name.startswith(f"attempt-{attempt}-")]
+            if len(named) == 1:
+                return named[0]
+        return plain
 
-    def manifest_path(self, pipeline: str, checkpoint_key: str, attempt: int) -> Path:
-        return self.attempt_dir(pipeline, checkpoint_key, attempt) / MANIFEST_NAME
+    def manifest_path(
+        self, pipeline: str, checkpoint_key: str, attempt: int, attempt_id: str | None = None
+    ) -> Path:
+        return self.attempt_dir(pipeline, checkpoint_key, attempt, attempt_id) / MANIFEST_NAME
 
     def committable_path(self, attempt_dir: Path, relative: str) -> Path:
         """The staged file of a committable, confined to the attempt, never through a symlink."""
@@ -189,9 +215,11 @@ class StagingLayout:
 
         return resolve
 
-    def remove_attempt(self, pipeline: str, checkpoint_key: str, attempt: int) -> bool:
+    def remove_attempt(
+        self, pipeline: str, checkpoint_key: str, attempt: int, attempt_id: str | None = None
+    ) -> bool:
         """Delete one attempt's staging directory (the WAL). True if something was removed."""
-        return self._remove(self.attempt_dir(pipeline, checkpoint_key, attempt))
+        return self._remove(self.attempt_dir(pipeline, checkpoint_key, attempt, attempt_id))
 
     def remove_checkpoint(self, pipeline: str, checkpoint_key: str) -> bool:
         return self._remove(self.checkpoint_dir(pipeline, checkpoint_key))
@@ -208,12 +236,23 @@ class StagingLayout:
 
     def attempts(self, pipeline: str, checkpoint_key: str) -> list[int]:
         """Attempt numbers staged for a checkpoint, in order."""
+        return sorted({n for n, _id, _path in self.staged_attempts(pipeline, checkpoint_key)})
+
+    def staged_attempts(self, pipeline: str, checkpoint_key: str) -> list[tuple[int, str | None, Path]]:
+        """Every attempt directory of a checkpoint: (number, attempt id or None, path), in order."""
         base = self.checkpoint_dir(pipeline, checkpoint_key)
         if not base.is_dir():
             return []
         found = []
         for entry in base.iterdir():
-            prefix, _, number = entry.name.partition("-")
-            if prefix == "attempt" and number.isdigit() and entry.is_dir() and not entry.is_symlink():
-                found.append(int(number))
-        return sorted(found)
+            prefix, _, rest = entry.name.partition("-")
+            number, _, attempt_id = rest.partition("-")
+            if (
+                prefix == "attempt"
+                and number.isdigit()
+                and (not attempt_id or _ATTEMPT_ID.fullmatch(attempt_id))
+                and entry.is_dir()
+                and not entry.is_symlink()
+            ):
+                found.append((int(number), attempt_id or None, entry))
+        return sorted(found, key=lambda t: (t[0], t[1] or ""))

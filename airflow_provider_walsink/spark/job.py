@@ -60,6 +60,7 @@ from airflow_provider_walsink.protocol.errors import WalsinkError
 from airflow_provider_walsink.protocol.identifiers import validate_partition
 from airflow_provider_walsink.protocol.manifest import (
     FILE_FORMATS,
+    MANIFEST_NAME,
     Committable,
     Manifest,
     build_manifest,
@@ -147,7 +148,7 @@ class CheckpointJob:
         self.args = list(args)
         self.layout = StagingLayout(protocol.staging_root)
         self.attempt_dir = self.layout.attempt_dir(
-            protocol.pipeline, protocol.checkpoint_key, protocol.attempt
+            protocol.pipeline, protocol.checkpoint_key, protocol.attempt, protocol.attempt_id or None
         )
         self.end_offsets: dict[str, Any] | None = None
         # Parquet timestamps as INT64 micros, not INT96: Iceberg readers (pyiceberg) refuse INT96.
@@ -331,7 +332,7 @@ class CheckpointJob:
             return self.sealed_digest
         crashpoint("write.after_staging")
         manifest = self.manifest()
-        path = self.layout.manifest_path(self.pipeline, self.checkpoint_key, self.attempt)
+        path = self.attempt_dir / MANIFEST_NAME
         self.sealed_digest = write_manifest(path, manifest)
         crashpoint("seal.after_manifest")
         print(

@@ -83,7 +83,7 @@ def evaluate_durability(
             record.attempt,
         )
     attempt = record.sealed_attempt
-    manifest_path = layout.manifest_path(pipeline, checkpoint_key, attempt)
+    manifest_path = layout.manifest_path(pipeline, checkpoint_key, attempt, record.sealed_attempt_id)
     try:
         manifest = read_manifest(manifest_path, expected_digest=record.manifest_digest)
     except ManifestError as e:
@@ -105,7 +105,7 @@ def evaluate_durability(
             f"{name}: manifest totals (count, rows, bytes) {totals} differ from the sealed record {recorded}",
             attempt,
         )
-    attempt_dir = layout.attempt_dir(pipeline, checkpoint_key, attempt)
+    attempt_dir = layout.attempt_dir(pipeline, checkpoint_key, attempt, record.sealed_attempt_id)
     report = check_attempt(layout, manifest, attempt_dir, verify_checksums=verify_checksums)
     if not report.durable:
         return DurabilityStatus(

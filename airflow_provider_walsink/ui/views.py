@@ -213,7 +213,9 @@ def committables(record: CheckpointRecord, layout: StagingLayout) -> dict[str, A
     if record.sealed_attempt is None or record.manifest_digest is None:
         return {**base, "status": "not_sealed", "message": "No sealed attempt yet: nothing to list."}
     try:
-        path = layout.manifest_path(record.pipeline, record.checkpoint_key, record.sealed_attempt)
+        path = layout.manifest_path(
+            record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
+        )
     except WalsinkError as exc:
         return {**base, "status": "unavailable", "message": str(exc)}
     if record.state in (S.COMMITTED, S.ABORTED) and not path.exists():

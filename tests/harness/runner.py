@@ -393,6 +393,7 @@ def task_write_spark(
         checkpoint_key=spec.key,
         sequence=record.sequence,
         attempt=record.attempt,
+        attempt_id=record.attempt_id or "",
         staging_root=str(layout.root),
         mode=sched.mode,
         file_format="text",

@@ -1,0 +1,311 @@
+"""The crash campaign against the table and SQL targets (Iceberg, Delta, PostgreSQL).
+
+The file-target campaign (:mod:`.runner`) proves the protocol; this one proves
+each target that records its own commits. One schedule is a pipeline of 2-3
+daily checkpoints (Parquet staged where the target stages, as executors
+write it) committed through the real :class:`CheckpointCommitter` and store.
+The first commit try of a checkpoint runs in a forked process and is, at
+random:
+
+* **killed** (SIGKILL) at a point of the commit: the lease just taken, right
+  before or right after the table commit / SQL load, or after everything was
+  published and before COMMITTED; Airflow's retry (a new lease owner, after
+  the lease expires) must finish the commit without adding anything twice;
+* **a zombie**: stopped (SIGSTOP) right before its table commit, while a
+  second try takes the lease over and commits; then resumed: the table's own
+  commit (its marker and the epoch) must refuse it.
+
+``overwrite`` schedules then lose one checkpoint's committer rows (as
+retention does) and write its interval again: the partition must hold the new
+rows once. After each schedule the target is read back with its own library
+and checked row by row: every checkpoint exactly once, nothing else.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import random
+import signal
+import time
+import traceback
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from sqlalchemy import delete
+
+from airflow_provider_walsink import faults
+from airflow_provider_walsink.committer.commit import CheckpointCommitter
+from airflow_provider_walsink.committer.models import checkpoint_table, transition_table
+from airflow_provider_walsink.committer.store import Actor, CommitterStore, LeaseHeldError
+from airflow_provider_walsink.committer.writer import CheckpointWriter
+from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+
+LEASE_TTL = timedelta(milliseconds=800)
+KILL_POINTS = {
+    "iceberg": ("lease.after_takeover", "table.before_table_commit", "table.after_table_commit",
+                "commit.after_publish", "commit.after_committed"),
+    "delta": ("lease.after_takeover", "table.before_table_commit", "table.after_table_commit",
+              "commit.after_publish", "commit.after_committed"),
+    "sql": ("lease.after_takeover", "sql.before_load", "sql.loaded", "sql.committed",
+            "commit.after_publish", "commit.after_committed"),
+}  # fmt: skip
+ZOMBIE_POINT = {
+    "iceberg": "table.before_table_commit",
+    "delta": "table.before_table_commit",
+    "sql": "sql.loaded",
+}
+MAX_TRIES = 20
+
+
+@dataclass
+class TargetResult:
+    kind: str
+    schedules: int = 0
+    checkpoints: int = 0
+    crashes: Counter = field(default_factory=Counter)
+    zombies: int = 0
+    retention_reruns: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        points = ", ".join(f"{p} {n}" for p, n in sorted(self.crashes.items()))
+        return (
+            f"{self.kind}: {self.schedules} schedules, {self.checkpoints} checkpoints, SIGKILLs at [{points}], "
+            f"{self.zombies} zombie tries resumed, {self.retention_reruns} re-runs after retention, "
+            f"violations: {len(self.violations)}" + "".join(f"\n  {v}" for v in self.violations[:20])
+        )
+
+
+@dataclass
+class TargetEnv:
+    """How to reach one target kind: its URI per pipeline, its connections, how to read it back."""
+
+    kind: str
+    work: Path
+    sql_url: str | None = None
+
+    def uri(self, pipeline: str) -> str:
+        table = pipeline.replace("-", "_")
+        if self.kind == "iceberg":
+            return f"iceberg://harness/h.{table}?create_table=true"
+        if self.kind == "delta":
+            return f"delta://{self.work}/delta/{table}?create_table=true"
+        return f"sql://harness_sql/public.{table}"
+
+    def connections(self, conn_id: str) -> dict[str, Any]:
+        if conn_id == "harness":
+            return {
+                "conn_type": "iceberg",
+                "extra": {
+                    "type": "sql",
+                    "uri": f"sqlite:///{self.work}/catalog.db",
+                    "warehouse": f"file://{self.work}/warehouse",
+                },
+            }
+        raise KeyError(conn_id)
+
+    def publisher(self, pipeline: str, mode: str, layout: StagingLayout) -> Any:
+        extra = {"url": self.sql_url} if self.kind == "sql" else {}
+        options = TargetOptions(
+            mode=mode, layout=layout, partition_by=("dt",), connections=self.connections, extra=extra
+        )
+        return resolve_target(self.uri(pipeline), options)
+
+    def layout(self, pipeline: str, mode: str) -> StagingLayout:
+        probe = self.publisher(pipeline, mode, StagingLayout(self.work / "staging"))
+        own = getattr(probe, "staging_root", None)
+        root = own() if callable(own) else None
+        return StagingLayout((root or str(self.work / "staging")).removeprefix("file://"))
+
+    def rows(self, pipeline: str, mode: str) -> list[tuple[str, str]]:
+        publisher = self.publisher(pipeline, mode, StagingLayout(self.work / "staging"))
+        if self.kind == "sql":
+            from sqlalchemy import create_engine, text
+
+            engine = create_engine(self.sql_url)
+            try:
+                with engine.connect() as conn:
+                    name = pipeline.replace("-", "_")
+                    found = conn.execute(text(f'SELECT dt, id FROM public."{name}"')).all()  # noqa: S608 - test
+            except Exception:  # noqa: BLE001 - no table yet
+                return []
+            finally:
+                engine.dispose()
+            return sorted((str(dt), str(i)) for dt, i in found)
+        table = publisher.load_table()
+        if table is None:
+            return []
+        arrow = table.scan().to_arrow() if self.kind == "iceberg" else table.to_pyarrow_table()
+        return sorted(zip(arrow["dt"].to_pylist(), arrow["id"].to_pylist(), strict=True))
+
+
+def _actor(step: str, key: str, try_number: int) -> Actor:
+    return Actor(name=f"targets.{step}@{key}#try{try_number}", dag_id="targets", run_id=key, task_id=step,
+                 try_number=try_number)  # fmt: skip
+
+
+def _write(
+    store: CommitterStore, env: TargetEnv, pipeline: str, mode: str, key: str, rows: list[str]
+) -> None:
+    """The write and durability tasks: Parquet files where the target stages, sealed and marked DURABLE."""
+    actor = _actor("write", key, 1)
+    store.register(pipeline, key, mode=mode, actor=actor, target=env.uri(pipeline))
+    layout = env.layout(pipeline, mode)
+    writer = CheckpointWriter(store, layout, pipeline, key, actor=actor, partition_columns=("dt",))
+    attempt_dir = writer.begin()
+    files = {}
+    for i, chunk in enumerate((rows[: len(rows) // 2], rows[len(rows) // 2 :])):
+        if not chunk:
+            continue
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"id": pa.array(chunk, pa.string())}), buf)  # dt is the directory
+        rel = f"dt={key}/part-{i:05d}.parquet"
+        (attempt_dir / f"dt={key}").mkdir(parents=True, exist_ok=True)
+        (attempt_dir / rel).write_bytes(buf.getvalue())
+        files[rel] = len(chunk)
+    writer.add_files(list(files), rows=files, checksum="crc32", writer="targets")
+    writer.seal(file_format="parquet", job="targets")
+    store.mark_durable(pipeline, key, attempt=writer.attempt, actor=actor)
+
+
+def _commit(
+    store: CommitterStore, env: TargetEnv, pipeline: str, mode: str, key: str, try_number: int
+) -> None:
+    layout = env.layout(pipeline, mode)
+    actor = _actor("commit", key, try_number)
+    committer = CheckpointCommitter(
+        store, layout, env.publisher(pipeline, mode, layout), mode=mode, owner=actor.name, lease_ttl=LEASE_TTL
+    )
+    committer.commit(pipeline, key, actor=actor)
+
+
+def _child(
+    env: TargetEnv, db_url: str, pipeline: str, mode: str, key: str, point: str, stop: bool, out: str
+) -> None:
+    """Commit try 1 in a fresh interpreter (spawned: the table libraries' runtimes do not survive fork)."""
+    code = 1
+    try:
+        os.environ[faults.ENV] = f"{point}:1"
+        os.environ[faults.SIGNAL_ENV] = "STOP" if stop else "KILL"
+        store = CommitterStore.from_url(db_url, migrate=False)
+        _commit(store, env, pipeline, mode, key, 1)
+        code = 0
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        Path(out).write_text(traceback.format_exc())
+    os._exit(code)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return "X"
+
+
+def _commit_until_done(
+    store: CommitterStore, env: TargetEnv, pipeline: str, mode: str, key: str
+) -> str | None:
+    for try_number in range(2, MAX_TRIES):
+        try:
+            _commit(store, env, pipeline, mode, key, try_number)
+            return None
+        except LeaseHeldError:
+            time.sleep(LEASE_TTL.total_seconds() / 2)
+        except Exception:  # noqa: BLE001 - a violation
+            return traceback.format_exc()[-800:]
+    return f"no commit after {MAX_TRIES} tries"
+
+
+def run_target_schedule(store: CommitterStore, env: TargetEnv, rng: random.Random, index: int,
+                        result: TargetResult) -> None:  # fmt: skip
+    mode = rng.choice(("append", "overwrite"))
+    pipeline = f"t{index}-{mode[:3]}-{uuid.uuid4().hex[:4]}"
+    expected: dict[str, list[str]] = {}
+    problems: list[str] = []
+    for ci in range(rng.randint(2, 3)):
+        key = f"2026010{ci + 1}"
+        rows = [f"{pipeline}-{key}-{j}" for j in range(rng.randint(1, 6))]
+        _write(store, env, pipeline, mode, key, rows)
+        expected[key] = rows
+        zombie = rng.random() < 0.25
+        point = ZOMBIE_POINT[env.kind] if zombie else rng.choice(KILL_POINTS[env.kind])
+        out = str(env.work / f"{uuid.uuid4().hex}.out")
+        proc = multiprocessing.get_context("spawn").Process(
+            target=_child, args=(env, str(store.engine.url.render_as_string(hide_password=False)), pipeline,
+                                 mode, key, point, zombie, out)
+        )  # fmt: skip
+        proc.start()
+        while proc.is_alive() and not (zombie and _state(proc.pid) == "T"):
+            time.sleep(0.01)
+        if zombie and proc.is_alive():
+            time.sleep(LEASE_TTL.total_seconds() * 1.2)  # the stopped try's lease runs out
+            error = _commit_until_done(store, env, pipeline, mode, key)
+            before = env.rows(pipeline, mode)
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.join(300)
+            result.zombies += 1
+            if env.rows(pipeline, mode) != before:
+                problems.append(f"{key}: the resumed zombie try changed the target")
+            text = Path(out).read_text() if os.path.exists(out) else ""
+            if proc.exitcode != 0 and not any(s in text for s in ("FencedError", "LeaseLostError")):
+                problems.append(f"{key}: the zombie failed with something else than fencing: {text[-500:]}")
+        else:
+            proc.join(300)
+            if proc.exitcode == -signal.SIGKILL:
+                result.crashes[point] += 1
+                time.sleep(LEASE_TTL.total_seconds())
+            error = _commit_until_done(store, env, pipeline, mode, key)
+        if error:
+            problems.append(f"{key}: commit failed: {error}")
+            break
+    if not problems and mode == "overwrite":
+        # Retention trims a committed checkpoint's rows; its interval is written and committed again.
+        key = rng.choice(sorted(expected))
+        record = store.require(pipeline, key)
+        with store.engine.begin() as conn:
+            conn.execute(delete(transition_table).where(transition_table.c.checkpoint_id == record.id))
+            conn.execute(delete(checkpoint_table).where(checkpoint_table.c.id == record.id))
+        expected[key] = [f"{r}-again" for r in expected[key]]
+        _write(store, env, pipeline, mode, key, expected[key])
+        error = _commit_until_done(store, env, pipeline, mode, key)
+        result.retention_reruns += 1
+        if error:
+            problems.append(f"{key}: re-run after retention failed: {error}")
+    if not problems:
+        want = sorted((key, r) for key, rows in expected.items() for r in rows)
+        got = env.rows(pipeline, mode)
+        if got != want:
+            missing, extra = Counter(want) - Counter(got), Counter(got) - Counter(want)
+            problems.append(f"rows differ: missing {sorted(missing)[:5]}, extra {sorted(extra)[:5]}")
+        for key in expected:
+            record = store.require(pipeline, key)
+            if not record.is_committed:
+                problems.append(f"{key} is {record.state}: {record.error}")
+    result.schedules += 1
+    result.checkpoints += len(expected)
+    result.violations += [f"#{index} {pipeline} ({mode}): {p}" for p in problems]
+
+
+def run_target_campaign(kind: str, *, seed: int, schedules: int, workdir: Path, db_url: str,
+                        sql_url: str | None = None) -> TargetResult:  # fmt: skip
+    """Run ``schedules`` crash schedules against one target kind (see the module docstring)."""
+    env = TargetEnv(kind, Path(workdir), sql_url)
+    store = CommitterStore.from_url(db_url)
+    result = TargetResult(kind)
+    rng = random.Random(f"{seed}:{kind}")
+    try:
+        for i in range(schedules):
+            run_target_schedule(store, env, rng, i, result)
+    finally:
+        store.dispose()
+    return result
