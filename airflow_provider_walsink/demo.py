@@ -163,6 +163,8 @@ def run(argv: list[str] | None = None) -> int:
             "--conn-extra",
             f'{{"backend": "sqlite", "staging_root": "{staging}"}}',
         )
+        # walsink creates no directory for a database path it is given (a typo stays a typo).
+        committer_db.parent.mkdir(parents=True, exist_ok=True)
         print(f"  connection walsink_default: committer table in {committer_db}")
         result = subprocess.run(
             [sys.executable, "-m", "airflow_provider_walsink.cli", "db", "upgrade"],
