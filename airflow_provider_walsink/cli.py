@@ -44,8 +44,10 @@ examples:
   walsink --conn-id walsink_prod gc --dry-run      what gc would remove under the connection's staging root
   walsink gc --retention 2d --history-retention 30d
 
-drivers: PostgreSQL needs pip install "airflow-provider-walsink[postgres]" (postgresql+psycopg2://)
-or "[psycopg]" (postgresql+psycopg://); MySQL/MariaDB needs "[mysql]" (mysql+pymysql://).
+database drivers (SQLite needs none):
+  PostgreSQL     pip install "airflow-provider-walsink[postgres]"   postgresql+psycopg2://...
+                 pip install "airflow-provider-walsink[psycopg]"    postgresql+psycopg://...
+  MySQL/MariaDB  pip install "airflow-provider-walsink[mysql]"      mysql+pymysql://...
 """
 
 #: SQLAlchemy driver name -> (DBAPI module, the extra that installs it, the URL scheme to use).
