@@ -2,6 +2,7 @@
 
 ``walsink status`` prints every checkpoint's state per pipeline;
 ``walsink checkpoints`` lists checkpoints filtered by state and age (for a ticket);
+``walsink abort`` gives one checkpoint up for good;
 ``walsink db upgrade`` creates or upgrades the committer schema;
 ``walsink gc`` removes orphaned staging and trims old committer rows.
 
@@ -40,6 +41,7 @@ examples:
   walsink checkpoints --not-state COMMITTED --older-than 1h
                                                    what is stuck: paste the output into a ticket
   walsink checkpoints --state FAILED --state ABORTED --pipeline daily_events
+  walsink abort daily_events 20260101T000000Z --reason "source file corrupt, INC-123"
   walsink --url postgresql+psycopg2://airflow@db/walsink db upgrade
   walsink --conn-id walsink_prod gc --dry-run      what gc would remove under the connection's staging root
   walsink gc --retention 2d --history-retention 30d
@@ -431,6 +433,31 @@ def cmd_db_upgrade(args: argparse.Namespace, out: IO[str]) -> int:
     return 0
 
 
+def cmd_abort(args: argparse.Namespace, out: IO[str]) -> int:
+    """Give one checkpoint up for good (unblocks later ``append`` checkpoints)."""
+    from airflow_provider_walsink.committer import Actor
+
+    target = resolve(args)
+    store = open_store(target)
+    try:
+        _known_pipelines(store, [args.pipeline])
+        if store.get(args.pipeline, args.checkpoint) is None:
+            raise CliError(f"pipeline {args.pipeline!r} has no checkpoint {args.checkpoint!r}")
+        record = store.abort(
+            args.pipeline,
+            args.checkpoint,
+            reason=f"aborted by hand: {args.reason}",
+            actor=Actor.local("walsink-cli"),
+        )
+    finally:
+        store.dispose()
+    if args.json:
+        _dump(out, _record_dict(record))
+    else:
+        print(f"{record.pipeline}/{record.checkpoint_key} is {record.state.value}", file=out)
+    return 0
+
+
 def cmd_gc(args: argparse.Namespace, out: IO[str]) -> int:
     from airflow_provider_walsink.gc import collect_garbage
     from airflow_provider_walsink.hooks.walsink import default_staging_root
@@ -538,6 +565,19 @@ def build_parser() -> argparse.ArgumentParser:
     db_sub.add_parser(
         "upgrade", parents=[_common()], help="create or upgrade the schema (Alembic)"
     ).set_defaults(func=cmd_db_upgrade)
+
+    abort = sub.add_parser(
+        "abort",
+        parents=[_common()],
+        help="give one uncommitted checkpoint up for good",
+        description="Mark a checkpoint ABORTED: it is never published, its staging becomes garbage, "
+        "and later checkpoints of an append pipeline are no longer blocked by it. "
+        "A checkpoint being committed (COMMITTING) cannot be aborted.",
+    )
+    abort.add_argument("pipeline", help="pipeline id")
+    abort.add_argument("checkpoint", help="checkpoint key, e.g. 20260101T000000Z")
+    abort.add_argument("--reason", required=True, help="why (recorded in the checkpoint's history)")
+    abort.set_defaults(func=cmd_abort)
 
     gc = sub.add_parser("gc", parents=[_common()], help="remove orphaned staging and trim old committer rows")
     gc.add_argument("--staging-root", help="default: the connection's staging root")

@@ -240,6 +240,17 @@ def test_checkpoints_by_state_and_age_for_a_ticket(filled):
     )
 
 
+def test_abort_by_hand(filled):
+    url = str(filled.engine.url)
+    result = walsink("--url", url, "abort", "orders", "k3", "--reason", "INC-1: corrupt input", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["state"] == "ABORTED"
+    assert filled.require("orders", "k3").state.value == "ABORTED"
+    assert "INC-1: corrupt input" in filled.history("orders", "k3")[-1].detail
+    one_line_error(walsink("--url", url, "abort", "orders", "nope", "--reason", "x"), "no checkpoint 'nope'")
+    one_line_error(walsink("--url", url, "abort", "orders", "k1"), "--reason")  # required: for the history
+
+
 def test_read_commands_do_not_migrate(tmp_path):
     """A database without the schema is reported, not silently given one."""
     empty = tmp_path / "empty.db"
