@@ -197,9 +197,21 @@ def run(argv: list[str] | None = None) -> int:
             "--reprocess-behavior completed"
         )
         print("  committed days are re-run and skipped (policy: skip committed); new days are written")
-        backfill = stack.backfill(
-            DAILY, FIRST_DAY.isoformat(), last.isoformat(), reprocess_behavior="completed"
-        )
+        # On SQLite, `airflow backfill create` (it reads, then clears and creates runs in one
+        # process) races the other components' writes for the one file lock, and a WAL
+        # transaction whose snapshot went stale fails at once, whatever the busy timeout
+        # (seen on a busy machine: "database is locked" from task_reschedule). Nothing
+        # runs at this point, so the writers pause while the backfill is created.
+        quiet = [c for c in ("scheduler", "triggerer", "dag-processor") if stack.is_sqlite]
+        for component in quiet:
+            stack.stop_component(component)
+        try:
+            backfill = stack.backfill(
+                DAILY, FIRST_DAY.isoformat(), last.isoformat(), reprocess_behavior="completed"
+            )
+        finally:
+            for component in quiet:
+                stack.start_component(component)
         stack.wait_until(
             f"backfill {backfill}",
             lambda: progress.poll([DAILY]) and stack.get(f"/api/v2/backfills/{backfill}")["completed_at"],
