@@ -1,147 +1,585 @@
-"""The ``walsink`` command: commit state and schema management from a shell.
+"""The ``walsink`` command: commit state, on-call queries and schema management from a shell.
 
 ``walsink status`` prints every checkpoint's state per pipeline;
+``walsink checkpoints`` lists checkpoints filtered by state and age (for a ticket);
+``walsink abort`` gives one checkpoint up for good;
 ``walsink db upgrade`` creates or upgrades the committer schema;
 ``walsink gc`` removes orphaned staging and trims old committer rows.
+
 The database is ``--url``, else ``$WALSINK_DATABASE_URL``, else the Airflow
 connection named by ``--conn-id`` (default ``walsink_default``, falling back
 to the embedded SQLite file in ``$AIRFLOW_HOME``).
+
+Contracts: results go to stdout and nothing else does (logs and warnings go to
+stderr), so ``--json`` output always parses, errors included (``{"error": ...}``).
+Every failure is one line on stderr and a non-zero exit status (1; 2 for a bad
+command line); ``--debug`` adds the traceback. Only ``db upgrade`` creates a
+database, and only the embedded default's directory is ever created: a mistyped
+path is an error, not a new empty database.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import logging
 import os
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta
+from typing import IO, Any, NoReturn
 
-from airflow_provider_walsink.committer.store import CommitterStore
+from airflow_provider_walsink import __version__
 
-STATE_ORDER = ["REGISTERED", "WRITING", "SEALED", "DURABLE", "COMMITTING", "COMMITTED", "FAILED", "ABORTED"]
+EXAMPLES = """\
+examples:
+  walsink status                                   every pipeline's checkpoints (connection walsink_default)
+  walsink status --pipeline daily_events --json    one pipeline, as JSON
+  walsink checkpoints --not-state COMMITTED --older-than 1h
+                                                   what is stuck: paste the output into a ticket
+  walsink checkpoints --state FAILED --state ABORTED --pipeline daily_events
+  walsink abort daily_events 20260101T000000Z --reason "source file corrupt, INC-123"
+  walsink --url postgresql+psycopg2://airflow@db/walsink db upgrade
+  walsink --conn-id walsink_prod gc --dry-run      what gc would remove under the connection's staging root
+  walsink gc --retention 2d --history-retention 30d
+
+database drivers (SQLite needs none):
+  PostgreSQL     pip install "airflow-provider-walsink[postgres]"   postgresql+psycopg2://...
+                 pip install "airflow-provider-walsink[psycopg]"    postgresql+psycopg://...
+  MySQL/MariaDB  pip install "airflow-provider-walsink[mysql]"      mysql+pymysql://...
+"""
+
+#: SQLAlchemy driver name -> (DBAPI module, the extra that installs it, the URL scheme to use).
+_DRIVER_EXTRAS = {
+    "mysql": ("MySQLdb", "mysql", "mysql+pymysql://"),
+    "mysqldb": ("MySQLdb", "mysql", "mysql+pymysql://"),
+    "pymysql": ("pymysql", "mysql", "mysql+pymysql://"),
+    "mariadb": ("mariadb", "mysql", "mysql+pymysql://"),
+    "psycopg2": ("psycopg2", "postgres", "postgresql+psycopg2://"),
+    "postgresql": ("psycopg2", "postgres", "postgresql+psycopg2://"),
+    "psycopg": ("psycopg", "psycopg", "postgresql+psycopg://"),
+}
 
 
-def _resolve_url(args: argparse.Namespace) -> str:
+class CliError(Exception):
+    """A failure the user can act on; printed as one line."""
+
+
+# -- where the database is ----------------------------------------------------------------
+
+
+class Target:
+    """The committer database and staging root a command works on, and where they came from."""
+
+    def __init__(self, url: str, source: str, staging_root: str | None) -> None:
+        self.url = url
+        self.source = source  # "--url", "$WALSINK_DATABASE_URL", "connection X" or "embedded default"
+        self.staging_root = staging_root
+
+    @property
+    def display(self) -> str:
+        from sqlalchemy.engine import make_url
+
+        return make_url(self.url).render_as_string(hide_password=True)
+
+
+def resolve(args: argparse.Namespace) -> Target:
+    """Find the database (and, from a connection, the staging root) without touching it."""
     if args.url:
-        return args.url
+        return Target(args.url, "--url", None)
     if os.environ.get("WALSINK_DATABASE_URL"):
-        return os.environ["WALSINK_DATABASE_URL"]
-    from airflow_provider_walsink.hooks.walsink import WalsinkHook
-
+        return Target(os.environ["WALSINK_DATABASE_URL"], "$WALSINK_DATABASE_URL", None)
     # Outside a task the Task SDK reads connections only from environment variables and
     # external secrets backends; a shell tool (like `airflow connections get`) must also
     # read the metadata database, else a connection made in the UI is silently missed.
+    # Set before the hook reads anything: url and staging root come from one read.
     os.environ.setdefault("_AIRFLOW_PROCESS_CONTEXT", "server")
-    return WalsinkHook(args.conn_id).sqlalchemy_url
+    from airflow.exceptions import AirflowNotFoundException
+
+    from airflow_provider_walsink.hooks.walsink import WalsinkHook, default_database_url
+
+    hook = WalsinkHook(args.conn_id)
+    try:
+        url = hook.sqlalchemy_url
+        staging_root = hook.staging_root
+    except AirflowNotFoundException:
+        raise CliError(f"no Airflow connection {args.conn_id!r} (see `airflow connections list`)") from None
+    source = f"connection {args.conn_id}"
+    if url == default_database_url() and not _connection_exists(hook):
+        source = "embedded default"
+    return Target(url, source, staging_root)
+
+
+def _connection_exists(hook: Any) -> bool:
+    from airflow.exceptions import AirflowNotFoundException
+
+    try:
+        hook.get_connection(hook.walsink_conn_id)
+    except AirflowNotFoundException:
+        return False
+    return True
+
+
+def _check_sqlite_path(target: Target, *, create: bool) -> None:
+    """Refuse a missing SQLite file (reads) or directory (``db upgrade``), so a mistyped
+    path is an error instead of a new empty database; the embedded default's directory
+    is the one ``db upgrade`` may create (task processes create it too)."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(target.url)
+    if url.get_backend_name() != "sqlite":
+        return
+    database = url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = os.path.abspath(database)
+    parent = os.path.dirname(path)
+    if not create:
+        if not os.path.isfile(path):
+            where = "" if os.path.isdir(parent) else f" (directory {parent} does not exist)"
+            raise CliError(
+                f"no committer database at {path}{where}, from {target.source}; "
+                "check the URL or connection, or create it with `walsink db upgrade`"
+            )
+        return
+    if not os.path.isdir(parent):
+        if target.source != "embedded default":
+            raise CliError(
+                f"directory {parent} does not exist (SQLite database {path}, from {target.source}); "
+                "create it first: walsink creates no directories for a database path it is given"
+            )
+        os.makedirs(parent, exist_ok=True)
+
+
+def open_store(target: Target, *, create: bool = False) -> Any:
+    """A ``CommitterStore`` on ``target``; for reads (``create=False``) the schema must exist."""
+    from sqlalchemy import inspect
+
+    from airflow_provider_walsink.committer.models import checkpoint_table
+    from airflow_provider_walsink.committer.store import CommitterStore
+
+    _check_sqlite_path(target, create=create)
+    store = CommitterStore.from_url(target.url, migrate=False)
+    if not create:
+        with store.engine.connect() as conn:
+            present = inspect(conn).has_table(checkpoint_table.name)
+        if not present:
+            store.dispose()
+            raise CliError(
+                f"no walsink committer schema in {target.display} (from {target.source}); "
+                "create it with `walsink db upgrade`"
+            )
+    return store
+
+
+def _known_pipelines(store: Any, wanted: Sequence[str] | None) -> None:
+    if not wanted:
+        return
+    known = [p["name"] for p in store.pipelines(with_counts=False)]
+    unknown = [p for p in wanted if p not in known]
+    if unknown:
+        listing = ", ".join(known[:20]) + (", ..." if len(known) > 20 else "") if known else "none"
+        raise CliError(f"unknown pipeline {', '.join(map(repr, unknown))} (known: {listing})")
+
+
+def _states(names: Sequence[str] | None, option: str) -> list[str]:
+    from airflow_provider_walsink.protocol.states import CheckpointState
+
+    valid = [s.value for s in CheckpointState]
+    out = []
+    for name in names or ():
+        value = name.strip().upper()
+        if value not in valid:
+            raise CliError(f"{option}: unknown state {name!r} (one of {', '.join(valid)})")
+        out.append(value)
+    return out
+
+
+def _duration(text: str | None, option: str) -> timedelta | None:
+    from airflow_provider_walsink.gc import parse_duration
+
+    if text is None:
+        return None
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise CliError(f"{option}: {exc}") from None
+
+
+# -- output helpers ------------------------------------------------------------------------
 
 
 def _fmt_bytes(n: int | None) -> str:
     if n is None:
         return "-"
+    size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
     return str(n)
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    store = CommitterStore.from_url(_resolve_url(args))
-    pipelines = [p for p in store.pipelines() if not args.pipeline or p["name"] == args.pipeline]
-    if args.json:
-        out = []
+def _iso(ts: datetime | None) -> str | None:
+    """Naive UTC (as stored) -> ``2026-01-01T00:00:00Z``."""
+    return ts.replace(microsecond=0).isoformat() + "Z" if ts is not None else None
+
+
+def _age(delta: timedelta) -> str:
+    seconds = max(0, int(delta.total_seconds()))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{seconds:02d}s"
+
+
+def _first_line(text: str | None, width: int = 80) -> str:
+    return (text or "").strip().splitlines()[0][:width] if text and text.strip() else ""
+
+
+def _dump(out: IO[str], data: Any) -> None:
+    json.dump(data, out, indent=2, default=str)
+    out.write("\n")
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
+    from airflow_provider_walsink.protocol.states import CheckpointState
+
+    target = resolve(args)
+    store = open_store(target)
+    try:
+        _known_pipelines(store, [args.pipeline] if args.pipeline else None)
+        pipelines = [p for p in store.pipelines() if not args.pipeline or p["name"] == args.pipeline]
+        if args.json:
+            _dump(
+                out,
+                [
+                    {
+                        "pipeline": p["name"],
+                        "mode": p["mode"],
+                        "target": p["target"],
+                        "counts": p["counts"],
+                        "checkpoints": [
+                            _record_dict(c)
+                            for c in store.checkpoints(p["name"], limit=args.limit, descending=False)
+                        ],
+                    }
+                    for p in pipelines
+                ],
+            )
+            return 0
+        if not pipelines:
+            print(f"no pipelines in the committer table ({target.display})", file=out)
+            return 0
+        order = [s.value for s in CheckpointState]
         for p in pipelines:
-            cps = store.checkpoints(p["name"], limit=args.limit, descending=False)
-            out.append(
-                {
-                    "pipeline": p["name"],
-                    "mode": p["mode"],
-                    "counts": p["counts"],
-                    "checkpoints": [
-                        {
-                            "key": c.checkpoint_key,
-                            "sequence": c.sequence,
-                            "state": c.state.value,
-                            "attempt": c.attempt,
-                            "rows": c.rows,
-                            "error": c.error,
-                        }
-                        for c in cps
-                    ],
-                }
-            )
-        json.dump(out, sys.stdout, indent=2, default=str)
-        print()
-        return 0
-    if not pipelines:
-        print("no pipelines in the committer table")
-        return 0
-    for p in pipelines:
-        counts = ", ".join(f"{s} {p['counts'][s]}" for s in STATE_ORDER if s in p["counts"])
-        print(f"pipeline {p['name']} ({p['mode']}{', ' + p['target'] if p['target'] else ''}): {counts}")
-        print(f"  {'seq':>4}  {'checkpoint':<20} {'state':<11} {'att':>3} {'rows':>10} {'bytes':>10}  error")
-        for c in store.checkpoints(p["name"], limit=args.limit, descending=False):
-            error = (c.error or "").splitlines()[0][:60] if c.error else ""
+            counts = ", ".join(f"{s} {p['counts'][s]}" for s in order if s in p["counts"])
             print(
-                f"  {c.sequence:>4}  {c.checkpoint_key:<20} {c.state.value:<11} {c.attempt:>3} "
-                f"{c.rows if c.rows is not None else '-':>10} {_fmt_bytes(c.bytes):>10}  {error}"
+                f"pipeline {p['name']} ({p['mode']}{', ' + p['target'] if p['target'] else ''}): {counts}",
+                file=out,
             )
+            print(
+                f"  {'seq':>4}  {'checkpoint':<20} {'state':<11} {'att':>3} {'rows':>10} {'bytes':>10}  error",
+                file=out,
+            )
+            for c in store.checkpoints(p["name"], limit=args.limit, descending=False):
+                print(
+                    f"  {c.sequence:>4}  {c.checkpoint_key:<20} {c.state.value:<11} {c.attempt:>3} "
+                    f"{c.rows if c.rows is not None else '-':>10} {_fmt_bytes(c.bytes):>10}  "
+                    f"{_first_line(c.error, 60)}",
+                    file=out,
+                )
+        return 0
+    finally:
+        store.dispose()
+
+
+def _record_dict(c: Any) -> dict[str, Any]:
+    return {
+        "pipeline": c.pipeline,
+        "key": c.checkpoint_key,
+        "sequence": c.sequence,
+        "state": c.state.value,
+        "attempt": c.attempt,
+        "rows": c.rows,
+        "bytes": c.bytes,
+        "committables": c.committables,
+        "lease_owner": c.lease_owner,
+        "dag_id": c.dag_id,
+        "run_id": c.run_id,
+        "created_at": _iso(c.created_at),
+        "updated_at": _iso(c.updated_at),
+        "committed_at": _iso(c.committed_at),
+        "error": c.error,
+    }
+
+
+def cmd_checkpoints(args: argparse.Namespace, out: IO[str]) -> int:
+    """Checkpoints filtered by state and by how long they have been in it, newest change last."""
+    from airflow_provider_walsink.committer.store import utcnow
+    from airflow_provider_walsink.protocol.states import CheckpointState
+
+    wanted = _states(args.state, "--state")
+    excluded = _states(args.not_state, "--not-state")
+    states = [
+        s.value for s in CheckpointState if (not wanted or s.value in wanted) and s.value not in excluded
+    ]
+    older_than = _duration(args.older_than, "--older-than")
+    target = resolve(args)
+    store = open_store(target)
+    try:
+        _known_pipelines(store, args.pipeline)
+        names = args.pipeline or [p["name"] for p in store.pipelines(with_counts=False)]
+        now = utcnow()
+        found = []
+        for name in names:
+            if not states:
+                break
+            for c in store.checkpoints(name, states=states, limit=args.limit, descending=False):
+                if older_than is None or now - c.updated_at >= older_than:
+                    found.append(c)
+    finally:
+        store.dispose()
+    found.sort(key=lambda c: (c.updated_at, c.pipeline, c.sequence))
+    query = _describe_query(wanted, excluded, args.older_than, args.pipeline)
+    if args.json:
+        _dump(
+            out,
+            {
+                "query": query,
+                "as_of": _iso(now),
+                "database": target.display,
+                "checkpoints": [
+                    {**_record_dict(c), "age_seconds": int((now - c.updated_at).total_seconds())}
+                    for c in found
+                ],
+            },
+        )
+        return 0
+    print(f"walsink checkpoints: {query}; as of {_iso(now)}", file=out)
+    print(f"committer database: {target.display} ({target.source})", file=out)
+    if not found:
+        print("no checkpoints match", file=out)
+        return 0
+    rows = [
+        (
+            c.pipeline,
+            str(c.sequence),
+            c.checkpoint_key,
+            c.state.value,
+            str(c.attempt),
+            _iso(c.updated_at) or "",
+            _age(now - c.updated_at),
+            f"{c.dag_id or '-'} / {c.run_id or '-'}",
+            c.lease_owner or "-",
+            _first_line(c.error) or "-",
+        )
+        for c in found
+    ]
+    header = (
+        "pipeline",
+        "seq",
+        "checkpoint",
+        "state",
+        "att",
+        "in state since",
+        "for",
+        "dag / run",
+        "lease",
+        "error",
+    )
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for row in (header, *rows):
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(), file=out)
+    print(f"{len(found)} checkpoint{'s' if len(found) != 1 else ''}", file=out)
     return 0
 
 
-def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    url = _resolve_url(args)
-    store = CommitterStore.from_url(url, migrate=False)
-    store.migrate()
-    print(f"committer schema is at head on {store.engine.url.render_as_string(hide_password=True)}")
+def _describe_query(
+    wanted: list[str], excluded: list[str], older_than: str | None, pipelines: list[str] | None
+) -> str:
+    parts = []
+    if wanted:
+        parts.append("state " + " or ".join(wanted))
+    if excluded:
+        parts.append("state not " + " or ".join(excluded))
+    if older_than:
+        parts.append(f"unchanged for at least {older_than}")
+    parts.append("pipeline " + ", ".join(pipelines) if pipelines else "all pipelines")
+    return ", ".join(parts)
+
+
+def cmd_db_upgrade(args: argparse.Namespace, out: IO[str]) -> int:
+    target = resolve(args)
+    store = open_store(target, create=True)
+    try:
+        store.migrate()
+    finally:
+        store.dispose()
+    if args.json:
+        _dump(out, {"database": target.display, "source": target.source, "schema": "head"})
+    else:
+        print(f"committer schema is at head on {target.display}", file=out)
     return 0
 
 
-def cmd_gc(args: argparse.Namespace) -> int:
-    from airflow_provider_walsink.gc import collect_garbage, parse_duration
+def cmd_abort(args: argparse.Namespace, out: IO[str]) -> int:
+    """Give one checkpoint up for good (unblocks later ``append`` checkpoints)."""
+    from airflow_provider_walsink.committer import Actor
+
+    target = resolve(args)
+    store = open_store(target)
+    try:
+        _known_pipelines(store, [args.pipeline])
+        if store.get(args.pipeline, args.checkpoint) is None:
+            raise CliError(f"pipeline {args.pipeline!r} has no checkpoint {args.checkpoint!r}")
+        record = store.abort(
+            args.pipeline,
+            args.checkpoint,
+            reason=f"aborted by hand: {args.reason}",
+            actor=Actor.local("walsink-cli"),
+        )
+    finally:
+        store.dispose()
+    if args.json:
+        _dump(out, _record_dict(record))
+    else:
+        print(f"{record.pipeline}/{record.checkpoint_key} is {record.state.value}", file=out)
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace, out: IO[str]) -> int:
+    from airflow_provider_walsink.gc import collect_garbage
+    from airflow_provider_walsink.hooks.walsink import default_staging_root
     from airflow_provider_walsink.protocol.staging import StagingLayout
 
-    staging_root = args.staging_root
-    if not staging_root:
-        from airflow_provider_walsink.hooks.walsink import WalsinkHook, default_staging_root
-
-        staging_root = default_staging_root() if args.url else WalsinkHook(args.conn_id).staging_root
-    report = collect_garbage(
-        CommitterStore.from_url(_resolve_url(args)),
-        StagingLayout(staging_root),
-        retention=parse_duration(args.retention),
-        history_retention=parse_duration(args.history_retention) if args.history_retention else None,
-        pipelines=args.pipeline or None,
-        dry_run=args.dry_run,
-    )
+    retention = _duration(args.retention, "--retention")
+    history_retention = _duration(args.history_retention, "--history-retention")
+    target = resolve(args)  # reads the connection: its staging root is where pipelines stage
+    staging_root = args.staging_root or target.staging_root or default_staging_root()
+    store = open_store(target)
+    try:
+        _known_pipelines(store, args.pipeline)
+        report = collect_garbage(
+            store,
+            StagingLayout(staging_root),
+            retention=retention,
+            history_retention=history_retention,
+            pipelines=args.pipeline or None,
+            dry_run=args.dry_run,
+        )
+    finally:
+        store.dispose()
     if args.json:
-        json.dump(report.to_dict(), sys.stdout, indent=2)
-        print()
+        _dump(out, {**report.to_dict(), "staging_root": str(staging_root), "database": target.display})
     else:
-        print(report.describe())
+        print(f"staging root {staging_root}; committer database {target.display}", file=out)
+        print(report.describe(), file=out)
         for item in report.checkpoint_dirs_removed + report.attempts_removed:
-            print(f"  {'would remove' if args.dry_run else 'removed'} {item}")
+            print(f"  {'would remove' if args.dry_run else 'removed'} {item}", file=out)
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="walsink", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", help="SQLAlchemy URL of the committer database")
-    parser.add_argument(
-        "--conn-id", default="walsink_default", help="Airflow connection (default walsink_default)"
+# -- plumbing ------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """Command-line errors as one line (and as JSON under ``--json``), exit status 2."""
+
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        _report(
+            f"{self.prog}: {message} (see `{self.prog} --help`)", as_json=_Parser.json_errors, out=sys.stdout
+        )
+        raise SystemExit(2)
+
+
+def _common() -> argparse.ArgumentParser:
+    # On every subcommand too (`walsink status --json` and `walsink --json status`);
+    # SUPPRESS keeps a subcommand from resetting what was given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=argparse.SUPPRESS, help="SQLAlchemy URL of the committer database")
+    common.add_argument(
+        "--conn-id", default=argparse.SUPPRESS, help="Airflow connection (default walsink_default)"
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    status = sub.add_parser("status", help="commit state of every checkpoint")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+    common.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log to stderr"
+    )
+    common.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="tracebacks with errors"
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # A fresh parent per parser: parents share their action objects, so one set_defaults
+    # below would otherwise give every subcommand a default that overrides the global flag.
+    common = _common()
+    parser = _Parser(
+        prog="walsink",
+        description=__doc__.split("\n\n")[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+    )
+    parser.set_defaults(url=None, conn_id="walsink_default", json=False, verbose=False, debug=False)
+    parser.add_argument(
+        "--version", action="version", version=f"walsink {__version__} (airflow-provider-walsink)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    status = sub.add_parser("status", parents=[_common()], help="commit state of every checkpoint")
     status.add_argument("--pipeline", help="only this pipeline")
     status.add_argument("--limit", type=int, default=1000, help="checkpoints per pipeline (default 1000)")
-    status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(func=cmd_status)
-    db = sub.add_parser("db", help="committer schema")
-    db_sub = db.add_subparsers(dest="db_command", required=True)
-    db_sub.add_parser("upgrade", help="create or upgrade the schema (Alembic)").set_defaults(
-        func=cmd_db_upgrade
+
+    cps = sub.add_parser(
+        "checkpoints",
+        parents=[_common()],
+        help="checkpoints filtered by state and age, for a ticket",
+        description="Checkpoints filtered by state and by how long they have been in it "
+        "(time since their last change), oldest first, with their DAG run, lease and error.",
+        epilog="example: walsink checkpoints --not-state COMMITTED --older-than 1h",
     )
-    gc = sub.add_parser("gc", help="remove orphaned staging and trim old committer rows")
+    cps.add_argument("--state", action="append", help="only this state (repeatable)")
+    cps.add_argument("--not-state", action="append", help="not this state (repeatable)")
+    cps.add_argument("--older-than", help="unchanged for at least this long (90s, 15m, 12h, 7d)")
+    cps.add_argument("--pipeline", action="append", help="only this pipeline (repeatable)")
+    cps.add_argument("--limit", type=int, default=10000, help="checkpoints read per pipeline (default 10000)")
+    cps.set_defaults(func=cmd_checkpoints)
+
+    db = sub.add_parser("db", parents=[_common()], help="committer schema")
+    db_sub = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND", parser_class=_Parser)
+    db_sub.add_parser(
+        "upgrade", parents=[_common()], help="create or upgrade the schema (Alembic)"
+    ).set_defaults(func=cmd_db_upgrade)
+
+    abort = sub.add_parser(
+        "abort",
+        parents=[_common()],
+        help="give one uncommitted checkpoint up for good",
+        description="Mark a checkpoint ABORTED: it is never published, its staging becomes garbage, "
+        "and later checkpoints of an append pipeline are no longer blocked by it. "
+        "A checkpoint being committed (COMMITTING) cannot be aborted.",
+    )
+    abort.add_argument("pipeline", help="pipeline id")
+    abort.add_argument("checkpoint", help="checkpoint key, e.g. 20260101T000000Z")
+    abort.add_argument("--reason", required=True, help="why (recorded in the checkpoint's history)")
+    abort.set_defaults(func=cmd_abort)
+
+    gc = sub.add_parser("gc", parents=[_common()], help="remove orphaned staging and trim old committer rows")
     gc.add_argument("--staging-root", help="default: the connection's staging root")
     gc.add_argument(
         "--retention", default="1d", help="minimum age of staging garbage (default 1d; 90s/15m/12h/7d)"
@@ -151,10 +589,104 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     gc.add_argument("--pipeline", action="append", help="only this pipeline (repeatable)")
     gc.add_argument("--dry-run", action="store_true", help="report, remove nothing")
-    gc.add_argument("--json", action="store_true", help="print JSON")
     gc.set_defaults(func=cmd_gc)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return parser
+
+
+@contextlib.contextmanager
+def _results_stream() -> Iterator[IO[str]]:
+    """Yield the stream for results; anything else written to stdout meanwhile (a library's
+    log handler, a print) lands on stderr. At the file-descriptor level when stdout is a
+    real file, so handlers that captured ``sys.stdout`` earlier are diverted too."""
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        fd = None  # e.g. pytest's capsys: a Python-level redirect is enough
+    if fd is None:
+        out = sys.stdout
+        with contextlib.redirect_stdout(sys.stderr):
+            yield out
+        return
+    saved = os.dup(fd)
+    out = os.fdopen(saved, "w", encoding=sys.stdout.encoding or "utf-8", closefd=False)
+    os.dup2(sys.stderr.fileno(), fd)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield out
+    finally:
+        out.flush()
+        sys.stdout.flush()
+        os.dup2(saved, fd)
+        os.close(saved)
+
+
+def _report(message: str, *, as_json: bool, out: IO[str]) -> None:
+    print(message, file=sys.stderr)
+    if as_json:
+        _dump(out, {"error": message})
+
+
+def _explain(exc: BaseException, args: argparse.Namespace) -> str:
+    """One line naming the problem (no traceback) for any failure."""
+    from sqlalchemy import exc as sa_exc
+    from sqlalchemy.engine import make_url
+
+    if isinstance(exc, CliError):
+        return str(exc)
+    url = getattr(args, "url", None) or os.environ.get("WALSINK_DATABASE_URL") or ""
+    try:
+        parsed = make_url(url) if url else None
+        shown = parsed.render_as_string(hide_password=True) if parsed else "the committer database"
+    except sa_exc.ArgumentError:
+        parsed, shown = None, "the committer database"
+    if isinstance(exc, sa_exc.ArgumentError):
+        return f"invalid database URL {url!r}: {exc} (e.g. postgresql+psycopg2://user@host/db, sqlite:////abs/path.db)"
+    if isinstance(exc, (sa_exc.NoSuchModuleError, ImportError)):
+        driver = (parsed.get_driver_name() if parsed else "") or ""
+        if driver in _DRIVER_EXTRAS or (parsed and parsed.get_backend_name() in _DRIVER_EXTRAS):
+            module, extra, scheme = _DRIVER_EXTRAS.get(driver) or _DRIVER_EXTRAS[parsed.get_backend_name()]
+            return (
+                f"no database driver for {shown}: module {module!r} is not installed; "
+                f'pip install "airflow-provider-walsink[{extra}]" and use a {scheme} URL'
+            )
+        return f"cannot load what {shown} needs: {exc}"
+    if isinstance(exc, sa_exc.DBAPIError):
+        detail = _first_line(str(getattr(exc, "orig", None) or exc), 200)
+        return f"cannot use {shown}: {detail}"
+    if isinstance(exc, sa_exc.SQLAlchemyError):
+        return f"database error on {shown}: {_first_line(str(exc), 200)}"
+    if isinstance(exc, (OSError, ValueError)):
+        return f"{type(exc).__name__}: {_first_line(str(exc), 200)}"
+    return (
+        f"unexpected {type(exc).__name__}: {_first_line(str(exc), 200)} (run with --debug for the traceback)"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``walsink`` command; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _Parser.json_errors = "--json" in argv
+    # Parsed before stdout is diverted: --help and --version print to stdout.
+    args = build_parser().parse_args(argv)
+    with _results_stream() as out:
+        level = logging.INFO if args.verbose or args.debug else logging.WARNING
+        if not (args.verbose or args.debug):
+            # Airflow configures its logging when first imported: quiet unless asked.
+            os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")
+        logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+        for name in ("alembic", "airflow_provider_walsink"):
+            logging.getLogger(name).setLevel(level)
+        try:
+            return args.func(args, out)
+        except KeyboardInterrupt:
+            _report("walsink: interrupted", as_json=args.json, out=out)
+            return 130
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one line
+            if args.debug:
+                traceback.print_exc(file=sys.stderr)
+            _report(f"walsink: error: {_explain(exc, args)}", as_json=args.json, out=out)
+            return 1
 
 
 if __name__ == "__main__":

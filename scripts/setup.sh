@@ -1,24 +1,56 @@
 #!/usr/bin/env bash
 # Create .venv in the checkout and install walsink with everything its tests need,
 # pinned by constraints.txt (the versions CI tested, as Airflow's own constraint files do).
+# Prints one line per step; the tools' own output (pip's, setuptools' deprecation
+# warnings) goes to var/setup.log, whose tail is printed if a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+mkdir -p var
+LOG=$PWD/var/setup.log
+: >"$LOG"
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+# Build backends warn about their own deprecations (license classifiers, setup.cfg
+# keys): useful to maintainers, noise to a newcomer; they stay in the log.
+export PYTHONWARNINGS="ignore::DeprecationWarning"
+
+step() {
+  local what=$1
+  shift
+  printf '  %s ... ' "$what"
+  local started=$SECONDS
+  if "$@" >>"$LOG" 2>&1; then
+    echo "done ($((SECONDS - started))s)"
+  else
+    echo "FAILED"
+    echo "--- last 40 lines of $LOG ---" >&2
+    tail -n 40 "$LOG" >&2
+    exit 1
+  fi
+}
+
+echo "Setting up walsink in $PWD/.venv (details: $LOG)"
 if [ ! -x .venv/bin/python ]; then
-  "$PYTHON" -m venv .venv
+  step "creating the virtualenv with $PYTHON" "$PYTHON" -m venv .venv
 fi
-.venv/bin/pip install -q --upgrade pip setuptools wheel
-.venv/bin/pip install -q -c constraints.txt -e ".[test]"
+step "upgrading pip, setuptools and wheel" .venv/bin/pip install -q --upgrade pip setuptools wheel
+step "installing walsink, Airflow, Spark and the test tools (a few minutes the first time)" \
+  .venv/bin/pip install -q -c constraints.txt -e ".[test]"
 # The Spark provider depends on pyspark-client, which shares the `pyspark` package
 # directory with the full pyspark (needed for spark-submit and the JVM): make sure
 # the full distribution's files are the ones on disk.
 PYSPARK_PIN=$(grep -i '^pyspark==' constraints.txt)
-.venv/bin/pip install -q --force-reinstall --no-deps "$PYSPARK_PIN"
+step "restoring the full $PYSPARK_PIN over pyspark-client" \
+  .venv/bin/pip install -q --force-reinstall --no-deps "$PYSPARK_PIN"
 # Headless Chromium for the UI tests (Playwright drives Debian's build, no browser download).
 if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
   SUDO=$([ "$(id -u)" -eq 0 ] || echo sudo)
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-    && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null \
-    || echo "warning: could not install chromium; the browser tests will be skipped (failed under CI)" >&2
+  install_chromium() {
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+      $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
+  }
+  if ! (step "installing Chromium for the browser tests" install_chromium); then
+    echo "warning: could not install chromium; the browser tests will be skipped (failed under CI)" >&2
+  fi
 fi
-echo "walsink installed in .venv ($(.venv/bin/python -c 'import airflow; print("Airflow", airflow.__version__)'))"
+echo "walsink installed in .venv ($(.venv/bin/python -W ignore -c 'import airflow; print("Airflow", airflow.__version__)' 2>/dev/null))"

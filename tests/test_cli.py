@@ -1,0 +1,270 @@
+"""The ``walsink`` command as an operator meets it: the real console entry point in a
+subprocess (stdout and stderr apart, exit status), against real SQLite, PostgreSQL and
+MySQL URLs and a real Airflow connection.
+
+Contracts under test: results alone on stdout, so ``--json`` always parses (errors
+too); every failure is one line on stderr with a non-zero status and no traceback;
+nothing is created by a read or by a mistyped path; gc cleans where the connection's
+pipelines stage; the on-call listing filters by state and age.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from airflow_provider_walsink import __version__
+from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
+from airflow_provider_walsink.committer.store import CommitterStore, utcnow
+from airflow_provider_walsink.testing.stack import free_port
+from tests.helpers import ACTOR, REPO
+
+
+def walsink(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """Run the installed ``walsink`` console script (this checkout's code via PYTHONPATH)."""
+    script = Path(sys.executable).with_name("walsink")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "airflow_provider_walsink.cli"]
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
+    full_env.pop("WALSINK_DATABASE_URL", None)
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, env=full_env, cwd=cwd or REPO, timeout=300
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess, *needles: str) -> str:
+    """Assert a failure reported as one line naming the problem, without a traceback."""
+    assert result.returncode != 0, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def filled(sqlite_store):
+    """Pipelines ``orders`` and ``events`` with checkpoints in several states and ages."""
+    store = sqlite_store
+    now = utcnow()
+    rows = [
+        # pipeline, key, state, hours since the last change, error
+        ("orders", "k1", "COMMITTED", 5, None),
+        ("orders", "k2", "FAILED", 3, "PublishError: target refused\nsecond line"),
+        ("orders", "k3", "WRITING", 0.1, None),
+        ("events", "e1", "DURABLE", 2, None),
+        ("events", "e2", "COMMITTED", 0.2, None),
+    ]
+    for pipeline, key, state, hours, error in rows:
+        store.register(pipeline, key, mode="overwrite", actor=ACTOR)
+        with store.engine.begin() as conn:
+            conn.execute(
+                update(ckpt)
+                .where(ckpt.c.pipeline == pipeline, ckpt.c.checkpoint_key == key)
+                .values(state=state, updated_at=now - timedelta(hours=hours), error=error)
+            )
+    return store
+
+
+def test_json_output_parses_for_every_command(filled, tmp_path):
+    url = str(filled.engine.url)
+    staging = tmp_path / "staging"
+    results = {
+        "status": walsink("--url", url, "status", "--json"),
+        "status (flag first)": walsink("--json", "--url", url, "status"),
+        "checkpoints": walsink("--url", url, "checkpoints", "--not-state", "COMMITTED", "--json"),
+        "db upgrade": walsink("--url", url, "db", "upgrade", "--json"),
+        "gc": walsink("--url", url, "gc", "--staging-root", str(staging), "--dry-run", "--json"),
+        "error": walsink("--url", url, "status", "--pipeline", "nope", "--json"),
+        "usage error": walsink("--json", "no-such-command"),
+    }
+    parsed = {name: json.loads(r.stdout) for name, r in results.items()}
+    assert [p["pipeline"] for p in parsed["status"]] == ["events", "orders"]
+    assert parsed["status (flag first)"] == parsed["status"]
+    states = {c["key"]: c["state"] for p in parsed["status"] for c in p["checkpoints"]}
+    assert states == {"k1": "COMMITTED", "k2": "FAILED", "k3": "WRITING", "e1": "DURABLE", "e2": "COMMITTED"}
+    assert {c["key"] for c in parsed["checkpoints"]["checkpoints"]} == {"k2", "k3", "e1"}
+    assert parsed["db upgrade"]["schema"] == "head"
+    assert parsed["gc"]["dry_run"] is True and parsed["gc"]["staging_root"] == str(staging)
+    assert "unknown pipeline 'nope'" in parsed["error"]["error"]
+    assert "invalid choice" in parsed["usage error"]["error"]
+    assert [r.returncode for r in results.values()] == [0, 0, 0, 0, 0, 1, 2]
+
+
+def test_logs_go_to_stderr(tmp_path):
+    """The embedded default (no connection) is announced by a log line; it must not reach stdout."""
+    home = tmp_path / "home"
+    env = {"AIRFLOW_HOME": str(home), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path}/af.db"}
+    created = walsink("db", "upgrade", "--json", "--verbose", env=env)
+    assert created.returncode == 0, created.stderr
+    assert json.loads(created.stdout)["source"] == "embedded default"
+    assert "alembic" in created.stderr  # the migration's log lines went to stderr
+    listed = walsink("status", "--json", "-v", env=env)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []
+
+
+def test_gc_cleans_the_connections_staging_root(airflow_db, tmp_path):
+    """The connection (in Airflow's metadata database, as the UI makes it) names a staging
+    root; gc must clean there, not in the default root."""
+    staging = tmp_path / "conn-staging"
+    committer = tmp_path / "committer.db"
+    CommitterStore.from_url(f"sqlite:///{committer}").dispose()
+    conn_id = f"walsink_gc_{os.getpid()}"
+    subprocess.run(
+        [sys.executable, "-m", "airflow", "connections", "add", conn_id, "--conn-type", "walsink",
+         "--conn-schema", str(committer),
+         "--conn-extra", json.dumps({"backend": "sqlite", "staging_root": str(staging)})],
+        check=True, capture_output=True, env=os.environ.copy(),
+    )  # fmt: skip
+    try:
+        # A checkpoint directory the committer table does not know, two days old: garbage.
+        orphan = staging / "ghost" / "k1" / "attempt-1"
+        orphan.mkdir(parents=True)
+        (orphan / "part-0.csv").write_text("x\n")
+        stamp = time.time() - 2 * 86400
+        for path in (orphan / "part-0.csv", orphan, orphan.parent):
+            os.utime(path, (stamp, stamp))
+
+        result = walsink("--conn-id", conn_id, "gc", "--json")
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout)
+        assert report["staging_root"] == str(staging)
+        assert report["checkpoint_dirs_removed"] == ["ghost/k1"]
+        assert not orphan.parent.exists()
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "airflow", "connections", "delete", conn_id],
+            capture_output=True, env=os.environ.copy(),
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("command", [["status"], ["checkpoints"], ["gc", "--dry-run"]])
+def test_unknown_pipeline_is_an_error(filled, tmp_path, command):
+    args = ["--url", str(filled.engine.url), *command, "--pipeline", "nope"]
+    if command[0] == "gc":
+        args += ["--staging-root", str(tmp_path)]
+    one_line_error(walsink(*args), "unknown pipeline 'nope'", "orders")
+
+
+@pytest.mark.parametrize(
+    ("url", "needles"),
+    [
+        ("not a url", ["invalid database URL"]),
+        ("nosuchdb://x/y", ["invalid database URL", "nosuchdb"]),
+        ("postgresql+psycopg2://postgres@127.0.0.1:{port}/test", ["cannot use", "127.0.0.1", "refused"]),
+        ("mysql+pymysql://root@127.0.0.1:{port}/test", ["cannot use", "127.0.0.1"]),
+    ],
+)
+def test_bad_or_unreachable_database_url(url, needles):
+    url = url.format(port=free_port())  # nothing listens there
+    for command in (["status"], ["checkpoints"], ["db", "upgrade"]):
+        one_line_error(walsink("--url", url, *command), *needles)
+
+
+def test_password_is_not_printed():
+    line = one_line_error(
+        walsink("--url", f"postgresql+psycopg2://u:s3cret@127.0.0.1:{free_port()}/x", "status")
+    )
+    assert "s3cret" not in line and "***" in line
+
+
+def test_missing_sqlite_directory_is_not_created(tmp_path):
+    for command in (["status"], ["checkpoints"], ["db", "upgrade"]):
+        result = walsink("--url", "sqlite:///missing/dir/x.db", *command, cwd=tmp_path)
+        one_line_error(result, str(tmp_path / "missing" / "dir"), "does not exist")
+        assert not (tmp_path / "missing").exists()
+    absent = tmp_path / "absent.db"
+    one_line_error(walsink("--url", f"sqlite:///{absent}", "status"), "no committer database", "db upgrade")
+    assert not absent.exists()  # a read creates no database
+
+
+def test_missing_driver_names_the_extra():
+    if importlib.util.find_spec("MySQLdb") is not None:
+        pytest.skip("MySQLdb is installed: mysql:// has its driver here")
+    line = one_line_error(walsink("--url", "mysql://root@127.0.0.1:3306/test", "status"))
+    assert 'pip install "airflow-provider-walsink[mysql]"' in line and "mysql+pymysql://" in line
+
+
+def test_version_and_help():
+    version = walsink("--version")
+    assert (
+        version.returncode == 0
+        and version.stdout.strip() == f"walsink {__version__} (airflow-provider-walsink)"
+    )
+    help_ = walsink("--help")
+    assert help_.returncode == 0
+    assert "examples:" in help_.stdout
+    assert "walsink checkpoints --not-state COMMITTED --older-than 1h" in help_.stdout
+    assert "airflow-provider-walsink[mysql]" in help_.stdout
+
+
+def test_checkpoints_by_state_and_age_for_a_ticket(filled):
+    url = str(filled.engine.url)
+    result = walsink("--url", url, "checkpoints", "--not-state", "COMMITTED", "--older-than", "1h")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(
+        "walsink checkpoints: state not COMMITTED, unchanged for at least 1h, all pipelines"
+    )
+    assert lines[1].startswith("committer database: sqlite:///")
+    header, *rows, total = lines[2:]
+    assert header.split()[:5] == ["pipeline", "seq", "checkpoint", "state", "att"]
+    # k3 changed six minutes ago, the COMMITTED ones are excluded; oldest first.
+    assert [r.split()[:4] for r in rows] == [
+        ["orders", "2", "k2", "FAILED"],
+        ["events", "1", "e1", "DURABLE"],
+    ]
+    assert "PublishError: target refused" in rows[0] and "second line" not in result.stdout
+    assert total == "2 checkpoints"
+
+    only = walsink("--url", url, "checkpoints", "--state", "committed", "--pipeline", "orders", "--json")
+    assert [c["key"] for c in json.loads(only.stdout)["checkpoints"]] == ["k1"]
+    one_line_error(
+        walsink("--url", url, "checkpoints", "--state", "STUCK"), "unknown state 'STUCK'", "COMMITTED"
+    )
+    one_line_error(
+        walsink("--url", url, "checkpoints", "--older-than", "soon"), "--older-than", "invalid duration"
+    )
+
+
+def test_abort_by_hand(filled):
+    url = str(filled.engine.url)
+    result = walsink("--url", url, "abort", "orders", "k3", "--reason", "INC-1: corrupt input", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["state"] == "ABORTED"
+    assert filled.require("orders", "k3").state.value == "ABORTED"
+    assert "INC-1: corrupt input" in filled.history("orders", "k3")[-1].detail
+    one_line_error(walsink("--url", url, "abort", "orders", "nope", "--reason", "x"), "no checkpoint 'nope'")
+    one_line_error(walsink("--url", url, "abort", "orders", "k1"), "--reason")  # required: for the history
+
+
+def test_read_commands_do_not_migrate(tmp_path):
+    """A database without the schema is reported, not silently given one."""
+    empty = tmp_path / "empty.db"
+    import sqlite3
+
+    sqlite3.connect(empty).close()
+    one_line_error(
+        walsink("--url", f"sqlite:///{empty}", "status"), "no walsink committer schema", "db upgrade"
+    )
+    with sqlite3.connect(empty) as conn:
+        assert conn.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_dirs():
+    yield
+    shutil.rmtree(REPO / "missing", ignore_errors=True)  # were a regression to create it here
