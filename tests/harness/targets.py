@@ -114,7 +114,8 @@ class TargetEnv:
         raise KeyError(conn_id)
 
     def publisher(self, pipeline: str, mode: str, layout: StagingLayout) -> Any:
-        extra = {"url": self.sql_url} if self.kind == "sql" else {}
+        # A stopped SQL committer holds the marker row's lock: others give up after 2 s, not 60.
+        extra = {"url": self.sql_url, "lock_timeout": 2} if self.kind == "sql" else {}
         options = TargetOptions(
             mode=mode, layout=layout, partition_by=("dt",), connections=self.connections, extra=extra
         )
@@ -250,6 +251,9 @@ def run_target_schedule(store: CommitterStore, env: TargetEnv, rng: random.Rando
         if zombie and proc.is_alive():
             time.sleep(LEASE_TTL.total_seconds() * 1.2)  # the stopped try's lease runs out
             error = _commit_until_done(store, env, pipeline, mode, key)
+            locked = bool(error and "stayed locked" in error)
+            # A table commit is a compare-and-swap: try 2 commits while try 1 is stopped. A SQL
+            # load holds the marker row's lock in an open transaction: try 2 must wait for it.
             before = env.rows(pipeline, mode)
             os.kill(proc.pid, signal.SIGCONT)
             proc.join(300)
@@ -259,6 +263,8 @@ def run_target_schedule(store: CommitterStore, env: TargetEnv, rng: random.Rando
             text = Path(out).read_text() if os.path.exists(out) else ""
             if proc.exitcode != 0 and not any(s in text for s in ("FencedError", "LeaseLostError")):
                 problems.append(f"{key}: the zombie failed with something else than fencing: {text[-500:]}")
+            if locked:
+                error = _commit_until_done(store, env, pipeline, mode, key)
         else:
             proc.join(300)
             if proc.exitcode == -signal.SIGKILL:
