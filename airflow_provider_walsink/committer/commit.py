@@ -189,7 +189,7 @@ class CheckpointCommitter:
             )
             result = self.publisher.publish(manifest, attempt_dir, ctx)
             crashpoint("commit.after_publish")
-            ctx.fence(force=True)
+            # No fence first: recording COMMITTED is itself a compare-and-set on the epoch.
             done = self.store.mark_committed(
                 ctx.lease,
                 actor=actor,
