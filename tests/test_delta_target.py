@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from airflow_provider_walsink.protocol.errors import FencedError
+from airflow_provider_walsink.protocol.errors import CommittableError, FencedError
 from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.publishers.base import PublishOutcome
 from airflow_provider_walsink.publishers.delta import DeltaPublisher, DeltaTargetError, app_id
@@ -130,16 +130,26 @@ def test_zombie_with_a_lower_or_equal_version_is_fenced_and_adds_nothing(target)
     assert target.publisher().published_marker(zombie, need_id=False).epoch == 3
 
 
-def test_newer_attempt_retracts_the_older_one(target):
+def test_newer_attempt_retracts_the_older_one_in_overwrite(target):
+    old, old_dir = target.stage("2026-01-01", [("2026-01-01", 1, "old")], attempt=1)
+    target.publisher("overwrite").publish(old, old_dir, ctx(old, epoch=1))
+    new, new_dir = target.stage("2026-01-01", [("2026-01-01", 2, "new")], attempt=2)
+    result = target.publisher("overwrite").publish(new, new_dir, ctx(new, epoch=2))
+    assert result.files_rolled_back == 1
+    assert target.rows() == [("2026-01-01", 2, "new")]
+    assert target.publisher("overwrite").published_attempt(new) == new.attempt_id
+    if target.place.kind == "local":  # another attempt's id comes from history(), which stalls against moto
+        assert target.publisher("overwrite").published_attempt(old) == new.attempt_id
+
+
+def test_append_never_retracts_another_attempt_it_holds(target):
+    """After retention the table cannot tell a crashed attempt from committed rows: refused, unchanged."""
     old, old_dir = target.stage("2026-01-01", [("2026-01-01", 1, "old")], attempt=1)
     target.publisher().publish(old, old_dir, ctx(old, epoch=1))
     new, new_dir = target.stage("2026-01-01", [("2026-01-01", 2, "new")], attempt=2)
-    result = target.publisher().publish(new, new_dir, ctx(new, epoch=2))
-    assert result.files_rolled_back == 1
-    assert target.rows() == [("2026-01-01", 2, "new")]
-    assert target.publisher().published_attempt(new) == new.attempt_id
-    if target.place.kind == "local":  # another attempt's id comes from history(), which stalls against moto
-        assert target.publisher().published_attempt(old) == new.attempt_id
+    with pytest.raises(CommittableError, match="will not retract"):
+        target.publisher().publish(new, new_dir, ctx(new, epoch=2))
+    assert target.rows() == [("2026-01-01", 1, "old")]
 
 
 def test_overwrite_replaces_the_partition(target):

@@ -13,7 +13,7 @@ import uuid
 import pyarrow as pa
 import pytest
 
-from airflow_provider_walsink.protocol.errors import FencedError
+from airflow_provider_walsink.protocol.errors import CommittableError, FencedError
 from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.publishers.base import PublishOutcome
 from airflow_provider_walsink.publishers.iceberg import IcebergPublisher, IcebergTargetError, marker_property
@@ -145,15 +145,25 @@ def test_zombie_with_a_lower_epoch_is_fenced_and_adds_nothing(target):
     assert (marker.attempt_id, marker.epoch) == (current.attempt_id, 3)
 
 
-def test_newer_attempt_retracts_the_older_one(target):
+def test_newer_attempt_retracts_the_older_one_in_overwrite(target):
+    old, old_dir = target.stage("2026-01-01", [("2026-01-01", 1, "old")], attempt=1)
+    target.publisher("overwrite").publish(old, old_dir, ctx(old, epoch=1))
+    new, new_dir = target.stage("2026-01-01", [("2026-01-01", 2, "new")], attempt=2)
+    result = target.publisher("overwrite").publish(new, new_dir, ctx(new, epoch=2))
+    assert result.files_rolled_back == 1
+    assert target.rows() == [("2026-01-01", 2, "new")]
+    marker = target.publisher("overwrite").load_table().metadata.properties[marker_property(new)]
+    assert old.attempt_id in marker
+
+
+def test_append_never_retracts_another_attempt_it_holds(target):
+    """After retention the table cannot tell a crashed attempt from committed rows: refused, unchanged."""
     old, old_dir = target.stage("2026-01-01", [("2026-01-01", 1, "old")], attempt=1)
     target.publisher().publish(old, old_dir, ctx(old, epoch=1))
     new, new_dir = target.stage("2026-01-01", [("2026-01-01", 2, "new")], attempt=2)
-    result = target.publisher().publish(new, new_dir, ctx(new, epoch=2))
-    assert result.files_rolled_back == 1
-    assert target.rows() == [("2026-01-01", 2, "new")]
-    marker = target.publisher().load_table().metadata.properties[marker_property(new)]
-    assert old.attempt_id in marker
+    with pytest.raises(CommittableError, match="will not retract"):
+        target.publisher().publish(new, new_dir, ctx(new, epoch=2))
+    assert target.rows() == [("2026-01-01", 1, "old")]
 
 
 def test_overwrite_replaces_the_partition(target):
