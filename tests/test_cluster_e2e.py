@@ -169,7 +169,7 @@ def _check_target_against_source(target: Path, days: list[date]) -> int:
 
 
 def test_backfill_on_a_spark_cluster_with_an_executor_killed_mid_write(
-    airflow_stack, spark_cluster, pg_url, tmp_path
+    airflow_stack, spark_cluster, pg_url, tmp_path, capsys
 ):
     stack, cluster = airflow_stack, spark_cluster
     home = tmp_path / "cluster-home"
@@ -290,9 +290,12 @@ def test_backfill_on_a_spark_cluster_with_an_executor_killed_mid_write(
                 worker_url = _executor_webuis(events)[executor_id]
                 assert worker_url in alive, f"executor {executor_id} of {app_id} ran on an unknown worker"
                 per_worker[alive[worker_url]] += 1
-        print("committables written per worker:")
-        for worker in cluster.workers:
-            print(f"  worker-{worker.index} {alive[worker.webui_url]}: {per_worker[alive[worker.webui_url]]}")
+        with capsys.disabled():  # shown in CI's output even when the test passes
+            print("\ncommittables written per worker:")
+            for worker in cluster.workers:
+                print(
+                    f"  worker-{worker.index} {alive[worker.webui_url]}: {per_worker[alive[worker.webui_url]]}"
+                )
         assert sum(per_worker.values()) == FILES_PER_DAY * len(DAYS)
         assert all(per_worker[worker_id] > 0 for worker_id in alive.values()), per_worker
     finally:
