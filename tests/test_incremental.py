@@ -119,7 +119,12 @@ def test_no_input_read_twice_or_skipped_across_a_failed_write_retry(airflow_db, 
         assert max(by_checkpoint[key].values()) == 1, key  # nothing read twice
     # Only the retried attempt's files were published for interval 1.
     target_files = [p.name for p in (env.home / "target/incoming_events").rglob("*.parquet")]
-    assert all(f"-{key_of(day1)}-a2-" in n for n in target_files if key_of(day1) in n)
+    retried = store.require(PIPELINE, key_of(day1))
+    assert retried.sealed_attempt == 2
+    day1_files = [n for n in target_files if n.startswith(f"{key_of(day1)}-")]
+    assert day1_files and all(
+        n.startswith(f"{key_of(day1)}-{retried.sealed_attempt_id}-") for n in day1_files
+    )
     assert not (env.staging / PIPELINE / key_of(day1)).exists()  # attempt 1's staging is gone too
 
     # Interval 3's files were consumed early: its checkpoint reads nothing
