@@ -10,7 +10,6 @@ pipelines stage; the on-call listing filters by state and age.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -191,10 +190,16 @@ def test_missing_sqlite_directory_is_not_created(tmp_path):
     assert not absent.exists()  # a read creates no database
 
 
-def test_missing_driver_names_the_extra():
-    if importlib.util.find_spec("MySQLdb") is not None:
-        pytest.skip("MySQLdb is installed: mysql:// has its driver here")
-    line = one_line_error(walsink("--url", "mysql://root@127.0.0.1:3306/test", "status"))
+def test_missing_driver_names_the_extra(tmp_path):
+    # Whether or not mysqlclient is installed here, the CLI runs as if it were not:
+    # a stand-in MySQLdb ahead on the path fails to import, as a missing package does.
+    hidden = tmp_path / "no-driver"
+    hidden.mkdir()
+    (hidden / "MySQLdb.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'MySQLdb'\", name='MySQLdb')\n"
+    )
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hidden), os.environ.get("PYTHONPATH")]))}
+    line = one_line_error(walsink("--url", "mysql://root@127.0.0.1:3306/test", "status", env=env))
     assert 'pip install "airflow-provider-walsink[mysql]"' in line and "mysql+pymysql://" in line
 
 
