@@ -5,6 +5,11 @@ The life cycle is DESIGN.md's::
     REGISTERED -> WRITING -> SEALED -> DURABLE -> COMMITTING -> COMMITTED
                      \\          \\         \\           \\
                       +----------+---------+-----------+--> FAILED / ABORTED
+
+A reprocess (``reprocess="replace"``) starts a new *version* of a COMMITTED
+checkpoint: the row goes back to REGISTERED under the same key, and the
+published version is kept in the version table, COMMITTED until the new
+version commits and SUPERSEDED from then on (with a link to its successor).
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ class CheckpointState(enum.StrEnum):
     COMMITTED = "COMMITTED"
     FAILED = "FAILED"
     ABORTED = "ABORTED"
+    #: A committed version replaced by a newer version of the same checkpoint (version table only).
+    SUPERSEDED = "SUPERSEDED"
 
     @property
     def is_final(self) -> bool:
-        return self in (CheckpointState.COMMITTED, CheckpointState.ABORTED)
+        return self in (CheckpointState.COMMITTED, CheckpointState.ABORTED, CheckpointState.SUPERSEDED)
 
 
 S = CheckpointState
@@ -38,11 +45,13 @@ TRANSITIONS: dict[CheckpointState, frozenset[CheckpointState]] = {
     S.SEALED: frozenset({S.WRITING, S.DURABLE, S.FAILED, S.ABORTED}),
     S.DURABLE: frozenset({S.WRITING, S.DURABLE, S.COMMITTING, S.FAILED, S.ABORTED}),
     S.COMMITTING: frozenset({S.COMMITTING, S.COMMITTED, S.FAILED}),
-    S.COMMITTED: frozenset(),
+    # Only a reprocess leaves COMMITTED (store.begin_version): a new version starts.
+    S.COMMITTED: frozenset({S.REGISTERED}),
     # A failed checkpoint is never lost: it can be written again, or, if it was
     # durable before it failed, committed again once the cause is fixed.
     S.FAILED: frozenset({S.WRITING, S.DURABLE, S.COMMITTING, S.FAILED, S.ABORTED}),
     S.ABORTED: frozenset(),
+    S.SUPERSEDED: frozenset(),
 }
 
 #: States from which a new write attempt may start.
