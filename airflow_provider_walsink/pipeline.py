@@ -54,6 +54,7 @@ def walsink_pipeline(
     verify_checksums: bool = False,
     checksum: str | None = "crc32",
     initial_offsets: Mapping[str, Any] | None = None,
+    reprocess: str = "skip",
     write_kwargs: Mapping[str, Any] | None = None,
     durable_kwargs: Mapping[str, Any] | None = None,
     commit_kwargs: Mapping[str, Any] | None = None,
@@ -70,6 +71,10 @@ def walsink_pipeline(
         independently) or ``append`` (offsets advance on commit, in checkpoint order).
     :param partition_by: the pipeline's partition columns: the default of the job's
         stage calls, and the exact layout the commit accepts.
+    :param reprocess: what a backfill re-run of a COMMITTED interval does: ``skip``
+        (default: the tasks end skipped, nothing rewritten) or ``replace`` (a new
+        version supersedes the committed one); a run's conf
+        ``{"walsink_reprocess": ...}`` overrides it for that run (docs/backfill.md).
     :param deferrable: wait for durability in the triggerer (default) instead of a worker.
     :param write_kwargs / durable_kwargs / commit_kwargs: further arguments of each
         task (``retries``, ``pool``, ``spark_submit_kwargs``...).
@@ -100,6 +105,7 @@ def walsink_pipeline(
             checksum=checksum,
             initial_offsets=initial_offsets,
             target=target,
+            reprocess=reprocess,
             **shared,
             **dict(write_kwargs or {}),
         )
