@@ -196,8 +196,6 @@ def test_parallel_backfill_with_deferrable_sensor_then_rerun(airflow_stack):
             assert [(e.from_state, e.to_state) for e in events] == [("COMMITTED", "COMMITTED")]
             assert events[0].run_id in rerun_ids and "write skipped" in events[0].detail
         assert _check_target_against_source(target, days) == rows
-
-        _replace_backfill_rewrites(stack, store, examples, target)
     finally:
         store.dispose()
 
@@ -216,14 +214,36 @@ def _partition_rows(target: Path, day: date) -> list[str]:
     return [r["event_id"] for f in files for r in pq.read_table(f).to_pylist()]
 
 
+def test_replace_backfill_supersedes_committed_intervals(airflow_stack):
+    """Reprocess with ``replace`` (asked by the backfill's run conf) over two committed days,
+    one of whose input was fixed: a new version of each interval supersedes the committed one;
+    a cleared commit task afterwards changes nothing. Runs after the test above (same days,
+    already committed) or alone (it commits them first)."""
+    stack = airflow_stack
+    examples = stack.home / "walsink" / "examples"
+    target = examples / "target" / PIPELINE
+    store = CommitterStore.from_url(f"sqlite:///{stack.home}/walsink/committer.db")
+    try:
+        _replace_backfill_rewrites(stack, store, examples, target)
+    finally:
+        store.dispose()
+
+
 def _replace_backfill_rewrites(stack, store, examples: Path, target: Path) -> None:
-    """Reprocess with ``replace`` (asked by the backfill's run conf): a new version of each
-    interval supersedes the committed one; a cleared commit task afterwards changes nothing."""
     fixed, same = DAYS[0], DAYS[1]
+    stack.wait_for_dag(DAG_ID)
+    stack.unpause(DAG_ID)
+    if any((c := store.get(PIPELINE, _key(d))) is None or not c.is_committed for d in (fixed, same)):
+        first = stack.backfill(DAG_ID, fixed.isoformat(), same.isoformat(), max_active_runs=2)
+        assert {r["state"] for r in stack.wait_for_backfill(first, timeout=900)} == {"success"}
     common = _example_common()
     kept = _rewrite_csv(common.daily_events_path(examples / "raw" / "daily_events", fixed), keep=250)
     v1 = {d: store.require(PIPELINE, _key(d)) for d in (fixed, same)}
-    untouched = {d: _snapshot(target / f"dt={d.isoformat()}") for d in DAYS[2:]}
+    untouched = {
+        p.name: _snapshot(p)
+        for p in target.iterdir()
+        if p.is_dir() and p.name not in (f"dt={fixed.isoformat()}", f"dt={same.isoformat()}")
+    }
 
     replace = stack.backfill(
         DAG_ID,
@@ -257,7 +277,7 @@ def _replace_backfill_rewrites(stack, store, examples: Path, target: Path) -> No
     assert sorted(got) == sorted(kept) and len(got) == len(set(got)) == 250
     got = _partition_rows(target, same)
     assert sorted(got) == sorted(e["event_id"] for e in common.daily_events(same))
-    assert {d: _snapshot(target / f"dt={d.isoformat()}") for d in DAYS[2:]} == untouched
+    assert {name: _snapshot(target / name) for name in untouched} == untouched
 
     # Clearing the commit task of a replaced run (its conf still asks for replace) changes nothing.
     run_id = next(r["dag_run_id"] for r in runs if _run_day(r) == fixed)
