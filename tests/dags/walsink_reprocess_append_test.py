@@ -1,9 +1,9 @@
 """The DAG of the append reprocess end-to-end test (``tests/test_e2e_backfill.py``).
 
-The incremental example's pipeline (new files → appended rows, source offsets) over two
-fixed days: ``catchup`` with an ``end_date``, so unpausing it runs exactly 2026-06-01 and
-2026-06-02, in order, and nothing else lands files that sort after them. Its own input,
-target and pipeline id under the example home, apart from the example DAG's.
+The incremental example's pipeline (new files → appended rows, source offsets), run only
+by the test's backfills over 2026-06-01 and 2026-06-02: its ``end_date`` is in the past, so
+the scheduler never adds a run of its own that would land files sorting after them. Its
+own input, target and pipeline id under the example home, apart from the example DAG's.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ with DAG(
     schedule="@daily",
     start_date=datetime(2026, 6, 1, tzinfo=UTC),
     end_date=datetime(2026, 6, 2, tzinfo=UTC),
-    catchup=True,
+    catchup=False,
     max_active_runs=1,
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=5)},
+    default_args={"retries": 3, "retry_delay": timedelta(seconds=5)},
     tags=["walsink-tests"],
 ):
 
