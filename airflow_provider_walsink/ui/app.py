@@ -219,10 +219,12 @@ def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, key: str
     record = store.get(pipeline, key)
     if record is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "Checkpoint not found")
+    history = [views.transition_dict(t) for t in store.history(pipeline, key)]
     return {
         "checkpoint": views.checkpoint_dict(record),
         "committables": views.committables(record, get_layout()),
-        "history": [views.transition_dict(t) for t in store.history(pipeline, key)],
+        "audit": views.audit_results(record, history),
+        "history": history,
     }
 
 
