@@ -161,7 +161,7 @@ _VERDICTS = frozenset(s.value for s in AUDIT_VERDICTS)
 
 
 def audit_results(record: CheckpointRecord, history: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The latest audit verdict on the checkpoint's sealed attempt (from ``transition_dict``\ s):
+    """The latest audit verdict on the checkpoint's sealed attempt (given ``transition_dict`` rows):
     ``{"verdict", "at", "task_id", "summary", "checks": [{"check", "passed", "reason"}]}``, or None.
 
     A verdict on an earlier attempt is not shown as this attempt's.
