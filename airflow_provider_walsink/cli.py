@@ -311,6 +311,8 @@ def _record_dict(c: Any) -> dict[str, Any]:
         "sequence": c.sequence,
         "state": c.state.value,
         "attempt": c.attempt,
+        "version": c.version,
+        "supersedes_attempt_id": c.supersedes_attempt_id,
         "rows": c.rows,
         "bytes": c.bytes,
         "committables": c.committables,

@@ -11,7 +11,7 @@ From a checkout, with everything local and on the embedded defaults:
 3. the example pipelines run for three daily intervals (triggered runs of
    ``walsink_daily_overwrite`` and ``walsink_incremental_append``), then a backfill of
    the daily one over five intervals with ``--reprocess-behavior completed``: the three
-   committed days are skipped (backfill policy "skip committed"), two are new;
+   committed days end skipped (reprocess policy "skip"), two are new;
 4. ``walsink status`` prints every checkpoint; the command fails unless all are
    COMMITTED.
 
@@ -196,7 +196,7 @@ def run(argv: list[str] | None = None) -> int:
             f"airflow backfill create --dag-id {DAILY} --from-date {FIRST_DAY} --to-date {last} "
             "--reprocess-behavior completed"
         )
-        print("  committed days are re-run and skipped (policy: skip committed); new days are written")
+        print("  committed days are re-run and end skipped (reprocess policy: skip); new days are written")
         # On SQLite, `airflow backfill create` (it reads, then clears and creates runs in one
         # process) races the other components' writes for the one file lock, and a WAL
         # transaction whose snapshot went stale fails at once, whatever the busy timeout

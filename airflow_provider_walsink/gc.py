@@ -65,6 +65,7 @@ from sqlalchemy import and_, delete, func, select
 from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
 from airflow_provider_walsink.committer.models import pipeline_table as pipe
 from airflow_provider_walsink.committer.models import transition_table as trans
+from airflow_provider_walsink.committer.models import version_table as vers
 from airflow_provider_walsink.committer.store import CheckpointRecord, CommitterStore, utcnow
 from airflow_provider_walsink.protocol.errors import InvalidIdentifierError
 from airflow_provider_walsink.protocol.identifiers import validate_identifier
@@ -313,6 +314,7 @@ def _trim_pipeline(
             report.rows_deleted += len(chunk)
             if not dry_run:
                 conn.execute(delete(trans).where(trans.c.checkpoint_id.in_(chunk)))
+                conn.execute(delete(vers).where(vers.c.checkpoint_id.in_(chunk)))
                 conn.execute(delete(ckpt).where(ckpt.c.id.in_(chunk)))
 
 

@@ -57,6 +57,7 @@ def walsink_pipeline(
     verify_checksums: bool = False,
     checksum: str | None = "crc32",
     initial_offsets: Mapping[str, Any] | None = None,
+    reprocess: str = "skip",
     audit: Sequence[Any] | None = None,
     write_kwargs: Mapping[str, Any] | None = None,
     durable_kwargs: Mapping[str, Any] | None = None,
@@ -75,6 +76,10 @@ def walsink_pipeline(
         independently) or ``append`` (offsets advance on commit, in checkpoint order).
     :param partition_by: the pipeline's partition columns: the default of the job's
         stage calls, and the exact layout the commit accepts.
+    :param reprocess: what a backfill re-run of a COMMITTED interval does: ``skip``
+        (default: the tasks end skipped, nothing rewritten) or ``replace`` (a new
+        version supersedes the committed one); a run's conf
+        ``{"walsink_reprocess": ...}`` overrides it for that run (docs/backfill.md).
     :param deferrable: wait for durability in the triggerer (default) instead of a worker.
     :param audit: checks on the staged data before it is published
         (``RowCountCheck``, ``NotNullCheck``, ``SqlPredicateCheck``,
@@ -109,6 +114,7 @@ def walsink_pipeline(
             checksum=checksum,
             initial_offsets=initial_offsets,
             target=target,
+            reprocess=reprocess,
             **shared,
             **dict(write_kwargs or {}),
         )

@@ -153,10 +153,15 @@ def _migrated_store(url: str):
 
 
 def _empty(store) -> None:
-    from airflow_provider_walsink.committer.models import checkpoint_table, pipeline_table, transition_table
+    from airflow_provider_walsink.committer.models import (
+        checkpoint_table,
+        pipeline_table,
+        transition_table,
+        version_table,
+    )
 
     with store.engine.begin() as conn:
-        for table in (transition_table, checkpoint_table, pipeline_table):
+        for table in (transition_table, version_table, checkpoint_table, pipeline_table):
             conn.execute(table.delete())
 
 

@@ -123,10 +123,11 @@ def test_clear_after_commit_changes_nothing(stack, store):
     assert len(cleared) == 3
     stack.wait_for_runs(DAG_ID, [run_id])
     tis = _tis(stack, run_id)
-    assert {ti["state"] for ti in tis.values()} == {"success"}
+    # Skipped, loudly: the write says so and its downstream tasks are skipped with it.
+    assert {ti["state"] for ti in tis.values()} == {"skipped"}
     assert tis[WRITE_OP]["try_number"] == 2
-    result = stack.xcom(DAG_ID, run_id, write_id)
-    assert result["skipped_committed"] is True
+    result = stack.xcom(DAG_ID, run_id, write_id, key="reprocess")
+    assert result["skipped_committed"] is True and result["decision"] == "skip"
     assert result["attempt"] == committed.sealed_attempt
     assert _snapshot(_partition(stack, AFTER_DAY)) == before
     assert store.require(PIPELINE, key) == committed

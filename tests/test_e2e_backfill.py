@@ -170,12 +170,17 @@ def test_parallel_backfill_with_deferrable_sensor_then_rerun(airflow_stack):
         assert {r["state"] for r in reruns} == {"success"}
         for run in reruns:
             tis = _tasks_by_operator(stack, run["dag_run_id"])
-            # The re-run is recorded in Airflow: second tries, and the write task says it skipped.
-            assert {ti["try_number"] for ti in tis.values()} == {2}, run["dag_run_id"]
-            result = stack.xcom(DAG_ID, run["dag_run_id"], tis[WRITE_OP]["task_id"])
+            # The re-run shows in Airflow, loudly: the write task ran a second time and ended
+            # SKIPPED (policy "skip"), and the durability and commit tasks were skipped with it.
+            assert tis[WRITE_OP]["try_number"] == 2, run["dag_run_id"]
+            assert {op: ti["state"] for op, ti in tis.items()} == {
+                WRITE_OP: "skipped",
+                DURABLE_OP: "skipped",
+                COMMIT_OP: "skipped",
+            }, run["dag_run_id"]
+            result = stack.xcom(DAG_ID, run["dag_run_id"], tis[WRITE_OP]["task_id"], key="reprocess")
             assert result["skipped_committed"] is True and result["state"] == "COMMITTED"
-            commit = stack.xcom(DAG_ID, run["dag_run_id"], tis[COMMIT_OP]["task_id"])
-            assert commit["already_committed"] is True
+            assert result["decision"] == "skip"
 
         # Nothing changed: same files byte for byte, same checkpoints, no state change
         # (a re-run of a COMMITTED checkpoint is a no-op, invariant 4); the re-run is
@@ -191,5 +196,156 @@ def test_parallel_backfill_with_deferrable_sensor_then_rerun(airflow_stack):
             assert [(e.from_state, e.to_state) for e in events] == [("COMMITTED", "COMMITTED")]
             assert events[0].run_id in rerun_ids and "write skipped" in events[0].detail
         assert _check_target_against_source(target, days) == rows
+    finally:
+        store.dispose()
+
+
+def _rewrite_csv(path: Path, keep: int) -> list[str]:
+    """A "fixed" input for a day: its header and first ``keep`` rows; returns their event ids."""
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[: keep + 1]))
+    return [line.split(",", 1)[0] for line in lines[1 : keep + 1]]
+
+
+def _partition_rows(target: Path, day: date) -> list[str]:
+    import pyarrow.parquet as pq
+
+    files = sorted((target / f"dt={day.isoformat()}").glob("*.parquet"))
+    return [r["event_id"] for f in files for r in pq.read_table(f).to_pylist()]
+
+
+def test_replace_backfill_supersedes_committed_intervals(airflow_stack):
+    """Reprocess with ``replace`` (asked by the backfill's run conf) over two committed days,
+    one of whose input was fixed: a new version of each interval supersedes the committed one;
+    a cleared commit task afterwards changes nothing. Runs after the test above (same days,
+    already committed) or alone (it commits them first)."""
+    stack = airflow_stack
+    examples = stack.home / "walsink" / "examples"
+    target = examples / "target" / PIPELINE
+    store = CommitterStore.from_url(f"sqlite:///{stack.home}/walsink/committer.db")
+    try:
+        _replace_backfill_rewrites(stack, store, examples, target)
+    finally:
+        store.dispose()
+
+
+def _replace_backfill_rewrites(stack, store, examples: Path, target: Path) -> None:
+    fixed, same = DAYS[0], DAYS[1]
+    stack.wait_for_dag(DAG_ID)
+    stack.unpause(DAG_ID)
+    if any((c := store.get(PIPELINE, _key(d))) is None or not c.is_committed for d in (fixed, same)):
+        first = stack.backfill(DAG_ID, fixed.isoformat(), same.isoformat(), max_active_runs=2)
+        assert {r["state"] for r in stack.wait_for_backfill(first, timeout=900)} == {"success"}
+    common = _example_common()
+    kept = _rewrite_csv(common.daily_events_path(examples / "raw" / "daily_events", fixed), keep=250)
+    v1 = {d: store.require(PIPELINE, _key(d)) for d in (fixed, same)}
+    untouched = {
+        p.name: _snapshot(p)
+        for p in target.iterdir()
+        if p.is_dir() and p.name not in (f"dt={fixed.isoformat()}", f"dt={same.isoformat()}")
+    }
+
+    replace = stack.backfill(
+        DAG_ID,
+        fixed.isoformat(),
+        same.isoformat(),
+        reprocess_behavior="completed",
+        max_active_runs=2,
+        conf={"walsink_reprocess": "replace"},
+    )
+    runs = stack.wait_for_backfill(replace, timeout=900)
+    assert sorted(_run_day(r) for r in runs) == [fixed, same]
+    for run in runs:
+        tis = _tasks_by_operator(stack, run["dag_run_id"])
+        assert {op: ti["state"] for op, ti in tis.items()} == {
+            WRITE_OP: "success",
+            DURABLE_OP: "success",
+            COMMIT_OP: "success",
+        }, run["dag_run_id"]
+    for day in (fixed, same):
+        now = store.require(PIPELINE, _key(day))
+        assert (now.state.value, now.version) == ("COMMITTED", 2), day
+        assert now.sealed_attempt_id != v1[day].sealed_attempt_id
+        [old] = store.versions(PIPELINE, _key(day))
+        assert (old.state.value, old.attempt_id) == ("SUPERSEDED", v1[day].sealed_attempt_id)
+        assert old.superseded_by_attempt_id == now.sealed_attempt_id
+        # Only the new version's files are in the partition.
+        names = [p.name for p in (target / f"dt={day.isoformat()}").glob("*.parquet")]
+        assert names and all(now.sealed_attempt_id in n for n in names), names
+    # The fixed day shows the new content, exactly once; the other day its source, once.
+    got = _partition_rows(target, fixed)
+    assert sorted(got) == sorted(kept) and len(got) == len(set(got)) == 250
+    got = _partition_rows(target, same)
+    assert sorted(got) == sorted(e["event_id"] for e in common.daily_events(same))
+    assert {name: _snapshot(target / name) for name in untouched} == untouched
+
+    # Clearing the commit task of a replaced run (its conf still asks for replace) changes nothing.
+    run_id = next(r["dag_run_id"] for r in runs if _run_day(r) == fixed)
+    before, record = _snapshot(target), store.require(PIPELINE, _key(fixed))
+    commit_id = _tasks_by_operator(stack, run_id)[COMMIT_OP]["task_id"]
+    stack.clear_task(DAG_ID, run_id, [commit_id])
+    stack.wait_for_runs(DAG_ID, [run_id])
+    assert _tasks_by_operator(stack, run_id)[COMMIT_OP]["state"] == "success"
+    assert stack.xcom(DAG_ID, run_id, commit_id)["already_committed"] is True
+    assert _snapshot(target) == before and store.require(PIPELINE, _key(fixed)) == record
+
+
+APPEND_DAG = "walsink_reprocess_append_test"
+
+
+def test_replace_backfill_of_an_append_pipeline_rereads_only_its_input(airflow_stack):
+    """``append``: the new version of the first interval re-reads exactly that interval's input
+    (its corrected file), its old rows leave, and the second interval's rows stay once."""
+    stack = airflow_stack
+    examples = stack.home / "walsink" / "examples"
+    common = _example_common()
+    store = CommitterStore.from_url(f"sqlite:///{stack.home}/walsink/committer.db")
+    days = [date(2026, 6, 1), date(2026, 6, 2)]
+    try:
+        stack.wait_for_dag(APPEND_DAG)
+        stack.unpause(APPEND_DAG)  # catchup over exactly the two days (see the DAG)
+        stack.wait_until(
+            "both scheduled runs", lambda: len(stack.dag_runs(APPEND_DAG)) == 2 or None, timeout=300
+        )
+        runs = stack.wait_for_runs(APPEND_DAG, [r["dag_run_id"] for r in stack.dag_runs(APPEND_DAG)])
+        assert {r["state"] for r in runs.values()} == {"success"}
+        names = {d: common.arrival_file_names(datetime(d.year, d.month, d.day)) for d in days}
+        v1 = store.require("reprocess_append", _key(days[0]))
+
+        # Correct the first interval's first file (its first record was bad), then reprocess.
+        fixed = examples / "raw" / "reprocess_incoming" / names[days[0]][0]
+        fixed.write_text("".join(fixed.read_text().splitlines(keepends=True)[1:]))
+        replace = stack.backfill(
+            APPEND_DAG,
+            days[0].isoformat(),
+            days[0].isoformat(),
+            reprocess_behavior="completed",
+            conf={"walsink_reprocess": "replace"},
+        )
+        [run] = stack.wait_for_backfill(replace, timeout=900)
+        assert run["state"] == "success"
+
+        v2 = store.require("reprocess_append", _key(days[0]))
+        assert (v2.state.value, v2.version) == ("COMMITTED", 2)
+        assert (v2.start_offsets, v2.end_offsets) == (v1.start_offsets, v1.end_offsets)
+        assert [v.state.value for v in store.versions("reprocess_append", _key(days[0]))] == ["SUPERSEDED"]
+        import pyarrow.dataset as ds
+
+        table = ds.dataset(
+            examples / "target" / "reprocess_append",
+            format="parquet",
+            partitioning="hive",
+            ignore_prefixes=[".", "_"],
+        ).to_table()
+        got = [(r["file"], r["line"], r["value"]) for r in table.to_pylist()]
+        expected = {
+            (n, r["line"], r["value"])
+            for d in days
+            for n in names[d]
+            for r in common.arrival_records(n)
+            if not (n == names[days[0]][0] and r["line"] == 0)
+        }
+        assert len(got) == len(set(got)) == len(expected)
+        assert set(got) == expected
     finally:
         store.dispose()

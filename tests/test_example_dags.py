@@ -127,12 +127,12 @@ def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url):
     # The commit cleaned the staging area (the WAL) of this checkpoint.
     assert not (walsink_env["staging"] / "daily_events" / key).exists()
 
-    # Running the committed day again changes nothing (policy "skip committed":
-    # no Spark job, the sensor and commit task no-op).
+    # Running the committed day again changes nothing (reprocess policy "skip":
+    # no Spark job; the write task ends skipped, and the sensor and commit task with it).
     published = {p: p.stat().st_mtime_ns for p in (walsink_env["home"] / "target/daily_events").rglob("*")}
     run = run_dag(dag, day)
     write = next(ti for ti in run.get_task_instances() if ti.task_id == "daily_events.write")
-    assert write.try_number == 1
+    assert write.try_number == 1 and write.state == "skipped"
     assert {
         p: p.stat().st_mtime_ns for p in (walsink_env["home"] / "target/daily_events").rglob("*")
     } == published

@@ -1,4 +1,4 @@
-"""WalWriteOperator: explicit Spark master, a real spark-submit in a real Airflow run, retries, skip committed."""
+"""WalWriteOperator: explicit Spark master, a real spark-submit in a real Airflow run, retries, a skipped re-run."""
 
 from __future__ import annotations
 
@@ -119,14 +119,14 @@ def run(dag):
     return {t: ti.state for t, ti in tis.items()}, tis
 
 
-def xcom_value(ti) -> dict:
+def xcom_value(ti, key: str = "return_value") -> dict:
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     with create_session() as session:
         value = (
             session.query(XComModel.value)
-            .filter_by(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, key="return_value")
+            .filter_by(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, key=key)
             .scalar()
         )
     return json.loads(value) if isinstance(value, str) else value
@@ -164,17 +164,18 @@ def test_write_task_retries_into_a_new_attempt_then_skips_when_committed(airflow
     assert pushed["summary"]["attempt"] == 2 and pushed["summary"]["skipped_committed"] is False
 
     # Commit it; a re-run (backfill re-run, cleared task) must not submit the job
-    # again: the application no longer exists, so only a skip can succeed.
+    # again: the application no longer exists, so only a skip can end it without failing.
     store.mark_durable("events", KEY, attempt=2, actor=ACTOR)
     target = tmp_path / "target"
     publisher = FilePublisher(target, "overwrite", layout=layout)
     CheckpointCommitter(store, layout, publisher, mode="overwrite").commit("events", KEY, actor=ACTOR)
     states, tis = run(build_dag(str(tmp_path / "gone.py")))
-    assert states == {"write": "success", "xcoms": "success"}
+    # Skipped, and says so: the downstream task is skipped with it (reprocess policy "skip").
+    assert states == {"write": "skipped", "xcoms": "skipped"}
     assert tis["write"].try_number == 1
-    pushed = xcom_value(tis["xcoms"])
-    assert pushed["summary"]["skipped_committed"] is True
-    assert pushed["digest"] == record.manifest_digest
+    pushed = xcom_value(tis["write"], key="reprocess")
+    assert pushed["skipped_committed"] is True and pushed["decision"] == "skip"
+    assert pushed["manifest_digest"] == record.manifest_digest
     assert store.require("events", KEY).state is S.COMMITTED
 
 

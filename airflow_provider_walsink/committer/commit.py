@@ -27,6 +27,7 @@ from airflow_provider_walsink.protocol.errors import (
     NotDurableError,
     OrderError,
     PathEscapeError,
+    SupersedeError,
 )
 from airflow_provider_walsink.protocol.manifest import Manifest, read_manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
@@ -54,6 +55,7 @@ BAD_INPUT = (
     InvalidIdentifierError,
     LayoutError,
     OrderError,
+    SupersedeError,
 )
 #: How many published file names the committer table keeps per checkpoint (the UI shows them).
 PUBLICATION_FILES = 1000
@@ -214,7 +216,12 @@ class CheckpointCommitter:
         record = lease.record or self.store.require(pipeline, checkpoint_key)
         assert record.sealed_attempt is not None and record.manifest_digest is not None
         ctx = FencingContext(
-            self.store, lease, self.lease_ttl, attempt_id=record.sealed_attempt_id or "", confirmed_at=asked
+            self.store,
+            lease,
+            self.lease_ttl,
+            attempt_id=record.sealed_attempt_id or "",
+            confirmed_at=asked,
+            supersedes=record.supersedes_attempt_id,
         )
         try:
             manifest, attempt_dir = read_sealed_manifest(self.layout, record)
@@ -356,10 +363,13 @@ class FencingContext:
         *,
         attempt_id: str,
         confirmed_at: float | None = None,
+        supersedes: str | None = None,
     ) -> None:
         self.store, self.lease, self.ttl = store, lease, ttl
         self.pipeline, self.checkpoint_key = lease.pipeline, lease.checkpoint_key
         self.attempt_id = attempt_id
+        #: The committed version's attempt id that this publish replaces (a reprocess).
+        self.supersedes = supersedes
         self.epoch = lease.epoch
         # When the lease was asked for (monotonic): it cannot run out before then + TTL.
         self._confirmed = time.monotonic() if confirmed_at is None else confirmed_at

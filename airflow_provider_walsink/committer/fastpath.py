@@ -107,6 +107,8 @@ def one_statement_transition(to: CheckpointState, *, require_audit: bool = False
                 where,
                 ckpt.c.state == S.COMMITTING.value,
                 ckpt.c.lease_epoch == bindparam("p_epoch"),
+                # A new version also retires the one it replaces: the general path does both.
+                ckpt.c.supersedes_attempt_id.is_(None),
             )
             .values(
                 state=to.value,

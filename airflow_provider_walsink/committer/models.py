@@ -96,6 +96,12 @@ class Checkpoint(Base):
     sealed_attempt_id: Mapped[str | None] = mapped_column(String(40))
     #: What the commit published (JSON: target, files or table snapshot).
     publication: Mapped[str | None] = mapped_column(Text)
+    #: Reprocess: the checkpoint's version (1, then +1 per reprocess), the run
+    #: (``dag/run#clear``) that started it, and the attempt id of the committed
+    #: version it replaces (``None`` for a first version).
+    version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    version_token: Mapped[str | None] = mapped_column(String(600))
+    supersedes_attempt_id: Mapped[str | None] = mapped_column(String(40))
     error: Mapped[str | None] = mapped_column(Text)
     # The Airflow run that registered it, for the UI's DAG and run tabs.
     dag_id: Mapped[str | None] = mapped_column(String(250))
@@ -127,6 +133,38 @@ class Transition(Base):
     detail: Mapped[str | None] = mapped_column(Text)
 
 
+class CheckpointVersion(Base):
+    """A committed version of a checkpoint that a reprocess replaced (or is replacing).
+
+    COMMITTED while its successor is being written (its data is still the
+    published data), SUPERSEDED once the successor commits.
+    """
+
+    __tablename__ = "walsink_checkpoint_version"
+    __table_args__ = (UniqueConstraint("checkpoint_id", "version"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    checkpoint_id: Mapped[int] = mapped_column(BigId, ForeignKey("walsink_checkpoint.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int | None] = mapped_column(Integer)
+    attempt_id: Mapped[str | None] = mapped_column(String(40))
+    version_token: Mapped[str | None] = mapped_column(String(600))
+    manifest_digest: Mapped[str | None] = mapped_column(String(80))
+    committables: Mapped[int | None] = mapped_column(Integer)
+    rows: Mapped[int | None] = mapped_column(BigInteger)
+    bytes: Mapped[int | None] = mapped_column(BigInteger)
+    start_offsets: Mapped[str | None] = mapped_column(Text)
+    end_offsets: Mapped[str | None] = mapped_column(Text)
+    publication: Mapped[str | None] = mapped_column(Text)
+    dag_id: Mapped[str | None] = mapped_column(String(250))
+    run_id: Mapped[str | None] = mapped_column(String(250))
+    committed_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    superseded_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    superseded_by_attempt_id: Mapped[str | None] = mapped_column(String(40))
+
+
 checkpoint_table = Checkpoint.__table__
+version_table = CheckpointVersion.__table__
 pipeline_table = Pipeline.__table__
 transition_table = Transition.__table__

@@ -20,7 +20,8 @@ from .errors import CheckpointNotFoundError
 from .models import checkpoint_table as ckpt
 from .models import pipeline_table as pipe
 from .models import transition_table as trans
-from .records import CheckpointRecord, TransitionRecord
+from .models import version_table as vers
+from .records import CheckpointRecord, TransitionRecord, VersionRecord
 from .retry import retrying
 
 S = CheckpointState
@@ -217,6 +218,18 @@ class CheckpointQueries:
                 .all()
             )
         return [TransitionRecord(**r) for r in rows]
+
+    @retrying
+    def versions(self, pipeline: str, checkpoint_key: str) -> list[VersionRecord]:
+        """The earlier committed versions a reprocess replaced (or is replacing), oldest first."""
+        record = self.require(pipeline, checkpoint_key)
+        with self.engine.connect() as conn:
+            rows = (
+                conn.execute(select(vers).where(vers.c.checkpoint_id == record.id).order_by(vers.c.version))
+                .mappings()
+                .all()
+            )
+        return [VersionRecord.from_row(r) for r in rows]
 
     @retrying
     def expired_leases(self) -> list[CheckpointRecord]:

@@ -81,6 +81,11 @@ class CheckpointRecord:
     sealed_at: datetime | None
     durable_at: datetime | None
     committed_at: datetime | None
+    #: Reprocess: this row's version, the run that started it, and the attempt id
+    #: of the committed version it replaces (None for a first version).
+    version: int = 1
+    version_token: str | None = None
+    supersedes_attempt_id: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> CheckpointRecord:
@@ -96,6 +101,44 @@ class CheckpointRecord:
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(CheckpointRecord))
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    """A committed version of a checkpoint that a reprocess replaced, or is replacing.
+
+    ``state`` is COMMITTED while its successor is being written (its data is
+    what readers see) and SUPERSEDED once the successor committed
+    (``superseded_by_attempt_id`` names it).
+    """
+
+    id: int
+    checkpoint_id: int
+    version: int
+    state: CheckpointState
+    attempt: int | None
+    attempt_id: str | None
+    version_token: str | None
+    manifest_digest: str | None
+    committables: int | None
+    rows: int | None
+    bytes: int | None
+    start_offsets: dict[str, Any] | None
+    end_offsets: dict[str, Any] | None
+    publication: dict[str, Any] | None
+    dag_id: str | None
+    run_id: str | None
+    committed_at: datetime | None
+    superseded_at: datetime | None
+    superseded_by_attempt_id: str | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> VersionRecord:
+        values = {f.name: row[f.name] for f in fields(cls)}
+        values["state"] = CheckpointState(values["state"])
+        for key in ("start_offsets", "end_offsets", "publication"):
+            values[key] = json.loads(values[key]) if values[key] is not None else None
+        return cls(**values)
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ from .migrate import upgrade
 from .models import checkpoint_table as ckpt
 from .models import pipeline_table as pipe
 from .models import transition_table as trans
+from .models import version_table as vers
 from .queries import OPEN_STATES, CheckpointQueries
 from .records import Actor, CheckpointRecord, Lease, TransitionRecord, new_instance_id, utcnow
 from .retry import is_transient, retrying
@@ -427,6 +428,86 @@ class CommitterStore(CheckpointQueries):
             if start_offsets is not None:
                 values["start_offsets"] = _dump(start_offsets)
             return self._move(conn, row, S.WRITING, actor, **values)
+
+    @retrying
+    def begin_version(
+        self, pipeline: str, checkpoint_key: str, *, token: str, actor: Actor, reason: str
+    ) -> CheckpointRecord | None:
+        """Start a new version of a COMMITTED checkpoint (a reprocess), or return ``None``.
+
+        ``token`` names the run that asks (``dag/run#clear_number``). If the
+        checkpoint's current version was started by that same token, this run
+        already replaced it (a retry of the reprocessing run): nothing changes
+        and ``None`` is returned. Otherwise, in one transaction, the committed
+        version is copied into the version table (still COMMITTED: its data is
+        what readers see until the new version commits) and the row goes back
+        to REGISTERED as version + 1, keeping its sequence, start offsets,
+        attempt counter and fencing token, and naming the attempt it will
+        supersede. Raises :class:`TransitionError` unless the checkpoint is
+        COMMITTED.
+        """
+        with self._tx() as conn:
+            row = self._lock(conn, pipeline, checkpoint_key)
+            if row["state"] != S.COMMITTED.value:
+                if row["version_token"] == token:
+                    return None  # this run's new version is already under way
+                raise TransitionError(
+                    f"checkpoint {pipeline}/{checkpoint_key} is {row['state']}, not COMMITTED: "
+                    "only a committed checkpoint can be reprocessed as a new version"
+                )
+            if row["version_token"] == token:
+                return None
+            conn.execute(
+                vers.insert().values(
+                    checkpoint_id=row["id"],
+                    version=row["version"],
+                    state=S.COMMITTED.value,
+                    attempt=row["sealed_attempt"],
+                    attempt_id=row["sealed_attempt_id"],
+                    version_token=row["version_token"],
+                    manifest_digest=row["manifest_digest"],
+                    committables=row["committables"],
+                    rows=row["rows"],
+                    bytes=row["bytes"],
+                    start_offsets=row["start_offsets"],
+                    end_offsets=row["end_offsets"],
+                    publication=row["publication"],
+                    dag_id=row["dag_id"],
+                    run_id=row["run_id"],
+                    committed_at=row["committed_at"],
+                )
+            )
+            detail = (
+                f"reprocess: version {row['version'] + 1} begins; it will supersede version "
+                f"{row['version']} (attempt {row['sealed_attempt']}, {row['sealed_attempt_id']}): {reason}"
+            )
+            return self._move(
+                conn,
+                row,
+                S.REGISTERED,
+                actor,
+                detail=detail,
+                version=row["version"] + 1,
+                version_token=token[:600],
+                supersedes_attempt_id=row["sealed_attempt_id"],
+                dag_id=actor.dag_id or row["dag_id"],
+                run_id=actor.run_id or row["run_id"],
+                sealed_attempt=None,
+                sealed_attempt_id=None,
+                manifest_uri=None,
+                manifest_digest=None,
+                committables=None,
+                rows=None,
+                bytes=None,
+                end_offsets=None,
+                publication=None,
+                error=None,
+                sealed_at=None,
+                durable_at=None,
+                committed_at=None,
+                lease_owner=None,
+                lease_expires_at=None,
+            )
 
     @retrying
     def seal(
@@ -831,6 +912,27 @@ class CommitterStore(CheckpointQueries):
             )
             if end_offsets is not None:
                 values["end_offsets"] = _dump(end_offsets)
+            if row["supersedes_attempt_id"] is not None:
+                # The same transaction retires the version this one replaced.
+                superseded = conn.execute(
+                    update(vers)
+                    .where(
+                        vers.c.checkpoint_id == row["id"],
+                        vers.c.attempt_id == row["supersedes_attempt_id"],
+                        vers.c.state == S.COMMITTED.value,
+                    )
+                    .values(
+                        state=S.SUPERSEDED.value,
+                        superseded_at=row["_now"],
+                        superseded_by_attempt_id=row["sealed_attempt_id"],
+                    )
+                ).rowcount
+                if superseded:
+                    detail = (
+                        f"{detail + '; ' if detail else ''}version {row['version'] - 1} (attempt "
+                        f"{row['supersedes_attempt_id']}) SUPERSEDED by version {row['version']} "
+                        f"(attempt {row['sealed_attempt_id']})"
+                    )
             return self._move(conn, row, S.COMMITTED, actor, detail=detail, **values)
 
     @retrying

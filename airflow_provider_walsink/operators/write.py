@@ -12,7 +12,14 @@ from typing import Any
 from airflow.providers.apache.spark.hooks.spark_submit import DEFAULT_SPARK_BINARY, SparkSubmitHook
 
 from airflow_provider_walsink.committer.store import CheckpointRecord, OrderingError, TransitionError
-from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
+from airflow_provider_walsink.context import (
+    REPROCESS_CONF_KEY,
+    REPROCESS_POLICIES,
+    actor_from_context,
+    checkpoint_key_from_context,
+    reprocess_decision,
+    version_token,
+)
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.links import WalsinkCheckpointLink
 from airflow_provider_walsink.operators.commit import target_staging_root, validate_static_identifier
@@ -23,7 +30,9 @@ from airflow_provider_walsink.spark.placement import check_operator_placement
 
 try:
     from airflow.sdk import BaseHook, BaseOperator
+    from airflow.sdk.exceptions import AirflowSkipException
 except ImportError:  # pragma: no cover
+    from airflow.exceptions import AirflowSkipException  # type: ignore[no-redef]
     from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
     from airflow.models import BaseOperator  # type: ignore[no-redef]
 
@@ -122,12 +131,16 @@ class WalWriteOperator(BaseOperator):
     default ``local[*]`` master, a shared mount (NFS, a FUSE-mounted object
     store) on a cluster.
 
-    **Backfill policy, "skip committed"**: if the checkpoint is already
-    COMMITTED (a re-run backfill, a cleared write task), the Spark job is not
-    submitted; the task logs it, pushes the committed manifest's URI and digest
-    and succeeds, and the durability sensor and commit task then no-op. To
-    rewrite a committed interval, give it a new checkpoint key (e.g. a
-    versioned ``checkpoint_key`` template).
+    **Re-runs of a committed interval** (``reprocess``, docs/backfill.md):
+    under ``skip`` (the default) the Spark job is not submitted; the task
+    logs it, records it in the checkpoint's history and ends **skipped** (so
+    the durability and commit tasks are skipped too and no asset event is
+    emitted). Under ``replace`` (or the run conf ``{"walsink_reprocess":
+    "replace"}``), a backfill run writes a new *version* of the checkpoint
+    (a new attempt id under the same key) that supersedes the committed one
+    when it commits; in ``append`` mode it re-reads exactly the input of the
+    version it replaces (``job.until_offsets``). A retry of the reprocessing
+    run continues its version; it never starts another.
 
     :param application: the PySpark script (templated).
     :param pipeline: pipeline id (templated).
@@ -148,6 +161,8 @@ class WalWriteOperator(BaseOperator):
         (default, cheapest), ``sha256`` or ``None``.
     :param initial_offsets: start offsets of an ``append`` pipeline's first checkpoint.
     :param target: the pipeline's target, recorded with the pipeline (templated).
+    :param reprocess: ``skip`` (default) or ``replace``: what a backfill re-run of a
+        COMMITTED interval does (see above).
     :param walsink_conn_id: connection to the committer database.
     :param staging_root: templated; defaults to the connection's ``staging_root``.
     :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments
@@ -187,11 +202,15 @@ class WalWriteOperator(BaseOperator):
         staging_root: str | None = None,
         spark_binary: str | None = None,
         spark_submit_kwargs: Mapping[str, Any] | None = None,
+        reprocess: str = "skip",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if mode not in ("append", "overwrite"):
             raise ValueError(f"mode must be 'append' or 'overwrite', got {mode!r}")
+        if reprocess not in REPROCESS_POLICIES:
+            raise ValueError(f"reprocess must be one of {REPROCESS_POLICIES}, got {reprocess!r}")
+        self.reprocess = reprocess
         # Bad ids fail when the DAG is parsed, not at the first run (templates when rendered).
         validate_static_identifier(pipeline, "pipeline id")
         validate_static_identifier(checkpoint_key, "checkpoint key")
@@ -256,24 +275,15 @@ class WalWriteOperator(BaseOperator):
 
         record = store.register(self.pipeline, key, mode=self.mode, actor=actor, target=self.target)
         if record.is_committed:
-            self.log.info(
-                "Checkpoint %s/%s is already COMMITTED (attempt %s, at %s): skipping the Spark job "
-                "(backfill policy: skip committed). Give the interval a new checkpoint key to rewrite it.",
-                self.pipeline,
-                key,
-                record.sealed_attempt,
-                record.committed_at,
-            )
-            store.record_event(
-                self.pipeline,
-                key,
-                actor=actor,
-                detail="write skipped: the checkpoint is already COMMITTED (backfill policy: skip committed)",
-            )
-            return self._result(context, record, skipped=True)
+            record = self._reprocess_or_skip(context, store, record, actor)
 
         start_offsets: dict[str, Any] | None = None
-        if self.mode == "append":
+        until_offsets: dict[str, Any] | None = None
+        if record.supersedes_attempt_id is not None and self.mode == "append":
+            # A new version re-reads exactly the input of the version it replaces.
+            start_offsets = record.start_offsets
+            until_offsets = store.versions(self.pipeline, key)[-1].end_offsets
+        elif self.mode == "append":
             earlier = [r for r in store.pending(self.pipeline) if r.sequence < record.sequence]
             if earlier:
                 first = earlier[0]
@@ -311,6 +321,7 @@ class WalWriteOperator(BaseOperator):
             interval_end=interval_end.isoformat() if interval_end else None,
             checksum=self.checksum,
             attempt_id=record.attempt_id or "",
+            until_offsets=until_offsets,
         )
         self.log.info(
             "Checkpoint %s/%s sequence %d: attempt %d stages into %s (start offsets %s)",
@@ -376,6 +387,12 @@ class WalWriteOperator(BaseOperator):
                 f"manifest {path} starts at offsets {manifest.start_offsets}, but the attempt was "
                 f"started at {protocol.start_offsets}"
             )
+        if protocol.until_offsets is not None and manifest.end_offsets != protocol.until_offsets:
+            raise ManifestError(
+                f"manifest {path} ends at offsets {manifest.end_offsets}, but this reprocess must end "
+                f"where the version it replaces ended, {protocol.until_offsets} (read job.until_offsets): "
+                "otherwise later checkpoints would be read twice or skipped"
+            )
         digest = digest_of(data)
         record = store.seal_manifest(
             manifest, manifest_uri=path.as_uri(), manifest_digest=digest, actor=actor
@@ -392,6 +409,49 @@ class WalWriteOperator(BaseOperator):
             digest,
         )
         return record
+
+    def _reprocess_or_skip(
+        self, context: Any, store: Any, record: CheckpointRecord, actor: Any
+    ) -> CheckpointRecord:
+        """A COMMITTED checkpoint: start a new version (reprocess ``replace``) or skip, loudly."""
+        name = f"{self.pipeline}/{record.checkpoint_key}"
+        decision, why = reprocess_decision(context, self.reprocess)
+        if decision == "replace":
+            token = version_token(context)
+            new = store.begin_version(
+                self.pipeline, record.checkpoint_key, token=token, actor=actor, reason=why
+            )
+            if new is not None:
+                self.log.warning(
+                    "Checkpoint %s is COMMITTED (version %d, attempt %s); REPROCESS: writing version %d, "
+                    "which will supersede it when it commits (%s)",
+                    name,
+                    record.version,
+                    record.sealed_attempt_id,
+                    new.version,
+                    why,
+                )
+                return new
+            why = f"this run ({token}) already wrote version {record.version}"
+        message = (
+            f"Checkpoint {name} is already COMMITTED (version {record.version}, attempt "
+            f"{record.sealed_attempt_id}, at {record.committed_at}): SKIPPED, nothing is rewritten ({why}). "
+            f"To rewrite it, reprocess with reprocess='replace' or the run conf "
+            f'{{"{REPROCESS_CONF_KEY}": "replace"}} (docs/backfill.md)'
+        )
+        self.log.warning("%s", message)
+        store.record_event(
+            self.pipeline,
+            record.checkpoint_key,
+            actor=actor,
+            detail=f"write skipped: the checkpoint is already COMMITTED ({why})",
+        )
+        # The task ends skipped (no return value): the outcome is pushed as XCom "reprocess".
+        context["ti"].xcom_push(
+            key="reprocess",
+            value={**self._result(context, record, skipped=True), "decision": "skip", "why": why},
+        )
+        raise AirflowSkipException(message)
 
     def _result(self, context: Any, record: CheckpointRecord, *, skipped: bool) -> dict[str, Any]:
         ti = context["ti"]

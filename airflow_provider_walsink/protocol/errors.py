@@ -51,3 +51,7 @@ class OrderError(WalsinkError):
 
 class SymlinkRefusedError(PathEscapeError, LayoutError):
     """A symlink inside a staging area or a target: walsink never follows one (invariant 11)."""
+
+
+class SupersedeError(LayoutError):
+    """A reprocess asked a target to replace a committed version in a way it cannot; target unchanged."""

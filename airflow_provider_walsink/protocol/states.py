@@ -10,6 +10,11 @@ AUDITED and REJECTED are the optional audit gate (write-audit-publish): a
 pipeline that declares an audit publishes only an AUDITED checkpoint, and a
 REJECTED one (its staged data failed a check) is never published; only a new
 write attempt (or an abort) leaves REJECTED.
+
+A reprocess (``reprocess="replace"``) starts a new *version* of a COMMITTED
+checkpoint: the row goes back to REGISTERED under the same key, and the
+published version is kept in the version table, COMMITTED until the new
+version commits and SUPERSEDED from then on (with a link to its successor).
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ class CheckpointState(enum.StrEnum):
     ABORTED = "ABORTED"
     #: The sealed attempt's staged data failed the audit (``error`` names the failed checks).
     REJECTED = "REJECTED"
+    #: A committed version replaced by a newer version of the same checkpoint (version table only).
+    SUPERSEDED = "SUPERSEDED"
 
     @property
     def is_final(self) -> bool:
-        return self in (CheckpointState.COMMITTED, CheckpointState.ABORTED)
+        return self in (CheckpointState.COMMITTED, CheckpointState.ABORTED, CheckpointState.SUPERSEDED)
 
 
 S = CheckpointState
@@ -48,13 +55,15 @@ TRANSITIONS: dict[CheckpointState, frozenset[CheckpointState]] = {
     S.DURABLE: frozenset({S.WRITING, S.DURABLE, S.AUDITED, S.REJECTED, S.COMMITTING, S.FAILED, S.ABORTED}),
     S.AUDITED: frozenset({S.WRITING, S.COMMITTING, S.FAILED, S.ABORTED}),
     S.COMMITTING: frozenset({S.COMMITTING, S.COMMITTED, S.FAILED}),
-    S.COMMITTED: frozenset(),
+    # Only a reprocess leaves COMMITTED (store.begin_version): a new version starts.
+    S.COMMITTED: frozenset({S.REGISTERED}),
     # A failed checkpoint is never lost: it can be written again, or, if it was
     # durable before it failed, audited and committed again once the cause is fixed.
     S.FAILED: frozenset({S.WRITING, S.DURABLE, S.AUDITED, S.REJECTED, S.COMMITTING, S.FAILED, S.ABORTED}),
     S.ABORTED: frozenset(),
     # Its data failed the audit: never committed; a fixed job writes a new attempt.
     S.REJECTED: frozenset({S.WRITING, S.ABORTED}),
+    S.SUPERSEDED: frozenset(),
 }
 
 #: States from which a new write attempt may start.

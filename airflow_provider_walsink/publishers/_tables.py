@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from airflow_provider_walsink.protocol.errors import CommittableError, FencedError, LayoutError, WalsinkError
+from airflow_provider_walsink.protocol.errors import (
+    CommittableError,
+    FencedError,
+    LayoutError,
+    SupersedeError,
+    WalsinkError,
+)
 from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, Manifest, parse_manifest
 
 from .base import PublisherContext
@@ -79,6 +85,23 @@ def decide(marker: Marker | None, manifest: Manifest, ctx: PublisherContext, mod
             f"this committer's token is {ctx.epoch}, so its attempt {manifest.attempt_id} is not published"
         )
     return False
+
+
+def refuse_supersede(ctx: PublisherContext, manifest: Manifest, kind: str, mode: str) -> None:
+    """Raise :class:`SupersedeError` if the publish is a reprocess this target cannot do yet.
+
+    A new version must remove the superseded attempt's rows wherever they are,
+    in the same table commit; until a target does that, refusing (table
+    unchanged) is the correct answer: replacing only the partitions the new
+    version covers could leave old rows beside new ones.
+    """
+    supersedes = getattr(ctx, "supersedes", None)
+    if supersedes and supersedes != manifest.attempt_id:
+        raise SupersedeError(
+            f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: the {kind} target ({mode}) cannot "
+            f"yet replace committed attempt {supersedes} with a new version; nothing written. Use "
+            "reprocess='skip', or write the interval under a new checkpoint key"
+        )
 
 
 # --------------------------------------------------------------------------- locations

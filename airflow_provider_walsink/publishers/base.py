@@ -24,6 +24,13 @@ The committer (``committer/commit.py``) calls it in this order, as Spark's
    whose token is lower than one the target already holds for the checkpoint.
    A publish of a newer attempt of the same checkpoint first retracts what an
    older attempt had published (ask ``ctx.fence()`` first).
+   **Reprocess**: when ``ctx.supersedes`` names an attempt id, this publish is
+   a new version of a checkpoint whose committed version is that attempt; the
+   publish also retracts that attempt's data, in the same atomic step where
+   the target has one, so the interval ends up holding the new version only.
+   A target that cannot do this for its mode raises
+   :class:`~airflow_provider_walsink.protocol.errors.SupersedeError` before
+   changing anything.
 2. The committer records COMMITTED in the committer table.
 3. ``finish(manifest, layout)``: drop the publisher's own bookkeeping and the
    staging the target does not reference (best effort, after COMMITTED).
@@ -109,13 +116,16 @@ class PublisherContext(Protocol):
     this committer's, and extends it (one conditional statement in the
     committer database; free when the lease was confirmed recently enough
     that nobody else can have taken it). ``event(name)`` marks a point of the
-    protocol (fault-injection tests crash there).
+    protocol (fault-injection tests crash there). ``supersedes`` is the
+    attempt id of the committed version a reprocess replaces (``None``: a
+    first version); read it with ``getattr(ctx, "supersedes", None)``.
     """
 
     pipeline: str
     checkpoint_key: str
     attempt_id: str
     epoch: int
+    supersedes: str | None
 
     def fence(self) -> None: ...
 
@@ -131,6 +141,7 @@ class StaticContext:
     attempt_id: str
     epoch: int = 0
     on_event: Callable[[str], None] | None = None
+    supersedes: str | None = None
 
     def fence(self) -> None:
         return None

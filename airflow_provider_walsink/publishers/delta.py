@@ -59,6 +59,7 @@ from ._tables import (
     layout_root,
     local_path,
     partition_of_path,
+    refuse_supersede,
     schema_problems,
     staged_base,
     uri_flags,
@@ -234,6 +235,7 @@ class DeltaPublisher:
         :class:`DeltaTargetError` (table unchanged), :class:`TableCommitConflict`.
         Safe to repeat.
         """
+        refuse_supersede(ctx, manifest, "delta", self.mode)
         base = staged_base(attempt_dir)
         locations = [f"{base}/{c.path}" for c in manifest.committables]
         footers: list[Any] | None = None

@@ -162,7 +162,10 @@ class FilePublisher:
             self._publish_append(manifest, planned, result, ctx)
         else:
             self._publish_overwrite(manifest, planned, result, ctx)
-        if not result.published and not result.partitions_replaced:
+        supersedes = getattr(ctx, "supersedes", None)
+        if supersedes and supersedes != manifest.attempt_id:
+            result.files_rolled_back += self._retract_superseded(manifest, supersedes, ctx)
+        if not result.published and not result.partitions_replaced and not result.files_rolled_back:
             result.outcome = PublishOutcome.ALREADY_PUBLISHED
         return result
 
@@ -351,6 +354,50 @@ class FilePublisher:
             # The old partitions now sit in the pending directory: they leave last.
             ctx.fence()
             dirs.rmtree(self._pending_rel(manifest))
+
+    def _retract_superseded(self, manifest: Manifest, superseded: str, ctx: PublisherContext) -> int:
+        """Reprocess, second phase: remove the superseded version's files wherever they still are.
+
+        Runs after the new version is in place (``append``: a reader listing in
+        between sees both versions; a crash in between is finished by the
+        re-run, which repeats this). Only files whose name carries the
+        superseded attempt's id, and partition markers naming it, are removed;
+        nothing is followed through a symlink. In ``overwrite`` the partition
+        swap already removed them from every partition the new version covers;
+        this clears partitions it no longer covers.
+        """
+        prefix = f"{manifest.checkpoint_key}-{superseded}-"
+        removed = 0
+        with _DirFds(self.target_root) as dirs:
+            pending = [""]
+            while pending:
+                relative = pending.pop()
+                fd = dirs.open(relative)
+                with os.scandir(fd) as entries:
+                    names = [
+                        (e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False))
+                        for e in entries
+                    ]
+                for name, is_dir, is_file in names:
+                    child = f"{relative}/{name}" if relative else name
+                    if is_dir and child != BOOKKEEPING_DIR:
+                        pending.append(child)
+                    elif is_file and (
+                        name.startswith(prefix)
+                        or (
+                            name == MARKER_NAME
+                            and (self._live_marker(relative) or {}).get("attempt_id") == superseded
+                        )
+                    ):
+                        ctx.fence()
+                        try:
+                            os.unlink(name, dir_fd=fd)
+                        except FileNotFoundError:
+                            continue
+                        removed += name != MARKER_NAME
+                        ctx.event("publish.after_retract")
+            dirs.fsync_all()
+        return removed
 
     def _live_marker(self, partition: str) -> dict[str, Any] | None:
         """The marker of the live partition, read without following links (None: no marker)."""

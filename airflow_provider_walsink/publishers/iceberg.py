@@ -80,6 +80,7 @@ from ._tables import (
     int96_columns,
     layout_root,
     partition_of_path,
+    refuse_supersede,
     schema_problems,
     staged_base,
     uri_flags,
@@ -295,6 +296,7 @@ class IcebergPublisher:
         table unchanged), :class:`TableCommitConflict` (the table changed under
         every one of :data:`MAX_COMMIT_ATTEMPTS` attempts). Safe to repeat.
         """
+        refuse_supersede(ctx, manifest, "iceberg", self.mode)
         base = staged_base(attempt_dir)
         locations = [as_uri(f"{base}/{c.path}") for c in manifest.committables]
         footers: list[Any] | None = None

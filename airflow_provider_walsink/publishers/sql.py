@@ -77,6 +77,7 @@ from airflow_provider_walsink.protocol.errors import CommittableError, FencedErr
 from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
 
+from ._tables import refuse_supersede
 from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
 
 log = logging.getLogger(__name__)
@@ -403,6 +404,10 @@ class SqlPublisher:
         :class:`CommittableError` (bad input: nothing written) and database
         errors (the transaction rolled back). Repeating it is safe.
         """
+        if self.mode == "append":
+            # Rows carry no attempt id: an append cannot take a superseded version's rows back.
+            # "replace" deletes the interval's rows by key or predicate in the same transaction.
+            refuse_supersede(ctx, manifest, "sql", self.mode)
         if ctx.attempt_id != manifest.attempt_id or ctx.checkpoint_key != manifest.checkpoint_key:
             raise SqlTargetError(
                 f"publish context is for {ctx.checkpoint_key}/{ctx.attempt_id}, "

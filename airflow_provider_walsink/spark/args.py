@@ -45,6 +45,10 @@ class ProtocolArgs:
     :param interval_end: ISO timestamp of the run's data interval end, if any.
     :param checksum: algorithm for committable checksums (``crc32``, ``sha256``)
         or ``None`` for sizes only.
+    :param until_offsets: set when the attempt reprocesses a committed
+        ``append`` checkpoint as a new version: the job must read exactly up
+        to these offsets (the end of the version it replaces) and end there,
+        or the checkpoints after it would be read twice or skipped.
     """
 
     pipeline: str
@@ -62,6 +66,7 @@ class ProtocolArgs:
     extra: dict[str, Any] = field(default_factory=dict)
     #: The attempt's globally unique id (from the committer table); the manifest carries it.
     attempt_id: str = ""
+    until_offsets: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partition_by", tuple(self.partition_by))

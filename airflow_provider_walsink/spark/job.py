@@ -194,6 +194,11 @@ class CheckpointJob:
         return self.protocol.start_offsets
 
     @property
+    def until_offsets(self) -> dict[str, Any] | None:
+        """Reprocess of an ``append`` checkpoint: read up to exactly here and end here (else ``None``)."""
+        return self.protocol.until_offsets
+
+    @property
     def committables(self) -> tuple[Committable, ...]:
         return tuple(self._committables)
 

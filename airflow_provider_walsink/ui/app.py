@@ -219,12 +219,15 @@ def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, key: str
     record = store.get(pipeline, key)
     if record is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "Checkpoint not found")
-    history = [views.transition_dict(t) for t in store.history(pipeline, key)]
+    history = store.history(pipeline, key)
+    transitions = [views.transition_dict(t) for t in history]
     return {
         "checkpoint": views.checkpoint_dict(record),
         "committables": views.committables(record, get_layout()),
-        "audit": views.audit_results(record, history),
-        "history": history,
+        "audit": views.audit_results(record, transitions),
+        "history": transitions,
+        "versions": [views.version_dict(v) for v in store.versions(pipeline, key)] if record.version > 1 else [],
+        "skipped_reruns": views.skipped_reruns(history),
     }
 
 

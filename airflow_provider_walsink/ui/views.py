@@ -19,6 +19,7 @@ from sqlalchemy import select
 from airflow_provider_walsink.audit import AuditReport
 from airflow_provider_walsink.committer.models import checkpoint_table as _ckpt
 from airflow_provider_walsink.committer.models import pipeline_table as _pipe
+from airflow_provider_walsink.committer.records import VersionRecord
 from airflow_provider_walsink.committer.store import (
     CheckpointRecord,
     CommitterStore,
@@ -31,8 +32,11 @@ from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.protocol.states import AUDIT_VERDICTS, ERROR_STATES, CheckpointState
 
 S = CheckpointState
-#: Display order of states (life-cycle order, then the dead ends).
-STATE_ORDER = [s.value for s in S]
+#: Display order of a checkpoint row's states (life-cycle order, then the dead ends).
+#: SUPERSEDED is a state of an earlier *version* (listed per checkpoint), never of a row.
+STATE_ORDER = [s.value for s in S if s is not S.SUPERSEDED]
+#: The history detail a skipped re-run of a committed checkpoint records (operators/write.py).
+SKIPPED_RERUN = "write skipped"
 #: How many committables a detail response lists at most (the manifest may hold a million).
 MAX_COMMITTABLES_SHOWN = 1000
 #: States the pages colour as failures (red); every other state, ABORTED included, is neutral.
@@ -124,6 +128,10 @@ def checkpoint_dict(record: CheckpointRecord, now: datetime | None = None) -> di
         "state": record.state.value,
         "attempt": record.attempt,
         "sealed_attempt": record.sealed_attempt,
+        "sealed_attempt_id": record.sealed_attempt_id,
+        # Reprocess: which version this is and the committed attempt it replaces.
+        "version": record.version,
+        "supersedes_attempt_id": record.supersedes_attempt_id,
         "rows": record.rows,
         "bytes": record.bytes,
         "committables": record.committables,
@@ -145,6 +153,31 @@ def checkpoint_dict(record: CheckpointRecord, now: datetime | None = None) -> di
         "publication": getattr(record, "publication", None),
         "airflow": airflow_links(record.dag_id, record.run_id),
     }
+
+
+def version_dict(record: VersionRecord) -> dict[str, Any]:
+    """An earlier committed version of a checkpoint (COMMITTED while replaced, then SUPERSEDED)."""
+    return {
+        "version": record.version,
+        "state": record.state.value,
+        "attempt": record.attempt,
+        "attempt_id": record.attempt_id,
+        "rows": record.rows,
+        "committables": record.committables,
+        "bytes": record.bytes,
+        "committed_at": _iso(record.committed_at),
+        "superseded_at": _iso(record.superseded_at),
+        "superseded_by_attempt_id": record.superseded_by_attempt_id,
+        "publication": record.publication,
+        "airflow": airflow_links(record.dag_id, record.run_id),
+        "dag_id": record.dag_id,
+        "run_id": record.run_id,
+    }
+
+
+def skipped_reruns(history: list[TransitionRecord]) -> int:
+    """How many re-runs of the checkpoint were skipped because it was already COMMITTED."""
+    return sum(1 for t in history if t.from_state == t.to_state and (t.detail or "").startswith(SKIPPED_RERUN))
 
 
 def transition_dict(record: TransitionRecord) -> dict[str, Any]:

@@ -47,6 +47,9 @@ def main() -> None:
         options = parser.parse_args(job.args)
         last = (job.start_offsets or {}).get("incoming")
         names = files_after(options.incoming, last)
+        until = (job.until_offsets or {}).get("incoming")
+        if until is not None:  # a reprocess re-reads exactly the input of the version it replaces
+            names = [n for n in names if n <= until]
         print(f"walsink example: start offset {last!r}, {len(names)} new file(s): {names}", flush=True)
         if names:
             paths = [hadoop_uri(Path(options.incoming) / n) for n in names]
@@ -57,7 +60,7 @@ def main() -> None:
                 .withColumn("dt", F.to_date(F.substring("file", 8, 8), "yyyyMMdd").cast("string"))
             )
             job.stage(records.coalesce(1), partition_by=["dt"])
-        job.end_offsets = {"incoming": names[-1] if names else last}
+        job.end_offsets = {"incoming": names[-1] if names else (until or last)}
         injected = os.environ.get("WALSINK_EXAMPLE_FAIL_AFTER_STAGING")
         if injected in ("*", job.checkpoint_key) and job.attempt == 1:
             raise RuntimeError(f"injected failure after staging attempt {job.attempt} (demonstration)")
