@@ -40,6 +40,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from airflow_provider_walsink.committer.commit import explain_not_committable, read_sealed_manifest
 from airflow_provider_walsink.committer.store import Actor, CommitterStore
 from airflow_provider_walsink.protocol.errors import NotDurableError, WalsinkError
@@ -181,8 +183,6 @@ class StagedData:
                     _FILE_COLUMN: self.files,
                     **{c: [None if v == HIVE_NULL else v for v in vs] for c, vs in values.items()},
                 }
-                import pyarrow as pa
-
                 partitions = conn.from_arrow(
                     pa.table({k: pa.array(v, type=pa.string()) for k, v in table.items()})
                 )

@@ -312,3 +312,21 @@ def test_the_audit_reads_the_sealed_manifest_the_commit_reads(sqlite_store, layo
         sqlite_store, layout, "p", "k", thousand_rows(), partition_columns=("dt",)
     )
     assert read_sealed_manifest(layout, sqlite_store.require("p", "k")) == (manifest, attempt_dir)
+
+
+def test_the_audit_core_does_not_import_airflow():
+    """Like the committer, the audit runs outside Airflow (a script, a notebook, the CLI)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'airflow' or name.startswith('airflow.'):\n"
+        "            raise ImportError('blocked ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import airflow_provider_walsink.audit\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

@@ -10,7 +10,7 @@ else ``$AIRFLOW_HOME/walsink/audit-test``; the committer is ``walsink_default``.
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from airflow.sdk import DAG
@@ -35,6 +35,9 @@ with DAG(
     start_date=datetime(2026, 5, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=2,
+    # As the examples: a task that could not start (a busy api-server) is tried again.
+    # The audit itself never retries a verdict (AirflowFailException).
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=5)},
     tags=["walsink-tests"],
 ) as dag:
     walsink_pipeline(
