@@ -1,4 +1,4 @@
-"""One call that wires a pipeline's write → durable → commit tasks into a TaskGroup.
+"""One call that wires a pipeline's write → durable → [audit →] commit tasks into a TaskGroup.
 
 ::
 
@@ -12,8 +12,10 @@
             partition_by=["dt"],
         )
 
-The three tasks share the pipeline id, the checkpoint key (default: the run's
-data interval start), the committer connection and the staging root.
+The tasks share the pipeline id, the checkpoint key (default: the run's
+data interval start), the committer connection and the staging root. With
+``audit=[...]`` an audit task checks the staged data between durable and
+commit, and the commit publishes only what passed it (docs/audit.md).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
+from airflow_provider_walsink.operators.audit import WalAuditOperator
 from airflow_provider_walsink.operators.commit import WalCommitOperator
 from airflow_provider_walsink.operators.write import WalWriteOperator
 from airflow_provider_walsink.sensors.durable import CheckpointDurableSensor
@@ -55,12 +58,14 @@ def walsink_pipeline(
     checksum: str | None = "crc32",
     initial_offsets: Mapping[str, Any] | None = None,
     reprocess: str = "skip",
+    audit: Sequence[Any] | None = None,
     write_kwargs: Mapping[str, Any] | None = None,
     durable_kwargs: Mapping[str, Any] | None = None,
+    audit_kwargs: Mapping[str, Any] | None = None,
     commit_kwargs: Mapping[str, Any] | None = None,
     **group_kwargs: Any,
 ) -> TaskGroup:
-    """Create (inside the current DAG) a TaskGroup ``write >> durable >> commit``.
+    """Create (inside the current DAG) a TaskGroup ``write >> durable >> [audit >>] commit``.
 
     :param group_id: the TaskGroup's id (task ids become ``<group_id>.write`` etc.).
     :param pipeline: pipeline id in the committer table.
@@ -76,8 +81,12 @@ def walsink_pipeline(
         version supersedes the committed one); a run's conf
         ``{"walsink_reprocess": ...}`` overrides it for that run (docs/backfill.md).
     :param deferrable: wait for durability in the triggerer (default) instead of a worker.
-    :param write_kwargs / durable_kwargs / commit_kwargs: further arguments of each
-        task (``retries``, ``pool``, ``spark_submit_kwargs``...).
+    :param audit: checks on the staged data before it is published
+        (``RowCountCheck``, ``NotNullCheck``, ``SqlPredicateCheck``,
+        ``CallableCheck`` or plain callables; docs/audit.md): adds the task
+        ``audit`` and makes the commit publish only AUDITED checkpoints.
+    :param write_kwargs / durable_kwargs / audit_kwargs / commit_kwargs: further
+        arguments of each task (``retries``, ``pool``, ``spark_submit_kwargs``...).
     Other parameters are those of :class:`WalWriteOperator`,
     :class:`CheckpointDurableSensor` and :class:`WalCommitOperator`.
     """
@@ -126,8 +135,19 @@ def walsink_pipeline(
             mode=mode,
             partition_by=partition_by,
             verify_checksums=verify_checksums,
+            require_audit=audit is not None,
             **shared,
             **dict(commit_kwargs or {}),
         )
-        write >> durable >> commit
+        if audit is None:
+            write >> durable >> commit
+        else:
+            checks = WalAuditOperator(
+                task_id="audit",
+                staging_root=staged_at,
+                checks=audit,
+                **shared,
+                **dict(audit_kwargs or {}),
+            )
+            write >> durable >> checks >> commit
     return group

@@ -295,6 +295,90 @@ def test_extra_link_survives_an_api_server_move(airflow_stack, committed_run, br
         move_api_server(stack, old_port)
 
 
+AUDIT_DAG = "walsink_audit_test"
+AUDIT_PIPELINE = "audited_events"
+#: An even day: the job stages three rows without a user id, which the DAG's audit rejects.
+REJECTED_DAY = "2026-05-04"
+REJECTED_REASON = "not_null(user_id): 3 of 1,000 rows are NULL"
+
+
+@pytest.fixture(scope="module")
+def rejected_run(airflow_stack) -> dict:
+    """A run of ``tests/dags/walsink_audit_test.py`` whose audit failed, on the stack (real Spark):
+    the checkpoint REJECTED, the commit task never ran, nothing published."""
+    stack = airflow_stack
+    key = REJECTED_DAY.replace("-", "") + "T000000Z"
+    target = stack.home / "walsink" / "audit-test" / "target"  # the DAG's default home on the stack
+    store = CommitterStore.from_url(f"sqlite:///{stack.home}/walsink/committer.db")
+    try:
+        record = store.get(AUDIT_PIPELINE, key)
+        if record is None:
+            stack.wait_for_dag(AUDIT_DAG)
+            stack.unpause(AUDIT_DAG)
+            runs = stack.wait_for_backfill(stack.backfill(AUDIT_DAG, REJECTED_DAY, REJECTED_DAY), timeout=900)
+            assert [r["state"] for r in runs] == ["failed"], runs
+            states = stack.task_states(AUDIT_DAG, runs[0]["dag_run_id"])
+            assert states == {
+                "events.write": "success",
+                "events.durable": "success",
+                "events.audit": "failed",
+                "events.commit": "upstream_failed",
+            }, states
+            record = store.require(AUDIT_PIPELINE, key)
+    finally:
+        store.dispose()
+    assert record.state.value == "REJECTED" and record.error == REJECTED_REASON
+    assert not (target / f"dt={REJECTED_DAY}").exists()  # the target is untouched
+    return {"key": key, "run_id": record.run_id}
+
+
+def test_rejected_checkpoint_shows_why_in_the_airflow_ui(airflow_stack, rejected_run, browser):
+    """Issue 15: an audit that fails leaves the checkpoint REJECTED, and the UI says why."""
+    from playwright.sync_api import expect
+
+    stack, key = airflow_stack, rejected_run["key"]
+    context = browser.new_context(viewport=SCREEN)
+    context.set_default_timeout(TIMEOUT_MS)
+    expect.set_options(timeout=TIMEOUT_MS)
+    page = context.new_page()
+    try:
+        login(page, stack)
+        page.get_by_role("button", name="Browse").click()
+        page.get_by_role("menuitem", name="Commit state").click()
+        frame = page.frame_locator("iframe")
+        frame.get_by_role("link", name=AUDIT_PIPELINE, exact=True).click()
+
+        # The pipeline counts the REJECTED checkpoint and names it as the last error.
+        expect(frame.get_by_role("heading", name=AUDIT_PIPELINE)).to_be_visible()
+        expect(frame.locator(".legend li", has_text="REJECTED")).to_contain_text("REJECTED 1")
+        expect(frame.locator(".timeline .cell.s-rejected")).to_have_count(1)
+        expect(frame.locator("dl.facts dd.error")).to_contain_text(REJECTED_REASON)
+        shot(page, "9-rejected-pipeline")
+
+        # The checkpoint: REJECTED in its badge colour, the reason, and the failed check.
+        frame.get_by_role("link", name=key, exact=True).click()
+        badge = frame.locator("h1 .badge")
+        expect(badge).to_have_text("REJECTED")
+        assert badge.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(173, 20, 87)"  # --rejected
+        expect(frame.locator("#error")).to_have_text(REJECTED_REASON)
+        failed = frame.locator("#audit tr.failure")
+        expect(failed).to_have_count(1)
+        expect(failed).to_contain_text("not_null(user_id)")
+        expect(failed).to_contain_text("3 of 1,000 rows are NULL")
+        expect(frame.locator("#audit")).to_contain_text("amount_in_range")  # the checks that passed too
+        expect(frame.locator("#audit-summary")).to_contain_text("1 of 3 audit checks failed")
+        expect(frame.locator("table.history")).to_contain_text("events.audit")
+        # Nothing was published: no publication, and the staged data is still there to inspect.
+        expect(frame.locator("#publication")).to_have_count(0)
+        expect(frame.locator("table.committables")).to_be_visible()
+        shot(page, "10-rejected-checkpoint")
+    except Exception:
+        shot(page, "failure-rejected")
+        raise
+    finally:
+        context.close()
+
+
 def test_logged_out_browser_gets_no_plugin_data(airflow_stack, browser):
     context = browser.new_context()
     try:

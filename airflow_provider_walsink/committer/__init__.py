@@ -3,12 +3,14 @@
 from .commit import CheckpointCommitter, CommitSummary
 from .store import (
     Actor,
+    AuditRejectedError,
     CheckpointNotFoundError,
     CheckpointRecord,
     CommitterStore,
     Lease,
     LeaseHeldError,
     LeaseLostError,
+    NotAuditedError,
     OrderingError,
     StaleAttemptError,
     StoreError,
@@ -18,6 +20,7 @@ from .writer import CheckpointWriter
 
 __all__ = [
     "Actor",
+    "AuditRejectedError",
     "CheckpointCommitter",
     "CheckpointNotFoundError",
     "CheckpointRecord",
@@ -27,6 +30,7 @@ __all__ = [
     "Lease",
     "LeaseHeldError",
     "LeaseLostError",
+    "NotAuditedError",
     "OrderingError",
     "StaleAttemptError",
     "StoreError",

@@ -14,6 +14,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from airflow_provider_walsink.faults import crashpoint
@@ -30,10 +31,18 @@ from airflow_provider_walsink.protocol.errors import (
 )
 from airflow_provider_walsink.protocol.manifest import Manifest, read_manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.protocol.states import CheckpointState
+from airflow_provider_walsink.protocol.states import COMMITTABLE, CheckpointState
 from airflow_provider_walsink.publishers.base import Publisher, PublishResult
 
-from .store import Actor, CheckpointRecord, CommitterStore, Lease, TransitionError
+from .store import (
+    Actor,
+    AuditRejectedError,
+    CheckpointRecord,
+    CommitterStore,
+    Lease,
+    NotAuditedError,
+    TransitionError,
+)
 
 log = logging.getLogger(__name__)
 S = CheckpointState
@@ -94,7 +103,35 @@ def explain_not_committable(record: CheckpointRecord) -> str:
             return f"{name} is not durable: it FAILED before it was verified: {record.error}"
         case S.ABORTED:
             return f"{name} was ABORTED and will never be committed: {record.error}"
+        case S.REJECTED:
+            return f"{name} was REJECTED by its audit and will never be committed: {record.error}"
     return f"{name} is {record.state}"
+
+
+def read_sealed_manifest(layout: StagingLayout, record: CheckpointRecord) -> tuple[Manifest, Path]:
+    """The checkpoint's sealed manifest and its attempt directory, checked against the record.
+
+    The path is built from the record's identifiers inside ``layout`` (never
+    taken from a row), the digest must be the sealed one, and the manifest
+    must describe this checkpoint's sealed attempt. Raises ``ManifestError``.
+    """
+    assert record.sealed_attempt is not None and record.manifest_digest is not None
+    pipeline, checkpoint_key = record.pipeline, record.checkpoint_key
+    manifest_path = layout.manifest_path(
+        pipeline, checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
+    )
+    manifest = read_manifest(manifest_path, expected_digest=record.manifest_digest)
+    if (manifest.pipeline, manifest.checkpoint_key, manifest.attempt) != (
+        pipeline,
+        checkpoint_key,
+        record.sealed_attempt,
+    ) or (record.sealed_attempt_id and manifest.attempt_id != record.sealed_attempt_id):
+        raise ManifestError(
+            f"manifest {manifest_path} describes {manifest.pipeline}/{manifest.checkpoint_key} "
+            f"attempt {manifest.attempt} ({manifest.attempt_id}), not {pipeline}/{checkpoint_key} "
+            f"attempt {record.sealed_attempt} ({record.sealed_attempt_id})"
+        )
+    return manifest, manifest_path.parent
 
 
 class CheckpointCommitter:
@@ -108,6 +145,8 @@ class CheckpointCommitter:
     Raises ``NotDurableError`` (not yet committable: says what is missing),
     ``LeaseHeldError`` (another committer is publishing: retry later),
     ``OrderingError`` (an earlier ``append`` checkpoint is open),
+    ``AuditRejectedError`` (REJECTED by its audit: never committed),
+    ``NotAuditedError`` (``require_audit`` and the attempt was not audited),
     ``FencedError`` (the lease was lost mid-publish: this process stopped
     before its next change; the new holder finishes), or the publisher's
     error, after recording it on the checkpoint (FAILED, lease released).
@@ -124,6 +163,7 @@ class CheckpointCommitter:
         mode: str,
         owner: str | None = None,
         lease_ttl: timedelta = timedelta(minutes=10),
+        require_audit: bool = False,
     ) -> None:
         self.store = store
         self.layout = layout
@@ -131,6 +171,8 @@ class CheckpointCommitter:
         self.mode = mode
         self.owner = owner
         self.lease_ttl = lease_ttl
+        #: The pipeline declares an audit: only an AUDITED sealed attempt is published.
+        self.require_audit = require_audit
 
     def commit(self, pipeline: str, checkpoint_key: str, *, actor: Actor) -> CommitSummary:
         started = time.monotonic()
@@ -141,8 +183,16 @@ class CheckpointCommitter:
         asked = time.monotonic()  # the lease runs from no earlier than this
         try:
             lease = self.store.acquire_lease(
-                pipeline, checkpoint_key, owner=owner, ttl=self.lease_ttl, actor=actor, mode=self.mode
+                pipeline,
+                checkpoint_key,
+                owner=owner,
+                ttl=self.lease_ttl,
+                actor=actor,
+                mode=self.mode,
+                require_audit=self.require_audit,
             )
+        except (AuditRejectedError, NotAuditedError):
+            raise
         except TransitionError:
             record = self.store.require(pipeline, checkpoint_key)
             if record.is_committed:
@@ -155,9 +205,7 @@ class CheckpointCommitter:
                 )
                 self._finish_cleanup(record)
                 return self._summary(record, already=True, started=started)
-            if record.state not in (S.DURABLE, S.COMMITTING) and not (
-                record.state is S.FAILED and record.durable_at
-            ):
+            if record.state not in COMMITTABLE or (record.state is S.FAILED and not record.durable_at):
                 raise NotDurableError(explain_not_committable(record)) from None
             raise
         if lease.taken_over_from:
@@ -176,24 +224,8 @@ class CheckpointCommitter:
             supersedes=record.supersedes_attempt_id,
         )
         try:
-            manifest_path = self.layout.manifest_path(
-                pipeline, checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
-            )
-            manifest = read_manifest(manifest_path, expected_digest=record.manifest_digest)
-            if (manifest.pipeline, manifest.checkpoint_key, manifest.attempt) != (
-                pipeline,
-                checkpoint_key,
-                record.sealed_attempt,
-            ) or (record.sealed_attempt_id and manifest.attempt_id != record.sealed_attempt_id):
-                raise ManifestError(
-                    f"manifest {manifest_path} describes {manifest.pipeline}/{manifest.checkpoint_key} "
-                    f"attempt {manifest.attempt} ({manifest.attempt_id}), not {pipeline}/{checkpoint_key} "
-                    f"attempt {record.sealed_attempt} ({record.sealed_attempt_id})"
-                )
+            manifest, attempt_dir = read_sealed_manifest(self.layout, record)
             ctx.attempt_id = manifest.attempt_id
-            attempt_dir = self.layout.attempt_dir(
-                pipeline, checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
-            )
             result = self.publisher.publish(manifest, attempt_dir, ctx)
             crashpoint("commit.after_publish")
             # No fence first: recording COMMITTED is itself a compare-and-set on the epoch.

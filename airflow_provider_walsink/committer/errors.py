@@ -21,6 +21,15 @@ class StaleAttemptError(TransitionError):
     """An older write attempt tried to seal after a newer one started."""
 
 
+class AuditRejectedError(TransitionError):
+    """The checkpoint was REJECTED by its audit: it is never committed (the message names
+    the failed checks). Retrying does not help; write a new attempt or abort it."""
+
+
+class NotAuditedError(TransitionError):
+    """The pipeline declares an audit and the checkpoint's sealed attempt has not passed it."""
+
+
 class LeaseHeldError(StoreError):
     """Another committer holds a live lease on the checkpoint."""
 

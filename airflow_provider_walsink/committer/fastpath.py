@@ -47,18 +47,20 @@ HISTORY_COLUMNS = ("actor", "dag_id", "run_id", "task_id", "try_number", "detail
 
 
 @functools.cache
-def one_statement_transition(to: CheckpointState) -> Select:
+def one_statement_transition(to: CheckpointState, *, require_audit: bool = False) -> Select:
     """One statement that moves a checkpoint to COMMITTING or COMMITTED, or changes nothing.
 
     Parameters (``p_`` and: pipeline, checkpoint_key, owner, ttl, epoch,
     end_offsets, publication and the history columns) never share a column's
     name: SQLAlchemy would add such a name to the UPDATE's SET clause.
 
-    * COMMITTING (take the lease): the checkpoint is DURABLE, COMMITTING or
-      FAILED after it was durable, with no lease holder (a takeover takes the
-      general path, which names whom it took over from). For ``overwrite``
-      pipelines only: ``append`` checks the order of commits. ``old`` locks
-      the row first and keeps its state for the history.
+    * COMMITTING (take the lease): the checkpoint is DURABLE, AUDITED,
+      COMMITTING or FAILED after it was durable, with no lease holder (a
+      takeover takes the general path, which names whom it took over from);
+      with ``require_audit`` it must be AUDITED (the other states need the
+      history to tell whether the attempt was audited: general path). For
+      ``overwrite`` pipelines only: ``append`` checks the order of commits.
+      ``old`` locks the row first and keeps its state for the history.
     * COMMITTED: the checkpoint is COMMITTING under our epoch.
     """
     where = and_(
@@ -68,15 +70,19 @@ def one_statement_transition(to: CheckpointState) -> Select:
     from_state: Any
     if to is S.COMMITTING:
         old = select(ckpt.c.id, ckpt.c.state.label("from_state")).where(where).with_for_update().cte("old")
+        committable = (
+            old.c.from_state == S.AUDITED.value
+            if require_audit
+            else or_(
+                old.c.from_state.in_([S.DURABLE.value, S.AUDITED.value, S.COMMITTING.value]),
+                and_(old.c.from_state == S.FAILED.value, ckpt.c.durable_at.is_not(None)),
+            )
+        )
         moved = (
             update(ckpt)
             .where(
                 ckpt.c.id == old.c.id,
-                or_(
-                    old.c.from_state == S.DURABLE.value,
-                    old.c.from_state == S.COMMITTING.value,
-                    and_(old.c.from_state == S.FAILED.value, ckpt.c.durable_at.is_not(None)),
-                ),
+                committable,
                 ckpt.c.lease_owner.is_(None),
             )
             .values(

@@ -14,7 +14,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from airflow_provider_walsink.protocol.errors import WalsinkError
 from airflow_provider_walsink.protocol.identifiers import validate_identifier
-from airflow_provider_walsink.protocol.states import CheckpointState
+from airflow_provider_walsink.protocol.states import ERROR_STATES, CheckpointState
 
 from .errors import CheckpointNotFoundError
 from .models import checkpoint_table as ckpt
@@ -142,7 +142,7 @@ class CheckpointQueries:
 
     @retrying
     def pipeline_summary(self, pipeline: str) -> dict[str, Any]:
-        """Counts per state, the latest committed and the latest failed/aborted checkpoint.
+        """Counts per state, the latest committed and the latest failed/aborted/rejected checkpoint.
 
         Cost does not grow with the pipeline's history: ``register()`` allocates
         sequence numbers without gaps in the same transaction as the row, and rows
@@ -171,7 +171,7 @@ class CheckpointQueries:
                 counts[S.COMMITTED.value] = committed
             for name, states in (
                 ("committed", [S.COMMITTED.value]),
-                ("error", [S.FAILED.value, S.ABORTED.value]),
+                ("error", sorted(s.value for s in ERROR_STATES)),
             ):
                 # One indexed "newest first, limit 1" probe per state, then the newer of them.
                 found = []

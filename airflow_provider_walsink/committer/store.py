@@ -47,14 +47,22 @@ from sqlalchemy.sql.elements import ColumnElement
 from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.protocol.manifest import Manifest
-from airflow_provider_walsink.protocol.states import TRANSITIONS, CheckpointState
+from airflow_provider_walsink.protocol.states import (
+    AUDIT_VERDICTS,
+    COMMITTABLE,
+    TRANSITIONS,
+    VERIFIED_DURABLE,
+    CheckpointState,
+)
 
 from .clock import as_datetime, db_now
 from .engine import WRITE, create_committer_engine
 from .errors import (
+    AuditRejectedError,
     CheckpointNotFoundError,
     LeaseHeldError,
     LeaseLostError,
+    NotAuditedError,
     OrderingError,
     StaleAttemptError,
     StoreError,
@@ -73,12 +81,14 @@ from .retry import is_transient, retrying
 __all__ = [
     "OPEN_STATES",
     "Actor",
+    "AuditRejectedError",
     "CheckpointNotFoundError",
     "CheckpointRecord",
     "CommitterStore",
     "Lease",
     "LeaseHeldError",
     "LeaseLostError",
+    "NotAuditedError",
     "OrderingError",
     "StaleAttemptError",
     "StoreError",
@@ -248,7 +258,13 @@ class CommitterStore(CheckpointQueries):
         self._record(conn, row["id"], row["state"], row["state"], row["attempt"], actor, detail, row["_now"])
 
     def _try_one_statement(
-        self, to: CheckpointState, actor: Actor, detail: str | None, **params: Any
+        self,
+        to: CheckpointState,
+        actor: Actor,
+        detail: str | None,
+        *,
+        require_audit: bool = False,
+        **params: Any,
     ) -> CheckpointRecord | None:
         """Run :func:`.fastpath.one_statement_transition` (autocommit: it is its own transaction)."""
         params.update(**_history_values(actor, detail))
@@ -262,7 +278,10 @@ class CommitterStore(CheckpointQueries):
             driver.autocommit = True
             try:
                 row = (
-                    conn.execute(one_statement_transition(to), {f"p_{k}": v for k, v in params.items()})
+                    conn.execute(
+                        one_statement_transition(to, require_audit=require_audit),
+                        {f"p_{k}": v for k, v in params.items()},
+                    )
                     .mappings()
                     .first()
                 )
@@ -574,9 +593,97 @@ class CommitterStore(CheckpointQueries):
                     f"attempt {attempt} of {pipeline}/{checkpoint_key} is not the sealed attempt "
                     f"({row['sealed_attempt']})"
                 )
-            if row["state"] in (S.DURABLE.value, S.COMMITTING.value, S.COMMITTED.value):
+            if CheckpointState(row["state"]) in VERIFIED_DURABLE:
                 return CheckpointRecord.from_row(row)
             return self._move(conn, row, S.DURABLE, actor, detail=detail, durable_at=row["_now"], error=None)
+
+    # ------------------------------------------------------------------ audit (write-audit-publish)
+
+    def _audit_verdict(self, conn: Connection, row: Mapping[str, Any]) -> CheckpointState | None:
+        """The audit verdict (AUDITED or REJECTED) on the row's current attempt, or None.
+
+        The newest of the checkpoint's WRITING, AUDITED and REJECTED transitions
+        decides: a new attempt (WRITING) voids every earlier verdict. Needed when
+        the state itself no longer says it (FAILED, COMMITTING after AUDITED).
+        """
+        last = conn.execute(
+            select(trans.c.to_state)
+            .where(
+                trans.c.checkpoint_id == row["id"],
+                trans.c.to_state.in_([S.WRITING.value, *(v.value for v in AUDIT_VERDICTS)]),
+            )
+            .order_by(trans.c.id.desc())
+            .limit(1)
+        ).scalar()
+        return CheckpointState(last) if last in {v.value for v in AUDIT_VERDICTS} else None
+
+    def _audit_row(
+        self, conn: Connection, pipeline: str, checkpoint_key: str, attempt_id: str, verdict: CheckpointState
+    ) -> tuple[dict[str, Any], bool]:
+        """Lock the row for a verdict on ``attempt_id``; True if that verdict is already recorded."""
+        row = self._lock(conn, pipeline, checkpoint_key)
+        if row["sealed_attempt_id"] != attempt_id:
+            raise StaleAttemptError(
+                f"the audit of attempt {attempt_id} of {pipeline}/{checkpoint_key} is stale: the checkpoint's "
+                f"sealed attempt is now {row['sealed_attempt_id']} ({row['state']}); its verdict is not recorded"
+            )
+        state = CheckpointState(row["state"])
+        if state is verdict or (
+            verdict is S.AUDITED
+            and state in (S.COMMITTING, S.COMMITTED, S.FAILED)
+            and self._audit_verdict(conn, row) is S.AUDITED
+        ):
+            return row, True
+        if state is S.FAILED and not row["durable_at"]:
+            raise TransitionError(
+                f"checkpoint {pipeline}/{checkpoint_key} FAILED before it was durable; it cannot be audited"
+            )
+        return row, False
+
+    @retrying
+    def mark_audited(
+        self, pipeline: str, checkpoint_key: str, *, attempt_id: str, actor: Actor, detail: str | None = None
+    ) -> CheckpointRecord:
+        """Record that the sealed attempt ``attempt_id`` passed the audit (DURABLE -> AUDITED).
+
+        ``detail`` (the check results, JSON) goes into the history. Raises
+        :class:`StaleAttemptError` if ``attempt_id`` is no longer the sealed
+        attempt (a newer attempt started: this verdict is about old data), and
+        :class:`TransitionError` if the checkpoint is not durable (or was
+        REJECTED). Repeating it after it took effect returns the row.
+        """
+        with self._tx() as conn:
+            row, done = self._audit_row(conn, pipeline, checkpoint_key, attempt_id, S.AUDITED)
+            if done:
+                return CheckpointRecord.from_row(row)
+            return self._move(conn, row, S.AUDITED, actor, detail=detail, error=None)
+
+    @retrying
+    def reject(
+        self,
+        pipeline: str,
+        checkpoint_key: str,
+        *,
+        attempt_id: str,
+        reason: str,
+        actor: Actor,
+        detail: str | None = None,
+    ) -> CheckpointRecord:
+        """Record that the sealed attempt ``attempt_id`` failed the audit (DURABLE -> REJECTED).
+
+        ``reason`` (the failed checks, one line each) becomes the checkpoint's
+        ``error``; ``detail`` (every check's result, JSON) goes into the
+        history. A REJECTED checkpoint is never committed; a new write attempt
+        or an abort leaves it. Raises :class:`StaleAttemptError` if
+        ``attempt_id`` is no longer the sealed attempt (a stale audit never
+        rejects a newer attempt), :class:`TransitionError` if the checkpoint
+        is not durable or already AUDITED. Repeating it is safe.
+        """
+        with self._tx() as conn:
+            row, done = self._audit_row(conn, pipeline, checkpoint_key, attempt_id, S.REJECTED)
+            if done:
+                return CheckpointRecord.from_row(row)
+            return self._move(conn, row, S.REJECTED, actor, detail=detail or reason, error=reason[:10000])
 
     # ------------------------------------------------------------------ leases (fenced)
 
@@ -590,6 +697,7 @@ class CommitterStore(CheckpointQueries):
         ttl: timedelta,
         actor: Actor,
         mode: str | None = None,
+        require_audit: bool = False,
     ) -> Lease:
         """Take the right to publish a durable checkpoint, bumping its fencing token.
 
@@ -598,10 +706,14 @@ class CommitterStore(CheckpointQueries):
         (takeover: the holder crashed or stalled; its token is now stale). In
         ``append`` mode an earlier uncommitted checkpoint of the pipeline
         blocks this one, and the checkpoint's start offsets must continue the
-        last committed checkpoint's end offsets.
+        last committed checkpoint's end offsets. A REJECTED checkpoint is never
+        committed; with ``require_audit`` (a pipeline that declares an audit)
+        neither is one whose sealed attempt has not passed the audit.
 
         Raises :class:`LeaseHeldError` (someone else holds a live lease; retry
         later), :class:`TransitionError` (committed, or not durable),
+        :class:`AuditRejectedError` (REJECTED: names the failed checks),
+        :class:`NotAuditedError` (``require_audit`` and not audited),
         :class:`OrderingError` (append order). Repeating it is safe.
         """
         if self._one_statement and mode == "overwrite":
@@ -609,6 +721,7 @@ class CommitterStore(CheckpointQueries):
                 S.COMMITTING,
                 actor,
                 f"lease taken for {ttl.total_seconds():g}s",  # the statement appends the epoch
+                require_audit=require_audit,
                 owner=owner,
                 pipeline=pipeline,
                 checkpoint_key=checkpoint_key,
@@ -637,10 +750,20 @@ class CommitterStore(CheckpointQueries):
                         f"(lease until {row['lease_expires_at']:%Y-%m-%d %H:%M:%S} UTC on the committer "
                         "database's clock)"
                     )
-            elif state not in (S.DURABLE, S.COMMITTING) and not (state is S.FAILED and row["durable_at"]):
+            elif state is S.REJECTED:
+                raise AuditRejectedError(
+                    f"checkpoint {pipeline}/{checkpoint_key} was REJECTED by its audit and is never committed: "
+                    f"{row['error']}; write it again (a new attempt) or abort it"
+                )
+            elif state not in COMMITTABLE or (state is S.FAILED and not row["durable_at"]):
                 raise TransitionError(
                     f"checkpoint {pipeline}/{checkpoint_key} is {state}, not DURABLE; "
                     "it cannot be committed until its sealed attempt is verified"
+                )
+            if require_audit and state is not S.AUDITED and self._audit_verdict(conn, row) is not S.AUDITED:
+                raise NotAuditedError(
+                    f"checkpoint {pipeline}/{checkpoint_key} is {state} but its sealed attempt "
+                    f"{row['sealed_attempt_id']} has not passed the pipeline's audit; run the audit task first"
                 )
             if (mode or self._mode(conn, pipeline)) == "append":
                 self._check_append_order(conn, row)

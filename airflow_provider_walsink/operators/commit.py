@@ -7,8 +7,10 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import AssetAlias, BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_walsink.committer.commit import CheckpointCommitter
+from airflow_provider_walsink.committer.errors import AuditRejectedError
 from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.connections import airflow_connection_fields
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
@@ -92,6 +94,10 @@ class WalCommitOperator(BaseOperator):
     :param emit_asset_events: declare the ``walsink-<pipeline>`` asset alias and
         add an event for the target's asset only when this try recorded
         COMMITTED (never on a no-op re-run): schedule downstream DAGs on it.
+    :param require_audit: the pipeline declares an audit (``WalAuditOperator``):
+        publish only a sealed attempt that passed it. A checkpoint REJECTED by
+        an audit is never published, whatever this says (the task fails
+        without retrying, naming the failed checks).
     """
 
     operator_extra_links = (WalsinkCheckpointLink(),)
@@ -113,6 +119,7 @@ class WalCommitOperator(BaseOperator):
         allow_older_overwrite: bool = False,
         target_options: Mapping[str, Any] | None = None,
         emit_asset_events: bool = True,
+        require_audit: bool = False,
         **kwargs: Any,
     ) -> None:
         self.asset_alias: AssetAlias | None = None
@@ -135,6 +142,7 @@ class WalCommitOperator(BaseOperator):
         self.verify_checksums = verify_checksums
         self.allow_older_overwrite = allow_older_overwrite
         self.target_options = dict(target_options or {})
+        self.require_audit = require_audit
 
     def get_publisher(self, layout: StagingLayout) -> Publisher:
         """The target's publisher: the object given, or one built from the target URI."""
@@ -163,9 +171,17 @@ class WalCommitOperator(BaseOperator):
                 publisher = self.get_publisher(layout)
         actor = actor_from_context(context)
         committer = CheckpointCommitter(
-            hook.get_store(), layout, publisher, mode=self.mode, lease_ttl=self.lease_ttl
+            hook.get_store(),
+            layout,
+            publisher,
+            mode=self.mode,
+            lease_ttl=self.lease_ttl,
+            require_audit=self.require_audit,
         )
-        summary = committer.commit(self.pipeline, key, actor=actor)
+        try:
+            summary = committer.commit(self.pipeline, key, actor=actor)
+        except AuditRejectedError as exc:
+            raise AirflowFailException(str(exc)) from None  # retrying cannot help
         self._summary = summary.to_dict()
         if summary.already_committed:
             self.log.info(

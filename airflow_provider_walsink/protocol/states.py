@@ -2,9 +2,14 @@
 
 The life cycle is DESIGN.md's::
 
-    REGISTERED -> WRITING -> SEALED -> DURABLE -> COMMITTING -> COMMITTED
-                     \\          \\         \\           \\
-                      +----------+---------+-----------+--> FAILED / ABORTED
+    REGISTERED -> WRITING -> SEALED -> DURABLE -> [AUDITED] -> COMMITTING -> COMMITTED
+                     \\          \\         \\           \\             \\
+                      +----------+---------+-----------+-------------+--> FAILED / ABORTED / REJECTED
+
+AUDITED and REJECTED are the optional audit gate (write-audit-publish): a
+pipeline that declares an audit publishes only an AUDITED checkpoint, and a
+REJECTED one (its staged data failed a check) is never published; only a new
+write attempt (or an abort) leaves REJECTED.
 
 A reprocess (``reprocess="replace"``) starts a new *version* of a COMMITTED
 checkpoint: the row goes back to REGISTERED under the same key, and the
@@ -22,10 +27,14 @@ class CheckpointState(enum.StrEnum):
     WRITING = "WRITING"
     SEALED = "SEALED"
     DURABLE = "DURABLE"
+    #: The sealed attempt's staged data passed the pipeline's audit.
+    AUDITED = "AUDITED"
     COMMITTING = "COMMITTING"
     COMMITTED = "COMMITTED"
     FAILED = "FAILED"
     ABORTED = "ABORTED"
+    #: The sealed attempt's staged data failed the audit (``error`` names the failed checks).
+    REJECTED = "REJECTED"
     #: A committed version replaced by a newer version of the same checkpoint (version table only).
     SUPERSEDED = "SUPERSEDED"
 
@@ -43,16 +52,28 @@ TRANSITIONS: dict[CheckpointState, frozenset[CheckpointState]] = {
     S.REGISTERED: frozenset({S.WRITING, S.FAILED, S.ABORTED}),
     S.WRITING: frozenset({S.WRITING, S.SEALED, S.FAILED, S.ABORTED}),
     S.SEALED: frozenset({S.WRITING, S.DURABLE, S.FAILED, S.ABORTED}),
-    S.DURABLE: frozenset({S.WRITING, S.DURABLE, S.COMMITTING, S.FAILED, S.ABORTED}),
+    S.DURABLE: frozenset({S.WRITING, S.DURABLE, S.AUDITED, S.REJECTED, S.COMMITTING, S.FAILED, S.ABORTED}),
+    S.AUDITED: frozenset({S.WRITING, S.COMMITTING, S.FAILED, S.ABORTED}),
     S.COMMITTING: frozenset({S.COMMITTING, S.COMMITTED, S.FAILED}),
     # Only a reprocess leaves COMMITTED (store.begin_version): a new version starts.
     S.COMMITTED: frozenset({S.REGISTERED}),
     # A failed checkpoint is never lost: it can be written again, or, if it was
-    # durable before it failed, committed again once the cause is fixed.
-    S.FAILED: frozenset({S.WRITING, S.DURABLE, S.COMMITTING, S.FAILED, S.ABORTED}),
+    # durable before it failed, audited and committed again once the cause is fixed.
+    S.FAILED: frozenset({S.WRITING, S.DURABLE, S.AUDITED, S.REJECTED, S.COMMITTING, S.FAILED, S.ABORTED}),
     S.ABORTED: frozenset(),
+    # Its data failed the audit: never committed; a fixed job writes a new attempt.
+    S.REJECTED: frozenset({S.WRITING, S.ABORTED}),
     S.SUPERSEDED: frozenset(),
 }
 
 #: States from which a new write attempt may start.
 WRITABLE = frozenset(s for s, nxt in TRANSITIONS.items() if S.WRITING in nxt)
+#: States in which the sealed attempt was verified durable already (the
+#: durability gate passes at once; an audit verdict does not undo durability).
+VERIFIED_DURABLE = frozenset({S.DURABLE, S.AUDITED, S.REJECTED, S.COMMITTING, S.COMMITTED})
+#: States a commit may take the lease from (FAILED only if it was durable before).
+COMMITTABLE = frozenset(s for s, nxt in TRANSITIONS.items() if S.COMMITTING in nxt)
+#: Audit verdicts: each names the sealed attempt it judged in its history row.
+AUDIT_VERDICTS = frozenset({S.AUDITED, S.REJECTED})
+#: States shown as a pipeline's "last error".
+ERROR_STATES = frozenset({S.FAILED, S.ABORTED, S.REJECTED})

@@ -32,8 +32,9 @@ class CheckpointDurableSensor(BaseSensorOperator):
     the manifest is sealed (the committer table holds its digest and the file
     matches it), every committable exists with its recorded size (and
     checksum when ``verify_checksums``), and the totals match the counts
-    recorded at sealing. A checkpoint already DURABLE, COMMITTING or COMMITTED
-    passes at once (a re-run after the commit deleted the staging area).
+    recorded at sealing. A checkpoint already DURABLE, AUDITED, REJECTED,
+    COMMITTING or COMMITTED passes at once (a re-run after the commit deleted
+    the staging area; an audit verdict is the audit task's to report).
 
     With ``deferrable=True`` the wait happens in the triggerer
     (:class:`~airflow_provider_walsink.triggers.durable.CheckpointDurableTrigger`)

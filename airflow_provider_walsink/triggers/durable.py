@@ -27,7 +27,7 @@ from airflow_provider_walsink.protocol.durability import check_attempt
 from airflow_provider_walsink.protocol.errors import ManifestError
 from airflow_provider_walsink.protocol.manifest import read_manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.protocol.states import CheckpointState
+from airflow_provider_walsink.protocol.states import VERIFIED_DURABLE, CheckpointState
 
 try:
     from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -35,8 +35,8 @@ except ImportError:  # pragma: no cover
     from airflow.sdk.bases.trigger import BaseTrigger, TriggerEvent  # type: ignore[no-redef]
 
 S = CheckpointState
-#: States in which the checkpoint was verified durable already.
-DURABLE_OR_LATER = (S.DURABLE, S.COMMITTING, S.COMMITTED)
+#: States in which the checkpoint was verified durable already (audited or rejected included).
+DURABLE_OR_LATER = VERIFIED_DURABLE
 
 
 @dataclass(frozen=True)

@@ -220,10 +220,12 @@ def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, key: str
     if record is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "Checkpoint not found")
     history = store.history(pipeline, key)
+    transitions = [views.transition_dict(t) for t in history]
     return {
         "checkpoint": views.checkpoint_dict(record),
         "committables": views.committables(record, get_layout()),
-        "history": [views.transition_dict(t) for t in history],
+        "audit": views.audit_results(record, transitions),
+        "history": transitions,
         "versions": [views.version_dict(v) for v in store.versions(pipeline, key)] if record.version > 1 else [],
         "skipped_reruns": views.skipped_reruns(history),
     }

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 from sqlalchemy import select
 
+from airflow_provider_walsink.audit import AuditReport
 from airflow_provider_walsink.committer.models import checkpoint_table as _ckpt
 from airflow_provider_walsink.committer.models import pipeline_table as _pipe
 from airflow_provider_walsink.committer.records import VersionRecord
@@ -28,7 +29,7 @@ from airflow_provider_walsink.committer.store import (
 from airflow_provider_walsink.protocol.errors import WalsinkError
 from airflow_provider_walsink.protocol.manifest import read_manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.protocol.states import CheckpointState
+from airflow_provider_walsink.protocol.states import AUDIT_VERDICTS, ERROR_STATES, CheckpointState
 
 S = CheckpointState
 #: Display order of a checkpoint row's states (life-cycle order, then the dead ends).
@@ -108,7 +109,7 @@ def phases(record: CheckpointRecord, now: datetime | None = None) -> dict[str, A
         "total_s": _seconds(record.created_at, record.committed_at),
         "current": None,
     }
-    if record.state.is_final or record.state is S.FAILED:
+    if record.state.is_final or record.state in ERROR_STATES:
         return out
     if record.sealed_at is None:
         out["current"], out["write_s"] = "write", _seconds(record.created_at, now)
@@ -184,7 +185,36 @@ def transition_dict(record: TransitionRecord) -> dict[str, Any]:
     out["at"] = _iso(record.at)
     del out["checkpoint_id"]
     out["airflow"] = airflow_links(record.dag_id, record.run_id, record.task_id)
+    # An audit verdict's detail is its check results (JSON): also given parsed.
+    out["audit"] = AuditReport.from_detail(record.detail) if record.to_state in _VERDICTS else None
     return out
+
+
+_VERDICTS = frozenset(s.value for s in AUDIT_VERDICTS)
+
+
+def audit_results(record: CheckpointRecord, history: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The latest audit verdict on the checkpoint's sealed attempt (given ``transition_dict`` rows):
+    ``{"verdict", "at", "task_id", "summary", "checks": [{"check", "passed", "reason"}]}``, or None.
+
+    A verdict on an earlier attempt is not shown as this attempt's.
+    """
+    for t in reversed(history):
+        audit = t.get("audit")
+        if t["to_state"] == S.WRITING.value:
+            return None  # a newer attempt than any verdict before this row
+        if audit is not None and t["to_state"] in _VERDICTS:
+            if record.sealed_attempt_id and audit.get("attempt_id") not in (None, record.sealed_attempt_id):
+                return None
+            return {
+                "verdict": t["to_state"],
+                "at": t["at"],
+                "task_id": t["task_id"],
+                "summary": audit.get("summary"),
+                "passed_not_listed": audit.get("passed_not_listed", 0),
+                "checks": [c for c in audit["checks"] if isinstance(c, dict)],
+            }
+    return None
 
 
 def pipeline_dict(store: CommitterStore, row: dict[str, Any]) -> dict[str, Any]:

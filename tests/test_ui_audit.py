@@ -1,0 +1,128 @@
+"""The audit gate in the commit-state API and pages (in-process on Airflow's real api app)
+and in the ``walsink`` command: REJECTED with its failed checks, AUDITED, counts per state.
+
+The browser test of a REJECTED checkpoint (headless Chromium on the real stack) is in
+``tests/test_ui_browser.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pyarrow as pa
+import pytest
+from ui_fixtures import DAG_A, XSS, build_world
+
+from airflow_provider_walsink.audit import CallableCheck, NotNullCheck, RowCountCheck, audit_checkpoint
+from airflow_provider_walsink.committer import Actor
+from tests.helpers import stage_tables
+from tests.test_cli import walsink
+
+pytestmark = pytest.mark.airflow
+
+PIPELINE = "audited"
+REJECTED_KEY, AUDITED_KEY, REWRITTEN_KEY = "20260201T000000Z", "20260202T000000Z", "20260203T000000Z"
+REASON = "not_null(user_id): 3 of 1,000 rows are NULL"
+
+
+def _table(nulls: int) -> pa.Table:
+    return pa.table({"id": list(range(1000)), "user_id": [None] * nulls + list(range(nulls, 1000))})
+
+
+def _checks():
+    return [RowCountCheck(min_rows=1), NotNullCheck("user_id"), CallableCheck(lambda s: True, name=f"x{XSS}")]
+
+
+@pytest.fixture(scope="module")
+def world(airflow_db, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ui-audit")
+    with pytest.MonkeyPatch.context() as mp:
+        for w in build_world(f"sqlite:///{tmp}/committer.db", tmp, mp):
+            writer = Actor(name="w", dag_id=DAG_A, run_id="audit-run", task_id="events.write", try_number=1)
+            auditor = Actor(name="a", dag_id=DAG_A, run_id="audit-run", task_id="events.audit", try_number=1)
+            for key, nulls in ((REJECTED_KEY, 3), (AUDITED_KEY, 0), (REWRITTEN_KEY, 3)):
+                tables = {f"dt={key[:4]}-{key[4:6]}-{key[6:8]}/part-0.parquet": _table(nulls)}
+                stage_tables(
+                    w.store, w.layout, PIPELINE, key, tables, partition_columns=("dt",), actor=writer
+                )
+                audit_checkpoint(w.store, w.layout, PIPELINE, key, _checks(), actor=auditor)
+            # A fixed job started a new attempt of a rejected checkpoint: the old verdict is history.
+            w.store.start_attempt(PIPELINE, REWRITTEN_KEY, actor=writer)
+            yield w
+
+
+def _get(world, path):
+    response = world.client.get(path, headers=world.headers("admin"))
+    assert response.status_code == 200, response.text
+    return response
+
+
+def test_the_pipeline_counts_rejected_and_names_it_as_the_last_error(world):
+    body = _get(world, f"/walsink/api/pipelines/{PIPELINE}").json()
+    assert (
+        body["counts"]["REJECTED"] == 1 and body["counts"]["AUDITED"] == 1 and body["counts"]["WRITING"] == 1
+    )
+    assert body["last_error"]["state"] == "REJECTED" and body["last_error"]["error"] == REASON
+    html = _get(world, f"/walsink/pipelines/{PIPELINE}").text
+    assert re.search(r'<span class="swatch s-rejected"></span>REJECTED <b>1</b>', html)
+    assert 'class="cell s-rejected"' in html and 'class="cell s-audited"' in html
+
+
+def test_the_checkpoint_api_gives_the_verdict_and_every_check(world):
+    body = _get(world, f"/walsink/api/pipelines/{PIPELINE}/checkpoints/{REJECTED_KEY}").json()
+    assert body["checkpoint"]["state"] == "REJECTED" and body["checkpoint"]["error"] == REASON
+    assert body["checkpoint"]["phases"]["current"] is None  # not "committing" forever
+    audit = body["audit"]
+    assert audit["verdict"] == "REJECTED" and audit["task_id"] == "events.audit"
+    assert [(c["check"], c["passed"]) for c in audit["checks"]] == [
+        ("row_count(min=1)", True),
+        ("not_null(user_id)", False),
+        (f"x{XSS}", True),
+    ]
+    assert audit["checks"][1]["reason"] == "3 of 1,000 rows are NULL"
+    assert audit["summary"] == f"1 of 3 audit checks failed: {REASON}"
+    verdict = [t for t in body["history"] if t["to_state"] == "REJECTED"][0]
+    assert verdict["audit"]["checks"] == audit["checks"]  # the structured results live in the history
+    assert body["committables"]["status"] == "available"  # the rejected data stays for inspection
+
+    passed = _get(world, f"/walsink/api/pipelines/{PIPELINE}/checkpoints/{AUDITED_KEY}").json()
+    assert passed["audit"]["verdict"] == "AUDITED" and passed["checkpoint"]["error"] is None
+    assert all(c["passed"] for c in passed["audit"]["checks"])
+    # A verdict on an earlier attempt is not shown as the current attempt's.
+    rewritten = _get(world, f"/walsink/api/pipelines/{PIPELINE}/checkpoints/{REWRITTEN_KEY}").json()
+    assert rewritten["audit"] is None and rewritten["checkpoint"]["state"] == "WRITING"
+    assert "REJECTED" in [t["to_state"] for t in rewritten["history"]]
+
+
+def test_the_checkpoint_page_shows_rejected_with_the_failed_check(world):
+    html = _get(world, f"/walsink/pipelines/{PIPELINE}/checkpoints/{REJECTED_KEY}").text
+    assert '<span class="badge s-rejected">REJECTED</span>' in html
+    error = re.search(r'<dd class="error failure" id="error">(.*?)</dd>', html, re.S)
+    assert error and error.group(1) == REASON
+    audit = html[html.index('id="audit"') : html.index("</table>", html.index('id="audit"'))]
+    failing = re.findall(
+        r'<tr class="failure"><td class="path">(.*?)</td><td>FAILED</td><td>(.*?)</td>', audit
+    )
+    assert failing == [("not_null(user_id)", "3 of 1,000 rows are NULL")]
+    assert XSS not in html and "&lt;script&gt;" in html  # a check's name is escaped like every value
+    history = html[html.index('class="grid history"') :]
+    assert "1 of 3 audit checks failed" in history and '{"audit"' not in history  # summary, not JSON
+    css = _get(world, "/walsink/static/walsink.css").text
+    assert re.search(r"\.s-rejected \{ background: var\(--rejected\); \}", css)
+    assert re.search(r"\.s-audited \{ background: var\(--audited\); \}", css)
+    colours = dict(re.findall(r"--(\w+): (#[0-9a-f]{6})", css))
+    assert colours["rejected"] not in (colours["failed"], colours["aborted"])
+
+
+def test_the_cli_lists_rejected_checkpoints_with_the_reason(world):
+    url = world.store.engine.url.render_as_string(hide_password=False)
+    status = walsink("--url", url, "status", "--pipeline", PIPELINE)
+    assert status.returncode == 0, status.stderr
+    assert "REJECTED 1" in status.stdout.splitlines()[0]
+    line = next(x for x in status.stdout.splitlines() if REJECTED_KEY in x)
+    assert "REJECTED" in line and REASON in line
+    listed = walsink("--url", url, "checkpoints", "--state", "REJECTED", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)["checkpoints"]
+    assert [(r["key"], r["state"], r["error"]) for r in rows] == [(REJECTED_KEY, "REJECTED", REASON)]
