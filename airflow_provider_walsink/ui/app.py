@@ -226,7 +226,9 @@ def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, key: str
         "committables": views.committables(record, get_layout()),
         "audit": views.audit_results(record, transitions),
         "history": transitions,
-        "versions": [views.version_dict(v) for v in store.versions(pipeline, key)] if record.version > 1 else [],
+        "versions": [views.version_dict(v) for v in store.versions(pipeline, key)]
+        if record.version > 1
+        else [],
         "skipped_reruns": views.skipped_reruns(history),
     }
 

@@ -177,7 +177,9 @@ def version_dict(record: VersionRecord) -> dict[str, Any]:
 
 def skipped_reruns(history: list[TransitionRecord]) -> int:
     """How many re-runs of the checkpoint were skipped because it was already COMMITTED."""
-    return sum(1 for t in history if t.from_state == t.to_state and (t.detail or "").startswith(SKIPPED_RERUN))
+    return sum(
+        1 for t in history if t.from_state == t.to_state and (t.detail or "").startswith(SKIPPED_RERUN)
+    )
 
 
 def transition_dict(record: TransitionRecord) -> dict[str, Any]:
