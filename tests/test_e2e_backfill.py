@@ -304,7 +304,8 @@ def test_replace_backfill_of_an_append_pipeline_rereads_only_its_input(airflow_s
     try:
         stack.wait_for_dag(APPEND_DAG)
         stack.unpause(APPEND_DAG)  # its end_date is past: only the backfills below run it
-        first = stack.backfill(APPEND_DAG, days[0].isoformat(), days[1].isoformat())
+        # One run at a time, in interval order (a backfill does not follow the DAG's max_active_runs).
+        first = stack.backfill(APPEND_DAG, days[0].isoformat(), days[1].isoformat(), max_active_runs=1)
         runs = stack.wait_for_backfill(first, timeout=900)
         assert sorted(_run_day(r) for r in runs) == days and {r["state"] for r in runs} == {"success"}
         names = {d: common.arrival_file_names(datetime(d.year, d.month, d.day)) for d in days}
