@@ -303,7 +303,7 @@ def test_replace_backfill_of_an_append_pipeline_rereads_only_its_input(airflow_s
     days = [date(2026, 6, 1), date(2026, 6, 2)]
     try:
         stack.wait_for_dag(APPEND_DAG)
-        stack.unpause(APPEND_DAG)  # its end_date is past: only the backfills below run it
+        stack.unpause(APPEND_DAG)  # only the backfills below run it (see the DAG)
         # One run at a time, in interval order (a backfill does not follow the DAG's max_active_runs).
         first = stack.backfill(APPEND_DAG, days[0].isoformat(), days[1].isoformat(), max_active_runs=1)
         runs = stack.wait_for_backfill(first, timeout=900)

@@ -1,9 +1,10 @@
 """The DAG of the append reprocess end-to-end test (``tests/test_e2e_backfill.py``).
 
 The incremental example's pipeline (new files → appended rows, source offsets), run only
-by the test's backfills over 2026-06-01 and 2026-06-02: its ``end_date`` is in the past, so
-the scheduler never adds a run of its own that would land files sorting after them. Its
-own input, target and pipeline id under the example home, apart from the example DAG's.
+by the test's backfills over 2026-06-01 and 2026-06-02 (the test stack's scheduler creates
+no scheduled runs, and the ``end_date`` keeps any other scheduler from adding one that would
+land files sorting after them). Its own input, target and pipeline id under the example
+home, apart from the example DAG's.
 """
 
 from __future__ import annotations
