@@ -80,9 +80,9 @@ from ._tables import (
     int96_columns,
     layout_root,
     partition_of_path,
-    refuse_supersede,
     schema_problems,
     staged_base,
+    superseded_attempt,
     uri_flags,
 )
 from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
@@ -296,7 +296,6 @@ class IcebergPublisher:
         table unchanged), :class:`TableCommitConflict` (the table changed under
         every one of :data:`MAX_COMMIT_ATTEMPTS` attempts). Safe to repeat.
         """
-        refuse_supersede(ctx, manifest, "iceberg", self.mode)
         base = staged_base(attempt_dir)
         locations = [as_uri(f"{base}/{c.path}") for c in manifest.committables]
         footers: list[Any] | None = None
@@ -315,7 +314,7 @@ class IcebergPublisher:
                 if decide(marker, manifest, ctx, self.mode):
                     return self._already(manifest, marker, locations)
             data_files = self._data_files(table, manifest, locations, footers)
-            deletes = self._files_to_delete(table, manifest, marker, base)
+            deletes = self._files_to_delete(table, manifest, marker, base, superseded_attempt(ctx, manifest))
             try:
                 snapshot = call_with_events(
                     ctx,
@@ -463,9 +462,10 @@ class IcebergPublisher:
         return result
 
     def _files_to_delete(
-        self, table: Table, manifest: Manifest, marker: Marker | None, base: str
+        self, table: Table, manifest: Manifest, marker: Marker | None, base: str, supersedes: str | None
     ) -> list[DataFile]:
-        """Files this commit removes: the replaced partitions' (overwrite) and an older attempt's of this checkpoint."""
+        """Files this commit removes: the replaced partitions' (overwrite), and an older attempt's of this
+        checkpoint (a retry of the checkpoint, or the committed version a reprocess supersedes)."""
         if table.current_snapshot() is None:
             return []
         found: dict[str, DataFile] = {}
@@ -499,15 +499,37 @@ class IcebergPublisher:
                 df = task.file
                 if tuple(df.partition) in records:
                     found[df.file_path] = df
-        if marker is not None and marker.attempt_id != manifest.attempt_id:
-            # Retract what an older attempt of this checkpoint published (rare: a full scan).
+        if supersedes or (marker is not None and marker.attempt_id != manifest.attempt_id):
+            # Retract what an older attempt of this checkpoint published (rare: a full scan). Its
+            # files are the live ones staged under this checkpoint's directory by another attempt
+            # (files are added by path, never copied), plus, for a reprocess, those the snapshot
+            # that committed the superseded version added, wherever they were staged.
             prefix = as_uri(base.rsplit("/", 1)[0]) + "/"  # <root>/<pipeline>/<key>/
             ours = as_uri(base) + "/"
+            added = self._added_by(table, marker, manifest) if supersedes and marker else set()
             for task in table.scan(row_filter=AlwaysTrue()).plan_files():
                 df = task.file
-                if df.file_path.startswith(prefix) and not df.file_path.startswith(ours):
-                    found[df.file_path] = df
+                path = df.file_path
+                if (path.startswith(prefix) and not path.startswith(ours)) or path in added:
+                    found[path] = df
         return list(found.values())
+
+    @staticmethod
+    def _added_by(table: Table, marker: Marker, manifest: Manifest) -> set[str]:
+        """Data files the snapshot that committed ``marker``'s attempt added (empty once it is expired)."""
+        if marker.snapshot is None or not marker.snapshot.isdigit():
+            return set()
+        snapshot = table.snapshot_by_id(int(marker.snapshot))
+        if snapshot is None or (snapshot.summary or {}).get("walsink.attempt-id") != marker.attempt_id:
+            return set()
+        added = set()
+        for listed in snapshot.manifests(table.io):
+            if listed.added_snapshot_id != snapshot.snapshot_id:
+                continue
+            for entry in listed.fetch_manifest_entry(table.io, discard_deleted=True):
+                if entry.snapshot_id == snapshot.snapshot_id and entry.status.name == "ADDED":
+                    added.add(entry.data_file.file_path)
+        return added
 
     def _create(self, manifest: Manifest, footers: list[Any]) -> Table:
         """Create the table from the first staged file (plus path partition columns), if asked to."""
