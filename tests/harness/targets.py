@@ -32,6 +32,7 @@ import time
 import traceback
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -46,6 +47,7 @@ from airflow_provider_walsink.committer.commit import CheckpointCommitter
 from airflow_provider_walsink.committer.models import checkpoint_table, transition_table
 from airflow_provider_walsink.committer.store import Actor, CommitterStore, LeaseHeldError
 from airflow_provider_walsink.committer.writer import CheckpointWriter
+from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
 
@@ -155,27 +157,40 @@ def _actor(step: str, key: str, try_number: int) -> Actor:
 
 
 def _write(
-    store: CommitterStore, env: TargetEnv, pipeline: str, mode: str, key: str, rows: list[str]
-) -> None:
-    """The write and durability tasks: Parquet files where the target stages, sealed and marked DURABLE."""
+    store: CommitterStore,
+    env: TargetEnv,
+    pipeline: str,
+    mode: str,
+    key: str,
+    rows: list[str] | Mapping[str, list[str]],
+) -> Manifest:
+    """The write and durability tasks: Parquet files where the target stages, sealed and marked DURABLE.
+
+    ``rows``: the ids of partition ``dt=<key>``, or ids per ``dt`` value (several partitions; a
+    value without ids is declared: ``overwrite`` replaces it with nothing).
+    """
     actor = _actor("write", key, 1)
     store.register(pipeline, key, mode=mode, actor=actor, target=env.uri(pipeline))
     layout = env.layout(pipeline, mode)
     writer = CheckpointWriter(store, layout, pipeline, key, actor=actor, partition_columns=("dt",))
     attempt_dir = writer.begin()
     files = {}
-    for i, chunk in enumerate((rows[: len(rows) // 2], rows[len(rows) // 2 :])):
-        if not chunk:
-            continue
-        buf = io.BytesIO()
-        pq.write_table(pa.table({"id": pa.array(chunk, pa.string())}), buf)  # dt is the directory
-        rel = f"dt={key}/part-{i:05d}.parquet"
-        (attempt_dir / f"dt={key}").mkdir(parents=True, exist_ok=True)
-        (attempt_dir / rel).write_bytes(buf.getvalue())
-        files[rel] = len(chunk)
+    for dt, ids in rows.items() if isinstance(rows, Mapping) else [(key, rows)]:
+        if not ids:
+            writer.declare_partition(f"dt={dt}")
+        for i, chunk in enumerate((ids[: len(ids) // 2], ids[len(ids) // 2 :])):
+            if not chunk:
+                continue
+            buf = io.BytesIO()
+            pq.write_table(pa.table({"id": pa.array(chunk, pa.string())}), buf)  # dt is the directory
+            rel = f"dt={dt}/part-{i:05d}.parquet"
+            (attempt_dir / f"dt={dt}").mkdir(parents=True, exist_ok=True)
+            (attempt_dir / rel).write_bytes(buf.getvalue())
+            files[rel] = len(chunk)
     writer.add_files(list(files), rows=files, checksum="crc32", writer="targets")
-    writer.seal(file_format="parquet", job="targets")
+    manifest, _digest = writer.seal(file_format="parquet", job="targets")
     store.mark_durable(pipeline, key, attempt=writer.attempt, actor=actor)
+    return manifest
 
 
 def _commit(
