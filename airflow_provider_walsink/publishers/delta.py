@@ -22,7 +22,11 @@ library loads anyway (flat as history grows). deltalake does **not** enforce
 transaction versions (committing the same or a lower version succeeds), so
 walsink refuses itself: the checkpoint's version >= ours with another attempt
 -> ``FencedError``; our attempt's version equal to the checkpoint's -> already
-published. A concurrent commit of the same app id is refused by the table's
+published. With ``ctx.supersedes`` (a reprocess) the marker may name the superseded
+attempt (its own application transaction holds the checkpoint's version):
+the same commit then removes its files (those staged under the checkpoint's
+directory by another attempt) and adds the new ones.
+A concurrent commit of the same app id is refused by the table's
 conflict check (``CommitFailedError``): walsink then reloads and checks again,
 and finds the winner's marker.
 """

@@ -21,6 +21,12 @@ Flink's sink lost data when its job id changed, iceberg issues 10892/16008).
 one dictionary lookup in metadata the table loads anyway, so the check costs
 the same at 10 or 10,000 snapshots, and it survives snapshot expiry.
 
+**Reprocess.** With ``ctx.supersedes`` (a new version of a committed
+checkpoint) the same snapshot also deletes every live file of the superseded
+attempt: those staged under the checkpoint's directory by another attempt,
+and those the snapshot that committed it added. Older snapshots keep
+referencing them (time travel) until ``expire_snapshots``; ``finish`` keeps them.
+
 **No rebasing retries.** pyiceberg retries a conflicting commit by rebasing it
 onto the new table state, which re-adds files another committer already added
 (duplicate rows). Here the library's retries are off for walsink's commit and

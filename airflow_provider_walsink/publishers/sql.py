@@ -24,6 +24,12 @@ table is trimmed or lost. Inside that transaction, before any row is written:
    once ``finish()`` has marked it finished (a re-run after retention trimmed
    the committer table: new rows, as the file target treats it).
 
+A reprocess (``ctx.supersedes``, a new version of a committed checkpoint) is
+refused in ``append`` (rows carry no attempt id). In ``replace`` by key the
+marker row records the key values each attempt replaced, and the new version
+must cover the ones its marker names, or it is refused
+(:class:`SupersedeError`, nothing written): see ``_check_supersede``.
+
 Modes: ``append`` inserts the rows; ``replace`` (the pipeline mode
 ``overwrite``) first deletes the interval's rows, in the same transaction,
 selected by ``extra["replace_key"]`` (column(s) whose values in the staged
