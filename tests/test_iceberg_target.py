@@ -402,3 +402,45 @@ def test_append_still_refuses_an_attempt_that_is_not_the_superseded_one(target):
     with pytest.raises(CommittableError, match="will not retract"):
         target.publisher().publish(v2, v2_dir, ctx(v2, epoch=2, supersedes=uuid.uuid4().hex))
     assert target.rows() == sorted(V1_ROWS) and len(target.snapshots()) == 1
+
+
+def test_retracting_files_from_several_manifests_survives_threads_sharing_an_evaluator(
+    tmp_path, monkeypatch, caplog
+):
+    """pyiceberg 0.12 evaluates the parent snapshot's manifests in threads, and an evaluator, once
+    built for a partition spec, is shared; it keeps the current manifest in an attribute. When
+    another thread sets it between the set and the read (what a busy machine does), the manifest
+    holding the files to delete is judged by another's partition bounds, and the commit fails
+    ("Missing required files to delete"). The pauses below make that interleaving the usual one;
+    the publish must succeed at the first commit, with no conflict to retry."""
+    import logging
+    import time
+
+    from pyiceberg.expressions import visitors
+
+    from tests.table_fixtures import Place
+
+    def eval_with_pauses(self, manifest):
+        if partitions := manifest.partitions:
+            if partitions[0].lower_bound == b"2026-01-01":  # v1's manifest: read late
+                self.partition_fields = partitions
+                time.sleep(0.3)
+            else:  # the others: set late, inside that window
+                time.sleep(0.1)
+                self.partition_fields = partitions
+            return visitors.visit(self.partition_filter, self)
+        return True
+
+    target = Target(Place("local", str(tmp_path / "tables")), tmp_path)
+    v1, v1_dir = target.stage("2026-01-01", [("2026-01-01", 1, "v1")], attempt=1)
+    target.publisher().publish(v1, v1_dir, ctx(v1, epoch=1))
+    for day in range(2, 12):  # more manifests than pyiceberg's threads: later ones share an evaluator
+        other, other_dir = target.stage(f"2026-01-{day:02d}", [(f"2026-01-{day:02d}", day, "other")])
+        target.publisher().publish(other, other_dir, ctx(other, epoch=1))
+    monkeypatch.setattr(visitors._ManifestEvalVisitor, "eval", eval_with_pauses)
+    v2, v2_dir = target.stage("2026-01-01", V2_ROWS, attempt=2)
+    with caplog.at_level(logging.INFO, logger="airflow_provider_walsink.publishers.iceberg"):
+        result = target.publisher().publish(v2, v2_dir, ctx(v2, epoch=2, supersedes=v1.attempt_id))
+    assert [r.getMessage() for r in caplog.records if "conflicted" in r.getMessage()] == []
+    assert result.files_rolled_back == 1 and len(target.snapshots()) == 12
+    assert [r for r in target.rows() if r[0] == "2026-01-01"] == V2_ROWS

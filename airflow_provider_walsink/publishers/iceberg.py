@@ -53,7 +53,12 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from pyiceberg.catalog import Catalog, load_catalog
-from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    ValidationException,
+)
 from pyiceberg.expressions import AlwaysTrue, And, EqualTo, Or
 from pyiceberg.io.pyarrow import (
     UnsupportedPyArrowTypeException,
@@ -305,6 +310,7 @@ class IcebergPublisher:
         base = staged_base(attempt_dir)
         locations = [as_uri(f"{base}/{c.path}") for c in manifest.committables]
         footers: list[Any] | None = None
+        last_conflict: Exception | None = None
         for _ in range(MAX_COMMIT_ATTEMPTS):
             table = self.load_table()
             marker = self.marker_of(table, manifest) if table is not None else None
@@ -327,13 +333,16 @@ class IcebergPublisher:
                     "table_commit",
                     partial(self._commit, table, manifest, ctx, marker, data_files, deletes),
                 )
-            except CommitFailedException as e:
+            except (CommitFailedException, ValidationException) as e:
+                # Nothing was committed: the catalog refused the commit, or the producer found
+                # the files to delete gone from the snapshot it was based on. Reload, check again.
                 log.info(
                     "Iceberg commit of %s/%s conflicted (%s); checking again",
                     manifest.pipeline,
                     manifest.checkpoint_key,
                     e,
                 )
+                last_conflict = e
                 continue
             result = PublishResult(
                 outcome=PublishOutcome.PUBLISHED,
@@ -348,7 +357,8 @@ class IcebergPublisher:
             return result
         raise TableCommitConflict(
             f"Iceberg table {self.identifier} changed under each of {MAX_COMMIT_ATTEMPTS} commit attempts of "
-            f"{manifest.pipeline}/{manifest.checkpoint_key}; nothing was published, retry the commit"
+            f"{manifest.pipeline}/{manifest.checkpoint_key} (last: {last_conflict}); nothing was published, "
+            "retry the commit"
         )
 
     def _already(self, manifest: Manifest, marker: Marker | None, locations: list[str]) -> PublishResult:
@@ -389,6 +399,8 @@ class IcebergPublisher:
         }
         update = tx.update_snapshot(snapshot_properties=summary)
         producer = update.overwrite() if deletes else update.fast_append()
+        if deletes:
+            _one_manifest_evaluator_per_manifest(producer)
         with producer:
             for df in deletes:
                 producer.delete_data_file(df)
@@ -606,6 +618,24 @@ class IcebergPublisher:
         return self.storage.remove_unreferenced_attempts(
             checkpoint_location(root, manifest), manifest, held.__contains__
         )
+
+
+def _one_manifest_evaluator_per_manifest(producer: Any) -> None:
+    """Work around a race in pyiceberg's overwrite (0.12): give each manifest its own evaluator.
+
+    To find the files to delete, the producer evaluates the parent snapshot's
+    manifests in a thread pool with one shared evaluator per partition spec,
+    and that evaluator keeps the manifest being evaluated in an attribute: two
+    threads interleaving make it judge one manifest by another's partition
+    bounds, skip files it must delete, and fail the commit with "Missing
+    required files to delete" (safe, nothing committed, but a failed publish).
+    Without the private hook this does nothing, and the conflict retry in
+    :meth:`IcebergPublisher.publish` still recovers.
+    """
+    build = getattr(producer, "_build_manifest_evaluator", None)
+    if build is None:
+        return
+    producer._build_manifest_evaluator = lambda spec_id: lambda manifest: build(spec_id)(manifest)
 
 
 def _from_path(value: str, iceberg_type: Any, where: str) -> Any:
