@@ -15,10 +15,12 @@ import os
 import signal
 import time
 import uuid
+from datetime import timedelta
 
 import pytest
 
 from airflow_provider_walsink.committer.errors import LeaseHeldError
+from airflow_provider_walsink.gc import collect_staging
 from airflow_provider_walsink.protocol import CheckpointState as S
 from airflow_provider_walsink.protocol.errors import FencedError, SupersedeError
 from airflow_provider_walsink.publishers.base import StaticContext
@@ -136,9 +138,13 @@ def test_new_version_replaces_the_committed_one_in_one_table_commit(sqlite_store
         assert table_versions(s) == before + 1
 
     if env.kind != "sql":
-        # Time travel: the superseded version's files are still referenced by older snapshots,
-        # so neither the commit's cleanup nor GC removed them.
+        # Time travel: older snapshots still reference the superseded version's files, so
+        # neither the commit's cleanup nor staging GC (even with no retention) removes them.
+        collect_staging(
+            s.store, s.env.layout(s.pipeline, mode), retention=timedelta(0), pipelines=[s.pipeline]
+        )
         assert rows_at(s, before) == expected(OTHER, V1)
+        assert s.rows() == expected(OTHER, V2)
 
 
 @pytest.mark.parametrize(("env", "mode"), KINDS_AND_MODES, indirect=["env"])
