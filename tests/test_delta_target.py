@@ -269,3 +269,46 @@ def test_committer_killed_after_the_table_commit_then_rerun_commits_once(tmp_pat
     assert summary.state == "COMMITTED" and summary.already_published == 1 and summary.published == 0
     assert target.version() == 0
     assert target.rows() == [("2026-01-01", 1, "a"), ("2026-01-01", 2, "b")]
+
+
+V1_ROWS = [("2026-01-01", 1, "v1"), ("2026-01-02", 2, "v1")]
+V2_ROWS = [("2026-01-01", 5, "v2")]
+OTHER_ROWS = [("2026-01-03", 9, "other")]
+
+
+@pytest.mark.parametrize("mode", ["append", "overwrite"])
+def test_reprocess_retracts_the_superseded_attempt_in_the_same_commit(target, mode):
+    """v2 covers one of v1's two partitions: one Delta commit removes both v1 files and adds v2's."""
+    other, other_dir = target.stage("2026-01-03", OTHER_ROWS)
+    target.publisher(mode).publish(other, other_dir, ctx(other, epoch=1))
+    v1, v1_dir = target.stage("2026-01-01", V1_ROWS, attempt=1)
+    target.publisher(mode).publish(v1, v1_dir, ctx(v1, epoch=1))
+    v2, v2_dir = target.stage("2026-01-01", V2_ROWS, attempt=2)
+    reprocess = ctx(v2, epoch=2, supersedes=v1.attempt_id)
+
+    result = target.publisher(mode).publish(v2, v2_dir, reprocess)
+
+    assert result.outcome is PublishOutcome.PUBLISHED and result.files_rolled_back == 2
+    assert target.rows() == sorted(OTHER_ROWS + V2_ROWS)
+    assert target.version() == 2  # one commit: removes and adds together
+    table = target.table()
+    assert table.transaction_version(app_id(v2)) == 2
+    assert table.transaction_version(app_id(v2, v2.attempt_id)) == 2
+    # Crash after the table commit, re-run: already there. v1's zombie (lease epoch 1): fenced.
+    assert target.publisher(mode).publish(v2, v2_dir, reprocess).outcome is PublishOutcome.ALREADY_PUBLISHED
+    with pytest.raises(FencedError):
+        target.publisher(mode).publish(v1, v1_dir, ctx(v1, epoch=1))
+    assert target.rows() == sorted(OTHER_ROWS + V2_ROWS) and target.version() == 2
+    # Time travel: version 1 still reads v1, and finish() leaves v1's files for it.
+    target.publisher(mode).finish(v2, layout_for(target.place, target.staging))
+    old = DeltaTable(target.uri, version=1, storage_options=target.options or None).to_pyarrow_table()
+    assert sorted((r["dt"], r["id"], r["name"]) for r in old.to_pylist()) == sorted(OTHER_ROWS + V1_ROWS)
+
+
+def test_append_still_refuses_an_attempt_that_is_not_the_superseded_one(target):
+    v1, v1_dir = target.stage("2026-01-01", V1_ROWS, attempt=1)
+    target.publisher().publish(v1, v1_dir, ctx(v1, epoch=1))
+    v2, v2_dir = target.stage("2026-01-01", V2_ROWS, attempt=2)
+    with pytest.raises(CommittableError, match="will not retract"):
+        target.publisher().publish(v2, v2_dir, ctx(v2, epoch=2, supersedes=uuid.uuid4().hex))
+    assert target.rows() == sorted(V1_ROWS) and target.version() == 0

@@ -346,3 +346,101 @@ def test_committer_killed_after_the_table_commit_then_rerun_commits_once(tmp_pat
     assert summary.state == "COMMITTED" and summary.already_published == 1 and summary.published == 0
     assert len(target.snapshots()) == 1
     assert target.rows() == [("2026-01-01", 1, "a"), ("2026-01-01", 2, "b")]
+
+
+V1_ROWS = [("2026-01-01", 1, "v1"), ("2026-01-02", 2, "v1")]
+V2_ROWS = [("2026-01-01", 5, "v2")]
+OTHER_ROWS = [("2026-01-03", 9, "other")]
+
+
+@pytest.mark.parametrize("mode", ["append", "overwrite"])
+def test_reprocess_retracts_the_superseded_attempt_in_the_same_snapshot(target, mode):
+    """v2 covers one of v1's two partitions: one snapshot removes both v1 files and adds v2's."""
+    other, other_dir = target.stage("2026-01-03", OTHER_ROWS)
+    target.publisher(mode).publish(other, other_dir, ctx(other, epoch=1))
+    v1, v1_dir = target.stage("2026-01-01", V1_ROWS, attempt=1)
+    target.publisher(mode).publish(v1, v1_dir, ctx(v1, epoch=1))
+    v2, v2_dir = target.stage("2026-01-01", V2_ROWS, attempt=2)
+    reprocess = ctx(v2, epoch=2, supersedes=v1.attempt_id)
+
+    result = target.publisher(mode).publish(v2, v2_dir, reprocess)
+
+    assert result.outcome is PublishOutcome.PUBLISHED and result.files_rolled_back == 2
+    assert target.rows() == sorted(OTHER_ROWS + V2_ROWS)
+    *_, before, last = target.snapshots()
+    assert last.summary["walsink.attempt-id"] == v2.attempt_id and last.summary.operation.value == "overwrite"
+    assert len(target.snapshots()) == 3
+    marker = target.publisher(mode).published_marker(v2)
+    assert (marker.attempt_id, marker.epoch, marker.previous) == (v2.attempt_id, 2, (v1.attempt_id,))
+    # Crash after the table commit, re-run: already there. v1's zombie (lease epoch 1): fenced.
+    assert target.publisher(mode).publish(v2, v2_dir, reprocess).outcome is PublishOutcome.ALREADY_PUBLISHED
+    with pytest.raises(FencedError, match="fencing token 2"):
+        target.publisher(mode).publish(v1, v1_dir, ctx(v1, epoch=1))
+    assert target.rows() == sorted(OTHER_ROWS + V2_ROWS) and len(target.snapshots()) == 3
+    # Time travel: the snapshot before still reads v1, and finish() leaves v1's files for it.
+    target.publisher(mode).finish(v2, layout_for(target.place, target.staging))
+    table = target.publisher(mode).load_table()
+    old = table.scan(snapshot_id=before.snapshot_id).to_arrow().to_pylist()
+    assert sorted((r["dt"], r["id"], r["name"]) for r in old) == sorted(OTHER_ROWS + V1_ROWS)
+
+
+def test_reprocess_finds_the_superseded_files_by_its_snapshot_when_staged_elsewhere(target):
+    """v2 staged under another root: v1's files are those its committing snapshot added."""
+    v1, v1_dir = target.stage("2026-01-01", V1_ROWS, attempt=1)
+    target.publisher().publish(v1, v1_dir, ctx(v1, epoch=1))
+    moved = target.staging.replace("_walsink_staging", "_walsink_staging_moved")
+    v2, v2_dir = stage_attempt(target.place, moved, "events", "2026-01-01", V2_ROWS, attempt=2)
+    result = target.publisher().publish(v2, v2_dir, ctx(v2, epoch=2, supersedes=v1.attempt_id))
+    assert result.files_rolled_back == 2
+    assert target.rows() == sorted(V2_ROWS)
+
+
+def test_append_still_refuses_an_attempt_that_is_not_the_superseded_one(target):
+    v1, v1_dir = target.stage("2026-01-01", V1_ROWS, attempt=1)
+    target.publisher().publish(v1, v1_dir, ctx(v1, epoch=1))
+    v2, v2_dir = target.stage("2026-01-01", V2_ROWS, attempt=2)
+    with pytest.raises(CommittableError, match="will not retract"):
+        target.publisher().publish(v2, v2_dir, ctx(v2, epoch=2, supersedes=uuid.uuid4().hex))
+    assert target.rows() == sorted(V1_ROWS) and len(target.snapshots()) == 1
+
+
+def test_retracting_files_from_several_manifests_survives_threads_sharing_an_evaluator(
+    tmp_path, monkeypatch, caplog
+):
+    """pyiceberg 0.12 evaluates the parent snapshot's manifests in threads, and an evaluator, once
+    built for a partition spec, is shared; it keeps the current manifest in an attribute. When
+    another thread sets it between the set and the read (what a busy machine does), the manifest
+    holding the files to delete is judged by another's partition bounds, and the commit fails
+    ("Missing required files to delete"). The pauses below make that interleaving the usual one;
+    the publish must succeed at the first commit, with no conflict to retry."""
+    import logging
+    import time
+
+    from pyiceberg.expressions import visitors
+
+    from tests.table_fixtures import Place
+
+    def eval_with_pauses(self, manifest):
+        if partitions := manifest.partitions:
+            if partitions[0].lower_bound == b"2026-01-01":  # v1's manifest: read late
+                self.partition_fields = partitions
+                time.sleep(0.3)
+            else:  # the others: set late, inside that window
+                time.sleep(0.1)
+                self.partition_fields = partitions
+            return visitors.visit(self.partition_filter, self)
+        return True
+
+    target = Target(Place("local", str(tmp_path / "tables")), tmp_path)
+    v1, v1_dir = target.stage("2026-01-01", [("2026-01-01", 1, "v1")], attempt=1)
+    target.publisher().publish(v1, v1_dir, ctx(v1, epoch=1))
+    for day in range(2, 12):  # more manifests than pyiceberg's threads: later ones share an evaluator
+        other, other_dir = target.stage(f"2026-01-{day:02d}", [(f"2026-01-{day:02d}", day, "other")])
+        target.publisher().publish(other, other_dir, ctx(other, epoch=1))
+    monkeypatch.setattr(visitors._ManifestEvalVisitor, "eval", eval_with_pauses)
+    v2, v2_dir = target.stage("2026-01-01", V2_ROWS, attempt=2)
+    with caplog.at_level(logging.INFO, logger="airflow_provider_walsink.publishers.iceberg"):
+        result = target.publisher().publish(v2, v2_dir, ctx(v2, epoch=2, supersedes=v1.attempt_id))
+    assert [r.getMessage() for r in caplog.records if "conflicted" in r.getMessage()] == []
+    assert result.files_rolled_back == 1 and len(target.snapshots()) == 12
+    assert [r for r in target.rows() if r[0] == "2026-01-01"] == V2_ROWS

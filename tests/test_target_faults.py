@@ -2,7 +2,8 @@
 
 See :mod:`tests.harness.targets`: SIGKILLs around each target's own commit,
 zombie tries stopped right before it and resumed after a takeover, re-runs
-after retention; every checkpoint's rows read back exactly once.
+after retention, a reprocessed checkpoint (a new version under the same
+faults); every checkpoint's rows read back exactly once.
 """
 
 from __future__ import annotations
@@ -23,4 +24,5 @@ def test_crash_schedules_against_each_table_target_have_no_violation(kind, datab
     print(result.describe())
     assert result.schedules == 8
     assert sum(result.crashes.values()) + result.zombies >= 8, "too few injected faults to prove anything"
+    assert result.reprocesses >= 1, "no schedule reprocessed a checkpoint"
     assert result.violations == []

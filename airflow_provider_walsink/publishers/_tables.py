@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, Manifest, 
 from .base import PublisherContext
 
 log = logging.getLogger(__name__)
+
+#: An attempt id as staging directory names carry it (``StagingLayout.attempt_dir``).
+_ATTEMPT_ID = re.compile(r"[0-9a-f]{32}")
 
 #: Directory, inside the table location, where the write phase stages attempts.
 #: Leading underscore: Spark, Hive and ``VACUUM`` skip it, so an uncommitted
@@ -60,46 +64,59 @@ def decide(marker: Marker | None, manifest: Manifest, ctx: PublisherContext, mod
     * our attempt id -> already published, whatever the epochs;
     * another attempt with an epoch >= ours -> :class:`FencedError`: a committer
       holding a newer lease published (a zombie must add nothing);
+    * the attempt ``ctx.supersedes`` names, with a lower epoch -> False: a
+      reprocess publishes the new version and retracts exactly that committed
+      version, in either mode;
     * another attempt with a lower epoch -> False: publish ours and, in
       ``overwrite``, retract it (the interval's partitions are replaced). In
       ``append`` the table cannot tell a crashed older attempt from rows that
       were committed before the committer table was trimmed, so retracting
       could lose committed rows: refused with :class:`CommittableError`,
       nothing written (abort the checkpoint, or re-run under a new key).
+
+    Call it on the table state the commit is based on, in every retry.
     """
     if marker is None:
         return False
     if marker.attempt_id == manifest.attempt_id:
         return True
-    if mode == "append" and marker.epoch < ctx.epoch:
-        raise CommittableError(
-            f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: the table already holds attempt "
-            f"{marker.attempt_id} of this append checkpoint (snapshot {marker.snapshot}); walsink will not "
-            f"retract rows that may have been committed, so attempt {manifest.attempt_id} is not published. "
-            "Abort the checkpoint, or write the interval under a new checkpoint key; table left unchanged"
-        )
     if marker.epoch >= ctx.epoch:
         raise FencedError(
             f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: the table already holds attempt "
             f"{marker.attempt_id} committed under fencing token {marker.epoch} (snapshot {marker.snapshot}); "
             f"this committer's token is {ctx.epoch}, so its attempt {manifest.attempt_id} is not published"
         )
+    if marker.attempt_id == superseded_attempt(ctx, manifest):
+        return False
+    if mode == "append":
+        raise CommittableError(
+            f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: the table already holds attempt "
+            f"{marker.attempt_id} of this append checkpoint (snapshot {marker.snapshot}); walsink will not "
+            f"retract rows that may have been committed, so attempt {manifest.attempt_id} is not published. "
+            "Abort the checkpoint, or write the interval under a new checkpoint key; table left unchanged"
+        )
     return False
 
 
-def refuse_supersede(ctx: PublisherContext, manifest: Manifest, kind: str, mode: str) -> None:
-    """Raise :class:`SupersedeError` if the publish is a reprocess this target cannot do yet.
+def superseded_attempt(ctx: PublisherContext, manifest: Manifest) -> str | None:
+    """The committed attempt a reprocess replaces (``ctx.supersedes``), or ``None`` for a first version."""
+    supersedes = getattr(ctx, "supersedes", None)
+    return supersedes if supersedes and supersedes != manifest.attempt_id else None
+
+
+def refuse_supersede(ctx: PublisherContext, manifest: Manifest, kind: str, mode: str, why: str) -> None:
+    """Raise :class:`SupersedeError` if the publish is a reprocess this target cannot do in ``mode``.
 
     A new version must remove the superseded attempt's rows wherever they are,
-    in the same table commit; until a target does that, refusing (table
-    unchanged) is the correct answer: replacing only the partitions the new
-    version covers could leave old rows beside new ones.
+    in the same commit; where a target cannot identify them (``why``), refusing
+    with the target unchanged is the correct answer: replacing only what the
+    new version covers could leave old rows beside new ones.
     """
-    supersedes = getattr(ctx, "supersedes", None)
-    if supersedes and supersedes != manifest.attempt_id:
+    supersedes = superseded_attempt(ctx, manifest)
+    if supersedes:
         raise SupersedeError(
             f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: the {kind} target ({mode}) cannot "
-            f"yet replace committed attempt {supersedes} with a new version; nothing written. Use "
+            f"replace committed attempt {supersedes} with a new version ({why}); nothing written. Use "
             "reprocess='skip', or write the interval under a new checkpoint key"
         )
 
@@ -213,10 +230,14 @@ class Storage:
         """Delete what a committed checkpoint no longer needs; return what was removed.
 
         Removes this attempt's manifest file, and every other attempt directory
-        of the checkpoint whose attempt id the table never held (``held(id)`` is False).
-        An attempt that cannot be identified (its manifest unreadable) is left
-        for the table's own orphan-file removal. Never deletes a data file of an
-        attempt the table holds or held.
+        of the checkpoint whose attempt id the table never held (``held(id)`` is
+        False). The id comes from the attempt's manifest or, once a commit has
+        removed that, from the directory name (``attempt-<n>-<attempt id>``): a
+        superseded or retracted attempt is still held, because older snapshots
+        reference its files until the table's own expire-snapshots / VACUUM
+        runs. An attempt that cannot be identified (its manifest unreadable or
+        gone and no id in its name) is left for the table's own orphan-file
+        removal. Never deletes a data file of an attempt the table holds or held.
         """
         fs, base = self.fs_and_path(checkpoint_location)
         removed = []
@@ -228,7 +249,8 @@ class Storage:
             log.warning("cannot list %s: %s", checkpoint_location, e)
             return removed
         for entry in entries:
-            if entry.type.name != "Directory" or not posixpath.basename(entry.path).startswith("attempt-"):
+            name = posixpath.basename(entry.path)
+            if entry.type.name != "Directory" or not name.startswith("attempt-"):
                 continue
             manifest_path = f"{entry.path}/{MANIFEST_NAME}"
             info = fs.get_file_info(manifest_path)
@@ -243,12 +265,28 @@ class Storage:
                     fs.delete_file(manifest_path)  # the data files stay: the table references them
                     removed.append(manifest_path)
                     continue
-                if held(other.attempt_id):
+                attempt_id = other.attempt_id
+            else:
+                # No manifest: never sealed, or committed once (its commit removed the manifest).
+                attempt_id = attempt_id_of_dir(name)
+                if attempt_id is None:
+                    log.warning("leaving %s alone: no manifest and no attempt id in its name", entry.path)
                     continue
-            # Never sealed, or sealed but never held by the table: nothing references it.
+            if attempt_id == manifest.attempt_id or held(attempt_id):
+                continue
+            # Never held by the table: nothing references it.
             fs.delete_dir(entry.path)
             removed.append(entry.path)
         return removed
+
+
+def attempt_id_of_dir(name: str) -> str | None:
+    """The attempt id in a staging directory name ``attempt-<n>-<id>`` (``None``: ``attempt-<n>``)."""
+    prefix, _, rest = name.partition("-")
+    number, _, attempt_id = rest.partition("-")
+    if prefix != "attempt" or not number.isdigit() or not _ATTEMPT_ID.fullmatch(attempt_id):
+        return None
+    return attempt_id
 
 
 def uri_flags(query: str, allowed: Sequence[str], uri: str) -> dict[str, bool]:

@@ -22,7 +22,11 @@ library loads anyway (flat as history grows). deltalake does **not** enforce
 transaction versions (committing the same or a lower version succeeds), so
 walsink refuses itself: the checkpoint's version >= ours with another attempt
 -> ``FencedError``; our attempt's version equal to the checkpoint's -> already
-published. A concurrent commit of the same app id is refused by the table's
+published. With ``ctx.supersedes`` (a reprocess) the marker may name the superseded
+attempt (its own application transaction holds the checkpoint's version):
+the same commit then removes its files (those staged under the checkpoint's
+directory by another attempt) and adds the new ones.
+A concurrent commit of the same app id is refused by the table's
 conflict check (``CommitFailedError``): walsink then reloads and checks again,
 and finds the winner's marker.
 """
@@ -59,9 +63,9 @@ from ._tables import (
     layout_root,
     local_path,
     partition_of_path,
-    refuse_supersede,
     schema_problems,
     staged_base,
+    superseded_attempt,
     uri_flags,
 )
 from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
@@ -190,12 +194,28 @@ class DeltaPublisher:
 
     # ------------------------------------------------------------------ marker
 
-    def marker_of(self, dt: DeltaTable, manifest: Manifest, *, need_id: bool = False) -> Marker | None:
+    def marker_of(
+        self,
+        dt: DeltaTable,
+        manifest: Manifest,
+        *,
+        need_id: bool = False,
+        candidates: Sequence[str | None] = (),
+    ) -> Marker | None:
+        """The checkpoint's marker: which attempt's application transaction holds the checkpoint's version.
+
+        The manifest's attempt and each of ``candidates`` (the attempt a reprocess supersedes)
+        are recognised by two lookups each; another attempt's id is looked up in the history
+        only with ``need_id``.
+        """
         version = dt.transaction_version(app_id(manifest))
         if version is None:
             return None
-        if dt.transaction_version(app_id(manifest, manifest.attempt_id)) == version:
-            return Marker(manifest.attempt_id, version)
+        # Each lease take raises the token, so only the attempt that committed under the
+        # checkpoint's current version holds that same version.
+        for attempt in (manifest.attempt_id, *candidates):
+            if attempt and dt.transaction_version(app_id(manifest, attempt)) == version:
+                return Marker(attempt, version)
         other = self._attempt_in_history(dt, manifest, version) if need_id else None
         return Marker(other or "another attempt", version)
 
@@ -235,13 +255,13 @@ class DeltaPublisher:
         :class:`DeltaTargetError` (table unchanged), :class:`TableCommitConflict`.
         Safe to repeat.
         """
-        refuse_supersede(ctx, manifest, "delta", self.mode)
+        supersedes = superseded_attempt(ctx, manifest)
         base = staged_base(attempt_dir)
         locations = [f"{base}/{c.path}" for c in manifest.committables]
         footers: list[Any] | None = None
         for _ in range(MAX_COMMIT_ATTEMPTS):
             dt = self.load_table()
-            marker = self.marker_of(dt, manifest) if dt is not None else None
+            marker = self.marker_of(dt, manifest, candidates=(supersedes,)) if dt is not None else None
             if decide(marker, manifest, ctx, self.mode):
                 return self._already(manifest, marker, locations, dt)
             if footers is None:
@@ -269,7 +289,7 @@ class DeltaPublisher:
                     removes: list[RemoveAction] = []
                 else:
                     adds = self._adds(dt, manifest, locations, footers)
-                    removes = self._removes(dt, manifest, marker, base)
+                    removes = self._removes(dt, manifest, marker, base, supersedes)
                     actions: list[AddAction | RemoveAction] = [*removes, *adds]
                     call_with_events(
                         ctx,
@@ -415,12 +435,17 @@ class DeltaPublisher:
         return self._add_actions(manifest, locations, footers), DeltaSchema.from_arrow(schema), partition_by
 
     def _removes(
-        self, dt: DeltaTable, manifest: Manifest, marker: Marker | None, base: str
+        self, dt: DeltaTable, manifest: Manifest, marker: Marker | None, base: str, supersedes: str | None
     ) -> list[RemoveAction]:
-        """The replaced partitions' files (overwrite) and an older attempt's files of this checkpoint."""
+        """The replaced partitions' files (overwrite), and an older attempt's files of this checkpoint
+        (a retry of the checkpoint, or the committed version a reprocess supersedes).
+
+        An older attempt's files are the live ones staged under this checkpoint's directory by
+        another attempt: Delta adds files by path inside the table, never copied or moved.
+        """
         import pyarrow as pa
 
-        retract = marker is not None and marker.attempt_id != manifest.attempt_id
+        retract = bool(supersedes) or (marker is not None and marker.attempt_id != manifest.attempt_id)
         if self.mode != "overwrite" and not retract:
             return []
         files = pa.table(dt.get_add_actions(flatten=True))

@@ -21,6 +21,12 @@ Flink's sink lost data when its job id changed, iceberg issues 10892/16008).
 one dictionary lookup in metadata the table loads anyway, so the check costs
 the same at 10 or 10,000 snapshots, and it survives snapshot expiry.
 
+**Reprocess.** With ``ctx.supersedes`` (a new version of a committed
+checkpoint) the same snapshot also deletes every live file of the superseded
+attempt: those staged under the checkpoint's directory by another attempt,
+and those the snapshot that committed it added. Older snapshots keep
+referencing them (time travel) until ``expire_snapshots``; ``finish`` keeps them.
+
 **No rebasing retries.** pyiceberg retries a conflicting commit by rebasing it
 onto the new table state, which re-adds files another committer already added
 (duplicate rows). Here the library's retries are off for walsink's commit and
@@ -47,7 +53,12 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from pyiceberg.catalog import Catalog, load_catalog
-from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    ValidationException,
+)
 from pyiceberg.expressions import AlwaysTrue, And, EqualTo, Or
 from pyiceberg.io.pyarrow import (
     UnsupportedPyArrowTypeException,
@@ -80,9 +91,9 @@ from ._tables import (
     int96_columns,
     layout_root,
     partition_of_path,
-    refuse_supersede,
     schema_problems,
     staged_base,
+    superseded_attempt,
     uri_flags,
 )
 from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
@@ -296,10 +307,10 @@ class IcebergPublisher:
         table unchanged), :class:`TableCommitConflict` (the table changed under
         every one of :data:`MAX_COMMIT_ATTEMPTS` attempts). Safe to repeat.
         """
-        refuse_supersede(ctx, manifest, "iceberg", self.mode)
         base = staged_base(attempt_dir)
         locations = [as_uri(f"{base}/{c.path}") for c in manifest.committables]
         footers: list[Any] | None = None
+        last_conflict: Exception | None = None
         for _ in range(MAX_COMMIT_ATTEMPTS):
             table = self.load_table()
             marker = self.marker_of(table, manifest) if table is not None else None
@@ -315,20 +326,23 @@ class IcebergPublisher:
                 if decide(marker, manifest, ctx, self.mode):
                     return self._already(manifest, marker, locations)
             data_files = self._data_files(table, manifest, locations, footers)
-            deletes = self._files_to_delete(table, manifest, marker, base)
+            deletes = self._files_to_delete(table, manifest, marker, base, superseded_attempt(ctx, manifest))
             try:
                 snapshot = call_with_events(
                     ctx,
                     "table_commit",
                     partial(self._commit, table, manifest, ctx, marker, data_files, deletes),
                 )
-            except CommitFailedException as e:
+            except (CommitFailedException, ValidationException) as e:
+                # Nothing was committed: the catalog refused the commit, or the producer found
+                # the files to delete gone from the snapshot it was based on. Reload, check again.
                 log.info(
                     "Iceberg commit of %s/%s conflicted (%s); checking again",
                     manifest.pipeline,
                     manifest.checkpoint_key,
                     e,
                 )
+                last_conflict = e
                 continue
             result = PublishResult(
                 outcome=PublishOutcome.PUBLISHED,
@@ -343,7 +357,8 @@ class IcebergPublisher:
             return result
         raise TableCommitConflict(
             f"Iceberg table {self.identifier} changed under each of {MAX_COMMIT_ATTEMPTS} commit attempts of "
-            f"{manifest.pipeline}/{manifest.checkpoint_key}; nothing was published, retry the commit"
+            f"{manifest.pipeline}/{manifest.checkpoint_key} (last: {last_conflict}); nothing was published, "
+            "retry the commit"
         )
 
     def _already(self, manifest: Manifest, marker: Marker | None, locations: list[str]) -> PublishResult:
@@ -384,6 +399,8 @@ class IcebergPublisher:
         }
         update = tx.update_snapshot(snapshot_properties=summary)
         producer = update.overwrite() if deletes else update.fast_append()
+        if deletes:
+            _one_manifest_evaluator_per_manifest(producer)
         with producer:
             for df in deletes:
                 producer.delete_data_file(df)
@@ -463,9 +480,10 @@ class IcebergPublisher:
         return result
 
     def _files_to_delete(
-        self, table: Table, manifest: Manifest, marker: Marker | None, base: str
+        self, table: Table, manifest: Manifest, marker: Marker | None, base: str, supersedes: str | None
     ) -> list[DataFile]:
-        """Files this commit removes: the replaced partitions' (overwrite) and an older attempt's of this checkpoint."""
+        """Files this commit removes: the replaced partitions' (overwrite), and an older attempt's of this
+        checkpoint (a retry of the checkpoint, or the committed version a reprocess supersedes)."""
         if table.current_snapshot() is None:
             return []
         found: dict[str, DataFile] = {}
@@ -499,15 +517,37 @@ class IcebergPublisher:
                 df = task.file
                 if tuple(df.partition) in records:
                     found[df.file_path] = df
-        if marker is not None and marker.attempt_id != manifest.attempt_id:
-            # Retract what an older attempt of this checkpoint published (rare: a full scan).
+        if supersedes or (marker is not None and marker.attempt_id != manifest.attempt_id):
+            # Retract what an older attempt of this checkpoint published (rare: a full scan). Its
+            # files are the live ones staged under this checkpoint's directory by another attempt
+            # (files are added by path, never copied), plus, for a reprocess, those the snapshot
+            # that committed the superseded version added, wherever they were staged.
             prefix = as_uri(base.rsplit("/", 1)[0]) + "/"  # <root>/<pipeline>/<key>/
             ours = as_uri(base) + "/"
+            added = self._added_by(table, marker, manifest) if supersedes and marker else set()
             for task in table.scan(row_filter=AlwaysTrue()).plan_files():
                 df = task.file
-                if df.file_path.startswith(prefix) and not df.file_path.startswith(ours):
-                    found[df.file_path] = df
+                path = df.file_path
+                if (path.startswith(prefix) and not path.startswith(ours)) or path in added:
+                    found[path] = df
         return list(found.values())
+
+    @staticmethod
+    def _added_by(table: Table, marker: Marker, manifest: Manifest) -> set[str]:
+        """Data files the snapshot that committed ``marker``'s attempt added (empty once it is expired)."""
+        if marker.snapshot is None or not marker.snapshot.isdigit():
+            return set()
+        snapshot = table.snapshot_by_id(int(marker.snapshot))
+        if snapshot is None or (snapshot.summary or {}).get("walsink.attempt-id") != marker.attempt_id:
+            return set()
+        added = set()
+        for listed in snapshot.manifests(table.io):
+            if listed.added_snapshot_id != snapshot.snapshot_id:
+                continue
+            for entry in listed.fetch_manifest_entry(table.io, discard_deleted=True):
+                if entry.snapshot_id == snapshot.snapshot_id and entry.status.name == "ADDED":
+                    added.add(entry.data_file.file_path)
+        return added
 
     def _create(self, manifest: Manifest, footers: list[Any]) -> Table:
         """Create the table from the first staged file (plus path partition columns), if asked to."""
@@ -578,6 +618,24 @@ class IcebergPublisher:
         return self.storage.remove_unreferenced_attempts(
             checkpoint_location(root, manifest), manifest, held.__contains__
         )
+
+
+def _one_manifest_evaluator_per_manifest(producer: Any) -> None:
+    """Work around a race in pyiceberg's overwrite (0.12): give each manifest its own evaluator.
+
+    To find the files to delete, the producer evaluates the parent snapshot's
+    manifests in a thread pool with one shared evaluator per partition spec,
+    and that evaluator keeps the manifest being evaluated in an attribute: two
+    threads interleaving make it judge one manifest by another's partition
+    bounds, skip files it must delete, and fail the commit with "Missing
+    required files to delete" (safe, nothing committed, but a failed publish).
+    Without the private hook this does nothing, and the conflict retry in
+    :meth:`IcebergPublisher.publish` still recovers.
+    """
+    build = getattr(producer, "_build_manifest_evaluator", None)
+    if build is None:
+        return
+    producer._build_manifest_evaluator = lambda spec_id: lambda manifest: build(spec_id)(manifest)
 
 
 def _from_path(value: str, iceberg_type: Any, where: str) -> Any:

@@ -24,6 +24,12 @@ table is trimmed or lost. Inside that transaction, before any row is written:
    once ``finish()`` has marked it finished (a re-run after retention trimmed
    the committer table: new rows, as the file target treats it).
 
+A reprocess (``ctx.supersedes``, a new version of a committed checkpoint) is
+refused in ``append`` (rows carry no attempt id). In ``replace`` by key the
+marker row records the key values each attempt replaced, and the new version
+must cover the ones its marker names, or it is refused
+(:class:`SupersedeError`, nothing written): see ``_check_supersede``.
+
 Modes: ``append`` inserts the rows; ``replace`` (the pipeline mode
 ``overwrite``) first deletes the interval's rows, in the same transaction,
 selected by ``extra["replace_key"]`` (column(s) whose values in the staged
@@ -50,6 +56,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import logging
 import os
 import queue
@@ -73,11 +80,17 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql import sqltypes
 
-from airflow_provider_walsink.protocol.errors import CommittableError, FencedError, LayoutError, WalsinkError
+from airflow_provider_walsink.protocol.errors import (
+    CommittableError,
+    FencedError,
+    LayoutError,
+    SupersedeError,
+    WalsinkError,
+)
 from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
 
-from ._tables import refuse_supersede
+from ._tables import refuse_supersede, superseded_attempt
 from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
 
 log = logging.getLogger(__name__)
@@ -227,6 +240,8 @@ class _Marker:
     rows: int
     #: The committer recorded the commit of this attempt (``finish()`` ran).
     finished: bool
+    #: ``replace`` by key: the key values (as text) this attempt replaced; ``None`` when not recorded.
+    replaced_values: frozenset[tuple[str, ...]] | None = None
 
 
 class SqlPublisher:
@@ -291,6 +306,7 @@ class SqlPublisher:
         self.lock_timeout = lock_timeout
         self._engine: Engine | None = None
         self._markers = _marker_table(self.marker_table, self.schema)
+        self._markers_ready = False
 
     # ------------------------------------------------------------------ construction
 
@@ -363,6 +379,7 @@ class SqlPublisher:
         """The attempt id the target's marker names for this checkpoint, or ``None``."""
         if not sa.inspect(self.engine).has_table(self.marker_table, schema=self.schema):
             return None
+        self._ensure_markers()
         with self.engine.connect() as conn:
             marker = self._read_marker(conn, manifest, lock=False)
         return marker.attempt_id if marker else None
@@ -405,16 +422,21 @@ class SqlPublisher:
         errors (the transaction rolled back). Repeating it is safe.
         """
         if self.mode == "append":
-            # Rows carry no attempt id: an append cannot take a superseded version's rows back.
             # "replace" deletes the interval's rows by key or predicate in the same transaction.
-            refuse_supersede(ctx, manifest, "sql", self.mode)
+            refuse_supersede(
+                ctx,
+                manifest,
+                "sql",
+                self.mode,
+                "appended rows carry no attempt id, so its rows cannot be told apart",
+            )
         if ctx.attempt_id != manifest.attempt_id or ctx.checkpoint_key != manifest.checkpoint_key:
             raise SqlTargetError(
                 f"publish context is for {ctx.checkpoint_key}/{ctx.attempt_id}, "
                 f"the manifest for {manifest.checkpoint_key}/{manifest.attempt_id}"
             )
         ctx.fence()
-        self._ensure_table(self._markers)
+        self._ensure_markers()
         # A cheap look without a lock first: a re-run of a published attempt
         # needs no staging (which finish() may already have removed).
         with self.engine.connect() as conn:
@@ -454,6 +476,8 @@ class SqlPublisher:
                     outcome = self._judge(marker, manifest, ctx)
                     if outcome is not None:
                         return outcome  # nothing was written; committing an empty transaction
+                self._check_supersede(marker, manifest, plan, ctx)  # raises before any write: rolled back
+                if marker is not None:
                     conn.execute(
                         self._markers.update()
                         .where(*self._marker_key(manifest))
@@ -464,6 +488,7 @@ class SqlPublisher:
                             target_table=self._target_name(),
                             published_at=sa.func.now(),
                             finished_at=None,
+                            replaced_values=self._recorded_values(plan),
                         )
                     )
                 else:
@@ -477,6 +502,7 @@ class SqlPublisher:
                                 rows=plan.rows,
                                 target_table=self._target_name(),
                                 published_at=sa.func.now(),
+                                replaced_values=self._recorded_values(plan),
                             )
                         )
                     except IntegrityError:
@@ -557,9 +583,55 @@ class SqlPublisher:
         # retention with new rows (the old rows are final), appended like any checkpoint.
         return None
 
+    def _check_supersede(
+        self, marker: _Marker | None, manifest: Manifest, plan: _Plan, ctx: PublisherContext
+    ) -> None:
+        """A reprocess in ``replace`` by key must delete every row the version it replaces wrote.
+
+        The table's rows carry no attempt id: what the checkpoint's rows are is
+        known only from the key values its marker row recorded. The new version
+        deletes its own key values; if the held version covered a value the new
+        one does not, deleting it could take rows another checkpoint has since
+        written there, and keeping it would leave old rows beside new ones:
+        refused (:class:`SupersedeError`), nothing written. ``replace_predicate``
+        names the interval itself and always applies.
+        """
+        supersedes = superseded_attempt(ctx, manifest)
+        if not supersedes or self.mode != "replace" or self.replace_predicate:
+            return
+        name = f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}"
+        hint = (
+            "declare the interval's partitions in the write phase, or set extra 'replace_predicate'; "
+            f"nothing written to {self._target_name()}"
+        )
+        if marker is None or marker.replaced_values is None:
+            held = f"attempt {marker.attempt_id}" if marker else f"committed attempt {supersedes}"
+            state = "records no key values for it" if marker else "is missing"
+            raise SupersedeError(
+                f"{name}: cannot replace {held} with a new version: its marker row {state} "
+                f"({self.marker_table}), so its rows cannot be identified; {hint}"
+            )
+        uncovered = sorted(marker.replaced_values - {_as_text(v) for v in plan.replace_values})
+        if uncovered:
+            key = self._key_columns()
+            shown = ", ".join(
+                "/".join(f"{k}={v}" for k, v in zip(key, t, strict=True)) for t in uncovered[:5]
+            )
+            raise SupersedeError(
+                f"{name}: the new version (attempt {manifest.attempt_id}) does not cover {len(uncovered)} key "
+                f"value(s) that attempt {marker.attempt_id} wrote ({shown}); replacing would leave its rows "
+                f"there; {hint}"
+            )
+
+    def _recorded_values(self, plan: _Plan) -> str | None:
+        """What the marker row records of the rows a ``replace`` by key wrote: its key values as text."""
+        if self.mode != "replace" or self.replace_predicate:
+            return None
+        return json.dumps(sorted(list(_as_text(v)) for v in plan.replace_values))
+
     def _read_marker(self, conn: Connection, manifest: Manifest, *, lock: bool) -> _Marker | None:
         m = self._markers
-        query = sa.select(m.c.attempt_id, m.c.epoch, m.c.rows, m.c.finished_at).where(
+        query = sa.select(m.c.attempt_id, m.c.epoch, m.c.rows, m.c.finished_at, m.c.replaced_values).where(
             *self._marker_key(manifest)
         )
         if lock:
@@ -567,7 +639,10 @@ class SqlPublisher:
         row = conn.execute(query).first()
         if row is None:
             return None
-        return _Marker(row.attempt_id, int(row.epoch), int(row.rows), row.finished_at is not None)
+        values = None
+        if row.replaced_values is not None:
+            values = frozenset(tuple(v) for v in json.loads(row.replaced_values))
+        return _Marker(row.attempt_id, int(row.epoch), int(row.rows), row.finished_at is not None, values)
 
     def _marker_key(self, manifest: Manifest) -> tuple[Any, ...]:
         m = self._markers
@@ -671,6 +746,34 @@ class SqlPublisher:
         return sorted(values, key=repr)
 
     # ------------------------------------------------------------------ tables
+
+    def _ensure_markers(self) -> None:
+        """Create the marker table, or add the column walsink 0.4 added to an older one (once per publisher)."""
+        if self._markers_ready:
+            return
+        self._ensure_table(self._markers)
+        columns = {
+            c["name"] for c in sa.inspect(self.engine).get_columns(self.marker_table, schema=self.schema)
+        }
+        if "replaced_values" not in columns:
+            column = self._markers.c.replaced_values
+            with self.engine.connect() as conn:
+                preparer = conn.dialect.identifier_preparer
+                ddl = (
+                    f"ALTER TABLE {preparer.format_table(self._markers)} ADD COLUMN "
+                    f"{preparer.quote(column.name)} {column.type.compile(dialect=conn.dialect)}"
+                )
+                try:
+                    with conn.begin():
+                        conn.execute(sa.text(ddl))
+                except DBAPIError:
+                    # A concurrent publisher added it first.
+                    inspector = sa.inspect(self.engine)
+                    if "replaced_values" not in {
+                        c["name"] for c in inspector.get_columns(self.marker_table, schema=self.schema)
+                    }:
+                        raise
+        self._markers_ready = True
 
     def _ensure_table(self, table: sa.Table) -> None:
         """Create ``table`` if it is absent; a concurrent creator winning the race is fine."""
@@ -807,8 +910,19 @@ def _marker_table(name: str, schema: str | None) -> sa.Table:
         sa.Column("target_table", sa.String(255), nullable=False),
         sa.Column("published_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+        # replace by key: the key values the attempt replaced (JSON), so a reprocess knows its rows.
+        sa.Column(
+            "replaced_values",
+            sa.Text().with_variant(mysql_types.LONGTEXT(), "mysql", "mariadb"),
+            nullable=True,
+        ),
         schema=schema,
     )
+
+
+def _as_text(values: Sequence[Any]) -> tuple[str, ...]:
+    """Key values as the marker row records them (dates ISO, numbers as written): comparable across attempts."""
+    return tuple(v.isoformat() if hasattr(v, "isoformat") else str(v) for v in values)
 
 
 def _unify(schemas: list[pa.Schema]) -> pa.Schema:

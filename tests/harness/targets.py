@@ -17,7 +17,10 @@ random:
 
 ``overwrite`` schedules then lose one checkpoint's committer rows (as
 retention does) and write its interval again: the partition must hold the new
-rows once. After each schedule the target is read back with its own library
+rows once. Then one committed checkpoint is **reprocessed** (a new version
+with other rows, committed under the same random kill or zombie): it must
+hold the new version's rows once and none of the old (SQL ``append`` refuses
+a reprocess, so its schedules skip this step). After each schedule the target is read back with its own library
 and checked row by row: every checkpoint exactly once, nothing else.
 """
 
@@ -32,6 +35,7 @@ import time
 import traceback
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -46,6 +50,7 @@ from airflow_provider_walsink.committer.commit import CheckpointCommitter
 from airflow_provider_walsink.committer.models import checkpoint_table, transition_table
 from airflow_provider_walsink.committer.store import Actor, CommitterStore, LeaseHeldError
 from airflow_provider_walsink.committer.writer import CheckpointWriter
+from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
 
@@ -74,6 +79,7 @@ class TargetResult:
     crashes: Counter = field(default_factory=Counter)
     zombies: int = 0
     retention_reruns: int = 0
+    reprocesses: int = 0
     violations: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
@@ -81,6 +87,7 @@ class TargetResult:
         return (
             f"{self.kind}: {self.schedules} schedules, {self.checkpoints} checkpoints, SIGKILLs at [{points}], "
             f"{self.zombies} zombie tries resumed, {self.retention_reruns} re-runs after retention, "
+            f"{self.reprocesses} reprocessed checkpoints, "
             f"violations: {len(self.violations)}" + "".join(f"\n  {v}" for v in self.violations[:20])
         )
 
@@ -155,27 +162,40 @@ def _actor(step: str, key: str, try_number: int) -> Actor:
 
 
 def _write(
-    store: CommitterStore, env: TargetEnv, pipeline: str, mode: str, key: str, rows: list[str]
-) -> None:
-    """The write and durability tasks: Parquet files where the target stages, sealed and marked DURABLE."""
+    store: CommitterStore,
+    env: TargetEnv,
+    pipeline: str,
+    mode: str,
+    key: str,
+    rows: list[str] | Mapping[str, list[str]],
+) -> Manifest:
+    """The write and durability tasks: Parquet files where the target stages, sealed and marked DURABLE.
+
+    ``rows``: the ids of partition ``dt=<key>``, or ids per ``dt`` value (several partitions; a
+    value without ids is declared: ``overwrite`` replaces it with nothing).
+    """
     actor = _actor("write", key, 1)
     store.register(pipeline, key, mode=mode, actor=actor, target=env.uri(pipeline))
     layout = env.layout(pipeline, mode)
     writer = CheckpointWriter(store, layout, pipeline, key, actor=actor, partition_columns=("dt",))
     attempt_dir = writer.begin()
     files = {}
-    for i, chunk in enumerate((rows[: len(rows) // 2], rows[len(rows) // 2 :])):
-        if not chunk:
-            continue
-        buf = io.BytesIO()
-        pq.write_table(pa.table({"id": pa.array(chunk, pa.string())}), buf)  # dt is the directory
-        rel = f"dt={key}/part-{i:05d}.parquet"
-        (attempt_dir / f"dt={key}").mkdir(parents=True, exist_ok=True)
-        (attempt_dir / rel).write_bytes(buf.getvalue())
-        files[rel] = len(chunk)
+    for dt, ids in rows.items() if isinstance(rows, Mapping) else [(key, rows)]:
+        if not ids:
+            writer.declare_partition(f"dt={dt}")
+        for i, chunk in enumerate((ids[: len(ids) // 2], ids[len(ids) // 2 :])):
+            if not chunk:
+                continue
+            buf = io.BytesIO()
+            pq.write_table(pa.table({"id": pa.array(chunk, pa.string())}), buf)  # dt is the directory
+            rel = f"dt={dt}/part-{i:05d}.parquet"
+            (attempt_dir / f"dt={dt}").mkdir(parents=True, exist_ok=True)
+            (attempt_dir / rel).write_bytes(buf.getvalue())
+            files[rel] = len(chunk)
     writer.add_files(list(files), rows=files, checksum="crc32", writer="targets")
-    writer.seal(file_format="parquet", job="targets")
+    manifest, _digest = writer.seal(file_format="parquet", job="targets")
     store.mark_durable(pipeline, key, attempt=writer.attempt, actor=actor)
+    return manifest
 
 
 def _commit(
@@ -227,6 +247,52 @@ def _commit_until_done(
     return f"no commit after {MAX_TRIES} tries"
 
 
+def _commit_with_fault(
+    store: CommitterStore,
+    env: TargetEnv,
+    rng: random.Random,
+    pipeline: str,
+    mode: str,
+    key: str,
+    result: TargetResult,
+    problems: list[str],
+) -> str | None:
+    """Commit try 1 in a child killed or stopped at a random point, then retries until done; the error."""
+    zombie = rng.random() < 0.25
+    point = ZOMBIE_POINT[env.kind] if zombie else rng.choice(KILL_POINTS[env.kind])
+    out = str(env.work / f"{uuid.uuid4().hex}.out")
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_child, args=(env, str(store.engine.url.render_as_string(hide_password=False)), pipeline,
+                             mode, key, point, zombie, out)
+    )  # fmt: skip
+    proc.start()
+    while proc.is_alive() and not (zombie and _state(proc.pid) == "T"):
+        time.sleep(0.01)
+    if zombie and proc.is_alive():
+        time.sleep(LEASE_TTL.total_seconds() * 1.2)  # the stopped try's lease runs out
+        error = _commit_until_done(store, env, pipeline, mode, key)
+        locked = bool(error and "stayed locked" in error)
+        # A table commit is a compare-and-swap: try 2 commits while try 1 is stopped. A SQL
+        # load holds the marker row's lock in an open transaction: try 2 must wait for it.
+        before = env.rows(pipeline, mode)
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.join(300)
+        result.zombies += 1
+        if env.rows(pipeline, mode) != before:
+            problems.append(f"{key}: the resumed zombie try changed the target")
+        text = Path(out).read_text() if os.path.exists(out) else ""
+        if proc.exitcode != 0 and not any(s in text for s in ("FencedError", "LeaseLostError")):
+            problems.append(f"{key}: the zombie failed with something else than fencing: {text[-500:]}")
+        if locked:
+            error = _commit_until_done(store, env, pipeline, mode, key)
+        return error
+    proc.join(300)
+    if proc.exitcode == -signal.SIGKILL:
+        result.crashes[point] += 1
+        time.sleep(LEASE_TTL.total_seconds())
+    return _commit_until_done(store, env, pipeline, mode, key)
+
+
 def run_target_schedule(store: CommitterStore, env: TargetEnv, rng: random.Random, index: int,
                         result: TargetResult) -> None:  # fmt: skip
     mode = rng.choice(("append", "overwrite"))
@@ -238,39 +304,7 @@ def run_target_schedule(store: CommitterStore, env: TargetEnv, rng: random.Rando
         rows = [f"{pipeline}-{key}-{j}" for j in range(rng.randint(1, 6))]
         _write(store, env, pipeline, mode, key, rows)
         expected[key] = rows
-        zombie = rng.random() < 0.25
-        point = ZOMBIE_POINT[env.kind] if zombie else rng.choice(KILL_POINTS[env.kind])
-        out = str(env.work / f"{uuid.uuid4().hex}.out")
-        proc = multiprocessing.get_context("spawn").Process(
-            target=_child, args=(env, str(store.engine.url.render_as_string(hide_password=False)), pipeline,
-                                 mode, key, point, zombie, out)
-        )  # fmt: skip
-        proc.start()
-        while proc.is_alive() and not (zombie and _state(proc.pid) == "T"):
-            time.sleep(0.01)
-        if zombie and proc.is_alive():
-            time.sleep(LEASE_TTL.total_seconds() * 1.2)  # the stopped try's lease runs out
-            error = _commit_until_done(store, env, pipeline, mode, key)
-            locked = bool(error and "stayed locked" in error)
-            # A table commit is a compare-and-swap: try 2 commits while try 1 is stopped. A SQL
-            # load holds the marker row's lock in an open transaction: try 2 must wait for it.
-            before = env.rows(pipeline, mode)
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.join(300)
-            result.zombies += 1
-            if env.rows(pipeline, mode) != before:
-                problems.append(f"{key}: the resumed zombie try changed the target")
-            text = Path(out).read_text() if os.path.exists(out) else ""
-            if proc.exitcode != 0 and not any(s in text for s in ("FencedError", "LeaseLostError")):
-                problems.append(f"{key}: the zombie failed with something else than fencing: {text[-500:]}")
-            if locked:
-                error = _commit_until_done(store, env, pipeline, mode, key)
-        else:
-            proc.join(300)
-            if proc.exitcode == -signal.SIGKILL:
-                result.crashes[point] += 1
-                time.sleep(LEASE_TTL.total_seconds())
-            error = _commit_until_done(store, env, pipeline, mode, key)
+        error = _commit_with_fault(store, env, rng, pipeline, mode, key, result, problems)
         if error:
             problems.append(f"{key}: commit failed: {error}")
             break
@@ -287,6 +321,22 @@ def run_target_schedule(store: CommitterStore, env: TargetEnv, rng: random.Rando
         result.retention_reruns += 1
         if error:
             problems.append(f"{key}: re-run after retention failed: {error}")
+    if not problems and not (env.kind == "sql" and mode == "append"):  # SQL append refuses a reprocess
+        # A reprocess: a new version of a committed checkpoint (other rows), under the same faults.
+        key = rng.choice(sorted(expected))
+        superseded = store.require(pipeline, key).sealed_attempt_id
+        store.begin_version(pipeline, key, token=f"targets/{key}#reprocess", actor=_actor("write", key, 2),
+                            reason="harness reprocess")  # fmt: skip
+        expected[key] = [f"{pipeline}-{key}-v2-{j}" for j in range(rng.randint(1, 4))]
+        _write(store, env, pipeline, mode, key, expected[key])
+        error = _commit_with_fault(store, env, rng, pipeline, mode, key, result, problems)
+        result.reprocesses += 1
+        if error:
+            problems.append(f"{key}: reprocess failed: {error}")
+        elif [(v.attempt_id, v.state.value) for v in store.versions(pipeline, key)] != [
+            (superseded, "SUPERSEDED")
+        ]:
+            problems.append(f"{key}: the replaced version is not recorded SUPERSEDED")
     if not problems:
         want = sorted((key, r) for key, rows in expected.items() for r in rows)
         got = env.rows(pipeline, mode)
