@@ -15,6 +15,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from .errors import PathEscapeError, SymlinkRefusedError
 from .identifiers import validate_identifier
@@ -148,6 +149,27 @@ class Confiner:
         return name in names
 
 
+def staging_path(root: str | os.PathLike[str]) -> str:
+    """A staging root as a local path: ``/data/staging`` or ``file:///data/staging``.
+
+    The write phase, the durability check and the commit all open staged files
+    through the file system (a local disk or a shared mount); a relative
+    ``file:/...`` directory under the working directory must never be made of a
+    URI, nor a local directory named ``s3:``.
+    """
+    text = os.fspath(root)
+    if "://" not in text:
+        return text
+    parts = urlsplit(text)
+    if parts.scheme == "file" and parts.netloc in ("", "localhost"):
+        return unquote(parts.path)
+    raise ValueError(
+        f"staging root {text!r} is not a local or mounted path: walsink stages through the file system "
+        "(a table on object storage needs its staging root mounted, or a staging_root given as a path; "
+        "docs/targets.md)"
+    )
+
+
 @dataclass(frozen=True)
 class StagingLayout:
     """Where each checkpoint attempt is staged under one staging root."""
@@ -155,7 +177,7 @@ class StagingLayout:
     root: Path
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        object.__setattr__(self, "root", Path(os.path.abspath(root)))
+        object.__setattr__(self, "root", Path(os.path.abspath(staging_path(root))))
 
     def checkpoint_dir(self, pipeline: str, checkpoint_key: str) -> Path:
         validate_identifier(pipeline, "pipeline id")
