@@ -290,3 +290,72 @@ def test_the_next_run_rolls_back_what_an_unfinished_abort_left(store, layout, tm
     summary = committer(store, layout, target, "append").commit("p", "k1", actor=ACTOR)
     assert summary.state == "COMMITTED" and summary.published == 4
     assert lines(target_files(target)) == lines(DAY_NEW)
+
+
+# ----------------------------------------------------------------------------- Airflow's audit log
+
+
+def _audit_rows(key: str) -> list[dict]:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT event, dag_id, run_id, owner, extra FROM log WHERE event = 'walsink.abort'")
+            ).mappings()
+            return [dict(r) for r in rows if json.loads(r["extra"])["checkpoint_key"] == key]
+    finally:
+        engine.dispose()
+
+
+def test_walsink_abort_is_recorded_in_airflows_audit_log(airflow_db, sqlite_store, layout):
+    import getpass
+
+    store, key = sqlite_store, f"k{time.monotonic_ns()}"
+    stage_checkpoint(store, layout, "p", key, DAY, durable=False)  # registered by DAG "tests", run "run"
+    url = store.engine.url.render_as_string(hide_password=False)
+    result = walsink(
+        "--url", url, "abort", "p", key, "--reason", REASON, "--staging-root", str(layout.root), "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["audit_log"] == "recorded (event walsink.abort)"
+    [row] = _audit_rows(key)
+    assert (row["dag_id"], row["run_id"], row["owner"]) == ("tests", "run", getpass.getuser())
+    extra = json.loads(row["extra"])
+    assert extra["reason"] == REASON and extra["state"] == "ABORTED" and extra["previous_state"] == "SEALED"
+    assert extra["source"] == "walsink CLI" and extra["staging_removed"]
+
+
+def test_walsink_abort_without_airflows_database_says_so_and_still_aborts(sqlite_store, layout, tmp_path):
+    store = sqlite_store
+    stage_checkpoint(store, layout, "p", "k1", DAY, durable=False)
+    url = store.engine.url.render_as_string(hide_password=False)
+    unreachable = {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql+psycopg2://nobody@127.0.0.1:9/none"}
+    result = walsink("--url", url, "abort", "p", "k1", "--reason", REASON, "--json", env=unreachable)
+    assert result.returncode == 0, result.stderr
+    audit = json.loads(result.stdout)["audit_log"]
+    assert audit.startswith("not recorded (Airflow's metadata database is not reachable from here")
+    assert (
+        "warning: abort not recorded" in result.stderr and "the checkpoint's history has it" in result.stderr
+    )
+    assert store.require("p", "k1").state is S.ABORTED
+
+
+def test_walsink_abort_refusal_is_one_line_and_changes_nothing(sqlite_store, layout, tmp_path):
+    store, target = sqlite_store, tmp_path / "target"
+    store.register("p", "k1", mode="overwrite", actor=ACTOR, target=str(target))
+    _, manifest, attempt_dir = stage_checkpoint(store, layout, "p", "k1", DAY)
+    lease = store.acquire_lease(
+        "p", "k1", owner="c1", ttl=timedelta(minutes=10), actor=ACTOR, mode="overwrite"
+    )
+    FilePublisher(target, "overwrite", layout=layout).publish(
+        manifest, attempt_dir, StaticContext.for_manifest(manifest, epoch=lease.epoch)
+    )
+    url = store.engine.url.render_as_string(hide_password=False)
+    result = walsink("--url", url, "abort", "p", "k1", "--reason", REASON, "--staging-root", str(layout.root))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    [line] = [x for x in result.stderr.strip().splitlines() if not x.startswith("walsink: warning")]
+    assert "is published" in line and "Re-run (clear) its commit task" in line
+    assert store.require("p", "k1").state is S.COMMITTING
+    assert lines(target_files(target)) == lines(DAY)
