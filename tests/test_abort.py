@@ -86,21 +86,30 @@ COMMITTER = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
     from airflow_provider_walsink.protocol.staging import StagingLayout
-    from airflow_provider_walsink.publishers import FilePublisher
-    url, staging, target, mode = sys.argv[1:5]
+    from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+    url, staging, target, mode, pipeline = sys.argv[1:6]
     store = CommitterStore.from_url(url)
     layout = StagingLayout(staging)
-    committer = CheckpointCommitter(store, layout, FilePublisher(target, mode, layout=layout), mode=mode,
-                                    lease_ttl=timedelta(minutes=10))
+    publisher = resolve_target(target, TargetOptions(mode=mode, layout=layout))
+    committer = CheckpointCommitter(store, layout, publisher, mode=mode, lease_ttl=timedelta(minutes=10))
     actor = Actor(name="dag.commit@run1", dag_id="dag", run_id="run1", task_id="commit", try_number=1)
-    committer.commit("p", "k1", actor=actor)
+    committer.commit(pipeline, "k1", actor=actor)
 """)
 
 
-def start_stopped_committer(db_url: str, layout, target: Path, mode: str, point: str) -> subprocess.Popen:
-    env = {**os.environ, faults.ENV: point, faults.SIGNAL_ENV: "STOP"}
+def start_stopped_committer(
+    db_url: str,
+    layout,
+    target: Path | str,
+    mode: str,
+    point: str,
+    env: dict[str, str] | None = None,
+    pipeline: str = "p",
+) -> subprocess.Popen:
+    env = {**os.environ, **(env or {}), faults.ENV: point, faults.SIGNAL_ENV: "STOP"}
     proc = subprocess.Popen(
-        [sys.executable, "-c", COMMITTER.format(repo=str(REPO)), db_url, str(layout.root), str(target), mode],
+        [sys.executable, "-c", COMMITTER.format(repo=str(REPO)), db_url, str(layout.root), str(target), mode]
+        + [pipeline],
         stderr=subprocess.PIPE,
         text=True,
         env=env,
@@ -188,6 +197,76 @@ def test_abort_fences_out_a_live_committer_and_the_next_run_commits_once(db_url,
         "COMMITTING",
         "COMMITTED",
     ]
+
+
+def test_abort_of_a_table_checkpoint_its_stopped_committer_published_is_refused(sqlite_store, tmp_path):
+    """Iceberg, through real processes: the committer published the attempt in one table commit
+    and was stopped before recording COMMITTED. `walsink abort` refuses (the table holds the
+    attempt); the committer, resumed, is fenced and changes nothing; the commit task's re-run
+    records COMMITTED, and the rows are in the table once."""
+    pytest.importorskip("pyiceberg")
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_provider_walsink.committer import CheckpointWriter
+    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+
+    store, home = sqlite_store, tmp_path / "iceberg"
+    env = {"WALSINK_ICEBERG_HOME": str(home)}
+    os.environ.update(env)  # this process resolves the same embedded catalog
+    try:
+        uri = "iceberg://walsink/ns.events?create_table=true"
+        publisher = resolve_target(uri, TargetOptions(mode="append", layout=StagingLayout(tmp_path)))
+        layout = StagingLayout(publisher.staging_root())
+        store.register("events", "k1", mode="append", actor=ACTOR, target=uri)
+        writer = CheckpointWriter(store, layout, "events", "k1", actor=ACTOR)
+        attempt_dir = writer.begin()
+        rows = {"part-0.parquet": [1, 2, 3], "part-1.parquet": [4, 5]}
+        for rel, ids in rows.items():
+            buf = io.BytesIO()
+            pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}), buf)
+            (attempt_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (attempt_dir / rel).write_bytes(buf.getvalue())
+        writer.add_files(rows, rows={rel: len(ids) for rel, ids in rows.items()})
+        writer.seal()
+        store.mark_durable("events", "k1", attempt=writer.attempt, actor=ACTOR)
+        url = store.engine.url.render_as_string(hide_password=False)
+        zombie = start_stopped_committer(
+            url, layout, uri, "append", "commit.after_publish", env=env, pipeline="events"
+        )
+        try:
+            table = publisher.load_table()
+            snapshots = [s.snapshot_id for s in table.snapshots()]
+            assert len(snapshots) == 1  # published, COMMITTED not recorded
+            result = walsink("--url", url, "abort", "events", "k1", "--reason", REASON, env=env)
+            assert result.returncode == 1, result.stdout
+            assert "is published: the target already holds its sealed attempt" in result.stderr
+            refused = store.require("events", "k1")
+            assert refused.state is S.COMMITTING and refused.lease_owner is None
+            assert layout.attempt_dir("events", "k1", 1, refused.sealed_attempt_id).exists()
+            os.kill(zombie.pid, signal.SIGCONT)
+            _, err = zombie.communicate(timeout=120)
+        finally:
+            if zombie.poll() is None:
+                zombie.kill()
+                zombie.wait()
+        assert zombie.returncode != 0 and "LeaseLostError" in err, err
+        assert [s.snapshot_id for s in publisher.load_table().snapshots()] == snapshots
+        assert store.require("events", "k1") == refused  # the fenced committer recorded nothing
+
+        summary = CheckpointCommitter(store, layout, publisher, mode="append").commit(
+            "events", "k1", actor=ACTOR
+        )
+        assert summary.state == "COMMITTED" and summary.published == 0 and summary.already_published == 2
+        assert [s.snapshot_id for s in publisher.load_table().snapshots()] == snapshots
+        ids = sorted(r["id"] for r in publisher.load_table().scan().to_arrow().to_pylist())
+        assert ids == [1, 2, 3, 4, 5]
+    finally:
+        for key in env:
+            os.environ.pop(key, None)
 
 
 # ----------------------------------------------------------------------------- never lie
