@@ -73,3 +73,12 @@ def test_remove_refuses_a_symlinked_checkpoint_dir(tmp_path):
     with pytest.raises(PathEscapeError):
         layout.remove_checkpoint("p", "k")
     assert (victim / "keep").exists()
+
+
+def test_a_local_table_location_uri_is_its_path(tmp_path):
+    """A table target's staging root is ``file:///...``: stage there, not under ``./file:/``."""
+    from airflow_provider_walsink.protocol.staging import StagingLayout
+
+    layout = StagingLayout(f"file://{tmp_path}/warehouse/t/_walsink_staging")
+    assert layout.root == tmp_path / "warehouse" / "t" / "_walsink_staging"
+    assert layout.attempt_dir("p", "k", 1).is_relative_to(tmp_path)

@@ -155,7 +155,12 @@ class StagingLayout:
     root: Path
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        object.__setattr__(self, "root", Path(os.path.abspath(root)))
+        text = os.fspath(root)
+        if isinstance(text, str) and text.startswith("file://"):
+            # A local table's location is a file:// URI (a table target's staging root):
+            # its path, never a directory named "file:" under the working directory.
+            text = text[len("file://") :]  # as table libraries write it: the raw path, not quoted
+        object.__setattr__(self, "root", Path(os.path.abspath(text)))
 
     def checkpoint_dir(self, pipeline: str, checkpoint_key: str) -> Path:
         validate_identifier(pipeline, "pipeline id")
