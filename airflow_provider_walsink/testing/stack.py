@@ -38,7 +38,9 @@ For a browser (issue 4's UI tests), everything needed is public:
   api-server (``components=("api-server",)``) when no DAG needs to run;
 * ``scheduled_runs=False`` (default): the scheduler creates no runs from schedules
   (``[scheduler] use_job_schedule``), only backfills and triggered runs, so a test
-  decides exactly which intervals run.
+  decides exactly which intervals run. That switch also stops asset-triggered runs:
+  ``with stack.asset_scheduling(keep_unpaused=[dag_id]):`` lets the scheduler create
+  them (and only them) for a while.
 
 Each component runs under a guard (``testing/guard.py``) in its own process group;
 ``stop()`` (also on ``__exit__`` and at the end of the fixture) asks each guard to end
