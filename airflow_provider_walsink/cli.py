@@ -2,7 +2,7 @@
 
 ``walsink status`` prints every checkpoint's state per pipeline;
 ``walsink checkpoints`` lists checkpoints filtered by state and age (for a ticket);
-``walsink abort`` gives one checkpoint up for good;
+``walsink abort`` ends a stuck or unwanted checkpoint (fencing its committer out);
 ``walsink db upgrade`` creates or upgrades the committer schema;
 ``walsink gc`` removes orphaned staging and trims old committer rows.
 
@@ -436,28 +436,91 @@ def cmd_db_upgrade(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def cmd_abort(args: argparse.Namespace, out: IO[str]) -> int:
-    """Give one checkpoint up for good (unblocks later ``append`` checkpoints)."""
-    from airflow_provider_walsink.committer import Actor
+    """End one checkpoint's current attempt: fence its committer out, mark ABORTED, clean up.
 
+    Refused (exit 1, nothing changed but the history) when the target already
+    holds the sealed attempt: the checkpoint is published and its commit task
+    should be re-run. Recorded in Airflow's audit log when Airflow's metadata
+    database is reachable from here; otherwise a warning on stderr says so.
+    """
+    import getpass
+    import socket
+
+    from airflow_provider_walsink.aborts import aborter_for, audit_extra
+    from airflow_provider_walsink.committer import Actor
+    from airflow_provider_walsink.committer.abort import AbortRefusedError
+    from airflow_provider_walsink.hooks.walsink import default_staging_root
+
+    reason = args.reason.strip()
+    if not reason:
+        raise CliError("--reason must not be empty: it is recorded in the checkpoint's history")
     target = resolve(args)
+    staging_root = args.staging_root or target.staging_root or default_staging_root()
+    user = _os_user(getpass)
+    actor = Actor(name=f"{user}@{socket.gethostname()} (walsink abort)")
     store = open_store(target)
+    refused: str | None = None
     try:
         _known_pipelines(store, [args.pipeline])
-        if store.get(args.pipeline, args.checkpoint) is None:
+        record = store.get(args.pipeline, args.checkpoint)
+        if record is None:
             raise CliError(f"pipeline {args.pipeline!r} has no checkpoint {args.checkpoint!r}")
-        record = store.abort(
-            args.pipeline,
-            args.checkpoint,
-            reason=f"aborted by hand: {args.reason}",
-            actor=Actor.local("walsink-cli"),
-        )
+        aborter = aborter_for(store, args.pipeline, staging_root=staging_root, target=args.target)
+        try:
+            outcome = aborter.abort(args.pipeline, args.checkpoint, reason=reason, actor=actor)
+        except AbortRefusedError as exc:
+            refused = str(exc)
+        pipeline_row = store.get_pipeline(args.pipeline) or {}
     finally:
         store.dispose()
+    extra = audit_extra(
+        pipeline=args.pipeline,
+        checkpoint_key=args.checkpoint,
+        reason=reason,
+        source="walsink CLI",
+        outcome=None if refused else outcome.to_dict(),
+        refused=refused,
+    )
+    audit = _audit(record.dag_id or pipeline_row.get("dag_id"), record.run_id, user, extra)
+    if refused:
+        raise CliError(refused)
     if args.json:
-        _dump(out, _record_dict(record))
-    else:
-        print(f"{record.pipeline}/{record.checkpoint_key} is {record.state.value}", file=out)
+        _dump(out, {**outcome.to_dict(), "audit_log": audit})
+        return 0
+    was = f" (was {outcome.previous_state})" if outcome.previous_state else " (already)"
+    print(f"{outcome.pipeline}/{outcome.checkpoint_key} is {outcome.state}{was}: {outcome.reason}", file=out)
+    if outcome.fenced_holder:
+        print(f"  committer fenced out: {outcome.fenced_holder}", file=out)
+    print(f"  published files rolled back: {outcome.files_rolled_back}", file=out)
+    print(f"  staging removed: {', '.join(outcome.staging_removed) or 'none'}", file=out)
+    for warning in outcome.warnings:
+        print(f"  left undone (run the abort again): {warning}", file=out)
+    print(f"  Airflow audit log: {audit}", file=out)
     return 0
+
+
+def _os_user(getpass: Any) -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers)
+        return f"uid {os.getuid()}"
+
+
+def _audit(dag_id: str | None, run_id: str | None, user: str, extra: str) -> str:
+    """Record the abort in Airflow's audit log if its metadata database is reachable; say what happened."""
+    try:
+        from airflow_provider_walsink.aborts import record_audit_log
+
+        record_audit_log(dag_id=dag_id, run_id=run_id, owner=user, extra=extra)
+    except Exception as exc:  # noqa: BLE001 - the abort is done; only the audit copy is missing
+        detail = _first_line(str(getattr(exc, "orig", None) or exc), 200) or type(exc).__name__
+        message = f"not recorded (Airflow's metadata database is not reachable from here: {detail})"
+        print(
+            f"walsink: warning: abort {message}; the checkpoint's history has it",
+            file=sys.stderr,
+        )
+        return message
+    return "recorded (event walsink.abort)"
 
 
 def cmd_gc(args: argparse.Namespace, out: IO[str]) -> int:
@@ -571,14 +634,22 @@ def build_parser() -> argparse.ArgumentParser:
     abort = sub.add_parser(
         "abort",
         parents=[_common()],
-        help="give one uncommitted checkpoint up for good",
-        description="Mark a checkpoint ABORTED: it is never published, its staging becomes garbage, "
-        "and later checkpoints of an append pipeline are no longer blocked by it. "
-        "A checkpoint being committed (COMMITTING) cannot be aborted.",
+        help="end a stuck or unwanted checkpoint's current attempt",
+        description="Mark a checkpoint ABORTED: its current attempt is never published. A committer "
+        "holding it (COMMITTING, even alive) is fenced out first; what the attempt had published is "
+        "rolled back and its staging removed; later checkpoints of an append pipeline are no longer "
+        "blocked by it, and a later run of its write task starts a fresh attempt. Refused when the "
+        "target already holds the attempt (then re-run its commit task). Recorded in the checkpoint's "
+        "history and, when reachable, in Airflow's audit log (event walsink.abort).",
     )
     abort.add_argument("pipeline", help="pipeline id")
     abort.add_argument("checkpoint", help="checkpoint key, e.g. 20260101T000000Z")
     abort.add_argument("--reason", required=True, help="why (recorded in the checkpoint's history)")
+    abort.add_argument("--staging-root", help="default: the connection's staging root")
+    abort.add_argument(
+        "--target",
+        help="the pipeline's target URI, if it was registered without one (default: the registered one)",
+    )
     abort.set_defaults(func=cmd_abort)
 
     gc = sub.add_parser("gc", parents=[_common()], help="remove orphaned staging and trim old committer rows")

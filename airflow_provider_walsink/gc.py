@@ -7,8 +7,9 @@ directory, but crashes, superseded attempts and aborted checkpoints leave
 directories behind. :func:`collect_staging` removes, once older than the
 retention period:
 
-* every attempt of a COMMITTED or ABORTED checkpoint (the commit is recorded,
-  or will never happen);
+* every attempt of a COMMITTED checkpoint (the commit is recorded), and every
+  attempt of an ABORTED one up to the aborted attempt (a newer attempt belongs
+  to a later run that started the checkpoint again);
 * attempts of an uncommitted checkpoint that are neither its current attempt
   nor its sealed attempt and are *older* than the current attempt (a newer
   attempt number may belong to a writer that just started, so it is kept);
@@ -195,7 +196,28 @@ def _collect_checkpoint(
     dry_run: bool,
 ) -> None:
     cdir = layout.checkpoint_dir(pipeline, key)
-    if record is None or record.state in (S.COMMITTED, S.ABORTED):
+    if record is not None and record.state is S.ABORTED:
+        # Its attempts up to the aborted one; a newer one belongs to a run that started it again.
+        if record.updated_at > cutoff:
+            report.kept_recent += 1
+            return
+        # Attempt by attempt (never the whole directory at once: a new attempt may appear in it).
+        staged = layout.staged_attempts(pipeline, key)
+        removed = [p for a, _id, p in staged if a <= record.attempt and _rmtree(p, report, dry_run)]
+        whole = len(removed) == len(staged)
+        if whole and not dry_run:
+            try:
+                cdir.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:  # not empty: something new was put there meanwhile
+                whole = False
+        if whole:
+            report.checkpoint_dirs_removed.append(f"{pipeline}/{key}")
+        else:
+            report.attempts_removed += [f"{pipeline}/{key}/{p.name}" for p in removed]
+        return
+    if record is None or record.state is S.COMMITTED:
         finished_at = None if record is None else (record.committed_at or record.updated_at)
         old = _age_ok(cdir, cutoff_ts) if finished_at is None else finished_at <= cutoff
         if not old:

@@ -31,6 +31,11 @@ def asset_alias_name(pipeline: str) -> str:
     return f"{ALIAS_PREFIX}{pipeline}"
 
 
+def asset_name(pipeline: str) -> str:
+    """The name of a pipeline's target asset: schedule on ``Asset.ref(name=asset_name(p))``."""
+    return f"walsink/{pipeline}"
+
+
 def target_uri(target: Any) -> str:
     """The target as a URI: a path becomes ``file://``; an object describes itself."""
     if isinstance(target, str):
@@ -42,7 +47,7 @@ def target_uri(target: Any) -> str:
 def target_asset(pipeline: str, target: Any) -> Any:
     from airflow.sdk import Asset
 
-    return Asset(name=f"walsink/{pipeline}", uri=target_uri(target))
+    return Asset(name=asset_name(pipeline), uri=target_uri(target))
 
 
 def dataset_of(uri: str) -> tuple[str, str]:

@@ -270,3 +270,18 @@ def test_collect_garbage_never_removes_attempts_of_a_checkpoint_being_committed(
     assert report.attempts_removed == [] and report.checkpoint_dirs_removed == []
     assert layout.attempts("race", "k1") == [1]
     assert sqlite_store.require("race", "k1").state is S.COMMITTING
+
+
+def test_gc_of_an_aborted_checkpoint_keeps_the_attempt_a_later_run_started(store, layout):
+    """ABORTED -> WRITING: GC that read the row while ABORTED removes only the aborted attempts."""
+    from airflow_provider_walsink.gc import GcReport, _collect_checkpoint
+
+    stage_checkpoint(store, layout, "p", "a1", files("a1"), durable=False)
+    aborted = store.abort("p", "a1", reason="bad interval", actor=ACTOR)
+    later = CheckpointWriter(store, layout, "p", "a1", actor=ACTOR)
+    later.begin()  # a later run starts attempt 2 right after GC read the ABORTED row
+    report = GcReport()
+    cutoff = aborted.updated_at + DAY
+    _collect_checkpoint(layout, "p", "a1", aborted, cutoff, cutoff.timestamp(), report, False)
+    assert _numbered(report.attempts_removed) == ["p/a1/attempt-1"] and report.checkpoint_dirs_removed == []
+    assert layout.attempts("p", "a1") == [2]

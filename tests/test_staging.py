@@ -79,6 +79,7 @@ def test_staging_root_given_as_a_file_uri_is_that_path_and_other_schemes_are_ref
     """A table target's staging root is a URI (``file:///warehouse/t/_walsink``): it must stage
     there, never in a ``file:`` directory under the working directory (nor an ``s3:`` one)."""
     assert StagingLayout(f"file://{tmp_path}/t/_walsink").root == tmp_path / "t" / "_walsink"
-    assert StagingLayout(f"file://localhost{tmp_path}/a%20b").root == tmp_path / "a b"
+    assert StagingLayout(f"file://localhost{tmp_path}/a b").root == tmp_path / "a b"
+    assert StagingLayout(f"file://{tmp_path}/t").attempt_dir("p", "k", 1).is_relative_to(tmp_path)
     with pytest.raises(ValueError, match="not a local or mounted path"):
         StagingLayout("s3://bucket/warehouse/t/_walsink")

@@ -165,15 +165,24 @@ def test_fail_keeps_the_error_and_the_checkpoint_uncommitted(store):
     assert store.mark_committed(again, actor=A).error is None
 
 
-def test_abort_is_final_and_unblocks_later_append_checkpoints(store):
+def test_abort_unblocks_later_append_checkpoints_until_a_new_attempt_starts(store):
     to_durable(store, "k1", mode="append")
     to_durable(store, "k2", mode="append")
     with pytest.raises(OrderingError, match="waits for earlier checkpoint k1"):
         store.acquire_lease("p", "k2", owner="c", ttl=TTL, actor=A)
     store.abort("p", "k1", reason="bad data upstream", actor=A)
-    with pytest.raises(TransitionError):
-        store.start_attempt("p", "k1", actor=A)
-    assert store.acquire_lease("p", "k2", owner="c", ttl=TTL, actor=A).owner == "c"
+    # The aborted attempt is never committed, and repeating its seal changes nothing.
+    with pytest.raises(TransitionError, match="not DURABLE"):
+        store.acquire_lease("p", "k1", owner="c", ttl=TTL, actor=A)
+    assert seal(store, "k1", 1).state is S.ABORTED
+    lease = store.acquire_lease("p", "k2", owner="c", ttl=TTL, actor=A)
+    assert lease.owner == "c"
+    store.release_lease(lease)
+    # A later run starts a fresh attempt of the aborted checkpoint: it is open (and first) again.
+    again = store.start_attempt("p", "k1", actor=A)
+    assert again.state is S.WRITING and again.attempt == 2 and again.error is None
+    with pytest.raises(OrderingError, match="waits for earlier checkpoint k1"):
+        store.acquire_lease("p", "k2", owner="c", ttl=TTL, actor=A)
 
 
 def test_append_offsets_must_continue_the_last_commit(store):

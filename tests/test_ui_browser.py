@@ -10,8 +10,8 @@ state, the pipeline's timeline, a checkpoint's detail, the commit task's
 checkpoint, and the DAG and DAG-run tabs, on a 1,280x800 screen, measuring that
 every column of the tabs lies inside Airflow's frame. Then the api-server moves
 to another port (with another default time zone) and the extra link, stored
-when the task ran, still leads to the checkpoint. Screenshots go to
-``test-artifacts/ui/``.
+when the task ran, still leads to the checkpoint. A viewer and an admin meet
+the Abort button (issue 15). Screenshots go to ``test-artifacts/ui/``.
 """
 
 from __future__ import annotations
@@ -391,3 +391,83 @@ def test_logged_out_browser_gets_no_plugin_data(airflow_stack, browser):
         assert api is not None and api.status == 401
     finally:
         context.close()
+
+
+def test_abort_in_the_browser(airflow_stack, browser, tmp_path):
+    """Issue 15: a viewer sees no Abort button and a POST from a viewer is refused (403); an
+    admin aborts a stuck checkpoint with a reason, sees ABORTED and the reason, and the
+    action is in Airflow's audit log."""
+    import json
+    import uuid
+
+    from playwright.sync_api import expect
+
+    from airflow_provider_walsink.committer import Actor
+    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from tests.helpers import stage_checkpoint
+
+    stack = airflow_stack
+    stack.wait_for_dag(DAG_ID)
+    # A stuck checkpoint (durable, never committed) of a pipeline the example DAG writes.
+    pipeline, key = f"ui_abort_{uuid.uuid4().hex[:8]}", "20260301T000000Z"
+    writer = Actor(name="write", dag_id=DAG_ID, run_id="manual__ui_abort", task_id="write", try_number=1)
+    store = CommitterStore.from_url(f"sqlite:///{stack.home}/walsink/committer.db")
+    layout = StagingLayout(stack.home / "walsink" / "staging")  # the api-server's (embedded default)
+    store.register(pipeline, key, mode="overwrite", actor=writer, target=str(tmp_path / "target"))
+    stage_checkpoint(store, layout, pipeline, key, {"dt=2026-03-01/part-0.csv": b"a\n"}, actor=writer)
+    url = f"{stack.base_url}/walsink/pipelines/{pipeline}/checkpoints/{key}"
+    reason = "INC-99: the partner resent the day's file"
+    viewer = browser.new_context(viewport=SCREEN)
+    admin = browser.new_context(viewport=SCREEN)
+    for context in (viewer, admin):
+        context.set_default_timeout(TIMEOUT_MS)
+    expect.set_options(timeout=TIMEOUT_MS)
+    page = admin.new_page()
+    try:
+        # The viewer may read the DAG, so sees the checkpoint, but gets no button, and a POST is refused.
+        viewer.add_cookies([stack.login_cookie("viewer")])
+        seen = viewer.new_page()
+        seen.goto(url)
+        expect(seen.locator("h1 .badge")).to_have_text("DURABLE")
+        expect(seen.locator("#abort")).to_have_count(0)
+        shot(seen, "9-abort-viewer")
+        refused = viewer.request.post(
+            f"{url}/abort", form={"reason": "not mine", "confirm": "yes", "attempt": "1"}, max_redirects=0
+        )
+        assert refused.status == 403, refused.text()
+        assert store.require(pipeline, key).state.value == "DURABLE"
+
+        # The admin logs in through Airflow's form, opens Abort, gives a reason and confirms.
+        login(page, stack)
+        page.goto(url)
+        expect(page.locator("h1 .badge")).to_have_text("DURABLE")
+        page.locator("#abort summary").click()
+        page.fill("#abort-reason", reason)
+        page.get_by_label(re.compile("I understand")).check()
+        shot(page, "10-abort-form")
+        page.get_by_role("button", name="Abort checkpoint").click()
+        expect(page).to_have_url(url)
+        expect(page.locator("h1 .badge")).to_have_text("ABORTED")
+        expect(page.locator("#error")).to_have_text(reason)
+        row = (
+            page.locator("table.history tbody tr")
+            .filter(has_text="admin (walsink UI)")
+            .filter(has_text=reason)
+        )
+        expect(row.first).to_be_visible()
+        expect(page.locator("#abort")).to_have_count(0)
+        shot(page, "11-aborted")
+    except Exception:
+        shot(page, "failure-abort")
+        raise
+    finally:
+        viewer.close()
+        admin.close()
+    record = store.require(pipeline, key)
+    store.dispose()
+    assert record.state.value == "ABORTED" and record.error == reason
+    assert not layout.checkpoint_dir(pipeline, key).exists()  # its staging is gone
+    logs = stack.get("/api/v2/eventLogs", event="walsink.abort", limit=100)["event_logs"]
+    mine = [e for e in logs if json.loads(e["extra"])["checkpoint_key"] == key]
+    assert [(e["owner"], e["dag_id"], e["run_id"]) for e in mine] == [("admin", DAG_ID, "manual__ui_abort")]
+    assert json.loads(mine[0]["extra"])["reason"] == reason

@@ -32,8 +32,8 @@ def world(airflow_db, tmp_path_factory):
         yield from build_world(f"sqlite:///{tmp}/committer.db", tmp, mp)
 
 
-def plugin_urls() -> list[str]:
-    """Every route of the plugin app, with its path parameters filled in."""
+def plugin_urls() -> list[tuple[str, str]]:
+    """Every route of the plugin app (method, URL), with its path parameters filled in."""
     from airflow_provider_walsink.ui import URL_PREFIX
     from airflow_provider_walsink.ui.app import app
 
@@ -41,22 +41,35 @@ def plugin_urls() -> list[str]:
     for route in app.routes:
         if isinstance(route, APIRoute):
             path = route.path.replace("{run_id:path}", "{run_id}").format(**SAMPLE_PARAMS)
-            urls.append(f"{URL_PREFIX}{path}?dag_id={DAG_B}&run_id=run-0")
-    assert len(urls) >= 13, urls  # the test must not pass by finding no routes
+            for method in sorted(route.methods):
+                urls.append((method, f"{URL_PREFIX}{path}?dag_id={DAG_B}&run_id=run-0"))
+    assert len(urls) >= 15, urls  # the test must not pass by finding no routes
+    assert sum(m == "POST" for m, _ in urls) >= 2, urls  # the abort routes are checked too
     return urls
+
+
+def _call(client, method: str, url: str, **kwargs):
+    if method == "POST":  # a well-formed body: the refusal must come from authentication
+        if "/api/" in url:
+            kwargs["json"] = {"reason": "anonymous"}
+        else:
+            kwargs["data"] = {"reason": "anonymous", "confirm": "yes"}
+    return client.request(method, url, follow_redirects=False, **kwargs)
 
 
 def test_every_route_refuses_anonymous_and_forged_tokens(world):
     client = world.client
     client.cookies.clear()
-    for url in plugin_urls():
+    for method, url in plugin_urls():
         for headers in ({}, {"Accept": "text/html"}):
-            response = client.get(url, headers=headers, follow_redirects=False)
-            assert response.status_code in (401, 403), f"anonymous GET {url} -> {response.status_code}"
-        forged = client.get(url, headers={"Authorization": "Bearer not-a-jwt"}, follow_redirects=False)
-        assert forged.status_code in (401, 403), f"forged token GET {url} -> {forged.status_code}"
-        bad_cookie = client.get(url, cookies={"_token": "x.y.z"}, follow_redirects=False)
-        assert bad_cookie.status_code in (401, 403), f"bad cookie GET {url} -> {bad_cookie.status_code}"
+            response = _call(client, method, url, headers=headers)
+            assert response.status_code in (401, 403), f"anonymous {method} {url} -> {response.status_code}"
+        forged = _call(client, method, url, headers={"Authorization": "Bearer not-a-jwt"})
+        assert forged.status_code in (401, 403), f"forged token {method} {url} -> {forged.status_code}"
+        bad_cookie = _call(client, method, url, cookies={"_token": "x.y.z"})
+        assert bad_cookie.status_code in (401, 403), f"bad cookie {method} {url} -> {bad_cookie.status_code}"
+    # Nothing was aborted by any of those calls.
+    assert world.store.require("sales_b", "20260101T000000Z").state.value == "COMMITTED"
     # The refusal is Airflow's: the very same URLs answer for a logged-in admin.
     ok = client.get("/walsink/api/pipelines/sales_b", headers=world.headers("admin"))
     assert ok.status_code == 200

@@ -102,7 +102,10 @@ def explain_not_committable(record: CheckpointRecord) -> str:
         case S.FAILED:
             return f"{name} is not durable: it FAILED before it was verified: {record.error}"
         case S.ABORTED:
-            return f"{name} was ABORTED and will never be committed: {record.error}"
+            return (
+                f"{name} was ABORTED ({record.error}): its attempt {record.attempt} will never be "
+                "committed; a new run of its write task starts a fresh attempt"
+            )
         case S.REJECTED:
             return f"{name} was REJECTED by its audit and will never be committed: {record.error}"
     return f"{name} is {record.state}"
@@ -350,10 +353,17 @@ class FencingContext:
     files costs a few statements, not 10,000. A process paused for longer
     than that is asked again when it resumes, and stops. ``force=True`` always
     asks (before recording the outcome).
+
+    An abort moves the epoch on without waiting for the lease to expire, so a
+    confirmation is never trusted for longer than :attr:`MAX_TRUST` either:
+    the abort waits that long after fencing the holder out before it looks at
+    the target (``committer/abort.py``).
     """
 
     #: Fraction of the TTL during which a confirmation is trusted without asking again.
     FRESH = 1 / 3
+    #: The longest a confirmation is trusted, whatever the TTL (an abort waits it out).
+    MAX_TRUST = timedelta(seconds=2)
 
     def __init__(
         self,
@@ -376,7 +386,8 @@ class FencingContext:
 
     def fence(self, *, force: bool = False) -> None:
         started = time.monotonic()
-        if not force and started - self._confirmed < self.ttl.total_seconds() * self.FRESH:
+        trusted = min(self.ttl.total_seconds() * self.FRESH, self.MAX_TRUST.total_seconds())
+        if not force and started - self._confirmed < trusted:
             return
         self.lease = self.store.fence(self.lease, self.ttl)
         # Measured from before the statement: the database extended the lease after it.

@@ -988,19 +988,85 @@ class CommitterStore(CheckpointQueries):
             )
 
     @retrying
-    def abort(self, pipeline: str, checkpoint_key: str, *, reason: str, actor: Actor) -> CheckpointRecord:
-        """Give a checkpoint up for good (it unblocks later ``append`` checkpoints).
+    def begin_abort(
+        self, pipeline: str, checkpoint_key: str, *, actor: Actor, reason: str, ttl: timedelta
+    ) -> Lease:
+        """First step of an abort (:mod:`.abort`): fence the lease holder out, change no state.
+
+        One transaction bumps the fencing token, so whoever holds the lease
+        (a live committer included) is refused at its next check. A COMMITTING
+        checkpoint's lease passes to the abort (owner ``abort:<actor>``, for
+        ``ttl``), so no commit try takes it while the abort looks at the
+        target. The history records the request, who made it and why. Returns
+        the abort's lease: :meth:`abort` with it is a compare-and-set on its
+        epoch. Raises :class:`TransitionError` for a COMMITTED checkpoint (its
+        data is in the target). Repeating it takes a newer token (safe).
+        """
+        with self._tx() as conn:
+            row = self._lock(conn, pipeline, checkpoint_key)
+            if row["state"] == S.COMMITTED.value:
+                raise TransitionError(
+                    f"checkpoint {pipeline}/{checkpoint_key} is COMMITTED: its data is in the target, "
+                    "so it cannot be aborted"
+                )
+            now = row["_now"]
+            epoch = next_epoch(row["lease_epoch"], now)
+            owner = f"abort:{actor.lease_owner}"[:255]
+            values: dict[str, Any] = {"lease_epoch": epoch}
+            if row["state"] == S.COMMITTING.value:
+                values.update(lease_owner=owner, lease_expires_at=now + ttl)
+            conn.execute(update(ckpt).where(ckpt.c.id == row["id"]).values(**values))
+            holder = row["lease_owner"]
+            self._event(
+                conn,
+                row,
+                actor,
+                f"abort requested: {reason}; "
+                + (f"lease holder {holder} fenced out" if holder else "no lease holder")
+                + f" (epoch {row['lease_epoch']} -> {epoch})",
+            )
+            record = dict(row, **values)
+            return Lease(
+                pipeline,
+                checkpoint_key,
+                owner,
+                values.get("lease_expires_at") or now + ttl,
+                epoch,
+                taken_over_from=holder,
+                record=CheckpointRecord.from_row(record),
+            )
+
+    @retrying
+    def abort(
+        self,
+        pipeline: str,
+        checkpoint_key: str,
+        *,
+        reason: str,
+        actor: Actor,
+        lease: Lease | None = None,
+    ) -> CheckpointRecord:
+        """Give a checkpoint's current attempt up for good (it unblocks later ``append`` checkpoints).
 
         Bumps the fencing token, so any committer still holding an old lease is
-        refused at its next step.
+        refused at its next step. With ``lease`` (from :meth:`begin_abort`) it
+        is a compare-and-set on that lease's epoch and may end a COMMITTING
+        checkpoint; it raises :class:`LeaseLostError` if a committer took the
+        checkpoint since. Without one, a COMMITTING checkpoint is refused (use
+        :class:`~.abort.CheckpointAborter`, which fences the holder out and
+        checks the target first). Repeating it returns the ABORTED row. A later
+        run may start a new write attempt of an ABORTED checkpoint.
         """
         with self._tx() as conn:
             row = self._lock(conn, pipeline, checkpoint_key)
             if row["state"] == S.ABORTED.value:
                 return CheckpointRecord.from_row(row)
-            if row["state"] == S.COMMITTING.value:
+            if lease is not None and row["lease_epoch"] != lease.epoch:
+                raise self._lease_lost(conn, lease, "abort")
+            if row["state"] == S.COMMITTING.value and lease is None:
                 raise TransitionError(
-                    f"checkpoint {pipeline}/{checkpoint_key} is being committed; it cannot be aborted now"
+                    f"checkpoint {pipeline}/{checkpoint_key} is being committed; abort it with `walsink "
+                    "abort` (which fences the committer out and checks the target first)"
                 )
             return self._move(
                 conn,

@@ -15,7 +15,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from .errors import PathEscapeError, SymlinkRefusedError
 from .identifiers import validate_identifier
@@ -162,7 +162,8 @@ def staging_path(root: str | os.PathLike[str]) -> str:
         return text
     parts = urlsplit(text)
     if parts.scheme == "file" and parts.netloc in ("", "localhost"):
-        return unquote(parts.path)
+        # As table libraries write a local location: the raw path, not percent-quoted.
+        return text[len(f"file://{parts.netloc}") :]
     raise ValueError(
         f"staging root {text!r} is not a local or mounted path: walsink stages through the file system "
         "(a table on object storage needs its staging root mounted, or a staging_root given as a path; "

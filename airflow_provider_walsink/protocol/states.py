@@ -15,6 +15,14 @@ A reprocess (``reprocess="replace"``) starts a new *version* of a COMMITTED
 checkpoint: the row goes back to REGISTERED under the same key, and the
 published version is kept in the version table, COMMITTED until the new
 version commits and SUPERSEDED from then on (with a link to its successor).
+
+ABORTED (``walsink abort``, the UI's Abort button) ends a checkpoint's current
+attempt for good: that attempt is never committed. A COMMITTING checkpoint
+becomes ABORTED only through the abort's own lease (``committer/abort.py``:
+the holder is fenced out first and the target is checked). A later run may
+start a *new* write attempt of an ABORTED checkpoint (ABORTED -> WRITING);
+nothing else leaves ABORTED, so the aborted attempt itself never goes on to
+DURABLE, COMMITTING or COMMITTED.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ class CheckpointState(enum.StrEnum):
 
     @property
     def is_final(self) -> bool:
+        """Done: nothing more happens to the checkpoint unless a new run starts it again
+        (a reprocess of a COMMITTED one, a new write attempt of an ABORTED one)."""
         return self in (CheckpointState.COMMITTED, CheckpointState.ABORTED, CheckpointState.SUPERSEDED)
 
 
@@ -54,13 +64,15 @@ TRANSITIONS: dict[CheckpointState, frozenset[CheckpointState]] = {
     S.SEALED: frozenset({S.WRITING, S.DURABLE, S.FAILED, S.ABORTED}),
     S.DURABLE: frozenset({S.WRITING, S.DURABLE, S.AUDITED, S.REJECTED, S.COMMITTING, S.FAILED, S.ABORTED}),
     S.AUDITED: frozenset({S.WRITING, S.COMMITTING, S.FAILED, S.ABORTED}),
-    S.COMMITTING: frozenset({S.COMMITTING, S.COMMITTED, S.FAILED}),
+    # ABORTED only under the abort's own lease, after the holder was fenced out.
+    S.COMMITTING: frozenset({S.COMMITTING, S.COMMITTED, S.FAILED, S.ABORTED}),
     # Only a reprocess leaves COMMITTED (store.begin_version): a new version starts.
     S.COMMITTED: frozenset({S.REGISTERED}),
     # A failed checkpoint is never lost: it can be written again, or, if it was
     # durable before it failed, audited and committed again once the cause is fixed.
     S.FAILED: frozenset({S.WRITING, S.DURABLE, S.AUDITED, S.REJECTED, S.COMMITTING, S.FAILED, S.ABORTED}),
-    S.ABORTED: frozenset(),
+    # A later run starts a fresh attempt; the aborted attempt is never committed as-is.
+    S.ABORTED: frozenset({S.WRITING}),
     # Its data failed the audit: never committed; a fixed job writes a new attempt.
     S.REJECTED: frozenset({S.WRITING, S.ABORTED}),
     S.SUPERSEDED: frozenset(),

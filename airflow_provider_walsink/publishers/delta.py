@@ -244,6 +244,11 @@ class DeltaPublisher:
         marker = self.published_marker(manifest)
         return marker.attempt_id if marker else None
 
+    def holds_attempt(self, manifest: Manifest) -> bool:
+        """Whether a table version holds or held the manifest's attempt (it references its staged files)."""
+        dt = self.load_table()
+        return dt is not None and dt.transaction_version(app_id(manifest, manifest.attempt_id)) is not None
+
     # ------------------------------------------------------------------ publish
 
     def publish(

@@ -439,14 +439,8 @@ class FilePublisher:
         if previous is not None and previous_id != manifest.attempt_id:
             ctx.fence()
             if self.mode == "append" and previous_id:
-                for rel in previous.get("files", []):
-                    if not isinstance(rel, str) or f"-{previous_id}-" not in rel.rpartition("/")[2]:
-                        continue
-                    try:
-                        os.unlink(confine(self.target_root, rel, what="journal entry"))
-                        result.files_rolled_back += 1
-                    except (FileNotFoundError, PathEscapeError):
-                        pass
+                # Also what an aborted attempt had published, if its abort did not finish.
+                self._unlink_journal_files(previous, previous_id, result)
             # Overwrite: the partition swap replaces whatever is live; only the
             # other attempt's pending directory is garbage.
             if previous_id:
@@ -472,6 +466,83 @@ class FilePublisher:
                     sort_keys=True,
                 ).encode(),
             )
+
+    def retract_attempt(
+        self, pipeline: str, checkpoint_key: str, attempt_id: str, ctx: PublisherContext
+    ) -> int:
+        """Undo what ``attempt_id`` published of the checkpoint (an abort: it will never commit).
+
+        Acts only if the publish journal names ``attempt_id``: a journal that
+        names another attempt means a later publish already rolled this one
+        back, or this one never started publishing. ``append``: the journal's
+        files whose names carry the attempt id are removed. ``overwrite``:
+        each partition whose live marker names the attempt is swapped back
+        with the partition it replaced (kept in the attempt's pending
+        directory), or moved out where there was none; then the attempt's
+        pending directory is deleted. The journal stays (a later publish of
+        the checkpoint repeats this harmlessly; ``finish`` removes it).
+        ``ctx.fence()`` precedes every change. Returns the number of data
+        files removed from the target. Repeating it is safe.
+        """
+        journal_path = self._target(f"{BOOKKEEPING_DIR}/journal/{pipeline}/{checkpoint_key}.json")
+        try:
+            journal = json.loads(journal_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return 0
+        except json.JSONDecodeError as exc:
+            raise CommittableError(f"publish journal {journal_path} is not valid JSON ({exc})") from None
+        if not isinstance(journal, dict) or journal.get("attempt_id") != attempt_id:
+            return 0
+        removed = 0
+        if journal.get("mode") == "append":
+            result = PublishResult()
+            ctx.fence()
+            self._unlink_journal_files(journal, attempt_id, result)
+            removed = result.files_rolled_back
+        pending_rel = f"{BOOKKEEPING_DIR}/pending/{pipeline}/{checkpoint_key}/{attempt_id}"
+        with _DirFds(self.target_root) as dirs:
+            for partition in journal.get("partitions") or []:
+                if not isinstance(partition, str) or not partition:
+                    continue
+                self._target(partition)  # confined: a journal entry cannot point outside the target
+                if (self._live_marker(partition) or {}).get("attempt_id") != attempt_id:
+                    continue  # not swapped in (or replaced since): the live partition is not this attempt's
+                removed += sum(
+                    1
+                    for n in os.listdir(self._target(partition))
+                    if n != MARKER_NAME and not n.startswith(".")
+                )
+                live_parent, live_name = partition.rpartition("/")[::2]
+                pending_parent, pending_name = f"{pending_rel}/{partition}".rpartition("/")[::2]
+                pending_fd = dirs.open(pending_parent, create=True)
+                ctx.fence()
+                try:
+                    os.stat(pending_name, dir_fd=pending_fd, follow_symlinks=False)
+                    had_old = True
+                except FileNotFoundError:
+                    had_old = False
+                if had_old:  # the partition this attempt replaced: swap it back in
+                    _swap_in(pending_fd, pending_name, dirs.open(live_parent), live_name)
+                else:  # there was none: move this attempt's partition out of sight
+                    os.rename(
+                        live_name, pending_name, src_dir_fd=dirs.open(live_parent), dst_dir_fd=pending_fd
+                    )
+                    os.fsync(pending_fd)
+                ctx.event("abort.after_swap_back")
+            ctx.fence()
+            dirs.rmtree(pending_rel)
+        return removed
+
+    def _unlink_journal_files(self, journal: dict[str, Any], attempt_id: str, result: PublishResult) -> None:
+        """Remove the journal's files whose names carry ``attempt_id`` (never another attempt's)."""
+        for rel in journal.get("files", []):
+            if not isinstance(rel, str) or f"-{attempt_id}-" not in rel.rpartition("/")[2]:
+                continue
+            try:
+                os.unlink(confine(self.target_root, rel, what="journal entry"))
+                result.files_rolled_back += 1
+            except (FileNotFoundError, PathEscapeError):
+                pass
 
     def finish(self, manifest: Manifest, layout: StagingLayout) -> None:
         """After COMMITTED: drop the publish journal, then the checkpoint's staging (every attempt)."""

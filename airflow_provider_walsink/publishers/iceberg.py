@@ -294,6 +294,11 @@ class IcebergPublisher:
         marker = self.published_marker(manifest)
         return marker.attempt_id if marker else None
 
+    def holds_attempt(self, manifest: Manifest) -> bool:
+        """Whether the table holds or held the manifest's attempt (a snapshot may reference its staged files)."""
+        marker = self.published_marker(manifest)
+        return marker is not None and manifest.attempt_id in (marker.attempt_id, *marker.previous)
+
     # ------------------------------------------------------------------ publish
 
     def publish(

@@ -38,7 +38,9 @@ For a browser (issue 4's UI tests), everything needed is public:
   api-server (``components=("api-server",)``) when no DAG needs to run;
 * ``scheduled_runs=False`` (default): the scheduler creates no runs from schedules
   (``[scheduler] use_job_schedule``), only backfills and triggered runs, so a test
-  decides exactly which intervals run.
+  decides exactly which intervals run. That switch also stops asset-triggered runs:
+  ``with stack.asset_scheduling(keep_unpaused=[dag_id]):`` lets the scheduler create
+  them (and only them) for a while.
 
 Each component runs under a guard (``testing/guard.py``) in its own process group;
 ``stop()`` (also on ``__exit__`` and at the end of the fixture) asks each guard to end
@@ -62,6 +64,7 @@ runs any ``airflow`` command against the stack.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -72,7 +75,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -485,6 +488,41 @@ class AirflowStack:
 
     def pause(self, dag_id: str) -> None:
         self.client().patch(f"/api/v2/dags/{dag_id}", json={"is_paused": True}).raise_for_status()
+
+    @contextlib.contextmanager
+    def asset_scheduling(self, keep_unpaused: Iterable[str]) -> Iterator[None]:
+        """Inside the block, the scheduler creates asset-triggered runs (of the DAGs in
+        ``keep_unpaused``, which must be unpaused) and nothing else.
+
+        Why a block: with ``scheduled_runs=False`` the scheduler creates no runs from
+        schedules (``[scheduler] use_job_schedule`` off), and that one switch also stops
+        asset-triggered runs. So the block pauses every other unpaused DAG (none then gets
+        a run of its latest interval), restarts the scheduler with the switch on, and on
+        exit restarts it with the switch off and unpauses what it paused. Events emitted
+        before the block are queued by Airflow and turn into runs inside it. The scheduler
+        runs the tasks (LocalExecutor): enter and leave the block between runs, and wait
+        inside it for the runs it should create to finish.
+        """
+        keep = set(keep_unpaused)
+        unpaused = [d["dag_id"] for d in self.get("/api/v2/dags", paused=False, limit=1000)["dags"]]
+        paused_here = [d for d in unpaused if d not in keep]
+        for dag_id in paused_here:
+            self.pause(dag_id)
+        previous = self.env.get("AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE")
+        self.stop_component("scheduler")
+        self.env["AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE"] = "True"
+        self.start_component("scheduler")
+        try:
+            yield
+        finally:
+            self.stop_component("scheduler")
+            if previous is None:
+                self.env.pop("AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE", None)
+            else:
+                self.env["AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE"] = previous
+            self.start_component("scheduler")
+            for dag_id in paused_here:
+                self.unpause(dag_id)
 
     def backfill(
         self,

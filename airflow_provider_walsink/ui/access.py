@@ -29,8 +29,8 @@ from fastapi import HTTPException, status
 _PROBE_TEAM = "walsink-admin-probe-no-such-team"
 
 
-def readable_dags(user: BaseUser, dag_ids: Iterable[str]) -> set[str]:
-    """The subset of ``dag_ids`` the user may read.
+def readable_dags(user: BaseUser, dag_ids: Iterable[str], *, method: str = "GET") -> set[str]:
+    """The subset of ``dag_ids`` the user may read (``method="PUT"``: may edit).
 
     Batches by team, as Airflow's own ``get_authorized_dag_ids`` does, so one
     call covers every pipeline on a page instead of one check per row.
@@ -46,7 +46,7 @@ def readable_dags(user: BaseUser, dag_ids: Iterable[str]) -> set[str]:
     allowed: set[str] = set()
     for team, ids in by_team.items():
         allowed |= auth_manager.filter_authorized_dag_ids(
-            dag_ids=ids, user=user, method="GET", team_name=team
+            dag_ids=ids, user=user, method=method, team_name=team
         )
     return allowed
 
@@ -98,3 +98,25 @@ def require_pipeline(user: BaseUser, pipeline: str, dag_ids: set[str]) -> None:
     """Raise 403 unless the user may see the pipeline written by ``dag_ids``."""
     if pipeline not in visible(user, {pipeline: dag_ids}):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "Forbidden: no read access to this pipeline's DAGs")
+
+
+def may_edit(user: BaseUser, dag_ids: set[str]) -> bool:
+    """Whether the user may change a pipeline written by ``dag_ids`` (abort its checkpoints).
+
+    Airflow's edit right (``PUT``) on *every* DAG that writes it, as
+    ``requires_access_dag(method="PUT")`` grants it per DAG; a pipeline that
+    no DAG writes belongs to administrators only.
+    """
+    if not dag_ids:
+        return is_admin(user)
+    return dag_ids <= readable_dags(user, dag_ids, method="PUT")
+
+
+def require_edit(user: BaseUser, pipeline: str, dag_ids: set[str]) -> None:
+    """Raise 403 unless the user may change the pipeline written by ``dag_ids``."""
+    if not may_edit(user, dag_ids):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"Forbidden: aborting a checkpoint of {pipeline} needs the right to edit the DAGs that "
+            f"write it ({', '.join(sorted(dag_ids)) or 'none: administrators only'})",
+        )

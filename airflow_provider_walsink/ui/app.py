@@ -20,27 +20,34 @@ import threading
 import time
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from airflow.configuration import conf
-from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
+from fastapi import Depends, FastAPI, Form, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from pydantic import BaseModel, Field
 
+from airflow_provider_walsink.committer.abort import AbortOutcome, AbortRefusedError
+from airflow_provider_walsink.committer.records import Actor
 from airflow_provider_walsink.committer.store import CommitterStore
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
+from airflow_provider_walsink.protocol.errors import WalsinkError
 from airflow_provider_walsink.protocol.staging import StagingLayout
 
 from . import views
-from .access import require_pipeline, visible
+from .access import may_edit, require_edit, require_pipeline, visible
 
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
 _STATIC_TYPES = {".css": "text/css", ".svg": "image/svg+xml", ".png": "image/png"}
 _STATIC_NAME = re.compile(r"[A-Za-z0-9_-]+\.(css|svg|png)")
 MAX_PAGE = 500
+#: States whose checkpoint an editor may abort (COMMITTED data is in the target; ABORTED is done).
+ABORTABLE = frozenset(s for s in views.STATE_ORDER if s not in ("COMMITTED", "ABORTED", "SUPERSEDED"))
+MAX_REASON = 2000
 
 StateFilter = Annotated[list[str] | None, Query(description="Only these states (repeatable)")]
 
@@ -233,6 +240,108 @@ def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, key: str
     }
 
 
+class AbortRequest(BaseModel):
+    """``POST /api/pipelines/{pipeline}/checkpoints/{key}/abort``: why, and (optionally) which attempt."""
+
+    reason: str = Field(min_length=1, max_length=MAX_REASON)
+    #: The attempt the caller saw: the abort is refused (409) if the checkpoint moved on since.
+    attempt: int | None = None
+
+
+def _same_origin(request: Request) -> None:
+    """A state-changing request from a page must come from this server's own pages.
+
+    Airflow's ``_token`` cookie is ``SameSite=Lax`` (not sent with a cross-site
+    POST); this also refuses a POST whose ``Origin`` names another site.
+    """
+    origin = request.headers.get("origin")
+    if origin is None:
+        return
+    host = request.headers.get("x-forwarded-host") or request.headers.get("host")
+    if origin == "null" or urlsplit(origin).netloc != host:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "Forbidden: cross-site request")
+
+
+def _abort_checkpoint(
+    store: CommitterStore,
+    user: Any,
+    session: Any,
+    pipeline: str,
+    key: str,
+    reason: str,
+    attempt: int | None,
+) -> AbortOutcome:
+    """The abort behind the button and the API: permission, the aborter, Airflow's audit log.
+
+    Raises 403 (no edit right on the pipeline's DAGs), 404, 409 (not abortable,
+    the checkpoint moved on since the caller looked, or refused: the target
+    holds the attempt), 422 (no reason).
+    """
+    from airflow_provider_walsink.aborts import aborter_for, audit_extra, record_audit_log
+
+    _pipeline_or_404(store, user, pipeline)
+    require_edit(user, pipeline, views.pipeline_writers(store, [pipeline]).get(pipeline, set()))
+    record = store.get(pipeline, key)
+    if record is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "Checkpoint not found")
+    reason = (reason or "").strip()
+    if not reason:
+        raise HTTPException(
+            422, "Give a reason: it is recorded in the checkpoint's history and Airflow's audit log"
+        )
+    if record.state.value not in ABORTABLE:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"Checkpoint {key} is {record.state.value}: nothing to abort"
+        )
+    if attempt is not None and attempt != record.attempt:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"Checkpoint {key} moved on to attempt {record.attempt} since the page showed attempt {attempt}; "
+            "look again before aborting",
+        )
+    name = user.get_name()
+    actor = Actor(name=f"{name} (walsink UI)")
+    hook = _hook()
+    refused: str | None = None
+    outcome: AbortOutcome | None = None
+    try:
+        aborter = aborter_for(store, pipeline, staging_root=hook.staging_root)
+        outcome = aborter.abort(pipeline, key, reason=reason[:MAX_REASON], actor=actor)
+    except AbortRefusedError as exc:
+        refused = str(exc)
+    except WalsinkError as exc:  # COMMITTED meanwhile, a committer took it, a target that cannot load
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    record_audit_log(
+        dag_id=record.dag_id or (store.get_pipeline(pipeline) or {}).get("dag_id"),
+        run_id=record.run_id,
+        owner=name,
+        extra=audit_extra(
+            pipeline=pipeline,
+            checkpoint_key=key,
+            reason=reason,
+            source="walsink UI",
+            outcome=outcome.to_dict() if outcome else None,
+            refused=refused,
+        ),
+        session=session,
+    )
+    session.commit()  # also when the refusal below ends the request (an error rolls the session back)
+    if refused is not None:
+        raise HTTPException(status.HTTP_409_CONFLICT, refused)
+    assert outcome is not None
+    return outcome
+
+
+def _abort_form(user: Any, store: CommitterStore, record: dict[str, Any]) -> dict[str, Any] | None:
+    """What the checkpoint page needs for its Abort button, or None when this user gets none."""
+    if record["state"] not in ABORTABLE:
+        return None
+    writers = views.pipeline_writers(store, [record["pipeline"]]).get(record["pipeline"], set())
+    if not may_edit(user, writers):
+        return None
+    return {"attempt": record["attempt"], "max_reason": MAX_REASON}
+
+
 def create_app() -> FastAPI:
     app = FastAPI(
         title="walsink commit state",
@@ -289,6 +398,21 @@ def create_app() -> FastAPI:
             {"transitions": [views.transition_dict(t) for t in store.history(pipeline, checkpoint_key)]}
         )
 
+    @app.post("/api/pipelines/{pipeline}/checkpoints/{checkpoint_key}/abort")
+    def api_abort(
+        pipeline: str,
+        checkpoint_key: str,
+        body: AbortRequest,
+        request: Request,
+        user: GetUserDep,
+        store: StoreDep,
+        session: SessionDep,
+    ) -> JSONResponse:
+        """Abort the checkpoint's current attempt (edit right on its DAGs); recorded in the audit log."""
+        _same_origin(request)
+        outcome = _abort_checkpoint(store, user, session, pipeline, checkpoint_key, body.reason, body.attempt)
+        return _json(outcome.to_dict())
+
     @app.get(
         "/api/dags/{dag_id}/checkpoints",
         dependencies=[Depends(requires_access_dag("GET")), Depends(known_dag)],
@@ -342,7 +466,33 @@ def create_app() -> FastAPI:
     def page_checkpoint(
         request: Request, pipeline: str, checkpoint_key: str, user: GetUserDep, store: StoreDep
     ) -> HTMLResponse:
-        return render(request, "checkpoint.html", **_checkpoint_or_404(store, user, pipeline, checkpoint_key))
+        data = _checkpoint_or_404(store, user, pipeline, checkpoint_key)
+        return render(request, "checkpoint.html", **data, abort=_abort_form(user, store, data["checkpoint"]))
+
+    @app.post("/pipelines/{pipeline}/checkpoints/{checkpoint_key}/abort", response_class=HTMLResponse)
+    def page_abort(
+        request: Request,
+        pipeline: str,
+        checkpoint_key: str,
+        user: GetUserDep,
+        store: StoreDep,
+        session: SessionDep,
+        reason: Annotated[str, Form(max_length=MAX_REASON)] = "",
+        confirm: Annotated[str | None, Form()] = None,
+        attempt: Annotated[int | None, Form()] = None,
+    ) -> Response:
+        """The Abort button: a confirmed form post, then back to the checkpoint (303, never a GET that acts)."""
+        _same_origin(request)
+        if confirm != "yes":
+            raise HTTPException(
+                422, "Tick the confirmation: the checkpoint's current attempt will never be committed"
+            )
+        _abort_checkpoint(store, user, session, pipeline, checkpoint_key, reason, attempt)
+        base = request.scope.get("root_path", "").rstrip("/")
+        return RedirectResponse(
+            f"{base}/pipelines/{quote(pipeline)}/checkpoints/{quote(checkpoint_key)}",
+            status_code=status.HTTP_303_SEE_OTHER,
+        )
 
     @app.get(
         "/dags/{dag_id}",

@@ -1,0 +1,124 @@
+"""Aborting a checkpoint from the Airflow faces: ``walsink abort`` and the UI's Abort button.
+
+Both build the same :class:`~airflow_provider_walsink.committer.abort.CheckpointAborter`:
+the pipeline's publisher comes from the target the write task registered it
+with (``walsink_pipeline.target``), and its checkpoints' staging from the
+target itself (table targets stage inside the table location) or else the
+walsink connection's staging root. Both then record the action in Airflow's
+audit log: a row of the ``log`` table (``airflow.models.log.Log``), event
+``walsink.abort``, with the DAG and run that wrote the checkpoint, the user as
+owner and the outcome as ``extra``. The UI writes it in its request's session;
+the CLI writes it when it can reach Airflow's metadata database, and otherwise
+says so on stderr (the abort itself is recorded in the checkpoint's history
+either way).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_provider_walsink.committer.abort import CheckpointAborter
+from airflow_provider_walsink.committer.store import CommitterStore
+from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+
+log = logging.getLogger(__name__)
+
+AUDIT_EVENT = "walsink.abort"
+
+
+def aborter_for(
+    store: CommitterStore,
+    pipeline: str,
+    *,
+    staging_root: str,
+    target: str | None = None,
+    connections: Any = None,
+) -> CheckpointAborter:
+    """An aborter for ``pipeline``: its registered target (or ``target``), and where it stages.
+
+    Raises ``CheckpointNotFoundError``-like ``StoreError`` for an unknown
+    pipeline, and the registry's ``TargetError`` when the target cannot be
+    loaded here (a missing extra: the message names it).
+    """
+    from airflow_provider_walsink.committer.errors import StoreError
+
+    row = store.get_pipeline(pipeline)
+    if row is None:
+        raise StoreError(f"pipeline {pipeline} is not registered")
+    uri = target or row.get("target")
+    layout = StagingLayout(staging_root)
+    if not uri:
+        return CheckpointAborter(store, layout, None)
+    if connections is None:
+        from airflow_provider_walsink.hooks.connections import airflow_connection_fields as connections
+    options = TargetOptions(mode=row["mode"], layout=layout, connections=connections)
+    publisher = resolve_target(uri, options)
+    own = getattr(publisher, "staging_root", None)
+    own_root = own() if callable(own) else None
+    if own_root:  # a table target stages inside its own location
+        layout = StagingLayout(own_root)
+        publisher = resolve_target(
+            uri, TargetOptions(mode=row["mode"], layout=layout, connections=connections)
+        )
+    return CheckpointAborter(store, layout, publisher)
+
+
+def audit_extra(
+    *,
+    pipeline: str,
+    checkpoint_key: str,
+    reason: str,
+    source: str,
+    outcome: Mapping[str, Any] | None = None,
+    refused: str | None = None,
+) -> str:
+    """The ``extra`` of an audit-log row: what was asked, by which face, and what happened."""
+    extra: dict[str, Any] = {
+        "pipeline": pipeline,
+        "checkpoint_key": checkpoint_key,
+        "reason": reason,
+        "source": source,
+    }
+    if outcome is not None:
+        keep = (
+            "state",
+            "previous_state",
+            "attempt",
+            "attempt_id",
+            "fenced_holder",
+            "files_rolled_back",
+            "staging_removed",
+            "already_aborted",
+            "warnings",
+        )
+        extra.update({k: outcome.get(k) for k in keep})
+    if refused is not None:
+        extra.update(state="refused", refused=refused)
+    return json.dumps(extra, sort_keys=True, default=str)
+
+
+def record_audit_log(
+    *,
+    dag_id: str | None,
+    run_id: str | None,
+    owner: str,
+    extra: str,
+    session: Any = None,
+) -> None:
+    """Add a ``walsink.abort`` row to Airflow's audit log (in ``session``, or a new one)."""
+    from airflow.models.log import Log
+
+    row = Log(
+        event=AUDIT_EVENT, owner=owner, owner_display_name=owner, extra=extra, dag_id=dag_id, run_id=run_id
+    )
+    if session is not None:
+        session.add(row)
+        return
+    from airflow.utils.session import create_session
+
+    with create_session() as own:
+        own.add(row)

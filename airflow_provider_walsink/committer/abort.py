@@ -1,0 +1,342 @@
+"""Aborting a checkpoint: fence its lease holder out, never over published data, then clean up.
+
+``walsink abort`` and the UI's Abort button end a stuck or unwanted checkpoint
+through :class:`CheckpointAborter`. The steps, in this order (each is safe to
+repeat, and running the abort again finishes one that crashed):
+
+1. **Fence.** :meth:`~.store.CommitterStore.begin_abort` bumps the fencing
+   token in one transaction; a COMMITTING checkpoint's lease passes to the
+   abort. The committer that held it (alive, stalled or SIGSTOPped) is refused
+   at its next check, and no commit try can take the checkpoint meanwhile.
+2. **Wait out the holder's trust.** A committer trusts a confirmed lease for
+   at most :attr:`~.commit.FencingContext.MAX_TRUST` without asking the
+   database again; the abort waits that long (plus a margin) when a committer
+   held the lease. From then on the holder changes nothing more: its next
+   step asks, and is refused. (As for any fenced committer on a plain file
+   system, a process paused exactly between its check and a rename can still
+   do that one rename: docs/guarantees.md.)
+3. **Never lie.** If the target already holds the sealed attempt (its marker,
+   :meth:`~..publishers.base.Publisher.published_attempt`), the checkpoint is
+   published: the abort is refused with :class:`AbortRefusedError`, its lease
+   is given back (the checkpoint stays as it was, COMMITTING without a
+   holder) and the message says to re-run the commit task, which finds the
+   attempt published and records COMMITTED. A checkpoint is never ABORTED
+   while the target shows its data as committed.
+4. **ABORTED**, with who and why: a compare-and-set on the abort's token
+   (:class:`~.errors.LeaseLostError` if a committer took the checkpoint since).
+5. **Clean up** (after ABORTED, so no commit can start on the attempt any
+   more): what the aborted attempt had published is rolled back where the
+   target can (files: its journal's files in ``append``; the partitions it
+   swapped in, in ``overwrite``), and its staging is removed: the attempts
+   up to the aborted one, except, for a table target, any attempt the table
+   holds or held (a snapshot references its staged files in place).
+
+A later run of the write task starts a fresh attempt (ABORTED -> WRITING);
+its publish rolls back, from the journal, anything of the aborted attempt an
+interrupted abort left in a files target.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_walsink.protocol.errors import WalsinkError
+from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, Manifest, read_manifest
+from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.states import CheckpointState
+
+from .commit import FencingContext
+from .errors import LeaseLostError, StoreError
+from .records import Actor, CheckpointRecord
+from .store import CommitterStore
+
+log = logging.getLogger(__name__)
+S = CheckpointState
+
+#: Added to the holder's longest trust before the abort treats it as stopped (clock rates, scheduling).
+TRUST_MARGIN = timedelta(milliseconds=500)
+#: How long the abort holds a COMMITTING checkpoint's lease while it checks the target.
+ABORT_LEASE_TTL = timedelta(minutes=5)
+
+
+class AbortRefusedError(StoreError):
+    """The target already holds the checkpoint's sealed attempt: it is published, not abortable."""
+
+
+@dataclass
+class AbortOutcome:
+    """What an abort did, for the CLI, the UI and the audit log."""
+
+    pipeline: str
+    checkpoint_key: str
+    state: str
+    attempt: int
+    attempt_id: str | None
+    reason: str
+    #: The previous state, and the committer that held the lease and was fenced out.
+    previous_state: str | None = None
+    fenced_holder: str | None = None
+    already_aborted: bool = False
+    files_rolled_back: int = 0
+    staging_removed: list[str] = field(default_factory=list)
+    #: Cleanup left undone (the abort is recorded; running it again retries the cleanup).
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _AbortContext:
+    """The publisher context of the cleanup: fenced by the abort's own token.
+
+    ``fence()`` raises :class:`LeaseLostError` once the token moved on (a new
+    run of the checkpoint reached COMMITTING: its publish rolls back the
+    aborted attempt itself).
+    """
+
+    def __init__(self, store: CommitterStore, record: CheckpointRecord) -> None:
+        self.store = store
+        self.pipeline, self.checkpoint_key = record.pipeline, record.checkpoint_key
+        self.attempt_id = record.sealed_attempt_id or record.attempt_id or ""
+        self.epoch = record.lease_epoch
+        self.supersedes = None
+
+    def fence(self) -> None:
+        now = self.store.require(self.pipeline, self.checkpoint_key)
+        if now.lease_epoch != self.epoch:
+            raise LeaseLostError(
+                f"abort cleanup of {self.pipeline}/{self.checkpoint_key} stopped: the checkpoint moved on "
+                f"({now.state}, epoch {now.lease_epoch}); its new run rolls the aborted attempt back itself"
+            )
+
+    def event(self, name: str) -> None:
+        from airflow_provider_walsink.faults import crashpoint
+
+        crashpoint(name)
+
+
+class CheckpointAborter:
+    """Aborts checkpoints of one pipeline whose target is ``publisher`` (module docstring).
+
+    ``publisher`` may be ``None`` when the target is unknown (a pipeline
+    registered without one): the abort then cannot check or roll back the
+    target and refuses a checkpoint that has begun publishing (COMMITTING, or
+    FAILED after it was durable). ``sleep`` is replaced by tests only.
+    """
+
+    def __init__(
+        self,
+        store: CommitterStore,
+        layout: StagingLayout,
+        publisher: Any | None,
+        *,
+        grace: timedelta = FencingContext.MAX_TRUST + TRUST_MARGIN,
+        lease_ttl: timedelta = ABORT_LEASE_TTL,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.store, self.layout, self.publisher = store, layout, publisher
+        self.grace, self.lease_ttl, self._sleep = grace, lease_ttl, sleep
+
+    def abort(self, pipeline: str, checkpoint_key: str, *, reason: str, actor: Actor) -> AbortOutcome:
+        """Abort the checkpoint's current attempt; see the module docstring for the steps.
+
+        Raises :class:`~.errors.CheckpointNotFoundError`, :class:`~.errors.TransitionError`
+        (COMMITTED), :class:`AbortRefusedError` (the target holds the attempt;
+        nothing changed but the history), :class:`~.errors.LeaseLostError` (a
+        committer took the checkpoint during the abort; run it again).
+        """
+        if not reason or not reason.strip():
+            raise StoreError("an abort needs a reason (it is recorded in the checkpoint's history)")
+        reason = reason.strip()
+        record = self.store.require(pipeline, checkpoint_key)
+        if record.state is S.ABORTED:
+            outcome = self._outcome(record, reason, already=True)
+            self._clean_up(record, outcome, actor=actor)
+            return outcome
+        published_before = record.state is S.COMMITTING or (record.state is S.FAILED and record.durable_at)
+        if self.publisher is None and published_before:
+            raise AbortRefusedError(
+                f"checkpoint {pipeline}/{checkpoint_key} is {record.state} and may have published part of "
+                f"attempt {record.sealed_attempt}, but its target is not known here (the pipeline was "
+                "registered without one), so the abort cannot check or roll it back; nothing changed"
+            )
+        lease = self.store.begin_abort(
+            pipeline, checkpoint_key, actor=actor, reason=reason, ttl=self.lease_ttl
+        )
+        assert lease.record is not None
+        if record.state is S.COMMITTING and lease.taken_over_from:
+            # The holder may still act on a confirmation it trusts; after this it asks and is refused.
+            self._sleep(self.grace.total_seconds())
+        manifest = self._sealed_manifest(lease.record)
+        if manifest is not None and self.publisher is not None:
+            held = self.publisher.published_attempt(manifest)
+            if held is not None and held == manifest.attempt_id:
+                message = (
+                    f"checkpoint {pipeline}/{checkpoint_key} is published: the target already holds its "
+                    f"sealed attempt {manifest.attempt} ({manifest.attempt_id}), so it cannot be aborted. "
+                    "Re-run (clear) its commit task: it finds the attempt published and records COMMITTED"
+                )
+                self._give_back(lease, actor, message)
+                raise AbortRefusedError(message)
+        done = self.store.abort(pipeline, checkpoint_key, reason=reason, actor=actor, lease=lease)
+        outcome = self._outcome(done, reason, previous=record.state.value, holder=lease.taken_over_from)
+        self._clean_up(done, outcome, manifest, actor=actor)
+        log.info(
+            "aborted %s/%s (was %s): %s; rolled back %d files, removed %s",
+            pipeline,
+            checkpoint_key,
+            record.state,
+            reason,
+            outcome.files_rolled_back,
+            outcome.staging_removed or "no staging",
+        )
+        return outcome
+
+    # ------------------------------------------------------------------ steps
+
+    def _give_back(self, lease: Any, actor: Actor, message: str) -> None:
+        record = lease.record
+        if record.state is S.COMMITTING:
+            self.store.release_lease(lease, actor=actor, reason=f"abort refused: {message}")
+        else:
+            self.store.record_event(
+                lease.pipeline, lease.checkpoint_key, actor=actor, detail=f"abort refused: {message}"
+            )
+
+    def _sealed_manifest(self, record: CheckpointRecord) -> Manifest | None:
+        if record.sealed_attempt is None or record.manifest_digest is None:
+            return None
+        try:
+            path = self.layout.manifest_path(
+                record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
+            )
+            return read_manifest(path, expected_digest=record.manifest_digest)
+        except (WalsinkError, OSError, ValueError) as exc:
+            # No manifest: nothing a target could check the attempt against. A table target
+            # publishes only from a manifest, and a files target's journal names the attempt.
+            log.warning(
+                "abort of %s/%s: sealed manifest unreadable (%s)", record.pipeline, record.checkpoint_key, exc
+            )
+            return None
+
+    def _clean_up(
+        self,
+        record: CheckpointRecord,
+        outcome: AbortOutcome,
+        manifest: Manifest | None = None,
+        *,
+        actor: Actor,
+    ) -> None:
+        """Roll back what the aborted attempt published, then remove its staging; best effort.
+
+        What was done (or left undone) goes into the checkpoint's history.
+        """
+        ctx = _AbortContext(self.store, record)
+        retract = getattr(self.publisher, "retract_attempt", None)
+        attempt_id = record.sealed_attempt_id
+        if callable(retract) and attempt_id:
+            try:
+                outcome.files_rolled_back += retract(record.pipeline, record.checkpoint_key, attempt_id, ctx)
+            except (WalsinkError, OSError) as exc:
+                outcome.warnings.append(f"rolling back attempt {attempt_id} in the target: {exc}")
+        try:
+            self._remove_staging(record, outcome, manifest)
+        except (WalsinkError, OSError) as exc:
+            outcome.warnings.append(f"removing staging: {exc}")
+        if outcome.warnings:
+            log.warning(
+                "abort of %s/%s left work undone: %s",
+                record.pipeline,
+                record.checkpoint_key,
+                outcome.warnings,
+            )
+        if outcome.files_rolled_back or outcome.staging_removed or outcome.warnings:
+            detail = (
+                f"abort cleanup: {outcome.files_rolled_back} published files of attempt {record.attempt} "
+                f"rolled back; staging removed: {', '.join(outcome.staging_removed) or 'none'}"
+            )
+            if outcome.warnings:
+                detail += f"; left undone (run the abort again): {'; '.join(outcome.warnings)}"
+            try:
+                self.store.record_event(record.pipeline, record.checkpoint_key, actor=actor, detail=detail)
+            except StoreError as exc:
+                log.warning(
+                    "could not record the abort cleanup of %s/%s: %s",
+                    record.pipeline,
+                    record.checkpoint_key,
+                    exc,
+                )
+
+    def _remove_staging(
+        self, record: CheckpointRecord, outcome: AbortOutcome, manifest: Manifest | None
+    ) -> None:
+        """Remove the attempts up to the aborted one; a newer attempt belongs to a new run.
+
+        For a target that references staged files in place (tables), an attempt
+        is removed only if it is known to be unreferenced: the current attempt
+        while never sealed, or an attempt whose manifest is readable and which
+        the table neither holds nor held.
+        """
+        root = str(self.layout.root)
+        if "://" in root:
+            outcome.warnings.append(
+                f"staging under {root} is left to the table's maintenance (not a local path)"
+            )
+            return
+        references = bool(getattr(self.publisher, "references_staged_files", False))
+        for number, attempt_id, path in self.layout.staged_attempts(record.pipeline, record.checkpoint_key):
+            if number > record.attempt:
+                continue
+            if references and not self._unreferenced(record, number, attempt_id, path):
+                continue
+            if self.layout.remove_attempt(record.pipeline, record.checkpoint_key, number, attempt_id):
+                outcome.staging_removed.append(f"{record.pipeline}/{record.checkpoint_key}/{path.name}")
+        try:  # the checkpoint's directory, once empty
+            self.layout.checkpoint_dir(record.pipeline, record.checkpoint_key).rmdir()
+        except OSError:
+            pass
+
+    def _unreferenced(
+        self, record: CheckpointRecord, number: int, attempt_id: str | None, path: Path
+    ) -> bool:
+        current = (number, attempt_id) == (record.attempt, record.attempt_id)
+        manifest_file = path / MANIFEST_NAME
+        if not manifest_file.exists():
+            # Never sealed only if it is the current attempt and no seal was recorded; an older
+            # attempt without a manifest may be a committed one whose manifest finish() removed.
+            return current and record.sealed_attempt != number
+        try:
+            manifest = read_manifest(manifest_file)
+        except WalsinkError:
+            return False
+        holds = getattr(self.publisher, "holds_attempt", None)
+        if not callable(holds):
+            return False
+        return not holds(manifest)
+
+    @staticmethod
+    def _outcome(
+        record: CheckpointRecord,
+        reason: str,
+        *,
+        already: bool = False,
+        previous: str | None = None,
+        holder: str | None = None,
+    ) -> AbortOutcome:
+        return AbortOutcome(
+            pipeline=record.pipeline,
+            checkpoint_key=record.checkpoint_key,
+            state=record.state.value,
+            attempt=record.attempt,
+            attempt_id=record.sealed_attempt_id or record.attempt_id,
+            reason=record.error if already and record.error else reason,
+            previous_state=previous,
+            fenced_holder=holder if holder and not holder.startswith("abort:") else None,
+            already_aborted=already,
+        )
