@@ -7,6 +7,8 @@ tests/test_reprocess_dags.py and tests/test_e2e_backfill.py.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from airflow_provider_walsink.committer import CheckpointCommitter
@@ -117,3 +119,62 @@ def test_a_failed_new_version_leaves_the_committed_one_published(sqlite_store, l
     assert rows(target_files(target)) == rows(V1)
     assert store.require("p", "k1").state is S.FAILED
     assert [v.state for v in store.versions("p", "k1")] == [S.COMMITTED]
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "append"])
+def test_aborting_a_new_version_before_it_publishes_restores_the_committed_one(store, layout, tmp_path, mode):
+    from airflow_provider_walsink.committer.abort import CheckpointAborter
+
+    target = tmp_path / "target"
+    c = committer(store, layout, target, mode)
+    v1, _, _ = stage_checkpoint(store, layout, "p", "k1", V1, mode=mode)
+    c.commit("p", "k1", actor=ACTOR)
+    committed = store.require("p", "k1")
+    before = target_files(target)
+    store.begin_version("p", "k1", token="dag/run#1", actor=ACTOR, reason="reprocess")
+    v2, _, attempt_dir = stage_checkpoint(store, layout, "p", "k1", V2, mode=mode)  # DURABLE
+
+    aborter = CheckpointAborter(
+        store, layout, FilePublisher(target, mode, layout=layout), sleep=lambda s: None
+    )
+    outcome = aborter.abort("p", "k1", reason="wrong fix", actor=ACTOR)
+
+    # The committed version is the checkpoint again, untouched in the target; v2's staging is gone.
+    assert outcome.state == "COMMITTED"
+    record = store.require("p", "k1")
+    assert (record.state, record.version, record.sealed_attempt_id) == (S.COMMITTED, 1, v1.sealed_attempt_id)
+    assert (record.rows, record.committed_at, record.supersedes_attempt_id) == (
+        committed.rows,
+        committed.committed_at,
+        None,
+    )
+    assert store.versions("p", "k1") == [] and target_files(target) == before
+    assert not attempt_dir.exists()
+    assert any("is the checkpoint again" in (h.detail or "") for h in store.history("p", "k1"))
+    # A later reprocess starts version 2 again, and commits it.
+    store.begin_version("p", "k1", token="dag/run#2", actor=ACTOR, reason="right fix")
+    stage_checkpoint(store, layout, "p", "k1", V2, mode=mode)
+    c.commit("p", "k1", actor=ACTOR)
+    assert rows(target_files(target)) == rows(V2)
+
+
+def test_a_new_version_that_began_publishing_cannot_be_aborted(sqlite_store, layout, tmp_path):
+    from airflow_provider_walsink.committer.abort import CheckpointAborter
+
+    store, target = sqlite_store, tmp_path / "target"
+    c = committer(store, layout, target, "append")
+    stage_checkpoint(store, layout, "p", "k1", V1, mode="append")
+    c.commit("p", "k1", actor=ACTOR)
+    store.begin_version("p", "k1", token="dag/run#1", actor=ACTOR, reason="reprocess")
+    stage_checkpoint(store, layout, "p", "k1", V2, mode="append")
+    lease = store.acquire_lease(
+        "p", "k1", owner="committer", ttl=timedelta(minutes=5), actor=ACTOR, mode="append"
+    )
+    aborter = CheckpointAborter(
+        store, layout, FilePublisher(target, "append", layout=layout), sleep=lambda s: None
+    )
+    with pytest.raises(TransitionError, match="cannot be aborted: re-run its commit task"):
+        aborter.abort("p", "k1", reason="stop it", actor=ACTOR)
+    assert (
+        store.require("p", "k1").state is S.COMMITTING and store.require("p", "k1").lease_epoch == lease.epoch
+    )

@@ -185,6 +185,16 @@ class CheckpointAborter:
                 self._give_back(lease, actor, message)
                 raise AbortRefusedError(message)
         done = self.store.abort(pipeline, checkpoint_key, reason=reason, actor=actor, lease=lease)
+        if done.state is S.COMMITTED:
+            # An abandoned new version (a reprocess): the committed version is the checkpoint
+            # again and stays in the target; only the new version's own staging goes.
+            outcome = self._outcome(done, reason, previous=record.state.value, holder=lease.taken_over_from)
+            if record.attempt_id:
+                try:
+                    self.layout.remove_attempt(pipeline, checkpoint_key, record.attempt, record.attempt_id)
+                except (WalsinkError, OSError) as exc:
+                    outcome.warnings.append(f"removing the new version's staging: {exc}")
+            return outcome
         outcome = self._outcome(done, reason, previous=record.state.value, holder=lease.taken_over_from)
         self._clean_up(done, outcome, manifest, actor=actor)
         log.info(

@@ -1009,6 +1009,17 @@ class CommitterStore(CheckpointQueries):
                     f"checkpoint {pipeline}/{checkpoint_key} is COMMITTED: its data is in the target, "
                     "so it cannot be aborted"
                 )
+            if row["supersedes_attempt_id"] is not None and (
+                row["state"] == S.COMMITTING.value or (row["state"] == S.FAILED.value and row["durable_at"])
+            ):
+                # Its publish may already have retracted part of the committed version:
+                # neither version could be restored truthfully.
+                raise TransitionError(
+                    f"checkpoint {pipeline}/{checkpoint_key} is publishing (or failed publishing) version "
+                    f"{row['version']}, which supersedes attempt {row['supersedes_attempt_id']}; its publish "
+                    "may already have retracted the committed version, so it cannot be aborted: re-run its "
+                    "commit task to finish it"
+                )
             now = row["_now"]
             epoch = next_epoch(row["lease_epoch"], now)
             owner = f"abort:{actor.lease_owner}"[:255]
@@ -1068,6 +1079,8 @@ class CommitterStore(CheckpointQueries):
                     f"checkpoint {pipeline}/{checkpoint_key} is being committed; abort it with `walsink "
                     "abort` (which fences the committer out and checks the target first)"
                 )
+            if row["supersedes_attempt_id"] is not None and row["state"] != S.COMMITTED.value:
+                return self._restore_committed_version(conn, row, actor, reason)
             return self._move(
                 conn,
                 row,
@@ -1079,6 +1092,67 @@ class CommitterStore(CheckpointQueries):
                 lease_expires_at=None,
                 lease_epoch=next_epoch(row["lease_epoch"], row["_now"]),
             )
+
+    def _restore_committed_version(
+        self, conn: Connection, row: dict[str, Any], actor: Actor, reason: str
+    ) -> CheckpointRecord:
+        """Abort of a new version that never began publishing: the committed version it was to
+        supersede (still what the target holds) is the checkpoint again, COMMITTED."""
+        old = (
+            conn.execute(
+                select(vers).where(
+                    vers.c.checkpoint_id == row["id"],
+                    vers.c.attempt_id == row["supersedes_attempt_id"],
+                    vers.c.state == S.COMMITTED.value,
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if old is None:
+            raise StoreError(
+                f"checkpoint {row['pipeline']}/{row['checkpoint_key']}: the committed version "
+                f"{row['supersedes_attempt_id']} it replaces is not in the version table"
+            )
+        now = row["_now"]
+        values = dict(
+            state=S.COMMITTED.value,
+            updated_at=now,
+            version=old["version"],
+            version_token=old["version_token"],
+            supersedes_attempt_id=None,
+            sealed_attempt=old["attempt"],
+            sealed_attempt_id=old["attempt_id"],
+            manifest_uri=None,
+            manifest_digest=old["manifest_digest"],
+            committables=old["committables"],
+            rows=old["rows"],
+            bytes=old["bytes"],
+            start_offsets=old["start_offsets"],
+            end_offsets=old["end_offsets"],
+            publication=old["publication"],
+            committed_at=old["committed_at"],
+            error=None,
+            lease_owner=None,
+            lease_expires_at=None,
+            lease_epoch=next_epoch(row["lease_epoch"], now),
+        )
+        conn.execute(update(ckpt).where(ckpt.c.id == row["id"]).values(**values))
+        conn.execute(vers.delete().where(vers.c.id == old["id"]))
+        self._record(
+            conn,
+            row["id"],
+            row["state"],
+            S.COMMITTED.value,
+            row["attempt"],
+            actor,
+            f"abort of version {row['version']} (attempt {row['attempt']}): {reason}; version "
+            f"{old['version']} (attempt {old['attempt_id']}), which the target still holds, is the "
+            "checkpoint again",
+            now,
+        )
+        row.update(values)
+        return CheckpointRecord.from_row(row)
 
     @retrying
     def record_event(self, pipeline: str, checkpoint_key: str, *, actor: Actor, detail: str) -> None:
