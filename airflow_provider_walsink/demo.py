@@ -3,27 +3,43 @@
 From a checkout, with everything local and on the embedded defaults:
 
 1. a fresh Airflow home under ``var/demo/airflow`` (git-ignored): SQLite metadata
-   database, LocalExecutor, the checkout's ``dags/`` folder, and the ``walsink_default``
-   connection to an SQLite committer table (schema created with ``walsink db upgrade``);
+   database, LocalExecutor, the checkout's ``dags/`` folder, the ``walsink_default``
+   connection to an SQLite committer table (schema created with ``walsink db upgrade``),
+   ``walsink_iceberg`` for the Iceberg example's catalog (an SQL catalog on SQLite under
+   the home) and, when PostgreSQL answers on 127.0.0.1, ``walsink_sql_target`` for the
+   SQL example (a fresh database ``walsink_demo``; see ``WALSINK_DEMO_PG_URL`` below);
 2. the real scheduler, dag-processor, triggerer and api-server, started in the
    background (own process groups, output in ``var/demo/airflow/logs/*.out``) and
    stopped at the end, also on Ctrl-C or an error;
-3. the example pipelines run for three daily intervals (triggered runs of
-   ``walsink_daily_overwrite`` and ``walsink_incremental_append``), then a backfill of
-   the daily one over five intervals with ``--reprocess-behavior completed``: the three
-   committed days end skipped (reprocess policy "skip"), two are new;
-4. ``walsink status`` prints every checkpoint; the command fails unless all are
-   COMMITTED.
+3. the file examples run for three daily intervals (triggered runs of
+   ``walsink_daily_overwrite`` and ``walsink_incremental_append``) and, at the same time,
+   the table examples for one (``walsink_iceberg_example``, ``walsink_delta_example``,
+   and ``walsink_sql_example`` when PostgreSQL is reachable; the demo says when it is
+   skipped); then a backfill of the daily one over five intervals with
+   ``--reprocess-behavior completed``: the three committed days end skipped
+   (reprocess policy "skip"), two are new;
+4. ``walsink status`` prints every checkpoint, and the Iceberg, Delta and PostgreSQL
+   tables are read back with their own libraries and summed per day with DuckDB,
+   beside the source's counts; the command fails unless every checkpoint is COMMITTED
+   and every table holds each source row once.
 
 Progress is printed as each task changes state. The stack is the one the end-to-end
 tests use (``airflow_provider_walsink.testing.stack``), so this demo runs what CI tests;
 its components die with the demo, even when it is killed.
+
+Environment: ``WALSINK_DEMO_HOME`` (default ``var/demo``); ``WALSINK_DEMO_PG_URL``, the
+PostgreSQL server for the SQL example as an SQLAlchemy URL of a database to connect to
+for ``CREATE DATABASE`` (default ``postgresql+psycopg2://postgres@127.0.0.1:5432/postgres``);
+``WALSINK_DEMO_PG_DATABASE``, the database the demo drops and creates there (default
+``walsink_demo``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy.engine import make_url as sa_url
 
 from airflow_provider_walsink.committer.store import CommitterStore
 from airflow_provider_walsink.testing.stack import AirflowStack, StackError, StackUser
@@ -40,6 +57,11 @@ from airflow_provider_walsink.testing.stack import AirflowStack, StackError, Sta
 REPO = Path(__file__).resolve().parent.parent
 DAILY = "walsink_daily_overwrite"
 INCREMENTAL = "walsink_incremental_append"
+ICEBERG = "walsink_iceberg_example"
+DELTA = "walsink_delta_example"
+SQL = "walsink_sql_example"
+PG_ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
+PG_DATABASE = "walsink_demo"
 FIRST_DAY = date(2026, 1, 1)
 # Bounds a hung stack, not a speed goal: a laptop busy with other work is slow, not broken.
 LIMIT_S = 3600
@@ -107,26 +129,162 @@ class Progress:
 
 def trigger(stack: Any, dag_id: str, day: date) -> str:
     """A run of ``dag_id`` for the interval starting at ``day`` (as ``airflow dags trigger -l``)."""
-    run_id = f"demo__{day.isoformat()}"
-    for attempt in range(5):
-        response = stack.client().post(
-            f"/api/v2/dags/{dag_id}/dagRuns",
-            json={"logical_date": f"{day.isoformat()}T00:00:00Z", "dag_run_id": run_id},
+    try:
+        return stack.trigger(dag_id, f"{day.isoformat()}T00:00:00Z", run_id=f"demo__{day.isoformat()}")
+    except StackError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def sql_target_database(admin_url: str, database: str) -> tuple[str | None, str]:
+    """A fresh PostgreSQL database for the SQL example: (its URL, what was done) or (None, why not)."""
+    import sqlalchemy as sa
+
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", database):
+        raise SystemExit(f"WALSINK_DEMO_PG_DATABASE must be a plain lower-case name, got {database!r}")
+    try:
+        url = sa_url(admin_url)
+        if not url.drivername.startswith("postgresql"):
+            return (
+                None,
+                f"{url.drivername}://... is not a PostgreSQL URL (the SQL example loads into PostgreSQL)",
+            )
+        admin = sa.create_engine(url, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5})
+    except Exception as exc:  # noqa: BLE001 - a bad URL or a missing driver: skip, saying why
+        return None, f"cannot use {admin_url!r}: {exc}"
+    where = f"PostgreSQL on {url.host}:{url.port or 5432}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(
+                sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"),
+                {"d": database},
+            )
+            # Checked above to be a plain name: DDL cannot bind it.
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS {database}"))
+            conn.execute(sa.text(f"CREATE DATABASE {database}"))
+    except Exception as exc:  # noqa: BLE001 - unreachable, refused, no rights: skip, saying why
+        return None, f"{where} is not usable ({str(exc).strip().splitlines()[0][:160]})"
+    finally:
+        admin.dispose()
+    target = url.set(database=database).render_as_string(hide_password=False)
+    return target, f"{where}, database {database} (created afresh)"
+
+
+def add_connection(stack: Any, conn_id: str, conn: dict[str, Any]) -> None:
+    stack.airflow("connections", "add", conn_id, "--conn-json", json.dumps(conn))
+
+
+def _examples_module() -> Any:
+    sys.path.insert(0, str(REPO / "dags"))
+    try:
+        import walsink_example_common
+    finally:
+        sys.path.remove(str(REPO / "dags"))
+    return walsink_example_common
+
+
+def read_back_tables(
+    days: list[date], iceberg_catalog: dict[str, str], delta_path: Path, sql_url: str | None
+) -> list[str]:
+    """Print each table target's rows per day (read with its library, summed with DuckDB) beside
+    the source's; return the problems found (a row missing or twice, an unexpected day)."""
+    import duckdb
+    import sqlalchemy as sa
+    from deltalake import DeltaTable
+    from pyiceberg.catalog import load_catalog
+
+    examples = _examples_module()
+    source = {d.isoformat(): examples.daily_events(d) for d in days}
+    problems: list[str] = []
+    con = duckdb.connect()
+
+    def events_table(label: str, arrow: Any, detail: str) -> None:
+        con.register("t", arrow)
+        per_day = con.execute(
+            "SELECT CAST(dt AS VARCHAR), count(*), count(DISTINCT event_id), sum(amount_cents) "
+            "FROM t GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+        con.unregister("t")
+        print(f"  {label} ({detail})")
+        if {d for d, *_ in per_day} != set(source):
+            problems.append(f"{label}: days {sorted(d for d, *_ in per_day)}, expected {sorted(source)}")
+        for dt, rows, distinct, amount in per_day:
+            want = source.get(dt, [])
+            want_amount = sum(e["amount_cents"] for e in want)
+            print(
+                f"    dt={dt}  {rows:>6,} rows  {distinct:>6,} distinct event ids  amount {amount:>12,}"
+                f"    source: {len(want):>6,} rows, amount {want_amount:>12,}"
+            )
+            if not (rows == distinct == len(want) and amount == want_amount):
+                problems.append(f"{label} dt={dt}: {rows} rows ({distinct} distinct), source {len(want)}")
+
+    catalog = load_catalog("walsink_iceberg", **iceberg_catalog)
+    table = catalog.load_table("examples.daily_events")
+    events_table(
+        "iceberg examples.daily_events",
+        table.scan().to_arrow(),
+        f"pyiceberg, {len(table.snapshots())} snapshot(s), {table.location()}",
+    )
+    delta = DeltaTable(str(delta_path))
+    events_table(
+        "delta delta_daily_events", delta.to_pyarrow_table(), f"deltalake, version {delta.version()}"
+    )
+
+    if sql_url is None:
+        return problems
+    engine = sa.create_engine(sql_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT dt, country, event_type, events, users, amount_cents "
+                    "FROM public.daily_country_totals ORDER BY dt, country, event_type"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    con.execute(
+        "CREATE TABLE totals (dt VARCHAR, country VARCHAR, event_type VARCHAR, events BIGINT, users BIGINT,"
+        " amount_cents BIGINT)"
+    )
+    con.executemany("INSERT INTO totals VALUES (?, ?, ?, ?, ?, ?)", [tuple(r) for r in rows])
+    per_day = con.execute(
+        "SELECT dt, count(*), count(DISTINCT (country, event_type)), sum(events), sum(amount_cents) "
+        "FROM totals GROUP BY dt ORDER BY dt"
+    ).fetchall()
+    print("  postgresql public.daily_country_totals (SQLAlchemy; per country and event type)")
+    if {d for d, *_ in per_day} != set(source):
+        problems.append(f"sql: days {sorted(d for d, *_ in per_day)}, expected {sorted(source)}")
+    for dt, groups, distinct, events, amount in per_day:
+        want = source.get(dt, [])
+        want_groups = len({(e["country"], e["event_type"]) for e in want})
+        want_amount = sum(e["amount_cents"] for e in want)
+        print(
+            f"    dt={dt}  {groups:>3} rows ({distinct} distinct groups)  {events:>6,} events  amount {amount:>12,}"
+            f"    source: {want_groups} groups, {len(want):>6,} events, amount {want_amount:>12,}"
         )
-        if response.status_code == 409 and attempt:
-            return run_id  # an earlier try that answered 5xx did create it
-        if response.status_code < 500:
-            break
-        time.sleep(2 + 3 * attempt)  # e.g. SQLite locked under load: the API answered 500
-    if response.status_code >= 400:
-        raise SystemExit(f"triggering {dag_id} for {day}: {response.status_code} {response.text}")
-    return response.json()["dag_run_id"]
+        if not (groups == distinct == want_groups and events == len(want) and amount == want_amount):
+            problems.append(
+                f"sql dt={dt}: {groups} rows ({distinct} distinct), {events} events, source {len(want)}"
+            )
+    print("      dt | country | event_type | events | users | amount_cents")
+    for row in rows[:4]:
+        print(f"      {' | '.join(str(v) for v in row)}")
+    if len(rows) > 4:
+        print(f"      ... {len(rows) - 4} more")
+    con.close()
+    return problems
 
 
 def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--days", type=int, default=3, help="intervals run first (default 3)")
     parser.add_argument("--backfill-days", type=int, default=5, help="intervals of the backfill (default 5)")
+    parser.add_argument(
+        "--table-days",
+        type=int,
+        default=1,
+        help="intervals of the Iceberg, Delta and SQL examples (default 1)",
+    )
     args = parser.parse_args(argv)
 
     home = Path(os.environ.get("WALSINK_DEMO_HOME", REPO / "var" / "demo")).resolve()
@@ -141,6 +299,13 @@ def run(argv: list[str] | None = None) -> int:
     stack = AirflowStack(airflow_home, users=users, dags_folder=REPO / "dags", parallelism=2)
     committer_db = airflow_home / "walsink" / "committer.db"
     staging = airflow_home / "walsink" / "staging"
+    iceberg_home = airflow_home / "walsink" / "iceberg"
+    iceberg_catalog = {
+        "type": "sql",
+        "uri": f"sqlite:///{iceberg_home / 'catalog.db'}",
+        "warehouse": iceberg_home.joinpath("warehouse").as_uri(),
+    }
+    delta_path = airflow_home / "walsink" / "examples" / "target" / "delta_daily_events"
 
     quiet_env = {**stack.env, "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING"}  # for the walsink CLI
 
@@ -175,21 +340,52 @@ def run(argv: list[str] | None = None) -> int:
         if result.returncode:
             raise SystemExit(f"walsink db upgrade failed:\n{result.stdout}{result.stderr}")
         print("  walsink db upgrade: " + result.stdout.strip().splitlines()[-1])
+        iceberg_home.mkdir(parents=True, exist_ok=True)
+        add_connection(stack, "walsink_iceberg", {"conn_type": "generic", "extra": iceberg_catalog})
+        print(f"  connection walsink_iceberg: Iceberg SQL catalog {iceberg_catalog['uri']}")
+        sql_url, sql_where = sql_target_database(
+            os.environ.get("WALSINK_DEMO_PG_URL", PG_ADMIN_URL),
+            os.environ.get("WALSINK_DEMO_PG_DATABASE", PG_DATABASE),
+        )
+        if sql_url:
+            target = sa_url(sql_url)
+            add_connection(
+                stack,
+                "walsink_sql_target",
+                {
+                    "conn_type": "postgres",
+                    "host": target.host,
+                    "port": target.port,
+                    "login": target.username,
+                    "password": target.password,
+                    "schema": target.database,
+                },
+            )
+            print(f"  connection walsink_sql_target: {sql_where}")
+        else:
+            print(f"  SQL example skipped: {sql_where}")
+        table_dags = [ICEBERG, DELTA] + ([SQL] if sql_url else [])
 
         say("Starting the scheduler, dag-processor, triggerer and api-server in the background")
         stack.start(timeout=LIMIT_S)
         print(f"  Airflow UI: {stack.base_url}  (user admin, password admin; while the demo runs)")
         print(f"  component output: {stack.logs_dir}/*.out")
-        for dag_id in (DAILY, INCREMENTAL):
+        for dag_id in (DAILY, INCREMENTAL, *table_dags):
             stack.wait_for_dag(dag_id, timeout=LIMIT_S)
             stack.unpause(dag_id)
             print(f"  {dag_id}: parsed and unpaused")
 
         progress = Progress(stack)
         days = [FIRST_DAY + timedelta(days=i) for i in range(args.days)]
-        say(f"Running both example pipelines for {len(days)} daily intervals ({days[0]} .. {days[-1]})")
-        run_ids = {trigger(stack, dag_id, day) for dag_id in (DAILY, INCREMENTAL) for day in days}
-        progress.wait([DAILY, INCREMENTAL], run_ids)
+        table_days = [FIRST_DAY + timedelta(days=i) for i in range(args.table_days)]
+        say(
+            f"Running both file example pipelines for {len(days)} daily intervals ({days[0]} .. {days[-1]}), "
+            f"and {', '.join(table_dags)} for {len(table_days)} at the same time"
+        )
+        # Table runs first: their commits are the slower ones, the file runs fill the slots after.
+        run_ids = {trigger(stack, dag_id, day) for dag_id in table_dags for day in table_days}
+        run_ids |= {trigger(stack, dag_id, day) for dag_id in (DAILY, INCREMENTAL) for day in days}
+        progress.wait([DAILY, INCREMENTAL, *table_dags], run_ids)
 
         last = FIRST_DAY + timedelta(days=args.backfill_days - 1)
         say(
@@ -236,8 +432,17 @@ def run(argv: list[str] | None = None) -> int:
     if status.returncode or not states or set(states) != {"COMMITTED"}:
         print(f"\nNot every checkpoint is COMMITTED: {states}", file=sys.stderr)
         return 1
+
+    say("The table targets, read back (each with its own library, summed per day with DuckDB)")
+    problems = read_back_tables(table_days, iceberg_catalog, delta_path, sql_url)
+    if not sql_url:
+        print(f"  postgresql: the SQL example was skipped ({sql_where})")
+    if problems:
+        print("\nA table does not hold each source row once:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 1
     print(
-        f"\nAll {len(states)} checkpoints COMMITTED. Target tables: {airflow_home / 'walsink/examples/target'}"
+        f"\nAll {len(states)} checkpoints COMMITTED; every table holds each source row once. "
+        f"File targets: {airflow_home / 'walsink/examples/target'}"
     )
     print(f"Use the CLI on this Airflow home: source {airflow_home / 'env.sh'} && airflow dags list")
     return 0

@@ -98,6 +98,25 @@ def stage_tables(
     return writer.record, manifest, attempt_dir
 
 
+def forget_checkpoint(store: CommitterStore, pipeline: str, key: str) -> None:
+    """What retention does to a checkpoint's committer rows (its pipeline row too)."""
+    from sqlalchemy import delete
+
+    from airflow_provider_walsink.committer.models import (
+        checkpoint_table,
+        pipeline_table,
+        transition_table,
+        version_table,
+    )
+
+    record = store.require(pipeline, key)
+    with store.engine.begin() as conn:
+        conn.execute(delete(transition_table).where(transition_table.c.checkpoint_id == record.id))
+        conn.execute(delete(version_table).where(version_table.c.checkpoint_id == record.id))
+        conn.execute(delete(checkpoint_table).where(checkpoint_table.c.id == record.id))
+        conn.execute(delete(pipeline_table).where(pipeline_table.c.name == pipeline))
+
+
 def target_files(root: Path) -> dict[str, bytes]:
     """Every visible data file under a target (bookkeeping and hidden files excluded)."""
     out = {}

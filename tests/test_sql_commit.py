@@ -22,13 +22,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import delete
 
 from airflow_provider_walsink.committer import CheckpointCommitter
-from airflow_provider_walsink.committer.models import checkpoint_table, pipeline_table, transition_table
 from airflow_provider_walsink.protocol import CheckpointState as S
 from airflow_provider_walsink.publishers.sql import SqlPublisher, SqlTargetError
-from tests.helpers import ACTOR, REPO, stage_checkpoint
+from tests.helpers import ACTOR, REPO, forget_checkpoint, stage_checkpoint
 
 KEY = "20260101T000000Z"
 TTL = timedelta(seconds=1)
@@ -97,15 +95,6 @@ def kill_commit_after_publish(store, layout, url: str, table: str, mode: str) ->
         timeout=300,
     )
     assert proc.returncode == -9, proc.stderr[-2000:]
-
-
-def forget_checkpoint(store, pipeline: str, key: str) -> None:
-    """What retention does to a checkpoint's committer rows."""
-    record = store.require(pipeline, key)
-    with store.engine.begin() as conn:
-        conn.execute(delete(transition_table).where(transition_table.c.checkpoint_id == record.id))
-        conn.execute(delete(checkpoint_table).where(checkpoint_table.c.id == record.id))
-        conn.execute(delete(pipeline_table).where(pipeline_table.c.name == pipeline))
 
 
 @pytest.mark.parametrize("mode", ["append", "overwrite"])

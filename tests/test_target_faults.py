@@ -1,5 +1,8 @@
 """The crash campaign against the table and SQL targets (issues 12 and 14): 0 violations.
 
+The SQL target runs it on PostgreSQL and on MariaDB (MySQL's dialect: ``LOAD DATA LOCAL``,
+InnoDB row locks with ``innodb_lock_wait_timeout``).
+
 See :mod:`tests.harness.targets`: SIGKILLs around each target's own commit,
 zombie tries stopped right before it and resumed after a takeover, re-runs
 after retention, a reprocessed checkpoint (a new version under the same
@@ -15,9 +18,15 @@ from tests.harness.targets import run_target_campaign
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("kind", ["iceberg", "delta", "sql"])
-def test_crash_schedules_against_each_table_target_have_no_violation(kind, database_urls, tmp_path):
-    sql_url = database_urls("postgresql") if kind == "sql" else None
+@pytest.mark.parametrize(
+    ("kind", "sql_backend"),
+    [("iceberg", None), ("delta", None), ("sql", "postgresql"), ("sql", "mysql")],
+    ids=["iceberg", "delta", "sql-postgresql", "sql-mariadb"],
+)
+def test_crash_schedules_against_each_table_target_have_no_violation(
+    kind, sql_backend, database_urls, tmp_path
+):
+    sql_url = database_urls(sql_backend) if sql_backend else None
     result = run_target_campaign(
         kind, seed=5, schedules=8, workdir=tmp_path, db_url=database_urls("sqlite"), sql_url=sql_url
     )

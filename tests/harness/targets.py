@@ -1,4 +1,4 @@
-"""The crash campaign against the table and SQL targets (Iceberg, Delta, PostgreSQL).
+"""The crash campaign against the table and SQL targets (Iceberg, Delta, PostgreSQL, MariaDB/MySQL).
 
 The file-target campaign (:mod:`.runner`) proves the protocol; this one proves
 each target that records its own commits. One schedule is a pipeline of 2-3
@@ -100,13 +100,18 @@ class TargetEnv:
     work: Path
     sql_url: str | None = None
 
+    @property
+    def sql_schema(self) -> str | None:
+        """PostgreSQL: ``public``; MySQL/MariaDB: the URL's database (a schema is a database there)."""
+        return "public" if self.sql_url and self.sql_url.startswith("postgresql") else None
+
     def uri(self, pipeline: str) -> str:
         table = pipeline.replace("-", "_")
         if self.kind == "iceberg":
             return f"iceberg://harness/h.{table}?create_table=true"
         if self.kind == "delta":
             return f"delta://{self.work}/delta/{table}?create_table=true"
-        return f"sql://harness_sql/public.{table}"
+        return f"sql://harness_sql/{self.sql_schema + '.' if self.sql_schema else ''}{table}"
 
     def connections(self, conn_id: str) -> dict[str, Any]:
         if conn_id == "harness":
@@ -137,15 +142,17 @@ class TargetEnv:
     def rows(self, pipeline: str, mode: str) -> list[tuple[str, str]]:
         publisher = self.publisher(pipeline, mode, StagingLayout(self.work / "staging"))
         if self.kind == "sql":
-            from sqlalchemy import create_engine, text
+            from sqlalchemy import column, create_engine, inspect, select, table
 
             engine = create_engine(self.sql_url)
+            name = pipeline.replace("-", "_")
             try:
-                with engine.connect() as conn:
-                    name = pipeline.replace("-", "_")
-                    found = conn.execute(text(f'SELECT dt, id FROM public."{name}"')).all()  # noqa: S608 - test
-            except Exception:  # noqa: BLE001 - no table yet
-                return []
+                if not inspect(engine).has_table(name, schema=self.sql_schema):
+                    return []  # nothing committed yet
+                with engine.connect() as conn:  # the dialect quotes the name
+                    found = conn.execute(
+                        select(column("dt"), column("id")).select_from(table(name, schema=self.sql_schema))
+                    ).all()
             finally:
                 engine.dispose()
             return sorted((str(dt), str(i)) for dt, i in found)
@@ -354,10 +361,12 @@ def run_target_schedule(store: CommitterStore, env: TargetEnv, rng: random.Rando
 
 def run_target_campaign(kind: str, *, seed: int, schedules: int, workdir: Path, db_url: str,
                         sql_url: str | None = None) -> TargetResult:  # fmt: skip
-    """Run ``schedules`` crash schedules against one target kind (see the module docstring)."""
+    """Run ``schedules`` crash schedules against one target kind (see the module docstring);
+    ``sql_url`` (PostgreSQL or MySQL/MariaDB) is the SQL target's database."""
     env = TargetEnv(kind, Path(workdir), sql_url)
     store = CommitterStore.from_url(db_url)
-    result = TargetResult(kind)
+    # The SQL target's label names its database (``sql (mysql)``): the campaign runs on both.
+    result = TargetResult(f"{kind} ({sql_url.split(':', 1)[0].split('+')[0]})" if sql_url else kind)
     rng = random.Random(f"{seed}:{kind}")
     try:
         for i in range(schedules):

@@ -1,0 +1,216 @@
+"""End to end on the shared Airflow stack: the Iceberg, Delta and SQL (PostgreSQL) example DAGs
+run through the real scheduler, LocalExecutor, triggerer and api-server.
+
+One interval of each, triggered together (their runs are concurrent); each table is read back
+with its own library (pyiceberg, deltalake, SQLAlchemy on PostgreSQL) and checked against the
+generated source: every source row once (the SQL target: every day's per-country totals once).
+Then every run is cleared from its write task, as a user re-runs a day in the UI: the write
+task skips the committed checkpoint, the commit says "already committed", and no table changes
+(same snapshots, same Delta version, same SQL rows and marker).
+
+The stack is the session's one (``airflow_stack``); the targets are configured the way a user
+would: an Airflow connection ``walsink_iceberg`` for the Iceberg catalog (an SQL catalog on
+SQLite under the stack's home) and ``walsink_sql_target`` for the PostgreSQL database (the
+session's private one); the Delta table lives under the example home.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter, defaultdict
+from datetime import date
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from airflow_provider_walsink.committer.store import CommitterStore
+
+pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+DAY = date(2026, 2, 2)  # no other test on the shared stack runs these DAGs
+KEY = f"{DAY:%Y%m%d}T000000Z"
+ICEBERG, DELTA, SQL = "walsink_iceberg_example", "walsink_delta_example", "walsink_sql_example"
+PIPELINES = {ICEBERG: "iceberg_daily_events", DELTA: "delta_daily_events", SQL: "daily_country_totals"}
+WRITE_OP, COMMIT_OP = "WalWriteOperator", "WalCommitOperator"
+SQL_TABLE = "daily_country_totals"
+
+
+def _examples():
+    sys.path.insert(0, str(REPO / "dags"))
+    try:
+        import walsink_example_common
+    finally:
+        sys.path.remove(str(REPO / "dags"))
+    return walsink_example_common
+
+
+def _add_connection(stack, conn_id: str, conn: dict) -> None:
+    """``airflow connections add`` (JSON form); the stack is shared, so an existing one is replaced."""
+    stack.airflow("connections", "delete", conn_id, check=False)
+    stack.airflow("connections", "add", conn_id, "--conn-json", json.dumps(conn))
+
+
+def _check_events(rows: list[dict], day: date) -> None:
+    """The table holds exactly the day's source events, each once."""
+    want = {e["event_id"]: e for e in _examples().daily_events(day)}
+    counts = Counter(r["event_id"] for r in rows)
+    assert not [k for k, n in counts.items() if n > 1], "an event is in the table twice"
+    assert set(counts) == set(want), (
+        f"{len(set(want) - set(counts))} missing, {len(set(counts) - set(want))} extra"
+    )
+    for r in rows:
+        e = want[r["event_id"]]
+        assert (r["user_id"], r["country"], r["event_type"], r["amount_cents"]) == (
+            e["user_id"],
+            e["country"],
+            e["event_type"],
+            e["amount_cents"],
+        ), r["event_id"]
+        assert str(r["dt"]) == day.isoformat()
+
+
+def _expected_totals(day: date) -> dict[tuple[str, str], tuple[int, int, int]]:
+    events, users, amount = defaultdict(int), defaultdict(set), defaultdict(int)
+    for e in _examples().daily_events(day):
+        k = (e["country"], e["event_type"])
+        events[k] += 1
+        users[k].add(e["user_id"])
+        amount[k] += e["amount_cents"]
+    return {k: (events[k], len(users[k]), amount[k]) for k in events}
+
+
+def _sql_rows(url: str) -> list[tuple]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return sorted(
+                tuple(r)
+                for r in conn.execute(
+                    sa.text(
+                        f"SELECT dt, country, event_type, events, users, amount_cents FROM public.{SQL_TABLE}"
+                    )
+                )
+            )
+    finally:
+        engine.dispose()
+
+
+def _sql_marker(url: str) -> tuple:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return tuple(
+                conn.execute(
+                    sa.text(
+                        "SELECT attempt_id, epoch, rows, published_at FROM public.walsink_markers "
+                        "WHERE pipeline = :p AND checkpoint_key = :k"
+                    ),
+                    {"p": PIPELINES[SQL], "k": KEY},
+                ).one()
+            )
+    finally:
+        engine.dispose()
+
+
+def _tasks_by_operator(stack, dag_id: str, run_id: str) -> dict[str, dict]:
+    return {ti["operator"]: ti for ti in stack.task_instances(dag_id, run_id)}
+
+
+def test_table_and_sql_examples_run_through_the_scheduler_and_a_cleared_run_changes_nothing(
+    airflow_stack, database_urls, tmp_path
+):
+    from deltalake import DeltaTable
+
+    from airflow_provider_walsink.publishers.iceberg import IcebergPublisher
+
+    stack = airflow_stack
+    # The stack's metadata database is on PostgreSQL, so PostgreSQL is here for the SQL target too.
+    target = sa.engine.make_url(database_urls("postgresql"))
+    target_url = target.render_as_string(hide_password=False)
+    iceberg_home = stack.home / "walsink" / "iceberg"
+    iceberg_home.mkdir(parents=True, exist_ok=True)
+    catalog = {
+        "type": "sql",
+        "uri": f"sqlite:///{iceberg_home / 'catalog.db'}",
+        "warehouse": f"file://{iceberg_home / 'warehouse'}",
+    }
+    _add_connection(stack, "walsink_iceberg", {"conn_type": "generic", "extra": catalog})
+    _add_connection(
+        stack,
+        "walsink_sql_target",
+        {
+            "conn_type": "postgres",
+            "host": target.host,
+            "port": target.port,
+            "login": target.username,
+            "schema": target.database,
+        },
+    )
+    dag_ids = [ICEBERG, DELTA, SQL]
+    for dag_id in dag_ids:
+        stack.wait_for_dag(dag_id)
+        stack.unpause(dag_id)
+    run_ids = {dag_id: stack.trigger(dag_id, f"{DAY.isoformat()}T00:00:00Z") for dag_id in dag_ids}
+    for dag_id, run_id in run_ids.items():
+        run = stack.wait_for_runs(dag_id, [run_id], timeout=900)[run_id]
+        assert run["state"] == "success", (dag_id, stack.task_states(dag_id, run_id))
+
+    store = CommitterStore.from_url(f"sqlite:///{stack.home}/walsink/committer.db", migrate=False)
+    try:
+        for dag_id, pipeline in PIPELINES.items():
+            (checkpoint,) = store.checkpoints(pipeline)
+            assert (checkpoint.checkpoint_key, checkpoint.state.value) == (KEY, "COMMITTED"), dag_id
+
+        iceberg = IcebergPublisher(
+            "examples.daily_events", "overwrite", catalog_name="walsink_iceberg", catalog_properties=catalog
+        )
+        table = iceberg.load_table()
+        _check_events(table.scan().to_arrow().to_pylist(), DAY)
+        snapshots = [(s.snapshot_id, s.summary["walsink.checkpoint"]) for s in table.snapshots()]
+        assert [key for _, key in snapshots] == [KEY]  # one commit, one snapshot
+
+        delta_path = stack.home / "walsink" / "examples" / "target" / "delta_daily_events"
+        delta = DeltaTable(str(delta_path))
+        _check_events(delta.to_pyarrow_table().to_pylist(), DAY)
+        assert delta.version() == 0  # created by the day's one commit
+
+        sql_rows = _sql_rows(target_url)
+        totals = {(c, t): (ev, us, am) for dt, c, t, ev, us, am in sql_rows}
+        assert len(totals) == len(sql_rows), "a (country, event_type) row is in the table twice"
+        assert {r[0] for r in sql_rows} == {DAY.isoformat()}
+        assert totals == _expected_totals(DAY)
+        marker = _sql_marker(target_url)
+        assert marker[0] == store.require(PIPELINES[SQL], KEY).sealed_attempt_id
+
+        # Re-run every day as a user would (Clear on the write task and downstream).
+        for dag_id, run_id in run_ids.items():
+            write = _tasks_by_operator(stack, dag_id, run_id)[WRITE_OP]
+            stack.clear_task(dag_id, run_id, [write["task_id"]], include_downstream=True)
+        for dag_id, run_id in run_ids.items():
+
+            def second_tries_finished(dag_id=dag_id, run_id=run_id):
+                run = next(r for r in stack.dag_runs(dag_id) if r["dag_run_id"] == run_id)
+                tis = _tasks_by_operator(stack, dag_id, run_id)
+                finished = run["state"] in ("success", "failed")
+                return (run, tis) if finished and {t["try_number"] for t in tis.values()} == {2} else None
+
+            run, tis = stack.wait_until(f"the cleared run of {dag_id}", second_tries_finished, timeout=900)
+            assert run["state"] == "success", (dag_id, stack.task_states(dag_id, run_id))
+            result = stack.xcom(dag_id, run_id, tis[WRITE_OP]["task_id"])
+            assert result["skipped_committed"] is True and result["state"] == "COMMITTED", dag_id
+            assert stack.xcom(dag_id, run_id, tis[COMMIT_OP]["task_id"])["already_committed"] is True
+
+        table = iceberg.load_table()
+        assert [(s.snapshot_id, s.summary["walsink.checkpoint"]) for s in table.snapshots()] == snapshots
+        _check_events(table.scan().to_arrow().to_pylist(), DAY)
+        assert DeltaTable(str(delta_path)).version() == 0
+        assert _sql_rows(target_url) == sql_rows
+        assert _sql_marker(target_url) == marker
+        for pipeline in PIPELINES.values():
+            (checkpoint,) = store.checkpoints(pipeline)
+            assert checkpoint.state.value == "COMMITTED"
+    finally:
+        store.dispose()
