@@ -80,6 +80,7 @@ def walsink_pipeline(
         (default: the tasks end skipped, nothing rewritten) or ``replace`` (a new
         version supersedes the committed one); a run's conf
         ``{"walsink_reprocess": ...}`` overrides it for that run (docs/backfill.md).
+    :param lineage_inputs: what the job reads (URIs or paths), for OpenLineage.
     :param deferrable: wait for durability in the triggerer (default) instead of a worker.
     :param audit: checks on the staged data before it is published
         (``RowCountCheck``, ``NotNullCheck``, ``SqlPredicateCheck``,
@@ -115,6 +116,7 @@ def walsink_pipeline(
             initial_offsets=initial_offsets,
             target=target,
             reprocess=reprocess,
+            lineage_inputs=lineage_inputs,
             **shared,
             **dict(write_kwargs or {}),
         )

@@ -37,6 +37,7 @@ with DAG(
         pipeline="daily_events",
         application=str(JOBS_DIR / "daily_events_job.py"),
         application_args=["--raw", f"{HOME}/raw/daily_events"],
+        lineage_inputs=[f"{HOME}/raw/daily_events"],
         target=f"{HOME}/target/daily_events",
         mode="overwrite",
         partition_by=["dt"],

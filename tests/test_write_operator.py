@@ -203,3 +203,44 @@ def test_on_kill_stops_spark_submit(tmp_path):
     assert not thread.is_alive()
     assert hook._submit_sp.returncode not in (0, None)
     assert errors and "Cannot execute" in str(errors[0])
+
+
+@pytest.mark.spark
+def test_openlineage_facets_of_an_executed_write_name_inputs_target_and_checkpoint(env, tmp_path):
+    """Issue 15: the lineage the OpenLineage provider asks the write operator for, after a real
+    spark-submit: the declared input, the target with the staged rows, the checkpoint."""
+    from types import SimpleNamespace
+
+    store, _ = env
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    pushed = {}
+    op = WalWriteOperator(
+        task_id="write",
+        application=str(job),
+        application_args=["--rows", "42"],
+        pipeline="events",
+        partition_by=["dt"],
+        master="local[1]",
+        target=str(tmp_path / "target"),
+        lineage_inputs=[str(tmp_path / "raw")],
+    )
+    ti = SimpleNamespace(dag_id="d", task_id="write", run_id="manual", try_number=1, map_index=-1, id=None,
+                         xcom_push=lambda key, value: pushed.__setitem__(key, value))  # fmt: skip
+    # Attempt 1 of the job exits unsealed (see JOB): a retry, as Airflow would make it.
+    with pytest.raises(Exception, match="sealed no manifest"):
+        op.execute({"ti": ti, "data_interval_start": INTERVAL_START})
+    op.execute({"ti": ti, "data_interval_start": INTERVAL_START})
+
+    lineage = op.get_openlineage_facets_on_complete(None)
+    assert [(d.namespace, d.name) for d in lineage.inputs] == [("file", str(tmp_path / "raw"))]
+    assert [(d.namespace, d.name) for d in lineage.outputs] == [("file", str(tmp_path / "target"))]
+    assert lineage.outputs[0].outputFacets["outputStatistics"].rowCount == 42
+    facet = lineage.run_facets["walsink"]
+    record = store.require("events", KEY)
+    assert (facet.pipeline, facet.checkpointKey, facet.state, facet.attemptId) == (
+        "events",
+        KEY,
+        "SEALED",
+        record.sealed_attempt_id,
+    )

@@ -21,6 +21,7 @@ from airflow_provider_walsink.context import (
     version_token,
 )
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
+from airflow_provider_walsink.lineage import operator_lineage, target_uri
 from airflow_provider_walsink.links import WalsinkCheckpointLink
 from airflow_provider_walsink.operators.commit import target_staging_root, validate_static_identifier
 from airflow_provider_walsink.protocol.errors import ManifestError
@@ -163,6 +164,8 @@ class WalWriteOperator(BaseOperator):
     :param target: the pipeline's target, recorded with the pipeline (templated).
     :param reprocess: ``skip`` (default) or ``replace``: what a backfill re-run of a
         COMMITTED interval does (see above).
+    :param lineage_inputs: URIs (or paths) of the datasets the job reads (templated),
+        reported as OpenLineage inputs beside the target and the checkpoint.
     :param walsink_conn_id: connection to the committer database.
     :param staging_root: templated; defaults to the connection's ``staging_root``.
     :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments
@@ -178,6 +181,7 @@ class WalWriteOperator(BaseOperator):
         "conf",
         "target",
         "staging_root",
+        "lineage_inputs",
     )
     ui_color = "#f0e4ec"
 
@@ -203,6 +207,7 @@ class WalWriteOperator(BaseOperator):
         spark_binary: str | None = None,
         spark_submit_kwargs: Mapping[str, Any] | None = None,
         reprocess: str = "skip",
+        lineage_inputs: Sequence[str] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -211,6 +216,7 @@ class WalWriteOperator(BaseOperator):
         if reprocess not in REPROCESS_POLICIES:
             raise ValueError(f"reprocess must be one of {REPROCESS_POLICIES}, got {reprocess!r}")
         self.reprocess = reprocess
+        self.lineage_inputs = list(lineage_inputs)
         # Bad ids fail when the DAG is parsed, not at the first run (templates when rendered).
         validate_static_identifier(pipeline, "pipeline id")
         validate_static_identifier(checkpoint_key, "checkpoint key")
@@ -459,7 +465,7 @@ class WalWriteOperator(BaseOperator):
         ti.xcom_push(key="staging_root", value=getattr(self, "_staging_root", None))
         ti.xcom_push(key="manifest_uri", value=record.manifest_uri)
         ti.xcom_push(key="manifest_digest", value=record.manifest_digest)
-        return {
+        self._summary = {
             "pipeline": record.pipeline,
             "checkpoint_key": record.checkpoint_key,
             "sequence": record.sequence,
@@ -473,7 +479,20 @@ class WalWriteOperator(BaseOperator):
             "bytes": record.bytes,
             "start_offsets": record.start_offsets,
             "end_offsets": record.end_offsets,
+            "attempt_id": record.sealed_attempt_id,
+            "version": record.version,
         }
+        return self._summary
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The declared inputs, the target as output (staged rows) and the checkpoint as a run facet."""
+        return operator_lineage(
+            summary=getattr(self, "_summary", None),
+            pipeline=self.pipeline,
+            checkpoint_key=self.checkpoint_key,
+            output_uri=target_uri(self.target) if self.target else None,
+            input_uris=[str(u) for u in self.lineage_inputs],
+        )
 
     def on_kill(self) -> None:
         if self._spark_hook is not None:
