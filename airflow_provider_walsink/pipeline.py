@@ -58,6 +58,7 @@ def walsink_pipeline(
     checksum: str | None = "crc32",
     initial_offsets: Mapping[str, Any] | None = None,
     reprocess: str = "skip",
+    lineage_inputs: Sequence[str] = (),
     audit: Sequence[Any] | None = None,
     write_kwargs: Mapping[str, Any] | None = None,
     durable_kwargs: Mapping[str, Any] | None = None,
