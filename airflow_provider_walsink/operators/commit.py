@@ -126,6 +126,11 @@ class WalCommitOperator(BaseOperator):
         if emit_asset_events and "{{" not in pipeline:
             self.asset_alias = AssetAlias(name=asset_alias_name(pipeline))
             kwargs["outlets"] = [*(kwargs.get("outlets") or []), self.asset_alias]
+            if isinstance(target, str) and "{{" not in target and "{%" not in target:
+                # Registered when the DAG is parsed (an inlet emits no event): otherwise the
+                # first events of two commits finishing together both make Airflow create the
+                # asset, and one task fails on the unique key (docs/backfill.md, Assets).
+                kwargs["inlets"] = [*(kwargs.get("inlets") or []), target_asset(pipeline, target)]
         super().__init__(**kwargs)
         if mode not in MODES:
             raise ValueError(f"mode must be 'append' or 'overwrite', got {mode!r}")
