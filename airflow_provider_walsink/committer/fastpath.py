@@ -73,8 +73,12 @@ def one_statement_transition(to: CheckpointState, *, require_audit: bool = False
         committable = (
             old.c.from_state == S.AUDITED.value
             if require_audit
+            # Equalities, not IN: an IN list compiles to an expanding parameter that only
+            # SQLAlchemy can bind (bench/ sends these statements through a bare driver).
             else or_(
-                old.c.from_state.in_([S.DURABLE.value, S.AUDITED.value, S.COMMITTING.value]),
+                old.c.from_state == S.DURABLE.value,
+                old.c.from_state == S.AUDITED.value,
+                old.c.from_state == S.COMMITTING.value,
                 and_(old.c.from_state == S.FAILED.value, ckpt.c.durable_at.is_not(None)),
             )
         )
