@@ -117,6 +117,22 @@ def next_epoch(current: int, now: datetime) -> int:
     return max(current + 1, calendar.timegm(now.timetuple()) * 1000 + now.microsecond // 1000)
 
 
+#: What a new write attempt (or a new version) clears: nothing sealed, verified or failed yet.
+_NO_SEALED_ATTEMPT: dict[str, Any] = dict(
+    sealed_attempt=None,
+    sealed_attempt_id=None,
+    manifest_uri=None,
+    manifest_digest=None,
+    committables=None,
+    rows=None,
+    bytes=None,
+    end_offsets=None,
+    error=None,
+    sealed_at=None,
+    durable_at=None,
+)
+
+
 def _history_values(actor: Actor, detail: str | None) -> dict[str, Any]:
     return dict(
         actor=actor.name[:255],
@@ -411,19 +427,7 @@ class CommitterStore(CheckpointQueries):
                     "a new write attempt would race the publish"
                 )
             values: dict[str, Any] = dict(
-                attempt=row["attempt"] + 1,
-                attempt_id=uuid.uuid4().hex,
-                sealed_attempt=None,
-                sealed_attempt_id=None,
-                manifest_uri=None,
-                manifest_digest=None,
-                committables=None,
-                rows=None,
-                bytes=None,
-                end_offsets=None,
-                error=None,
-                sealed_at=None,
-                durable_at=None,
+                _NO_SEALED_ATTEMPT, attempt=row["attempt"] + 1, attempt_id=uuid.uuid4().hex
             )
             if start_offsets is not None:
                 values["start_offsets"] = _dump(start_offsets)
@@ -492,18 +496,8 @@ class CommitterStore(CheckpointQueries):
                 supersedes_attempt_id=row["sealed_attempt_id"],
                 dag_id=actor.dag_id or row["dag_id"],
                 run_id=actor.run_id or row["run_id"],
-                sealed_attempt=None,
-                sealed_attempt_id=None,
-                manifest_uri=None,
-                manifest_digest=None,
-                committables=None,
-                rows=None,
-                bytes=None,
-                end_offsets=None,
+                **_NO_SEALED_ATTEMPT,
                 publication=None,
-                error=None,
-                sealed_at=None,
-                durable_at=None,
                 committed_at=None,
                 lease_owner=None,
                 lease_expires_at=None,
