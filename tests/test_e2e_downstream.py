@@ -102,9 +102,13 @@ def test_downstream_dag_runs_once_per_new_commit_and_not_on_a_rerun(airflow_stac
         reported = stack.xcom(DOWNSTREAM, downstream["dag_run_id"], task["task_id"])
         # Airflow hands a DAG's first asset-triggered run every event of the asset since it was
         # created, so commits other tests made on the shared stack may be reported beside this
-        # one; each commit is reported once, and this one (not its no-op re-run) exactly once.
-        commits = [(c["pipeline"], c["checkpoint_key"], c["rows"], c["source_run_id"]) for c in reported]
-        assert commits.count((PIPELINE, KEY, record.rows, run_id)) == 1, commits
+        # one; each commit is reported once, and this one (not its no-op re-run) exactly once. A
+        # commit is its attempt: a replace backfill commits a day's second version under the same
+        # run (and possibly the same row count), a new attempt.
+        commits = [
+            (c["pipeline"], c["checkpoint_key"], c["attempt"], c["rows"], c["source_run_id"]) for c in reported
+        ]
+        assert commits.count((PIPELINE, KEY, record.sealed_attempt, record.rows, run_id)) == 1, commits
         assert len(commits) == len(set(commits)), commits
         mine = next(c for c in reported if (c["checkpoint_key"], c["source_run_id"]) == (KEY, run_id))
         assert mine["attempt"] == record.sealed_attempt and mine["files"] == record.committables

@@ -5,7 +5,8 @@ One interval of each, triggered together (their runs are concurrent); each table
 with its own library (pyiceberg, deltalake, SQLAlchemy on PostgreSQL) and checked against the
 generated source: every source row once (the SQL target: every day's per-country totals once).
 Then every run is cleared from its write task, as a user re-runs a day in the UI: the write
-task skips the committed checkpoint, the commit says "already committed", and no table changes
+task ends SKIPPED on the committed checkpoint (the pipelines' reprocess policy is "skip"), the
+durability and commit tasks are skipped with it, and no table changes
 (same snapshots, same Delta version, same SQL rows and marker).
 
 The stack is the session's one (``airflow_stack``); the targets are configured the way a user
@@ -200,10 +201,14 @@ def test_table_and_sql_examples_run_through_the_scheduler_and_a_cleared_run_chan
 
             run, tis = stack.wait_until(f"the cleared run of {dag_id}", second_tries_finished, timeout=900)
             assert run["state"] == "success", (dag_id, stack.task_states(dag_id, run_id))
-            assert {t["try_number"] for t in tis.values()} == {2}, (dag_id, "a task needed a retry")
-            result = stack.xcom(dag_id, run_id, tis[WRITE_OP]["task_id"])
+            # The write ran once more (try 2, no retry) and ended SKIPPED: the checkpoint is committed
+            # and the pipeline's reprocess policy is "skip"; the durability and commit tasks were
+            # skipped with it, without running.
+            assert tis[WRITE_OP]["try_number"] == 2, (dag_id, "the write needed a retry")
+            assert {t["state"] for t in tis.values()} == {"skipped"}, (dag_id, stack.task_states(dag_id, run_id))
+            result = stack.xcom(dag_id, run_id, tis[WRITE_OP]["task_id"], key="reprocess")
             assert result["skipped_committed"] is True and result["state"] == "COMMITTED", dag_id
-            assert stack.xcom(dag_id, run_id, tis[COMMIT_OP]["task_id"])["already_committed"] is True
+            assert result["decision"] == "skip", dag_id
 
         table = iceberg.load_table()
         assert [(s.snapshot_id, s.summary["walsink.checkpoint"]) for s in table.snapshots()] == snapshots
