@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_walsink.protocol.file_schema import common_file_schema, file_schema_of
 from airflow_provider_walsink.protocol.manifest import Committable, Manifest, build_manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.publishers._tables import S3Settings, Storage
@@ -143,8 +144,13 @@ def stage_attempt(
     partitioned: bool = True,
     table: pa.Table | None = None,
     sequence: int = 1,
+    record_schema: bool = True,
 ) -> tuple[Manifest, str]:
-    """Write an attempt's Parquet files where executors would; return (manifest, attempt location)."""
+    """Write an attempt's Parquet files where executors would; return (manifest, attempt location).
+
+    ``record_schema``: seal the files' common schema in the manifest as the write job does
+    (``file_schema``); False: a manifest without it (an older writer), publishers read every footer.
+    """
     attempt_dir = f"{staging_root.rstrip('/')}/{pipeline}/{key}/attempt-{attempt}"
     data = table if table is not None else events_table(rows)
     groups: dict[str, pa.Table] = {}
@@ -155,6 +161,7 @@ def stage_attempt(
     else:
         groups[""] = data
     committables = []
+    schemas = []
     storage = place.storage
     for partition, part in groups.items():
         chunk = max(1, -(-part.num_rows // files_per_partition))
@@ -164,6 +171,7 @@ def stage_attempt(
             buf = io.BytesIO()
             pq.write_table(piece, buf)
             payload = buf.getvalue()
+            schemas.append(file_schema_of(pq.read_metadata(pa.BufferReader(payload))))
             fs, path = storage.fs_and_path(f"{attempt_dir}/{rel}")
             if place.kind == "local":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -180,6 +188,7 @@ def stage_attempt(
         attempt_id=uuid.uuid4().hex,
         partition_columns=("dt",) if partitioned else (),
         partitions=tuple(p for p in groups if p),
+        file_schema=common_file_schema(schemas) if record_schema else None,
     )
     fs, path = storage.fs_and_path(f"{attempt_dir}/_manifest.json")
     with fs.open_output_stream(path) as out:

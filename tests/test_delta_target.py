@@ -7,6 +7,7 @@ reads the rows back with deltalake.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 
@@ -16,6 +17,7 @@ from deltalake import DeltaTable
 
 from airflow_provider_walsink.protocol.errors import CommittableError, FencedError
 from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.publishers._tables import SCHEMA_SAMPLE, Storage
 from airflow_provider_walsink.publishers.base import PublishOutcome
 from airflow_provider_walsink.publishers.delta import DeltaPublisher, DeltaTargetError, app_id
 from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
@@ -162,11 +164,13 @@ def test_overwrite_replaces_the_partition(target):
     assert target.version() == 1
 
 
-def test_schema_mismatch_fails_clearly_and_leaves_the_table_unchanged(target):
+@pytest.mark.parametrize("record_schema", [True, False], ids=["schema-in-manifest", "footers"])
+def test_schema_mismatch_fails_clearly_and_leaves_the_table_unchanged(target, record_schema):
     good, good_dir = target.stage("2026-01-01", ROWS_A)
     target.publisher().publish(good, good_dir, ctx(good))
     bad_table = pa.table({"dt": pa.array(["2026-01-03"]), "id": pa.array(["x"]), "colour": pa.array(["red"])})
-    bad, bad_dir = target.stage("2026-01-03", [], table=bad_table)
+    bad, bad_dir = target.stage("2026-01-03", [], table=bad_table, record_schema=record_schema)
+    assert (bad.file_schema is not None) is record_schema
     with pytest.raises(DeltaTargetError) as e:
         target.publisher().publish(bad, bad_dir, ctx(bad))
     message = str(e.value)
@@ -174,6 +178,71 @@ def test_schema_mismatch_fails_clearly_and_leaves_the_table_unchanged(target):
     assert "column 'id' is string, the table has int64" in message and "table unchanged" in message
     assert target.version() == 0
     assert target.rows() == sorted(ROWS_A)
+
+
+def _count_footer_reads(monkeypatch) -> list[str]:
+    read: list[str] = []
+    original = Storage.footers
+
+    def counting(self, files):
+        read.extend(location for location, _ in files)
+        return original(self, files)
+
+    monkeypatch.setattr(Storage, "footers", counting)
+    return read
+
+
+def test_a_recorded_schema_spares_the_footer_reads_and_rows_come_from_the_manifest(target, monkeypatch):
+    rows = [("2026-01-01", i, f"n{i}") for i in range(12)]
+    manifest, attempt_dir = target.stage("2026-01-01", rows, files_per_partition=6)
+    assert manifest.file_schema is not None and len(manifest.committables) == 6
+    read = _count_footer_reads(monkeypatch)
+    target.publisher().publish(manifest, attempt_dir, ctx(manifest))
+    # Only the first and the last file's footers confirm the recorded schema.
+    assert len(read) == SCHEMA_SAMPLE == 2
+    assert read == [f"{attempt_dir}/{manifest.committables[i].path}" for i in (0, -1)]
+    assert target.rows() == sorted(rows)
+    stats = target.table().get_add_actions(flatten=True).column("num_records").to_pylist()
+    assert sorted(stats) == sorted(c.rows for c in manifest.committables) == [2] * 6
+
+
+def test_without_a_recorded_schema_every_footer_is_read(target, monkeypatch):
+    manifest, attempt_dir = target.stage("2026-01-01", ROWS_A, files_per_partition=3, record_schema=False)
+    read = _count_footer_reads(monkeypatch)
+    target.publisher().publish(manifest, attempt_dir, ctx(manifest))
+    assert len(read) == len(manifest.committables) == 6
+    assert target.rows() == sorted(ROWS_A)
+
+
+def test_a_manifest_recording_another_schema_than_its_files_is_refused(target):
+    good, good_dir = target.stage("2026-01-01", ROWS_A)
+    target.publisher().publish(good, good_dir, ctx(good))
+    # The files hold id as a string; the manifest claims the table's schema (id int64).
+    bad_table = pa.table({"dt": pa.array(["2026-01-03"]), "id": pa.array(["x"]), "name": pa.array(["y"])})
+    bad, bad_dir = target.stage("2026-01-03", [], table=bad_table)
+    lying = dataclasses.replace(bad, file_schema=good.file_schema)
+    with pytest.raises(CommittableError) as e:
+        target.publisher().publish(lying, bad_dir, ctx(lying))
+    message = str(e.value)
+    assert "has the schema [id: string, name: string]" in message
+    assert "its manifest records [id: int64, name: string]" in message and "table left unchanged" in message
+    assert target.version() == 0 and target.rows() == sorted(ROWS_A)
+
+
+def test_a_missing_or_resized_staged_file_is_refused_without_reading_footers(target, monkeypatch):
+    good, good_dir = target.stage("2026-01-01", ROWS_A)
+    target.publisher().publish(good, good_dir, ctx(good))
+    manifest, attempt_dir = target.stage(
+        "2026-01-05", [("2026-01-05", i, "z") for i in range(6)], files_per_partition=3
+    )
+    fs, path = target.place.storage.fs_and_path(f"{attempt_dir}/{manifest.committables[1].path}")
+    fs.delete_file(path)
+    read = _count_footer_reads(monkeypatch)
+    with pytest.raises(CommittableError) as e:
+        target.publisher().publish(manifest, attempt_dir, ctx(manifest))
+    assert f"{manifest.committables[1].path}: missing from staging" in str(e.value)
+    assert "table left unchanged" in str(e.value) and read == []
+    assert target.version() == 0 and target.rows() == sorted(ROWS_A)
 
 
 def test_finish_removes_only_what_no_version_references(target):

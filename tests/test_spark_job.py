@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_walsink.protocol.checksum import file_checksum
+from airflow_provider_walsink.protocol.file_schema import arrow_schema, file_schema_of
 from airflow_provider_walsink.protocol.manifest import digest_of, read_manifest
 from airflow_provider_walsink.spark import (
     CheckpointJob,
@@ -125,7 +126,23 @@ def test_stage_describes_files_without_spark_bookkeeping_and_seals(spark, tmp_pa
         assert c.rows == pq.read_metadata(path).num_rows
         assert c.checksum == file_checksum(path, "crc32")
         assert c.writer and c.writer.startswith(manifest.job.removeprefix("spark:") + "/task-")
+        # The one schema sealed in the manifest is every file's own.
+        assert file_schema_of(pq.read_metadata(path)) == manifest.file_schema
+    assert manifest.file_schema is not None
+    assert [f.name for f in arrow_schema(manifest.file_schema)] == ["id", "n"]
     assert digest_of((attempt_dir / "_manifest.json").read_bytes()) == job.sealed_digest
+
+
+def test_files_with_different_schemas_record_no_file_schema(spark, tmp_path):
+    protocol = _protocol(tmp_path)
+    with CheckpointJob(spark, protocol) as job:
+        job.stage(_events(spark, {"2026-01-01": 3}).coalesce(1))
+        assert job.file_schema() is not None
+        from pyspark.sql import functions as F
+
+        job.stage(_events(spark, {"2026-01-02": 3}).withColumn("extra", F.lit(1)).coalesce(1))
+    manifest = read_manifest(job.attempt_dir / "_manifest.json")
+    assert len(manifest.committables) == 2 and manifest.file_schema is None
 
 
 def test_several_dataframes_share_one_attempt_under_prefixes(spark, tmp_path):

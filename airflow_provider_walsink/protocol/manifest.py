@@ -9,6 +9,8 @@ writes is rejected with a message that names the problem.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import hashlib
 import json
@@ -25,15 +27,18 @@ from typing import Any
 from .errors import InvalidIdentifierError, ManifestError
 from .identifiers import validate_identifier, validate_partition
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Versions this walsink reads. Version 1 had no ``attempt_id`` and no
 #: ``partition_columns``; its attempts are identified as ``v1-a<attempt>``.
-READABLE_VERSIONS = (1, 2)
+#: Version 2 had no ``file_schema``.
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "_manifest.json"
 #: A manifest larger than this is refused before it is parsed.
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 MAX_COMMITTABLES = 1_000_000
 CHECKSUM_ALGORITHMS = ("sha256", "crc32")
+#: A recorded file schema (base64 of an Arrow IPC schema message) larger than this is refused.
+MAX_FILE_SCHEMA_CHARS = 1024 * 1024
 FILE_FORMATS = ("parquet", "orc", "json", "csv", "text", "avro")
 
 JsonObject = dict[str, Any]
@@ -76,6 +81,29 @@ class Committable:
 
 
 @dataclass(frozen=True)
+class FileSchema:
+    """The one schema every staged Parquet file of the attempt has, as the write job read it.
+
+    The job reads every file's footer anyway (row counts); when all of them
+    hold the same Arrow schema it records it here, once, so a publisher can
+    check the schema against its table without re-reading every footer.
+    ``arrow`` is the base64 of the Arrow IPC schema message (schema and field
+    metadata stripped; decoded by :mod:`.file_schema`), ``int96`` the columns
+    stored as Parquet INT96 timestamps. Absent when the files differ, the
+    format is not Parquet, or an older writer sealed the manifest.
+    """
+
+    arrow: str
+    int96: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "int96", tuple(self.int96))
+
+    def to_json(self) -> JsonObject:
+        return {"arrow": self.arrow, "int96": list(self.int96)}
+
+
+@dataclass(frozen=True)
 class Manifest:
     """Everything a committer needs to publish one attempt of one checkpoint."""
 
@@ -104,6 +132,9 @@ class Manifest:
     end_offsets: JsonObject | None = None
     created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
     job: str | None = None
+    #: The staged files' common schema, recorded by the write job (version 3;
+    #: ``None``: unknown, a publisher reads the footers).
+    file_schema: FileSchema | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -144,6 +175,8 @@ class Manifest:
             if self.schema_version >= 2
             else {}
         )
+        if self.schema_version >= 3:
+            v2["file_schema"] = self.file_schema.to_json() if self.file_schema is not None else None
         return {
             **v2,
             "schema_version": self.schema_version,
@@ -304,6 +337,27 @@ def _validate(m: Manifest) -> None:
     for name, offsets in (("start", m.start_offsets), ("end", m.end_offsets)):
         if offsets is not None and not isinstance(offsets, Mapping):
             raise _fail(src, f"source_offsets.{name} must be an object or null")
+    if m.file_schema is not None:
+        _validate_file_schema(m, src)
+
+
+def _validate_file_schema(m: Manifest, src: str) -> None:
+    fs = m.file_schema
+    assert fs is not None
+    if m.schema_version < 3:
+        raise _fail(src, f"file_schema needs schema_version 3, the manifest has {m.schema_version}")
+    if m.file_format != "parquet":
+        raise _fail(src, f"file_schema is only recorded for parquet files, the format is {m.file_format!r}")
+    if not isinstance(fs.arrow, str) or not fs.arrow or len(fs.arrow) > MAX_FILE_SCHEMA_CHARS:
+        raise _fail(
+            src, f"file_schema.arrow must be a non-empty string of at most {MAX_FILE_SCHEMA_CHARS} characters"
+        )
+    try:
+        base64.b64decode(fs.arrow, validate=True)
+    except (binascii.Error, ValueError):
+        raise _fail(src, "file_schema.arrow is not base64") from None
+    if not all(isinstance(c, str) and c for c in fs.int96):
+        raise _fail(src, "file_schema.int96 must list column names")
 
 
 _ATTEMPT_ID = re.compile(r"[0-9a-f]{32}|v1-a[0-9]{1,9}")
@@ -362,6 +416,8 @@ def parse_manifest(data: bytes, *, source: str = "manifest") -> Manifest:
     }  # fmt: skip
     if version >= 2:
         known |= {"attempt_id", "partition_columns"}
+    if version >= 3:
+        known |= {"file_schema"}
     unknown = sorted(set(obj) - known)
     if unknown:
         raise _fail(source, f"unknown fields {unknown}")
@@ -400,6 +456,7 @@ def parse_manifest(data: bytes, *, source: str = "manifest") -> Manifest:
             end_offsets=_expect(offsets, "end", (dict, type(None)), source),
             created_at=_expect(obj, "created_at", str, source),
             job=_expect(obj, "job", (str, type(None)), source),
+            file_schema=_parse_file_schema(obj.get("file_schema"), source),
             schema_version=version,
         )
     except ManifestError as e:
@@ -413,6 +470,17 @@ def parse_manifest(data: bytes, *, source: str = "manifest") -> Manifest:
     if totals != want:
         raise _fail(source, f"totals {totals} do not match the committables ({want})")
     return manifest
+
+
+def _parse_file_schema(raw: object, source: str) -> FileSchema | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise _fail(source, "file_schema must be an object or null")
+    extra = sorted(set(raw) - {"arrow", "int96"})
+    if extra:
+        raise _fail(source, f"file_schema has unknown fields {extra}")
+    return FileSchema(_expect(raw, "arrow", str, source), tuple(_expect(raw, "int96", list, source)))
 
 
 # --------------------------------------------------------------------------- files
@@ -492,6 +560,7 @@ def build_manifest(
     start_offsets: Mapping[str, Any] | None = None,
     end_offsets: Mapping[str, Any] | None = None,
     job: str | None = None,
+    file_schema: FileSchema | None = None,
 ) -> Manifest:
     """Build a validated manifest; committables are ordered by path so the bytes are stable."""
     ordered = sorted(committables, key=lambda c: c.path)
@@ -511,6 +580,7 @@ def build_manifest(
         start_offsets=dict(start_offsets) if start_offsets is not None else None,
         end_offsets=dict(end_offsets) if end_offsets is not None else None,
         job=job,
+        file_schema=file_schema,
     )
 
 

@@ -11,6 +11,7 @@ import logging
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,6 +41,20 @@ _ATTEMPT_ID = re.compile(r"[0-9a-f]{32}")
 STAGING_DIR = "_walsink_staging"
 #: Footers are read in parallel (object stores: one round trip each).
 FOOTER_THREADS = 8
+#: Files whose footer is read to confirm a manifest's recorded ``file_schema``
+#: (the first and the last committable): a constant cost, whatever the file count.
+SCHEMA_SAMPLE = 2
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """What a publisher needs to know of one staged Parquet file besides its manifest entry."""
+
+    #: Its Arrow schema (shared by every file when it comes from the manifest's ``file_schema``).
+    schema: Any
+    #: Columns stored as Parquet INT96 timestamps.
+    int96: tuple[str, ...]
+    rows: int
 
 
 class TableCommitConflict(WalsinkError):
@@ -224,6 +239,72 @@ class Storage:
             raise CommittableError(f"staged files cannot be published, table left unchanged: {shown}")
         return found
 
+    def check_sizes(self, files: Sequence[tuple[str, int]]) -> None:
+        """Raise naming every ``(location, expected size)`` that is missing or has another size.
+
+        One ``stat`` per file (object stores: one HEAD each, in parallel): no file is opened.
+        """
+        if any(is_remote(location) for location, _ in files):
+            size = -(-len(files) // FOOTER_THREADS)
+            chunks = [files[i : i + size] for i in range(0, len(files), size)]
+            with ThreadPoolExecutor(max_workers=len(chunks)) as pool:
+                problems = [p for found in pool.map(self._remote_size_problems, chunks) for p in found]
+        else:
+            problems = _local_size_problems(files)
+        if problems:
+            shown = "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+            raise CommittableError(f"staged files cannot be published, table left unchanged: {shown}")
+
+    def _remote_size_problems(self, chunk: Sequence[tuple[str, int]]) -> list[str]:
+        fs, _ = self.fs_and_path(chunk[0][0])
+        try:
+            infos = fs.get_file_info([self.fs_and_path(location)[1] for location, _ in chunk])
+        except OSError as e:
+            return [f"{chunk[0][0]} (or another of {len(chunk)} files): cannot be read ({e})"]
+        problems = []
+        for (location, want), info in zip(chunk, infos, strict=True):
+            if info.type.name != "File":
+                problems.append(f"{location}: missing from staging")
+            elif info.size != want:
+                problems.append(f"{location}: {info.size} bytes staged, the manifest records {want}")
+        return problems
+
+    def describe(self, manifest: Manifest, locations: Sequence[str]) -> list[StagedFile]:
+        """Schema, INT96 columns and row count of each staged file; raise if any file does not fit.
+
+        With the manifest's ``file_schema`` and every row count recorded (what the
+        write job seals), each file gets one ``stat`` (size) and only
+        :data:`SCHEMA_SAMPLE` footers are read, to confirm the recorded schema
+        (a mismatch raises, table unchanged); the job itself read every footer and
+        recorded the schema only because all of them hold it. Otherwise every
+        footer is read (older manifests, other writers).
+        """
+        files = [(loc, c.size) for loc, c in zip(locations, manifest.committables, strict=True)]
+        recorded = manifest.file_schema
+        if recorded is None or any(c.rows is None for c in manifest.committables):
+            return [
+                StagedFile(meta.schema.to_arrow_schema(), tuple(int96_columns(meta)), meta.num_rows)
+                for meta in self.footers(files)
+            ]
+        from airflow_provider_walsink.protocol.file_schema import arrow_schema, file_schema_of
+
+        schema = arrow_schema(recorded)
+        self.check_sizes(files)
+        sample = sorted({0, len(files) - 1})[:SCHEMA_SAMPLE] if files else []
+        for i, meta in zip(sample, self.footers([files[i] for i in sample]), strict=True):
+            found = file_schema_of(meta)
+            # Compared as schemas, not as bytes: the job's pyarrow may serialise differently.
+            if not arrow_schema(found).equals(schema) or found.int96 != recorded.int96:
+                raise CommittableError(
+                    f"staged file {manifest.committables[i].path} of {manifest.pipeline}/"
+                    f"{manifest.checkpoint_key} has the schema {_columns(arrow_schema(found))}"
+                    f"{' (INT96: ' + str(list(found.int96)) + ')' if found.int96 else ''}, but its manifest "
+                    f"records {_columns(schema)}"
+                    f"{' (INT96: ' + str(list(recorded.int96)) + ')' if recorded.int96 else ''}; "
+                    "table left unchanged"
+                )
+        return [StagedFile(schema, recorded.int96, c.rows) for c in manifest.committables]  # type: ignore[arg-type]
+
     def remove_unreferenced_attempts(
         self, checkpoint_location: str, manifest: Manifest, held: Callable[[str], bool]
     ) -> list[str]:
@@ -278,6 +359,24 @@ class Storage:
             fs.delete_dir(entry.path)
             removed.append(entry.path)
         return removed
+
+
+def _local_size_problems(files: Sequence[tuple[str, int]]) -> list[str]:
+    problems = []
+    for location, want in files:
+        try:
+            st = os.stat(local_path(location))
+        except FileNotFoundError:
+            problems.append(f"{location}: missing from staging")
+            continue
+        except OSError as e:
+            problems.append(f"{location}: cannot be read ({e})")
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            problems.append(f"{location}: missing from staging")
+        elif st.st_size != want:
+            problems.append(f"{location}: {st.st_size} bytes staged, the manifest records {want}")
+    return problems
 
 
 def attempt_id_of_dir(name: str) -> str | None:
@@ -381,6 +480,10 @@ def schema_problems(
                 f"column {name!r} is {normalise_type(found[name])}, the table has {normalise_type(want)}{hint}"
             )
     return problems
+
+
+def _columns(schema: Any) -> str:
+    return "[" + ", ".join(f"{f.name}: {normalise_type(f.type)}" for f in schema) + "]"
 
 
 def int96_columns(parquet_metadata: Any) -> list[str]:

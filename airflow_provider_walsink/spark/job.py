@@ -21,6 +21,12 @@ How committables are described, without re-reading the data:
   (``_SUCCESS``, ``_temporary/``, ``.crc`` side files: anything whose name
   starts with ``_`` or ``.``) is not.
 * **sizes**: one ``stat`` per file.
+* **file schema**: for Parquet, each file's footer (read anyway for its row
+  count, below) gives its Arrow schema; when every file of the checkpoint has
+  the same one it is sealed once in the manifest (``file_schema``), so a table
+  target checks the schema against its table without re-reading every footer
+  at commit time (docs/targets.md, "What it costs"). Files with different
+  schemas: no ``file_schema``, the commit reads every footer.
 * **row counts**: the total comes from Spark's own write, an
   :class:`~pyspark.sql.Observation` (``count(1)``) attached to the DataFrame
   and filled in by the same job that writes it, with no extra pass. Per-file
@@ -57,11 +63,13 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.checksum import file_checksum
 from airflow_provider_walsink.protocol.errors import WalsinkError
+from airflow_provider_walsink.protocol.file_schema import common_file_schema, file_schema_of
 from airflow_provider_walsink.protocol.identifiers import validate_partition
 from airflow_provider_walsink.protocol.manifest import (
     FILE_FORMATS,
     MANIFEST_NAME,
     Committable,
+    FileSchema,
     Manifest,
     build_manifest,
     write_manifest,
@@ -121,17 +129,18 @@ def hadoop_uri(path: str | os.PathLike[str]) -> str:
     return "file://" + os.path.abspath(path)
 
 
-def footer_rows(path: Path, file_format: str) -> int | None:
-    """Row count from a Parquet or ORC footer (metadata only), else ``None``."""
+def read_footer(path: Path, file_format: str) -> tuple[int | None, FileSchema | None]:
+    """Row count and (Parquet) :class:`FileSchema` from one footer read (metadata only)."""
     if file_format == "parquet":
         import pyarrow.parquet as pq
 
-        return int(pq.read_metadata(path).num_rows)
+        meta = pq.read_metadata(path)
+        return int(meta.num_rows), file_schema_of(meta)
     if file_format == "orc":
         import pyarrow.orc as orc
 
-        return int(orc.ORCFile(path).nrows)
-    return None
+        return int(orc.ORCFile(path).nrows), None
+    return None, None
 
 
 class CheckpointJob:
@@ -154,6 +163,8 @@ class CheckpointJob:
         # Parquet timestamps as INT64 micros, not INT96: Iceberg readers (pyiceberg) refuse INT96.
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         self._committables: list[Committable] = []
+        #: The schema of each committable's file (Parquet), in the order of ``_committables``.
+        self._schemas: list[FileSchema | None] = []
         self._partitions: list[str] = []
         self._formats: set[str] = set()
         self._stages = 0
@@ -258,8 +269,9 @@ class CheckpointJob:
         observed_rows = int(observation.get.get("rows", 0))
 
         new_files = sorted(_visible_files(self.attempt_dir) - before)
-        committables = self._describe(new_files, fmt, observed_rows)
+        committables, schemas = self._describe(new_files, fmt, observed_rows)
         self._committables.extend(committables)
+        self._schemas.extend(schemas)
         self._formats.add(fmt)
         for partition in replace_partitions:
             self.declare_partition(partition)
@@ -273,24 +285,29 @@ class CheckpointJob:
         )
         return staged
 
-    def _describe(self, new_files: list[str], fmt: str, observed_rows: int) -> list[Committable]:
+    def _describe(
+        self, new_files: list[str], fmt: str, observed_rows: int
+    ) -> tuple[list[Committable], list[FileSchema | None]]:
         app_id = self.spark.sparkContext.applicationId
         paths = [self.layout.committable_path(self.attempt_dir, rel) for rel in new_files]
         algorithm = self.protocol.checksum
 
-        def one(item: tuple[str, Path]) -> Committable:
+        def one(item: tuple[str, Path]) -> tuple[Committable, FileSchema | None]:
             rel, path = item
             match = _TASK_OF_FILE.match(path.name)
+            rows, schema = read_footer(path, fmt)
             return Committable(
                 path=rel,
                 size=os.stat(path).st_size,
-                rows=footer_rows(path, fmt),
+                rows=rows,
                 checksum=file_checksum(path, algorithm) if algorithm else None,
                 writer=f"{app_id}/task-{match.group(1)}" if match else app_id,
-            )
+            ), schema
 
         with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-            described = list(pool.map(one, zip(new_files, paths, strict=True)))
+            pairs = list(pool.map(one, zip(new_files, paths, strict=True)))
+        described = [c for c, _ in pairs]
+        schemas = [s for _, s in pairs]
         if fmt in ("parquet", "orc"):
             footer_total = sum(c.rows or 0 for c in described)
             if footer_total != observed_rows:
@@ -301,7 +318,7 @@ class CheckpointJob:
         elif len(described) == 1:
             c = described[0]
             described = [Committable(c.path, c.size, observed_rows, c.checksum, c.writer)]
-        return described
+        return described, schemas
 
     def declare_partition(self, partition: str) -> None:
         """Name a partition (``dt=2026-01-01``) an overwrite commit replaces even if it stays empty."""
@@ -325,7 +342,14 @@ class CheckpointJob:
             start_offsets=self.protocol.start_offsets,
             end_offsets=self.end_offsets,
             job=f"spark:{self.spark.sparkContext.applicationId}",
+            file_schema=self.file_schema(),
         )
+
+    def file_schema(self) -> FileSchema | None:
+        """The schema every staged Parquet file has (from the footers read at staging), or ``None``."""
+        if self._formats != {"parquet"}:
+            return None
+        return common_file_schema(self._schemas)
 
     def seal(self) -> str:
         """Write the manifest atomically into the attempt directory; return its digest.
