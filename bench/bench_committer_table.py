@@ -126,7 +126,12 @@ def _committer(url: str, keys: list[str], start: mp.Event, deadline_s: float, ou
 def _table_committer(url: str, keys: list[str], start: mp.Event, deadline_s: float, out: mp.Queue) -> None:
     """One table-fenced committer process: ``commit()``'s database work with ``fencing="table"``."""
     from airflow_provider_walsink.committer import Actor, CommitterStore
-    from airflow_provider_walsink.committer.tablefence import committable, record_committed, table_token
+    from airflow_provider_walsink.committer.tablefence import (
+        committable,
+        read_checkpoint,
+        record_committed,
+        table_token,
+    )
 
     store = CommitterStore.from_url(url, migrate=False, pool_size=1)
     actor = Actor.local("bench-committer")
@@ -138,7 +143,7 @@ def _table_committer(url: str, keys: list[str], start: mp.Event, deadline_s: flo
     for key in keys:
         if time.perf_counter() >= stop:
             break
-        record = store.require(PIPELINE, key)  # the read: no lock
+        record = read_checkpoint(store, PIPELINE, key)  # the read: no lock, one round trip
         assert committable(record)
         # (the table's atomic commit, the fence, happens here: the target publish, excluded)
         committed = record_committed(
