@@ -60,6 +60,7 @@ def walsink_pipeline(
     reprocess: str = "skip",
     lineage_inputs: Sequence[str] = (),
     audit: Sequence[Any] | None = None,
+    fencing: str = "lease",
     write_kwargs: Mapping[str, Any] | None = None,
     durable_kwargs: Mapping[str, Any] | None = None,
     audit_kwargs: Mapping[str, Any] | None = None,
@@ -87,6 +88,9 @@ def walsink_pipeline(
         (``RowCountCheck``, ``NotNullCheck``, ``SqlPredicateCheck``,
         ``CallableCheck`` or plain callables; docs/audit.md): adds the task
         ``audit`` and makes the commit publish only AUDITED checkpoints.
+    :param fencing: how the commit is fenced: ``"lease"`` (default) or ``"table"``
+        (Iceberg and Delta targets: the table's atomic commit is the only fence,
+        one committer-table transaction per commit; docs/protocol.md).
     :param write_kwargs / durable_kwargs / audit_kwargs / commit_kwargs: further
         arguments of each task (``retries``, ``pool``, ``spark_submit_kwargs``...).
     Other parameters are those of :class:`WalWriteOperator`,
@@ -139,6 +143,7 @@ def walsink_pipeline(
             partition_by=partition_by,
             verify_checksums=verify_checksums,
             require_audit=audit is not None,
+            fencing=fencing,
             **shared,
             **dict(commit_kwargs or {}),
         )

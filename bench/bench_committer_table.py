@@ -19,7 +19,14 @@ code per call. It is what this commit protocol costs the database and the
 driver, so walsink / floor is the cost of walsink's own code, and floor /
 pgbench the cost of a commit being two durable transactions instead of one.
 
-All three are measured in turns for the same duration; the ratio is walsink
+**Table fencing** (``fencing="table"``, ``committer/tablefence.py``): the
+same committer processes, doing the database work ``commit()`` does per
+checkpoint in that mode: read the row (no lock), then one transaction that
+records COMMITTED by compare-and-set on the sealed attempt (one statement on
+PostgreSQL, with its history row). The table's own commit (the fence in that
+mode) is the target publish, excluded as for the lease mode.
+
+All four are measured in turns for the same duration; the ratios are walsink
 checkpoints/s over pgbench TPS.
 """
 
@@ -67,6 +74,8 @@ def _bulk_durable(url: str, keys: list[str]) -> None:
                     state="DURABLE",
                     attempt=1,
                     sealed_attempt=1,
+                    attempt_id=f"{i:032x}",
+                    sealed_attempt_id=f"{i:032x}",
                     manifest_uri=f"file:///bench/{key}/attempt-1/_manifest.json",
                     manifest_digest="sha256:" + "0" * 64,
                     committables=1,
@@ -109,6 +118,45 @@ def _committer(url: str, keys: list[str], start: mp.Event, deadline_s: float, ou
             PIPELINE, key, owner=actor.name, ttl=LEASE_TTL, actor=actor, mode="overwrite"
         )
         store.mark_committed(lease, actor=actor, detail="published 1, already there 0")
+        done += 1
+    out.put((done, time.perf_counter() - begin, done == len(keys)))
+    store.dispose()
+
+
+def _table_committer(url: str, keys: list[str], start: mp.Event, deadline_s: float, out: mp.Queue) -> None:
+    """One table-fenced committer process: ``commit()``'s database work with ``fencing="table"``."""
+    from airflow_provider_walsink.committer import Actor, CommitterStore
+    from airflow_provider_walsink.committer.tablefence import (
+        committable,
+        read_checkpoint,
+        record_committed,
+        table_token,
+    )
+
+    store = CommitterStore.from_url(url, migrate=False, pool_size=1)
+    actor = Actor.local("bench-committer")
+    store.require(PIPELINE, "seed")  # connect before the clock starts
+    start.wait()
+    begin = time.perf_counter()
+    stop = begin + deadline_s
+    done = 0
+    for key in keys:
+        if time.perf_counter() >= stop:
+            break
+        record = read_checkpoint(store, PIPELINE, key)  # the read: no lock, one round trip
+        assert committable(record)
+        # (the table's atomic commit, the fence, happens here: the target publish, excluded)
+        committed = record_committed(
+            store,
+            record,
+            token=table_token(record),
+            actor=actor,
+            end_offsets=None,
+            publication=None,
+            detail="table-fenced: published 1, already there 0",
+        )
+        if committed is None:
+            raise RuntimeError(f"table-fenced: checkpoint {key} did not move")
         done += 1
     out.put((done, time.perf_counter() - begin, done == len(keys)))
     store.dispose()
@@ -166,17 +214,20 @@ def _floor_committer(url: str, keys: list[str], start: mp.Event, deadline_s: flo
     engine.dispose()
 
 
-def walsink_rate(url: str, clients: int, seconds: float, round_id: str, *, floor: bool = False) -> float:
+def walsink_rate(
+    url: str, clients: int, seconds: float, round_id: str, *, floor: bool = False, table: bool = False
+) -> float:
     """Checkpoints committed per second by ``clients`` processes over ``seconds``.
 
-    ``floor``: the processes run :func:`_floor_committer` instead of walsink's store.
+    ``floor``: the processes run :func:`_floor_committer` instead of walsink's store;
+    ``table``: :func:`_table_committer` (table fencing).
     """
     ceiling = int(seconds * PREPARED_PER_SECOND / clients) + 500
     per_client = [[f"r{round_id}_c{c}_{i}" for i in range(ceiling)] for c in range(clients)]
     _bulk_durable(url, [k for keys in per_client for k in keys])
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
-    target = _floor_committer if floor else _committer
+    target = _floor_committer if floor else _table_committer if table else _committer
     procs = [ctx.Process(target=target, args=(url, keys, start, seconds, out)) for keys in per_client]
     for p in procs:
         p.start()
@@ -262,6 +313,7 @@ def run(clients: tuple[int, ...], seconds: float, repeats: int) -> Table:
     pg: dict[int, list[float]] = {c: [] for c in clients}
     ws: dict[int, list[float]] = {c: [] for c in clients}
     fl: dict[int, list[float]] = {c: [] for c in clients}
+    tf: dict[int, list[float]] = {c: [] for c in clients}
     with private_pg_database() as pg_url, private_pg_database() as ws_url:
         from airflow_provider_walsink.committer import CommitterStore
 
@@ -270,13 +322,15 @@ def run(clients: tuple[int, ...], seconds: float, repeats: int) -> Table:
         version = pg_server_version(pg_url)
         for r in range(repeats):
             for c in clients:
-                kinds = ["pgbench", "floor", "walsink"]
-                shift = (r + c) % 3  # each kind goes first, second and third in turn
+                kinds = ["pgbench", "floor", "walsink", "table"]
+                shift = (r + c) % 4  # each kind goes first, second, third and fourth in turn
                 for kind in kinds[shift:] + kinds[:shift]:
                     if kind == "pgbench":
                         pg[c].append(pgbench_tps(pg_url, c, seconds))
                     elif kind == "floor":
                         fl[c].append(walsink_rate(ws_url, c, seconds, f"f{r}_{c}", floor=True))
+                    elif kind == "table":
+                        tf[c].append(walsink_rate(ws_url, c, seconds, f"t{r}_{c}", table=True))
                     else:
                         ws[c].append(walsink_rate(ws_url, c, seconds, f"{r}_{c}"))
     t = Table(
@@ -286,25 +340,29 @@ def run(clients: tuple[int, ...], seconds: float, repeats: int) -> Table:
             "committers / clients",
             "pgbench -N TPS",
             "protocol floor, checkpoints/s",
-            "walsink checkpoints/s",
-            "walsink / pgbench",
-            "walsink / floor",
+            "walsink (lease) checkpoints/s",
+            "walsink (table fencing) checkpoints/s",
+            "lease / pgbench",
+            "table fencing / pgbench",
+            "lease / floor",
             "floor / pgbench",
-            "walsink range",
+            "table fencing range",
         ],
     )
     for c in clients:
-        p, f, w = median(pg[c]), median(fl[c]), median(ws[c])
+        p, f, w, tb = median(pg[c]), median(fl[c]), median(ws[c]), median(tf[c])
         t.rows.append(
             [
                 c,
                 f"{p:,.0f}",
                 f"{f:,.0f}",
                 f"{w:,.0f}",
+                f"{tb:,.0f}",
                 f"{100 * w / p:.0f} %",
+                f"{100 * tb / p:.0f} %",
                 f"{100 * w / f:.0f} %",
                 f"{100 * f / p:.0f} %",
-                f"{min(ws[c]):,.0f} – {max(ws[c]):,.0f}",
+                f"{min(tf[c]):,.0f} – {max(tf[c]):,.0f}",
             ]
         )
     t.notes.append(
@@ -315,6 +373,8 @@ def run(clients: tuple[int, ...], seconds: float, repeats: int) -> Table:
         "One walsink checkpoint commit = lease transaction + COMMITTED transaction (each locks the row, "
         "updates it and appends a history row, in one statement on PostgreSQL); one pgbench -N "
         "transaction = UPDATE + SELECT + INSERT. The protocol floor sends walsink's two statements from a "
-        "bare psycopg2 loop (see the module docstring)."
+        "bare psycopg2 loop (see the module docstring). Table fencing: a read of the row, then one "
+        "COMMITTED transaction (compare-and-set on the sealed attempt + history row, one statement); the "
+        "table's own commit is the fence and is not counted."
     )
     return t

@@ -55,7 +55,8 @@ def test_bench_runs_its_smallest_size(tmp_path):
                 line.startswith(f"| {files:>7} | {mode}") and line.rstrip().endswith("|") and "x" in line
                 for line in tables.splitlines()
             ), f"no commit row for {files} files, {mode}:\n{tables}"
-    assert "pgbench -N TPS" in tables and "walsink checkpoints/s" in tables
+    assert "pgbench -N TPS" in tables and "walsink (lease) checkpoints/s" in tables
+    assert "walsink (table fencing) checkpoints/s" in tables and "table fencing / pgbench" in tables
     assert "protocol floor, checkpoints/s" in tables
     # Scratch space is removed afterwards.
     assert [p.name for p in tmp_path.iterdir()] == ["tables.md"]

@@ -22,6 +22,18 @@ repeat, and running the abort again finishes one that crashed):
    holder) and the message says to re-run the commit task, which finds the
    attempt published and records COMMITTED. A checkpoint is never ABORTED
    while the target shows its data as committed.
+   For a target that can carry a tombstone (``capabilities.table_fence``:
+   Iceberg, Delta), the check is the table's own atomic commit: the abort
+   commits a tombstone naming every attempt of the checkpoint a committer
+   could still publish (:func:`.tablefence.tombstone_for_abort`), checked
+   against the marker in the state it commits over, and every publish checks
+   the tombstone the same way. Either the publish lands first (the abort is
+   refused: published) or the tombstone does (the publish is refused). This is
+   what makes an abort hold under ``fencing="table"``, where there is no lease
+   to fence out; under the lease it also closes the window between a
+   committer's last fence check and its table commit. If the tombstone cannot
+   be written (the table does not exist and may not be created), the abort is
+   refused.
 4. **ABORTED**, with who and why: a compare-and-set on the abort's token
    (:class:`~.errors.LeaseLostError` if a committer took the checkpoint since).
 5. **Clean up** (after ABORTED, so no commit can start on the attempt any
@@ -55,6 +67,7 @@ from .commit import FencingContext
 from .errors import LeaseLostError, StoreError
 from .records import Actor, CheckpointRecord
 from .store import CommitterStore
+from .tablefence import tombstone_for_abort
 
 log = logging.getLogger(__name__)
 S = CheckpointState
@@ -174,6 +187,27 @@ class CheckpointAborter:
             # The holder may still act on a confirmation it trusts; after this it asks and is refused.
             self._sleep(self.grace.total_seconds())
         manifest = self._sealed_manifest(lease.record)
+        caps = getattr(self.publisher, "capabilities", None)
+        if self.publisher is not None and getattr(caps, "table_fence", False):
+            # The table is the fence too (table fencing has no lease to fence out): tombstone.
+            try:
+                held = tombstone_for_abort(self.publisher, self.layout, lease.record, manifest)
+            except Exception as exc:
+                message = (
+                    f"checkpoint {pipeline}/{checkpoint_key} cannot be aborted: its target could not record "
+                    f"the abort's tombstone, which stops any committer still publishing it ({exc}); "
+                    "nothing changed"
+                )
+                self._give_back(lease, actor, message)
+                raise AbortRefusedError(message) from exc
+            if held is not None:
+                message = (
+                    f"checkpoint {pipeline}/{checkpoint_key} is published: the target already holds its "
+                    f"sealed attempt {lease.record.sealed_attempt} ({held}), so it cannot be aborted. "
+                    "Re-run (clear) its commit task: it finds the attempt published and records COMMITTED"
+                )
+                self._give_back(lease, actor, message)
+                raise AbortRefusedError(message)
         if manifest is not None and self.publisher is not None:
             held = self.publisher.published_attempt(manifest)
             if held is not None and held == manifest.attempt_id:

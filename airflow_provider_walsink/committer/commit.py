@@ -155,6 +155,10 @@ class CheckpointCommitter:
     error, after recording it on the checkpoint (FAILED, lease released).
     Repeating a commit is always safe; after COMMITTED it is a no-op that
     says so.
+
+    ``fencing="table"`` (targets whose capabilities allow it: Iceberg, Delta)
+    takes no lease: the table's atomic commit is the fence and COMMITTED is
+    recorded in one transaction after it (:mod:`.tablefence`).
     """
 
     def __init__(
@@ -167,7 +171,15 @@ class CheckpointCommitter:
         owner: str | None = None,
         lease_ttl: timedelta = timedelta(minutes=10),
         require_audit: bool = False,
+        fencing: str = "lease",
     ) -> None:
+        from .tablefence import require_table_fence, validate_fencing
+
+        #: ``"lease"`` (default) or ``"table"``: the target's atomic commit is the only
+        #: fence and the committer table gets one transaction per commit (``tablefence.py``).
+        self.fencing = validate_fencing(fencing)
+        if self.fencing == "table":
+            require_table_fence(publisher)
         self.store = store
         self.layout = layout
         self.publisher = publisher
@@ -178,6 +190,10 @@ class CheckpointCommitter:
         self.require_audit = require_audit
 
     def commit(self, pipeline: str, checkpoint_key: str, *, actor: Actor) -> CommitSummary:
+        if self.fencing == "table":
+            from .tablefence import commit_table_fenced
+
+            return commit_table_fenced(self, pipeline, checkpoint_key, actor=actor)
         started = time.monotonic()
         # Unique per task try: try 2 never adopts try 1's live lease as its own.
         owner = self.owner or actor.lease_owner

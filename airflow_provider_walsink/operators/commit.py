@@ -98,6 +98,12 @@ class WalCommitOperator(BaseOperator):
         publish only a sealed attempt that passed it. A checkpoint REJECTED by
         an audit is never published, whatever this says (the task fails
         without retrying, naming the failed checks).
+    :param fencing: ``"lease"`` (default: lease transaction, publish under
+        fence checks, COMMITTED transaction) or ``"table"`` (Iceberg and Delta
+        only: no lease; the table's atomic commit is the fence and the
+        committer table gets one transaction per commit, reconciled from the
+        table after a crash; docs/protocol.md, "Table fencing"). Other targets
+        refuse ``"table"`` when the task runs.
     """
 
     operator_extra_links = (WalsinkCheckpointLink(),)
@@ -120,6 +126,7 @@ class WalCommitOperator(BaseOperator):
         target_options: Mapping[str, Any] | None = None,
         emit_asset_events: bool = True,
         require_audit: bool = False,
+        fencing: str = "lease",
         **kwargs: Any,
     ) -> None:
         self.asset_alias: AssetAlias | None = None
@@ -148,6 +155,9 @@ class WalCommitOperator(BaseOperator):
         self.allow_older_overwrite = allow_older_overwrite
         self.target_options = dict(target_options or {})
         self.require_audit = require_audit
+        if fencing not in ("lease", "table"):
+            raise ValueError(f"fencing must be 'lease' or 'table', got {fencing!r}")
+        self.fencing = fencing
 
     def get_publisher(self, layout: StagingLayout) -> Publisher:
         """The target's publisher: the object given, or one built from the target URI."""
@@ -182,6 +192,7 @@ class WalCommitOperator(BaseOperator):
             mode=self.mode,
             lease_ttl=self.lease_ttl,
             require_audit=self.require_audit,
+            fencing=self.fencing,
         )
         try:
             summary = committer.commit(self.pipeline, key, actor=actor)

@@ -62,6 +62,25 @@ class TableCommitConflict(WalsinkError):
 
 
 @dataclass(frozen=True)
+class CheckpointRef:
+    """A checkpoint attempt named without its manifest (an abort may have none to read)."""
+
+    pipeline: str
+    checkpoint_key: str
+    attempt_id: str = ""
+
+
+@dataclass(frozen=True)
+class TableFenceState:
+    """What a table says about one checkpoint: the attempt it holds and the attempts aborted in it."""
+
+    held: str | None
+    aborted: frozenset[str] = frozenset()
+    #: Attempt ids the table holds or held (older snapshots may reference their files).
+    known: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class Marker:
     """What the table records about the checkpoint attempt it holds."""
 
@@ -73,8 +92,51 @@ class Marker:
     previous: tuple[str, ...] = ()
 
 
-def decide(marker: Marker | None, manifest: Manifest, ctx: PublisherContext, mode: str = "overwrite") -> bool:
+class HeldByAnotherAttemptError(FencedError):
+    """Table fencing: the table already holds another attempt of this checkpoint version.
+
+    ``held`` names it: the committer records that attempt as the commit (the
+    table is the source of truth) instead of publishing a second one.
+    """
+
+    def __init__(self, message: str, held: str) -> None:
+        super().__init__(message)
+        self.held = held
+
+
+class AbortedInTableError(FencedError):
+    """The table carries an abort's tombstone for this attempt: it is never published."""
+
+
+#: How a publish is fenced: by the committer table's lease (``"lease"``, the default)
+#: or by the table's own commit alone (``"table"``, ``committer/tablefence.py``).
+FENCING_MODES = ("lease", "table")
+
+
+def table_fenced(ctx: PublisherContext) -> bool:
+    """The publish runs without a lease: the table's commit is the only fence."""
+    return getattr(ctx, "fencing", "lease") == "table"
+
+
+def decide(
+    marker: Marker | None,
+    manifest: Manifest,
+    ctx: PublisherContext,
+    mode: str = "overwrite",
+    aborted: frozenset[str] | set[str] = frozenset(),
+) -> bool:
     """Apply the marker rule; True: the table already holds this attempt (publish nothing).
+
+    In both fencing modes an attempt named by an abort's tombstone (``aborted``,
+    read from the same table state) is refused first with
+    :class:`AbortedInTableError`, unless the table holds it. With table fencing
+    (:func:`table_fenced`) the rule is *first publication of a version wins*:
+    the table may hold nothing of the checkpoint, our attempt (already
+    published) or the attempt ``ctx.supersedes`` names (a reprocess replaces
+    exactly that one); any other attempt raises
+    :class:`HeldByAnotherAttemptError` naming it, whatever the tokens: a second
+    attempt of the same version is never published over the first.
+    Otherwise (the lease protocol):
 
     * our attempt id -> already published, whatever the epochs;
     * another attempt with an epoch >= ours -> :class:`FencedError`: a committer
@@ -91,10 +153,24 @@ def decide(marker: Marker | None, manifest: Manifest, ctx: PublisherContext, mod
 
     Call it on the table state the commit is based on, in every retry.
     """
+    if marker is not None and marker.attempt_id == manifest.attempt_id:
+        return True
+    if manifest.attempt_id in aborted:
+        raise AbortedInTableError(
+            f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: attempt {manifest.attempt_id} was "
+            "aborted (the table carries the abort's tombstone); it is never published, table unchanged"
+        )
     if marker is None:
         return False
-    if marker.attempt_id == manifest.attempt_id:
-        return True
+    if table_fenced(ctx):
+        if marker.attempt_id == superseded_attempt(ctx, manifest):
+            return False
+        raise HeldByAnotherAttemptError(
+            f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: the table already holds attempt "
+            f"{marker.attempt_id} of this version (snapshot {marker.snapshot}); with table fencing the first "
+            f"publication of a version wins, so attempt {manifest.attempt_id} is not published",
+            marker.attempt_id,
+        )
     if marker.epoch >= ctx.epoch:
         raise FencedError(
             f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: the table already holds attempt "

@@ -104,6 +104,13 @@ class TargetCapabilities:
     #: The target's own commit refuses a fenced-out committer (``ctx.epoch``),
     #: closing the window between ``ctx.fence()`` and the side effect.
     fenced_by_target: bool
+    #: The table's atomic commit can be the *only* fence (``fencing="table"``,
+    #: ``committer/tablefence.py``): with ``ctx.fencing == "table"`` it refuses a
+    #: second attempt of the same checkpoint version (first publication wins,
+    #: by pipeline + checkpoint key, the marker checked in the state the commit
+    #: is based on), and it can carry an abort's tombstone (``tombstone()``) in
+    #: its own atomic commit, which every publish checks the same way.
+    table_fence: bool = False
 
 
 @runtime_checkable

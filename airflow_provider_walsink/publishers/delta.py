@@ -52,11 +52,13 @@ from airflow_provider_walsink.protocol.manifest import Manifest
 
 from ._tables import (
     STAGING_DIR,
+    CheckpointRef,
     Marker,
     S3Settings,
     StagedFile,
     Storage,
     TableCommitConflict,
+    TableFenceState,
     call_with_events,
     checkpoint_location,
     decide,
@@ -66,6 +68,7 @@ from ._tables import (
     schema_problems,
     staged_base,
     superseded_attempt,
+    table_fenced,
     uri_flags,
 )
 from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
@@ -79,13 +82,16 @@ HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _PATH_SAFE = "/=:@+-_."
 #: How far back ``published_attempt`` looks for the id of another attempt (a rare, reconciling path).
 HISTORY_SCAN_LIMIT = 10_000
+#: The application-transaction version of an attempt an abort tombstoned: never a fencing token
+#: (tokens are positive), so such an attempt never holds the checkpoint's version.
+ABORTED_TXN = -1
 
 
 class DeltaTargetError(WalsinkError):
     """The Delta target cannot be used as configured; the message says why (table unchanged)."""
 
 
-def app_id(manifest: Manifest, attempt_id: str | None = None) -> str:
+def app_id(manifest: Manifest | CheckpointRef, attempt_id: str | None = None) -> str:
     base = f"walsink/{manifest.pipeline}/{manifest.checkpoint_key}"
     return f"{base}/{attempt_id}" if attempt_id else base
 
@@ -114,7 +120,7 @@ class DeltaPublisher:
 
     kind: ClassVar[str] = "delta"
     capabilities: ClassVar[TargetCapabilities] = TargetCapabilities(
-        atomic=True, needs_rename=False, remembers_commits=True, fenced_by_target=True
+        atomic=True, needs_rename=False, remembers_commits=True, fenced_by_target=True, table_fence=True
     )
     #: Snapshots reference the staged files in place: GC never removes a committed attempt.
     references_staged_files: ClassVar[bool] = True
@@ -216,7 +222,11 @@ class DeltaPublisher:
         # Each lease take raises the token, so only the attempt that committed under the
         # checkpoint's current version holds that same version.
         for attempt in (manifest.attempt_id, *candidates):
-            if attempt and dt.transaction_version(app_id(manifest, attempt)) == version:
+            if (
+                attempt
+                and version != ABORTED_TXN
+                and dt.transaction_version(app_id(manifest, attempt)) == version
+            ):
                 return Marker(attempt, version)
         other = self._attempt_in_history(dt, manifest, version) if need_id else None
         return Marker(other or "another attempt", version)
@@ -249,7 +259,110 @@ class DeltaPublisher:
     def holds_attempt(self, manifest: Manifest) -> bool:
         """Whether a table version holds or held the manifest's attempt (it references its staged files)."""
         dt = self.load_table()
-        return dt is not None and dt.transaction_version(app_id(manifest, manifest.attempt_id)) is not None
+        return dt is not None and _held_version(dt.transaction_version(app_id(manifest, manifest.attempt_id)))
+
+    @staticmethod
+    def _aborted(dt: DeltaTable, ref: Manifest | CheckpointRef, attempts: Sequence[str]) -> frozenset[str]:
+        return frozenset(a for a in attempts if a and dt.transaction_version(app_id(ref, a)) == ABORTED_TXN)
+
+    def fence_state(self, ref: CheckpointRef, candidates: Sequence[str] = ()) -> TableFenceState:
+        """The attempt the table holds for the checkpoint, and which of ``candidates`` are aborted / held."""
+        dt = self.load_table()
+        if dt is None:
+            return TableFenceState(None)
+        marker = self.marker_of(dt, ref, need_id=True, candidates=tuple(candidates))  # type: ignore[arg-type]
+        attempts = [a for a in (ref.attempt_id, *candidates) if a]
+        known = frozenset(a for a in attempts if _held_version(dt.transaction_version(app_id(ref, a))))
+        return TableFenceState(marker.attempt_id if marker else None, self._aborted(dt, ref, attempts), known)
+
+    def tombstone(
+        self,
+        ref: CheckpointRef,
+        attempt_ids: frozenset[str],
+        *,
+        refuse_if_held: str | None,
+        create_from: tuple[Manifest, str] | None = None,
+    ) -> str | None:
+        """Commit an abort's tombstone for ``attempt_ids``, or return the attempt that makes it refuse.
+
+        One table version with no data action carrying, for each attempt id,
+        the application transaction ``walsink/<pipeline>/<key>/<attempt id>``
+        at version :data:`ABORTED_TXN`: the same app id a publish of that
+        attempt carries, so whichever of the two commits second is refused by
+        the log's conflict check and checks the table again. If the table
+        holds ``refuse_if_held`` (checked in the version the commit is based
+        on), nothing is written and its id is returned. Ids the table holds or
+        held are never tombstoned. A missing table is created (with the
+        tombstone in its first version) from ``create_from`` when the target
+        may create it; otherwise :class:`DeltaTargetError`.
+        """
+        for _ in range(MAX_COMMIT_ATTEMPTS):
+            dt = self.load_table()
+            candidates = sorted(attempt_ids | ({refuse_if_held} if refuse_if_held else set()))
+            if dt is not None:
+                marker = self.marker_of(dt, ref, candidates=tuple(candidates))  # type: ignore[arg-type]
+                if marker is not None and refuse_if_held and marker.attempt_id == refuse_if_held:
+                    return marker.attempt_id
+                new = {a for a in attempt_ids if dt.transaction_version(app_id(ref, a)) is None}
+            else:
+                new = set(attempt_ids)
+            if not new:
+                return None
+            commit = CommitProperties(
+                custom_metadata={
+                    "walsink.pipeline": ref.pipeline,
+                    "walsink.checkpoint": ref.checkpoint_key,
+                    "walsink.aborted": ",".join(sorted(new)),
+                },
+                app_transactions=[Transaction(app_id(ref, a), ABORTED_TXN) for a in sorted(new)],
+            )
+            try:
+                if dt is None:
+                    if create_from is None or not self.create_table:
+                        raise DeltaTargetError(
+                            f"Delta table {self.table_uri} does not exist, so it cannot carry the abort's "
+                            f"tombstone for {ref.pipeline}/{ref.checkpoint_key}; create it (or set create_table) "
+                            "and abort again"
+                        )
+                    manifest, attempt_dir = create_from
+                    base = staged_base(attempt_dir)
+                    locations = [f"{base}/{c.path}" for c in manifest.committables]
+                    staged = self.storage.describe(manifest, locations)
+                    _, schema, partition_by = self._adds_for_new_table(manifest, base, staged)
+                    create_table_with_add_actions(
+                        self.table_uri,
+                        schema,
+                        [],
+                        mode="error",
+                        partition_by=list(partition_by),
+                        storage_options=self.storage_options or None,
+                        commit_properties=commit,
+                    )
+                else:
+                    dt.create_write_transaction(
+                        [],
+                        "append",
+                        dt.schema(),
+                        partition_by=dt.metadata().partition_columns,
+                        commit_properties=commit,
+                    )
+            except CommitFailedError as e:
+                log.info(
+                    "Delta tombstone of %s/%s conflicted (%s); checking again",
+                    ref.pipeline,
+                    ref.checkpoint_key,
+                    e,
+                )
+                continue
+            except DeltaError as e:
+                if dt is None and "exist" in str(e).lower():
+                    continue
+                raise
+            return None
+        raise TableCommitConflict(
+            f"Delta table {self.table_uri} changed under each of {MAX_COMMIT_ATTEMPTS} tombstone commits of "
+            f"{ref.pipeline}/{ref.checkpoint_key}; nothing was written, abort again"
+        )
 
     # ------------------------------------------------------------------ publish
 
@@ -269,11 +382,17 @@ class DeltaPublisher:
         for _ in range(MAX_COMMIT_ATTEMPTS):
             dt = self.load_table()
             marker = self.marker_of(dt, manifest, candidates=(supersedes,)) if dt is not None else None
-            if decide(marker, manifest, ctx, self.mode):
+            aborted = self._aborted(dt, manifest, [manifest.attempt_id]) if dt is not None else frozenset()
+            if decide(marker, manifest, ctx, self.mode, aborted):
                 return self._already(manifest, marker, locations, dt)
             if staged is None:
                 staged = self.storage.describe(manifest, locations)
-            commit = self._commit_properties(manifest, ctx)
+            token = ctx.epoch
+            if table_fenced(ctx) and marker is not None:
+                # No lease orders the tokens: keep ours above the version the checkpoint holds, so only
+                # the attempt that holds it shares its version (marker_of stays unambiguous).
+                token = max(token, marker.epoch + 1)
+            commit = self._commit_properties(manifest, ctx, token)
             try:
                 if dt is None:
                     adds, schema, partition_by = self._adds_for_new_table(manifest, base, staged)
@@ -353,18 +472,18 @@ class DeltaPublisher:
         )
 
     @staticmethod
-    def _commit_properties(manifest: Manifest, ctx: PublisherContext) -> CommitProperties:
+    def _commit_properties(manifest: Manifest, ctx: PublisherContext, token: int) -> CommitProperties:
         return CommitProperties(
             custom_metadata={
                 "walsink.pipeline": manifest.pipeline,
                 "walsink.checkpoint": manifest.checkpoint_key,
                 "walsink.sequence": str(manifest.sequence),
                 "walsink.attempt-id": manifest.attempt_id,
-                "walsink.epoch": str(ctx.epoch),
+                "walsink.epoch": str(token),
             },
             app_transactions=[
-                Transaction(app_id(manifest), ctx.epoch),
-                Transaction(app_id(manifest, manifest.attempt_id), ctx.epoch),
+                Transaction(app_id(manifest), token),
+                Transaction(app_id(manifest, manifest.attempt_id), token),
             ],
             # The library's retries only rebase onto commits its conflict check
             # accepts; a commit carrying our app id is refused, and then walsink
@@ -520,5 +639,10 @@ class DeltaPublisher:
         return self.storage.remove_unreferenced_attempts(
             checkpoint_location(local_path(root), manifest),
             manifest,
-            lambda attempt: dt.transaction_version(app_id(manifest, attempt)) is not None,
+            lambda attempt: _held_version(dt.transaction_version(app_id(manifest, attempt))),
         )
+
+
+def _held_version(version: int | None) -> bool:
+    """An attempt's application transaction says a table version held it (not: none, or a tombstone)."""
+    return version is not None and version != ABORTED_TXN

@@ -119,10 +119,12 @@ from airflow_provider_walsink.protocol.manifest import Manifest
 
 from ._tables import (
     STAGING_DIR,
+    CheckpointRef,
     Marker,
     S3Settings,
     Storage,
     TableCommitConflict,
+    TableFenceState,
     as_uri,
     call_with_events,
     checkpoint_location,
@@ -141,6 +143,8 @@ log = logging.getLogger(__name__)
 
 MODES = ("append", "overwrite")
 MARKER_PREFIX = "walsink.marker."
+#: Table property listing the attempt ids an abort tombstoned (``walsink.aborted.<pipeline>/<key>``).
+ABORTED_PREFIX = "walsink.aborted."
 #: Check + commit attempts before giving up on a table that keeps changing.
 MAX_COMMIT_ATTEMPTS = 20
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
@@ -196,7 +200,7 @@ class IcebergPublisher:
 
     kind: ClassVar[str] = "iceberg"
     capabilities: ClassVar[TargetCapabilities] = TargetCapabilities(
-        atomic=True, needs_rename=False, remembers_commits=True, fenced_by_target=True
+        atomic=True, needs_rename=False, remembers_commits=True, fenced_by_target=True, table_fence=True
     )
     #: Snapshots reference the staged files in place: GC never removes a committed attempt.
     references_staged_files: ClassVar[bool] = True
@@ -321,6 +325,103 @@ class IcebergPublisher:
             data["attempt_id"], int(data["epoch"]), data.get("snapshot"), tuple(data.get("previous", ()))
         )
 
+    @staticmethod
+    def aborted_of(table: Table, manifest: Manifest | CheckpointRef) -> frozenset[str]:
+        """Attempt ids of the checkpoint that an abort tombstoned in this table state."""
+        raw = table.metadata.properties.get(f"{ABORTED_PREFIX}{manifest.pipeline}/{manifest.checkpoint_key}")
+        return frozenset(json.loads(raw)) if raw else frozenset()
+
+    def fence_state(self, ref: CheckpointRef) -> TableFenceState:
+        """The attempt the table holds for the checkpoint, the attempts aborted in it, and those it held."""
+        table = self.load_table()
+        if table is None:
+            return TableFenceState(None)
+        marker = self.marker_of(table, ref)  # type: ignore[arg-type]
+        known = frozenset({marker.attempt_id, *marker.previous}) if marker else frozenset()
+        return TableFenceState(marker.attempt_id if marker else None, self.aborted_of(table, ref), known)
+
+    def tombstone(
+        self,
+        ref: CheckpointRef,
+        attempt_ids: frozenset[str],
+        *,
+        refuse_if_held: str | None,
+        create_from: tuple[Manifest, str] | None = None,
+    ) -> str | None:
+        """Commit an abort's tombstone for ``attempt_ids``, or return the attempt that makes it refuse.
+
+        One snapshot with no data file (so the branch head moves, and a
+        committer whose commit is based on the state before it fails the
+        catalog's compare-and-swap and checks again) that adds the ids to the
+        ``walsink.aborted.<pipeline>/<key>`` property. The marker is checked in
+        the metadata the commit is based on: if the table holds
+        ``refuse_if_held``, nothing is written and its id is returned (the
+        checkpoint is published). Ids the table holds or held are never
+        tombstoned. A missing table is created from ``create_from`` (a sealed
+        manifest and its attempt directory) when the target may create it;
+        otherwise :class:`IcebergTargetError`.
+        """
+        for _ in range(MAX_COMMIT_ATTEMPTS):
+            table = self.load_table()
+            if table is None:
+                if create_from is None or not self.create_table:
+                    raise IcebergTargetError(
+                        f"Iceberg table {self.identifier} does not exist, so it cannot carry the abort's "
+                        f"tombstone for {ref.pipeline}/{ref.checkpoint_key}; create it (or set create_table) "
+                        "and abort again"
+                    )
+                manifest, attempt_dir = create_from
+                base = staged_base(attempt_dir)
+                footers = self.storage.footers(
+                    [(as_uri(f"{base}/{c.path}"), c.size) for c in manifest.committables]
+                )
+                table = self._create(manifest, footers)
+            marker = self.marker_of(table, ref)  # type: ignore[arg-type]
+            if marker is not None and refuse_if_held and marker.attempt_id == refuse_if_held:
+                return marker.attempt_id
+            known = {marker.attempt_id, *marker.previous} if marker else set()
+            already = self.aborted_of(table, ref)
+            new = set(attempt_ids) - known - already
+            if not new:
+                return None
+            view = Table(
+                table._identifier,
+                table.metadata.model_copy(
+                    update={
+                        "properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+                    }
+                ),
+                table.metadata_location,
+                table.io,
+                table.catalog,
+            )
+            tx = view.transaction()
+            summary = {
+                "walsink.pipeline": ref.pipeline,
+                "walsink.checkpoint": ref.checkpoint_key,
+                "walsink.aborted": ",".join(sorted(new)),
+            }
+            with tx.update_snapshot(snapshot_properties=summary).fast_append():
+                pass  # no data file: the snapshot moves the head, the property carries the tombstone
+            tx.set_properties(
+                {f"{ABORTED_PREFIX}{ref.pipeline}/{ref.checkpoint_key}": json.dumps(sorted(already | new))}
+            )
+            try:
+                tx.commit_transaction()
+            except (CommitFailedException, ValidationException) as e:
+                log.info(
+                    "Iceberg tombstone of %s/%s conflicted (%s); checking again",
+                    ref.pipeline,
+                    ref.checkpoint_key,
+                    e,
+                )
+                continue
+            return None
+        raise TableCommitConflict(
+            f"Iceberg table {self.identifier} changed under each of {MAX_COMMIT_ATTEMPTS} tombstone commits of "
+            f"{ref.pipeline}/{ref.checkpoint_key}; nothing was written, abort again"
+        )
+
     def published_marker(self, manifest: Manifest) -> Marker | None:
         """The table's marker for the manifest's checkpoint (attempt id, fencing token, snapshot), or ``None``.
 
@@ -358,7 +459,8 @@ class IcebergPublisher:
         for _ in range(MAX_COMMIT_ATTEMPTS):
             table = self.load_table()
             marker = self.marker_of(table, manifest) if table is not None else None
-            if decide(marker, manifest, ctx, self.mode):
+            aborted = self.aborted_of(table, manifest) if table is not None else frozenset()
+            if decide(marker, manifest, ctx, self.mode, aborted):
                 return self._already(manifest, marker, locations)
             if footers is None:
                 footers = self.storage.footers(
@@ -367,7 +469,7 @@ class IcebergPublisher:
             if table is None:
                 table = self._create(manifest, footers)
                 marker = self.marker_of(table, manifest)
-                if decide(marker, manifest, ctx, self.mode):
+                if decide(marker, manifest, ctx, self.mode, self.aborted_of(table, manifest)):
                     return self._already(manifest, marker, locations)
             data_files = self._data_files(table, manifest, locations, footers)
             deletes = self._files_to_delete(table, manifest, marker, base, superseded_attempt(ctx, manifest))
