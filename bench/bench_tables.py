@@ -285,12 +285,13 @@ def delta_history(base: Path, h: int, *, markers: bool = True) -> tuple[str, int
     m = _stage(d, 1, "k0")
     publisher.publish(m, d, StaticContext.for_manifest(m))
     log_dir = Path(uri) / "_delta_log"
-    first = [json.loads(line) for line in (log_dir / f"{0:020d}.json").read_text().splitlines()]
+    # Version 0 is the empty table walsink creates; version 1 its first commit, the model for the rest.
+    first = [json.loads(line) for line in (log_dir / f"{1:020d}.json").read_text().splitlines()]
     commit_info = next(a["commitInfo"] for a in first if "commitInfo" in a)
     add = next(a["add"] for a in first if "add" in a)
     ts = commit_info["timestamp"]
-    for v in range(1, h):
-        key, attempt = f"k{v}", uuid.uuid4().hex
+    for v in range(2, h + 1):
+        key, attempt = f"k{v - 1}", uuid.uuid4().hex
         info = {**commit_info, "timestamp": ts + v, "operation": "WRITE",
                 "operationParameters": {"mode": "Append"}}  # fmt: skip
         if markers:
@@ -307,7 +308,7 @@ def delta_history(base: Path, h: int, *, markers: bool = True) -> tuple[str, int
         if v % 100 == 0:
             DeltaTable(uri).create_checkpoint()
     dt = DeltaTable(uri)
-    assert dt.version() == h - 1
+    assert dt.version() == h
     if markers and h > 1:
         assert dt.transaction_version(f"walsink/bench/k{h - 1}") == 1
     checkpoints = sorted(log_dir.glob("*.checkpoint.parquet"))

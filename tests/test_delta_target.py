@@ -52,6 +52,7 @@ class Target:
         return sorted((r["dt"], r["id"], r["name"]) for r in self.table().to_pyarrow_table().to_pylist())
 
     def version(self) -> int | None:
+        """The table's version: 0 is the empty table walsink creates before its first commit."""
         dt = self.publisher().load_table()
         return dt.version() if dt is not None else None
 
@@ -77,8 +78,44 @@ def test_publish_then_republish_after_a_crash_and_without_committer_state(target
     fresh = target.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=0))
     assert fresh.outcome is PublishOutcome.ALREADY_PUBLISHED
     assert target.rows() == sorted(ROWS_A)
-    assert target.version() == 0
+    assert target.version() == 1
     assert target.publisher().published_attempt(manifest) == manifest.attempt_id
+
+
+def test_a_zombie_and_the_lease_holder_racing_to_create_the_table_publish_once(target):
+    """deltalake's create is not put-if-absent: two creators at once both write a version, each
+    with its actions (seen on local files). walsink's creation carries no data, so a fenced-out
+    committer (epoch 1) and the lease holder (epoch 2) publishing one checkpoint into a missing
+    table at the same moment leave its rows once: the data goes in a normal commit, where the
+    log's conflict check and the marker decide."""
+    manifest, attempt_dir = target.stage("2026-01-01", ROWS_A)
+    barrier = threading.Barrier(2, timeout=60)
+
+    def at(name):
+        if name == "table.before_table_commit" and not barrier.broken:
+            try:
+                barrier.wait()  # both commit at once, each on the table as it loaded it
+            except threading.BrokenBarrierError:
+                pass
+
+    results, errors = [], []
+
+    def run(epoch):
+        try:
+            results.append(
+                target.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=epoch, on_event=at))
+            )
+        except Exception as e:  # reported below: the zombie may be refused (fenced)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(epoch,)) for epoch in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(isinstance(e, FencedError) for e in errors), errors
+    assert [r.outcome for r in results].count(PublishOutcome.PUBLISHED) == 1, results
+    assert target.rows() == sorted(ROWS_A)
 
 
 def test_racing_committers_on_one_checkpoint_make_one_version(target):
@@ -115,7 +152,7 @@ def test_racing_committers_on_one_checkpoint_make_one_version(target):
     assert not errors, errors
     assert sorted(r.outcome for r in results) == [PublishOutcome.ALREADY_PUBLISHED, PublishOutcome.PUBLISHED]
     assert seen.count("table.before_table_commit") == 2 and seen.count("table.after_table_commit") == 1
-    assert target.version() == 1
+    assert target.version() == 2
     assert target.rows() == sorted([*ROWS_A, ("2026-01-09", 0, "seed")])
 
 
@@ -127,7 +164,7 @@ def test_zombie_with_a_lower_or_equal_version_is_fenced_and_adds_nothing(target)
     for epoch in (2, 3):
         with pytest.raises(FencedError, match="fencing token 3"):
             target.publisher().publish(zombie, zombie_dir, ctx(zombie, epoch=epoch))
-    assert target.version() == 0
+    assert target.version() == 1
     assert target.rows() == sorted(ROWS_A)
     assert target.publisher().published_marker(zombie, need_id=False).epoch == 3
 
@@ -161,7 +198,7 @@ def test_overwrite_replaces_the_partition(target):
     result = target.publisher("overwrite").publish(second, second_dir, ctx(second))
     assert result.partitions_replaced == ["dt=2026-01-01"] and result.files_rolled_back == 1
     assert target.rows() == [("2026-01-01", 7, "x"), ("2026-01-01", 8, "y"), ("2026-01-02", 3, "c")]
-    assert target.version() == 1
+    assert target.version() == 2
 
 
 @pytest.mark.parametrize("record_schema", [True, False], ids=["schema-in-manifest", "footers"])
@@ -176,7 +213,7 @@ def test_schema_mismatch_fails_clearly_and_leaves_the_table_unchanged(target, re
     message = str(e.value)
     assert "missing columns ['name']" in message and "columns not in the table ['colour']" in message
     assert "column 'id' is string, the table has int64" in message and "table unchanged" in message
-    assert target.version() == 0
+    assert target.version() == 1
     assert target.rows() == sorted(ROWS_A)
 
 
@@ -226,7 +263,7 @@ def test_a_manifest_recording_another_schema_than_its_files_is_refused(target):
     message = str(e.value)
     assert "has the schema [id: string, name: string]" in message
     assert "its manifest records [id: int64, name: string]" in message and "table left unchanged" in message
-    assert target.version() == 0 and target.rows() == sorted(ROWS_A)
+    assert target.version() == 1 and target.rows() == sorted(ROWS_A)
 
 
 def test_a_missing_or_resized_staged_file_is_refused_without_reading_footers(target, monkeypatch):
@@ -242,7 +279,7 @@ def test_a_missing_or_resized_staged_file_is_refused_without_reading_footers(tar
         target.publisher().publish(manifest, attempt_dir, ctx(manifest))
     assert f"{manifest.committables[1].path}: missing from staging" in str(e.value)
     assert "table left unchanged" in str(e.value) and read == []
-    assert target.version() == 0 and target.rows() == sorted(ROWS_A)
+    assert target.version() == 1 and target.rows() == sorted(ROWS_A)
 
 
 def test_finish_removes_only_what_no_version_references(target):
@@ -331,12 +368,12 @@ def test_committer_killed_after_the_table_commit_then_rerun_commits_once(tmp_pat
         CheckpointCommitter(sqlite_store, layout, dying, mode="append").commit(
             "events", "2026-01-01", actor=ACTOR
         )
-    assert target.version() == 0
+    assert target.version() == 1
     summary = CheckpointCommitter(sqlite_store, layout, target.publisher(), mode="append").commit(
         "events", "2026-01-01", actor=ACTOR
     )
     assert summary.state == "COMMITTED" and summary.already_published == 1 and summary.published == 0
-    assert target.version() == 0
+    assert target.version() == 1
     assert target.rows() == [("2026-01-01", 1, "a"), ("2026-01-01", 2, "b")]
 
 
@@ -359,7 +396,7 @@ def test_reprocess_retracts_the_superseded_attempt_in_the_same_commit(target, mo
 
     assert result.outcome is PublishOutcome.PUBLISHED and result.files_rolled_back == 2
     assert target.rows() == sorted(OTHER_ROWS + V2_ROWS)
-    assert target.version() == 2  # one commit: removes and adds together
+    assert target.version() == 3  # one commit: removes and adds together
     table = target.table()
     assert table.transaction_version(app_id(v2)) == 2
     assert table.transaction_version(app_id(v2, v2.attempt_id)) == 2
@@ -367,10 +404,10 @@ def test_reprocess_retracts_the_superseded_attempt_in_the_same_commit(target, mo
     assert target.publisher(mode).publish(v2, v2_dir, reprocess).outcome is PublishOutcome.ALREADY_PUBLISHED
     with pytest.raises(FencedError):
         target.publisher(mode).publish(v1, v1_dir, ctx(v1, epoch=1))
-    assert target.rows() == sorted(OTHER_ROWS + V2_ROWS) and target.version() == 2
-    # Time travel: version 1 still reads v1, and finish() leaves v1's files for it.
+    assert target.rows() == sorted(OTHER_ROWS + V2_ROWS) and target.version() == 3
+    # Time travel: version 2 still reads v1, and finish() leaves v1's files for it.
     target.publisher(mode).finish(v2, layout_for(target.place, target.staging))
-    old = DeltaTable(target.uri, version=1, storage_options=target.options or None).to_pyarrow_table()
+    old = DeltaTable(target.uri, version=2, storage_options=target.options or None).to_pyarrow_table()
     assert sorted((r["dt"], r["id"], r["name"]) for r in old.to_pylist()) == sorted(OTHER_ROWS + V1_ROWS)
 
 
@@ -380,4 +417,4 @@ def test_append_still_refuses_an_attempt_that_is_not_the_superseded_one(target):
     v2, v2_dir = target.stage("2026-01-01", V2_ROWS, attempt=2)
     with pytest.raises(CommittableError, match="will not retract"):
         target.publisher().publish(v2, v2_dir, ctx(v2, epoch=2, supersedes=uuid.uuid4().hex))
-    assert target.rows() == sorted(V1_ROWS) and target.version() == 0
+    assert target.rows() == sorted(V1_ROWS) and target.version() == 1

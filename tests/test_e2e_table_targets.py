@@ -176,7 +176,7 @@ def test_table_and_sql_examples_run_through_the_scheduler_and_a_cleared_run_chan
         delta_path = stack.home / "walsink" / "examples" / "target" / "delta_daily_events"
         delta = DeltaTable(str(delta_path))
         _check_events(delta.to_pyarrow_table().to_pylist(), DAY)
-        assert delta.version() == 0  # created by the day's one commit
+        assert delta.version() == 1  # the day's one commit, after the empty table it created (version 0)
 
         sql_rows = _sql_rows(target_url)
         totals = {(c, t): (ev, us, am) for dt, c, t, ev, us, am in sql_rows}
@@ -216,7 +216,7 @@ def test_table_and_sql_examples_run_through_the_scheduler_and_a_cleared_run_chan
         table = iceberg.load_table()
         assert [(s.snapshot_id, s.summary["walsink.checkpoint"]) for s in table.snapshots()] == snapshots
         _check_events(table.scan().to_arrow().to_pylist(), DAY)
-        assert DeltaTable(str(delta_path)).version() == 0
+        assert DeltaTable(str(delta_path)).version() == 1
         assert _sql_rows(target_url) == sql_rows
         assert _sql_marker(target_url) == marker
         for pipeline in PIPELINES.values():

@@ -44,7 +44,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake import Schema as DeltaSchema
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from airflow_provider_walsink.protocol.errors import LayoutError, WalsinkError
@@ -293,7 +293,7 @@ class DeltaPublisher:
         holds ``refuse_if_held`` (checked in the version the commit is based
         on), nothing is written and its id is returned. Ids the table holds or
         held are never tombstoned. A missing table is created (with the
-        tombstone in its first version) from ``create_from`` when the target
+        tombstone in the commit after its empty first version) from ``create_from`` when the target
         may create it; otherwise :class:`DeltaTargetError`.
         """
         for _ in range(MAX_COMMIT_ATTEMPTS):
@@ -329,15 +329,8 @@ class DeltaPublisher:
                     locations = [f"{base}/{c.path}" for c in manifest.committables]
                     staged = self.storage.describe(manifest, locations)
                     _, schema, partition_by = self._adds_for_new_table(manifest, base, staged)
-                    create_table_with_add_actions(
-                        self.table_uri,
-                        schema,
-                        [],
-                        mode="error",
-                        partition_by=list(partition_by),
-                        storage_options=self.storage_options or None,
-                        commit_properties=commit,
-                    )
+                    self._create_empty(schema, partition_by)
+                    continue  # the tombstone goes in a normal (put-if-absent) commit on the new table
                 else:
                     dt.create_write_transaction(
                         [],
@@ -354,14 +347,30 @@ class DeltaPublisher:
                     e,
                 )
                 continue
-            except DeltaError as e:
-                if dt is None and "exist" in str(e).lower():
-                    continue
-                raise
             return None
         raise TableCommitConflict(
             f"Delta table {self.table_uri} changed under each of {MAX_COMMIT_ATTEMPTS} tombstone commits of "
             f"{ref.pipeline}/{ref.checkpoint_key}; nothing was written, abort again"
+        )
+
+    def _create_empty(self, schema: DeltaSchema, partition_by: Sequence[str]) -> None:
+        """Create the missing table as version 0 with no data, marker or tombstone.
+
+        deltalake's create is not atomic on every store: two processes creating
+        the same table at once both succeed, the later version 0 replacing the
+        earlier (seen on local files). So version 0 never carries anything a
+        racing creator could erase: data, markers and tombstones go in a
+        normal commit after it, which the log writes put-if-absent (a racing
+        commit gets ``CommitFailedError``). Two racing creators of this empty
+        version write the same thing; an existing table is left as it is.
+        """
+        create_table_with_add_actions(
+            self.table_uri,
+            schema,
+            [],
+            mode="ignore",
+            partition_by=list(partition_by),
+            storage_options=self.storage_options or None,
         )
 
     # ------------------------------------------------------------------ publish
@@ -395,38 +404,24 @@ class DeltaPublisher:
             commit = self._commit_properties(manifest, ctx, token)
             try:
                 if dt is None:
-                    adds, schema, partition_by = self._adds_for_new_table(manifest, base, staged)
-                    call_with_events(
-                        ctx,
-                        "table_commit",
-                        partial(
-                            create_table_with_add_actions,
-                            self.table_uri,
-                            schema,
-                            adds,
-                            mode="error",
-                            partition_by=list(partition_by),
-                            storage_options=self.storage_options or None,
-                            commit_properties=commit,
-                        ),
-                    )
-                    removes: list[RemoveAction] = []
-                else:
-                    adds = self._adds(dt, manifest, base, staged)
-                    removes = self._removes(dt, manifest, marker, base, supersedes)
-                    actions: list[AddAction | RemoveAction] = [*removes, *adds]
-                    call_with_events(
-                        ctx,
-                        "table_commit",
-                        partial(
-                            dt.create_write_transaction,
-                            actions,
-                            "append",
-                            dt.schema(),
-                            partition_by=dt.metadata().partition_columns,
-                            commit_properties=commit,
-                        ),
-                    )
+                    _, schema, partition_by = self._adds_for_new_table(manifest, base, staged)
+                    self._create_empty(schema, partition_by)
+                    continue  # the data goes in a normal (put-if-absent) commit on the new table
+                adds = self._adds(dt, manifest, base, staged)
+                removes = self._removes(dt, manifest, marker, base, supersedes)
+                actions: list[AddAction | RemoveAction] = [*removes, *adds]
+                call_with_events(
+                    ctx,
+                    "table_commit",
+                    partial(
+                        dt.create_write_transaction,
+                        actions,
+                        "append",
+                        dt.schema(),
+                        partition_by=dt.metadata().partition_columns,
+                        commit_properties=commit,
+                    ),
+                )
             except CommitFailedError as e:
                 log.info(
                     "Delta commit of %s/%s conflicted (%s); checking again",
@@ -435,20 +430,12 @@ class DeltaPublisher:
                     e,
                 )
                 continue
-            except DeltaError as e:
-                if dt is None and "exist" in str(e).lower():
-                    continue  # another committer created the table first: check its marker
-                raise
-            if dt is not None:
-                dt.update_incremental()  # the log entries since the load: our commit's version
-                after: DeltaTable | None = dt
-            else:
-                after = self.load_table()
+            dt.update_incremental()  # the log entries since the load: our commit's version
             result = PublishResult(
                 outcome=PublishOutcome.PUBLISHED,
                 published=len(adds),
                 target_files=locations,
-                snapshot=str(after.version()) if after is not None else None,
+                snapshot=str(dt.version()),
                 rows=manifest.total_rows,
             )
             result.files_rolled_back = len(removes)
