@@ -106,7 +106,8 @@ def test_downstream_dag_runs_once_per_new_commit_and_not_on_a_rerun(airflow_stac
         # commit is its attempt: a replace backfill commits a day's second version under the same
         # run (and possibly the same row count), a new attempt.
         commits = [
-            (c["pipeline"], c["checkpoint_key"], c["attempt"], c["rows"], c["source_run_id"]) for c in reported
+            (c["pipeline"], c["checkpoint_key"], c["attempt"], c["rows"], c["source_run_id"])
+            for c in reported
         ]
         assert commits.count((PIPELINE, KEY, record.sealed_attempt, record.rows, run_id)) == 1, commits
         assert len(commits) == len(set(commits)), commits

@@ -205,7 +205,10 @@ def test_table_and_sql_examples_run_through_the_scheduler_and_a_cleared_run_chan
             # and the pipeline's reprocess policy is "skip"; the durability and commit tasks were
             # skipped with it, without running.
             assert tis[WRITE_OP]["try_number"] == 2, (dag_id, "the write needed a retry")
-            assert {t["state"] for t in tis.values()} == {"skipped"}, (dag_id, stack.task_states(dag_id, run_id))
+            assert {t["state"] for t in tis.values()} == {"skipped"}, (
+                dag_id,
+                stack.task_states(dag_id, run_id),
+            )
             result = stack.xcom(dag_id, run_id, tis[WRITE_OP]["task_id"], key="reprocess")
             assert result["skipped_committed"] is True and result["state"] == "COMMITTED", dag_id
             assert result["decision"] == "skip", dag_id
