@@ -61,7 +61,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, delete, func, select
+from sqlalchemy import and_, delete, func, select, update
 
 from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
 from airflow_provider_walsink.committer.models import pipeline_table as pipe
@@ -338,6 +338,11 @@ def _trim_pipeline(
                 conn.execute(delete(trans).where(trans.c.checkpoint_id.in_(chunk)))
                 conn.execute(delete(vers).where(vers.c.checkpoint_id.in_(chunk)))
                 conn.execute(delete(ckpt).where(ckpt.c.id.in_(chunk)))
+        if doomed and not dry_run:
+            # The summary derives counts from allocated sequence numbers: say how many rows are gone.
+            conn.execute(
+                update(pipe).where(pipe.c.name == pipeline).values(retired=pipe.c.retired + len(doomed))
+            )
 
 
 def _chunks(ids: list[int]) -> Iterable[list[int]]:

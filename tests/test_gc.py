@@ -165,12 +165,27 @@ def test_retention_trims_old_committed_rows_but_keeps_what_later_commits_need(st
         age_rows(store, pipeline)
     history_before = {k: len(store.history("ow", k)) for k in ("c3",)}
 
+    def counted(pipeline):
+        """The summary's counts (derived from allocated sequence numbers) and the rows really there."""
+        rows: dict[str, int] = {}
+        for c in store.checkpoints(pipeline):
+            rows[c.state.value] = rows.get(c.state.value, 0) + 1
+        return store.pipeline_summary(pipeline)["counts"], rows
+
+    assert store.pipeline_summary("ow")["counts"] == {"COMMITTED": 4, "DURABLE": 1, "ABORTED": 1}
     dry = trim_committer_table(store, retention=DAY, dry_run=True)
     assert dry.rows_deleted == 6 and store.get("ow", "c1") is not None
+    assert store.pipeline_summary("ow")["retired"] == 0
 
     report = trim_committer_table(store, retention=DAY)
 
     assert report.rows_deleted == 6  # ow: c1, c4 and aborted x1; ap: a0, a1, a2
+    # The summary counts what is left: a trimmed row (committed or aborted) is no longer counted.
+    for pipeline in ("ow", "ap", "an"):
+        summary_counts, rows = counted(pipeline)
+        assert summary_counts == rows, pipeline
+    assert store.pipeline_summary("ow")["counts"] == {"COMMITTED": 2, "DURABLE": 1}
+    assert [store.pipeline_summary(p)["retired"] for p in ("ow", "ap", "an")] == [3, 3, 0]
     remaining = {
         p: [c.checkpoint_key for c in store.checkpoints(p, descending=False)] for p in ("ow", "ap", "an")
     }
@@ -194,6 +209,9 @@ def test_retention_trims_old_committed_rows_but_keeps_what_later_commits_need(st
     assert second.rows_deleted == 2 and store.get("ow", "c5") is None and store.get("ap", "a3") is None
     assert store.get("ow", "c2") is not None  # still the latest committed before pending c3
     assert trim_committer_table(store, retention=DAY).rows_deleted == 0  # idempotent
+    for pipeline in ("ow", "ap", "an"):
+        summary_counts, rows = counted(pipeline)
+        assert summary_counts == rows, pipeline
 
 
 def test_walsink_gc_command(db_url, tmp_path, capsys):

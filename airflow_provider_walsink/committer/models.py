@@ -46,7 +46,8 @@ class Base(DeclarativeBase):
 
 
 class Pipeline(Base):
-    """One pipeline: its commit mode, target and the next checkpoint sequence number."""
+    """One pipeline: its commit mode, target, the next checkpoint sequence number and the
+    number of its checkpoint rows retention removed."""
 
     __tablename__ = "walsink_pipeline"
 
@@ -55,6 +56,9 @@ class Pipeline(Base):
     target: Mapped[str | None] = mapped_column(String(1024))
     dag_id: Mapped[str | None] = mapped_column(String(250))
     next_sequence: Mapped[int] = mapped_column(BigInteger, default=1)
+    #: Checkpoint rows removed by retention (``walsink gc``): counts derived from
+    #: ``next_sequence`` subtract them, since those rows are gone.
+    retired: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(Timestamp)
 
 

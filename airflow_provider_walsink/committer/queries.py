@@ -145,16 +145,21 @@ class CheckpointQueries:
         """Counts per state, the latest committed and the latest failed/aborted/rejected checkpoint.
 
         Cost does not grow with the pipeline's history: ``register()`` allocates
-        sequence numbers without gaps in the same transaction as the row, and rows
-        are never deleted, so the number of COMMITTED checkpoints is the number
-        allocated (``next_sequence - 1``) minus the others, which are counted on
-        their own (few) ranges of the (pipeline, state, sequence) index. The latest
-        committed/failed checkpoints are "newest first, limit 1" probes on it.
+        sequence numbers without gaps in the same transaction as the row, and only
+        retention deletes rows (counting them in ``retired``, same transaction), so
+        the number of COMMITTED checkpoints is the number allocated
+        (``next_sequence - 1``) minus the retired rows and the others, which are
+        counted on their own (few) ranges of the (pipeline, state, sequence) index.
+        The latest committed/failed checkpoints are "newest first, limit 1" probes
+        on it. ``retired`` is returned too (rows retention removed, any state).
         """
         latest = {}
         others = [s.value for s in S if s is not S.COMMITTED]
         with self.engine.connect() as conn:
-            next_sequence = conn.execute(select(pipe.c.next_sequence).where(pipe.c.name == pipeline)).scalar()
+            allocated = conn.execute(
+                select(pipe.c.next_sequence, pipe.c.retired).where(pipe.c.name == pipeline)
+            ).first()
+            next_sequence, retired = allocated if allocated is not None else (1, 0)
             counts = dict(
                 conn.execute(
                     select(ckpt.c.state, func.count())
@@ -162,7 +167,7 @@ class CheckpointQueries:
                     .group_by(ckpt.c.state)
                 ).all()
             )
-            committed = (next_sequence or 1) - 1 - sum(counts.values())
+            committed = (next_sequence or 1) - 1 - (retired or 0) - sum(counts.values())
             if committed < 0:  # rows written around register(): count them exactly instead
                 committed = conn.execute(
                     select(func.count()).where(ckpt.c.pipeline == pipeline, ckpt.c.state == S.COMMITTED.value)
@@ -189,7 +194,12 @@ class CheckpointQueries:
                     if row is not None:
                         found.append(CheckpointRecord.from_row(row))
                 latest[name] = max(found, key=lambda r: r.sequence) if found else None
-        return {"counts": counts, "latest_committed": latest["committed"], "last_error": latest["error"]}
+        return {
+            "counts": counts,
+            "retired": retired or 0,
+            "latest_committed": latest["committed"],
+            "last_error": latest["error"],
+        }
 
     @retrying
     def pipelines(self, *, with_counts: bool = True) -> list[dict[str, Any]]:

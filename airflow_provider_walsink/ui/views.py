@@ -233,6 +233,8 @@ def pipeline_dict(store: CommitterStore, row: dict[str, Any]) -> dict[str, Any]:
         "created_at": _iso(row["created_at"]),
         "checkpoints": sum(counts.values()),
         "counts": counts,
+        # Rows retention (``walsink gc``) removed: no longer listed or counted above.
+        "retired": summary.get("retired", 0),
         "latest_committed": checkpoint_dict(committed) if committed else None,
         "last_error": (
             {
