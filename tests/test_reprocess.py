@@ -2,7 +2,7 @@
 its committed version in the target and in the committer table (files target, every backend).
 
 The Airflow faces (the write task's policy, backfills through the scheduler) are tested in
-tests/test_reprocess_dags.py and tests/test_e2e_backfill.py.
+tests/test_e2e_backfill.py and tests/test_write_operator.py.
 """
 
 from __future__ import annotations
