@@ -1,12 +1,10 @@
 """Clearing tasks of the overwrite example on a real Airflow stack, as a user does in the UI
 (``POST /api/v2/dags/{dag_id}/clearTaskInstances``), and what each clear does to the target.
 
-* Clearing the **commit** task of a committed run: the commit re-runs, finds the checkpoint
-  COMMITTED and changes nothing (no file, no state change; the skipped write is
-  recorded as an event in the checkpoint's history).
-* Clearing the **write** task (with its downstream tasks, the UI's default) **after** the
-  checkpoint committed: the write task skips its Spark job (backfill policy "skip
-  committed"), the sensor and commit no-op; the target is unchanged.
+* Clearing tasks of a committed run changes nothing: proven through the same scheduler by
+  tests/test_e2e_downstream.py (the commit task: no state change, no second asset event),
+  tests/test_e2e_table_targets.py and tests/test_e2e_backfill.py (the write task and its
+  downstream: SKIPPED, targets byte-identical).
 * Clearing the write task **before** the checkpoint committed (sealed, the durability
   sensor waiting in the stopped triggerer): the re-run write starts attempt 2, which is
   sealed, verified and published; attempt 1 is never published, and the target holds the
@@ -29,7 +27,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
 
 DAG_ID = "walsink_daily_overwrite"
 PIPELINE = "daily_events"
-AFTER_DAY = date(2026, 4, 1)
 BEFORE_DAY = date(2026, 4, 2)
 WRITE_OP, DURABLE_OP, COMMIT_OP = "WalWriteOperator", "CheckpointDurableSensor", "WalCommitOperator"
 DEFER_AT_ONCE = {"walsink_check_before_defer": False}
@@ -93,48 +90,6 @@ def store(stack):
     store = CommitterStore.from_url(f"sqlite:///{stack.home}/walsink/committer.db")
     yield store
     store.dispose()
-
-
-def test_clear_after_commit_changes_nothing(stack, store):
-    run_id = _run_day(stack, AFTER_DAY)
-    key = _key(AFTER_DAY)
-    committed = store.require(PIPELINE, key)
-    assert committed.state.value == "COMMITTED"
-    before = _snapshot(_partition(stack, AFTER_DAY))
-    transitions = len(store.history(PIPELINE, key))
-    assert _partition_rows(stack, AFTER_DAY) == _source_rows(AFTER_DAY)
-
-    # 1. The commit task alone.
-    commit_id = _tis(stack, run_id)[COMMIT_OP]["task_id"]
-    cleared = stack.clear_task(DAG_ID, run_id, [commit_id])
-    assert [ti["task_id"] for ti in cleared] == [commit_id]
-    stack.wait_for_runs(DAG_ID, [run_id])
-    tis = _tis(stack, run_id)
-    assert tis[COMMIT_OP]["state"] == "success" and tis[COMMIT_OP]["try_number"] == 2
-    assert tis[WRITE_OP]["try_number"] == 1  # not re-run
-    assert stack.xcom(DAG_ID, run_id, commit_id)["already_committed"] is True
-    assert _snapshot(_partition(stack, AFTER_DAY)) == before
-    assert store.require(PIPELINE, key) == committed
-    assert len(store.history(PIPELINE, key)) == transitions
-
-    # 2. The write task with its downstream tasks.
-    write_id = tis[WRITE_OP]["task_id"]
-    cleared = stack.clear_task(DAG_ID, run_id, [write_id], include_downstream=True)
-    assert len(cleared) == 3
-    stack.wait_for_runs(DAG_ID, [run_id])
-    tis = _tis(stack, run_id)
-    # Skipped, loudly: the write says so and its downstream tasks are skipped with it.
-    assert {ti["state"] for ti in tis.values()} == {"skipped"}
-    assert tis[WRITE_OP]["try_number"] == 2
-    result = stack.xcom(DAG_ID, run_id, write_id, key="reprocess")
-    assert result["skipped_committed"] is True and result["decision"] == "skip"
-    assert result["attempt"] == committed.sealed_attempt
-    assert _snapshot(_partition(stack, AFTER_DAY)) == before
-    assert store.require(PIPELINE, key) == committed
-    # The skipped write is recorded as an event that changes no state.
-    events = store.history(PIPELINE, key)[transitions:]
-    assert [(e.from_state, e.to_state, e.task_id) for e in events] == [("COMMITTED", "COMMITTED", write_id)]
-    assert "write skipped" in events[0].detail
 
 
 def test_clear_write_before_commit_publishes_only_the_new_attempt(stack, store):
