@@ -906,27 +906,7 @@ class CommitterStore(CheckpointQueries):
             )
             if end_offsets is not None:
                 values["end_offsets"] = _dump(end_offsets)
-            if row["supersedes_attempt_id"] is not None:
-                # The same transaction retires the version this one replaced.
-                superseded = conn.execute(
-                    update(vers)
-                    .where(
-                        vers.c.checkpoint_id == row["id"],
-                        vers.c.attempt_id == row["supersedes_attempt_id"],
-                        vers.c.state == S.COMMITTED.value,
-                    )
-                    .values(
-                        state=S.SUPERSEDED.value,
-                        superseded_at=row["_now"],
-                        superseded_by_attempt_id=row["sealed_attempt_id"],
-                    )
-                ).rowcount
-                if superseded:
-                    detail = (
-                        f"{detail + '; ' if detail else ''}version {row['version'] - 1} (attempt "
-                        f"{row['supersedes_attempt_id']}) SUPERSEDED by version {row['version']} "
-                        f"(attempt {row['sealed_attempt_id']})"
-                    )
+            detail = retire_superseded(conn, row, detail)
             return self._move(conn, row, S.COMMITTED, actor, detail=detail, **values)
 
     @retrying
@@ -1199,6 +1179,33 @@ class CommitterStore(CheckpointQueries):
                     f"{row['start_offsets']} but the last committed checkpoint {last.checkpoint_key} ended "
                     f"at {last.end_offsets}; write it again from the committed offsets"
                 )
+
+
+def retire_superseded(conn: Connection, row: Mapping[str, Any], detail: str | None) -> str | None:
+    """In the COMMITTED transaction of a new version: mark the version it replaced SUPERSEDED,
+    linked to its successor, and say so in the history ``detail`` (returned)."""
+    if row["supersedes_attempt_id"] is None:
+        return detail
+    superseded = conn.execute(
+        update(vers)
+        .where(
+            vers.c.checkpoint_id == row["id"],
+            vers.c.attempt_id == row["supersedes_attempt_id"],
+            vers.c.state == S.COMMITTED.value,
+        )
+        .values(
+            state=S.SUPERSEDED.value,
+            superseded_at=row["_now"],
+            superseded_by_attempt_id=row["sealed_attempt_id"],
+        )
+    ).rowcount
+    if not superseded:
+        return detail
+    return (
+        f"{detail + '; ' if detail else ''}version {row['version'] - 1} (attempt "
+        f"{row['supersedes_attempt_id']}) SUPERSEDED by version {row['version']} "
+        f"(attempt {row['sealed_attempt_id']})"
+    )
 
 
 def _collision(what: str, given: str, stored: str) -> str:

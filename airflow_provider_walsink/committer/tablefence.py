@@ -97,10 +97,9 @@ from .errors import AuditRejectedError, LeaseHeldError, NotAuditedError
 from .fastpath import HISTORY_COLUMNS
 from .models import checkpoint_table as ckpt
 from .models import transition_table as trans
-from .models import version_table as vers
 from .records import Actor, CheckpointRecord
 from .retry import retrying
-from .store import CommitterStore, _history_values
+from .store import CommitterStore, _history_values, retire_superseded
 
 log = logging.getLogger(__name__)
 S = CheckpointState
@@ -322,33 +321,8 @@ def record_committed(
         )
         if offsets is not None:
             values["end_offsets"] = offsets
-        detail = _retire_superseded(conn, row, detail)
+        detail = retire_superseded(conn, row, detail) or detail
         return _apply(store, conn, row, values, actor, detail)
-
-
-def _retire_superseded(conn: Any, row: dict[str, Any], detail: str) -> str:
-    """The same transaction marks the version a reprocess replaced SUPERSEDED (as ``mark_committed``)."""
-    if row["supersedes_attempt_id"] is None:
-        return detail
-    superseded = conn.execute(
-        update(vers)
-        .where(
-            vers.c.checkpoint_id == row["id"],
-            vers.c.attempt_id == row["supersedes_attempt_id"],
-            vers.c.state == S.COMMITTED.value,
-        )
-        .values(
-            state=S.SUPERSEDED.value,
-            superseded_at=row["_now"],
-            superseded_by_attempt_id=row["sealed_attempt_id"],
-        )
-    ).rowcount
-    if superseded:
-        detail += (
-            f"; version {row['version'] - 1} (attempt {row['supersedes_attempt_id']}) SUPERSEDED by version "
-            f"{row['version']} (attempt {row['sealed_attempt_id']})"
-        )
-    return detail
 
 
 def _apply(
@@ -417,12 +391,11 @@ def reconcile(
             lease_epoch=max(row["lease_epoch"], token),
         )
         row_for_retire = dict(row, sealed_attempt_id=held)
-        detail = _retire_superseded(
-            conn,
-            row_for_retire,
+        reconciled = (
             f"reconciled from the table: it holds attempt {held} of version {row['version']} ({why}); "
-            f"the committer table had {was}",
+            f"the committer table had {was}"
         )
+        detail = retire_superseded(conn, row_for_retire, reconciled) or reconciled
         return _apply(store, conn, row, values, actor, detail)
 
 
