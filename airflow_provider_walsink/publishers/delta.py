@@ -87,6 +87,15 @@ HISTORY_SCAN_LIMIT = 10_000
 ABORTED_TXN = -1
 
 
+def _append_commit(dt: DeltaTable, actions: list[AddAction | RemoveAction], commit: CommitProperties) -> None:
+    """One put-if-absent log version on ``dt`` as loaded: ``actions`` (data, or none for a
+    tombstone) and ``commit``'s application transactions; ``CommitFailedError`` if the log moved
+    in a conflicting way since the load."""
+    dt.create_write_transaction(
+        actions, "append", dt.schema(), partition_by=dt.metadata().partition_columns, commit_properties=commit
+    )
+
+
 class DeltaTargetError(WalsinkError):
     """The Delta target cannot be used as configured; the message says why (table unchanged)."""
 
@@ -331,14 +340,7 @@ class DeltaPublisher:
                     _, schema, partition_by = self._adds_for_new_table(manifest, base, staged)
                     self._create_empty(schema, partition_by)
                     continue  # the tombstone goes in a normal (put-if-absent) commit on the new table
-                else:
-                    dt.create_write_transaction(
-                        [],
-                        "append",
-                        dt.schema(),
-                        partition_by=dt.metadata().partition_columns,
-                        commit_properties=commit,
-                    )
+                _append_commit(dt, [], commit)
             except CommitFailedError as e:
                 log.info(
                     "Delta tombstone of %s/%s conflicted (%s); checking again",
@@ -413,14 +415,7 @@ class DeltaPublisher:
                 call_with_events(
                     ctx,
                     "table_commit",
-                    partial(
-                        dt.create_write_transaction,
-                        actions,
-                        "append",
-                        dt.schema(),
-                        partition_by=dt.metadata().partition_columns,
-                        commit_properties=commit,
-                    ),
+                    partial(_append_commit, dt, actions, commit),
                 )
             except CommitFailedError as e:
                 log.info(
