@@ -117,3 +117,59 @@ def test_downstream_dag_runs_once_per_new_commit_and_not_on_a_rerun(airflow_stac
     finally:
         stack.pause(DOWNSTREAM)  # later tests' commits need not queue runs of it
         store.dispose()
+
+
+LOST_DAG = "walsink_lost_event_test"
+LOST_PIPELINE = "lost_event"
+
+
+def test_a_commit_killed_after_committed_delivers_its_asset_event_on_retry_and_only_once(airflow_stack):
+    """Try 1 of the commit task records COMMITTED and is SIGKILLed before its success (so Airflow
+    never takes its asset event); try 2 finds the checkpoint committed by try 1, sees no event
+    naming its attempt, and adds the one event. A third try (the task cleared) finds that event
+    and adds none: one event per new commit, whatever dies when.
+    """
+    stack = airflow_stack
+    store = CommitterStore.from_url(f"sqlite:///{stack.home}/walsink/committer.db")
+    try:
+        stack.wait_for_dag(LOST_DAG)
+        stack.unpause(LOST_DAG)
+        run_id = stack.trigger(LOST_DAG, "2026-07-01T00:00:00+00:00")
+        stack.wait_for_runs(LOST_DAG, [run_id], timeout=600)
+        commit = next(ti for ti in stack.task_instances(LOST_DAG, run_id) if ti["task_id"] == "commit")
+        assert (commit["state"], commit["try_number"]) == ("success", 2), commit
+
+        [record] = [r for r in store.checkpoints(LOST_PIPELINE) if r.run_id == run_id]
+        assert record.state.value == "COMMITTED"
+        committed = [
+            h for h in store.history(LOST_PIPELINE, record.checkpoint_key) if h.to_state == "COMMITTED"
+        ]
+        assert [(h.task_id, h.try_number) for h in committed] == [("commit", 1)]  # try 1 committed
+
+        def events() -> list[dict]:
+            found = stack.get(
+                "/api/v2/assets/events", source_dag_id=LOST_DAG, source_run_id=run_id, limit=100
+            )
+            return [e for e in found["asset_events"] if e["source_run_id"] == run_id]
+
+        [event] = events()
+        assert event["extra"]["checkpoint_key"] == record.checkpoint_key
+        assert event["extra"]["attempt"] == record.sealed_attempt and event["extra"]["rows"] == 2
+        assert event["source_task_id"] == "commit"
+
+        stack.clear_task(LOST_DAG, run_id, ["commit"])
+        stack.wait_until(
+            "the cleared commit task to run a third time",
+            lambda: [
+                ti
+                for ti in stack.task_instances(LOST_DAG, run_id)
+                if ti["task_id"] == "commit" and ti["try_number"] > 2 and ti["state"] in TERMINAL_TI
+            ],
+            timeout=300,
+        )
+        stack.wait_for_runs(LOST_DAG, [run_id])
+        assert len(events()) == 1  # the third try found the event and added none
+        assert store.require(LOST_PIPELINE, record.checkpoint_key) == record
+    finally:
+        stack.pause(LOST_DAG)
+        store.dispose()

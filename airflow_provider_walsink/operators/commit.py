@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 from airflow.sdk import AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_provider_walsink.committer.commit import CheckpointCommitter
+from airflow_provider_walsink.committer.commit import CheckpointCommitter, CommitSummary
 from airflow_provider_walsink.committer.errors import AuditRejectedError
+from airflow_provider_walsink.committer.records import Actor
 from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.connections import airflow_connection_fields
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
@@ -93,7 +94,10 @@ class WalCommitOperator(BaseOperator):
     :param target_options: kind-specific target settings (catalog properties...).
     :param emit_asset_events: declare the ``walsink-<pipeline>`` asset alias and
         add an event for the target's asset only when this try recorded
-        COMMITTED (never on a no-op re-run): schedule downstream DAGs on it.
+        COMMITTED (never on a no-op re-run), or when an earlier try of this task
+        recorded it and died before its success delivered the event (the
+        alias, also an inlet, shows none for the attempt): schedule downstream
+        DAGs on it.
     :param require_audit: the pipeline declares an audit (``WalAuditOperator``):
         publish only a sealed attempt that passed it. A checkpoint REJECTED by
         an audit is never published, whatever this says (the task fails
@@ -133,6 +137,9 @@ class WalCommitOperator(BaseOperator):
         if emit_asset_events and "{{" not in pipeline:
             self.asset_alias = AssetAlias(name=asset_alias_name(pipeline))
             kwargs["outlets"] = [*(kwargs.get("outlets") or []), self.asset_alias]
+            # Also an inlet, to read back the events added through it: a retry of a try killed
+            # between COMMITTED and its success adds the event that try never delivered.
+            kwargs["inlets"] = [*(kwargs.get("inlets") or []), self.asset_alias]
             if isinstance(target, str) and "{{" not in target and "{%" not in target:
                 # Registered when the DAG is parsed (an inlet emits no event): otherwise the
                 # first events of two commits finishing together both make Airflow create the
@@ -199,25 +206,84 @@ class WalCommitOperator(BaseOperator):
         except AuditRejectedError as exc:
             raise AirflowFailException(str(exc)) from None  # retrying cannot help
         self._summary = summary.to_dict()
-        if summary.already_committed:
+        if not summary.already_committed:
+            if self.asset_alias is not None:
+                self._add_asset_event(context, key, summary)
+        elif self.asset_alias is not None and self._event_lost_by_an_earlier_try(
+            context, committer, key, summary, actor
+        ):
+            self.log.warning(
+                "Checkpoint %s/%s was committed by an earlier try of this task that did not finish; "
+                "adding the asset event it never delivered",
+                self.pipeline,
+                key,
+            )
+            self._add_asset_event(context, key, summary)
+        else:
             self.log.info(
                 "Checkpoint %s/%s was already committed; nothing changed and no asset event",
                 self.pipeline,
                 key,
             )
-        elif self.asset_alias is not None:
-            context["outlet_events"][self.asset_alias].add(
-                target_asset(self.pipeline, self.target),
-                extra={
-                    "pipeline": self.pipeline,
-                    "checkpoint_key": key,
-                    "attempt": summary.attempt,
-                    "rows": summary.rows,
-                    "files": summary.committables,
-                    "published": summary.published,
-                },
-            )
         return self._summary
+
+    def _add_asset_event(self, context: Any, key: str, summary: CommitSummary) -> None:
+        assert self.asset_alias is not None
+        context["outlet_events"][self.asset_alias].add(
+            target_asset(self.pipeline, self.target),
+            extra={
+                "pipeline": self.pipeline,
+                "checkpoint_key": key,
+                "attempt": summary.attempt,
+                "rows": summary.rows,
+                "files": summary.committables,
+                "published": summary.published,
+            },
+        )
+
+    def _event_lost_by_an_earlier_try(
+        self, context: Any, committer: CheckpointCommitter, key: str, summary: CommitSummary, actor: Actor
+    ) -> bool:
+        """Did an earlier try of this task record COMMITTED and die before Airflow took its event?
+
+        Airflow records a task's asset events only when the task succeeds. A try
+        killed between COMMITTED and its success leaves a commit no event
+        announces; its retry finds the checkpoint committed. Only the tries of
+        one task instance are considered (they run one after another, so none
+        can still deliver the event), and only when no event of the alias names
+        this (pipeline, checkpoint, attempt): a cleared task whose first try
+        succeeded adds nothing. When the events cannot be read, no event is
+        added: a missed downstream run is repairable, a second one is not.
+        """
+        committed = [
+            h
+            for h in committer.store.history(self.pipeline, key)
+            if h.to_state == "COMMITTED" and h.from_state != "COMMITTED" and h.attempt == summary.attempt
+        ]
+        if not committed:
+            return False
+        last = committed[-1]
+        same_task = (last.dag_id, last.run_id, last.task_id, last.actor) == (
+            actor.dag_id,
+            actor.run_id,
+            actor.task_id,
+            actor.name[:255],
+        )
+        if not same_task or last.try_number is None or actor.try_number is None:
+            return False
+        if last.try_number >= actor.try_number:
+            return False
+        try:
+            # The events were added at or after COMMITTED; an hour covers the clocks' skew.
+            since = last.at.replace(tzinfo=UTC) - timedelta(hours=1)
+            events = list(context["inlet_events"][self.asset_alias].after(since.isoformat()))
+        except Exception as exc:  # noqa: BLE001 - any failure to read: add nothing (see above)
+            self.log.warning("Could not read the asset events of %s (%s); adding none", self.asset_alias, exc)
+            return False
+        mine = {"pipeline": self.pipeline, "checkpoint_key": key, "attempt": summary.attempt}
+        return not any(
+            all((event.extra or {}).get(name) == value for name, value in mine.items()) for event in events
+        )
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The target as output (with its rows) and the checkpoint as a run facet."""
