@@ -13,6 +13,10 @@ table's commit is done, nothing after it has run) and SIGKILLs itself (``faults.
   ``StagingLayout``): the killed process runs the publisher under a lease's epoch, as the
   committer does, and the re-runs are fresh publishers, as a new task try builds.
 
+An abort's tombstone committed while a publish of the attempt is SIGSTOPped just before its
+table commit: the resumed publish adds nothing (the catalog's compare-and-swap, or the Delta
+log's conditional put on S3, makes it read the table again and meet the tombstone).
+
 Racing committers (one snapshot/version) and zombie commits (nothing added) are shown on both
 places in tests/test_iceberg_target.py and tests/test_delta_target.py; with real processes
 stopped and resumed, in the crash campaign (tests/test_target_faults.py).
@@ -213,3 +217,72 @@ def test_a_commit_killed_after_the_table_commit_is_finished_by_the_rerun_also_af
         assert store.require("events", KEY).state is S.FAILED
         assert commits(kind, spec) == landed
     assert rows(kind, spec) == sorted(DAY)
+
+
+def _stopped_publish(
+    kind: str, spec: dict, mode: str, manifest_bytes: bytes, attempt_dir: str, epoch: int, out
+) -> None:
+    """A publish SIGSTOPped just before its table commit (a zombie); reports how it ended."""
+    os.environ[faults.ENV], os.environ[faults.SIGNAL_ENV] = "table.before_table_commit", "STOP"
+    manifest = Manifest.from_bytes(manifest_bytes)
+    try:
+        make_publisher(kind, spec, mode).publish(
+            manifest, attempt_dir, ctx(manifest, epoch=epoch, on_event=faults.crashpoint)
+        )
+        out.put("published")
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        out.put(type(exc).__name__)
+
+
+def _process_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0]
+
+
+@pytest.mark.parametrize("kind", ["iceberg", "delta"])
+@pytest.mark.parametrize("mode", ["append", "overwrite"])
+def test_an_abort_tombstone_lands_before_a_stopped_publish_which_then_adds_nothing(
+    kind,
+    mode,
+    place,  # noqa: F811
+    tmp_path,
+):
+    """An abort's tombstone (Iceberg: an empty snapshot and a property; Delta: the attempt's app
+    transaction at -1) committed while a publish of the attempt is stopped just before its table
+    commit: resumed, the publish meets the tombstone (the catalog's compare-and-swap, or the
+    Delta log's put-if-absent on S3) and adds nothing, on a local warehouse and on S3."""
+    from airflow_provider_walsink.publishers._tables import AbortedInTableError, CheckpointRef
+
+    spec = table_spec(kind, place, tmp_path)
+    staging = make_publisher(kind, spec, mode).staging_root()
+    earlier = [("2025-12-31", 0, "z")]  # the table exists: an abort may not create it
+    manifest0, dir0 = stage_attempt(place, staging, "events", "20251231T000000Z", earlier)
+    make_publisher(kind, spec, mode).publish(manifest0, dir0, ctx(manifest0, epoch=1))
+    manifest, attempt_dir = stage_attempt(place, staging, "events", KEY, DAY)
+
+    mp = multiprocessing.get_context("spawn")
+    out = mp.Queue()
+    zombie = mp.Process(
+        target=_stopped_publish, args=(kind, spec, mode, manifest.to_bytes(), attempt_dir, 2, out)
+    )
+    zombie.start()
+    try:
+        deadline = time.monotonic() + 120
+        while _process_state(zombie.pid) != "T":
+            assert zombie.is_alive(), "the publish ended before its stop"
+            assert time.monotonic() < deadline, "the publish never reached its stop"
+            time.sleep(0.05)
+        ref = CheckpointRef("events", KEY, manifest.attempt_id)
+        refused_by = make_publisher(kind, spec, mode).tombstone(
+            ref, frozenset({manifest.attempt_id}), refuse_if_held=manifest.attempt_id
+        )
+        assert refused_by is None  # the tombstone was committed
+        after_abort = commits(kind, spec)
+        assert len(after_abort) == 2 and rows(kind, spec) == earlier
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
+        zombie.join(120)
+    assert out.get(timeout=5) == AbortedInTableError.__name__
+    assert commits(kind, spec) == after_abort and rows(kind, spec) == earlier
+    with pytest.raises(AbortedInTableError):  # nor will any later publish of the attempt
+        make_publisher(kind, spec, mode).publish(manifest, attempt_dir, ctx(manifest, epoch=3))
