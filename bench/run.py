@@ -9,7 +9,10 @@
 Benchmarks: ``write`` (1: Spark write + durability + commit vs plain
 df.write.parquet), ``commit`` (2: N committables vs an os.rename loop),
 ``table`` (3: committer-table throughput vs pgbench), ``orchestration``
-(4: one example DAG run under a real scheduler). Figures are medians over
+(4: one example DAG run under a real scheduler), ``sql`` (6: the SQL target's
+load vs a plain COPY / LOAD DATA of the same rows, PostgreSQL and MariaDB).
+The table targets' commit and marker costs are ``python -m bench.bench_tables``
+(its own tables: it needs no size presets). Figures are medians over
 ``--repeats`` runs; baselines and walsink are interleaved in one run.
 """
 
@@ -27,7 +30,7 @@ if __package__ in (None, ""):  # `python bench/run.py` as well as `python -m ben
 
 from bench.common import Table, machine, remove, work_dir  # noqa: E402
 
-ALL = ("write", "commit", "table", "orchestration")
+ALL = ("write", "commit", "table", "orchestration", "sql")
 
 
 @dataclass(frozen=True)
@@ -40,13 +43,16 @@ class Size:
     table_seconds: float
     repeats: int
     orchestration_runs: int
+    sql_rows: tuple[int, ...]
 
 
 SIZES = {
-    "smoke": Size((), (10, 100), (1,), 1.0, 1, 0),
-    "small": Size((1_000_000,), (100, 1_000, 10_000), (1, 4, 16), 5.0, 5, 1),
-    "medium": Size((1_000_000, 10_000_000), (100, 1_000, 10_000), (1, 4, 16), 10.0, 5, 3),
-    "large": Size((1_000_000, 10_000_000, 50_000_000), (100, 1_000, 10_000), (1, 4, 16), 10.0, 5, 3),
+    "smoke": Size((), (10, 100), (1,), 1.0, 1, 0, (2_000,)),
+    "small": Size((1_000_000,), (100, 1_000, 10_000), (1, 4, 16), 5.0, 5, 1, (1_000_000,)),
+    "medium": Size((1_000_000, 10_000_000), (100, 1_000, 10_000), (1, 4, 16), 10.0, 5, 3, (1_000_000,)),
+    "large": Size(
+        (1_000_000, 10_000_000, 50_000_000), (100, 1_000, 10_000), (1, 4, 16), 10.0, 5, 3, (1_000_000,)
+    ),
 }
 
 
@@ -144,11 +150,19 @@ def run_orchestration(size: Size, repeats: int, args: argparse.Namespace, scratc
     return bench_orchestration.run(size, scratch / "orchestration", runs=size.orchestration_runs)
 
 
+def run_sql(size: Size, repeats: int, args: argparse.Namespace, scratch: Path) -> Table:
+    from bench import bench_sql
+
+    # Three repeats at most: 1M rows into MariaDB takes ~15 s a load on this machine.
+    return bench_sql.run(list(size.sql_rows), min(repeats, 3), scratch / "sql", ["postgresql", "mysql"])
+
+
 RUNNERS = {
     "write": run_write,
     "commit": run_commit,
     "table": run_table,
     "orchestration": run_orchestration,
+    "sql": run_sql,
 }
 
 if __name__ == "__main__":
