@@ -25,6 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workdir", help="where staging and targets live (default: a temporary directory)")
     parser.add_argument("--verbose", "-v", action="store_true", help="print every schedule")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="driver processes for the SQLite schedules, each with its own database (default 1)",
+    )
     args = parser.parse_args(argv)
     if not args.verbose:
         logging.disable(logging.WARNING)  # the figures, not every commit's log line
@@ -36,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             db_url=args.db_url,
             verbose=args.verbose,
             spark_schedules=args.spark_schedules,
+            workers=args.workers,
         )
     print(result.describe())
     return 0 if result.violations == [] and not result.uncovered else 1
