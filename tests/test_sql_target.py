@@ -567,27 +567,28 @@ def test_a_value_the_column_cannot_hold_rolls_the_whole_load_back(url, names, la
 
 def test_a_conversion_error_in_a_worker_thread_reaches_the_load(tmp_path):
     """The CSV converter threads hand their errors to the consumer (the load then rolls back)."""
-    from airflow_provider_walsink.publishers.sql import _csv_chunks, _Plan
+    from airflow_provider_walsink.publishers._sqlload import csv_chunks
+    from airflow_provider_walsink.publishers._sqlplan import LoadPlan
 
     good = tmp_path / "good.parquet"
     pq.write_table(pa.table({"id": list(range(10))}), good)
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not parquet at all")
-    plan = _Plan(
+    plan = LoadPlan(
         files=[(str(good), {}), (str(bad), {})],
         schema=pa.schema([("id", pa.int64())]),
         partition_columns=[],
         rows=20,
     )
     with pytest.raises(pa.ArrowInvalid):
-        b"".join(_csv_chunks(plan, mysql=False))
-    ok = _Plan(
+        b"".join(csv_chunks(plan, mysql=False))
+    ok = LoadPlan(
         files=[(str(good), {"dt": DAY1})] * 3,
         schema=pa.schema([("id", pa.int64())]),
         partition_columns=["dt"],
         rows=30,
     )
-    text = b"".join(_csv_chunks(ok, mysql=False)).decode()
+    text = b"".join(csv_chunks(ok, mysql=False)).decode()
     assert sorted(text.splitlines()) == sorted(f'{i},"{DAY1}"' for i in range(10) for _ in range(3))
 
 

@@ -50,46 +50,38 @@ does not exist; an existing table must accept every staged column, or the
 publish fails before anything is written with a message naming the columns.
 Identifiers (schema, table, columns) are validated and quoted by the
 dialect's identifier preparer; every value is a bound parameter.
+
+This module is the publisher and its transaction; what it builds on has a
+module each: the load plan (:mod:`._sqlplan`), the marker table
+(:mod:`._sqlmarkers`), names, types and errors (:mod:`._sqltypes`) and the
+bulk load (:mod:`._sqlload`).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import io
 import json
 import logging
-import os
-import queue
-import re
-import shutil
-import stat
-import tempfile
-import threading
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
-import pyarrow as pa
-import pyarrow.csv as pa_csv
-import pyarrow.parquet as pq
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql as mysql_types
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.sql import sqltypes
 
-from airflow_provider_walsink.protocol.errors import (
-    CommittableError,
-    FencedError,
-    LayoutError,
-    SupersedeError,
-    WalsinkError,
-)
+from airflow_provider_walsink.protocol.errors import CommittableError, FencedError, SupersedeError
 from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
 
+from ._sqlload import bulk_load
+from ._sqlmarkers import Marker, as_text, define_marker_table, marker_key, read_marker, upgrade_marker_table
+from ._sqlplan import LoadPlan, plan_load, replace_values
+
+# The target's errors and validate_sql_identifier are imported from this module, their public home.
+from ._sqltypes import SchemaMismatchError as SchemaMismatchError
+from ._sqltypes import SqlTargetError, check_schema, sql_type_for, validate_sql_identifier
 from ._tables import refuse_supersede, superseded_attempt
 from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
 
@@ -115,133 +107,8 @@ _DRIVER_EXTRAS = {
     "psycopg": ("psycopg", "psycopg"),
     "pymysql": ("pymysql", "mysql"),
 }
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-_BATCH_ROWS = 64 * 1024
-#: Threads converting Parquet to CSV while the load runs.
-_CONVERT_THREADS = 2
 #: How often a publish that lost the race for a new marker row starts over (it then finds the row).
 _RACE_RETRIES = 3
-
-
-class SqlTargetError(WalsinkError):
-    """The SQL target cannot publish this checkpoint as asked; the message says why. Nothing was written."""
-
-
-class SchemaMismatchError(SqlTargetError, LayoutError):
-    """The staged Parquet does not fit the existing target table; the message names the columns."""
-
-
-def validate_sql_identifier(value: object, what: str) -> str:
-    """Return ``value`` if it is a plain SQL identifier (letters, digits, ``_``; 1-63 characters)."""
-    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
-        raise SqlTargetError(
-            f"invalid {what} {value!r}: use 1-63 letters, digits and '_', starting with a letter or '_'"
-        )
-    return value
-
-
-# --------------------------------------------------------------------------- types
-
-
-def _sql_type_for(field: pa.Field) -> sa.types.TypeEngine:
-    """The column type a new table gets for a staged Parquet column."""
-    t = field.type
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    if pa.types.is_boolean(t):
-        return sa.Boolean()
-    if pa.types.is_int8(t) or pa.types.is_int16(t) or pa.types.is_uint8(t):
-        return sa.SmallInteger()
-    if pa.types.is_int32(t) or pa.types.is_uint16(t):
-        return sa.Integer()
-    if pa.types.is_int64(t) or pa.types.is_uint32(t):
-        return sa.BigInteger()
-    if pa.types.is_uint64(t):
-        return sa.Numeric(20, 0)
-    if pa.types.is_float16(t) or pa.types.is_float32(t):
-        return sa.Float(precision=24)
-    if pa.types.is_float64(t):
-        return sa.Double()
-    if pa.types.is_decimal(t):
-        return sa.Numeric(t.precision, t.scale)
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        return sa.Text().with_variant(mysql_types.LONGTEXT(), "mysql", "mariadb")
-    if pa.types.is_date(t):
-        return sa.Date()
-    if pa.types.is_timestamp(t):
-        return sa.DateTime(timezone=t.tz is not None).with_variant(
-            mysql_types.DATETIME(fsp=6), "mysql", "mariadb"
-        )
-    raise SchemaMismatchError(
-        f"column {field.name!r} has Parquet type {field.type}, which the sql target cannot load "
-        "(booleans, integers, floats, decimals, strings, dates and timestamps can)"
-    )
-
-
-def _arrow_family(t: pa.DataType) -> str:
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    if pa.types.is_boolean(t):
-        return "boolean"
-    if pa.types.is_integer(t):
-        return "integer"
-    if pa.types.is_floating(t):
-        return "float"
-    if pa.types.is_decimal(t):
-        return "decimal"
-    if pa.types.is_date(t):
-        return "date"
-    if pa.types.is_timestamp(t):
-        return "timestamp"
-    return "string"
-
-
-#: SQL type class → the Parquet families a column of it accepts (first match wins: Float before Numeric).
-_ACCEPTS: tuple[tuple[type, frozenset[str]], ...] = (
-    (sqltypes.Boolean, frozenset({"boolean"})),
-    (sqltypes.Integer, frozenset({"integer", "boolean"})),  # MySQL's BOOLEAN is TINYINT(1)
-    (sqltypes.Float, frozenset({"float", "integer", "decimal"})),
-    (sqltypes.Numeric, frozenset({"integer", "decimal", "float"})),
-    (sqltypes.String, frozenset({"string"})),
-    (sqltypes.DateTime, frozenset({"timestamp", "date"})),
-    (sqltypes.Date, frozenset({"date"})),
-)
-
-
-def _accepts(sql_type: sa.types.TypeEngine) -> frozenset[str]:
-    for cls, families in _ACCEPTS:
-        if isinstance(sql_type, cls):
-            return families
-    return frozenset()
-
-
-# --------------------------------------------------------------------------- plan
-
-
-@dataclass
-class _Plan:
-    """What one publish loads, all checked before the target changes."""
-
-    files: list[tuple[str, dict[str, str]]]  # (staged path, partition column → value)
-    schema: pa.Schema  # the staged data columns (without partition columns)
-    partition_columns: list[str]
-    rows: int
-    replace_values: list[tuple[str, ...]] = field(default_factory=list)
-
-    @property
-    def columns(self) -> list[str]:
-        return [*self.schema.names, *self.partition_columns]
-
-
-@dataclass(frozen=True)
-class _Marker:
-    attempt_id: str
-    epoch: int
-    rows: int
-    #: The committer recorded the commit of this attempt (``finish()`` ran).
-    finished: bool
-    #: ``replace`` by key: the key values (as text) this attempt replaced; ``None`` when not recorded.
-    replaced_values: frozenset[tuple[str, ...]] | None = None
 
 
 class SqlPublisher:
@@ -305,7 +172,7 @@ class SqlPublisher:
             )
         self.lock_timeout = lock_timeout
         self._engine: Engine | None = None
-        self._markers = _marker_table(self.marker_table, self.schema)
+        self._markers = define_marker_table(self.marker_table, self.schema)
         self._markers_ready = False
 
     # ------------------------------------------------------------------ construction
@@ -381,7 +248,7 @@ class SqlPublisher:
             return None
         self._ensure_markers()
         with self.engine.connect() as conn:
-            marker = self._read_marker(conn, manifest, lock=False)
+            marker = read_marker(conn, self._markers, manifest, lock=False)
         return marker.attempt_id if marker else None
 
     def finish(self, manifest: Manifest, layout: StagingLayout | None = None) -> None:
@@ -398,7 +265,10 @@ class SqlPublisher:
             with self.engine.begin() as conn:
                 conn.execute(
                     self._markers.update()
-                    .where(*self._marker_key(manifest), self._markers.c.attempt_id == manifest.attempt_id)
+                    .where(
+                        *marker_key(self._markers, manifest),
+                        self._markers.c.attempt_id == manifest.attempt_id,
+                    )
                     .where(self._markers.c.finished_at.is_(None))
                     .values(finished_at=sa.func.now())
                 )
@@ -440,7 +310,7 @@ class SqlPublisher:
         # A cheap look without a lock first: a re-run of a published attempt
         # needs no staging (which finish() may already have removed).
         with self.engine.connect() as conn:
-            marker = self._read_marker(conn, manifest, lock=False)
+            marker = read_marker(conn, self._markers, manifest, lock=False)
         if marker is not None:
             outcome = self._judge(marker, manifest, ctx)
             if outcome is not None:
@@ -460,7 +330,7 @@ class SqlPublisher:
     # ------------------------------------------------------------------ transaction
 
     def _transaction(
-        self, manifest: Manifest, plan: _Plan, target: sa.Table | None, ctx: PublisherContext
+        self, manifest: Manifest, plan: LoadPlan, target: sa.Table | None, ctx: PublisherContext
     ) -> PublishResult:
         # READ COMMITTED on both: a locking read sees the latest committed marker,
         # and MySQL takes no gap locks (a concurrent first insert then waits on
@@ -469,7 +339,7 @@ class SqlPublisher:
             with conn.begin():
                 self._set_lock_timeout(conn)
                 try:
-                    marker = self._read_marker(conn, manifest, lock=True)
+                    marker = read_marker(conn, self._markers, manifest, lock=True)
                 except DBAPIError as exc:
                     raise self._lock_error(exc, manifest) from exc
                 if marker is not None:
@@ -480,7 +350,7 @@ class SqlPublisher:
                 if marker is not None:
                     conn.execute(
                         self._markers.update()
-                        .where(*self._marker_key(manifest))
+                        .where(*marker_key(self._markers, manifest))
                         .values(
                             attempt_id=manifest.attempt_id,
                             epoch=ctx.epoch,
@@ -515,7 +385,7 @@ class SqlPublisher:
                 if self.mode == "replace" and target is not None:
                     replaced = self._delete_interval(conn, target, manifest, plan)
                 ctx.event("sql.before_load")
-                loaded = self._bulk_load(conn, target, plan)
+                loaded = bulk_load(conn, target, plan, dialect_name=self.dialect_name)
                 if loaded != plan.rows:
                     raise CommittableError(
                         f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: loaded {loaded} rows but the "
@@ -556,7 +426,7 @@ class SqlPublisher:
             )
         return exc
 
-    def _judge(self, marker: _Marker, manifest: Manifest, ctx: PublisherContext) -> PublishResult | None:
+    def _judge(self, marker: Marker, manifest: Manifest, ctx: PublisherContext) -> PublishResult | None:
         """What an existing marker means: fenced, already published, refused, or ``None`` (go on)."""
         if marker.epoch > ctx.epoch:
             raise FencedError(
@@ -584,7 +454,7 @@ class SqlPublisher:
         return None
 
     def _check_supersede(
-        self, marker: _Marker | None, manifest: Manifest, plan: _Plan, ctx: PublisherContext
+        self, marker: Marker | None, manifest: Manifest, plan: LoadPlan, ctx: PublisherContext
     ) -> None:
         """A reprocess in ``replace`` by key must delete every row the version it replaces wrote.
 
@@ -611,7 +481,7 @@ class SqlPublisher:
                 f"{name}: cannot replace {held} with a new version: its marker row {state} "
                 f"({self.marker_table}), so its rows cannot be identified; {hint}"
             )
-        uncovered = sorted(marker.replaced_values - {_as_text(v) for v in plan.replace_values})
+        uncovered = sorted(marker.replaced_values - {as_text(v) for v in plan.replace_values})
         if uncovered:
             key = self._key_columns()
             shown = ", ".join(
@@ -623,30 +493,11 @@ class SqlPublisher:
                 f"there; {hint}"
             )
 
-    def _recorded_values(self, plan: _Plan) -> str | None:
+    def _recorded_values(self, plan: LoadPlan) -> str | None:
         """What the marker row records of the rows a ``replace`` by key wrote: its key values as text."""
         if self.mode != "replace" or self.replace_predicate:
             return None
-        return json.dumps(sorted(list(_as_text(v)) for v in plan.replace_values))
-
-    def _read_marker(self, conn: Connection, manifest: Manifest, *, lock: bool) -> _Marker | None:
-        m = self._markers
-        query = sa.select(m.c.attempt_id, m.c.epoch, m.c.rows, m.c.finished_at, m.c.replaced_values).where(
-            *self._marker_key(manifest)
-        )
-        if lock:
-            query = query.with_for_update()
-        row = conn.execute(query).first()
-        if row is None:
-            return None
-        values = None
-        if row.replaced_values is not None:
-            values = frozenset(tuple(v) for v in json.loads(row.replaced_values))
-        return _Marker(row.attempt_id, int(row.epoch), int(row.rows), row.finished_at is not None, values)
-
-    def _marker_key(self, manifest: Manifest) -> tuple[Any, ...]:
-        m = self._markers
-        return (m.c.pipeline == manifest.pipeline, m.c.checkpoint_key == manifest.checkpoint_key)
+        return json.dumps(sorted(list(as_text(v)) for v in plan.replace_values))
 
     def _snapshot(self, manifest: Manifest, epoch: int) -> str:
         return (
@@ -658,7 +509,7 @@ class SqlPublisher:
 
     # ------------------------------------------------------------------ planning
 
-    def _plan(self, manifest: Manifest, attempt_dir: Path) -> _Plan:
+    def _plan(self, manifest: Manifest, attempt_dir: Path) -> LoadPlan:
         """Check the staged files and read their schema; raise before anything is written."""
         if manifest.file_format != "parquet":
             raise SqlTargetError(
@@ -666,47 +517,7 @@ class SqlPublisher:
             )
         if self.layout is None:
             raise SqlTargetError("the sql target needs the staging layout to find the staged files")
-        resolve = self.layout.committable_resolver(Path(attempt_dir))
-        files: list[tuple[str, dict[str, str]]] = []
-        schemas: list[pa.Schema] = []
-        partition_columns: list[str] | None = None
-        rows = 0
-        problems = []
-        for c in manifest.committables:
-            path, st = resolve(c.path)
-            if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != c.size:
-                problems.append(f"{c.path}: missing from staging or not the size the manifest records")
-                continue
-            columns = [col for col, _ in c.partition]
-            if partition_columns is None:
-                partition_columns = columns
-            elif columns != partition_columns:
-                raise LayoutError(
-                    f"committables are partitioned differently: {partition_columns} and {columns} ({c.path})"
-                )
-            meta = pq.read_metadata(path)
-            schemas.append(meta.schema.to_arrow_schema())
-            rows += meta.num_rows
-            files.append((path, dict(c.partition)))
-        if problems:
-            shown = "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
-            raise CommittableError(
-                f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key} attempt {manifest.attempt_id} "
-                f"cannot be loaded, target left unchanged: {shown}"
-            )
-        if partition_columns is None:  # no committables: an empty interval
-            partition_columns = list(manifest.partition_columns)
-        schema = _unify(schemas)
-        for name in [*schema.names, *partition_columns]:
-            validate_sql_identifier(name, "column name")
-        clash = sorted(set(schema.names) & set(partition_columns))
-        if clash:
-            raise SchemaMismatchError(
-                f"columns {clash} are both in the Parquet files and partition directories"
-            )
-        for f in schema:
-            _sql_type_for(f)  # raises for a type the target cannot load
-        plan = _Plan(files=files, schema=schema, partition_columns=partition_columns, rows=rows)
+        plan = plan_load(manifest, self.layout.committable_resolver(Path(attempt_dir)))
         # Checked here, not when built: the write task builds a publisher only to ask where to stage.
         if self.mode == "replace" and not (self.replace_key or self.replace_predicate or self.partition_by):
             raise SqlTargetError(
@@ -715,35 +526,11 @@ class SqlPublisher:
                 "partition columns"
             )
         if self.mode == "replace" and not self.replace_predicate:
-            plan.replace_values = self._replace_values(manifest, plan)
+            plan.replace_values = replace_values(manifest, plan, self._key_columns())
         return plan
 
     def _key_columns(self) -> list[str]:
         return list(self.replace_key or self.partition_by)
-
-    def _replace_values(self, manifest: Manifest, plan: _Plan) -> list[tuple[str, ...]]:
-        """The key values that name the interval: from partition paths, or from the staged data."""
-        key = self._key_columns()
-        missing = [k for k in key if k not in plan.columns and k not in manifest.partition_columns]
-        if missing:
-            raise SqlTargetError(
-                f"replace key column(s) {missing} are not among the staged columns {plan.columns}"
-            )
-        values: set[tuple[Any, ...]] = set()
-        if all(k in plan.partition_columns or k in manifest.partition_columns for k in key):
-            for p in manifest.replaced_partitions():
-                pairs = dict(part.split("=", 1) for part in p.split("/") if part)
-                values.add(tuple(pairs[k] for k in key))
-            return sorted(values)
-        data_key = [k for k in key if k in plan.schema.names]
-        for path, partition in plan.files:
-            table = pq.read_table(path, columns=data_key)
-            unique = table.group_by(data_key).aggregate([]) if table.num_rows else table
-            for row in unique.to_pylist():
-                values.add(tuple(partition[k] if k in partition else row[k] for k in key))
-        if any(v is None for t in values for v in t):
-            raise SqlTargetError(f"replace key column(s) {key} hold NULL in the staged data")
-        return sorted(values, key=repr)
 
     # ------------------------------------------------------------------ tables
 
@@ -752,27 +539,7 @@ class SqlPublisher:
         if self._markers_ready:
             return
         self._ensure_table(self._markers)
-        columns = {
-            c["name"] for c in sa.inspect(self.engine).get_columns(self.marker_table, schema=self.schema)
-        }
-        if "replaced_values" not in columns:
-            column = self._markers.c.replaced_values
-            with self.engine.connect() as conn:
-                preparer = conn.dialect.identifier_preparer
-                ddl = (
-                    f"ALTER TABLE {preparer.format_table(self._markers)} ADD COLUMN "
-                    f"{preparer.quote(column.name)} {column.type.compile(dialect=conn.dialect)}"
-                )
-                try:
-                    with conn.begin():
-                        conn.execute(sa.text(ddl))
-                except DBAPIError:
-                    # A concurrent publisher added it first.
-                    inspector = sa.inspect(self.engine)
-                    if "replaced_values" not in {
-                        c["name"] for c in inspector.get_columns(self.marker_table, schema=self.schema)
-                    }:
-                        raise
+        upgrade_marker_table(self.engine, self._markers)
         self._markers_ready = True
 
     def _ensure_table(self, table: sa.Table) -> None:
@@ -785,7 +552,7 @@ class SqlPublisher:
             if not sa.inspect(self.engine).has_table(table.name, schema=table.schema):
                 raise
 
-    def _prepare_target(self, plan: _Plan) -> sa.Table | None:
+    def _prepare_target(self, plan: LoadPlan) -> sa.Table | None:
         """Create the target table, or check the existing one accepts the staged columns.
 
         ``None``: no table and an empty checkpoint, so there is nothing to create, replace or load.
@@ -798,11 +565,11 @@ class SqlPublisher:
                 raise SqlTargetError(
                     f"target table {self._target_name()} does not exist (create_table is off)"
                 )
-            columns = [sa.Column(f.name, _sql_type_for(f), nullable=f.nullable) for f in plan.schema]
+            columns = [sa.Column(f.name, sql_type_for(f), nullable=f.nullable) for f in plan.schema]
             columns += [sa.Column(c, sa.String(255), nullable=False) for c in plan.partition_columns]
             self._ensure_table(sa.Table(self.table, metadata, *columns, schema=self.schema))
         reflected = sa.inspect(self.engine).get_columns(self.table, schema=self.schema)
-        self._check_schema(plan, reflected)
+        check_schema(plan, reflected, mysql=self.dialect_name == "mysql", target_name=self._target_name())
         return sa.Table(
             self.table,
             sa.MetaData(),
@@ -810,45 +577,8 @@ class SqlPublisher:
             schema=self.schema,
         )
 
-    def _check_schema(self, plan: _Plan, reflected: list[dict[str, Any]]) -> None:
-        fold = (lambda s: s.lower()) if self.dialect_name == "mysql" else (lambda s: s)
-        by_name = {fold(c["name"]): c for c in reflected}
-        problems = []
-        staged = {fold(n) for n in plan.columns}
-        for f in plan.schema:
-            col = by_name.get(fold(f.name))
-            if col is None:
-                problems.append(f"column {f.name!r} ({f.type}) is not in the table")
-            elif _arrow_family(f.type) not in _accepts(col["type"]):
-                problems.append(
-                    f"column {f.name!r} is {f.type} in the staged Parquet but {col['type']} in the table"
-                )
-        for name in plan.partition_columns:
-            col = by_name.get(fold(name))
-            if col is None:
-                problems.append(f"partition column {name!r} is not in the table")
-            elif not _accepts(col["type"]) - {"boolean"}:
-                problems.append(
-                    f"partition column {name!r} is {col['type']} in the table, which cannot hold its text"
-                )
-        for c in reflected:
-            if (
-                fold(c["name"]) not in staged
-                and not c.get("nullable", True)
-                and c.get("default") is None
-                and c.get("autoincrement") is not True
-            ):
-                problems.append(
-                    f"table column {c['name']!r} is NOT NULL without a default and not in the staged data"
-                )
-        if problems:
-            raise SchemaMismatchError(
-                f"target table {self._target_name()} does not match the staged data, nothing written: "
-                + "; ".join(problems)
-            )
-
     def _delete_interval(
-        self, conn: Connection, target: sa.Table, manifest: Manifest, plan: _Plan
+        self, conn: Connection, target: sa.Table, manifest: Manifest, plan: LoadPlan
     ) -> list[str]:
         if self.replace_predicate:
             conn.execute(
@@ -874,272 +604,9 @@ class SqlPublisher:
             "/".join(f"{k}={v}" for k, v in zip(key, values, strict=True)) for values in plan.replace_values
         ]
 
-    # ------------------------------------------------------------------ bulk load
-
-    def _bulk_load(self, conn: Connection, target: sa.Table | None, plan: _Plan) -> int:
-        """Load every staged row through the driver's bulk path; return the rows the database loaded."""
-        if not plan.files or target is None:
-            return 0
-        preparer = conn.dialect.identifier_preparer
-        table_sql = preparer.format_table(target)
-        columns_sql = ", ".join(preparer.quote(c) for c in plan.columns)
-        dbapi = conn.connection.dbapi_connection
-        chunks = _csv_chunks(plan, mysql=self.dialect_name == "mysql")
-        try:
-            if self.dialect_name == "postgresql":
-                sql = f"COPY {table_sql} ({columns_sql}) FROM STDIN WITH (FORMAT csv)"
-                return _pg_copy(dbapi, sql, chunks)
-            return _mysql_load(dbapi, table_sql, columns_sql, chunks)
-        finally:
-            chunks.close()  # a failed load stops the converter threads now, not at garbage collection
-
 
 class _LostRace(Exception):
     """A concurrent publisher created the checkpoint's marker row first."""
-
-
-def _marker_table(name: str, schema: str | None) -> sa.Table:
-    return sa.Table(
-        name,
-        sa.MetaData(),
-        sa.Column("pipeline", sa.String(128), primary_key=True),
-        sa.Column("checkpoint_key", sa.String(128), primary_key=True),
-        sa.Column("attempt_id", sa.String(40), nullable=False),
-        sa.Column("epoch", sa.BigInteger, nullable=False),
-        sa.Column("rows", sa.BigInteger, nullable=False),
-        sa.Column("target_table", sa.String(255), nullable=False),
-        sa.Column("published_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
-        # replace by key: the key values the attempt replaced (JSON), so a reprocess knows its rows.
-        sa.Column(
-            "replaced_values",
-            sa.Text().with_variant(mysql_types.LONGTEXT(), "mysql", "mariadb"),
-            nullable=True,
-        ),
-        schema=schema,
-    )
-
-
-def _as_text(values: Sequence[Any]) -> tuple[str, ...]:
-    """Key values as the marker row records them (dates ISO, numbers as written): comparable across attempts."""
-    return tuple(v.isoformat() if hasattr(v, "isoformat") else str(v) for v in values)
-
-
-def _unify(schemas: list[pa.Schema]) -> pa.Schema:
-    """One schema for every staged file; files that disagree on a column's type are named."""
-    if not schemas:
-        return pa.schema([])
-    first = schemas[0]
-    for other in schemas[1:]:
-        if other.names != first.names:
-            raise SchemaMismatchError(f"staged files have different columns: {first.names} and {other.names}")
-        diff = [
-            f"{a.name!r} ({a.type} / {b.type})" for a, b in zip(first, other, strict=True) if a.type != b.type
-        ]
-        if diff:
-            raise SchemaMismatchError(f"staged files disagree on column types: {', '.join(diff)}")
-    # Spark writes every column nullable; a column is nullable if any file says so.
-    return pa.schema(
-        [f.with_nullable(any(s.field(i).nullable for s in schemas)) for i, f in enumerate(first)]
-    )
-
-
-def _load_type(t: pa.DataType, *, mysql: bool) -> pa.DataType:
-    """The Arrow type a column is written to CSV as, so the database parses it as the same value."""
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    if pa.types.is_timestamp(t):
-        # Microseconds: what both databases store. MySQL has no time zones: UTC wall time.
-        return pa.timestamp("us", None if mysql else t.tz)
-    if mysql and pa.types.is_boolean(t):
-        return pa.int8()  # LOAD DATA reads 1/0, not true/false
-    if pa.types.is_date64(t):
-        return pa.date32()
-    return t
-
-
-def _file_csv_chunks(
-    path: str, partition: Mapping[str, str], plan: _Plan, load_schema: pa.Schema, options: pa_csv.WriteOptions
-) -> Iterator[bytes]:
-    """One staged file's rows as CSV, one chunk per Parquet record batch (pyarrow does the work, in C++)."""
-    parquet = pq.ParquetFile(path)
-    for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, use_threads=False):
-        table = pa.Table.from_batches([batch])
-        if table.schema != load_schema:
-            table = table.cast(load_schema, safe=False)
-        for name in plan.partition_columns:
-            table = table.append_column(
-                name, pa.repeat(pa.scalar(partition[name], pa.string()), table.num_rows)
-            )
-        sink = io.BytesIO()
-        pa_csv.write_csv(table, sink, options)
-        yield sink.getvalue()
-
-
-_DONE = object()
-
-
-def _csv_chunks(plan: _Plan, *, mysql: bool, workers: int = _CONVERT_THREADS) -> Iterator[bytes]:
-    """Every staged row as CSV chunks, converted by ``workers`` threads while the caller sends.
-
-    Why threads: converting Parquet to CSV costs about half as much as the
-    database's own load; done ahead (pyarrow releases the GIL) it overlaps the
-    send instead of adding to it. Rows of a table have no order, so chunks of
-    different files arrive interleaved. A worker's error is raised here.
-    """
-    load_schema = pa.schema([pa.field(f.name, _load_type(f.type, mysql=mysql)) for f in plan.schema])
-    options = pa_csv.WriteOptions(include_header=False, null_string="NULL" if mysql else "")
-    files = iter(plan.files)
-    lock = threading.Lock()
-    chunks: queue.Queue[Any] = queue.Queue(maxsize=2 * workers + 2)
-    stop = threading.Event()
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                chunks.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def work() -> None:
-        try:
-            while not stop.is_set():
-                with lock:
-                    item = next(files, None)
-                if item is None:
-                    break
-                for chunk in _file_csv_chunks(item[0], item[1], plan, load_schema, options):
-                    if not put(chunk):
-                        return
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-            put(exc)
-        finally:
-            put(_DONE)
-
-    threads = [
-        threading.Thread(target=work, name=f"walsink-sql-csv-{i}", daemon=True)
-        for i in range(max(1, min(workers, len(plan.files))))
-    ]
-    for t in threads:
-        t.start()
-    try:
-        running = len(threads)
-        while running:
-            item = chunks.get()
-            if item is _DONE:
-                running -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield item
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-
-
-class _ChunkReader(io.RawIOBase):
-    """A file-like view of an iterator of byte chunks (what a driver's COPY reads from)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._buffer = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        while not self._buffer:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return 0
-            self._buffer = memoryview(chunk)
-        n = min(len(b), len(self._buffer))
-        b[:n] = self._buffer[:n]
-        self._buffer = self._buffer[n:]
-        return n
-
-
-def _pg_copy(dbapi: Any, sql: str, chunks: Iterator[bytes]) -> int:
-    cursor = dbapi.cursor()
-    try:
-        if hasattr(cursor, "copy_expert"):  # psycopg2
-            cursor.copy_expert(sql, _ChunkReader(chunks), size=1 << 20)
-            return cursor.rowcount
-        with cursor.copy(sql) as copy:  # psycopg 3
-            for chunk in chunks:
-                copy.write(chunk)
-        return cursor.rowcount
-    finally:
-        cursor.close()
-
-
-def _mysql_load(dbapi: Any, table_sql: str, columns_sql: str, chunks: Iterator[bytes]) -> int:
-    """``LOAD DATA LOCAL INFILE`` of the chunks, through a private named pipe.
-
-    PyMySQL sends a LOCAL file by opening it by name; a FIFO lets a feeder
-    thread write the CSV while the server loads it (no temporary copy on
-    disk, conversion overlapping the load, as the PostgreSQL COPY does).
-    """
-    tmp = tempfile.mkdtemp(prefix="walsink-sql-")
-    fifo = os.path.join(tmp, "rows.csv")
-    os.mkfifo(fifo, 0o600)
-    failed: list[BaseException] = []
-
-    def feed() -> None:
-        try:
-            with open(fifo, "wb") as f:  # returns once PyMySQL opens the other end
-                for chunk in chunks:
-                    f.write(chunk)
-        except BrokenPipeError:
-            pass  # the reader went away: the load has failed and says why
-        except BaseException as exc:  # noqa: BLE001 - raised by the caller below
-            failed.append(exc)
-
-    feeder = threading.Thread(target=feed, name="walsink-sql-feed", daemon=True)
-    feeder.start()
-    try:
-        cursor = dbapi.cursor()
-        try:
-            # %s: PyMySQL quotes the file name as a string literal; identifiers come quoted by the preparer.
-            cursor.execute(
-                f"LOAD DATA LOCAL INFILE %s INTO TABLE {table_sql} CHARACTER SET utf8mb4 "
-                "FIELDS TERMINATED BY ',' OPTIONALLY ENCLOSED BY '\"' ESCAPED BY '' "
-                f"LINES TERMINATED BY '\\n' ({columns_sql})",
-                (fifo,),
-            )
-            loaded = cursor.rowcount
-            # LOCAL implies IGNORE: bad values and duplicate keys become warnings. Refuse them.
-            cursor.execute("SHOW WARNINGS LIMIT 5")
-            warnings = [w for w in cursor.fetchall() if str(w[0]).lower() in ("warning", "error")]
-        finally:
-            cursor.close()
-    finally:
-        _release_feeder(fifo, feeder)
-        shutil.rmtree(tmp, ignore_errors=True)
-    if failed:
-        raise failed[0]  # the rows sent were incomplete; the caller's transaction rolls back
-    if warnings:
-        raise SqlTargetError(
-            "LOAD DATA reported problems, rolled back: " + "; ".join(f"{w[1]}: {w[2]}" for w in warnings)
-        )
-    return loaded
-
-
-def _release_feeder(fifo: str, feeder: threading.Thread) -> None:
-    """Wait for the feeder; if the load never read the pipe, open and close it so the feeder ends."""
-    while feeder.is_alive():
-        try:
-            fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-        except OSError:
-            feeder.join(0.05)
-            continue
-        try:
-            feeder.join(0.05)
-        finally:
-            os.close(fd)
 
 
 def url_from_connection(conn_id: str, fields: Mapping[str, Any]) -> URL:
