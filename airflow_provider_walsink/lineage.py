@@ -6,9 +6,11 @@
 a re-run, a cleared task or a backfill re-run of a committed interval adds
 none, so an asset-scheduled downstream DAG runs once per new commit. (A
 concrete ``Asset`` in ``outlets`` would emit on every success, re-runs
-included.) A commit task killed after recording COMMITTED and before the task
-itself succeeded loses that one event: its retry finds the checkpoint already
-committed. That is a downstream run not triggered, never a second one.
+included.) A try that recorded COMMITTED but never succeeded (killed, or its
+success refused) delivered no event: its retry, finding the checkpoint
+committed by an earlier try of the same task instance and no event of the
+alias naming the attempt, adds it then (``WalCommitOperator``); when the
+events cannot be read it adds none: a downstream run missed, never doubled.
 
 **OpenLineage.** The operators answer the OpenLineage provider's
 ``get_openlineage_facets_on_complete``: the target as the output dataset
