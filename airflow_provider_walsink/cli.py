@@ -742,11 +742,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     _Parser.json_errors = "--json" in argv
     # Parsed before stdout is diverted: --help and --version print to stdout.
     args = build_parser().parse_args(argv)
+    # Airflow configures its logging when first imported: quiet unless asked, and as verbose as
+    # asked whatever the environment says. Restored afterwards, so a caller's later
+    # subprocesses (main() called in-process) do not inherit it.
+    saved_level = os.environ.get(_AIRFLOW_LOG_LEVEL)
+    if args.debug or args.verbose:
+        os.environ[_AIRFLOW_LOG_LEVEL] = "DEBUG" if args.debug else "INFO"
+    else:
+        os.environ.setdefault(_AIRFLOW_LOG_LEVEL, "WARNING")
+    try:
+        return _run(args)
+    finally:
+        if saved_level is None:
+            os.environ.pop(_AIRFLOW_LOG_LEVEL, None)
+        else:
+            os.environ[_AIRFLOW_LOG_LEVEL] = saved_level
+
+
+_AIRFLOW_LOG_LEVEL = "AIRFLOW__LOGGING__LOGGING_LEVEL"
+
+
+def _run(args: argparse.Namespace) -> int:
     with _results_stream() as out:
         level = logging.INFO if args.verbose or args.debug else logging.WARNING
-        if not (args.verbose or args.debug):
-            # Airflow configures its logging when first imported: quiet unless asked.
-            os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")
         logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
         for name in ("alembic", "airflow_provider_walsink"):
             logging.getLogger(name).setLevel(level)
