@@ -33,16 +33,13 @@ from __future__ import annotations
 
 import calendar
 import json
-import logging
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.sql.elements import ColumnElement
 
 from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.identifiers import validate_identifier
@@ -50,13 +47,11 @@ from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.states import (
     AUDIT_VERDICTS,
     COMMITTABLE,
-    TRANSITIONS,
     VERIFIED_DURABLE,
     CheckpointState,
 )
 
-from .clock import as_datetime, db_now
-from .engine import WRITE, create_committer_engine
+from .engine import create_committer_engine
 from .errors import (
     AuditRejectedError,
     CheckpointNotFoundError,
@@ -68,7 +63,6 @@ from .errors import (
     StoreError,
     TransitionError,
 )
-from .fastpath import HISTORY_COLUMNS, one_statement_transition
 from .migrate import upgrade
 from .models import checkpoint_table as ckpt
 from .models import pipeline_table as pipe
@@ -77,6 +71,10 @@ from .models import version_table as vers
 from .queries import OPEN_STATES, CheckpointQueries
 from .records import Actor, CheckpointRecord, Lease, TransitionRecord, new_instance_id, utcnow
 from .retry import is_transient, retrying
+from .transitions import CheckpointTransitions, _dump, retire_superseded
+
+# Private, but imported from here before the split: kept importable.
+from .transitions import _history_values as _history_values
 
 __all__ = [
     "OPEN_STATES",
@@ -96,10 +94,9 @@ __all__ = [
     "TransitionRecord",
     "is_transient",
     "new_instance_id",
+    "retire_superseded",
     "utcnow",
 ]
-
-log = logging.getLogger(__name__)
 
 S = CheckpointState
 MODES = ("append", "overwrite")
@@ -133,21 +130,7 @@ _NO_SEALED_ATTEMPT: dict[str, Any] = dict(
 )
 
 
-def _history_values(actor: Actor, detail: str | None) -> dict[str, Any]:
-    return dict(
-        actor=actor.name[:255],
-        dag_id=actor.dag_id,
-        run_id=actor.run_id,
-        task_id=actor.task_id,
-        try_number=actor.try_number,
-        detail=detail[:10000] if detail else None,
-    )
-
-
-assert tuple(_history_values(Actor("x"), None)) == HISTORY_COLUMNS
-
-
-class CommitterStore(CheckpointQueries):
+class CommitterStore(CheckpointTransitions, CheckpointQueries):
     """The committer table's API. Thread-safe; share one per process and engine.
 
     ``clock`` replaces the database's clock, for tests that need time to pass
@@ -175,136 +158,6 @@ class CommitterStore(CheckpointQueries):
 
     def dispose(self) -> None:
         self.engine.dispose()
-
-    # ------------------------------------------------------------------ plumbing
-
-    def _now_expr(self) -> ColumnElement:
-        if self._clock is not None:
-            from sqlalchemy import literal
-
-            from .models import Timestamp
-
-            return literal(self._clock(), Timestamp)
-        return db_now(self._dialect)
-
-    def _now(self, conn: Connection) -> datetime:
-        """The database's current time (naive UTC), read inside ``conn``'s transaction."""
-        if self._clock is not None:
-            return self._clock()
-        return as_datetime(conn.execute(select(db_now(self._dialect))).scalar_one())
-
-    @contextmanager
-    def _tx(self) -> Iterator[Connection]:
-        with self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
-            yield conn
-
-    def _lock(self, conn: Connection, pipeline: str, key: str) -> dict[str, Any]:
-        """Lock the checkpoint's row; the row's ``_now`` is the database's time, read with it."""
-        row = (
-            conn.execute(
-                select(ckpt, self._now_expr().label("_now"))
-                .where(ckpt.c.pipeline == pipeline, ckpt.c.checkpoint_key == key)
-                .with_for_update()
-            )
-            .mappings()
-            .first()
-        )
-        if row is None:
-            raise CheckpointNotFoundError(f"checkpoint {pipeline}/{key} is not registered")
-        values = dict(row)
-        values["_now"] = as_datetime(values["_now"])
-        return values
-
-    def _move(
-        self,
-        conn: Connection,
-        row: dict[str, Any],
-        to: CheckpointState,
-        actor: Actor,
-        *,
-        detail: str | None = None,
-        **values: Any,
-    ) -> CheckpointRecord:
-        """Apply one allowed transition to a locked row and record it in the history."""
-        current = CheckpointState(row["state"])
-        if to not in TRANSITIONS[current]:
-            raise TransitionError(
-                f"checkpoint {row['pipeline']}/{row['checkpoint_key']} is {current}; it cannot move to {to}"
-            )
-        now = row["_now"]
-        values = {"state": to.value, "updated_at": now, **values}
-        conn.execute(update(ckpt).where(ckpt.c.id == row["id"]).values(**values))
-        self._record(
-            conn,
-            row["id"],
-            current.value,
-            to.value,
-            values.get("attempt", row["attempt"]),
-            actor,
-            detail,
-            now,
-        )
-        row.update(values)
-        return CheckpointRecord.from_row(row)
-
-    def _record(
-        self,
-        conn: Connection,
-        checkpoint_id: int,
-        from_state: str | None,
-        to_state: str,
-        attempt: int,
-        actor: Actor,
-        detail: str | None,
-        now: datetime,
-    ) -> None:
-        conn.execute(
-            trans.insert().values(
-                checkpoint_id=checkpoint_id,
-                from_state=from_state,
-                to_state=to_state,
-                attempt=attempt,
-                at=now,
-                **_history_values(actor, detail),
-            )
-        )
-
-    def _event(self, conn: Connection, row: Mapping[str, Any], actor: Actor, detail: str) -> None:
-        """A history row that changes no state (from = to = the current state)."""
-        self._record(conn, row["id"], row["state"], row["state"], row["attempt"], actor, detail, row["_now"])
-
-    def _try_one_statement(
-        self,
-        to: CheckpointState,
-        actor: Actor,
-        detail: str | None,
-        *,
-        require_audit: bool = False,
-        **params: Any,
-    ) -> CheckpointRecord | None:
-        """Run :func:`.fastpath.one_statement_transition` (autocommit: it is its own transaction)."""
-        params.update(**_history_values(actor, detail))
-        for name in ("owner", "ttl", "epoch", "end_offsets", "publication"):
-            params.setdefault(name, None)
-        with self.engine.connect() as conn:
-            # The statement is its own transaction. The driver's autocommit
-            # switch is free; SQLAlchemy's isolation_level="AUTOCOMMIT" costs
-            # psycopg2 a round trip per checkout to restore the level.
-            driver = conn.connection.driver_connection
-            driver.autocommit = True
-            try:
-                row = (
-                    conn.execute(
-                        one_statement_transition(to, require_audit=require_audit),
-                        {f"p_{k}": v for k, v in params.items()},
-                    )
-                    .mappings()
-                    .first()
-                )
-            finally:
-                if not conn.invalidated:
-                    driver.autocommit = False
-        return CheckpointRecord.from_row(row) if row is not None else None
 
     # ------------------------------------------------------------------ life cycle
 
@@ -1128,17 +981,6 @@ class CommitterStore(CheckpointQueries):
         row.update(values)
         return CheckpointRecord.from_row(row)
 
-    @retrying
-    def record_event(self, pipeline: str, checkpoint_key: str, *, actor: Actor, detail: str) -> None:
-        """Append a history row that changes no state (from = to = the current state).
-
-        Used to record that a task ran against the checkpoint and deliberately
-        did nothing, e.g. a backfill re-run that skipped a COMMITTED checkpoint,
-        so the audit trail shows every run that touched it.
-        """
-        with self._tx() as conn:
-            self._event(conn, self._lock(conn, pipeline, checkpoint_key), actor, detail)
-
     # ------------------------------------------------------------------ ordering
 
     def _mode(self, conn: Connection, pipeline: str) -> str:
@@ -1181,33 +1023,6 @@ class CommitterStore(CheckpointQueries):
                 )
 
 
-def retire_superseded(conn: Connection, row: Mapping[str, Any], detail: str | None) -> str | None:
-    """In the COMMITTED transaction of a new version: mark the version it replaced SUPERSEDED,
-    linked to its successor, and say so in the history ``detail`` (returned)."""
-    if row["supersedes_attempt_id"] is None:
-        return detail
-    superseded = conn.execute(
-        update(vers)
-        .where(
-            vers.c.checkpoint_id == row["id"],
-            vers.c.attempt_id == row["supersedes_attempt_id"],
-            vers.c.state == S.COMMITTED.value,
-        )
-        .values(
-            state=S.SUPERSEDED.value,
-            superseded_at=row["_now"],
-            superseded_by_attempt_id=row["sealed_attempt_id"],
-        )
-    ).rowcount
-    if not superseded:
-        return detail
-    return (
-        f"{detail + '; ' if detail else ''}version {row['version'] - 1} (attempt "
-        f"{row['supersedes_attempt_id']}) SUPERSEDED by version {row['version']} "
-        f"(attempt {row['sealed_attempt_id']})"
-    )
-
-
 def _collision(what: str, given: str, stored: str) -> str:
     return (
         f"{what} {given!r} collides with the registered {stored!r}: this database compares them as "
@@ -1223,7 +1038,3 @@ def _exact(row: Mapping[str, Any], pipeline: str, checkpoint_key: str) -> Mappin
     if row["checkpoint_key"] != checkpoint_key:
         raise StoreError(_collision("checkpoint key", checkpoint_key, row["checkpoint_key"]))
     return row
-
-
-def _dump(value: Mapping[str, Any] | None) -> str | None:
-    return json.dumps(value, sort_keys=True) if value is not None else None
