@@ -25,6 +25,7 @@ from airflow_provider_walsink.committer import Actor, CheckpointCommitter, Commi
 from airflow_provider_walsink.committer import records as records_module
 from airflow_provider_walsink.committer import store as store_module
 from airflow_provider_walsink.committer import transitions as transitions_module
+from airflow_provider_walsink.committer import verdicts as verdicts_module
 from airflow_provider_walsink.committer.models import checkpoint_table, pipeline_table, transition_table
 from airflow_provider_walsink.committer.store import LeaseHeldError
 from airflow_provider_walsink.protocol import CheckpointState as S
@@ -148,7 +149,7 @@ def test_a_client_with_a_fast_clock_does_not_take_a_live_lease(store, layout, mo
             return datetime.now(tz) + timedelta(hours=2)
 
     # Every module the store's code lives in, so no part of it can read the client's clock.
-    for module in (store_module, transitions_module, records_module):
+    for module in (store_module, transitions_module, verdicts_module, records_module):
         if hasattr(module, "datetime"):
             monkeypatch.setattr(module, "datetime", FastClock)
     fast = CommitterStore(store.engine)

@@ -44,12 +44,7 @@ from sqlalchemy.exc import IntegrityError
 from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.protocol.manifest import Manifest
-from airflow_provider_walsink.protocol.states import (
-    AUDIT_VERDICTS,
-    COMMITTABLE,
-    VERIFIED_DURABLE,
-    CheckpointState,
-)
+from airflow_provider_walsink.protocol.states import COMMITTABLE, VERIFIED_DURABLE, CheckpointState
 
 from .engine import create_committer_engine
 from .errors import (
@@ -66,15 +61,15 @@ from .errors import (
 from .migrate import upgrade
 from .models import checkpoint_table as ckpt
 from .models import pipeline_table as pipe
-from .models import transition_table as trans
 from .models import version_table as vers
 from .queries import OPEN_STATES, CheckpointQueries
 from .records import Actor, CheckpointRecord, Lease, TransitionRecord, new_instance_id, utcnow
 from .retry import is_transient, retrying
-from .transitions import CheckpointTransitions, _dump, retire_superseded
+from .transitions import _dump, retire_superseded
 
 # Private, but imported from here before the split: kept importable.
 from .transitions import _history_values as _history_values
+from .verdicts import AuditVerdicts
 
 __all__ = [
     "OPEN_STATES",
@@ -130,7 +125,7 @@ _NO_SEALED_ATTEMPT: dict[str, Any] = dict(
 )
 
 
-class CommitterStore(CheckpointTransitions, CheckpointQueries):
+class CommitterStore(AuditVerdicts, CheckpointQueries):
     """The committer table's API. Thread-safe; share one per process and engine.
 
     ``clock`` replaces the database's clock, for tests that need time to pass
@@ -443,94 +438,6 @@ class CommitterStore(CheckpointTransitions, CheckpointQueries):
             if CheckpointState(row["state"]) in VERIFIED_DURABLE:
                 return CheckpointRecord.from_row(row)
             return self._move(conn, row, S.DURABLE, actor, detail=detail, durable_at=row["_now"], error=None)
-
-    # ------------------------------------------------------------------ audit (write-audit-publish)
-
-    def _audit_verdict(self, conn: Connection, row: Mapping[str, Any]) -> CheckpointState | None:
-        """The audit verdict (AUDITED or REJECTED) on the row's current attempt, or None.
-
-        The newest of the checkpoint's WRITING, AUDITED and REJECTED transitions
-        decides: a new attempt (WRITING) voids every earlier verdict. Needed when
-        the state itself no longer says it (FAILED, COMMITTING after AUDITED).
-        """
-        last = conn.execute(
-            select(trans.c.to_state)
-            .where(
-                trans.c.checkpoint_id == row["id"],
-                trans.c.to_state.in_([S.WRITING.value, *(v.value for v in AUDIT_VERDICTS)]),
-            )
-            .order_by(trans.c.id.desc())
-            .limit(1)
-        ).scalar()
-        return CheckpointState(last) if last in {v.value for v in AUDIT_VERDICTS} else None
-
-    def _audit_row(
-        self, conn: Connection, pipeline: str, checkpoint_key: str, attempt_id: str, verdict: CheckpointState
-    ) -> tuple[dict[str, Any], bool]:
-        """Lock the row for a verdict on ``attempt_id``; True if that verdict is already recorded."""
-        row = self._lock(conn, pipeline, checkpoint_key)
-        if row["sealed_attempt_id"] != attempt_id:
-            raise StaleAttemptError(
-                f"the audit of attempt {attempt_id} of {pipeline}/{checkpoint_key} is stale: the checkpoint's "
-                f"sealed attempt is now {row['sealed_attempt_id']} ({row['state']}); its verdict is not recorded"
-            )
-        state = CheckpointState(row["state"])
-        if state is verdict or (
-            verdict is S.AUDITED
-            and state in (S.COMMITTING, S.COMMITTED, S.FAILED)
-            and self._audit_verdict(conn, row) is S.AUDITED
-        ):
-            return row, True
-        if state is S.FAILED and not row["durable_at"]:
-            raise TransitionError(
-                f"checkpoint {pipeline}/{checkpoint_key} FAILED before it was durable; it cannot be audited"
-            )
-        return row, False
-
-    @retrying
-    def mark_audited(
-        self, pipeline: str, checkpoint_key: str, *, attempt_id: str, actor: Actor, detail: str | None = None
-    ) -> CheckpointRecord:
-        """Record that the sealed attempt ``attempt_id`` passed the audit (DURABLE -> AUDITED).
-
-        ``detail`` (the check results, JSON) goes into the history. Raises
-        :class:`StaleAttemptError` if ``attempt_id`` is no longer the sealed
-        attempt (a newer attempt started: this verdict is about old data), and
-        :class:`TransitionError` if the checkpoint is not durable (or was
-        REJECTED). Repeating it after it took effect returns the row.
-        """
-        with self._tx() as conn:
-            row, done = self._audit_row(conn, pipeline, checkpoint_key, attempt_id, S.AUDITED)
-            if done:
-                return CheckpointRecord.from_row(row)
-            return self._move(conn, row, S.AUDITED, actor, detail=detail, error=None)
-
-    @retrying
-    def reject(
-        self,
-        pipeline: str,
-        checkpoint_key: str,
-        *,
-        attempt_id: str,
-        reason: str,
-        actor: Actor,
-        detail: str | None = None,
-    ) -> CheckpointRecord:
-        """Record that the sealed attempt ``attempt_id`` failed the audit (DURABLE -> REJECTED).
-
-        ``reason`` (the failed checks, one line each) becomes the checkpoint's
-        ``error``; ``detail`` (every check's result, JSON) goes into the
-        history. A REJECTED checkpoint is never committed; a new write attempt
-        or an abort leaves it. Raises :class:`StaleAttemptError` if
-        ``attempt_id`` is no longer the sealed attempt (a stale audit never
-        rejects a newer attempt), :class:`TransitionError` if the checkpoint
-        is not durable or already AUDITED. Repeating it is safe.
-        """
-        with self._tx() as conn:
-            row, done = self._audit_row(conn, pipeline, checkpoint_key, attempt_id, S.REJECTED)
-            if done:
-                return CheckpointRecord.from_row(row)
-            return self._move(conn, row, S.REJECTED, actor, detail=detail or reason, error=reason[:10000])
 
     # ------------------------------------------------------------------ leases (fenced)
 
