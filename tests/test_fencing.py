@@ -22,6 +22,7 @@ import pytest
 from sqlalchemy import delete
 
 from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
+from airflow_provider_walsink.committer import aborting as aborting_module
 from airflow_provider_walsink.committer import leases as leases_module
 from airflow_provider_walsink.committer import records as records_module
 from airflow_provider_walsink.committer import store as store_module
@@ -150,7 +151,14 @@ def test_a_client_with_a_fast_clock_does_not_take_a_live_lease(store, layout, mo
             return datetime.now(tz) + timedelta(hours=2)
 
     # Every module the store's code lives in, so no part of it can read the client's clock.
-    for module in (store_module, transitions_module, verdicts_module, leases_module, records_module):
+    for module in (
+        store_module,
+        transitions_module,
+        verdicts_module,
+        leases_module,
+        aborting_module,
+        records_module,
+    ):
         if hasattr(module, "datetime"):
             monkeypatch.setattr(module, "datetime", FastClock)
     fast = CommitterStore(store.engine)
