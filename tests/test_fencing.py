@@ -24,6 +24,7 @@ from sqlalchemy import delete
 from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
 from airflow_provider_walsink.committer import aborting as aborting_module
 from airflow_provider_walsink.committer import leases as leases_module
+from airflow_provider_walsink.committer import lifecycle as lifecycle_module
 from airflow_provider_walsink.committer import records as records_module
 from airflow_provider_walsink.committer import store as store_module
 from airflow_provider_walsink.committer import transitions as transitions_module
@@ -154,6 +155,7 @@ def test_a_client_with_a_fast_clock_does_not_take_a_live_lease(store, layout, mo
     for module in (
         store_module,
         transitions_module,
+        lifecycle_module,
         verdicts_module,
         leases_module,
         aborting_module,
