@@ -6,7 +6,7 @@ pipeline (as a parallel backfill does). One commit is exactly the database
 work ``CheckpointCommitter.commit()`` does per checkpoint, with the same two
 store calls: take the lease (one transaction: lock, check, update, history
 row) and record COMMITTED (one transaction: the same). On PostgreSQL each is
-one statement (see ``committer/store.py``). Publishing files is benchmark 2.
+one statement (see ``committer/fastpath.py``). Publishing files is benchmark 2.
 
 The baseline: ``pgbench -N`` (the built-in simple-update script: UPDATE,
 SELECT, INSERT in one transaction) with C clients against the same server,
@@ -168,7 +168,7 @@ def _floor_committer(url: str, keys: list[str], start: mp.Event, deadline_s: flo
     from sqlalchemy import create_engine
 
     from airflow_provider_walsink.committer.fastpath import one_statement_transition
-    from airflow_provider_walsink.committer.store import S
+    from airflow_provider_walsink.protocol.states import CheckpointState as S
 
     engine = create_engine(url)  # for its dialect only: statements compile the way the store's do
     steps = []

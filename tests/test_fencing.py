@@ -22,8 +22,13 @@ import pytest
 from sqlalchemy import delete
 
 from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
+from airflow_provider_walsink.committer import aborting as aborting_module
+from airflow_provider_walsink.committer import leases as leases_module
+from airflow_provider_walsink.committer import lifecycle as lifecycle_module
 from airflow_provider_walsink.committer import records as records_module
 from airflow_provider_walsink.committer import store as store_module
+from airflow_provider_walsink.committer import transitions as transitions_module
+from airflow_provider_walsink.committer import verdicts as verdicts_module
 from airflow_provider_walsink.committer.models import checkpoint_table, pipeline_table, transition_table
 from airflow_provider_walsink.committer.store import LeaseHeldError
 from airflow_provider_walsink.protocol import CheckpointState as S
@@ -146,7 +151,16 @@ def test_a_client_with_a_fast_clock_does_not_take_a_live_lease(store, layout, mo
         def now(cls, tz=None):
             return datetime.now(tz) + timedelta(hours=2)
 
-    for module in (store_module, records_module):
+    # Every module the store's code lives in, so no part of it can read the client's clock.
+    for module in (
+        store_module,
+        transitions_module,
+        lifecycle_module,
+        verdicts_module,
+        leases_module,
+        aborting_module,
+        records_module,
+    ):
         if hasattr(module, "datetime"):
             monkeypatch.setattr(module, "datetime", FastClock)
     fast = CommitterStore(store.engine)

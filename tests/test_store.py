@@ -243,7 +243,7 @@ def _life_cycle_history(store, key):
         (t.from_state, t.to_state, t.attempt, t.actor, t.dag_id, t.run_id, t.task_id, t.try_number)
         for t in store.history("p", key)
     ]
-    # Tokens are clock-based (store.next_epoch): compare that each take's token is named, not its value.
+    # Tokens are clock-based (leases.next_epoch): compare that each take's token is named, not its value.
     details = [
         re.sub(r"epoch \d+", "epoch N", t.detail) if t.detail else None for t in store.history("p", key)
     ]

@@ -29,7 +29,7 @@ def create_committer_engine(url: str, **kwargs: Any) -> Engine:
         _configure_sqlite(engine)
         return engine
     # No ping per checkout (a round trip each): the store retries every call
-    # on a dropped connection instead (committer.store._retrying).
+    # on a dropped connection instead (committer.retry.retrying).
     kwargs.setdefault("pool_pre_ping", False)
     if parsed.get_backend_name() == "postgresql":
         kwargs.setdefault("connect_args", {}).setdefault("connect_timeout", 10)

@@ -94,7 +94,7 @@ def one_statement_transition(to: CheckpointState, *, require_audit: bool = False
                 updated_at=now,
                 lease_owner=bindparam("p_owner", type_=String),
                 lease_expires_at=now + bindparam("p_ttl", type_=Interval),
-                # store.next_epoch: above the row's token and never below the clock in ms.
+                # leases.next_epoch: above the row's token and never below the clock in ms.
                 lease_epoch=func.greatest(
                     ckpt.c.lease_epoch + 1,
                     cast(func.floor(func.extract("epoch", func.now()) * 1000), BigInteger),

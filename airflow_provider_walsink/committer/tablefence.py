@@ -99,7 +99,8 @@ from .models import checkpoint_table as ckpt
 from .models import transition_table as trans
 from .records import Actor, CheckpointRecord
 from .retry import retrying
-from .store import CommitterStore, _history_values, retire_superseded
+from .store import CommitterStore
+from .transitions import _history_values, retire_superseded
 
 log = logging.getLogger(__name__)
 S = CheckpointState

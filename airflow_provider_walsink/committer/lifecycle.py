@@ -1,0 +1,393 @@
+"""A checkpoint's life cycle before its commit: register, write attempts, new versions, seal, durable.
+
+Also the ``append`` order check that the lease take and :mod:`.tablefence`
+ask before a publish: every earlier checkpoint committed or aborted, and the
+offsets continuing the last committed ones.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Connection, select, update
+from sqlalchemy.exc import IntegrityError
+
+from airflow_provider_walsink.protocol.identifiers import validate_identifier
+from airflow_provider_walsink.protocol.manifest import Manifest
+from airflow_provider_walsink.protocol.states import VERIFIED_DURABLE, CheckpointState
+
+from .errors import OrderingError, StaleAttemptError, StoreError, TransitionError
+from .models import checkpoint_table as ckpt
+from .models import pipeline_table as pipe
+from .models import version_table as vers
+from .records import Actor, CheckpointRecord
+from .retry import retrying
+from .transitions import CheckpointTransitions, _dump
+
+S = CheckpointState
+MODES = ("append", "overwrite")
+
+
+#: What a new write attempt (or a new version) clears: nothing sealed, verified or failed yet.
+_NO_SEALED_ATTEMPT: dict[str, Any] = dict(
+    sealed_attempt=None,
+    sealed_attempt_id=None,
+    manifest_uri=None,
+    manifest_digest=None,
+    committables=None,
+    rows=None,
+    bytes=None,
+    end_offsets=None,
+    error=None,
+    sealed_at=None,
+    durable_at=None,
+)
+
+
+class CheckpointLifecycle(CheckpointTransitions):
+    """Register, attempts, versions, seal, durable, append order; mixed into
+    :class:`~.store.CommitterStore` (``register`` reads back through :mod:`.queries`)."""
+
+    @retrying
+    def register(
+        self,
+        pipeline: str,
+        checkpoint_key: str,
+        *,
+        mode: str,
+        actor: Actor,
+        target: str | None = None,
+        start_offsets: Mapping[str, Any] | None = None,
+    ) -> CheckpointRecord:
+        """Register a checkpoint (idempotent) and give it the pipeline's next sequence number."""
+        validate_identifier(pipeline, "pipeline id")
+        validate_identifier(checkpoint_key, "checkpoint key")
+        if mode not in MODES:
+            raise StoreError(f"mode must be one of {MODES}, got {mode!r}")
+        try:
+            with self._tx() as conn:
+                existing = (
+                    conn.execute(
+                        select(ckpt).where(
+                            ckpt.c.pipeline == pipeline, ckpt.c.checkpoint_key == checkpoint_key
+                        )
+                    )
+                    .mappings()
+                    .first()
+                )
+                if existing is not None:
+                    return CheckpointRecord.from_row(_exact(existing, pipeline, checkpoint_key))
+                now = self._now(conn)
+                prow = (
+                    conn.execute(select(pipe).where(pipe.c.name == pipeline).with_for_update())
+                    .mappings()
+                    .first()
+                )
+                if prow is not None and prow["name"] != pipeline:
+                    raise StoreError(_collision("pipeline id", pipeline, prow["name"]))
+                if prow is None:
+                    conn.execute(
+                        pipe.insert().values(
+                            name=pipeline,
+                            mode=mode,
+                            target=target,
+                            dag_id=actor.dag_id,
+                            next_sequence=1,
+                            created_at=now,
+                        )
+                    )
+                    sequence = 1
+                else:
+                    if prow["mode"] != mode:
+                        raise StoreError(
+                            f"pipeline {pipeline} is registered in {prow['mode']} mode, not {mode}"
+                        )
+                    sequence = prow["next_sequence"]
+                conn.execute(update(pipe).where(pipe.c.name == pipeline).values(next_sequence=sequence + 1))
+                values = dict(
+                    pipeline=pipeline,
+                    checkpoint_key=checkpoint_key,
+                    sequence=sequence,
+                    state=S.REGISTERED.value,
+                    attempt=0,
+                    start_offsets=_dump(start_offsets),
+                    dag_id=actor.dag_id,
+                    run_id=actor.run_id,
+                    created_at=now,
+                    updated_at=now,
+                )
+                new_id = conn.execute(ckpt.insert().values(**values)).inserted_primary_key[0]
+                self._record(conn, new_id, None, S.REGISTERED.value, 0, actor, None, now)
+        except IntegrityError:
+            # Another process registered the same checkpoint or pipeline first.
+            with self.engine.connect() as conn:
+                existing = (
+                    conn.execute(
+                        select(ckpt).where(
+                            ckpt.c.pipeline == pipeline, ckpt.c.checkpoint_key == checkpoint_key
+                        )
+                    )
+                    .mappings()
+                    .first()
+                )
+            if existing is None:
+                return self.register(
+                    pipeline,
+                    checkpoint_key,
+                    mode=mode,
+                    actor=actor,
+                    target=target,
+                    start_offsets=start_offsets,
+                )
+            return CheckpointRecord.from_row(_exact(existing, pipeline, checkpoint_key))
+        return self.get(pipeline, checkpoint_key)  # type: ignore[return-value]
+
+    @retrying
+    def start_attempt(
+        self,
+        pipeline: str,
+        checkpoint_key: str,
+        *,
+        actor: Actor,
+        start_offsets: Mapping[str, Any] | None = None,
+    ) -> CheckpointRecord:
+        """Start a new write attempt; any earlier attempt, sealed or not, no longer counts.
+
+        The attempt gets a globally unique ``attempt_id`` (its number repeats
+        once retention has trimmed the row and the interval is re-run).
+        """
+        with self._tx() as conn:
+            row = self._lock(conn, pipeline, checkpoint_key)
+            state = CheckpointState(row["state"])
+            if state is S.COMMITTED:
+                raise TransitionError(f"checkpoint {pipeline}/{checkpoint_key} is already COMMITTED")
+            if state is S.COMMITTING:
+                raise TransitionError(
+                    f"checkpoint {pipeline}/{checkpoint_key} is being committed by {row['lease_owner']}; "
+                    "a new write attempt would race the publish"
+                )
+            values: dict[str, Any] = dict(
+                _NO_SEALED_ATTEMPT, attempt=row["attempt"] + 1, attempt_id=uuid.uuid4().hex
+            )
+            if start_offsets is not None:
+                values["start_offsets"] = _dump(start_offsets)
+            return self._move(conn, row, S.WRITING, actor, **values)
+
+    @retrying
+    def begin_version(
+        self, pipeline: str, checkpoint_key: str, *, token: str, actor: Actor, reason: str
+    ) -> CheckpointRecord | None:
+        """Start a new version of a COMMITTED checkpoint (a reprocess), or return ``None``.
+
+        ``token`` names the run that asks (``dag/run#clear_number``). If the
+        checkpoint's current version was started by that same token, this run
+        already replaced it (a retry of the reprocessing run): nothing changes
+        and ``None`` is returned. Otherwise, in one transaction, the committed
+        version is copied into the version table (still COMMITTED: its data is
+        what readers see until the new version commits) and the row goes back
+        to REGISTERED as version + 1, keeping its sequence, start offsets,
+        attempt counter and fencing token, and naming the attempt it will
+        supersede. Raises :class:`TransitionError` unless the checkpoint is
+        COMMITTED.
+        """
+        with self._tx() as conn:
+            row = self._lock(conn, pipeline, checkpoint_key)
+            if row["state"] != S.COMMITTED.value:
+                if row["version_token"] == token:
+                    return None  # this run's new version is already under way
+                raise TransitionError(
+                    f"checkpoint {pipeline}/{checkpoint_key} is {row['state']}, not COMMITTED: "
+                    "only a committed checkpoint can be reprocessed as a new version"
+                )
+            if row["version_token"] == token:
+                return None
+            conn.execute(
+                vers.insert().values(
+                    checkpoint_id=row["id"],
+                    version=row["version"],
+                    state=S.COMMITTED.value,
+                    attempt=row["sealed_attempt"],
+                    attempt_id=row["sealed_attempt_id"],
+                    version_token=row["version_token"],
+                    manifest_digest=row["manifest_digest"],
+                    committables=row["committables"],
+                    rows=row["rows"],
+                    bytes=row["bytes"],
+                    start_offsets=row["start_offsets"],
+                    end_offsets=row["end_offsets"],
+                    publication=row["publication"],
+                    dag_id=row["dag_id"],
+                    run_id=row["run_id"],
+                    committed_at=row["committed_at"],
+                )
+            )
+            detail = (
+                f"reprocess: version {row['version'] + 1} begins; it will supersede version "
+                f"{row['version']} (attempt {row['sealed_attempt']}, {row['sealed_attempt_id']}): {reason}"
+            )
+            return self._move(
+                conn,
+                row,
+                S.REGISTERED,
+                actor,
+                detail=detail,
+                version=row["version"] + 1,
+                version_token=token[:600],
+                supersedes_attempt_id=row["sealed_attempt_id"],
+                dag_id=actor.dag_id or row["dag_id"],
+                run_id=actor.run_id or row["run_id"],
+                **_NO_SEALED_ATTEMPT,
+                publication=None,
+                committed_at=None,
+                lease_owner=None,
+                lease_expires_at=None,
+            )
+
+    @retrying
+    def seal(
+        self,
+        pipeline: str,
+        checkpoint_key: str,
+        *,
+        attempt: int,
+        manifest_uri: str,
+        manifest_digest: str,
+        committables: int,
+        rows: int,
+        bytes: int,  # noqa: A002 - the column's name
+        actor: Actor,
+        start_offsets: Mapping[str, Any] | None = None,
+        end_offsets: Mapping[str, Any] | None = None,
+        attempt_id: str | None = None,
+    ) -> CheckpointRecord:
+        """Record that ``attempt`` sealed its manifest. Only the current attempt may seal.
+
+        ``attempt_id`` (the manifest's) must be the current attempt's: a writer
+        of an earlier life of this checkpoint (same number, before retention)
+        cannot seal it.
+        """
+        with self._tx() as conn:
+            row = self._lock(conn, pipeline, checkpoint_key)
+            if row["sealed_attempt"] == attempt and row["manifest_digest"] == manifest_digest:
+                return CheckpointRecord.from_row(row)  # repeated call
+            if row["attempt"] != attempt or row["state"] != S.WRITING.value:
+                raise StaleAttemptError(
+                    f"attempt {attempt} of {pipeline}/{checkpoint_key} cannot seal: the checkpoint is "
+                    f"{row['state']} at attempt {row['attempt']} (only the newest attempt counts)"
+                )
+            legacy = attempt_id is not None and attempt_id.startswith("v1-")  # a 0.1 manifest, no id
+            if attempt_id is not None and not legacy and row["attempt_id"] not in (None, attempt_id):
+                raise StaleAttemptError(
+                    f"attempt {attempt} of {pipeline}/{checkpoint_key} cannot seal: its attempt id "
+                    f"{attempt_id} is not the current attempt's ({row['attempt_id']})"
+                )
+            values: dict[str, Any] = dict(
+                sealed_attempt=attempt,
+                sealed_attempt_id=attempt_id or row["attempt_id"],
+                manifest_uri=manifest_uri,
+                manifest_digest=manifest_digest,
+                committables=committables,
+                rows=rows,
+                bytes=bytes,
+                end_offsets=_dump(end_offsets),
+                sealed_at=row["_now"],
+            )
+            if start_offsets is not None:
+                values["start_offsets"] = _dump(start_offsets)
+            return self._move(conn, row, S.SEALED, actor, detail=manifest_digest, **values)
+
+    def seal_manifest(
+        self, manifest: Manifest, *, manifest_uri: str, manifest_digest: str, actor: Actor
+    ) -> CheckpointRecord:
+        """:meth:`seal` with every recorded figure taken from the sealed ``manifest`` itself."""
+        return self.seal(
+            manifest.pipeline,
+            manifest.checkpoint_key,
+            attempt=manifest.attempt,
+            manifest_uri=manifest_uri,
+            manifest_digest=manifest_digest,
+            committables=manifest.expected_count,
+            rows=manifest.total_rows,
+            bytes=manifest.total_bytes,
+            start_offsets=manifest.start_offsets,
+            end_offsets=manifest.end_offsets,
+            attempt_id=manifest.attempt_id,
+            actor=actor,
+        )
+
+    @retrying
+    def mark_durable(
+        self, pipeline: str, checkpoint_key: str, *, attempt: int, actor: Actor, detail: str | None = None
+    ) -> CheckpointRecord:
+        """Record that the sealed ``attempt`` was verified complete on storage."""
+        with self._tx() as conn:
+            row = self._lock(conn, pipeline, checkpoint_key)
+            if row["sealed_attempt"] != attempt:
+                raise StaleAttemptError(
+                    f"attempt {attempt} of {pipeline}/{checkpoint_key} is not the sealed attempt "
+                    f"({row['sealed_attempt']})"
+                )
+            if CheckpointState(row["state"]) in VERIFIED_DURABLE:
+                return CheckpointRecord.from_row(row)
+            return self._move(conn, row, S.DURABLE, actor, detail=detail, durable_at=row["_now"], error=None)
+
+    # ------------------------------------------------------------------ ordering
+
+    def _mode(self, conn: Connection, pipeline: str) -> str:
+        return conn.execute(select(pipe.c.mode).where(pipe.c.name == pipeline)).scalar_one()
+
+    def _check_append_order(self, conn: Connection, row: Mapping[str, Any]) -> None:
+        earlier = conn.execute(
+            select(ckpt.c.checkpoint_key, ckpt.c.state, ckpt.c.sequence)
+            .where(
+                ckpt.c.pipeline == row["pipeline"],
+                ckpt.c.sequence < row["sequence"],
+                ckpt.c.state.notin_([S.COMMITTED.value, S.ABORTED.value]),
+            )
+            .order_by(ckpt.c.sequence)
+            .limit(1)
+        ).first()
+        if earlier is not None:
+            raise OrderingError(
+                f"append checkpoint {row['pipeline']}/{row['checkpoint_key']} (sequence {row['sequence']}) "
+                f"waits for earlier checkpoint {earlier.checkpoint_key} (sequence {earlier.sequence}, "
+                f"{earlier.state}) to commit or be aborted"
+            )
+        last = conn.execute(
+            select(ckpt.c.checkpoint_key, ckpt.c.end_offsets)
+            .where(
+                ckpt.c.pipeline == row["pipeline"],
+                ckpt.c.sequence < row["sequence"],
+                ckpt.c.state == S.COMMITTED.value,
+                ckpt.c.end_offsets.is_not(None),
+            )
+            .order_by(ckpt.c.sequence.desc())
+            .limit(1)
+        ).first()
+        if last is not None and row["start_offsets"] is not None:
+            if json.loads(row["start_offsets"]) != json.loads(last.end_offsets):
+                raise OrderingError(
+                    f"append checkpoint {row['pipeline']}/{row['checkpoint_key']} starts at offsets "
+                    f"{row['start_offsets']} but the last committed checkpoint {last.checkpoint_key} ended "
+                    f"at {last.end_offsets}; write it again from the committed offsets"
+                )
+
+
+def _collision(what: str, given: str, stored: str) -> str:
+    return (
+        f"{what} {given!r} collides with the registered {stored!r}: this database compares them as "
+        "equal (a case-insensitive collation, as MySQL/MariaDB use by default); use names that "
+        "differ by more than letter case"
+    )
+
+
+def _exact(row: Mapping[str, Any], pipeline: str, checkpoint_key: str) -> Mapping[str, Any]:
+    """The row only if it is the one asked for, byte for byte, never a case-insensitive match."""
+    if row["pipeline"] != pipeline:
+        raise StoreError(_collision("pipeline id", pipeline, row["pipeline"]))
+    if row["checkpoint_key"] != checkpoint_key:
+        raise StoreError(_collision("checkpoint key", checkpoint_key, row["checkpoint_key"]))
+    return row
