@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import delete
 
 from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
-from airflow_provider_walsink.committer import aborting as aborting_module
+from airflow_provider_walsink.committer import abort_transitions as abort_transitions_module
 from airflow_provider_walsink.committer import leases as leases_module
 from airflow_provider_walsink.committer import lifecycle as lifecycle_module
 from airflow_provider_walsink.committer import records as records_module
@@ -158,7 +158,7 @@ def test_a_client_with_a_fast_clock_does_not_take_a_live_lease(store, layout, mo
         lifecycle_module,
         verdicts_module,
         leases_module,
-        aborting_module,
+        abort_transitions_module,
         records_module,
     ):
         if hasattr(module, "datetime"):

@@ -27,7 +27,7 @@ The store is composed of parts, one concern each, over the locked-row
 plumbing and the history of :mod:`.transitions`: the life cycle up to
 durable and the ``append`` order (:mod:`.lifecycle`), the audit verdicts
 (:mod:`.verdicts`), the leases and what is recorded under them
-(:mod:`.leases`), the store's side of an abort (:mod:`.aborting`).
+(:mod:`.leases`), the store's side of an abort (:mod:`.abort_transitions`; the abort *orchestration* is :mod:`.abort`).
 
 The read model lives in :mod:`.queries`, the PostgreSQL one-statement
 transitions in :mod:`.fastpath`, the retry policy in :mod:`.retry`.
@@ -43,7 +43,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from .aborting import AbortTransitions
+from .abort_transitions import AbortTransitions
 from .engine import create_committer_engine
 from .errors import (
     AuditRejectedError,
