@@ -69,15 +69,7 @@ class CheckpointLifecycle(CheckpointTransitions):
             raise StoreError(f"mode must be one of {MODES}, got {mode!r}")
         try:
             with self._tx() as conn:
-                existing = (
-                    conn.execute(
-                        select(ckpt).where(
-                            ckpt.c.pipeline == pipeline, ckpt.c.checkpoint_key == checkpoint_key
-                        )
-                    )
-                    .mappings()
-                    .first()
-                )
+                existing = _find(conn, pipeline, checkpoint_key)
                 if existing is not None:
                     return CheckpointRecord.from_row(_exact(existing, pipeline, checkpoint_key))
                 now = self._now(conn)
@@ -124,15 +116,7 @@ class CheckpointLifecycle(CheckpointTransitions):
         except IntegrityError:
             # Another process registered the same checkpoint or pipeline first.
             with self.engine.connect() as conn:
-                existing = (
-                    conn.execute(
-                        select(ckpt).where(
-                            ckpt.c.pipeline == pipeline, ckpt.c.checkpoint_key == checkpoint_key
-                        )
-                    )
-                    .mappings()
-                    .first()
-                )
+                existing = _find(conn, pipeline, checkpoint_key)
             if existing is None:
                 return self.register(
                     pipeline,
@@ -391,3 +375,9 @@ def _exact(row: Mapping[str, Any], pipeline: str, checkpoint_key: str) -> Mappin
     if row["checkpoint_key"] != checkpoint_key:
         raise StoreError(_collision("checkpoint key", checkpoint_key, row["checkpoint_key"]))
     return row
+
+
+def _find(conn: Connection, pipeline: str, checkpoint_key: str) -> Mapping[str, Any] | None:
+    """The checkpoint's row, unlocked (None if it is not registered)."""
+    query = select(ckpt).where(ckpt.c.pipeline == pipeline, ckpt.c.checkpoint_key == checkpoint_key)
+    return conn.execute(query).mappings().first()
