@@ -122,6 +122,66 @@ def test_asset_event_only_when_the_commit_is_new(airflow_db, walsink_conn, tmp_p
         assert session.query(AssetEvent).count() == before
 
 
+def test_a_table_commit_reconciled_by_the_retry_is_announced_once(airflow_db, walsink_conn, tmp_path):
+    """``fencing="table"``: a try that made the table commit and died before COMMITTED delivered
+    no asset event; the write task was then cleared (attempt 2 sealed). The next commit try
+    reconciles attempt 1 from the table (it records COMMITTED, as already committed) and adds the
+    event, once: a run of it again finds the event and adds none.
+    """
+    from airflow.sdk import DAG
+
+    from airflow_provider_walsink.committer.tablefence import TableFenceContext
+    from airflow_provider_walsink.operators.commit import WalCommitOperator
+    from tests.test_table_fence import DAY, DAY_NEW, make_publisher, stage, staging_of, table_rows
+
+    store, _ = walsink_conn
+    spec = {"uri": str(tmp_path / "events_table")}
+    layout = staging_of("delta", spec)
+    manifest = stage(store, layout, DAY)
+    # The dead try's table commit (the committer row stays DURABLE: it never recorded COMMITTED).
+    make_publisher("delta", spec, "overwrite").publish(
+        manifest,
+        layout.attempt_dir("events", manifest.checkpoint_key, manifest.attempt, manifest.attempt_id),
+        TableFenceContext(
+            "events", manifest.checkpoint_key, attempt_id=manifest.attempt_id, epoch=1, supersedes=None
+        ),
+    )
+    stage(store, layout, DAY_NEW)  # the cleared write task's attempt 2
+
+    def dag():
+        with DAG(
+            "walsink_commit_operator_test", schedule="@daily", start_date=INTERVAL_START, catchup=False
+        ) as d:
+            WalCommitOperator(
+                task_id="commit",
+                pipeline="events",
+                target=f"delta://{spec['uri']}",
+                mode="overwrite",
+                partition_by=["dt"],
+                walsink_conn_id="walsink_test",
+                checkpoint_key=manifest.checkpoint_key,
+                fencing="table",
+            )
+        return d
+
+    states, first = run(dag())
+    assert states == {"commit": "success"}
+    assert "reconciled from the table" in store.history("events", manifest.checkpoint_key)[-1].detail
+    [event] = asset_events(first)
+    assert event["attempt"] == manifest.attempt and event["published"] == 0
+    assert table_rows("delta", spec) == sorted(DAY)
+
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        before = session.query(AssetEvent).count()
+    states, _ = run(dag())  # the interval's commit task once more: nothing new, no event
+    assert states == {"commit": "success"}
+    with create_session() as session:
+        assert session.query(AssetEvent).count() == before
+
+
 def test_openlineage_facets_of_an_executed_commit_name_the_target_and_the_checkpoint(walsink_conn, tmp_path):
     """Issue 15: the lineage the OpenLineage provider asks the commit operator for, after a real commit.
 

@@ -209,12 +209,12 @@ class WalCommitOperator(BaseOperator):
         if not summary.already_committed:
             if self.asset_alias is not None:
                 self._add_asset_event(context, key, summary)
-        elif self.asset_alias is not None and self._event_lost_by_an_earlier_try(
+        elif self.asset_alias is not None and self._commit_unannounced(
             context, committer, key, summary, actor
         ):
             self.log.warning(
-                "Checkpoint %s/%s was committed by an earlier try of this task that did not finish; "
-                "adding the asset event it never delivered",
+                "Checkpoint %s/%s was committed by this task (an earlier try that did not finish, or "
+                "this try reconciling a dead try's table commit) and no asset event announces it; adding it",
                 self.pipeline,
                 key,
             )
@@ -235,31 +235,36 @@ class WalCommitOperator(BaseOperator):
                 "pipeline": self.pipeline,
                 "checkpoint_key": key,
                 "attempt": summary.attempt,
+                "attempt_id": summary.attempt_id,
                 "rows": summary.rows,
                 "files": summary.committables,
                 "published": summary.published,
             },
         )
 
-    def _event_lost_by_an_earlier_try(
+    def _commit_unannounced(
         self, context: Any, committer: CheckpointCommitter, key: str, summary: CommitSummary, actor: Actor
     ) -> bool:
-        """Did an earlier try of this task record COMMITTED and die before Airflow took its event?
+        """Is the committed attempt this task's own commit, which no asset event announces yet?
 
         Airflow records a task's asset events only when the task succeeds. A try
-        killed between COMMITTED and its success leaves a commit no event
-        announces; its retry finds the checkpoint committed. Only the tries of
-        one task instance are considered (they run one after another, so none
-        can still deliver the event), and only when no event of the alias names
-        this (pipeline, checkpoint, attempt): a cleared task whose first try
-        succeeded adds nothing. When the events cannot be read, no event is
-        added: a missed downstream run is repairable, a second one is not.
+        killed between COMMITTED and its success delivered no event, and so did
+        a try killed after a table commit whose retry then *reconciled* it
+        (``fencing="table"``: the retry records COMMITTED, as already
+        committed). Only a COMMITTED recorded by a try of this task instance,
+        this one or an earlier one, counts: those tries run one after another,
+        so none of them can still deliver the event (a commit recorded by any
+        other task is that task's to announce). Then the alias's events are
+        read: one naming this (pipeline, checkpoint, attempt) means it was
+        announced (a cleared task whose first try succeeded adds nothing). When
+        the events cannot be read, no event is added: a missed downstream run
+        is repairable, a second one is not.
         """
         committed = [
             h
             for h in committer.store.history(self.pipeline, key)
-            if h.to_state == "COMMITTED" and h.from_state != "COMMITTED" and h.attempt == summary.attempt
-        ]
+            if h.to_state == "COMMITTED" and h.from_state != "COMMITTED"
+        ]  # the last one recorded the version committed now (a reprocess commits a later one)
         if not committed:
             return False
         last = committed[-1]
@@ -271,7 +276,7 @@ class WalCommitOperator(BaseOperator):
         )
         if not same_task or last.try_number is None or actor.try_number is None:
             return False
-        if last.try_number >= actor.try_number:
+        if last.try_number > actor.try_number:
             return False
         try:
             # The events were added at or after COMMITTED; an hour covers the clocks' skew.
@@ -280,9 +285,16 @@ class WalCommitOperator(BaseOperator):
         except Exception as exc:  # noqa: BLE001 - any failure to read: add nothing (see above)
             self.log.warning("Could not read the asset events of %s (%s); adding none", self.asset_alias, exc)
             return False
-        mine = {"pipeline": self.pipeline, "checkpoint_key": key, "attempt": summary.attempt}
-        return not any(
-            all((event.extra or {}).get(name) == value for name, value in mine.items()) for event in events
+        return not any(self._announces(event.extra or {}, key, summary) for event in events)
+
+    def _announces(self, extra: Mapping[str, Any], key: str, summary: CommitSummary) -> bool:
+        """Does an event's extra name this commit? By attempt id (unique across a checkpoint's lives,
+        where numbers repeat after retention), or by number for events written before the id was added."""
+        return (
+            extra.get("pipeline") == self.pipeline
+            and extra.get("checkpoint_key") == key
+            and extra.get("attempt") == summary.attempt
+            and extra.get("attempt_id", summary.attempt_id) == summary.attempt_id
         )
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
