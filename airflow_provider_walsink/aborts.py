@@ -49,7 +49,15 @@ def aborter_for(
     row = store.get_pipeline(pipeline)
     if row is None:
         raise StoreError(f"pipeline {pipeline} is not registered")
-    uri = target or row.get("target")
+    registered = row.get("target")
+    if target and registered and target != registered:
+        # The registered target is where the attempt may have published: checking (and rolling
+        # back) another place would report it unpublished.
+        raise StoreError(
+            f"pipeline {pipeline} is registered with target {registered!r}; --target {target!r} is only "
+            "for a pipeline registered without one"
+        )
+    uri = target or registered
     layout = StagingLayout(staging_root)
     if not uri:
         return CheckpointAborter(store, layout, None)

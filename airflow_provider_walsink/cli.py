@@ -449,6 +449,7 @@ def cmd_abort(args: argparse.Namespace, out: IO[str]) -> int:
     from airflow_provider_walsink.aborts import aborter_for, audit_extra
     from airflow_provider_walsink.committer import Actor
     from airflow_provider_walsink.committer.abort import AbortRefusedError
+    from airflow_provider_walsink.committer.errors import StoreError, TransitionError
     from airflow_provider_walsink.hooks.walsink import default_staging_root
 
     reason = args.reason.strip()
@@ -465,11 +466,18 @@ def cmd_abort(args: argparse.Namespace, out: IO[str]) -> int:
         record = store.get(args.pipeline, args.checkpoint)
         if record is None:
             raise CliError(f"pipeline {args.pipeline!r} has no checkpoint {args.checkpoint!r}")
-        aborter = aborter_for(store, args.pipeline, staging_root=staging_root, target=args.target)
         try:
-            outcome = aborter.abort(args.pipeline, args.checkpoint, reason=reason, actor=actor)
+            aborter = aborter_for(store, args.pipeline, staging_root=staging_root, target=args.target)
+        except StoreError as exc:
+            raise CliError(str(exc)) from None
+        try:
+            outcome = aborter.abort(
+                args.pipeline, args.checkpoint, reason=reason, actor=actor, manifest_lost=args.manifest_lost
+            )
         except AbortRefusedError as exc:
             refused = str(exc)
+        except TransitionError as exc:  # a COMMITTED checkpoint: an answer, not an internal error
+            raise CliError(str(exc)) from None
         pipeline_row = store.get_pipeline(args.pipeline) or {}
     finally:
         store.dispose()
@@ -649,6 +657,13 @@ def build_parser() -> argparse.ArgumentParser:
     abort.add_argument(
         "--target",
         help="the pipeline's target URI, if it was registered without one (default: the registered one)",
+    )
+    abort.add_argument(
+        "--manifest-lost",
+        action="store_true",
+        help="the sealed manifest's staging is gone for good: abort a checkpoint that may have published "
+        "without checking whether the target holds its attempt (without this, such an abort is refused "
+        "when the manifest cannot be read, usually a wrong --staging-root)",
     )
     abort.set_defaults(func=cmd_abort)
 

@@ -438,3 +438,81 @@ def test_walsink_abort_refusal_is_one_line_and_changes_nothing(sqlite_store, lay
     assert "is published" in line and "Re-run (clear) its commit task" in line
     assert store.require("p", "k1").state is S.COMMITTING
     assert lines(target_files(target)) == lines(DAY)
+
+
+def _published_but_committing(store, layout, target):
+    """A files checkpoint whose committer published it whole and stopped before COMMITTED."""
+    store.register("p", "k1", mode="overwrite", actor=ACTOR, target=str(target))
+    _, manifest, attempt_dir = stage_checkpoint(store, layout, "p", "k1", DAY)
+    lease = store.acquire_lease(
+        "p", "k1", owner="c1", ttl=timedelta(minutes=10), actor=ACTOR, mode="overwrite"
+    )
+    FilePublisher(target, "overwrite", layout=layout).publish(
+        manifest, attempt_dir, StaticContext.for_manifest(manifest, epoch=lease.epoch)
+    )
+    return manifest
+
+
+def test_walsink_abort_with_a_wrong_staging_root_is_refused_not_rolled_back(sqlite_store, layout, tmp_path):
+    """The sealed manifest is the only way to tell a published attempt (refuse) from a partly
+    published one (roll back). Under a wrong staging root it cannot be read: the abort is refused,
+    the published partition stays, and with the right root the usual refusal follows."""
+    store, target = sqlite_store, tmp_path / "target"
+    _published_but_committing(store, layout, target)
+    published = everything(target)
+    url = store.engine.url.render_as_string(hide_password=False)
+    wrong = tmp_path / "not-the-staging-root"
+    result = walsink("--url", url, "abort", "p", "k1", "--reason", REASON, "--staging-root", str(wrong))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "sealed manifest cannot be read under the staging root" in result.stderr
+    assert str(wrong) in result.stderr and "--manifest-lost" in result.stderr
+    assert store.require("p", "k1").state is S.COMMITTING
+    assert everything(target) == published  # nothing rolled back
+
+    right = walsink("--url", url, "abort", "p", "k1", "--reason", REASON, "--staging-root", str(layout.root))
+    assert right.returncode == 1 and "is published" in right.stderr
+    assert everything(target) == published
+
+
+def test_abort_with_the_manifest_lost_goes_ahead_when_asked(sqlite_store, layout, tmp_path):
+    """The staging really is gone: --manifest-lost aborts without the check (the files target
+    rolls back from its publish journal)."""
+    import shutil
+
+    store, target = sqlite_store, tmp_path / "target"
+    manifest = _published_but_committing(store, layout, target)
+    shutil.rmtree(layout.attempt_dir("p", "k1", manifest.attempt, manifest.attempt_id))
+    with pytest.raises(AbortRefusedError, match="sealed manifest cannot be read"):
+        aborter(store, layout, target, "overwrite").abort("p", "k1", reason=REASON, actor=USER)
+    outcome = aborter(store, layout, target, "overwrite").abort(
+        "p", "k1", reason=REASON, actor=USER, manifest_lost=True
+    )
+    assert outcome.state == "ABORTED" and outcome.files_rolled_back == len(DAY)
+    assert target_files(target) == {}
+
+
+def test_walsink_abort_refuses_a_target_other_than_the_registered_one(sqlite_store, layout, tmp_path):
+    store, target = sqlite_store, tmp_path / "target"
+    _published_but_committing(store, layout, target)
+    published = everything(target)
+    url = store.engine.url.render_as_string(hide_password=False)
+    result = walsink(
+        "--url", url, "abort", "p", "k1", "--reason", REASON, "--staging-root", str(layout.root),
+        "--target", str(tmp_path / "elsewhere"),
+    )  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"registered with target {str(target)!r}" in result.stderr
+    assert store.require("p", "k1").state is S.COMMITTING and everything(target) == published
+
+
+def test_walsink_abort_of_a_committed_checkpoint_is_an_answer_not_an_internal_error(
+    sqlite_store, layout, tmp_path
+):
+    store, target = sqlite_store, tmp_path / "target"
+    store.register("p", "k1", mode="overwrite", actor=ACTOR, target=str(target))
+    stage_checkpoint(store, layout, "p", "k1", DAY)
+    committer(store, layout, target, "overwrite").commit("p", "k1", actor=ACTOR)
+    url = store.engine.url.render_as_string(hide_password=False)
+    result = walsink("--url", url, "abort", "p", "k1", "--reason", REASON, "--staging-root", str(layout.root))
+    assert result.returncode == 1 and "unexpected" not in result.stderr
+    assert "COMMITTED" in result.stderr and store.require("p", "k1").state is S.COMMITTED

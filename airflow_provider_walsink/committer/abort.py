@@ -156,13 +156,28 @@ class CheckpointAborter:
         self.store, self.layout, self.publisher = store, layout, publisher
         self.grace, self.lease_ttl, self._sleep = grace, lease_ttl, sleep
 
-    def abort(self, pipeline: str, checkpoint_key: str, *, reason: str, actor: Actor) -> AbortOutcome:
+    def abort(
+        self,
+        pipeline: str,
+        checkpoint_key: str,
+        *,
+        reason: str,
+        actor: Actor,
+        manifest_lost: bool = False,
+    ) -> AbortOutcome:
         """Abort the checkpoint's current attempt; see the module docstring for the steps.
 
         Raises :class:`~.errors.CheckpointNotFoundError`, :class:`~.errors.TransitionError`
-        (COMMITTED), :class:`AbortRefusedError` (the target holds the attempt;
-        nothing changed but the history), :class:`~.errors.LeaseLostError` (a
-        committer took the checkpoint during the abort; run it again).
+        (COMMITTED), :class:`AbortRefusedError` (the target holds the attempt, or
+        may hold it and the sealed manifest to check it against cannot be read:
+        a wrong staging root; nothing changed but the history),
+        :class:`~.errors.LeaseLostError` (a committer took the checkpoint during
+        the abort; run it again).
+
+        ``manifest_lost``: the sealed manifest is gone for good (its staging was
+        deleted); abort without checking whether the target holds the attempt.
+        What it published is rolled back only where the target keeps its own
+        record of the attempt (a directory target's publish journal).
         """
         if not reason or not reason.strip():
             raise StoreError("an abort needs a reason (it is recorded in the checkpoint's history)")
@@ -186,9 +201,23 @@ class CheckpointAborter:
         if record.state is S.COMMITTING and lease.taken_over_from:
             # The holder may still act on a confirmation it trusts; after this it asks and is refused.
             self._sleep(self.grace.total_seconds())
-        manifest = self._sealed_manifest(lease.record)
+        manifest, unreadable = self._sealed_manifest(lease.record)
         caps = getattr(self.publisher, "capabilities", None)
-        if self.publisher is not None and getattr(caps, "table_fence", False):
+        table_fence = self.publisher is not None and getattr(caps, "table_fence", False)
+        if manifest is None and unreadable and published_before and not table_fence and not manifest_lost:
+            # Only the manifest says whether the target holds the whole attempt (refuse) or a
+            # part of it (roll back): never guess, a wrong staging root is the usual cause.
+            message = (
+                f"checkpoint {pipeline}/{checkpoint_key} is {record.state} and may have published "
+                f"attempt {record.sealed_attempt}, but its sealed manifest cannot be read under the "
+                f"staging root {self.layout.root} ({unreadable}); without it the abort cannot tell "
+                "whether the target holds the attempt. Check the staging root (walsink abort "
+                "--staging-root, or the connection's staging_root); if the staging is gone for good, "
+                "abort with --manifest-lost. Nothing changed"
+            )
+            self._give_back(lease, actor, message)
+            raise AbortRefusedError(message)
+        if table_fence:
             # The table is the fence too (table fencing has no lease to fence out): tombstone.
             try:
                 held = tombstone_for_abort(self.publisher, self.layout, lease.record, manifest)
@@ -231,6 +260,12 @@ class CheckpointAborter:
             return outcome
         outcome = self._outcome(done, reason, previous=record.state.value, holder=lease.taken_over_from)
         self._clean_up(done, outcome, manifest, actor=actor)
+        if unreadable and not manifest_lost:
+            outcome.warnings.append(
+                f"the sealed manifest is not under the staging root {self.layout.root} ({unreadable}); "
+                "if the staging root is another, its staging is still there (walsink gc with that root "
+                "removes an aborted checkpoint's staging)"
+            )
         log.info(
             "aborted %s/%s (was %s): %s; rolled back %d files, removed %s",
             pipeline,
@@ -253,21 +288,20 @@ class CheckpointAborter:
                 lease.pipeline, lease.checkpoint_key, actor=actor, detail=f"abort refused: {message}"
             )
 
-    def _sealed_manifest(self, record: CheckpointRecord) -> Manifest | None:
+    def _sealed_manifest(self, record: CheckpointRecord) -> tuple[Manifest | None, str | None]:
+        """The sealed attempt's manifest, or None and why it could not be read (None: none sealed)."""
         if record.sealed_attempt is None or record.manifest_digest is None:
-            return None
+            return None, None
         try:
             path = self.layout.manifest_path(
                 record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
             )
-            return read_manifest(path, expected_digest=record.manifest_digest)
+            return read_manifest(path, expected_digest=record.manifest_digest), None
         except (WalsinkError, OSError, ValueError) as exc:
-            # No manifest: nothing a target could check the attempt against. A table target
-            # publishes only from a manifest, and a files target's journal names the attempt.
             log.warning(
                 "abort of %s/%s: sealed manifest unreadable (%s)", record.pipeline, record.checkpoint_key, exc
             )
-            return None
+            return None, str(exc)
 
     def _clean_up(
         self,
