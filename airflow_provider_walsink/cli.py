@@ -252,6 +252,21 @@ def _dump(out: IO[str], data: Any) -> None:
 # -- commands ------------------------------------------------------------------------------
 
 
+def _newest(store: Any, pipeline: str, limit: int) -> list[Any]:
+    """The pipeline's ``limit`` newest checkpoints, oldest first (a status shows the recent ones)."""
+    return list(reversed(store.checkpoints(pipeline, limit=limit, descending=True)))
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
     from airflow_provider_walsink.protocol.states import CheckpointState
 
@@ -269,10 +284,7 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
                         "mode": p["mode"],
                         "target": p["target"],
                         "counts": p["counts"],
-                        "checkpoints": [
-                            _record_dict(c)
-                            for c in store.checkpoints(p["name"], limit=args.limit, descending=False)
-                        ],
+                        "checkpoints": [_record_dict(c) for c in _newest(store, p["name"], args.limit)],
                     }
                     for p in pipelines
                 ],
@@ -292,7 +304,11 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
                 f"  {'seq':>4}  {'checkpoint':<20} {'state':<11} {'att':>3} {'rows':>10} {'bytes':>10}  error",
                 file=out,
             )
-            for c in store.checkpoints(p["name"], limit=args.limit, descending=False):
+            shown = _newest(store, p["name"], args.limit)
+            hidden = sum(p["counts"].values()) - len(shown)
+            if hidden > 0:
+                print(f"  ... {hidden} earlier checkpoints not shown (--limit {args.limit})", file=out)
+            for c in shown:
                 print(
                     f"  {c.sequence:>4}  {c.checkpoint_key:<20} {c.state.value:<11} {c.attempt:>3} "
                     f"{c.rows if c.rows is not None else '-':>10} {_fmt_bytes(c.bytes):>10}  "
@@ -615,7 +631,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", parents=[_common()], help="commit state of every checkpoint")
     status.add_argument("--pipeline", help="only this pipeline")
-    status.add_argument("--limit", type=int, default=1000, help="checkpoints per pipeline (default 1000)")
+    status.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=1000,
+        help="newest checkpoints shown per pipeline (default 1000)",
+    )
     status.set_defaults(func=cmd_status)
 
     cps = sub.add_parser(
@@ -630,7 +651,9 @@ def build_parser() -> argparse.ArgumentParser:
     cps.add_argument("--not-state", action="append", help="not this state (repeatable)")
     cps.add_argument("--older-than", help="unchanged for at least this long (90s, 15m, 12h, 7d)")
     cps.add_argument("--pipeline", action="append", help="only this pipeline (repeatable)")
-    cps.add_argument("--limit", type=int, default=10000, help="checkpoints read per pipeline (default 10000)")
+    cps.add_argument(
+        "--limit", type=_positive_int, default=10000, help="checkpoints read per pipeline (default 10000)"
+    )
     cps.set_defaults(func=cmd_checkpoints)
 
     db = sub.add_parser("db", parents=[_common()], help="committer schema")

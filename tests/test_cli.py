@@ -273,3 +273,27 @@ def test_read_commands_do_not_migrate(tmp_path):
 def _no_stray_dirs():
     yield
     shutil.rmtree(REPO / "missing", ignore_errors=True)  # were a regression to create it here
+
+
+def test_status_shows_the_newest_checkpoints_and_says_what_the_limit_hid(filled):
+    url = str(filled.engine.url)
+    result = walsink("--url", url, "status", "--pipeline", "orders", "--limit", "2")
+    assert result.returncode == 0, result.stderr
+    assert "1 earlier checkpoints not shown (--limit 2)" in result.stdout
+    shown = [
+        line.split()[1] for line in result.stdout.splitlines() if line.strip().split()[:1] in (["2"], ["3"])
+    ]
+    assert shown == ["k2", "k3"] and " k1 " not in result.stdout  # the newest two, oldest first
+    listed = json.loads(
+        walsink("--url", url, "status", "--pipeline", "orders", "--limit", "2", "--json").stdout
+    )
+    assert [c["key"] for c in listed[0]["checkpoints"]] == ["k2", "k3"]
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "many"])
+def test_a_limit_below_one_is_a_usage_error(filled, limit):
+    url = str(filled.engine.url)
+    for command in ("status", "checkpoints"):
+        result = walsink("--url", url, command, f"--limit={limit}")
+        assert result.returncode == 2 and "--limit" in result.stderr, result.stderr
+        assert result.stdout == ""  # nothing printed before the error
