@@ -180,3 +180,16 @@ def test_test_connection_reports_an_unwritable_staging_root(monkeypatch, tmp_pat
         monkeypatch, extra={"url": migrated_sqlite, "staging_root": root}
     ).test_connection()
     assert not ok and "cannot be created" in message and "not writable" in message, message
+
+
+@pytest.mark.parametrize("conn_type", ["postgres", "generic"])
+def test_a_connection_of_another_type_is_refused_naming_it(monkeypatch, conn_type):
+    """A target's postgres connection (or a generic one) named as the committer connection would
+    put the committer table in the target database, or silently use the embedded default."""
+    conn_id = f"walsink_t_{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{conn_id.upper()}",
+        json.dumps({"conn_type": conn_type, "host": "127.0.0.1", "schema": "analytics"}),
+    )
+    with pytest.raises(ValueError, match=f"is of type '{conn_type}', not 'walsink'"):
+        _ = WalsinkHook(conn_id).sqlalchemy_url

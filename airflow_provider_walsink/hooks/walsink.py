@@ -95,6 +95,14 @@ class WalsinkHook(BaseHook):
             self._url = default_database_url()
             self.log.info("No connection %r: using the embedded default %s", self.walsink_conn_id, self._url)
             return
+        if conn.conn_type != self.conn_type:
+            # Another kind (a target's postgres connection, a generic one) would be read as a
+            # committer database: the committer table created in a target database, or the
+            # embedded default used under another name.
+            raise ValueError(
+                f"connection {self.walsink_conn_id!r} is of type {conn.conn_type!r}, not {self.conn_type!r}: "
+                "the committer table needs a walsink connection (docs/production.md)"
+            )
         self._extra = dict(conn.extra_dejson or {})
         self._url = url_from_connection(
             backend=self._field("backend") or ("sqlite" if not conn.host else "postgresql"),
