@@ -52,6 +52,7 @@ period.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import stat
@@ -373,13 +374,33 @@ def collect_garbage(
     return report
 
 
+#: The longest duration accepted (a century): longer ones mean "forever", and a cutoff that far
+#: back (``now - duration``) would leave the range of dates the database and Python can hold.
+MAX_DURATION = timedelta(days=36500)
+
+
 def parse_duration(text: str) -> timedelta:
-    """``90s``, ``15m``, ``12h``, ``7d`` or ``2w`` (or a plain number of seconds) → timedelta."""
+    """``90s``, ``15m``, ``12h``, ``7d`` or ``2w`` (or a plain number of seconds) → timedelta.
+
+    Refuses (``ValueError`` naming the value) what is not a duration, and negative, infinite,
+    NaN or absurdly large ones (over :data:`MAX_DURATION`): a negative retention would put the
+    cutoff in the future and make everything look old enough to remove.
+    """
+    raw = text
     text = text.strip()
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    hint = "use e.g. 90s, 15m, 12h, 7d or 2w"
     try:
         if text and text[-1] in units:
-            return timedelta(seconds=float(text[:-1]) * units[text[-1]])
-        return timedelta(seconds=float(text))
+            seconds = float(text[:-1]) * units[text[-1]]
+        else:
+            seconds = float(text)
     except ValueError:
-        raise ValueError(f"invalid duration {text!r}: use e.g. 90s, 15m, 12h, 7d or 2w") from None
+        raise ValueError(f"invalid duration {raw!r}: {hint}") from None
+    if math.isnan(seconds):
+        raise ValueError(f"invalid duration {raw!r}: not a number; {hint}")
+    if seconds < 0:
+        raise ValueError(f"invalid duration {raw!r}: must not be negative; {hint}")
+    if not math.isfinite(seconds) or seconds > MAX_DURATION.total_seconds():
+        raise ValueError(f"invalid duration {raw!r}: longer than {MAX_DURATION.days}d; {hint}")
+    return timedelta(seconds=seconds)

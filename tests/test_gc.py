@@ -241,6 +241,8 @@ def test_parse_duration():
     assert parse_duration("7d") == timedelta(days=7)
     assert parse_duration("2w") == timedelta(weeks=2)
     assert parse_duration("30") == timedelta(seconds=30)
+    assert parse_duration("0s") == timedelta(0)
+    assert parse_duration("36500d") == timedelta(days=36500)  # a century: the longest accepted
     with pytest.raises(ValueError, match="invalid duration 'soon'"):
         parse_duration("soon")
 
@@ -303,3 +305,35 @@ def test_gc_of_an_aborted_checkpoint_keeps_the_attempt_a_later_run_started(store
     _collect_checkpoint(layout, "p", "a1", aborted, cutoff, cutoff.timestamp(), report, False)
     assert _numbered(report.attempts_removed) == ["p/a1/attempt-1"] and report.checkpoint_dirs_removed == []
     assert layout.attempts("p", "a1") == [2]
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--retention", "-1d"),
+        ("--history-retention", "-5d"),
+        ("--retention", "-30"),
+        ("--retention", "inf"),
+        ("--retention", "nan"),
+        ("--history-retention", "1e400d"),
+        ("--retention", "99999999999w"),
+        ("--older-than", "-1d"),
+        ("--older-than", "inf"),
+    ],
+)
+def test_cli_refuses_negative_infinite_and_absurd_durations(sqlite_store, layout, capsys, option, value):
+    """A negative retention puts the cutoff in the future (everything looks old enough to
+    remove); inf or 1e400d used to end in 'unexpected OverflowError'. Refused like any
+    invalid duration: exit 1, one line naming the option and the value."""
+    stage_checkpoint(sqlite_store, layout, "p", "k1", files("k1"))
+    url = str(sqlite_store.engine.url)
+    if option == "--older-than":
+        argv = ["--url", url, "checkpoints", f"{option}={value}"]
+    else:
+        argv = ["--url", url, "gc", "--staging-root", str(layout.root), f"{option}={value}"]
+    capsys.readouterr()
+    assert walsink_cli(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert f"{option}: invalid duration {value!r}" in err[0] and "unexpected" not in err[0], err[0]
+    assert layout.attempts("p", "k1") == [1]
