@@ -13,11 +13,20 @@ retention period:
 * attempts of an uncommitted checkpoint that are neither its current attempt
   nor its sealed attempt and are *older* than the current attempt (a newer
   attempt number may belong to a writer that just started, so it is kept);
-* checkpoint directories the committer table does not know at all.
+* checkpoint directories the committer table does not know at all (rows
+  trimmed by retention), but only if every entry in them is an attempt
+  directory by name (``attempt-<n>`` or ``attempt-<n>-<32 hex>``).
 
-It never touches the current or sealed attempt of an uncommitted checkpoint,
-never follows a symlink, and only walks names that are valid identifiers
-under the staging root.
+GC only ever removes what walsink staged. It walks ``<root>/<pipeline>/`` only
+for pipelines the committer table knows (pipeline rows are never deleted, not
+even by retention), so a staging root given one level too high, or pointing
+anywhere else, removes nothing: unknown pipeline directories, and unknown
+checkpoint directories holding anything but attempt directories, are reported
+in ``skipped`` and left alone. It removes attempt by attempt, then the
+emptied checkpoint directory (an attempt that appears meanwhile stays, and
+so does its directory). It never touches the current or sealed attempt of an
+uncommitted checkpoint, never follows a symlink, and only walks names that
+are valid identifiers under the staging root.
 
 **Table targets** (Iceberg, Delta) add the staged files to the table by path:
 the staging directory of a committed attempt *is* table data. For pipelines
@@ -54,6 +63,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import shutil
 import stat
 from collections.abc import Callable, Iterable
@@ -155,7 +165,16 @@ def collect_staging(
             continue
         if wanted is not None and pipeline not in wanted:
             continue
-        keeps_staged = _target_keeps_staged_files(store, pipeline)
+        registered = store.get_pipeline(pipeline)
+        if registered is None:
+            # Not walsink's staging (a staging root given one level too high, a neighbour's
+            # directory): pipeline rows are never deleted, so staging of a pipeline walsink ever
+            # ran has one. Nothing under an unknown pipeline is touched.
+            report.skipped.append(
+                f"{pdir}: no pipeline {pipeline!r} in the committer table (not walsink staging?); left alone"
+            )
+            continue
+        keeps_staged = _target_keeps_staged_files(registered)
         for cdir in _subdirs(pdir):
             try:
                 key = validate_identifier(cdir.name, "checkpoint key")
@@ -172,12 +191,11 @@ def collect_staging(
     return report
 
 
-def _target_keeps_staged_files(store: CommitterStore, pipeline: str) -> bool:
-    """Whether the pipeline's target references its staged files in place (table targets)."""
+def _target_keeps_staged_files(row: dict[str, Any]) -> bool:
+    """Whether the pipeline (its row) has a target that references staged files in place (tables)."""
     from airflow_provider_walsink.publishers.registry import TargetError, publisher_class, target_scheme
 
-    row = store.get_pipeline(pipeline)
-    target = (row or {}).get("target")
+    target = row.get("target")
     if not target:
         return False  # registered without a target: the directory-of-files default
     try:
@@ -197,31 +215,35 @@ def _collect_checkpoint(
     dry_run: bool,
 ) -> None:
     cdir = layout.checkpoint_dir(pipeline, key)
-    if record is not None and record.state is S.ABORTED:
+    if record is None:
+        # A checkpoint the committer table does not know (its row trimmed by retention after a
+        # crash left staging behind): removed only if it is made of attempt directories alone,
+        # i.e. looks like what walsink stages; anything else there is not walsink's to delete.
+        attempts, strays = _attempt_entries(cdir)
+        if strays:
+            report.skipped.append(
+                f"{pipeline}/{key}: unknown to the committer table and holds {strays[0]!r}, "
+                "not an attempt directory; left alone"
+            )
+            return
+        if not _age_ok(cdir, cutoff_ts):
+            report.kept_recent += 1
+            return
+        _remove_attempts(cdir, pipeline, key, attempts, lambda _a, _i: True, cutoff_ts, report, dry_run)
+        return
+    if record.state is S.ABORTED:
         # Its attempts up to the aborted one; a newer one belongs to a run that started it again.
         if record.updated_at > cutoff:
             report.kept_recent += 1
             return
-        # Attempt by attempt (never the whole directory at once: a new attempt may appear in it).
-        staged = layout.staged_attempts(pipeline, key)
-        removed = [p for a, _id, p in staged if a <= record.attempt and _rmtree(p, report, dry_run)]
-        whole = len(removed) == len(staged)
-        if whole and not dry_run:
-            try:
-                cdir.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError:  # not empty: something new was put there meanwhile
-                whole = False
-        if whole:
-            report.checkpoint_dirs_removed.append(f"{pipeline}/{key}")
-        else:
-            report.attempts_removed += [f"{pipeline}/{key}/{p.name}" for p in removed]
+        attempts = layout.staged_attempts(pipeline, key)
+        _remove_attempts(
+            cdir, pipeline, key, attempts, lambda a, _i: a <= record.attempt, None, report, dry_run
+        )
         return
-    if record is None or record.state is S.COMMITTED:
-        finished_at = None if record is None else (record.committed_at or record.updated_at)
-        old = _age_ok(cdir, cutoff_ts) if finished_at is None else finished_at <= cutoff
-        if not old:
+    if record.state is S.COMMITTED:
+        finished_at = record.committed_at or record.updated_at
+        if finished_at > cutoff:
             report.kept_recent += 1
             return
         if _rmtree(cdir, report, dry_run):
@@ -244,6 +266,84 @@ def _collect_checkpoint(
             continue
         if _rmtree(path, report, dry_run):
             report.attempts_removed.append(f"{pipeline}/{key}/{path.name}")
+
+
+#: An attempt directory's name as walsink makes it (StagingLayout.attempt_dir).
+_ATTEMPT_NAME = re.compile(r"attempt-([1-9][0-9]*)(?:-([0-9a-f]{32}))?")
+
+
+def _attempt_entries(cdir: Path) -> tuple[list[tuple[int, str | None, Path]], list[str]]:
+    """A checkpoint directory's attempt directories (number, id, path) and its other entries' names.
+
+    Only real directories named ``attempt-<n>`` or ``attempt-<n>-<32 hex>`` (n >= 1) are attempts;
+    a file, a symlink or any other name is a stray.
+    """
+    attempts: list[tuple[int, str | None, Path]] = []
+    strays: list[str] = []
+    try:
+        entries = sorted(os.scandir(cdir), key=lambda e: e.name)
+    except FileNotFoundError:
+        return [], []
+    for entry in entries:
+        match = _ATTEMPT_NAME.fullmatch(entry.name)
+        if match and entry.is_dir(follow_symlinks=False):
+            attempts.append((int(match[1]), match[2], Path(entry.path)))
+        else:
+            strays.append(entry.name)
+    return attempts, strays
+
+
+def _remove_attempts(
+    cdir: Path,
+    pipeline: str,
+    key: str,
+    attempts: list[tuple[int, str | None, Path]],
+    wanted: Callable[[int, str | None], bool],
+    cutoff_ts: float | None,
+    report: GcReport,
+    dry_run: bool,
+) -> None:
+    """Remove the ``wanted`` attempts one by one (each older than the cutoff, if one is given),
+    then the checkpoint directory if that emptied it.
+
+    Never the whole directory at once: an attempt started after GC listed it (a reprocess, a
+    later run of an aborted checkpoint, a new life of a trimmed one) stays, and so does the
+    directory holding it.
+    """
+    removed: list[Path] = []
+    kept = 0
+    for attempt, attempt_id, path in attempts:
+        if not wanted(attempt, attempt_id):
+            kept += 1
+            continue
+        if cutoff_ts is not None and not _age_ok(path, cutoff_ts):
+            report.kept_recent += 1
+            kept += 1
+            continue
+        if _rmtree(path, report, dry_run):
+            removed.append(path)
+        else:
+            kept += 1
+    whole = kept == 0
+    if whole and not dry_run:
+        try:
+            cdir.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:  # not empty: something new was put there meanwhile
+            whole = False
+    if whole:
+        report.checkpoint_dirs_removed.append(f"{pipeline}/{key}")
+    else:
+        report.attempts_removed += [f"{pipeline}/{key}/{p.name}" for p in removed]
+    if removed:
+        log.info(
+            "gc: %s %d attempts of %s/%s",
+            "would remove" if dry_run else "removed",
+            len(removed),
+            pipeline,
+            key,
+        )
 
 
 def _epoch(naive_utc: datetime) -> float:

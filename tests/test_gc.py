@@ -337,3 +337,75 @@ def test_cli_refuses_negative_infinite_and_absurd_durations(sqlite_store, layout
     assert len(err) == 1 and "Traceback" not in err[0], err
     assert f"{option}: invalid duration {value!r}" in err[0] and "unexpected" not in err[0], err[0]
     assert layout.attempts("p", "k1") == [1]
+
+
+def test_gc_with_a_staging_root_one_level_too_high_removes_nothing(store, tmp_path):
+    """``--staging-root`` given one level above the real one: the reviewer's run removed the
+    committed target files and an Iceberg warehouse. GC only removes what walsink staged: under
+    pipelines the committer table knows, checkpoint directories made of attempt directories."""
+    from airflow_provider_walsink.protocol.staging import StagingLayout
+
+    data = tmp_path / "data"
+    real = StagingLayout(data / "staging")
+    stage_checkpoint(store, real, "daily_events", "k1", files("k1"))
+    commit(store, real, data / "examples" / "target", "daily_events", "k1")
+    stage_checkpoint(store, real, "daily_events", "k2", files("k2"))  # pending: staged, sealed
+    (data / "examples" / "raw").mkdir(parents=True)
+    (data / "examples" / "raw" / "input.csv").write_bytes(b"raw\n")
+    (data / "iceberg" / "warehouse" / "db" / "t" / "metadata").mkdir(parents=True)
+    (data / "iceberg" / "warehouse" / "db" / "t" / "metadata" / "v1.metadata.json").write_bytes(b"{}")
+    # A neighbour directory named like a registered pipeline: only attempt directories are walsink's.
+    store.register("examples", "k0", mode="overwrite", actor=ACTOR)
+    (data / "examples" / "mixed" / "attempt-1").mkdir(parents=True)
+    (data / "examples" / "mixed" / "notes.txt").write_bytes(b"mine\n")
+    (data / "examples" / "linked").mkdir()
+    os.symlink(data / "iceberg", data / "examples" / "linked" / "attempt-2")
+    (data / "examples" / "zero" / "attempt-0").mkdir(parents=True)  # not a number walsink uses
+    age_rows(store, "daily_events")
+    age_tree(data)
+    before = sorted(str(p.relative_to(data)) for p in data.rglob("*"))
+
+    wrong = StagingLayout(data)
+    for dry_run in (True, False):
+        report = collect_garbage(
+            store, wrong, retention=timedelta(0), history_retention=None, dry_run=dry_run
+        )
+        assert report.checkpoint_dirs_removed == [] and report.attempts_removed == [], report
+        assert sorted(str(p.relative_to(data)) for p in data.rglob("*")) == before
+    assert any("'staging'" in s and "no pipeline" in s for s in report.skipped), report.skipped
+    assert any("'iceberg'" in s and "no pipeline" in s for s in report.skipped), report.skipped
+    for key, stray in (("target", "_walsink"), ("raw", "input.csv"), ("mixed", "notes.txt"),
+                       ("linked", "attempt-2"), ("zero", "attempt-0")):  # fmt: skip
+        assert any(s.startswith(f"examples/{key}: ") and repr(stray) in s for s in report.skipped), (
+            key,
+            report.skipped,
+        )
+    # The right root still collects, and still keeps the pending checkpoint's attempt.
+    assert collect_staging(store, real, retention=timedelta(0)).checkpoint_dirs_removed == []
+    assert real.attempts("daily_events", "k2") == [1]
+
+
+def test_gc_removes_an_unknown_checkpoint_attempt_by_attempt(sqlite_store, layout, monkeypatch):
+    """A checkpoint the table no longer knows (rows trimmed) is removed attempt by attempt: an
+    attempt a new life of it starts while GC works is kept, and so is the directory."""
+    import airflow_provider_walsink.gc as gc
+
+    stage_checkpoint(sqlite_store, layout, "p", "k0", files("k0"))  # registers pipeline p
+    orphan = layout.root / "p" / "gone"
+    for name in ("attempt-1", "attempt-2-" + "a" * 32):
+        (orphan / name).mkdir(parents=True)
+        (orphan / name / "part-0.csv").write_bytes(b"x\n")
+    age_tree(orphan)
+    remove = gc._rmtree
+
+    def remove_while_a_new_attempt_starts(path, report, dry_run):
+        if path.parent == orphan and not (orphan / ("attempt-1-" + "b" * 32)).exists():
+            (orphan / ("attempt-1-" + "b" * 32)).mkdir()  # a new life's writer, just started
+        return remove(path, report, dry_run)
+
+    monkeypatch.setattr(gc, "_rmtree", remove_while_a_new_attempt_starts)
+    report = collect_staging(sqlite_store, layout, retention=DAY)
+    assert sorted(report.attempts_removed) == ["p/gone/attempt-1", "p/gone/attempt-2-" + "a" * 32]
+    assert report.checkpoint_dirs_removed == []
+    assert [p.name for p in orphan.iterdir()] == ["attempt-1-" + "b" * 32]
+    assert layout.attempts("p", "k0") == [1]
