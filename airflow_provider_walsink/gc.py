@@ -7,9 +7,11 @@ directory, but crashes, superseded attempts and aborted checkpoints leave
 directories behind. :func:`collect_staging` removes, once older than the
 retention period:
 
-* every attempt of a COMMITTED checkpoint (the commit is recorded), and every
-  attempt of an ABORTED one up to the aborted attempt (a newer attempt belongs
-  to a later run that started the checkpoint again);
+* every attempt of a COMMITTED checkpoint up to the attempt of the row GC read
+  (the commit is recorded; a newer attempt, or one of that number with another
+  attempt id, belongs to a reprocess that began a new version meanwhile), and
+  every attempt of an ABORTED one up to the aborted attempt (a newer attempt
+  belongs to a later run that started the checkpoint again);
 * attempts of an uncommitted checkpoint that are neither its current attempt
   nor its sealed attempt and are *older* than the current attempt (a newer
   attempt number may belong to a writer that just started, so it is kept);
@@ -242,13 +244,23 @@ def _collect_checkpoint(
         )
         return
     if record.state is S.COMMITTED:
+        # The attempts of the version GC read, never the whole directory: a reprocess
+        # (begin_version) may have started a newer attempt since the row was read.
         finished_at = record.committed_at or record.updated_at
         if finished_at > cutoff:
             report.kept_recent += 1
             return
-        if _rmtree(cdir, report, dry_run):
-            report.checkpoint_dirs_removed.append(f"{pipeline}/{key}")
-            log.info("gc: %s staging of %s/%s", "would remove" if dry_run else "removed", pipeline, key)
+        known_ids = {i for i in (record.attempt_id, record.sealed_attempt_id) if i}
+
+        def read_version(attempt: int, attempt_id: str | None) -> bool:
+            if attempt > record.attempt:
+                return False  # started after GC read the row
+            if attempt == record.attempt and attempt_id and known_ids and attempt_id not in known_ids:
+                return False  # same number, another id: not the attempt the row names
+            return True
+
+        attempts = layout.staged_attempts(pipeline, key)
+        _remove_attempts(cdir, pipeline, key, attempts, read_version, cutoff_ts, report, dry_run)
         return
     # Uncommitted: only attempts older than the current one and not sealed are garbage. An
     # attempt is known by its number and id (numbers repeat across lives of a checkpoint).

@@ -409,3 +409,43 @@ def test_gc_removes_an_unknown_checkpoint_attempt_by_attempt(sqlite_store, layou
     assert report.checkpoint_dirs_removed == []
     assert [p.name for p in orphan.iterdir()] == ["attempt-1-" + "b" * 32]
     assert layout.attempts("p", "k0") == [1]
+
+
+def test_gc_of_a_committed_checkpoint_keeps_a_reprocess_started_meanwhile(
+    store, layout, tmp_path, monkeypatch
+):
+    """GC reads a COMMITTED row, then a reprocess begins a new version and stages and seals its
+    attempt, then GC removes the committed checkpoint's staging. Only the attempts of the row it
+    read go: the new version's staging survives and still commits."""
+    target = tmp_path / "target"
+    stage_checkpoint(store, layout, "p", "k1", files("k1"))
+    committed = commit(store, layout, target, "p", "k1")
+    v1 = store.require("p", "k1")
+    leftover = layout.attempt_dir("p", "k1", v1.sealed_attempt, v1.sealed_attempt_id)
+    leftover.mkdir(parents=True)  # the committer died before cleaning its staging
+    (leftover / "part-0.csv").write_bytes(b"k1,0\n")
+    age(store, "p", "k1")
+    age_tree(layout.root)
+    reprocessed = {}
+    real_get = store.get
+
+    def get_then_reprocess(pipeline, key):
+        record = real_get(pipeline, key)
+        if (pipeline, key) == ("p", "k1") and not reprocessed:
+            store.begin_version("p", "k1", token="dag/run#1", actor=ACTOR, reason="fixed a bug")
+            reprocessed["v2"], _, reprocessed["dir"] = stage_checkpoint(
+                store, layout, "p", "k1", {"dt=k1/part-0.csv": b"k1,v2\n"}
+            )
+        return record
+
+    monkeypatch.setattr(store, "get", get_then_reprocess)
+    report = collect_staging(store, layout, retention=timedelta(0))
+    monkeypatch.undo()
+
+    assert committed.state == "COMMITTED" and reprocessed
+    assert reprocessed["dir"].is_dir() and not leftover.exists()
+    assert _numbered(report.attempts_removed) == [f"p/k1/attempt-{v1.sealed_attempt}"]
+    assert report.checkpoint_dirs_removed == []
+    assert store.require("p", "k1").state is S.DURABLE
+    assert commit(store, layout, target, "p", "k1").state == "COMMITTED"
+    assert b"k1,v2\n" in target_files(target).values()
