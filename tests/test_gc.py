@@ -449,3 +449,25 @@ def test_gc_of_a_committed_checkpoint_keeps_a_reprocess_started_meanwhile(
     assert store.require("p", "k1").state is S.DURABLE
     assert commit(store, layout, target, "p", "k1").state == "COMMITTED"
     assert b"k1,v2\n" in target_files(target).values()
+
+
+def test_walsink_gc_says_when_the_staging_root_does_not_exist(sqlite_store, tmp_path, capsys, monkeypatch):
+    """A staging root that does not exist used to be accepted silently ('removed 0'): given by
+    hand it is an error (a typo), the default one a warning; nothing is removed either way."""
+    import airflow_provider_walsink.hooks.walsink as hook
+
+    url = str(sqlite_store.engine.url)
+    missing = tmp_path / "stagign"
+    capsys.readouterr()
+    assert walsink_cli(["--url", url, "gc", "--staging-root", str(missing), "--retention", "0s"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--staging-root {missing}: no such directory" in err[0], err
+    assert not missing.exists()
+
+    monkeypatch.setattr(hook, "default_staging_root", lambda: str(missing))
+    assert walsink_cli(["--url", url, "gc", "--retention", "0s", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert f"staging root {missing} does not exist" in captured.err and "warning" in captured.err
+    report = json.loads(captured.out)
+    assert report["staging_root"] == str(missing) and report["checkpoint_dirs_removed"] == []
+    assert not missing.exists()
