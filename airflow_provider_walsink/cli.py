@@ -556,12 +556,21 @@ def cmd_gc(args: argparse.Namespace, out: IO[str]) -> int:
     history_retention = _duration(args.history_retention, "--history-retention")
     target = resolve(args)  # reads the connection: its staging root is where pipelines stage
     staging_root = args.staging_root or target.staging_root or default_staging_root()
+    layout = StagingLayout(staging_root)
+    if not layout.root.is_dir():
+        if args.staging_root:  # given by hand: almost certainly a typo
+            raise CliError(f"--staging-root {staging_root}: no such directory; nothing removed")
+        print(
+            f"walsink gc: warning: staging root {staging_root} does not exist (no pipeline staged "
+            "there yet, or not the staging root you meant: pass --staging-root); no staging removed",
+            file=sys.stderr,
+        )
     store = open_store(target)
     try:
         _known_pipelines(store, args.pipeline)
         report = collect_garbage(
             store,
-            StagingLayout(staging_root),
+            layout,
             retention=retention,
             history_retention=history_retention,
             pipelines=args.pipeline or None,

@@ -7,17 +7,28 @@ directory, but crashes, superseded attempts and aborted checkpoints leave
 directories behind. :func:`collect_staging` removes, once older than the
 retention period:
 
-* every attempt of a COMMITTED checkpoint (the commit is recorded), and every
-  attempt of an ABORTED one up to the aborted attempt (a newer attempt belongs
-  to a later run that started the checkpoint again);
+* every attempt of a COMMITTED checkpoint up to the attempt of the row GC read
+  (the commit is recorded; a newer attempt, or one of that number with another
+  attempt id, belongs to a reprocess that began a new version meanwhile), and
+  every attempt of an ABORTED one up to the aborted attempt (a newer attempt
+  belongs to a later run that started the checkpoint again);
 * attempts of an uncommitted checkpoint that are neither its current attempt
   nor its sealed attempt and are *older* than the current attempt (a newer
   attempt number may belong to a writer that just started, so it is kept);
-* checkpoint directories the committer table does not know at all.
+* checkpoint directories the committer table does not know at all (rows
+  trimmed by retention), but only if every entry in them is an attempt
+  directory by name (``attempt-<n>`` or ``attempt-<n>-<32 hex>``).
 
-It never touches the current or sealed attempt of an uncommitted checkpoint,
-never follows a symlink, and only walks names that are valid identifiers
-under the staging root.
+GC only ever removes what walsink staged. It walks ``<root>/<pipeline>/`` only
+for pipelines the committer table knows (pipeline rows are never deleted, not
+even by retention), so a staging root given one level too high, or pointing
+anywhere else, removes nothing: unknown pipeline directories, and unknown
+checkpoint directories holding anything but attempt directories, are reported
+in ``skipped`` and left alone. It removes attempt by attempt, then the
+emptied checkpoint directory (an attempt that appears meanwhile stays, and
+so does its directory). It never touches the current or sealed attempt of an
+uncommitted checkpoint, never follows a symlink, and only walks names that
+are valid identifiers under the staging root.
 
 **Table targets** (Iceberg, Delta) add the staged files to the table by path:
 the staging directory of a committed attempt *is* table data. For pipelines
@@ -52,7 +63,9 @@ period.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import re
 import shutil
 import stat
 from collections.abc import Callable, Iterable
@@ -154,7 +167,16 @@ def collect_staging(
             continue
         if wanted is not None and pipeline not in wanted:
             continue
-        keeps_staged = _target_keeps_staged_files(store, pipeline)
+        registered = store.get_pipeline(pipeline)
+        if registered is None:
+            # Not walsink's staging (a staging root given one level too high, a neighbour's
+            # directory): pipeline rows are never deleted, so staging of a pipeline walsink ever
+            # ran has one. Nothing under an unknown pipeline is touched.
+            report.skipped.append(
+                f"{pdir}: no pipeline {pipeline!r} in the committer table (not walsink staging?); left alone"
+            )
+            continue
+        keeps_staged = _target_keeps_staged_files(registered)
         for cdir in _subdirs(pdir):
             try:
                 key = validate_identifier(cdir.name, "checkpoint key")
@@ -171,12 +193,11 @@ def collect_staging(
     return report
 
 
-def _target_keeps_staged_files(store: CommitterStore, pipeline: str) -> bool:
-    """Whether the pipeline's target references its staged files in place (table targets)."""
+def _target_keeps_staged_files(row: dict[str, Any]) -> bool:
+    """Whether the pipeline (its row) has a target that references staged files in place (tables)."""
     from airflow_provider_walsink.publishers.registry import TargetError, publisher_class, target_scheme
 
-    row = store.get_pipeline(pipeline)
-    target = (row or {}).get("target")
+    target = row.get("target")
     if not target:
         return False  # registered without a target: the directory-of-files default
     try:
@@ -196,36 +217,50 @@ def _collect_checkpoint(
     dry_run: bool,
 ) -> None:
     cdir = layout.checkpoint_dir(pipeline, key)
-    if record is not None and record.state is S.ABORTED:
+    if record is None:
+        # A checkpoint the committer table does not know (its row trimmed by retention after a
+        # crash left staging behind): removed only if it is made of attempt directories alone,
+        # i.e. looks like what walsink stages; anything else there is not walsink's to delete.
+        attempts, strays = _attempt_entries(cdir)
+        if strays:
+            report.skipped.append(
+                f"{pipeline}/{key}: unknown to the committer table and holds {strays[0]!r}, "
+                "not an attempt directory; left alone"
+            )
+            return
+        if not _age_ok(cdir, cutoff_ts):
+            report.kept_recent += 1
+            return
+        _remove_attempts(cdir, pipeline, key, attempts, lambda _a, _i: True, cutoff_ts, report, dry_run)
+        return
+    if record.state is S.ABORTED:
         # Its attempts up to the aborted one; a newer one belongs to a run that started it again.
         if record.updated_at > cutoff:
             report.kept_recent += 1
             return
-        # Attempt by attempt (never the whole directory at once: a new attempt may appear in it).
-        staged = layout.staged_attempts(pipeline, key)
-        removed = [p for a, _id, p in staged if a <= record.attempt and _rmtree(p, report, dry_run)]
-        whole = len(removed) == len(staged)
-        if whole and not dry_run:
-            try:
-                cdir.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError:  # not empty: something new was put there meanwhile
-                whole = False
-        if whole:
-            report.checkpoint_dirs_removed.append(f"{pipeline}/{key}")
-        else:
-            report.attempts_removed += [f"{pipeline}/{key}/{p.name}" for p in removed]
+        attempts = layout.staged_attempts(pipeline, key)
+        _remove_attempts(
+            cdir, pipeline, key, attempts, lambda a, _i: a <= record.attempt, None, report, dry_run
+        )
         return
-    if record is None or record.state is S.COMMITTED:
-        finished_at = None if record is None else (record.committed_at or record.updated_at)
-        old = _age_ok(cdir, cutoff_ts) if finished_at is None else finished_at <= cutoff
-        if not old:
+    if record.state is S.COMMITTED:
+        # The attempts of the version GC read, never the whole directory: a reprocess
+        # (begin_version) may have started a newer attempt since the row was read.
+        finished_at = record.committed_at or record.updated_at
+        if finished_at > cutoff:
             report.kept_recent += 1
             return
-        if _rmtree(cdir, report, dry_run):
-            report.checkpoint_dirs_removed.append(f"{pipeline}/{key}")
-            log.info("gc: %s staging of %s/%s", "would remove" if dry_run else "removed", pipeline, key)
+        known_ids = {i for i in (record.attempt_id, record.sealed_attempt_id) if i}
+
+        def read_version(attempt: int, attempt_id: str | None) -> bool:
+            if attempt > record.attempt:
+                return False  # started after GC read the row
+            if attempt == record.attempt and attempt_id and known_ids and attempt_id not in known_ids:
+                return False  # same number, another id: not the attempt the row names
+            return True
+
+        attempts = layout.staged_attempts(pipeline, key)
+        _remove_attempts(cdir, pipeline, key, attempts, read_version, cutoff_ts, report, dry_run)
         return
     # Uncommitted: only attempts older than the current one and not sealed are garbage. An
     # attempt is known by its number and id (numbers repeat across lives of a checkpoint).
@@ -243,6 +278,84 @@ def _collect_checkpoint(
             continue
         if _rmtree(path, report, dry_run):
             report.attempts_removed.append(f"{pipeline}/{key}/{path.name}")
+
+
+#: An attempt directory's name as walsink makes it (StagingLayout.attempt_dir).
+_ATTEMPT_NAME = re.compile(r"attempt-([1-9][0-9]*)(?:-([0-9a-f]{32}))?")
+
+
+def _attempt_entries(cdir: Path) -> tuple[list[tuple[int, str | None, Path]], list[str]]:
+    """A checkpoint directory's attempt directories (number, id, path) and its other entries' names.
+
+    Only real directories named ``attempt-<n>`` or ``attempt-<n>-<32 hex>`` (n >= 1) are attempts;
+    a file, a symlink or any other name is a stray.
+    """
+    attempts: list[tuple[int, str | None, Path]] = []
+    strays: list[str] = []
+    try:
+        entries = sorted(os.scandir(cdir), key=lambda e: e.name)
+    except FileNotFoundError:
+        return [], []
+    for entry in entries:
+        match = _ATTEMPT_NAME.fullmatch(entry.name)
+        if match and entry.is_dir(follow_symlinks=False):
+            attempts.append((int(match[1]), match[2], Path(entry.path)))
+        else:
+            strays.append(entry.name)
+    return attempts, strays
+
+
+def _remove_attempts(
+    cdir: Path,
+    pipeline: str,
+    key: str,
+    attempts: list[tuple[int, str | None, Path]],
+    wanted: Callable[[int, str | None], bool],
+    cutoff_ts: float | None,
+    report: GcReport,
+    dry_run: bool,
+) -> None:
+    """Remove the ``wanted`` attempts one by one (each older than the cutoff, if one is given),
+    then the checkpoint directory if that emptied it.
+
+    Never the whole directory at once: an attempt started after GC listed it (a reprocess, a
+    later run of an aborted checkpoint, a new life of a trimmed one) stays, and so does the
+    directory holding it.
+    """
+    removed: list[Path] = []
+    kept = 0
+    for attempt, attempt_id, path in attempts:
+        if not wanted(attempt, attempt_id):
+            kept += 1
+            continue
+        if cutoff_ts is not None and not _age_ok(path, cutoff_ts):
+            report.kept_recent += 1
+            kept += 1
+            continue
+        if _rmtree(path, report, dry_run):
+            removed.append(path)
+        else:
+            kept += 1
+    whole = kept == 0
+    if whole and not dry_run:
+        try:
+            cdir.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:  # not empty: something new was put there meanwhile
+            whole = False
+    if whole:
+        report.checkpoint_dirs_removed.append(f"{pipeline}/{key}")
+    else:
+        report.attempts_removed += [f"{pipeline}/{key}/{p.name}" for p in removed]
+    if removed:
+        log.info(
+            "gc: %s %d attempts of %s/%s",
+            "would remove" if dry_run else "removed",
+            len(removed),
+            pipeline,
+            key,
+        )
 
 
 def _epoch(naive_utc: datetime) -> float:
@@ -373,13 +486,33 @@ def collect_garbage(
     return report
 
 
+#: The longest duration accepted (a century): longer ones mean "forever", and a cutoff that far
+#: back (``now - duration``) would leave the range of dates the database and Python can hold.
+MAX_DURATION = timedelta(days=36500)
+
+
 def parse_duration(text: str) -> timedelta:
-    """``90s``, ``15m``, ``12h``, ``7d`` or ``2w`` (or a plain number of seconds) → timedelta."""
+    """``90s``, ``15m``, ``12h``, ``7d`` or ``2w`` (or a plain number of seconds) → timedelta.
+
+    Refuses (``ValueError`` naming the value) what is not a duration, and negative, infinite,
+    NaN or absurdly large ones (over :data:`MAX_DURATION`): a negative retention would put the
+    cutoff in the future and make everything look old enough to remove.
+    """
+    raw = text
     text = text.strip()
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    hint = "use e.g. 90s, 15m, 12h, 7d or 2w"
     try:
         if text and text[-1] in units:
-            return timedelta(seconds=float(text[:-1]) * units[text[-1]])
-        return timedelta(seconds=float(text))
+            seconds = float(text[:-1]) * units[text[-1]]
+        else:
+            seconds = float(text)
     except ValueError:
-        raise ValueError(f"invalid duration {text!r}: use e.g. 90s, 15m, 12h, 7d or 2w") from None
+        raise ValueError(f"invalid duration {raw!r}: {hint}") from None
+    if math.isnan(seconds):
+        raise ValueError(f"invalid duration {raw!r}: not a number; {hint}")
+    if seconds < 0:
+        raise ValueError(f"invalid duration {raw!r}: must not be negative; {hint}")
+    if not math.isfinite(seconds) or seconds > MAX_DURATION.total_seconds():
+        raise ValueError(f"invalid duration {raw!r}: longer than {MAX_DURATION.days}d; {hint}")
+    return timedelta(seconds=seconds)

@@ -81,6 +81,7 @@ def filled(sqlite_store):
 def test_json_output_parses_for_every_command(filled, tmp_path):
     url = str(filled.engine.url)
     staging = tmp_path / "staging"
+    staging.mkdir()  # a --staging-root that does not exist is an error (a typo)
     results = {
         "status": walsink("--url", url, "status", "--json"),
         "status (flag first)": walsink("--json", "--url", url, "status"),
@@ -129,7 +130,11 @@ def test_gc_cleans_the_connections_staging_root(airflow_db, tmp_path):
         check=True, capture_output=True, env=os.environ.copy(),
     )  # fmt: skip
     try:
-        # A checkpoint directory the committer table does not know, two days old: garbage.
+        # A checkpoint directory the committer table does not know (its rows trimmed), two days
+        # old, of a pipeline it knows (GC leaves unknown pipelines' directories alone): garbage.
+        store = CommitterStore.from_url(f"sqlite:///{committer}")
+        store.register("ghost", "k0", mode="overwrite", actor=ACTOR)
+        store.dispose()
         orphan = staging / "ghost" / "k1" / "attempt-1"
         orphan.mkdir(parents=True)
         (orphan / "part-0.csv").write_text("x\n")

@@ -241,6 +241,8 @@ def test_parse_duration():
     assert parse_duration("7d") == timedelta(days=7)
     assert parse_duration("2w") == timedelta(weeks=2)
     assert parse_duration("30") == timedelta(seconds=30)
+    assert parse_duration("0s") == timedelta(0)
+    assert parse_duration("36500d") == timedelta(days=36500)  # a century: the longest accepted
     with pytest.raises(ValueError, match="invalid duration 'soon'"):
         parse_duration("soon")
 
@@ -303,3 +305,169 @@ def test_gc_of_an_aborted_checkpoint_keeps_the_attempt_a_later_run_started(store
     _collect_checkpoint(layout, "p", "a1", aborted, cutoff, cutoff.timestamp(), report, False)
     assert _numbered(report.attempts_removed) == ["p/a1/attempt-1"] and report.checkpoint_dirs_removed == []
     assert layout.attempts("p", "a1") == [2]
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--retention", "-1d"),
+        ("--history-retention", "-5d"),
+        ("--retention", "-30"),
+        ("--retention", "inf"),
+        ("--retention", "nan"),
+        ("--history-retention", "1e400d"),
+        ("--retention", "99999999999w"),
+        ("--older-than", "-1d"),
+        ("--older-than", "inf"),
+    ],
+)
+def test_cli_refuses_negative_infinite_and_absurd_durations(sqlite_store, layout, capsys, option, value):
+    """A negative retention puts the cutoff in the future (everything looks old enough to
+    remove); inf or 1e400d used to end in 'unexpected OverflowError'. Refused like any
+    invalid duration: exit 1, one line naming the option and the value."""
+    stage_checkpoint(sqlite_store, layout, "p", "k1", files("k1"))
+    url = str(sqlite_store.engine.url)
+    if option == "--older-than":
+        argv = ["--url", url, "checkpoints", f"{option}={value}"]
+    else:
+        argv = ["--url", url, "gc", "--staging-root", str(layout.root), f"{option}={value}"]
+    capsys.readouterr()
+    assert walsink_cli(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert f"{option}: invalid duration {value!r}" in err[0] and "unexpected" not in err[0], err[0]
+    assert layout.attempts("p", "k1") == [1]
+
+
+def test_gc_with_a_staging_root_one_level_too_high_removes_nothing(store, tmp_path):
+    """``--staging-root`` given one level above the real one: the reviewer's run removed the
+    committed target files and an Iceberg warehouse. GC only removes what walsink staged: under
+    pipelines the committer table knows, checkpoint directories made of attempt directories."""
+    from airflow_provider_walsink.protocol.staging import StagingLayout
+
+    data = tmp_path / "data"
+    real = StagingLayout(data / "staging")
+    stage_checkpoint(store, real, "daily_events", "k1", files("k1"))
+    commit(store, real, data / "examples" / "target", "daily_events", "k1")
+    stage_checkpoint(store, real, "daily_events", "k2", files("k2"))  # pending: staged, sealed
+    (data / "examples" / "raw").mkdir(parents=True)
+    (data / "examples" / "raw" / "input.csv").write_bytes(b"raw\n")
+    (data / "iceberg" / "warehouse" / "db" / "t" / "metadata").mkdir(parents=True)
+    (data / "iceberg" / "warehouse" / "db" / "t" / "metadata" / "v1.metadata.json").write_bytes(b"{}")
+    # A neighbour directory named like a registered pipeline: only attempt directories are walsink's.
+    store.register("examples", "k0", mode="overwrite", actor=ACTOR)
+    (data / "examples" / "mixed" / "attempt-1").mkdir(parents=True)
+    (data / "examples" / "mixed" / "notes.txt").write_bytes(b"mine\n")
+    (data / "examples" / "linked").mkdir()
+    os.symlink(data / "iceberg", data / "examples" / "linked" / "attempt-2")
+    (data / "examples" / "zero" / "attempt-0").mkdir(parents=True)  # not a number walsink uses
+    age_rows(store, "daily_events")
+    age_tree(data)
+    before = sorted(str(p.relative_to(data)) for p in data.rglob("*"))
+
+    wrong = StagingLayout(data)
+    for dry_run in (True, False):
+        report = collect_garbage(
+            store, wrong, retention=timedelta(0), history_retention=None, dry_run=dry_run
+        )
+        assert report.checkpoint_dirs_removed == [] and report.attempts_removed == [], report
+        assert sorted(str(p.relative_to(data)) for p in data.rglob("*")) == before
+    assert any("'staging'" in s and "no pipeline" in s for s in report.skipped), report.skipped
+    assert any("'iceberg'" in s and "no pipeline" in s for s in report.skipped), report.skipped
+    for key, stray in (("target", "_walsink"), ("raw", "input.csv"), ("mixed", "notes.txt"),
+                       ("linked", "attempt-2"), ("zero", "attempt-0")):  # fmt: skip
+        assert any(s.startswith(f"examples/{key}: ") and repr(stray) in s for s in report.skipped), (
+            key,
+            report.skipped,
+        )
+    # The right root still collects, and still keeps the pending checkpoint's attempt.
+    assert collect_staging(store, real, retention=timedelta(0)).checkpoint_dirs_removed == []
+    assert real.attempts("daily_events", "k2") == [1]
+
+
+def test_gc_removes_an_unknown_checkpoint_attempt_by_attempt(sqlite_store, layout, monkeypatch):
+    """A checkpoint the table no longer knows (rows trimmed) is removed attempt by attempt: an
+    attempt a new life of it starts while GC works is kept, and so is the directory."""
+    import airflow_provider_walsink.gc as gc
+
+    stage_checkpoint(sqlite_store, layout, "p", "k0", files("k0"))  # registers pipeline p
+    orphan = layout.root / "p" / "gone"
+    for name in ("attempt-1", "attempt-2-" + "a" * 32):
+        (orphan / name).mkdir(parents=True)
+        (orphan / name / "part-0.csv").write_bytes(b"x\n")
+    age_tree(orphan)
+    remove = gc._rmtree
+
+    def remove_while_a_new_attempt_starts(path, report, dry_run):
+        if path.parent == orphan and not (orphan / ("attempt-1-" + "b" * 32)).exists():
+            (orphan / ("attempt-1-" + "b" * 32)).mkdir()  # a new life's writer, just started
+        return remove(path, report, dry_run)
+
+    monkeypatch.setattr(gc, "_rmtree", remove_while_a_new_attempt_starts)
+    report = collect_staging(sqlite_store, layout, retention=DAY)
+    assert sorted(report.attempts_removed) == ["p/gone/attempt-1", "p/gone/attempt-2-" + "a" * 32]
+    assert report.checkpoint_dirs_removed == []
+    assert [p.name for p in orphan.iterdir()] == ["attempt-1-" + "b" * 32]
+    assert layout.attempts("p", "k0") == [1]
+
+
+def test_gc_of_a_committed_checkpoint_keeps_a_reprocess_started_meanwhile(
+    store, layout, tmp_path, monkeypatch
+):
+    """GC reads a COMMITTED row, then a reprocess begins a new version and stages and seals its
+    attempt, then GC removes the committed checkpoint's staging. Only the attempts of the row it
+    read go: the new version's staging survives and still commits."""
+    target = tmp_path / "target"
+    stage_checkpoint(store, layout, "p", "k1", files("k1"))
+    committed = commit(store, layout, target, "p", "k1")
+    v1 = store.require("p", "k1")
+    leftover = layout.attempt_dir("p", "k1", v1.sealed_attempt, v1.sealed_attempt_id)
+    leftover.mkdir(parents=True)  # the committer died before cleaning its staging
+    (leftover / "part-0.csv").write_bytes(b"k1,0\n")
+    age(store, "p", "k1")
+    age_tree(layout.root)
+    reprocessed = {}
+    real_get = store.get
+
+    def get_then_reprocess(pipeline, key):
+        record = real_get(pipeline, key)
+        if (pipeline, key) == ("p", "k1") and not reprocessed:
+            store.begin_version("p", "k1", token="dag/run#1", actor=ACTOR, reason="fixed a bug")
+            reprocessed["v2"], _, reprocessed["dir"] = stage_checkpoint(
+                store, layout, "p", "k1", {"dt=k1/part-0.csv": b"k1,v2\n"}
+            )
+        return record
+
+    monkeypatch.setattr(store, "get", get_then_reprocess)
+    report = collect_staging(store, layout, retention=timedelta(0))
+    monkeypatch.undo()
+
+    assert committed.state == "COMMITTED" and reprocessed
+    assert reprocessed["dir"].is_dir() and not leftover.exists()
+    assert _numbered(report.attempts_removed) == [f"p/k1/attempt-{v1.sealed_attempt}"]
+    assert report.checkpoint_dirs_removed == []
+    assert store.require("p", "k1").state is S.DURABLE
+    assert commit(store, layout, target, "p", "k1").state == "COMMITTED"
+    assert b"k1,v2\n" in target_files(target).values()
+
+
+def test_walsink_gc_says_when_the_staging_root_does_not_exist(sqlite_store, tmp_path, capsys, monkeypatch):
+    """A staging root that does not exist used to be accepted silently ('removed 0'): given by
+    hand it is an error (a typo), the default one a warning; nothing is removed either way."""
+    import airflow_provider_walsink.hooks.walsink as hook
+
+    url = str(sqlite_store.engine.url)
+    missing = tmp_path / "stagign"
+    capsys.readouterr()
+    assert walsink_cli(["--url", url, "gc", "--staging-root", str(missing), "--retention", "0s"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--staging-root {missing}: no such directory" in err[0], err
+    assert not missing.exists()
+
+    monkeypatch.setattr(hook, "default_staging_root", lambda: str(missing))
+    assert walsink_cli(["--url", url, "gc", "--retention", "0s", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert f"staging root {missing} does not exist" in captured.err and "warning" in captured.err
+    report = json.loads(captured.out)
+    assert report["staging_root"] == str(missing) and report["checkpoint_dirs_removed"] == []
+    assert not missing.exists()
