@@ -627,7 +627,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = _common()
     parser = _Parser(
         prog="walsink",
-        description=__doc__.split("\n\n")[0],
+        description=__doc__.split("\n\n")[0].replace("``", ""),  # reST literals read as plain text
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common],
