@@ -421,25 +421,6 @@ def test_walsink_abort_without_airflows_database_says_so_and_still_aborts(sqlite
     assert store.require("p", "k1").state is S.ABORTED
 
 
-def test_walsink_abort_refusal_is_one_line_and_changes_nothing(sqlite_store, layout, tmp_path):
-    store, target = sqlite_store, tmp_path / "target"
-    store.register("p", "k1", mode="overwrite", actor=ACTOR, target=str(target))
-    _, manifest, attempt_dir = stage_checkpoint(store, layout, "p", "k1", DAY)
-    lease = store.acquire_lease(
-        "p", "k1", owner="c1", ttl=timedelta(minutes=10), actor=ACTOR, mode="overwrite"
-    )
-    FilePublisher(target, "overwrite", layout=layout).publish(
-        manifest, attempt_dir, StaticContext.for_manifest(manifest, epoch=lease.epoch)
-    )
-    url = store.engine.url.render_as_string(hide_password=False)
-    result = walsink("--url", url, "abort", "p", "k1", "--reason", REASON, "--staging-root", str(layout.root))
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    [line] = [x for x in result.stderr.strip().splitlines() if not x.startswith("walsink: warning")]
-    assert "is published" in line and "Re-run (clear) its commit task" in line
-    assert store.require("p", "k1").state is S.COMMITTING
-    assert lines(target_files(target)) == lines(DAY)
-
-
 def _published_but_committing(store, layout, target):
     """A files checkpoint whose committer published it whole and stopped before COMMITTED."""
     store.register("p", "k1", mode="overwrite", actor=ACTOR, target=str(target))
@@ -451,6 +432,18 @@ def _published_but_committing(store, layout, target):
         manifest, attempt_dir, StaticContext.for_manifest(manifest, epoch=lease.epoch)
     )
     return manifest
+
+
+def test_walsink_abort_refusal_is_one_line_and_changes_nothing(sqlite_store, layout, tmp_path):
+    store, target = sqlite_store, tmp_path / "target"
+    _published_but_committing(store, layout, target)
+    url = store.engine.url.render_as_string(hide_password=False)
+    result = walsink("--url", url, "abort", "p", "k1", "--reason", REASON, "--staging-root", str(layout.root))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    [line] = [x for x in result.stderr.strip().splitlines() if not x.startswith("walsink: warning")]
+    assert "is published" in line and "Re-run (clear) its commit task" in line
+    assert store.require("p", "k1").state is S.COMMITTING
+    assert lines(target_files(target)) == lines(DAY)
 
 
 def test_walsink_abort_with_a_wrong_staging_root_is_refused_not_rolled_back(sqlite_store, layout, tmp_path):
