@@ -194,6 +194,13 @@ def _states(names: Sequence[str] | None, option: str) -> list[str]:
         value = name.strip().upper()
         if value not in valid:
             raise CliError(f"{option}: unknown state {name!r} (one of {', '.join(valid)})")
+        if value == CheckpointState.SUPERSEDED.value:
+            # Only a checkpoint's earlier versions are SUPERSEDED (walsink_checkpoint_version);
+            # the checkpoint itself is COMMITTED with its new version, so the filter would match nothing.
+            raise CliError(
+                f"{option}: SUPERSEDED is the state of a reprocessed checkpoint's earlier versions, never of "
+                "a checkpoint (it is COMMITTED with its new version); the UI's checkpoint page lists them"
+            )
         out.append(value)
     return out
 

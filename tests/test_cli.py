@@ -302,3 +302,8 @@ def test_a_limit_below_one_is_a_usage_error(filled, limit):
         result = walsink("--url", url, command, f"--limit={limit}")
         assert result.returncode == 2 and "--limit" in result.stderr, result.stderr
         assert result.stdout == ""  # nothing printed before the error
+
+
+def test_the_superseded_state_is_explained_not_silently_matched_to_nothing(filled):
+    result = walsink("--url", str(filled.engine.url), "checkpoints", "--state", "superseded")
+    one_line_error(result, "SUPERSEDED is the state of a reprocessed checkpoint's earlier versions")
