@@ -65,7 +65,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import shutil
 import stat
 from collections.abc import Callable, Iterable
@@ -83,7 +82,7 @@ from airflow_provider_walsink.committer.models import version_table as vers
 from airflow_provider_walsink.committer.store import CheckpointRecord, CommitterStore, utcnow
 from airflow_provider_walsink.protocol.errors import InvalidIdentifierError
 from airflow_provider_walsink.protocol.identifiers import validate_identifier
-from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.staging import StagingLayout, attempt_of
 from airflow_provider_walsink.protocol.states import CheckpointState
 
 log = logging.getLogger(__name__)
@@ -280,10 +279,6 @@ def _collect_checkpoint(
             report.attempts_removed.append(f"{pipeline}/{key}/{path.name}")
 
 
-#: An attempt directory's name as walsink makes it (StagingLayout.attempt_dir).
-_ATTEMPT_NAME = re.compile(r"attempt-([1-9][0-9]*)(?:-([0-9a-f]{32}))?")
-
-
 def _attempt_entries(cdir: Path) -> tuple[list[tuple[int, str | None, Path]], list[str]]:
     """A checkpoint directory's attempt directories (number, id, path) and its other entries' names.
 
@@ -297,9 +292,9 @@ def _attempt_entries(cdir: Path) -> tuple[list[tuple[int, str | None, Path]], li
     except FileNotFoundError:
         return [], []
     for entry in entries:
-        match = _ATTEMPT_NAME.fullmatch(entry.name)
-        if match and entry.is_dir(follow_symlinks=False):
-            attempts.append((int(match[1]), match[2], Path(entry.path)))
+        named = attempt_of(entry.name)
+        if named is not None and named[0] >= 1 and entry.is_dir(follow_symlinks=False):
+            attempts.append((*named, Path(entry.path)))
         else:
             strays.append(entry.name)
     return attempts, strays

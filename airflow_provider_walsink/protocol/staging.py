@@ -268,14 +268,17 @@ class StagingLayout:
             return []
         found = []
         for entry in base.iterdir():
-            prefix, _, rest = entry.name.partition("-")
-            number, _, attempt_id = rest.partition("-")
-            if (
-                prefix == "attempt"
-                and number.isdigit()
-                and (not attempt_id or _ATTEMPT_ID.fullmatch(attempt_id))
-                and entry.is_dir()
-                and not entry.is_symlink()
-            ):
-                found.append((int(number), attempt_id or None, entry))
+            named = attempt_of(entry.name)
+            if named is not None and entry.is_dir() and not entry.is_symlink():
+                found.append((*named, entry))
         return sorted(found, key=lambda t: (t[0], t[1] or ""))
+
+
+def attempt_of(name: str) -> tuple[int, str | None] | None:
+    """``attempt-<n>`` or ``attempt-<n>-<32 hex>`` (:meth:`StagingLayout.attempt_dir`) -> (n, id or
+    None); None for any other directory name."""
+    prefix, _, rest = name.partition("-")
+    number, _, attempt_id = rest.partition("-")
+    if prefix != "attempt" or not number.isdigit() or (attempt_id and not _ATTEMPT_ID.fullmatch(attempt_id)):
+        return None
+    return int(number), attempt_id or None
