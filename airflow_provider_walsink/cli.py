@@ -472,7 +472,6 @@ def cmd_abort(args: argparse.Namespace, out: IO[str]) -> int:
     from airflow_provider_walsink.aborts import aborter_for, audit_extra
     from airflow_provider_walsink.committer import Actor
     from airflow_provider_walsink.committer.abort import AbortRefusedError
-    from airflow_provider_walsink.committer.errors import StoreError, TransitionError
     from airflow_provider_walsink.hooks.walsink import default_staging_root
 
     reason = args.reason.strip()
@@ -489,18 +488,13 @@ def cmd_abort(args: argparse.Namespace, out: IO[str]) -> int:
         record = store.get(args.pipeline, args.checkpoint)
         if record is None:
             raise CliError(f"pipeline {args.pipeline!r} has no checkpoint {args.checkpoint!r}")
-        try:
-            aborter = aborter_for(store, args.pipeline, staging_root=staging_root, target=args.target)
-        except StoreError as exc:
-            raise CliError(str(exc)) from None
+        aborter = aborter_for(store, args.pipeline, staging_root=staging_root, target=args.target)
         try:
             outcome = aborter.abort(
                 args.pipeline, args.checkpoint, reason=reason, actor=actor, manifest_lost=args.manifest_lost
             )
         except AbortRefusedError as exc:
             refused = str(exc)
-        except TransitionError as exc:  # a COMMITTED checkpoint: an answer, not an internal error
-            raise CliError(str(exc)) from None
         pipeline_row = store.get_pipeline(args.pipeline) or {}
     finally:
         store.dispose()
@@ -759,8 +753,10 @@ def _explain(exc: BaseException, args: argparse.Namespace) -> str:
     from sqlalchemy import exc as sa_exc
     from sqlalchemy.engine import make_url
 
-    if isinstance(exc, CliError):
-        return str(exc)
+    from airflow_provider_walsink.protocol.errors import WalsinkError
+
+    if isinstance(exc, (CliError, WalsinkError)):
+        return str(exc)  # walsink's own errors name the problem (a refused transition, a bad manifest)
     url = getattr(args, "url", None) or os.environ.get("WALSINK_DATABASE_URL") or ""
     try:
         parsed = make_url(url) if url else None
