@@ -27,7 +27,7 @@ def walsink_conn(monkeypatch, db_url, tmp_path):
     return CommitterStore.from_url(db_url), StagingLayout(staging)
 
 
-def build_dag(target, *, key=None):
+def build_dag(target, *, key=None, **operator_kwargs):
     from airflow.sdk import DAG
 
     from airflow_provider_walsink.operators.commit import WalCommitOperator
@@ -42,6 +42,7 @@ def build_dag(target, *, key=None):
             mode="overwrite",
             walsink_conn_id="walsink_test",
             checkpoint_key=key,
+            **operator_kwargs,
         )
     return dag
 
@@ -128,10 +129,7 @@ def test_a_table_commit_reconciled_by_the_retry_is_announced_once(airflow_db, wa
     reconciles attempt 1 from the table (it records COMMITTED, as already committed) and adds the
     event, once: a run of it again finds the event and adds none.
     """
-    from airflow.sdk import DAG
-
     from airflow_provider_walsink.committer.tablefence import TableFenceContext
-    from airflow_provider_walsink.operators.commit import WalCommitOperator
     from tests.test_table_fence import DAY, DAY_NEW, make_publisher, stage, staging_of, table_rows
 
     store, _ = walsink_conn
@@ -149,20 +147,9 @@ def test_a_table_commit_reconciled_by_the_retry_is_announced_once(airflow_db, wa
     stage(store, layout, DAY_NEW)  # the cleared write task's attempt 2
 
     def dag():
-        with DAG(
-            "walsink_commit_operator_test", schedule="@daily", start_date=INTERVAL_START, catchup=False
-        ) as d:
-            WalCommitOperator(
-                task_id="commit",
-                pipeline="events",
-                target=f"delta://{spec['uri']}",
-                mode="overwrite",
-                partition_by=["dt"],
-                walsink_conn_id="walsink_test",
-                checkpoint_key=manifest.checkpoint_key,
-                fencing="table",
-            )
-        return d
+        return build_dag(
+            f"delta://{spec['uri']}", key=manifest.checkpoint_key, partition_by=["dt"], fencing="table"
+        )
 
     states, first = run(dag())
     assert states == {"commit": "success"}
