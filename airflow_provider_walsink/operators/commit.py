@@ -94,9 +94,10 @@ class WalCommitOperator(BaseOperator):
     :param target_options: kind-specific target settings (catalog properties...).
     :param emit_asset_events: declare the ``walsink-<pipeline>`` asset alias and
         add an event for the target's asset only when this try recorded
-        COMMITTED (never on a no-op re-run), or when an earlier try of this task
-        recorded it and died before its success delivered the event (the
-        alias, also an inlet, shows none for the attempt): schedule downstream
+        COMMITTED (never on a no-op re-run), or when a try of this task recorded
+        it and none delivered the event (an earlier try killed before its
+        success, or this try reconciling a dead try's table commit; the alias,
+        also an inlet, shows no event for the attempt): schedule downstream
         DAGs on it.
     :param require_audit: the pipeline declares an audit (``WalAuditOperator``):
         publish only a sealed attempt that passed it. A checkpoint REJECTED by
