@@ -289,3 +289,34 @@ def test_reprocess_of_an_overwrite_checkpoint_after_maintenance_leaves_no_old_ro
 
     assert table_rows(kind, spec) == sorted(V2)
     assert duckdb_count(kind, spec) == len(V2)
+
+
+# ----------------------------------------------------------------------------- the SQL target
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mysql"])
+def test_sql_replace_of_an_older_checkpoint_is_refused_naming_the_newer_one(
+    sqlite_store, tmp_path, database_urls, backend
+):
+    """``replace`` by key: the key values play the partitions' part; same rule, in the load's transaction."""
+    from tests.harness.targets import TargetEnv, _commit, _write
+
+    env = TargetEnv("sql", tmp_path, database_urls(backend))
+    pipeline = f"ord_{uuid.uuid4().hex[:6]}"
+    _write(sqlite_store, env, pipeline, "overwrite", OLD, {"2026-01-01": ["old-a", "old-b"]})
+    _write(sqlite_store, env, pipeline, "overwrite", NEW, {"2026-01-01": ["new-a"], "2026-01-02": ["new-b"]})
+    _commit(sqlite_store, env, pipeline, "overwrite", NEW, 1)
+    assert env.rows(pipeline, "overwrite") == [("2026-01-01", "new-a"), ("2026-01-02", "new-b")]
+
+    with pytest.raises(OrderError) as refused:
+        _commit(sqlite_store, env, pipeline, "overwrite", OLD, 1)
+
+    assert NEW in str(refused.value) and "dt=2026-01-01" in str(refused.value)
+    assert env.rows(pipeline, "overwrite") == [("2026-01-01", "new-a"), ("2026-01-02", "new-b")]
+    record = sqlite_store.require(pipeline, OLD)
+    assert record.state is not S.COMMITTED and NEW in (record.error or "")
+    # A key with values no newer checkpoint holds still commits.
+    other = "20260103T000000Z"
+    _write(sqlite_store, env, pipeline, "overwrite", other, {"2026-01-03": ["x"]})
+    _commit(sqlite_store, env, pipeline, "overwrite", other, 1)
+    assert ("2026-01-03", "x") in env.rows(pipeline, "overwrite")
