@@ -320,3 +320,25 @@ def test_sql_replace_of_an_older_checkpoint_is_refused_naming_the_newer_one(
     _write(sqlite_store, env, pipeline, "overwrite", other, {"2026-01-03": ["x"]})
     _commit(sqlite_store, env, pipeline, "overwrite", other, 1)
     assert ("2026-01-03", "x") in env.rows(pipeline, "overwrite")
+
+
+def test_the_commit_tasks_override_reaches_every_target(tmp_path):
+    """``allow_older_overwrite`` (the commit task's, via TargetOptions) is what each target's rule reads."""
+    from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}/w"}
+    targets = {
+        str(tmp_path / "files"): {},
+        "iceberg://c/ns.t?create_table=true": {"catalog": catalog},
+        f"delta://{tmp_path}/delta": {},
+        "sql://x/t": {"url": "postgresql+psycopg2://u@127.0.0.1/db"},
+    }
+    for allow in (False, True):
+        for uri, extra in targets.items():
+            options = TargetOptions(
+                mode="overwrite",
+                layout=StagingLayout(tmp_path / "staging"),
+                allow_older_overwrite=allow,
+                extra=extra,
+            )
+            assert resolve_target(uri, options).allow_older_overwrite is allow, uri

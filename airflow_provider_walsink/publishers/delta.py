@@ -29,6 +29,17 @@ directory by another attempt) and adds the new ones.
 A concurrent commit of the same app id is refused by the table's
 conflict check (``CommitFailedError``): walsink then reloads and checks again,
 and finds the winner's marker.
+
+**Order and retraction by identity.** ``walsink-files/<pipeline>/<key>/<attempt id>``
+holds the number of files the attempt added: a reprocess in ``append``
+retracts the superseded version only if all of them are still live
+(``OPTIMIZE`` moved its rows into files with no attempt identity: refused,
+:func:`._tables.check_retractable`). In ``overwrite`` each replaced partition
+gets ``walsink-partition/<pipeline>/<partition>`` (and ``...#<key>``) at the
+commit's own table version: a later commit of an older key over it is refused
+(:func:`.base.check_partition_order`, invariant 10, holder read from that
+version's ``commitInfo``), and a reprocess replaces every partition its
+checkpoint holds.
 """
 
 from __future__ import annotations

@@ -66,6 +66,16 @@ attempt: those staged under the checkpoint's directory by another attempt,
 and those the snapshot that committed it added. Older snapshots keep
 referencing them (time travel) until ``expire_snapshots``; ``finish`` keeps them.
 
+**Order and retraction by identity.** In ``overwrite`` the commit also sets,
+per partition it replaces, ``walsink.partition.<pipeline>/<partition>`` =
+``{checkpoint, attempt_id}``; a later commit of an *older* key over it is
+refused (:func:`.base.check_partition_order`, invariant 10), checked in the
+metadata the commit is based on. The marker records how many files the
+attempt added (``files``): a reprocess in ``append`` retracts the superseded
+version only if all of them are still live (a rewrite moved its rows into
+files with no attempt identity: refused, :func:`._tables.check_retractable`);
+in ``overwrite`` it replaces every partition its checkpoint holds.
+
 **No rebasing retries.** pyiceberg retries a conflicting commit by rebasing it
 onto the new table state, which re-adds files another committer already added
 (duplicate rows). Here the library's retries are off for walsink's commit and
