@@ -59,6 +59,13 @@ def define_marker_table(name: str, schema: str | None) -> sa.Table:
     )
 
 
+def define_order_table(name: str, schema: str | None) -> sa.Table:
+    """One row per pipeline, locked by its ``replace`` publishes so their order checks run one at a time."""
+    return sa.Table(
+        name, sa.MetaData(), sa.Column("pipeline", sa.String(128), primary_key=True), schema=schema
+    )
+
+
 def as_text(values: Sequence[Any]) -> tuple[str, ...]:
     """Key values as the marker row records them (dates ISO, numbers as written): comparable across attempts."""
     return tuple(v.isoformat() if hasattr(v, "isoformat") else str(v) for v in values)

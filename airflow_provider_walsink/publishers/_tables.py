@@ -90,6 +90,10 @@ class Marker:
     #: Attempt ids of this checkpoint the table held before (their files may
     #: still be referenced by older snapshots: cleanup leaves them alone).
     previous: tuple[str, ...] = ()
+    #: How many data files the held attempt's commit added (``None``: a marker written
+    #: before walsink recorded it). A reprocess checks they are all still live
+    #: (:func:`check_retractable`).
+    files: int | None = None
 
 
 class HeldByAnotherAttemptError(FencedError):
@@ -210,6 +214,53 @@ def refuse_supersede(ctx: PublisherContext, manifest: Manifest, kind: str, mode:
             f"replace committed attempt {supersedes} with a new version ({why}); nothing written. Use "
             "reprocess='skip', or write the interval under a new checkpoint key"
         )
+
+
+def check_retractable(
+    manifest: Manifest,
+    superseded: str,
+    recorded: int | None,
+    live: int,
+    target: str,
+) -> None:
+    """Retraction by identity, one rule for the table targets: a reprocess retracts the
+    superseded version's rows by the files its commit added, so all of them must still be live.
+
+    ``recorded`` is the number of data files the superseded version's commit added, as
+    the table's marker records it; ``live`` how many of those files (by path, or by the
+    table's own record of what that commit added) the table state the new commit is
+    based on still holds. Table maintenance (Delta ``OPTIMIZE``, an Iceberg rewrite, a
+    ``DELETE``) moves rows into new files that carry no attempt identity: retracting the
+    files left would leave those rows beside the new version's (a silent duplicate) or
+    retract part of them. So anything but all of them refuses the reprocess before the
+    table changes. ``overwrite`` does not need this: it replaces the partitions the
+    checkpoint holds whatever files are in them. Safe to repeat; changes nothing.
+
+    Raises:
+        SupersedeError: fewer (or other) files than the version added are live, or the
+            marker predates the record (nothing tells what the version added).
+    """
+    if recorded is not None and recorded == live:
+        return
+    if recorded is None:
+        problem = (
+            f"the table does not record how many files committed attempt {superseded} added (committed by an "
+            "older walsink), so its rows cannot be told apart from rows table maintenance may have rewritten"
+        )
+    else:
+        problem = (
+            f"the files of committed attempt {superseded} were rewritten by table maintenance (compaction, "
+            f"rewrite or delete): {live} of the {recorded} data files its commit added are still in the table, "
+            "and its rows in the rewritten files can no longer be told apart from other rows"
+        )
+    raise SupersedeError(
+        f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: the {target} cannot replace the committed "
+        f"version with attempt {manifest.attempt_id}: {problem}; retracting only what is left would show old "
+        "and new rows together, so nothing was written and the committed version stays visible. To correct "
+        "the interval, delete the committed version's rows from the table yourself and write the correction "
+        "under a new checkpoint key (or use reprocess='skip'); reprocess before compacting the interval's "
+        "files, or use mode 'overwrite', whose reprocess replaces whole partitions"
+    )
 
 
 # --------------------------------------------------------------------------- locations

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from airflow_provider_walsink.protocol.errors import OrderError
 from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
 
@@ -181,3 +182,41 @@ class Publisher(Protocol):
     def describe(self) -> str:
         """A one-line, credential-free description of the target for logs and the UI."""
         ...
+
+
+def check_partition_order(
+    manifest: Manifest,
+    partition: str,
+    holder_pipeline: str | None,
+    holder_checkpoint: str | None,
+    *,
+    allow_older: bool,
+    target: str,
+) -> None:
+    """Invariant 10, one rule for every target: an ``overwrite`` never takes a partition back to an older checkpoint.
+
+    ``holder_*`` name the checkpoint whose data the partition holds now, as the
+    target records it (``None``: nothing walsink wrote, or another pipeline's).
+    Checkpoint keys order as strings (the key format sorts by interval). The
+    same key is never older: a retry, or a reprocess ``replace`` of the key that
+    holds the partition, replaces it. Table targets call this on the table
+    state their atomic commit is based on, so two racing committers cannot
+    both pass it. Safe to repeat; changes nothing.
+
+    Raises:
+        OrderError: the partition holds a newer checkpoint of the same pipeline
+            and ``allow_older`` (the commit task's ``allow_older_overwrite``) is off.
+    """
+    if (
+        allow_older
+        or holder_checkpoint is None
+        or holder_pipeline != manifest.pipeline
+        or holder_checkpoint <= manifest.checkpoint_key
+    ):
+        return
+    raise OrderError(
+        f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key} would replace partition {partition!r} of "
+        f"{target}, which holds the newer checkpoint {holder_checkpoint}: a late commit of an older checkpoint "
+        "is refused (pass allow_older_overwrite=True to the commit task to roll the partition back on "
+        "purpose); target left unchanged"
+    )

@@ -29,6 +29,17 @@ directory by another attempt) and adds the new ones.
 A concurrent commit of the same app id is refused by the table's
 conflict check (``CommitFailedError``): walsink then reloads and checks again,
 and finds the winner's marker.
+
+**Order and retraction by identity.** ``walsink-files/<pipeline>/<key>/<attempt id>``
+holds the number of files the attempt added: a reprocess in ``append``
+retracts the superseded version only if all of them are still live
+(``OPTIMIZE`` moved its rows into files with no attempt identity: refused,
+:func:`._tables.check_retractable`). In ``overwrite`` each replaced partition
+gets ``walsink-partition/<pipeline>/<partition>`` (and ``...#<key>``) at the
+commit's own table version: a later commit of an older key over it is refused
+(:func:`.base.check_partition_order`, invariant 10, holder read from that
+version's ``commitInfo``), and a reprocess replaces every partition its
+checkpoint holds.
 """
 
 from __future__ import annotations
@@ -47,7 +58,7 @@ from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
-from airflow_provider_walsink.protocol.errors import LayoutError, WalsinkError
+from airflow_provider_walsink.protocol.errors import LayoutError, OrderError, WalsinkError
 from airflow_provider_walsink.protocol.manifest import Manifest
 
 from ._tables import (
@@ -60,6 +71,7 @@ from ._tables import (
     TableCommitConflict,
     TableFenceState,
     call_with_events,
+    check_retractable,
     checkpoint_location,
     decide,
     layout_root,
@@ -71,7 +83,13 @@ from ._tables import (
     table_fenced,
     uri_flags,
 )
-from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
+from .base import (
+    PublisherContext,
+    PublishOutcome,
+    PublishResult,
+    TargetCapabilities,
+    check_partition_order,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +121,19 @@ class DeltaTargetError(WalsinkError):
 def app_id(manifest: Manifest | CheckpointRef, attempt_id: str | None = None) -> str:
     base = f"walsink/{manifest.pipeline}/{manifest.checkpoint_key}"
     return f"{base}/{attempt_id}" if attempt_id else base
+
+
+def files_app_id(manifest: Manifest | CheckpointRef, attempt_id: str) -> str:
+    """App id whose version is the number of data files the attempt's commit added."""
+    return f"walsink-files/{manifest.pipeline}/{manifest.checkpoint_key}/{attempt_id}"
+
+
+def partition_app_id(pipeline: str, partition: str, checkpoint_key: str | None = None) -> str:
+    """App id of an ``overwrite`` partition: its version is the table version of the commit that last
+    replaced it; with ``checkpoint_key``, the same version when that commit was this checkpoint's.
+    (Hive escapes ``#`` in partition values, and a key has no ``#``.)"""
+    base = f"walsink-partition/{pipeline}/{partition}"
+    return f"{base}#{checkpoint_key}" if checkpoint_key else base
 
 
 def storage_options_from_connection(conn: Mapping[str, Any]) -> dict[str, str]:
@@ -142,6 +173,7 @@ class DeltaPublisher:
         storage_options: Mapping[str, str] | None = None,
         partition_by: Sequence[str] = (),
         create_table: bool = False,
+        allow_older_overwrite: bool = False,
     ) -> None:
         if mode not in MODES:
             raise DeltaTargetError(f"mode must be one of {MODES}, got {mode!r}")
@@ -152,6 +184,7 @@ class DeltaPublisher:
         self.storage_options = dict(storage_options or {})
         self.partition_by = tuple(partition_by)
         self.create_table = create_table
+        self.allow_older_overwrite = allow_older_overwrite
         self.storage = Storage(self._s3_settings())
 
     @classmethod
@@ -180,6 +213,7 @@ class DeltaPublisher:
             storage_options=opts,
             partition_by=tuple(options.partition_by or ()),
             create_table=flags.get("create_table", bool(extra.get("create_table", False))),
+            allow_older_overwrite=bool(getattr(options, "allow_older_overwrite", False)),
         )
 
     def _s3_settings(self) -> S3Settings:
@@ -396,6 +430,8 @@ class DeltaPublisher:
             aborted = self._aborted(dt, manifest, [manifest.attempt_id]) if dt is not None else frozenset()
             if decide(marker, manifest, ctx, self.mode, aborted):
                 return self._already(manifest, marker, locations, dt)
+            if dt is not None:
+                self._check_order(dt, manifest)
             if staged is None:
                 staged = self.storage.describe(manifest, locations)
             token = ctx.epoch
@@ -403,14 +439,14 @@ class DeltaPublisher:
                 # No lease orders the tokens: keep ours above the version the checkpoint holds, so only
                 # the attempt that holds it shares its version (marker_of stays unambiguous).
                 token = max(token, marker.epoch + 1)
-            commit = self._commit_properties(manifest, ctx, token)
             try:
                 if dt is None:
                     _, schema, partition_by = self._adds_for_new_table(manifest, base, staged)
                     self._create_empty(schema, partition_by)
                     continue  # the data goes in a normal (put-if-absent) commit on the new table
                 adds = self._adds(dt, manifest, base, staged)
-                removes = self._removes(dt, manifest, marker, base, supersedes)
+                removes, replaced = self._removes(dt, manifest, marker, base, supersedes)
+                commit = self._commit_properties(manifest, ctx, token, len(adds), replaced, dt.version() + 1)
                 actions: list[AddAction | RemoveAction] = [*removes, *adds]
                 call_with_events(
                     ctx,
@@ -454,7 +490,25 @@ class DeltaPublisher:
         )
 
     @staticmethod
-    def _commit_properties(manifest: Manifest, ctx: PublisherContext, token: int) -> CommitProperties:
+    def _commit_properties(
+        manifest: Manifest,
+        ctx: PublisherContext,
+        token: int,
+        files: int,
+        replaced: Sequence[str],
+        version: int,
+    ) -> CommitProperties:
+        """The commit's metadata and application transactions: the checkpoint's marker, the number
+        of files the attempt adds, and for each replaced partition its holder at ``version`` (the
+        version this commit must get: library retries are then off, so it never lands elsewhere)."""
+        holders = [
+            Transaction(app, version)
+            for partition in replaced
+            for app in (
+                partition_app_id(manifest.pipeline, partition),
+                partition_app_id(manifest.pipeline, partition, manifest.checkpoint_key),
+            )
+        ]
         return CommitProperties(
             custom_metadata={
                 "walsink.pipeline": manifest.pipeline,
@@ -466,7 +520,10 @@ class DeltaPublisher:
             app_transactions=[
                 Transaction(app_id(manifest), token),
                 Transaction(app_id(manifest, manifest.attempt_id), token),
+                Transaction(files_app_id(manifest, manifest.attempt_id), files),
+                *holders,
             ],
+            max_commit_retries=0 if holders else None,
             # The library's retries only rebase onto commits its conflict check
             # accepts; a commit carrying our app id is refused, and then walsink
             # reloads and checks the marker itself.
@@ -561,48 +618,140 @@ class DeltaPublisher:
 
     def _removes(
         self, dt: DeltaTable, manifest: Manifest, marker: Marker | None, base: str, supersedes: str | None
-    ) -> list[RemoveAction]:
-        """The replaced partitions' files (overwrite), and an older attempt's files of this checkpoint
-        (a retry of the checkpoint, or the committed version a reprocess supersedes).
+    ) -> tuple[list[RemoveAction], list[str]]:
+        """The files this commit removes, and the partitions it replaces (``overwrite``).
 
-        An older attempt's files are the live ones staged under this checkpoint's directory by
-        another attempt: Delta adds files by path inside the table, never copied or moved.
+        ``overwrite`` replaces the interval's partitions and, for a reprocess, every partition
+        the checkpoint holds (:meth:`_holder_is`): whatever files maintenance put there, they
+        hold only this checkpoint's rows. An older attempt's files of this checkpoint (a retry,
+        or the committed version a reprocess supersedes) are the live ones staged under this
+        checkpoint's directory by another attempt (Delta adds files by path, never copied or
+        moved); for a reprocess with no partition to replace (``append``),
+        :func:`check_retractable` first makes sure all of them are still live.
         """
         import pyarrow as pa
 
         retract = bool(supersedes) or (marker is not None and marker.attempt_id != manifest.attempt_id)
         if self.mode != "overwrite" and not retract:
-            return []
+            return [], []
         files = pa.table(dt.get_add_actions(flatten=True))
-        if files.num_rows == 0:
-            return []
         partition_by = dt.metadata().partition_columns
-        replaced: set[tuple[str | None, ...]] = set()
+        columns = (
+            {name: files.column(f"partition.{name}").to_pylist() for name in partition_by}
+            if files.num_rows
+            else {}
+        )
+        paths = files.column("path").to_pylist() if files.num_rows else []
+        values_of = [
+            tuple(None if columns[c][i] is None else str(columns[c][i]) for c in partition_by)
+            for i in range(len(paths))
+        ]
+        replaced_paths: list[str] = []
         if self.mode == "overwrite":
-            for partition in manifest.replaced_partitions():
+            replaced_paths = list(manifest.replaced_partitions())
+            for partition in replaced_paths:
                 pairs = partition_of_path(partition + "/x")
                 if [c for c, _ in pairs] != list(partition_by):
                     raise LayoutError(
                         f"partition {partition!r} does not name the partition columns {list(partition_by)} of "
                         f"Delta table {self.table_uri}; table unchanged"
                     )
-                replaced.add(tuple(None if v == HIVE_NULL else v for _, v in pairs))
+            if supersedes:
+                for values in sorted(set(values_of), key=str):
+                    partition = "/".join(
+                        f"{c}={HIVE_NULL if v is None else v}"
+                        for c, v in zip(partition_by, values, strict=True)
+                    )
+                    if partition not in replaced_paths and self._holder_is(dt, manifest, partition):
+                        replaced_paths.append(partition)
+        replaced = {
+            tuple(None if v == HIVE_NULL else v for _, v in partition_of_path(p + "/x"))
+            for p in replaced_paths
+        }
         checkpoint_prefix = self._relative(base.rsplit("/", 1)[0]) + "/"
         ours = self._relative(base) + "/"
-        columns = {name: files.column(f"partition.{name}").to_pylist() for name in partition_by}
-        paths = files.column("path").to_pylist()
-        sizes = files.column("size_bytes").to_pylist()
+        sizes = files.column("size_bytes").to_pylist() if paths else []
         now = int(time.time() * 1000)
         removes = []
+        older = 0
         for i, path in enumerate(paths):
-            values = tuple(None if columns[c][i] is None else str(columns[c][i]) for c in partition_by)
+            values = values_of[i]
             encoded = quote(unquote(path), safe=_PATH_SAFE)
-            older = retract and encoded.startswith(checkpoint_prefix) and not encoded.startswith(ours)
-            if values in replaced or older:
+            old = retract and encoded.startswith(checkpoint_prefix) and not encoded.startswith(ours)
+            older += old
+            if values in replaced or old:
                 removes.append(
                     RemoveAction(path, True, now, sizes[i], dict(zip(partition_by, values, strict=True)))
                 )
-        return removes
+        if supersedes and marker is not None and marker.attempt_id == supersedes:
+            recorded = dt.transaction_version(files_app_id(manifest, supersedes))
+            # overwrite: the partitions the checkpoint holds are replaced whole (above), so only a
+            # version committed before walsink recorded holders and file counts needs the check.
+            if self.mode == "append" or recorded is None:
+                check_retractable(manifest, supersedes, recorded, older, f"Delta table {self.table_uri}")
+        return removes, replaced_paths
+
+    # ------------------------------------------------------------------ order
+
+    @staticmethod
+    def _holder_is(dt: DeltaTable, manifest: Manifest, partition: str) -> bool:
+        """Whether the commit that last replaced ``partition`` was one of the manifest's checkpoint."""
+        version = dt.transaction_version(partition_app_id(manifest.pipeline, partition))
+        return version is not None and version == dt.transaction_version(
+            partition_app_id(manifest.pipeline, partition, manifest.checkpoint_key)
+        )
+
+    def _check_order(self, dt: DeltaTable, manifest: Manifest) -> None:
+        """Invariant 10 on the table version the commit is based on (``OrderError``).
+
+        Each ``overwrite`` commit carries, per partition it replaces, an application transaction
+        at its own table version: two racing commits of one partition carry the same app id and
+        the log's conflict check refuses the second, which reloads and checks again. The holder's
+        key is read from that version's commit record; if log cleanup removed it, the holder cannot
+        be told and the commit is refused (unless rolling back is allowed).
+        """
+        if self.mode != "overwrite":
+            return
+        target = f"Delta table {self.table_uri}"
+        for partition in manifest.replaced_partitions():
+            version = dt.transaction_version(partition_app_id(manifest.pipeline, partition))
+            if version is None or self._holder_is(dt, manifest, partition) or self.allow_older_overwrite:
+                continue
+            info = self._commit_info(version)
+            if info is None:
+                raise OrderError(
+                    f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key} would replace partition "
+                    f"{partition!r} of {target}, last replaced by another checkpoint in table version {version}, "
+                    "whose commit record log cleanup removed: walsink cannot tell whether it is newer, so the "
+                    "commit is refused (pass allow_older_overwrite=True to the commit task to replace it on "
+                    "purpose); target left unchanged"
+                )
+            check_partition_order(
+                manifest,
+                partition,
+                info.get("walsink.pipeline"),
+                info.get("walsink.checkpoint"),
+                allow_older=False,
+                target=target,
+            )
+
+    def _commit_info(self, version: int) -> dict[str, Any] | None:
+        """The ``commitInfo`` of one table version, read from its log entry (``None``: gone or unreadable)."""
+        fs, path = self.storage.fs_and_path(f"{self.table_uri}/_delta_log/{version:020d}.json")
+        try:
+            with fs.open_input_stream(path) as f:
+                text = f.read().decode()
+        except (OSError, FileNotFoundError):
+            return None
+        for line in text.splitlines():
+            if line.strip().startswith('{"commitInfo"'):
+                return json.loads(line)["commitInfo"]
+        for line in text.splitlines():
+            if line.strip():
+                found = json.loads(line).get("commitInfo")
+                if found is not None:
+                    return found
+        return None
 
     # ------------------------------------------------------------------ finish
 

@@ -45,14 +45,19 @@ from airflow_provider_walsink.protocol.checksum import algorithm_of, file_checks
 from airflow_provider_walsink.protocol.errors import (
     CommittableError,
     LayoutError,
-    OrderError,
     PathEscapeError,
     SymlinkRefusedError,
 )
 from airflow_provider_walsink.protocol.manifest import Committable, Manifest, fsync_dir, write_atomic
 from airflow_provider_walsink.protocol.staging import Confiner, StagingLayout, confine
 
-from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
+from .base import (
+    PublisherContext,
+    PublishOutcome,
+    PublishResult,
+    TargetCapabilities,
+    check_partition_order,
+)
 
 MODES = ("append", "overwrite")
 BOOKKEEPING_DIR = "_walsink"
@@ -259,20 +264,16 @@ class FilePublisher:
         return plan
 
     def _check_order(self, manifest: Manifest, partition: str, marker: dict[str, Any] | None) -> None:
-        """Invariant 10: a partition never goes back to an older checkpoint's data unless allowed."""
-        if (
-            marker is None
-            or self.allow_older_overwrite
-            or marker.get("pipeline") != manifest.pipeline
-            or not isinstance(marker.get("checkpoint"), str)
-            or marker["checkpoint"] <= manifest.checkpoint_key
-        ):
-            return
-        raise OrderError(
-            f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key} would replace partition {partition!r}, "
-            f"which holds the newer checkpoint {marker['checkpoint']}: a late commit of an older checkpoint "
-            "is refused (pass allow_older_overwrite=True to the commit task to roll the partition back "
-            "on purpose); target left unchanged"
+        """Invariant 10 (:func:`.base.check_partition_order`), on the partition's marker file."""
+        marker = marker or {}
+        holder = marker.get("checkpoint")
+        check_partition_order(
+            manifest,
+            partition,
+            marker.get("pipeline"),
+            holder if isinstance(holder, str) else None,
+            allow_older=self.allow_older_overwrite,
+            target=f"file://{self.target_root}",
         )
 
     def _matches(

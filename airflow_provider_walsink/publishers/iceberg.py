@@ -66,6 +66,16 @@ attempt: those staged under the checkpoint's directory by another attempt,
 and those the snapshot that committed it added. Older snapshots keep
 referencing them (time travel) until ``expire_snapshots``; ``finish`` keeps them.
 
+**Order and retraction by identity.** In ``overwrite`` the commit also sets,
+per partition it replaces, ``walsink.partition.<pipeline>/<partition>`` =
+``{checkpoint, attempt_id}``; a later commit of an *older* key over it is
+refused (:func:`.base.check_partition_order`, invariant 10), checked in the
+metadata the commit is based on. The marker records how many files the
+attempt added (``files``): a reprocess in ``append`` retracts the superseded
+version only if all of them are still live (a rewrite moved its rows into
+files with no attempt identity: refused, :func:`._tables.check_retractable`);
+in ``overwrite`` it replaces every partition its checkpoint holds.
+
 **No rebasing retries.** pyiceberg retries a conflicting commit by rebasing it
 onto the new table state, which re-adds files another committer already added
 (duplicate rows). Here the library's retries are off for walsink's commit and
@@ -127,6 +137,7 @@ from ._tables import (
     TableFenceState,
     as_uri,
     call_with_events,
+    check_retractable,
     checkpoint_location,
     decide,
     int96_columns,
@@ -137,7 +148,13 @@ from ._tables import (
     superseded_attempt,
     uri_flags,
 )
-from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
+from .base import (
+    PublisherContext,
+    PublishOutcome,
+    PublishResult,
+    TargetCapabilities,
+    check_partition_order,
+)
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +162,11 @@ MODES = ("append", "overwrite")
 MARKER_PREFIX = "walsink.marker."
 #: Table property listing the attempt ids an abort tombstoned (``walsink.aborted.<pipeline>/<key>``).
 ABORTED_PREFIX = "walsink.aborted."
+#: Table property naming the checkpoint whose data an ``overwrite`` partition holds
+#: (``walsink.partition.<pipeline>/<partition path>`` = ``{checkpoint, attempt_id}``): the
+#: ordering rule (invariant 10) reads it in the metadata the commit is based on, and a
+#: reprocess replaces the partitions its checkpoint holds, whatever files maintenance left.
+PARTITION_PREFIX = "walsink.partition."
 #: Check + commit attempts before giving up on a table that keeps changing.
 MAX_COMMIT_ATTEMPTS = 20
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
@@ -159,6 +181,10 @@ class IcebergTargetError(WalsinkError):
 def marker_property(manifest: Manifest) -> str:
     # "/" cannot occur in a pipeline id or checkpoint key, so the key is unambiguous.
     return f"{MARKER_PREFIX}{manifest.pipeline}/{manifest.checkpoint_key}"
+
+
+def partition_property(pipeline: str, partition: str) -> str:
+    return f"{PARTITION_PREFIX}{pipeline}/{partition}"
 
 
 def default_catalog_properties() -> dict[str, str]:
@@ -215,6 +241,7 @@ class IcebergPublisher:
         partition_by: Sequence[str] = (),
         create_table: bool = False,
         table_properties: Mapping[str, str] | None = None,
+        allow_older_overwrite: bool = False,
     ) -> None:
         if mode not in MODES:
             raise IcebergTargetError(f"mode must be one of {MODES}, got {mode!r}")
@@ -229,6 +256,7 @@ class IcebergPublisher:
         self.partition_by = tuple(partition_by)
         self.create_table = create_table
         self.table_properties = dict(table_properties or {})
+        self.allow_older_overwrite = allow_older_overwrite
         self._catalog: Catalog | None = None
         self.storage = Storage(self._s3_settings())
 
@@ -261,6 +289,7 @@ class IcebergPublisher:
             partition_by=tuple(options.partition_by or ()),
             create_table=flags.get("create_table", bool(extra.get("create_table", False))),
             table_properties=extra.get("table_properties"),
+            allow_older_overwrite=bool(getattr(options, "allow_older_overwrite", False)),
         )
 
     # ------------------------------------------------------------------ catalog and table
@@ -321,9 +350,45 @@ class IcebergPublisher:
         if not raw:
             return None
         data = json.loads(raw)
+        files = data.get("files")
         return Marker(
-            data["attempt_id"], int(data["epoch"]), data.get("snapshot"), tuple(data.get("previous", ()))
+            data["attempt_id"],
+            int(data["epoch"]),
+            data.get("snapshot"),
+            tuple(data.get("previous", ())),
+            files=int(files) if files is not None else None,
         )
+
+    @staticmethod
+    def partition_holder(table: Table, pipeline: str, partition: str) -> dict[str, str] | None:
+        """``{checkpoint, attempt_id}`` of the checkpoint whose data ``partition`` holds (``overwrite``), or ``None``."""
+        raw = table.metadata.properties.get(partition_property(pipeline, partition))
+        return json.loads(raw) if raw else None
+
+    @staticmethod
+    def partitions_held(table: Table, manifest: Manifest) -> list[str]:
+        """The partitions whose data is the manifest's checkpoint's (any attempt of it), per the holder properties."""
+        prefix = partition_property(manifest.pipeline, "")
+        held = []
+        for name, raw in table.metadata.properties.items():
+            if name.startswith(prefix) and json.loads(raw).get("checkpoint") == manifest.checkpoint_key:
+                held.append(name[len(prefix) :])
+        return sorted(held)
+
+    def _check_order(self, table: Table | None, manifest: Manifest) -> None:
+        """Invariant 10 on the metadata the commit is based on (``OrderError``; the commit asserts the head)."""
+        if table is None or self.mode != "overwrite":
+            return
+        for partition in manifest.replaced_partitions():
+            holder = self.partition_holder(table, manifest.pipeline, partition) or {}
+            check_partition_order(
+                manifest,
+                partition,
+                manifest.pipeline if holder else None,
+                holder.get("checkpoint"),
+                allow_older=self.allow_older_overwrite,
+                target=f"Iceberg table {self.identifier}",
+            )
 
     @staticmethod
     def aborted_of(table: Table, manifest: Manifest | CheckpointRef) -> frozenset[str]:
@@ -462,6 +527,7 @@ class IcebergPublisher:
             aborted = self.aborted_of(table, manifest) if table is not None else frozenset()
             if decide(marker, manifest, ctx, self.mode, aborted):
                 return self._already(manifest, marker, locations)
+            self._check_order(table, manifest)
             if footers is None:
                 footers = self.storage.footers(
                     [(loc, c.size) for loc, c in zip(locations, manifest.committables, strict=True)]
@@ -472,12 +538,14 @@ class IcebergPublisher:
                 if decide(marker, manifest, ctx, self.mode, self.aborted_of(table, manifest)):
                     return self._already(manifest, marker, locations)
             data_files = self._data_files(table, manifest, locations, footers)
-            deletes = self._files_to_delete(table, manifest, marker, base, superseded_attempt(ctx, manifest))
+            deletes, replaced = self._files_to_delete(
+                table, manifest, marker, base, superseded_attempt(ctx, manifest)
+            )
             try:
                 snapshot = call_with_events(
                     ctx,
                     "table_commit",
-                    partial(self._commit, table, manifest, ctx, marker, data_files, deletes),
+                    partial(self._commit, table, manifest, ctx, marker, data_files, deletes, replaced),
                 )
             except (CommitFailedException, ValidationException) as e:
                 # Nothing was committed: the catalog refused the commit, or the producer found
@@ -524,8 +592,10 @@ class IcebergPublisher:
         marker: Marker | None,
         data_files: list[DataFile],
         deletes: list[DataFile],
+        replaced: Sequence[str] = (),
     ) -> int:
-        """One transaction, library retries off: snapshot + marker, or ``CommitFailedException``."""
+        """One transaction, library retries off: snapshot + marker (+ the holder of each replaced
+        partition), or ``CommitFailedException``."""
         view = Table(
             table._identifier,
             table.metadata.model_copy(
@@ -560,8 +630,12 @@ class IcebergPublisher:
             "epoch": ctx.epoch,
             "snapshot": str(producer.snapshot_id),
             "previous": previous[-20:],
+            "files": len(data_files),
         }
         props = {marker_property(manifest): json.dumps(value, sort_keys=True)}
+        holder = json.dumps({"checkpoint": manifest.checkpoint_key, "attempt_id": manifest.attempt_id})
+        for partition in replaced:
+            props[partition_property(manifest.pipeline, partition)] = holder
         if table.metadata.name_mapping() is None:
             # Staged files carry no Iceberg field ids: readers map their columns by name.
             props[TableProperties.DEFAULT_NAME_MAPPING] = table.schema().name_mapping.model_dump_json()
@@ -627,19 +701,32 @@ class IcebergPublisher:
 
     def _files_to_delete(
         self, table: Table, manifest: Manifest, marker: Marker | None, base: str, supersedes: str | None
-    ) -> list[DataFile]:
-        """Files this commit removes: the replaced partitions' (overwrite), and an older attempt's of this
-        checkpoint (a retry of the checkpoint, or the committed version a reprocess supersedes)."""
-        if table.current_snapshot() is None:
-            return []
+    ) -> tuple[list[DataFile], list[str]]:
+        """Files this commit removes, and the partitions it replaces (``overwrite``).
+
+        ``overwrite`` replaces the interval's partitions and, for a reprocess, every partition
+        the checkpoint holds (its holder property): whatever files maintenance put there, they
+        hold only this checkpoint's rows. An older attempt's files of this checkpoint (a retry,
+        or the committed version a reprocess supersedes) are removed too; for a reprocess with
+        no partition to replace (``append``), :func:`check_retractable` first makes sure all of
+        the superseded version's files are still live (identity by file survives no rewrite).
+        """
         found: dict[str, DataFile] = {}
+        replaced: list[str] = []
+        held: list[str] = []
         if self.mode == "overwrite":
-            replaced = manifest.replaced_partitions()
+            replaced = list(manifest.replaced_partitions())
             if any(not p for p in replaced):
                 raise LayoutError(
                     f"overwrite needs a partitioned table: {manifest.pipeline}/{manifest.checkpoint_key} has "
                     "files outside any partition directory"
                 )
+        if table.current_snapshot() is None:
+            return [], replaced
+        if self.mode == "overwrite":
+            if supersedes:
+                held = [p for p in self.partitions_held(table, manifest) if p not in replaced]
+                replaced += held
             schema = table.schema()
             spec = table.spec()
             names = {schema.find_column_name(pf.source_id): pf for pf in spec.fields}
@@ -658,11 +745,12 @@ class IcebergPublisher:
                 records.add(tuple(typed))
                 terms = [EqualTo(c, v) for (c, _), v in zip(pairs, typed, strict=True)]
                 predicates.append(terms[0] if len(terms) == 1 else And(*terms))
-            row_filter = predicates[0] if len(predicates) == 1 else Or(*predicates)
-            for task in table.scan(row_filter=row_filter).plan_files():
-                df = task.file
-                if tuple(df.partition) in records:
-                    found[df.file_path] = df
+            if predicates:
+                row_filter = predicates[0] if len(predicates) == 1 else Or(*predicates)
+                for task in table.scan(row_filter=row_filter).plan_files():
+                    df = task.file
+                    if tuple(df.partition) in records:
+                        found[df.file_path] = df
         if supersedes or (marker is not None and marker.attempt_id != manifest.attempt_id):
             # Retract what an older attempt of this checkpoint published (rare: a full scan). Its
             # files are the live ones staged under this checkpoint's directory by another attempt
@@ -671,12 +759,24 @@ class IcebergPublisher:
             prefix = as_uri(base.rsplit("/", 1)[0]) + "/"  # <root>/<pipeline>/<key>/
             ours = as_uri(base) + "/"
             added = self._added_by(table, marker, manifest) if supersedes and marker else set()
+            older: dict[str, DataFile] = {}
             for task in table.scan(row_filter=AlwaysTrue()).plan_files():
                 df = task.file
                 path = df.file_path
                 if (path.startswith(prefix) and not path.startswith(ours)) or path in added:
-                    found[path] = df
-        return list(found.values())
+                    older[path] = df
+            if supersedes and marker is not None and marker.attempt_id == supersedes:
+                recorded = marker.files
+                live = len(older)
+                if recorded is None and added:
+                    # A marker from before the file count: the committing snapshot still lists its files.
+                    recorded, live = len(added), len(added & older.keys())
+                if self.mode == "append" or recorded is None:
+                    check_retractable(
+                        manifest, supersedes, recorded, live, f"Iceberg table {self.identifier}"
+                    )
+            found.update(older)
+        return list(found.values()), replaced
 
     @staticmethod
     def _added_by(table: Table, marker: Marker, manifest: Manifest) -> set[str]:

@@ -30,6 +30,11 @@ marker row records the key values each attempt replaced, and the new version
 must cover the ones its marker names, or it is refused
 (:class:`SupersedeError`, nothing written): see ``_check_supersede``.
 
+Order (invariant 10): a ``replace`` by key is refused (:class:`OrderError`)
+when a newer checkpoint key of the pipeline recorded one of its key values,
+unless ``allow_older_overwrite``; checked in the same transaction under the
+pipeline's row of ``<marker table>_order`` (``_check_order``).
+
 Modes: ``append`` inserts the rows; ``replace`` (the pipeline mode
 ``overwrite``) first deletes the interval's rows, in the same transaction,
 selected by ``extra["replace_key"]`` (column(s) whose values in the staged
@@ -76,14 +81,22 @@ from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
 
 from ._sqlload import bulk_load
-from ._sqlmarkers import Marker, as_text, define_marker_table, marker_key, read_marker, upgrade_marker_table
+from ._sqlmarkers import (
+    Marker,
+    as_text,
+    define_marker_table,
+    define_order_table,
+    marker_key,
+    read_marker,
+    upgrade_marker_table,
+)
 from ._sqlplan import LoadPlan, plan_load, replace_values
 
 # The target's errors and validate_sql_identifier are imported from this module, their public home.
 from ._sqltypes import SchemaMismatchError as SchemaMismatchError
 from ._sqltypes import SqlTargetError, check_schema, sql_type_for, validate_sql_identifier
 from ._tables import refuse_supersede, superseded_attempt
-from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities
+from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities, check_partition_order
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +104,9 @@ MODES = ("append", "replace")
 #: Pipeline modes that mean ``replace`` here (the file target calls it ``overwrite``).
 MODE_ALIASES = {"append": "append", "replace": "replace", "overwrite": "replace"}
 DEFAULT_MARKER_TABLE = "walsink_markers"
+#: Suffix of the table holding one row per pipeline that ``replace`` publishes lock, so their
+#: order checks (invariant 10) run one at a time (``<marker table>_order``).
+ORDER_TABLE_SUFFIX = "_order"
 #: Seconds a publish waits for the checkpoint's marker row (held by another,
 #: perhaps paused, publisher) before it gives up with an error; Airflow retries.
 DEFAULT_LOCK_TIMEOUT = 60.0
@@ -134,6 +150,7 @@ class SqlPublisher:
         partition_by: Sequence[str] = (),
         label: str | None = None,
         lock_timeout: float = 60.0,
+        allow_older_overwrite: bool = False,
     ) -> None:
         if mode not in MODE_ALIASES:
             raise SqlTargetError(f"sql target mode must be one of {sorted(MODE_ALIASES)}, got {mode!r}")
@@ -171,8 +188,13 @@ class SqlPublisher:
                 f"sql target lock_timeout must be a positive number of seconds, got {lock_timeout!r}"
             )
         self.lock_timeout = lock_timeout
+        self.allow_older_overwrite = allow_older_overwrite
         self._engine: Engine | None = None
         self._markers = define_marker_table(self.marker_table, self.schema)
+        self._order = define_order_table(
+            validate_sql_identifier(self.marker_table + ORDER_TABLE_SUFFIX, "marker table name + '_order'"),
+            self.schema,
+        )
         self._markers_ready = False
 
     # ------------------------------------------------------------------ construction
@@ -214,6 +236,7 @@ class SqlPublisher:
             create_table=bool(extra.get("create_table", True)),
             lock_timeout=float(extra.get("lock_timeout", DEFAULT_LOCK_TIMEOUT)),
             partition_by=options.partition_by,
+            allow_older_overwrite=bool(getattr(options, "allow_older_overwrite", False)),
             label=f"sql://{conn_id}/{name}" if conn_id else None,
         )
 
@@ -347,6 +370,7 @@ class SqlPublisher:
                     if outcome is not None:
                         return outcome  # nothing was written; committing an empty transaction
                 self._check_supersede(marker, manifest, plan, ctx)  # raises before any write: rolled back
+                self._check_order(conn, manifest, plan)  # likewise
                 if marker is not None:
                     conn.execute(
                         self._markers.update()
@@ -493,6 +517,54 @@ class SqlPublisher:
                 f"there; {hint}"
             )
 
+    def _check_order(self, conn: Connection, manifest: Manifest, plan: LoadPlan) -> None:
+        """Invariant 10 in the load's transaction: ``replace`` never takes key values back to an older checkpoint.
+
+        The key values a ``replace`` by key deletes play the partitions' part
+        (:func:`.base.check_partition_order`): if a marker row of a newer
+        checkpoint key of the pipeline, in this table, records one of them, the
+        publish is refused (:class:`OrderError`, rolled back, nothing written)
+        unless ``allow_older_overwrite``. Replace publishes of one pipeline take
+        its row's lock in the order table first (:data:`ORDER_TABLE_SUFFIX`, held to COMMIT), so
+        two racing ones cannot both pass the check. ``replace_predicate`` names
+        no values: not ordered (docs/targets.md).
+        """
+        if self.mode != "replace" or self.replace_predicate or self.allow_older_overwrite:
+            return
+        m = self._markers
+        order = self._order
+        lock = order.c.pipeline == manifest.pipeline
+        try:
+            if conn.execute(sa.select(order.c.pipeline).where(lock).with_for_update()).first() is None:
+                conn.execute(order.insert().values(pipeline=manifest.pipeline))
+        except IntegrityError:
+            raise _LostRace() from None  # another publisher created it: start over, then wait on it
+        except DBAPIError as exc:
+            raise self._lock_error(exc, manifest) from exc
+        ours = {as_text(v) for v in plan.replace_values}
+        rows = conn.execute(
+            sa.select(m.c.checkpoint_key, m.c.replaced_values).where(
+                m.c.pipeline == manifest.pipeline,
+                m.c.target_table == self._target_name(),
+                m.c.replaced_values.is_not(None),
+            )
+        ).all()
+        # Keys compare as Python strings (the order every target uses), not in the database's collation.
+        for key, raw in sorted(rows, reverse=True):
+            if key <= manifest.checkpoint_key:
+                break
+            held = sorted(ours & {tuple(v) for v in json.loads(raw)})
+            if held:
+                columns = self._key_columns()
+                check_partition_order(
+                    manifest,
+                    "/".join(f"{c}={v}" for c, v in zip(columns, held[0], strict=True)),
+                    manifest.pipeline,
+                    key,
+                    allow_older=False,
+                    target=f"table {self._target_name()}",
+                )
+
     def _recorded_values(self, plan: LoadPlan) -> str | None:
         """What the marker row records of the rows a ``replace`` by key wrote: its key values as text."""
         if self.mode != "replace" or self.replace_predicate:
@@ -540,6 +612,8 @@ class SqlPublisher:
             return
         self._ensure_table(self._markers)
         upgrade_marker_table(self.engine, self._markers)
+        if self.mode == "replace":
+            self._ensure_table(self._order)
         self._markers_ready = True
 
     def _ensure_table(self, table: sa.Table) -> None:
