@@ -183,7 +183,7 @@ class WalCommitOperator(BaseOperator):
         )
 
     def execute(self, context: Any) -> dict[str, Any]:
-        key = self.checkpoint_key or checkpoint_key_from_context(context)
+        key = checkpoint_key_from_context(context, self.checkpoint_key)
         hook = WalsinkHook(self.walsink_conn_id)
         layout = hook.get_layout(self.staging_root)
         publisher = self.get_publisher(layout)

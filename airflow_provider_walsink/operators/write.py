@@ -16,8 +16,8 @@ from airflow_provider_walsink.context import (
     REPROCESS_CONF_KEY,
     REPROCESS_POLICIES,
     actor_from_context,
-    checkpoint_key_from_context,
     reprocess_decision,
+    run_interval,
     version_token,
 )
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
@@ -265,7 +265,9 @@ class WalWriteOperator(BaseOperator):
     # ------------------------------------------------------------------ execute
 
     def execute(self, context: Any) -> dict[str, Any]:
-        key = self.checkpoint_key or checkpoint_key_from_context(context)
+        # First: a run walsink cannot place is refused before anything is recorded or submitted.
+        interval = run_interval(context, self.checkpoint_key)
+        key = interval.key
         hook = WalsinkHook(self.walsink_conn_id)
         layout = hook.get_layout(self.staging_root)
         if not self.staging_root:
@@ -311,8 +313,6 @@ class WalWriteOperator(BaseOperator):
             layout.remove_attempt(self.pipeline, key, attempt, record.attempt_id)
         attempt_dir.mkdir(parents=True)
 
-        interval_start = context.get("data_interval_start")
-        interval_end = context.get("data_interval_end")
         protocol = ProtocolArgs(
             pipeline=self.pipeline,
             checkpoint_key=key,
@@ -323,8 +323,8 @@ class WalWriteOperator(BaseOperator):
             file_format=self.file_format,
             partition_by=tuple(self.partition_by),
             start_offsets=start_offsets,
-            interval_start=interval_start.isoformat() if interval_start else None,
-            interval_end=interval_end.isoformat() if interval_end else None,
+            interval_start=interval.start.isoformat() if interval.start else None,
+            interval_end=interval.end.isoformat() if interval.end else None,
             checksum=self.checksum,
             attempt_id=record.attempt_id or "",
             until_offsets=until_offsets,
