@@ -61,6 +61,7 @@ def walsink_pipeline(
     lineage_inputs: Sequence[str] = (),
     audit: Sequence[Any] | None = None,
     fencing: str = "lease",
+    target_options: Mapping[str, Any] | None = None,
     write_kwargs: Mapping[str, Any] | None = None,
     durable_kwargs: Mapping[str, Any] | None = None,
     audit_kwargs: Mapping[str, Any] | None = None,
@@ -91,6 +92,11 @@ def walsink_pipeline(
     :param fencing: how the commit is fenced: ``"lease"`` (default) or ``"table"``
         (Iceberg and Delta targets: the table's atomic commit is the only fence,
         one committer-table transaction per commit; docs/protocol.md).
+    :param target_options: the target's kind-specific settings (an Iceberg
+        ``catalog``, a Delta ``conn_id`` or ``storage_options``, a SQL ``url``...;
+        docs/targets.md), given to the write task (which resolves the target before
+        the job runs and refuses one that names something not configured) and to
+        the commit task.
     :param write_kwargs / durable_kwargs / audit_kwargs / commit_kwargs: further
         arguments of each task (``retries``, ``pool``, ``spark_submit_kwargs``...).
     Other parameters are those of :class:`WalWriteOperator`,
@@ -122,6 +128,7 @@ def walsink_pipeline(
             target=target,
             reprocess=reprocess,
             lineage_inputs=lineage_inputs,
+            target_options=target_options,
             **shared,
             **dict(write_kwargs or {}),
         )
@@ -144,6 +151,7 @@ def walsink_pipeline(
             verify_checksums=verify_checksums,
             require_audit=audit is not None,
             fencing=fencing,
+            target_options=target_options,
             **shared,
             **dict(commit_kwargs or {}),
         )
