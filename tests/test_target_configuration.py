@@ -203,3 +203,26 @@ def test_delta_connection_must_exist_and_be_looked_up(tmp_path, caplog):
 def test_sql_connection_must_exist(tmp_path):
     with pytest.raises(TargetError, match="connection 'no_such_db' does not exist"):
         resolve_target("sql://no_such_db/public.t", _options(tmp_path))
+
+
+def test_the_committer_connections_documented_defaults_are_named_in_the_log(monkeypatch, tmp_path, capfd):
+    """What stays a default (docs/targets.md) is said: the embedded committer database of a
+    walsink connection naming no file, and the default staging root of one naming none.
+    (A hook logs through Airflow's task logging, which writes to the output.)"""
+    from airflow_provider_walsink.hooks.walsink import WalsinkHook, default_database_url, default_staging_root
+
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
+    monkeypatch.setenv("AIRFLOW_CONN_WALSINK_BARE", json.dumps({"conn_type": "walsink", "extra": {}}))
+    hook = WalsinkHook("walsink_bare")
+    capfd.readouterr()
+    assert hook.sqlalchemy_url == default_database_url()
+    assert hook.staging_root == default_staging_root()
+    said = capfd.readouterr().out
+    assert (
+        f"Connection 'walsink_bare' names no SQLite database file: using the embedded default {default_database_url()}"
+        in said
+    )
+    assert (
+        f"Connection 'walsink_bare' sets no staging_root: staging under the default {default_staging_root()}"
+        in said
+    )
