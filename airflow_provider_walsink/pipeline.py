@@ -102,6 +102,21 @@ def walsink_pipeline(
     Other parameters are those of :class:`WalWriteOperator`,
     :class:`CheckpointDurableSensor` and :class:`WalCommitOperator`.
     """
+    write_kwargs, commit_kwargs = dict(write_kwargs or {}), dict(commit_kwargs or {})
+    # One target, one configuration: the write task resolves the target the commit publishes to
+    # (its staging location, and a refusal of what is not configured, before the job runs).
+    given = [
+        o
+        for o in (
+            target_options,
+            write_kwargs.pop("target_options", None),
+            commit_kwargs.pop("target_options", None),
+        )
+        if o is not None
+    ]
+    if any(dict(o) != dict(given[0]) for o in given[1:]):
+        raise ValueError("walsink_pipeline: give the target's options once, as target_options=...")
+    target_options = given[0] if given else None
     shared: dict[str, Any] = dict(
         pipeline=pipeline,
         checkpoint_key=checkpoint_key,
@@ -130,7 +145,7 @@ def walsink_pipeline(
             lineage_inputs=lineage_inputs,
             target_options=target_options,
             **shared,
-            **dict(write_kwargs or {}),
+            **write_kwargs,
         )
         durable = CheckpointDurableSensor(
             task_id="durable",
@@ -153,7 +168,7 @@ def walsink_pipeline(
             fencing=fencing,
             target_options=target_options,
             **shared,
-            **dict(commit_kwargs or {}),
+            **commit_kwargs,
         )
         if audit is None:
             write >> durable >> commit

@@ -226,3 +226,34 @@ def test_the_committer_connections_documented_defaults_are_named_in_the_log(monk
         f"Connection 'walsink_bare' sets no staging_root: staging under the default {default_staging_root()}"
         in said
     )
+
+
+def test_the_pipeline_gives_the_write_task_the_commit_tasks_target_options():
+    """The write task resolves the same target as the commit task: settings given to the
+    commit task only (``commit_kwargs``) reach it too, and two different ones are refused."""
+    from airflow.sdk import DAG
+
+    from airflow_provider_walsink.pipeline import walsink_pipeline
+
+    catalog = {"catalog": {"type": "sql", "uri": "sqlite:///c.db", "warehouse": "file:///w"}}
+    with DAG("walsink_pipeline_options", schedule=None, start_date=DAY) as dag:
+        walsink_pipeline(
+            "g",
+            pipeline="p",
+            application="job.py",
+            target="iceberg://lake/a.b",
+            commit_kwargs={"target_options": catalog},
+        )
+    assert dag.get_task("g.write").target_options == dag.get_task("g.commit").target_options == catalog
+    with (
+        DAG("walsink_pipeline_options_2", schedule=None, start_date=DAY),
+        pytest.raises(ValueError, match="once"),
+    ):
+        walsink_pipeline(
+            "g",
+            pipeline="p",
+            application="job.py",
+            target="iceberg://lake/a.b",
+            target_options={"catalog": {}},
+            commit_kwargs={"target_options": catalog},
+        )
