@@ -129,6 +129,36 @@ def test_a_manual_run_with_a_logical_date_writes_that_interval(setup):
     ]
 
 
+def test_a_rest_api_trigger_with_a_logical_date_writes_that_interval(setup):
+    """POST /api/v2/dags/{dag}/dagRuns with a logical date (the UI, ``airflowctl dags trigger``):
+    the route's own body validation derives the interval from the logical date."""
+    from airflow.api_fastapi.core_api.datamodels.dag_run import TriggerDAGRunPostBody
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunTriggeredByType, DagRunType
+
+    dag, store, received = setup
+    serdag = _serialized(dag)
+    day = datetime(2026, 1, 7, tzinfo=UTC)
+    params = TriggerDAGRunPostBody(logical_date=day, dag_run_id="manual_rest").validate_context(serdag)
+    with create_session() as session:
+        serdag.create_dagrun(
+            run_id=params["run_id"],
+            logical_date=params["logical_date"],
+            data_interval=params["data_interval"],
+            run_after=params["run_after"],
+            conf=params["conf"],
+            run_type=DagRunType.MANUAL,
+            triggered_by=DagRunTriggeredByType.REST_API,
+            state=DagRunState.QUEUED,
+            session=session,
+        )
+    assert _run_write(dag, "manual_rest") == "failed"  # no manifest: the job only records
+    assert _received(received) == [
+        {"key": "20260107T000000Z", "start": day.isoformat(), "end": day.isoformat()}
+    ]
+
+
 def test_a_cli_trigger_with_a_logical_date_is_refused_not_written_at_the_trigger_time(setup, capfd):
     """``airflow dags trigger -l 2026-01-05``: Airflow 3.3's CLI gives the run logical date
     2026-01-05 but the data interval of the time of the trigger. walsink used to write the
