@@ -61,6 +61,7 @@ def walsink_pipeline(
     lineage_inputs: Sequence[str] = (),
     audit: Sequence[Any] | None = None,
     fencing: str = "lease",
+    target_options: Mapping[str, Any] | None = None,
     write_kwargs: Mapping[str, Any] | None = None,
     durable_kwargs: Mapping[str, Any] | None = None,
     audit_kwargs: Mapping[str, Any] | None = None,
@@ -91,11 +92,31 @@ def walsink_pipeline(
     :param fencing: how the commit is fenced: ``"lease"`` (default) or ``"table"``
         (Iceberg and Delta targets: the table's atomic commit is the only fence,
         one committer-table transaction per commit; docs/protocol.md).
+    :param target_options: the target's kind-specific settings (an Iceberg
+        ``catalog``, a Delta ``conn_id`` or ``storage_options``, a SQL ``url``...;
+        docs/targets.md), given to the write task (which resolves the target before
+        the job runs and refuses one that names something not configured) and to
+        the commit task.
     :param write_kwargs / durable_kwargs / audit_kwargs / commit_kwargs: further
         arguments of each task (``retries``, ``pool``, ``spark_submit_kwargs``...).
     Other parameters are those of :class:`WalWriteOperator`,
     :class:`CheckpointDurableSensor` and :class:`WalCommitOperator`.
     """
+    write_kwargs, commit_kwargs = dict(write_kwargs or {}), dict(commit_kwargs or {})
+    # One target, one configuration: the write task resolves the target the commit publishes to
+    # (its staging location, and a refusal of what is not configured, before the job runs).
+    given = [
+        o
+        for o in (
+            target_options,
+            write_kwargs.pop("target_options", None),
+            commit_kwargs.pop("target_options", None),
+        )
+        if o is not None
+    ]
+    if any(dict(o) != dict(given[0]) for o in given[1:]):
+        raise ValueError("walsink_pipeline: give the target's options once, as target_options=...")
+    target_options = given[0] if given else None
     shared: dict[str, Any] = dict(
         pipeline=pipeline,
         checkpoint_key=checkpoint_key,
@@ -122,8 +143,9 @@ def walsink_pipeline(
             target=target,
             reprocess=reprocess,
             lineage_inputs=lineage_inputs,
+            target_options=target_options,
             **shared,
-            **dict(write_kwargs or {}),
+            **write_kwargs,
         )
         durable = CheckpointDurableSensor(
             task_id="durable",
@@ -144,8 +166,9 @@ def walsink_pipeline(
             verify_checksums=verify_checksums,
             require_audit=audit is not None,
             fencing=fencing,
+            target_options=target_options,
             **shared,
-            **dict(commit_kwargs or {}),
+            **commit_kwargs,
         )
         if audit is None:
             write >> durable >> commit

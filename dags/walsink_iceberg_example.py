@@ -7,10 +7,13 @@ summary and a table property name the pipeline, the day and the write
 attempt, so a re-run, a racing committer or a zombie try never adds the day
 twice, even if the committer table is lost.
 
-The catalog is the Airflow connection ``walsink_iceberg`` when it exists
-(extra: ``{"type": "sql" | "rest", "uri": ..., "warehouse": ..., "s3.endpoint": ...}``),
-else an embedded SQL catalog on SQLite under ``$WALSINK_ICEBERG_HOME``
-(default ``~/.walsink/iceberg``). The table is created on the first commit
+The catalog is the Airflow connection ``walsink_iceberg`` (extra:
+``{"type": "sql" | "rest", "uri": ..., "warehouse": ..., "s3.endpoint": ...}``;
+the demo creates one). Without it the write task fails before Spark runs,
+naming the connection to create; for a try on one machine, name the catalog
+``walsink`` instead (``iceberg://walsink/examples.daily_events``): walsink's
+embedded SQL catalog on SQLite under ``$WALSINK_ICEBERG_HOME`` (default
+``~/.walsink/iceberg``). The table is created on the first commit
 (``?create_table=true``). Read it back with pyiceberg or DuckDB::
 
     from pyiceberg.catalog import load_catalog

@@ -137,7 +137,8 @@ def _operator(checks):
 
 def _context():
     ti = SimpleNamespace(dag_id="d", task_id="audit", run_id="manual", try_number=1, map_index=-1, id=None)
-    return {"ti": ti, "data_interval_start": datetime(2026, 3, 1, tzinfo=UTC)}
+    day = datetime(2026, 3, 1, tzinfo=UTC)  # a run's context: logical date and data interval together
+    return {"ti": ti, "logical_date": day, "data_interval_start": day, "data_interval_end": day}
 
 
 def _good(n=10):

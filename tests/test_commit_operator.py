@@ -191,7 +191,9 @@ def test_openlineage_facets_of_an_executed_commit_name_the_target_and_the_checkp
                          map_index=-1, id=None)  # fmt: skip
     context = {
         "ti": ti,
+        "logical_date": INTERVAL_START,
         "data_interval_start": INTERVAL_START,
+        "data_interval_end": INTERVAL_START,
         "outlet_events": {task.asset_alias: Accessor()},
     }
     summary = task.execute(context)

@@ -26,9 +26,17 @@ def _check_rows(rows: list[dict], day: date) -> None:
 
 @pytest.mark.parametrize("committer_url", ["sqlite"], indirect=True)
 def test_iceberg_example_dag(airflow_db, walsink_env, committer_url, monkeypatch, tmp_path):  # noqa: F811
-    from airflow_provider_walsink.publishers.iceberg import IcebergPublisher, default_catalog_properties
+    import json
 
-    monkeypatch.setenv("WALSINK_ICEBERG_HOME", str(tmp_path / "iceberg"))
+    from airflow_provider_walsink.publishers.iceberg import IcebergPublisher
+
+    # The example's catalog is the connection walsink_iceberg (a name with none is refused).
+    catalog = {
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path / 'iceberg-catalog.db'}",
+        "warehouse": f"file://{tmp_path / 'warehouse'}",
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_WALSINK_ICEBERG", json.dumps({"conn_type": "generic", "extra": catalog}))
     day = date(2026, 3, 3)
     dag = load_dag(airflow_db, "walsink_iceberg_example")
     run_dag(dag, day)
@@ -38,7 +46,7 @@ def test_iceberg_example_dag(airflow_db, walsink_env, committer_url, monkeypatch
         "examples.daily_events",
         "overwrite",
         catalog_name="walsink_iceberg",  # the SQL catalog keeps each catalog name's tables apart
-        catalog_properties=default_catalog_properties(),
+        catalog_properties=catalog,
     )
     table = publisher.load_table()
     _check_rows(table.scan().to_arrow().to_pylist(), day)

@@ -228,9 +228,11 @@ def test_openlineage_facets_of_an_executed_write_name_inputs_target_and_checkpoi
     ti = SimpleNamespace(dag_id="d", task_id="write", run_id="manual", try_number=1, map_index=-1, id=None,
                          xcom_push=lambda key, value: pushed.__setitem__(key, value))  # fmt: skip
     # Attempt 1 of the job exits unsealed (see JOB): a retry, as Airflow would make it.
+    context = {"ti": ti, "logical_date": INTERVAL_START, "data_interval_start": INTERVAL_START,
+               "data_interval_end": INTERVAL_START}  # fmt: skip
     with pytest.raises(Exception, match="sealed no manifest"):
-        op.execute({"ti": ti, "data_interval_start": INTERVAL_START})
-    op.execute({"ti": ti, "data_interval_start": INTERVAL_START})
+        op.execute(context)
+    op.execute(context)
 
     lineage = op.get_openlineage_facets_on_complete(None)
     assert [(d.namespace, d.name) for d in lineage.inputs] == [("file", str(tmp_path / "raw"))]

@@ -71,6 +71,7 @@ class WalsinkHook(BaseHook):
         self.walsink_conn_id = walsink_conn_id
         self._url: str | None = None
         self._extra: dict[str, Any] = {}
+        self._said_default_staging = False
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
@@ -104,8 +105,16 @@ class WalsinkHook(BaseHook):
                 "the committer table needs a walsink connection (docs/production.md)"
             )
         self._extra = dict(conn.extra_dejson or {})
+        backend = self._field("backend") or ("sqlite" if not conn.host else "postgresql")
+        if backend == "sqlite" and not self._field("url") and not conn.schema and not conn.host:
+            # A walsink connection naming no database file: the embedded default, said so.
+            self.log.info(
+                "Connection %r names no SQLite database file: using the embedded default %s",
+                self.walsink_conn_id,
+                default_database_url(),
+            )
         self._url = url_from_connection(
-            backend=self._field("backend") or ("sqlite" if not conn.host else "postgresql"),
+            backend=backend,
             host=conn.host,
             port=conn.port,
             login=conn.login,
@@ -123,7 +132,17 @@ class WalsinkHook(BaseHook):
     @property
     def staging_root(self) -> str:
         self._load()
-        return self._field("staging_root") or default_staging_root()
+        configured = self._field("staging_root")
+        if configured:
+            return configured
+        if not self._said_default_staging:
+            self._said_default_staging = True
+            self.log.info(
+                "Connection %r sets no staging_root: staging under the default %s",
+                self.walsink_conn_id,
+                default_staging_root(),
+            )
+        return default_staging_root()
 
     def get_store(self) -> CommitterStore:
         """The committer store (schema migrated on first use in this process)."""

@@ -70,7 +70,7 @@ class WalAuditOperator(BaseOperator):
         self.staging_root = staging_root
 
     def execute(self, context: Any) -> dict[str, Any]:
-        key = self.checkpoint_key or checkpoint_key_from_context(context)
+        key = checkpoint_key_from_context(context, self.checkpoint_key)
         hook = WalsinkHook(self.walsink_conn_id)
         store, layout = hook.get_store(), hook.get_layout(self.staging_root)
         actor = actor_from_context(context)

@@ -22,9 +22,7 @@ from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.publishers.base import Publisher
 from airflow_provider_walsink.publishers.registry import (
     TargetOptions,
-    publisher_class,
     resolve_target,
-    target_scheme,
 )
 
 MODES = ("append", "overwrite")
@@ -36,18 +34,36 @@ def validate_static_identifier(value: str | None, what: str) -> None:
         validate_identifier(value, what)
 
 
-def target_staging_root(target: str | Publisher | None, *, mode: str, layout: StagingLayout) -> str | None:
+def target_staging_root(
+    target: str | Publisher | None,
+    *,
+    mode: str,
+    layout: StagingLayout,
+    partition_by: Sequence[str] = (),
+    extra: Mapping[str, Any] | None = None,
+) -> str | None:
     """Where ``target`` wants its attempts staged (table targets: inside the table location), or None.
 
-    A target kind may define ``staging_root()``; directories of files do not
-    (they stage under the connection's staging root and move files in).
+    Resolves the target first, so a target naming something that is not
+    configured is refused here. A target kind may define ``staging_root()``;
+    directories of files and SQL tables do not (they stage under the
+    connection's staging root).
+
+    Raises:
+        TargetError: the target cannot be resolved (``TargetNotConfiguredError``:
+            a catalog or connection it names is not configured).
     """
-    if target is None or (isinstance(target, str) and (target.startswith("/") or target.startswith("file:"))):
+    if target is None:
         return None
-    if isinstance(target, str) and not hasattr(publisher_class(target_scheme(target)), "staging_root"):
-        return None  # a kind that stages under the connection's root (files, SQL)
     publisher = resolve_target(
-        target, TargetOptions(mode=mode, layout=layout, connections=airflow_connection_fields)
+        target,
+        TargetOptions(
+            mode=mode,
+            layout=layout,
+            partition_by=tuple(partition_by),
+            connections=airflow_connection_fields,
+            extra=dict(extra or {}),
+        ),
     )
     staging_root = getattr(publisher, "staging_root", None)
     return staging_root() if callable(staging_root) else None
@@ -183,7 +199,7 @@ class WalCommitOperator(BaseOperator):
         )
 
     def execute(self, context: Any) -> dict[str, Any]:
-        key = self.checkpoint_key or checkpoint_key_from_context(context)
+        key = checkpoint_key_from_context(context, self.checkpoint_key)
         hook = WalsinkHook(self.walsink_conn_id)
         layout = hook.get_layout(self.staging_root)
         publisher = self.get_publisher(layout)

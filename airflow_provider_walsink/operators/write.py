@@ -16,8 +16,8 @@ from airflow_provider_walsink.context import (
     REPROCESS_CONF_KEY,
     REPROCESS_POLICIES,
     actor_from_context,
-    checkpoint_key_from_context,
     reprocess_decision,
+    run_interval,
     version_token,
 )
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
@@ -161,7 +161,11 @@ class WalWriteOperator(BaseOperator):
     :param checksum: committable checksum the job computes: ``crc32``
         (default, cheapest), ``sha256`` or ``None``.
     :param initial_offsets: start offsets of an ``append`` pipeline's first checkpoint.
-    :param target: the pipeline's target, recorded with the pipeline (templated).
+    :param target: the pipeline's target, recorded with the pipeline (templated). It is
+        resolved before anything is recorded or submitted: a target naming a catalog or
+        connection that is not configured fails the task there (docs/targets.md).
+    :param target_options: the target's kind-specific settings, as the commit task's
+        (``walsink_pipeline(target_options=...)`` gives both the same).
     :param reprocess: ``skip`` (default) or ``replace``: what a backfill re-run of a
         COMMITTED interval does (see above).
     :param lineage_inputs: URIs (or paths) of the datasets the job reads (templated),
@@ -208,9 +212,11 @@ class WalWriteOperator(BaseOperator):
         spark_submit_kwargs: Mapping[str, Any] | None = None,
         reprocess: str = "skip",
         lineage_inputs: Sequence[str] = (),
+        target_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.target_options = dict(target_options or {})
         if mode not in ("append", "overwrite"):
             raise ValueError(f"mode must be 'append' or 'overwrite', got {mode!r}")
         if reprocess not in REPROCESS_POLICIES:
@@ -251,6 +257,9 @@ class WalWriteOperator(BaseOperator):
             **self.spark_submit_kwargs,
         )
         if self.spark_conn_id is None:
+            self.log.info(
+                "No spark_conn_id: submitting to master %s (walsink's explicit default)", self.master
+            )
             conf = {**LOCAL_DEFAULT_CONF, **self.conf} if self.master.startswith("local") else self.conf
             env = dict(self.env_vars)
             if self.master.startswith("local"):
@@ -265,13 +274,23 @@ class WalWriteOperator(BaseOperator):
     # ------------------------------------------------------------------ execute
 
     def execute(self, context: Any) -> dict[str, Any]:
-        key = self.checkpoint_key or checkpoint_key_from_context(context)
+        # First: a run walsink cannot place is refused before anything is recorded or submitted.
+        interval = run_interval(context, self.checkpoint_key)
+        key = interval.key
         hook = WalsinkHook(self.walsink_conn_id)
         layout = hook.get_layout(self.staging_root)
-        if not self.staging_root:
-            # A table target stages inside its own location (never visible until committed).
-            own = target_staging_root(self.target, mode=self.mode, layout=layout)
-            if own:
+        if self.target is not None:
+            # Before anything is recorded or submitted: a target naming something that is not
+            # configured (a catalog, a connection) is refused here, not after the job has run.
+            own = target_staging_root(
+                self.target,
+                mode=self.mode,
+                layout=layout,
+                partition_by=self.partition_by,
+                extra=self.target_options,
+            )
+            if own and not self.staging_root:
+                # A table target stages inside its own location (never visible until committed).
                 layout = hook.get_layout(own)
         self._staging_root = str(layout.root)
         # Before anything is recorded: a cluster master needs a staging root every node sees.
@@ -311,8 +330,6 @@ class WalWriteOperator(BaseOperator):
             layout.remove_attempt(self.pipeline, key, attempt, record.attempt_id)
         attempt_dir.mkdir(parents=True)
 
-        interval_start = context.get("data_interval_start")
-        interval_end = context.get("data_interval_end")
         protocol = ProtocolArgs(
             pipeline=self.pipeline,
             checkpoint_key=key,
@@ -323,8 +340,8 @@ class WalWriteOperator(BaseOperator):
             file_format=self.file_format,
             partition_by=tuple(self.partition_by),
             start_offsets=start_offsets,
-            interval_start=interval_start.isoformat() if interval_start else None,
-            interval_end=interval_end.isoformat() if interval_end else None,
+            interval_start=interval.start.isoformat() if interval.start else None,
+            interval_end=interval.end.isoformat() if interval.end else None,
             checksum=self.checksum,
             attempt_id=record.attempt_id or "",
             until_offsets=until_offsets,

@@ -90,6 +90,7 @@ from .base import (
     TargetCapabilities,
     check_partition_order,
 )
+from .registry import connection_missing, lookup_connection
 
 log = logging.getLogger(__name__)
 
@@ -203,9 +204,24 @@ class DeltaPublisher:
         else:
             raise DeltaTargetError(f"Delta target {uri!r}: use delta:///path or delta+s3://bucket/path")
         opts: dict[str, str] = {}
-        if extra.get("conn_id") and options.connections is not None:
-            opts.update(storage_options_from_connection(options.connections(extra["conn_id"])))
+        if extra.get("conn_id"):
+            conn_id = str(extra["conn_id"])
+            fields = lookup_connection(options, conn_id, needed_by=f"Delta target {uri!r}")
+            if fields is None:
+                raise connection_missing(
+                    conn_id,
+                    needed_by=f"Delta target {uri!r}",
+                    how="with the access key pair as login/password and endpoint_url/region_name in its extra",
+                )
+            opts.update(storage_options_from_connection(fields))
         opts.update({str(k): str(v) for k, v in (extra.get("storage_options") or {}).items()})
+        if table_uri.startswith("s3://") and not opts:
+            # deltalake's documented default, not walsink's: said so, since nothing was configured.
+            log.info(
+                "Delta target %s names no conn_id and no storage_options: deltalake takes S3 credentials "
+                "from the environment (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, an instance role)",
+                uri,
+            )
         flags = uri_flags(parts.query, ("create_table",), uri)
         return cls(
             table_uri,

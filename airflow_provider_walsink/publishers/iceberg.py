@@ -1,11 +1,15 @@
 """An Apache Iceberg table as a walsink target (pyiceberg), exactly once through the table's own commit.
 
-``iceberg://<catalog>/<namespace>.<table>``. The catalog is the connection
-named ``<catalog>`` when the committer has a connection resolver and such a
-connection exists (its ``extra`` holds catalog properties: ``type`` ``sql`` or
-``rest``, ``uri``, ``warehouse``, ``s3.*``), else the properties in
-``TargetOptions.extra["catalog"]``, else an embedded SQL catalog on SQLite
-under ``$WALSINK_ICEBERG_HOME`` (default ``~/.walsink/iceberg``).
+``iceberg://<catalog>/<namespace>.<table>``. The catalog is configured, never
+guessed: the connection named ``<catalog>`` (its ``extra`` holds catalog
+properties: ``type`` ``sql`` or ``rest``, ``uri``, ``warehouse``, ``s3.*``),
+else the properties in ``TargetOptions.extra["catalog"]``, else pyiceberg's own
+configuration of ``<catalog>`` (``~/.pyiceberg.yaml``,
+``PYICEBERG_CATALOG__<NAME>__*``). Only the catalog named ``walsink``
+(:data:`EMBEDDED_CATALOG`) may have none of these: it is walsink's embedded SQL
+catalog on SQLite under ``$WALSINK_ICEBERG_HOME`` (default
+``~/.walsink/iceberg``), and the log says where. Any other catalog with no
+configuration is refused (:class:`~.registry.TargetNotConfiguredError`).
 
 **Commit = one snapshot.** The write phase stages Parquet files inside the
 table location (:meth:`IcebergPublisher.staging_root`: ``<location>/_walsink_staging``),
@@ -155,6 +159,7 @@ from .base import (
     TargetCapabilities,
     check_partition_order,
 )
+from .registry import TargetNotConfiguredError, lookup_connection
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +192,12 @@ def partition_property(pipeline: str, partition: str) -> str:
     return f"{PARTITION_PREFIX}{pipeline}/{partition}"
 
 
+#: The one catalog name that needs no configuration: walsink's embedded SQL catalog.
+EMBEDDED_CATALOG = "walsink"
+#: Catalog types that cannot work without a ``uri`` property.
+_NEEDS_URI = ("sql", "rest")
+
+
 def default_catalog_properties() -> dict[str, str]:
     """The embedded catalog: SQLite file and a local warehouse under ``$WALSINK_ICEBERG_HOME``."""
     home = Path(os.environ.get("WALSINK_ICEBERG_HOME") or Path.home() / ".walsink" / "iceberg")
@@ -196,6 +207,49 @@ def default_catalog_properties() -> dict[str, str]:
         "uri": f"sqlite:///{home / 'catalog.db'}",
         "warehouse": as_uri(str(home / "warehouse")),
     }
+
+
+def _embedded_catalog_properties() -> dict[str, str]:
+    props = default_catalog_properties()
+    # A documented default, named in the log: a table here is on this machine only.
+    log.info(
+        "Iceberg catalog %r is walsink's embedded SQL catalog: %s, warehouse %s "
+        "($WALSINK_ICEBERG_HOME; for a shared catalog, create a connection and name it in the target URI)",
+        EMBEDDED_CATALOG,
+        props["uri"],
+        props["warehouse"],
+    )
+    return props
+
+
+def _pyiceberg_configured(name: str) -> dict[str, str] | None:
+    """pyiceberg's own configuration of catalog ``name`` (``~/.pyiceberg.yaml``, ``PYICEBERG_CATALOG__*``)."""
+    from pyiceberg.utils.config import Config
+
+    found = Config().get_catalog_config(name)
+    return {str(k): str(v) for k, v in found.items()} if found else None
+
+
+def _not_configured(uri: str, name: str) -> TargetNotConfiguredError:
+    return TargetNotConfiguredError(
+        f"Iceberg target {uri!r}: Iceberg catalog {name!r} is not configured: there is no connection "
+        f'{name!r}, no target_options={{"catalog": {{...}}}} and no pyiceberg configuration of it. '
+        f"Create the connection (Admin > Connections, or AIRFLOW_CONN_{name.upper()}) with the catalog "
+        'properties in its extra, e.g. {"type": "sql", "uri": "postgresql+psycopg2://...", "warehouse": '
+        '"s3://bucket/warehouse"}; or pass them as target_options={"catalog": {...}}; or configure it for '
+        f"pyiceberg (~/.pyiceberg.yaml, PYICEBERG_CATALOG__{name.upper()}__URI); or use "
+        f"iceberg://{EMBEDDED_CATALOG}/... for walsink's embedded SQLite catalog on this machine "
+        "(docs/targets.md). Nothing was written."
+    )
+
+
+def _check_catalog_properties(uri: str, name: str, source: str, props: Mapping[str, str]) -> None:
+    kind = props.get("type", "")
+    if kind in _NEEDS_URI and not props.get("uri"):
+        raise TargetNotConfiguredError(
+            f"Iceberg target {uri!r}: catalog {name!r} from {source} is of type {kind!r} but has no 'uri' "
+            "property (the catalog database's SQLAlchemy URL, or the REST endpoint): add it (docs/targets.md)"
+        )
 
 
 def catalog_properties_from_connection(conn: Mapping[str, Any]) -> dict[str, str]:
@@ -252,7 +306,14 @@ class IcebergPublisher:
         self.namespace = namespace
         self.mode = mode
         self.catalog_name = catalog_name
-        self.catalog_properties = dict(catalog_properties or default_catalog_properties())
+        if catalog_properties is None and catalog_name != EMBEDDED_CATALOG:
+            raise TargetNotConfiguredError(
+                f"Iceberg catalog {catalog_name!r} is not configured: pass its catalog_properties "
+                f"(only the catalog {EMBEDDED_CATALOG!r} defaults to walsink's embedded one)"
+            )
+        self.catalog_properties = dict(
+            catalog_properties if catalog_properties is not None else _embedded_catalog_properties()
+        )
         self.partition_by = tuple(partition_by)
         self.create_table = create_table
         self.table_properties = dict(table_properties or {})
@@ -270,21 +331,29 @@ class IcebergPublisher:
                 f"Iceberg target {uri!r} must be iceberg://<catalog>/<namespace>.<table>"
             )
         extra = dict(options.extra or {})
+        name = parts.netloc
         props: dict[str, str] | None = None
-        if options.connections is not None:
-            try:
-                conn = options.connections(parts.netloc)
-            except Exception:  # the resolver's "no such connection" differs by environment
-                conn = None
-            if conn:
-                props = catalog_properties_from_connection(conn)
-        if props is None and extra.get("catalog"):
-            props = {str(k): str(v) for k, v in dict(extra["catalog"]).items()}
+        # Configured places only, in order; a failing lookup raises (never read as "absent").
+        conn = (
+            lookup_connection(options, name, needed_by=f"Iceberg target {uri!r}")
+            if options.connections
+            else None
+        )
+        if conn:
+            props, source = catalog_properties_from_connection(conn), f"connection {name!r}"
+        elif extra.get("catalog"):
+            props, source = {str(k): str(v) for k, v in dict(extra["catalog"]).items()}, "target_options"
+        else:
+            props, source = _pyiceberg_configured(name), "the pyiceberg configuration"
+        if props is None and name != EMBEDDED_CATALOG:
+            raise _not_configured(uri, name)
+        if props is not None:
+            _check_catalog_properties(uri, name, source, props)
         flags = uri_flags(parts.query, ("create_table",), uri)
         return cls(
             identifier,
             options.mode,
-            catalog_name=parts.netloc,
+            catalog_name=name,
             catalog_properties=props,
             partition_by=tuple(options.partition_by or ()),
             create_table=flags.get("create_table", bool(extra.get("create_table", False))),

@@ -46,12 +46,53 @@ KNOWN_TARGETS: dict[str, tuple[str, str | None]] = {
 
 #: Looks up a named connection (an Airflow connection id in the Airflow faces)
 #: and returns its fields: ``conn_type``, ``host``, ``port``, ``login``,
-#: ``password``, ``schema``, ``extra`` (a dict). The core never imports Airflow.
-ConnectionResolver = Callable[[str], Mapping[str, Any]]
+#: ``password``, ``schema``, ``extra`` (a dict), or ``None`` (or raises
+#: ``LookupError``) when no such connection exists. Any other exception is a
+#: failed lookup and propagates: it never means "not configured". The core
+#: never imports Airflow.
+ConnectionResolver = Callable[[str], Mapping[str, Any] | None]
 
 
 class TargetError(WalsinkError):
     """A target URI cannot be resolved to a publisher; the message says why."""
+
+
+class TargetNotConfiguredError(TargetError, ValueError):
+    """A target names something (a catalog, a connection) that is not configured.
+
+    Raised instead of falling back to a default: the message names what is
+    missing and how to configure it.
+    """
+
+
+def lookup_connection(options: TargetOptions, conn_id: str, *, needed_by: str) -> Mapping[str, Any] | None:
+    """The fields of connection ``conn_id``, or ``None`` if it does not exist.
+
+    Raises:
+        TargetNotConfiguredError: ``options`` has no connection lookup (outside
+            Airflow), so a named connection cannot be honoured.
+        Exception: whatever a failing lookup raises (a secrets backend down...),
+            never read as "no such connection".
+    """
+    if options.connections is None:
+        raise TargetNotConfiguredError(
+            f"{needed_by} names connection {conn_id!r}, but there is no connection lookup here "
+            "(outside Airflow): pass its settings in the target options instead (docs/targets.md)"
+        )
+    try:
+        fields = options.connections(conn_id)
+    except LookupError:
+        return None
+    return fields or None
+
+
+def connection_missing(conn_id: str, *, needed_by: str, how: str) -> TargetNotConfiguredError:
+    """The error for a named connection that does not exist, saying how to create it."""
+    return TargetNotConfiguredError(
+        f"{needed_by}: connection {conn_id!r} does not exist. Create it (Admin > Connections, "
+        f"`airflow connections add {conn_id} ...`, or the environment variable "
+        f"AIRFLOW_CONN_{conn_id.upper()}) {how}; walsink never falls back to a default (docs/targets.md)"
+    )
 
 
 @dataclass(frozen=True)

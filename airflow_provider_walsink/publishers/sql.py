@@ -97,6 +97,7 @@ from ._sqltypes import SchemaMismatchError as SchemaMismatchError
 from ._sqltypes import SqlTargetError, check_schema, sql_type_for, validate_sql_identifier
 from ._tables import refuse_supersede, superseded_attempt
 from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities, check_partition_order
+from .registry import connection_missing, lookup_connection
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +224,14 @@ class SqlPublisher:
                     f"sql target {uri!r}: no connection resolver to look up {conn_id!r} "
                     "(outside Airflow, pass extra={'url': <SQLAlchemy URL>})"
                 )
-            url = url_from_connection(conn_id, options.connections(conn_id))
+            fields = lookup_connection(options, conn_id, needed_by=f"sql target {uri!r}")
+            if fields is None:
+                raise connection_missing(
+                    conn_id,
+                    needed_by=f"sql target {uri!r}",
+                    how=f"of type {' or '.join(sorted(CONN_TYPE_DRIVERS))} pointing at the database",
+                )
+            url = url_from_connection(conn_id, fields)
         return cls(
             url,
             table,

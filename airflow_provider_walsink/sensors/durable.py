@@ -82,7 +82,7 @@ class CheckpointDurableSensor(BaseSensorOperator):
         self._last: DurabilityStatus | None = None
 
     def _key(self, context: Any) -> str:
-        return self.checkpoint_key or checkpoint_key_from_context(context)
+        return checkpoint_key_from_context(context, self.checkpoint_key)
 
     def poke(self, context: Any) -> bool:
         hook = WalsinkHook(self.walsink_conn_id)
