@@ -78,6 +78,11 @@ TRUST_MARGIN = timedelta(milliseconds=500)
 ABORT_LEASE_TTL = timedelta(minutes=5)
 
 
+def _published_before(record: CheckpointRecord) -> bool:
+    """The checkpoint may have published part of its sealed attempt (COMMITTING, or FAILED once durable)."""
+    return record.state is S.COMMITTING or bool(record.state is S.FAILED and record.durable_at)
+
+
 class AbortRefusedError(StoreError):
     """The target already holds the checkpoint's sealed attempt: it is published, not abortable."""
 
@@ -187,8 +192,7 @@ class CheckpointAborter:
             outcome = self._outcome(record, reason, already=True)
             self._clean_up(record, outcome, actor=actor)
             return outcome
-        published_before = record.state is S.COMMITTING or (record.state is S.FAILED and record.durable_at)
-        if self.publisher is None and published_before:
+        if self.publisher is None and _published_before(record):
             raise AbortRefusedError(
                 f"checkpoint {pipeline}/{checkpoint_key} is {record.state} and may have published part of "
                 f"attempt {record.sealed_attempt}, but its target is not known here (the pipeline was "
@@ -198,8 +202,21 @@ class CheckpointAborter:
             pipeline, checkpoint_key, actor=actor, reason=reason, ttl=self.lease_ttl
         )
         assert lease.record is not None
+        # Every decision from here on is taken from the row as the fencing transaction saw it:
+        # a committer may have taken the lease since ``record`` was read (issue 22).
+        record = lease.record
+        published_before = _published_before(record)
+        if self.publisher is None and published_before:
+            message = (
+                f"checkpoint {pipeline}/{checkpoint_key} began publishing attempt {record.sealed_attempt} "
+                "while the abort started, and its target is not known here, so the abort cannot check or "
+                "roll it back; nothing changed"
+            )
+            self._give_back(lease, actor, message)
+            raise AbortRefusedError(message)
         if record.state is S.COMMITTING and lease.taken_over_from:
-            # The holder may still act on a confirmation it trusts; after this it asks and is refused.
+            # Whoever held the lease when the token moved may still act on a confirmation it
+            # trusts; after this it asks and is refused.
             self._sleep(self.grace.total_seconds())
         manifest, unreadable = self._sealed_manifest(lease.record)
         caps = getattr(self.publisher, "capabilities", None)
