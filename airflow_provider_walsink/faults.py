@@ -39,6 +39,7 @@ CRASH_POINTS: dict[str, str] = {
     "publish.after_swap": "overwrite: k of n partitions swapped in (nth = k)",
     "commit.after_publish": "everything published, COMMITTED not yet recorded",
     "commit.after_committed": "COMMITTED recorded, staging and publish journal not yet cleaned",
+    "cleanup.started": "post-commit clean-up: the target's state read, nothing deleted yet",
 }
 
 _counts: dict[str, int] = {}

@@ -247,21 +247,16 @@ class CheckpointAborter:
                 self._give_back(lease, actor, message)
                 raise AbortRefusedError(message) from exc
             if held is not None:
-                message = (
-                    f"checkpoint {pipeline}/{checkpoint_key} is published: the target already holds its "
-                    f"sealed attempt {lease.record.sealed_attempt} ({held}), so it cannot be aborted. "
-                    "Re-run (clear) its commit task: it finds the attempt published and records COMMITTED"
-                )
+                message = self._published(record, held)
                 self._give_back(lease, actor, message)
                 raise AbortRefusedError(message)
         if manifest is not None and self.publisher is not None:
+            # The marker rule for targets without a tombstone: any attempt of this checkpoint
+            # version the target holds (not only the sealed one) means it is published.
             held = self.publisher.published_attempt(manifest)
-            if held is not None and held == manifest.attempt_id:
-                message = (
-                    f"checkpoint {pipeline}/{checkpoint_key} is published: the target already holds its "
-                    f"sealed attempt {manifest.attempt} ({manifest.attempt_id}), so it cannot be aborted. "
-                    "Re-run (clear) its commit task: it finds the attempt published and records COMMITTED"
-                )
+            ours = self._attempt_numbers(record)
+            if held is not None and held != record.supersedes_attempt_id and held in ours:
+                message = self._published(record, held)
                 self._give_back(lease, actor, message)
                 raise AbortRefusedError(message)
         done = self.store.abort(pipeline, checkpoint_key, reason=reason, actor=actor, lease=lease)
@@ -295,6 +290,39 @@ class CheckpointAborter:
         return outcome
 
     # ------------------------------------------------------------------ steps
+
+    def _attempt_numbers(self, record: CheckpointRecord) -> dict[str, int | None]:
+        """Attempt id -> number of every attempt of the checkpoint the row or its staging knows."""
+        known: dict[str, int | None] = {}
+        if record.attempt_id:
+            known[record.attempt_id] = record.attempt
+        if record.sealed_attempt_id:
+            known[record.sealed_attempt_id] = record.sealed_attempt
+        try:
+            staged = self.layout.staged_attempts(record.pipeline, record.checkpoint_key)
+        except (WalsinkError, OSError):
+            staged = []
+        for number, attempt_id, _path in staged:
+            if attempt_id:
+                known[attempt_id] = number
+        return known
+
+    def _published(self, record: CheckpointRecord, held: str) -> str:
+        """The refusal of an abort whose target holds attempt ``held`` of the checkpoint version."""
+        number = self._attempt_numbers(record).get(held)
+        which = f"attempt {number} ({held})" if number is not None else f"attempt {held}"
+        if held == record.sealed_attempt_id:
+            which = f"its sealed {which}"
+        else:
+            which = (
+                f"{which}, an earlier attempt of this checkpoint version than the sealed attempt "
+                f"{record.sealed_attempt} ({record.sealed_attempt_id}),"
+            )
+        return (
+            f"checkpoint {record.pipeline}/{record.checkpoint_key} is published: the target already holds "
+            f"{which} so it cannot be aborted (published is published). Re-run (clear) its commit task: "
+            f"it finds attempt {held} in the target and records it as COMMITTED"
+        )
 
     def _give_back(self, lease: Any, actor: Actor, message: str) -> None:
         record = lease.record

@@ -37,11 +37,13 @@ import json
 import os
 import shutil
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
 from airflow_provider_walsink.protocol.checksum import algorithm_of, file_checksum
+from airflow_provider_walsink.protocol.cleanup import remove_staged_attempts
 from airflow_provider_walsink.protocol.errors import (
     CommittableError,
     LayoutError,
@@ -613,13 +615,35 @@ class FilePublisher:
             except (FileNotFoundError, PathEscapeError):
                 pass
 
-    def finish(self, manifest: Manifest, layout: StagingLayout) -> None:
-        """After COMMITTED: drop the publish journal, then the checkpoint's staging (every attempt)."""
+    def finish(
+        self, manifest: Manifest, layout: StagingLayout, *, fence: Callable[[], None] | None = None
+    ) -> None:
+        """After COMMITTED: drop the publish journal, then the version's staged attempts.
+
+        Fenced (:mod:`~..protocol.cleanup`): ``fence()`` is asked before the
+        journal goes and before each attempt directory; the journal goes only
+        while it names this attempt (a new version's publish owns it
+        otherwise), and attempts numbered above this one (a reprocess, a new
+        run) stay.
+        """
+        fence = fence or (lambda: None)
+        fence()
+        journal_path = self._target(self._journal_rel(manifest))
         try:
-            os.unlink(self._target(self._journal_rel(manifest)))
+            journal = json.loads(journal_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            pass
-        layout.remove_checkpoint(manifest.pipeline, manifest.checkpoint_key)
+            journal = None
+        except json.JSONDecodeError:
+            journal = {}  # unreadable: ours to drop only if nothing else claims it; leave it
+        if isinstance(journal, dict) and journal.get("attempt_id") == manifest.attempt_id:
+            fence()
+            try:
+                os.unlink(journal_path)
+            except FileNotFoundError:
+                pass
+        remove_staged_attempts(
+            layout, manifest.pipeline, manifest.checkpoint_key, up_to=manifest.attempt, fence=fence
+        )
 
     def forget(self, manifest: Manifest) -> None:
         """Drop the publish journal only (kept for callers of the 0.1 API)."""
