@@ -58,6 +58,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_walsink.protocol.cleanup import remove_staged_attempts
 from airflow_provider_walsink.protocol.errors import WalsinkError
 from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, Manifest, read_manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
@@ -369,7 +370,7 @@ class CheckpointAborter:
             except (WalsinkError, OSError) as exc:
                 outcome.warnings.append(f"rolling back attempt {attempt_id} in the target: {exc}")
         try:
-            self._remove_staging(record, outcome, manifest)
+            self._remove_staging(record, outcome, manifest, ctx)
         except (WalsinkError, OSError) as exc:
             outcome.warnings.append(f"removing staging: {exc}")
         if outcome.warnings:
@@ -397,14 +398,21 @@ class CheckpointAborter:
                 )
 
     def _remove_staging(
-        self, record: CheckpointRecord, outcome: AbortOutcome, manifest: Manifest | None
+        self,
+        record: CheckpointRecord,
+        outcome: AbortOutcome,
+        manifest: Manifest | None,
+        ctx: _AbortContext | None = None,
     ) -> None:
         """Remove the attempts up to the aborted one; a newer attempt belongs to a new run.
 
-        For a target that references staged files in place (tables), an attempt
-        is removed only if it is known to be unreferenced: the current attempt
-        while never sealed, or an attempt whose manifest is readable and which
-        the table neither holds nor held.
+        Through the one fenced clean-up (:mod:`~..protocol.cleanup`): before
+        each attempt the abort's token is checked (a new run of the checkpoint
+        stops it) and, for a target that references staged files in place
+        (tables), the table is asked *then* whether it holds or held the
+        attempt: an attempt is removed only if it is known to be unreferenced
+        (the current attempt while never sealed, or an attempt whose manifest
+        is readable and which the table neither holds nor held).
         """
         root = str(self.layout.root)
         if "://" in root:
@@ -412,18 +420,29 @@ class CheckpointAborter:
                 f"staging under {root} is left to the table's maintenance (not a local path)"
             )
             return
+        ctx = ctx or _AbortContext(self.store, record)
         references = bool(getattr(self.publisher, "references_staged_files", False))
-        for number, attempt_id, path in self.layout.staged_attempts(record.pipeline, record.checkpoint_key):
-            if number > record.attempt:
-                continue
-            if references and not self._unreferenced(record, number, attempt_id, path):
-                continue
-            if self.layout.remove_attempt(record.pipeline, record.checkpoint_key, number, attempt_id):
-                outcome.staging_removed.append(f"{record.pipeline}/{record.checkpoint_key}/{path.name}")
-        try:  # the checkpoint's directory, once empty
-            self.layout.checkpoint_dir(record.pipeline, record.checkpoint_key).rmdir()
-        except OSError:
-            pass
+        paths = {
+            attempt_id: (number, path)
+            for number, attempt_id, path in self.layout.staged_attempts(
+                record.pipeline, record.checkpoint_key
+            )
+        }
+
+        def referenced(attempt_id: str | None) -> bool:
+            number, path = paths[attempt_id]
+            return references and not self._unreferenced(record, number, attempt_id, path)
+
+        removed = remove_staged_attempts(
+            self.layout,
+            record.pipeline,
+            record.checkpoint_key,
+            up_to=record.attempt,
+            fence=ctx.fence,
+            referenced=referenced,
+            wanted=lambda _number, attempt_id: attempt_id in paths,
+        )
+        outcome.staging_removed += [f"{record.pipeline}/{record.checkpoint_key}/{name}" for name in removed]
 
     def _unreferenced(
         self, record: CheckpointRecord, number: int, attempt_id: str | None, path: Path

@@ -101,7 +101,8 @@ def remove_staged_attempts(
     """:func:`remove_attempts_fenced` over a local staging layout's attempt directories of one
     checkpoint; then its directory, if that emptied it (an attempt that appears meanwhile stays,
     and so does the directory). Returns the attempt directory names removed."""
-    attempts = [(n, i, str(p)) for n, i, p in layout.staged_attempts(pipeline, checkpoint_key)]
+    # Attempt numbers start at 1: an ``attempt-0`` directory is not walsink's to delete.
+    attempts = [(n, i, str(p)) for n, i, p in layout.staged_attempts(pipeline, checkpoint_key) if n >= 1]
     numbered = {location: (n, i) for n, i, location in attempts}
 
     def delete(location: str) -> bool:
