@@ -149,7 +149,8 @@ def decide(
       ``append`` the table cannot tell a crashed older attempt from rows that
       were committed before the committer table was trimmed, so retracting
       could lose committed rows: refused with :class:`CommittableError`,
-      nothing written (abort the checkpoint, or re-run under a new key).
+      nothing written (commit with table fencing, or re-run under a new key;
+      an abort is refused while the table holds an attempt of the checkpoint).
 
     Call it on the table state the commit is based on, in every retry.
     """
@@ -184,7 +185,9 @@ def decide(
             f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: the table already holds attempt "
             f"{marker.attempt_id} of this append checkpoint (snapshot {marker.snapshot}); walsink will not "
             f"retract rows that may have been committed, so attempt {manifest.attempt_id} is not published. "
-            "Abort the checkpoint, or write the interval under a new checkpoint key; table left unchanged"
+            "Commit it with fencing='table' (which records the attempt the table holds), or write the "
+            "interval under a new checkpoint key (an abort is refused while the table holds an attempt "
+            "of it); table left unchanged"
         )
     return False
 
