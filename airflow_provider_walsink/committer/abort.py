@@ -11,23 +11,28 @@ repeat, and running the abort again finishes one that crashed):
 2. **Wait out the holder's trust.** A committer trusts a confirmed lease for
    at most :attr:`~.commit.FencingContext.MAX_TRUST` without asking the
    database again; the abort waits that long (plus a margin) when a committer
-   held the lease. From then on the holder changes nothing more: its next
-   step asks, and is refused. (As for any fenced committer on a plain file
+   held the lease *as the fencing transaction saw it* (the row read before
+   the abort began is never trusted for this or any later decision: a
+   committer may take the lease in between). From then on the holder changes
+   nothing more: its next step asks, and is refused. (As for any fenced committer on a plain file
    system, a process paused exactly between its check and a rename can still
    do that one rename: docs/guarantees.md.)
-3. **Never lie.** If the target already holds the sealed attempt (its marker,
-   :meth:`~..publishers.base.Publisher.published_attempt`), the checkpoint is
-   published: the abort is refused with :class:`AbortRefusedError`, its lease
-   is given back (the checkpoint stays as it was, COMMITTING without a
-   holder) and the message says to re-run the commit task, which finds the
-   attempt published and records COMMITTED. A checkpoint is never ABORTED
-   while the target shows its data as committed.
+3. **Never lie.** If the target holds *any* attempt of this checkpoint
+   version (its marker, :meth:`~..publishers.base.Publisher.published_attempt`;
+   not only the sealed attempt: a write retry after a commit that died past
+   its publish seals a new attempt while the target holds the earlier one;
+   the committed version a reprocess supersedes excepted), the checkpoint is
+   published: the abort is refused with :class:`AbortRefusedError` naming
+   that attempt, its lease is given back (the checkpoint stays as it was,
+   COMMITTING without a holder) and the message says to re-run the commit
+   task, which finds the attempt published and records COMMITTED. A
+   checkpoint is never ABORTED while the target shows its data as committed.
    For a target that can carry a tombstone (``capabilities.table_fence``:
    Iceberg, Delta), the check is the table's own atomic commit: the abort
    commits a tombstone naming every attempt of the checkpoint a committer
    could still publish (:func:`.tablefence.tombstone_for_abort`), checked
-   against the marker in the state it commits over, and every publish checks
-   the tombstone the same way. Either the publish lands first (the abort is
+   against the marker in the state it commits over (any attempt held
+   refuses), and every publish checks the tombstone the same way. Either the publish lands first (the abort is
    refused: published) or the tombstone does (the publish is refused). This is
    what makes an abort hold under ``fencing="table"``, where there is no lease
    to fence out; under the lease it also closes the window between a
@@ -39,9 +44,13 @@ repeat, and running the abort again finishes one that crashed):
 5. **Clean up** (after ABORTED, so no commit can start on the attempt any
    more): what the aborted attempt had published is rolled back where the
    target can (files: its journal's files in ``append``; the partitions it
-   swapped in, in ``overwrite``), and its staging is removed: the attempts
-   up to the aborted one, except, for a table target, any attempt the table
-   holds or held (a snapshot references its staged files in place).
+   swapped in, in ``overwrite``; only what the attempt itself put there,
+   identified by its attempt id: never a partition holding another
+   checkpoint's data), and its staging is removed through the one fenced
+   clean-up (:mod:`~..protocol.cleanup`): the attempts up to the aborted one,
+   each after checking the abort's token and, for a table target, asking the
+   table *then* whether it holds or held the attempt (a snapshot references
+   its staged files in place).
 
 A later run of the write task starts a fresh attempt (ABORTED -> WRITING);
 its publish rolls back, from the journal, anything of the aborted attempt an
