@@ -328,10 +328,17 @@ class CheckpointAborter:
                 f"{which}, an earlier attempt of this checkpoint version than the sealed attempt "
                 f"{record.sealed_attempt} ({record.sealed_attempt_id}),"
             )
+        rerun = (
+            f"it finds attempt {held} in the target and records it as COMMITTED"
+            if held == record.sealed_attempt_id
+            else f"with fencing='table' it records attempt {held}, the one the target holds, as COMMITTED "
+            "(under the lease an append commit refuses to publish another attempt over it: "
+            "docs/guarantees.md, Aborts and clean-up)"
+        )
         return (
             f"checkpoint {record.pipeline}/{record.checkpoint_key} is published: the target already holds "
             f"{which} so it cannot be aborted (published is published). Re-run (clear) its commit task: "
-            f"it finds attempt {held} in the target and records it as COMMITTED"
+            f"{rerun}"
         )
 
     def _give_back(self, lease: Any, actor: Actor, message: str) -> None:
