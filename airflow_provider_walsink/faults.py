@@ -25,7 +25,11 @@ LOG_ENV = "WALSINK_CRASH_LOG"
 #: zombie task try does.
 SIGNAL_ENV = "WALSINK_CRASH_SIGNAL"
 
-#: Every crash point placed in the protocol code, with where it sits.
+#: Every crash point of the write/durable/commit protocol, with where it sits (the crash
+#: harness schedules each). Points of the table targets (``table.before_<step>`` /
+#: ``table.after_<step>``) and of the fenced clean-up (``cleanup.started``: the table's
+#: state read, nothing deleted; ``cleanup.before_delete``: before each attempt's fence
+#: check and delete, ``protocol/cleanup.py``) are reached by their own tests.
 CRASH_POINTS: dict[str, str] = {
     "write.before_staging": "new attempt recorded (WRITING), its staging directory not yet created",
     "write.after_staging": "committables staged and described, manifest not yet written",

@@ -80,6 +80,11 @@ from airflow_provider_walsink.committer.models import pipeline_table as pipe
 from airflow_provider_walsink.committer.models import transition_table as trans
 from airflow_provider_walsink.committer.models import version_table as vers
 from airflow_provider_walsink.committer.store import CheckpointRecord, CommitterStore, utcnow
+from airflow_provider_walsink.protocol.cleanup import (
+    CleanupFencedError,
+    never_referenced,
+    remove_attempts_fenced,
+)
 from airflow_provider_walsink.protocol.errors import InvalidIdentifierError
 from airflow_provider_walsink.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.protocol.staging import StagingLayout, attempt_of
@@ -188,7 +193,11 @@ def collect_staging(
                 report.skipped.append(f"{pipeline}/{key}: staging of a table target, left to the table")
                 continue
             record = store.get(pipeline, key)
-            _collect_checkpoint(layout, pipeline, key, record, cutoff, cutoff_ts, report, dry_run)
+            fence = _row_fence(store, pipeline, key, record)
+            try:
+                _collect_checkpoint(layout, pipeline, key, record, cutoff, cutoff_ts, report, dry_run, fence)
+            except CleanupFencedError as exc:
+                report.skipped.append(str(exc))
     return report
 
 
@@ -205,6 +214,32 @@ def _target_keeps_staged_files(row: dict[str, Any]) -> bool:
         return True  # a kind this process cannot load: assume its files are referenced
 
 
+def _row_fence(
+    store: CommitterStore, pipeline: str, key: str, record: CheckpointRecord | None
+) -> Callable[[], None]:
+    """GC's fence (:mod:`.protocol.cleanup`): the checkpoint's row is still the one GC decided from.
+
+    Asked before every deletion: a reprocess, a new run of an aborted
+    checkpoint or a new life of a trimmed one that began since GC read the
+    row stops the collection of that checkpoint.
+    """
+
+    def identity(r: CheckpointRecord | None) -> tuple[Any, ...] | None:
+        if r is None:
+            return None
+        return (r.state, r.attempt, r.attempt_id, r.sealed_attempt_id, r.lease_epoch, r.version)
+
+    read = identity(record)
+
+    def fence() -> None:
+        if identity(store.get(pipeline, key)) != read:
+            raise CleanupFencedError(
+                f"gc of {pipeline}/{key} stopped: the checkpoint changed since gc read it; nothing more removed"
+            )
+
+    return fence
+
+
 def _collect_checkpoint(
     layout: StagingLayout,
     pipeline: str,
@@ -214,6 +249,7 @@ def _collect_checkpoint(
     cutoff_ts: float,
     report: GcReport,
     dry_run: bool,
+    fence: Callable[[], None] = lambda: None,
 ) -> None:
     cdir = layout.checkpoint_dir(pipeline, key)
     if record is None:
@@ -230,7 +266,9 @@ def _collect_checkpoint(
         if not _age_ok(cdir, cutoff_ts):
             report.kept_recent += 1
             return
-        _remove_attempts(cdir, pipeline, key, attempts, lambda _a, _i: True, cutoff_ts, report, dry_run)
+        _remove_attempts(
+            cdir, pipeline, key, attempts, lambda _a, _i: True, cutoff_ts, report, dry_run, fence
+        )
         return
     if record.state is S.ABORTED:
         # Its attempts up to the aborted one; a newer one belongs to a run that started it again.
@@ -239,7 +277,7 @@ def _collect_checkpoint(
             return
         attempts = layout.staged_attempts(pipeline, key)
         _remove_attempts(
-            cdir, pipeline, key, attempts, lambda a, _i: a <= record.attempt, None, report, dry_run
+            cdir, pipeline, key, attempts, lambda a, _i: a <= record.attempt, None, report, dry_run, fence
         )
         return
     if record.state is S.COMMITTED:
@@ -259,11 +297,12 @@ def _collect_checkpoint(
             return True
 
         attempts = layout.staged_attempts(pipeline, key)
-        _remove_attempts(cdir, pipeline, key, attempts, read_version, cutoff_ts, report, dry_run)
+        _remove_attempts(cdir, pipeline, key, attempts, read_version, cutoff_ts, report, dry_run, fence)
         return
     # Uncommitted: only attempts older than the current one and not sealed are garbage. An
     # attempt is known by its number and id (numbers repeat across lives of a checkpoint).
     keep = {(record.attempt, record.attempt_id), (record.sealed_attempt, record.sealed_attempt_id)}
+    garbage = []
     for attempt, attempt_id, path in layout.staged_attempts(pipeline, key):
         if (attempt, attempt_id) in keep or (attempt_id is None and attempt in {a for a, _ in keep}):
             continue
@@ -275,8 +314,15 @@ def _collect_checkpoint(
         if not _age_ok(path, cutoff_ts):
             report.kept_recent += 1
             continue
-        if _rmtree(path, report, dry_run):
-            report.attempts_removed.append(f"{pipeline}/{key}/{path.name}")
+        garbage.append((attempt, attempt_id, str(path)))
+    removed = remove_attempts_fenced(
+        garbage,
+        up_to=record.attempt,
+        fence=fence,
+        referenced=never_referenced,
+        delete=lambda location: _rmtree(Path(location), report, dry_run),
+    )
+    report.attempts_removed += [f"{pipeline}/{key}/{Path(p).name}" for p in removed]
 
 
 def _attempt_entries(cdir: Path) -> tuple[list[tuple[int, str | None, Path]], list[str]]:
@@ -309,6 +355,7 @@ def _remove_attempts(
     cutoff_ts: float | None,
     report: GcReport,
     dry_run: bool,
+    fence: Callable[[], None] = lambda: None,
 ) -> None:
     """Remove the ``wanted`` attempts one by one (each older than the cutoff, if one is given),
     then the checkpoint directory if that emptied it.
@@ -317,7 +364,7 @@ def _remove_attempts(
     later run of an aborted checkpoint, a new life of a trimmed one) stays, and so does the
     directory holding it.
     """
-    removed: list[Path] = []
+    candidates = []
     kept = 0
     for attempt, attempt_id, path in attempts:
         if not wanted(attempt, attempt_id):
@@ -327,10 +374,20 @@ def _remove_attempts(
             report.kept_recent += 1
             kept += 1
             continue
-        if _rmtree(path, report, dry_run):
-            removed.append(path)
-        else:
-            kept += 1
+        candidates.append((attempt, attempt_id, str(path)))
+    # Each deletion fenced by the row GC read (protocol/cleanup.py); staging GC removes is
+    # never table data (table targets are skipped above), so nothing is referenced.
+    removed = [
+        Path(p)
+        for p in remove_attempts_fenced(
+            candidates,
+            up_to=max((a for a, _i, _p in candidates), default=0),
+            fence=fence,
+            referenced=never_referenced,
+            delete=lambda location: _rmtree(Path(location), report, dry_run),
+        )
+    ]
+    kept += len(candidates) - len(removed)
     whole = kept == 0
     if whole and not dry_run:
         try:

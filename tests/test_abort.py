@@ -509,3 +509,55 @@ def test_walsink_abort_of_a_committed_checkpoint_is_an_answer_not_an_internal_er
     result = walsink("--url", url, "abort", "p", "k1", "--reason", REASON, "--staging-root", str(layout.root))
     assert result.returncode == 1 and "unexpected" not in result.stderr
     assert "COMMITTED" in result.stderr and store.require("p", "k1").state is S.COMMITTED
+
+
+# ----------------------------------------------------------------------------- issue 22
+
+
+def test_an_abort_waits_out_a_committer_that_took_the_lease_after_the_abort_read_the_row(
+    pg_url, layout, tmp_path
+):
+    """Issue 22, symptom 4. The abort reads the row (DURABLE, no holder); a committer then takes
+    the lease and assembles its overwrite of a partition another checkpoint committed; only then
+    does the abort fence it out. The wait must follow the row the fencing transaction saw (a
+    holder), not the row read before: the committer, resumed within its trust, is refused, and
+    the other checkpoint's committed partition is intact (read back by DuckDB)."""
+    import duckdb
+
+    store = CommitterStore.from_url(pg_url)
+    target = tmp_path / "target"
+    store.register("p", "k0", mode="overwrite", actor=ACTOR, target=str(target))
+    stage_checkpoint(store, layout, "p", "k0", DAY, mode="overwrite")
+    assert committer(store, layout, target, "overwrite").commit("p", "k0", actor=ACTOR).state == "COMMITTED"
+    committed = by_partition(target)
+    store.register("p", "k1", mode="overwrite", actor=ACTOR, target=str(target))
+    stage_checkpoint(store, layout, "p", "k1", DAY_NEW, mode="overwrite")
+
+    abort_store = CommitterStore.from_url(pg_url, migrate=False)
+    fence_out = abort_store.begin_abort
+    racers: list[subprocess.Popen] = []
+
+    def begin_abort_after_a_committer_took_the_lease(*args, **kwargs):
+        # The committer takes the lease and moves every file into its pending partition, then stops.
+        racers.append(start_stopped_committer(pg_url, layout, target, "overwrite", "publish.after_k:4"))
+        return fence_out(*args, **kwargs)
+
+    abort_store.begin_abort = begin_abort_after_a_committer_took_the_lease
+    aborter = CheckpointAborter(abort_store, layout, FilePublisher(target, "overwrite", layout=layout))
+    try:
+        outcome = aborter.abort("p", "k1", reason=REASON, actor=USER)
+        assert outcome.state == "ABORTED" and outcome.fenced_holder.startswith("dag.commit@run1")
+        os.kill(racers[0].pid, signal.SIGCONT)
+        _, err = racers[0].communicate(timeout=120)
+    finally:
+        for proc in racers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert racers[0].returncode != 0 and "LeaseLostError" in err, err[-2000:]
+    assert store.require("p", "k1").state is S.ABORTED
+    assert by_partition(target) == committed  # k0's committed rows, nothing of k1
+    rows = duckdb.sql(
+        f"select * from read_csv('{target}/*/*.csv', header=false, hive_partitioning=false, columns={{'d': 'VARCHAR', 'v': 'VARCHAR'}})"
+    ).fetchall()
+    assert sorted(f"{a},{b}".encode() for a, b in rows) == lines(DAY)

@@ -415,8 +415,10 @@ def test_gc_of_a_committed_checkpoint_keeps_a_reprocess_started_meanwhile(
     store, layout, tmp_path, monkeypatch
 ):
     """GC reads a COMMITTED row, then a reprocess begins a new version and stages and seals its
-    attempt, then GC removes the committed checkpoint's staging. Only the attempts of the row it
-    read go: the new version's staging survives and still commits."""
+    attempt, then GC would remove the committed checkpoint's staging. Every deletion is fenced
+    (issue 22): the row changed since GC read it, so GC stops for that checkpoint and says so;
+    the new version's staging survives and still commits, and the next GC removes the old
+    version's leftover."""
     target = tmp_path / "target"
     stage_checkpoint(store, layout, "p", "k1", files("k1"))
     committed = commit(store, layout, target, "p", "k1")
@@ -443,12 +445,15 @@ def test_gc_of_a_committed_checkpoint_keeps_a_reprocess_started_meanwhile(
     monkeypatch.undo()
 
     assert committed.state == "COMMITTED" and reprocessed
-    assert reprocessed["dir"].is_dir() and not leftover.exists()
-    assert _numbered(report.attempts_removed) == [f"p/k1/attempt-{v1.sealed_attempt}"]
-    assert report.checkpoint_dirs_removed == []
+    assert reprocessed["dir"].is_dir() and leftover.exists()
+    assert report.attempts_removed == [] and report.checkpoint_dirs_removed == []
+    assert any("p/k1" in s and "changed since gc read it" in s for s in report.skipped), report.skipped
     assert store.require("p", "k1").state is S.DURABLE
     assert commit(store, layout, target, "p", "k1").state == "COMMITTED"
     assert b"k1,v2\n" in target_files(target).values()
+    age(store, "p", "k1")
+    collect_staging(store, layout, retention=timedelta(0))
+    assert not leftover.exists()
 
 
 def test_walsink_gc_says_when_the_staging_root_does_not_exist(sqlite_store, tmp_path, capsys, monkeypatch):

@@ -470,3 +470,97 @@ def test_a_reprocess_under_table_fencing_replaces_the_version_once(kind, spec, s
             TableFenceContext("events", KEY, attempt_id=first.attempt_id, epoch=2**50, supersedes=None),
         )
     assert table_rows(kind, spec) == sorted(DAY_NEW)
+
+
+# ----------------------------------------------------------------------------- issue 22
+
+
+def test_an_abort_is_refused_while_the_table_holds_an_earlier_attempt_of_the_version(kind, spec, pg_url):
+    """Issue 22, symptom 5. An append commit SIGKILLed after its table commit (attempt 1 in the
+    table, the row DURABLE), then a write retry (attempt 2 sealed), then an abort: the table holds
+    an attempt of this checkpoint version, so the checkpoint is published and the abort is
+    refused (naming attempt 1) in the tombstone's own commit. Granting it (the table holds an
+    attempt other than the sealed one) would let the next interval re-read the offsets and
+    publish the rows twice. The re-run commit records attempt 1; the rows are there once."""
+    store = CommitterStore.from_url(pg_url, migrate=False)
+    layout = staging_of(kind, spec)
+    first = stage(store, layout, DAY, mode="append")
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_killed_commit, args=(kind, spec, "append", pg_url, str(layout.root))
+    )
+    proc.start()
+    proc.join(300)
+    assert proc.exitcode == -signal.SIGKILL
+    assert table_rows(kind, spec) == sorted(DAY) and store.require("events", KEY).state is S.DURABLE
+    second = stage(store, layout, DAY_NEW, mode="append")  # the write task re-run: attempt 2 sealed
+    assert store.require("events", KEY).sealed_attempt_id == second.attempt_id
+    commits = table_commits(kind, spec)
+
+    with pytest.raises(AbortRefusedError, match=f"attempt 1 \\({first.attempt_id}\\)") as refused:
+        CheckpointAborter(store, layout, make_publisher(kind, spec, "append")).abort(
+            "events", KEY, reason=REASON, actor=ACTOR
+        )
+    assert "re-run" in str(refused.value).lower()
+    assert store.require("events", KEY).state is S.DURABLE
+    assert table_commits(kind, spec) == commits  # no tombstone written over published data
+    assert table_rows(kind, spec) == sorted(DAY)
+
+    summary = committer(store, layout, kind, spec, "append").commit("events", KEY, actor=ACTOR)
+    assert summary.state == "COMMITTED" and summary.attempt_id == first.attempt_id
+    assert table_rows(kind, spec) == sorted(DAY)  # once
+
+
+@pytest.mark.parametrize("fencing", ["table", "lease"])
+def test_a_committer_paused_in_its_clean_up_never_deletes_what_a_reprocess_committed(
+    kind, spec, pg_url, fencing
+):
+    """Issue 22, symptom 6. A committer SIGSTOPped inside its post-commit clean-up (it has read
+    the table: version 1 is ours) while a reprocess commits version 2, whose files the table
+    references in place in staging; SIGCONT. The clean-up is fenced (the row moved on) and asks
+    the table what it references now: version 2's files stay and the table reads back."""
+    store = CommitterStore.from_url(pg_url, migrate=False)
+    layout = staging_of(kind, spec)
+    first = stage(store, layout, DAY)
+    if fencing == "table":
+        paused = start_stopped_committer(kind, spec, "overwrite", pg_url, str(layout.root), "cleanup.started")
+    else:
+        paused = start_stopped_lease_committer(kind, spec, pg_url, str(layout.root), "cleanup.started")
+    try:
+        assert store.require("events", KEY).state is S.COMMITTED
+        assert table_rows(kind, spec) == sorted(DAY)
+        store.begin_version("events", KEY, token="dag/run2#1", actor=ACTOR, reason="reprocess")
+        second = stage(store, layout, DAY_NEW)
+        reprocess = CheckpointCommitter(
+            store, layout, make_publisher(kind, spec, "overwrite"), mode="overwrite", fencing=fencing
+        )
+        assert reprocess.commit("events", KEY, actor=ACTOR).attempt_id == second.attempt_id
+        assert table_rows(kind, spec) == sorted(DAY_NEW)
+    finally:
+        code, out, err = resume(paused)
+    assert code == 0, err  # its commit was recorded; the clean-up stopped, it did not fail the task
+    assert store.require("events", KEY).sealed_attempt_id == second.attempt_id
+    assert layout.attempt_dir("events", KEY, second.attempt, second.attempt_id).is_dir()
+    assert table_rows(kind, spec) == sorted(DAY_NEW)  # every file the table references is there
+    assert first.attempt_id != second.attempt_id
+
+
+LEASE_COMMITTER = STOPPED_COMMITTER.replace('fencing="table"', 'fencing="lease"')
+
+
+def start_stopped_lease_committer(kind, spec, url, staging, point) -> subprocess.Popen:
+    import json
+
+    env = {**os.environ, faults.ENV: point, faults.SIGNAL_ENV: "STOP"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    script = LEASE_COMMITTER.format(repo=str(REPO), key=KEY)
+    args = [sys.executable, "-c", script, kind, json.dumps(spec), "overwrite", url, staging]
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO
+    )
+    deadline = time.monotonic() + 120
+    while _state_of(proc.pid) != "T":
+        if proc.poll() is not None:
+            raise AssertionError(proc.stderr.read())
+        assert time.monotonic() < deadline, "the committer never reached its stop"
+        time.sleep(0.05)
+    return proc

@@ -11,23 +11,28 @@ repeat, and running the abort again finishes one that crashed):
 2. **Wait out the holder's trust.** A committer trusts a confirmed lease for
    at most :attr:`~.commit.FencingContext.MAX_TRUST` without asking the
    database again; the abort waits that long (plus a margin) when a committer
-   held the lease. From then on the holder changes nothing more: its next
-   step asks, and is refused. (As for any fenced committer on a plain file
+   held the lease *as the fencing transaction saw it* (the row read before
+   the abort began is never trusted for this or any later decision: a
+   committer may take the lease in between). From then on the holder changes
+   nothing more: its next step asks, and is refused. (As for any fenced committer on a plain file
    system, a process paused exactly between its check and a rename can still
    do that one rename: docs/guarantees.md.)
-3. **Never lie.** If the target already holds the sealed attempt (its marker,
-   :meth:`~..publishers.base.Publisher.published_attempt`), the checkpoint is
-   published: the abort is refused with :class:`AbortRefusedError`, its lease
-   is given back (the checkpoint stays as it was, COMMITTING without a
-   holder) and the message says to re-run the commit task, which finds the
-   attempt published and records COMMITTED. A checkpoint is never ABORTED
-   while the target shows its data as committed.
+3. **Never lie.** If the target holds *any* attempt of this checkpoint
+   version (its marker, :meth:`~..publishers.base.Publisher.published_attempt`;
+   not only the sealed attempt: a write retry after a commit that died past
+   its publish seals a new attempt while the target holds the earlier one;
+   the committed version a reprocess supersedes excepted), the checkpoint is
+   published: the abort is refused with :class:`AbortRefusedError` naming
+   that attempt, its lease is given back (the checkpoint stays as it was,
+   COMMITTING without a holder) and the message says to re-run the commit
+   task, which finds the attempt published and records COMMITTED. A
+   checkpoint is never ABORTED while the target shows its data as committed.
    For a target that can carry a tombstone (``capabilities.table_fence``:
    Iceberg, Delta), the check is the table's own atomic commit: the abort
    commits a tombstone naming every attempt of the checkpoint a committer
    could still publish (:func:`.tablefence.tombstone_for_abort`), checked
-   against the marker in the state it commits over, and every publish checks
-   the tombstone the same way. Either the publish lands first (the abort is
+   against the marker in the state it commits over (any attempt held
+   refuses), and every publish checks the tombstone the same way. Either the publish lands first (the abort is
    refused: published) or the tombstone does (the publish is refused). This is
    what makes an abort hold under ``fencing="table"``, where there is no lease
    to fence out; under the lease it also closes the window between a
@@ -39,9 +44,13 @@ repeat, and running the abort again finishes one that crashed):
 5. **Clean up** (after ABORTED, so no commit can start on the attempt any
    more): what the aborted attempt had published is rolled back where the
    target can (files: its journal's files in ``append``; the partitions it
-   swapped in, in ``overwrite``), and its staging is removed: the attempts
-   up to the aborted one, except, for a table target, any attempt the table
-   holds or held (a snapshot references its staged files in place).
+   swapped in, in ``overwrite``; only what the attempt itself put there,
+   identified by its attempt id: never a partition holding another
+   checkpoint's data), and its staging is removed through the one fenced
+   clean-up (:mod:`~..protocol.cleanup`): the attempts up to the aborted one,
+   each after checking the abort's token and, for a table target, asking the
+   table *then* whether it holds or held the attempt (a snapshot references
+   its staged files in place).
 
 A later run of the write task starts a fresh attempt (ABORTED -> WRITING);
 its publish rolls back, from the journal, anything of the aborted attempt an
@@ -58,6 +67,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_walsink.protocol.cleanup import remove_staged_attempts
 from airflow_provider_walsink.protocol.errors import WalsinkError
 from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, Manifest, read_manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
@@ -76,6 +86,11 @@ S = CheckpointState
 TRUST_MARGIN = timedelta(milliseconds=500)
 #: How long the abort holds a COMMITTING checkpoint's lease while it checks the target.
 ABORT_LEASE_TTL = timedelta(minutes=5)
+
+
+def _published_before(record: CheckpointRecord) -> bool:
+    """The checkpoint may have published part of its sealed attempt (COMMITTING, or FAILED once durable)."""
+    return record.state is S.COMMITTING or bool(record.state is S.FAILED and record.durable_at)
 
 
 class AbortRefusedError(StoreError):
@@ -187,8 +202,7 @@ class CheckpointAborter:
             outcome = self._outcome(record, reason, already=True)
             self._clean_up(record, outcome, actor=actor)
             return outcome
-        published_before = record.state is S.COMMITTING or (record.state is S.FAILED and record.durable_at)
-        if self.publisher is None and published_before:
+        if self.publisher is None and _published_before(record):
             raise AbortRefusedError(
                 f"checkpoint {pipeline}/{checkpoint_key} is {record.state} and may have published part of "
                 f"attempt {record.sealed_attempt}, but its target is not known here (the pipeline was "
@@ -198,8 +212,21 @@ class CheckpointAborter:
             pipeline, checkpoint_key, actor=actor, reason=reason, ttl=self.lease_ttl
         )
         assert lease.record is not None
+        # Every decision from here on is taken from the row as the fencing transaction saw it:
+        # a committer may have taken the lease since ``record`` was read (issue 22).
+        record = lease.record
+        published_before = _published_before(record)
+        if self.publisher is None and published_before:
+            message = (
+                f"checkpoint {pipeline}/{checkpoint_key} began publishing attempt {record.sealed_attempt} "
+                "while the abort started, and its target is not known here, so the abort cannot check or "
+                "roll it back; nothing changed"
+            )
+            self._give_back(lease, actor, message)
+            raise AbortRefusedError(message)
         if record.state is S.COMMITTING and lease.taken_over_from:
-            # The holder may still act on a confirmation it trusts; after this it asks and is refused.
+            # Whoever held the lease when the token moved may still act on a confirmation it
+            # trusts; after this it asks and is refused.
             self._sleep(self.grace.total_seconds())
         manifest, unreadable = self._sealed_manifest(lease.record)
         caps = getattr(self.publisher, "capabilities", None)
@@ -230,21 +257,16 @@ class CheckpointAborter:
                 self._give_back(lease, actor, message)
                 raise AbortRefusedError(message) from exc
             if held is not None:
-                message = (
-                    f"checkpoint {pipeline}/{checkpoint_key} is published: the target already holds its "
-                    f"sealed attempt {lease.record.sealed_attempt} ({held}), so it cannot be aborted. "
-                    "Re-run (clear) its commit task: it finds the attempt published and records COMMITTED"
-                )
+                message = self._published(record, held)
                 self._give_back(lease, actor, message)
                 raise AbortRefusedError(message)
         if manifest is not None and self.publisher is not None:
+            # The marker rule for targets without a tombstone: any attempt of this checkpoint
+            # version the target holds (not only the sealed one) means it is published.
             held = self.publisher.published_attempt(manifest)
-            if held is not None and held == manifest.attempt_id:
-                message = (
-                    f"checkpoint {pipeline}/{checkpoint_key} is published: the target already holds its "
-                    f"sealed attempt {manifest.attempt} ({manifest.attempt_id}), so it cannot be aborted. "
-                    "Re-run (clear) its commit task: it finds the attempt published and records COMMITTED"
-                )
+            ours = self._attempt_numbers(record)
+            if held is not None and held != record.supersedes_attempt_id and held in ours:
+                message = self._published(record, held)
                 self._give_back(lease, actor, message)
                 raise AbortRefusedError(message)
         done = self.store.abort(pipeline, checkpoint_key, reason=reason, actor=actor, lease=lease)
@@ -278,6 +300,46 @@ class CheckpointAborter:
         return outcome
 
     # ------------------------------------------------------------------ steps
+
+    def _attempt_numbers(self, record: CheckpointRecord) -> dict[str, int | None]:
+        """Attempt id -> number of every attempt of the checkpoint the row or its staging knows."""
+        known: dict[str, int | None] = {}
+        if record.attempt_id:
+            known[record.attempt_id] = record.attempt
+        if record.sealed_attempt_id:
+            known[record.sealed_attempt_id] = record.sealed_attempt
+        try:
+            staged = self.layout.staged_attempts(record.pipeline, record.checkpoint_key)
+        except (WalsinkError, OSError):
+            staged = []
+        for number, attempt_id, _path in staged:
+            if attempt_id:
+                known[attempt_id] = number
+        return known
+
+    def _published(self, record: CheckpointRecord, held: str) -> str:
+        """The refusal of an abort whose target holds attempt ``held`` of the checkpoint version."""
+        number = self._attempt_numbers(record).get(held)
+        which = f"attempt {number} ({held})" if number is not None else f"attempt {held}"
+        if held == record.sealed_attempt_id:
+            which = f"its sealed {which}"
+        else:
+            which = (
+                f"{which}, an earlier attempt of this checkpoint version than the sealed attempt "
+                f"{record.sealed_attempt} ({record.sealed_attempt_id}),"
+            )
+        rerun = (
+            f"it finds attempt {held} in the target and records it as COMMITTED"
+            if held == record.sealed_attempt_id
+            else f"with fencing='table' it records attempt {held}, the one the target holds, as COMMITTED "
+            "(under the lease an append commit refuses to publish another attempt over it: "
+            "docs/guarantees.md, Aborts and clean-up)"
+        )
+        return (
+            f"checkpoint {record.pipeline}/{record.checkpoint_key} is published: the target already holds "
+            f"{which} so it cannot be aborted (published is published). Re-run (clear) its commit task: "
+            f"{rerun}"
+        )
 
     def _give_back(self, lease: Any, actor: Actor, message: str) -> None:
         record = lease.record
@@ -324,7 +386,7 @@ class CheckpointAborter:
             except (WalsinkError, OSError) as exc:
                 outcome.warnings.append(f"rolling back attempt {attempt_id} in the target: {exc}")
         try:
-            self._remove_staging(record, outcome, manifest)
+            self._remove_staging(record, outcome, manifest, ctx)
         except (WalsinkError, OSError) as exc:
             outcome.warnings.append(f"removing staging: {exc}")
         if outcome.warnings:
@@ -352,14 +414,21 @@ class CheckpointAborter:
                 )
 
     def _remove_staging(
-        self, record: CheckpointRecord, outcome: AbortOutcome, manifest: Manifest | None
+        self,
+        record: CheckpointRecord,
+        outcome: AbortOutcome,
+        manifest: Manifest | None,
+        ctx: _AbortContext | None = None,
     ) -> None:
         """Remove the attempts up to the aborted one; a newer attempt belongs to a new run.
 
-        For a target that references staged files in place (tables), an attempt
-        is removed only if it is known to be unreferenced: the current attempt
-        while never sealed, or an attempt whose manifest is readable and which
-        the table neither holds nor held.
+        Through the one fenced clean-up (:mod:`~..protocol.cleanup`): before
+        each attempt the abort's token is checked (a new run of the checkpoint
+        stops it) and, for a target that references staged files in place
+        (tables), the table is asked *then* whether it holds or held the
+        attempt: an attempt is removed only if it is known to be unreferenced
+        (the current attempt while never sealed, or an attempt whose manifest
+        is readable and which the table neither holds nor held).
         """
         root = str(self.layout.root)
         if "://" in root:
@@ -367,18 +436,29 @@ class CheckpointAborter:
                 f"staging under {root} is left to the table's maintenance (not a local path)"
             )
             return
+        ctx = ctx or _AbortContext(self.store, record)
         references = bool(getattr(self.publisher, "references_staged_files", False))
-        for number, attempt_id, path in self.layout.staged_attempts(record.pipeline, record.checkpoint_key):
-            if number > record.attempt:
-                continue
-            if references and not self._unreferenced(record, number, attempt_id, path):
-                continue
-            if self.layout.remove_attempt(record.pipeline, record.checkpoint_key, number, attempt_id):
-                outcome.staging_removed.append(f"{record.pipeline}/{record.checkpoint_key}/{path.name}")
-        try:  # the checkpoint's directory, once empty
-            self.layout.checkpoint_dir(record.pipeline, record.checkpoint_key).rmdir()
-        except OSError:
-            pass
+        paths = {
+            attempt_id: (number, path)
+            for number, attempt_id, path in self.layout.staged_attempts(
+                record.pipeline, record.checkpoint_key
+            )
+        }
+
+        def referenced(attempt_id: str | None) -> bool:
+            number, path = paths[attempt_id]
+            return references and not self._unreferenced(record, number, attempt_id, path)
+
+        removed = remove_staged_attempts(
+            self.layout,
+            record.pipeline,
+            record.checkpoint_key,
+            up_to=record.attempt,
+            fence=ctx.fence,
+            referenced=referenced,
+            wanted=lambda _number, attempt_id: attempt_id in paths,
+        )
+        outcome.staging_removed += [f"{record.pipeline}/{record.checkpoint_key}/{name}" for name in removed]
 
     def _unreferenced(
         self, record: CheckpointRecord, number: int, attempt_id: str | None, path: Path

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_walsink.faults import crashpoint
+from airflow_provider_walsink.protocol.cleanup import CleanupFencedError
 from airflow_provider_walsink.protocol.errors import (
     CommittableError,
     FencedError,
@@ -329,10 +331,20 @@ class CheckpointCommitter:
 
         Racing committers (a loser finishing the cleanup, a zombie writer still
         writing) may remove or fill the directory meanwhile: that must not turn
-        a recorded commit into a failed task. What is left, GC removes.
+        a recorded commit into a failed task. What is left, GC removes. Every
+        deletion is fenced by :func:`committed_fence` (a reprocess may begin,
+        and commit, while this process is paused) and checked against what the
+        target references at that moment (:mod:`~..protocol.cleanup`).
         """
         try:
-            self.publisher.finish(manifest, self.layout)
+            self.publisher.finish(manifest, self.layout, fence=committed_fence(self.store, manifest))
+        except CleanupFencedError as exc:
+            log.warning(
+                "committed %s/%s; its clean-up stopped (left to GC): %s",
+                manifest.pipeline,
+                manifest.checkpoint_key,
+                exc,
+            )
         except OSError as exc:
             log.warning(
                 "committed %s/%s, but its staging was not fully removed (GC will): %s",
@@ -357,6 +369,26 @@ class CheckpointCommitter:
             end_offsets=record.end_offsets,
             seconds=round(time.monotonic() - started, 3),
         )
+
+
+def committed_fence(store: CommitterStore, manifest: Manifest) -> Callable[[], None]:
+    """The fence of a post-commit clean-up: the row must still be COMMITTED as ``manifest``'s attempt.
+
+    Raises :class:`CleanupFencedError` once a new version began (or committed),
+    or the row is gone (retention): the version that cleans up is no longer
+    the checkpoint, so nothing of the checkpoint's staging is its to delete.
+    """
+
+    def fence() -> None:
+        now = store.get(manifest.pipeline, manifest.checkpoint_key)
+        if now is None or now.state is not S.COMMITTED or now.sealed_attempt_id != manifest.attempt_id:
+            raise CleanupFencedError(
+                f"clean-up of {manifest.pipeline}/{manifest.checkpoint_key} attempt {manifest.attempt_id} "
+                f"stopped: the checkpoint moved on ({'no row' if now is None else now.state}, attempt "
+                f"{None if now is None else now.sealed_attempt_id}); nothing more deleted"
+            )
+
+    return fence
 
 
 class FencingContext:

@@ -639,9 +639,13 @@ def tombstone_for_abort(
     reprocess supersedes (the table holds it: not ours to abort) and attempts
     the table holds or held (the publisher leaves those out).
 
-    Returns the sealed attempt's id if the table holds it (the checkpoint is
-    published: the abort must refuse), else ``None`` once the tombstone is in
-    the table (or nothing needed one). Raises the target's error when it
+    Returns the id of the attempt the table holds if it holds *any* attempt of
+    the checkpoint but the committed version a reprocess supersedes (the
+    checkpoint is published: the abort must refuse; not only the sealed
+    attempt: a write retry after a commit that died past its table commit
+    seals a new attempt while the table holds the earlier one), else ``None``
+    once the tombstone is in the table (or nothing needed one). The check is
+    made on the table state the tombstone's own commit is based on. Raises the target's error when it
     cannot carry the tombstone (e.g. the table does not exist and may not be
     created): the abort must then refuse too.
     """
@@ -670,5 +674,5 @@ def tombstone_for_abort(
         create_from = (manifest, str(attempt_dir))
     ref = CheckpointRef(record.pipeline, record.checkpoint_key, record.sealed_attempt_id or "")
     return publisher.tombstone(
-        ref, frozenset(ids), refuse_if_held=record.sealed_attempt_id, create_from=create_from
+        ref, frozenset(ids), superseded=record.supersedes_attempt_id, create_from=create_from
     )

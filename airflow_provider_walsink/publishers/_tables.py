@@ -153,7 +153,8 @@ def decide(
       ``append`` the table cannot tell a crashed older attempt from rows that
       were committed before the committer table was trimmed, so retracting
       could lose committed rows: refused with :class:`CommittableError`,
-      nothing written (abort the checkpoint, or re-run under a new key).
+      nothing written (commit with table fencing, or re-run under a new key;
+      an abort is refused while the table holds an attempt of the checkpoint).
 
     Call it on the table state the commit is based on, in every retry.
     """
@@ -188,7 +189,9 @@ def decide(
             f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: the table already holds attempt "
             f"{marker.attempt_id} of this append checkpoint (snapshot {marker.snapshot}); walsink will not "
             f"retract rows that may have been committed, so attempt {manifest.attempt_id} is not published. "
-            "Abort the checkpoint, or write the interval under a new checkpoint key; table left unchanged"
+            "Commit it with fencing='table' (which records the attempt the table holds), or write the "
+            "interval under a new checkpoint key (an abort is refused while the table holds an attempt "
+            "of it); table left unchanged"
         )
     return False
 
@@ -433,59 +436,89 @@ class Storage:
         return [StagedFile(schema, recorded.int96, c.rows) for c in manifest.committables]  # type: ignore[arg-type]
 
     def remove_unreferenced_attempts(
-        self, checkpoint_location: str, manifest: Manifest, held: Callable[[str], bool]
+        self,
+        checkpoint_location: str,
+        manifest: Manifest,
+        held: Callable[[str], bool],
+        *,
+        fence: Callable[[], None] | None = None,
     ) -> list[str]:
         """Delete what a committed checkpoint no longer needs; return what was removed.
 
         Removes this attempt's manifest file, and every other attempt directory
-        of the checkpoint whose attempt id the table never held (``held(id)`` is
-        False). The id comes from the attempt's manifest or, once a commit has
-        removed that, from the directory name (``attempt-<n>-<attempt id>``): a
-        superseded or retracted attempt is still held, because older snapshots
-        reference its files until the table's own expire-snapshots / VACUUM
-        runs. An attempt that cannot be identified (its manifest unreadable or
-        gone and no id in its name) is left for the table's own orphan-file
-        removal. Never deletes a data file of an attempt the table holds or held.
+        of the checkpoint's version (numbered up to this attempt) whose attempt
+        id the table does not hold or held. The id comes from the attempt's
+        manifest or, once a commit has removed that, from the directory name
+        (``attempt-<n>-<attempt id>``): a superseded or retracted attempt is
+        still held, because older snapshots reference its files until the
+        table's own expire-snapshots / VACUUM runs. An attempt that cannot be
+        identified is left for the table's own orphan-file removal.
+
+        Every deletion goes through :func:`~..protocol.cleanup.remove_attempts_fenced`:
+        ``fence()`` (the committer row still names this attempt) and ``held(id)``
+        are asked immediately before it, so ``held`` must ask the table's
+        *current* state (reload it), never a snapshot read before the clean-up
+        began. Raises :class:`~..protocol.cleanup.CleanupFencedError` when the row moved on.
         """
+        from airflow_provider_walsink.faults import crashpoint
+        from airflow_provider_walsink.protocol.cleanup import remove_attempts_fenced
+        from airflow_provider_walsink.protocol.staging import attempt_of
+
+        crashpoint("cleanup.started")
         fs, base = self.fs_and_path(checkpoint_location)
-        removed = []
         import pyarrow.fs as pafs
 
         try:
             entries = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
         except OSError as e:
             log.warning("cannot list %s: %s", checkpoint_location, e)
-            return removed
+            return []
+        attempts: list[tuple[int, str | None, str]] = []
         for entry in entries:
             name = posixpath.basename(entry.path)
-            if entry.type.name != "Directory" or not name.startswith("attempt-"):
+            named = attempt_of(name)
+            if entry.type.name != "Directory" or named is None:
                 continue
             manifest_path = f"{entry.path}/{MANIFEST_NAME}"
             info = fs.get_file_info(manifest_path)
             if info.type.name == "File":
                 try:
                     with fs.open_input_stream(manifest_path) as f:
-                        other = parse_manifest(f.read(), source=manifest_path)
+                        attempt_id = parse_manifest(f.read(), source=manifest_path).attempt_id
                 except (WalsinkError, OSError) as e:
                     log.warning("leaving %s alone: its manifest cannot be read (%s)", entry.path, e)
                     continue
-                if other.attempt_id == manifest.attempt_id:
-                    fs.delete_file(manifest_path)  # the data files stay: the table references them
-                    removed.append(manifest_path)
-                    continue
-                attempt_id = other.attempt_id
             else:
                 # No manifest: never sealed, or committed once (its commit removed the manifest).
-                attempt_id = attempt_id_of_dir(name)
+                attempt_id = named[1]
                 if attempt_id is None:
                     log.warning("leaving %s alone: no manifest and no attempt id in its name", entry.path)
                     continue
-            if attempt_id == manifest.attempt_id or held(attempt_id):
-                continue
-            # Never held by the table: nothing references it.
-            fs.delete_dir(entry.path)
-            removed.append(entry.path)
-        return removed
+            attempts.append((named[0], attempt_id, entry.path))
+        ids = {path: attempt_id for _n, attempt_id, path in attempts}
+
+        def referenced(attempt_id: str | None) -> bool:
+            # Our own attempt is referenced too, but only its manifest goes (delete() below).
+            return attempt_id != manifest.attempt_id and held(attempt_id or "")
+
+        def delete(path: str) -> bool:
+            if ids[path] == manifest.attempt_id:
+                manifest_path = f"{path}/{MANIFEST_NAME}"
+                if fs.get_file_info(manifest_path).type.name != "File":
+                    return False
+                fs.delete_file(manifest_path)  # the data files stay: the table references them
+                return True
+            fs.delete_dir(path)  # not referenced by the table now: nothing needs it
+            return True
+
+        removed = remove_attempts_fenced(
+            attempts,
+            up_to=manifest.attempt,
+            fence=fence or (lambda: None),
+            referenced=referenced,
+            delete=delete,
+        )
+        return [f"{p}/{MANIFEST_NAME}" if ids[p] == manifest.attempt_id else p for p in removed]
 
 
 def _local_size_problems(files: Sequence[tuple[str, int]]) -> list[str]:

@@ -48,7 +48,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, ClassVar
 from urllib.parse import quote, unquote, urlsplit
@@ -339,7 +339,7 @@ class DeltaPublisher:
         ref: CheckpointRef,
         attempt_ids: frozenset[str],
         *,
-        refuse_if_held: str | None,
+        superseded: str | None = None,
         create_from: tuple[Manifest, str] | None = None,
     ) -> str | None:
         """Commit an abort's tombstone for ``attempt_ids``, or return the attempt that makes it refuse.
@@ -349,18 +349,19 @@ class DeltaPublisher:
         at version :data:`ABORTED_TXN`: the same app id a publish of that
         attempt carries, so whichever of the two commits second is refused by
         the log's conflict check and checks the table again. If the table
-        holds ``refuse_if_held`` (checked in the version the commit is based
-        on), nothing is written and its id is returned. Ids the table holds or
+        holds *any* attempt of the checkpoint but ``superseded`` (the committed
+        version a reprocess replaces; checked in the version the commit is
+        based on), nothing is written and that attempt's id is returned. Ids the table holds or
         held are never tombstoned. A missing table is created (with the
         tombstone in the commit after its empty first version) from ``create_from`` when the target
         may create it; otherwise :class:`DeltaTargetError`.
         """
         for _ in range(MAX_COMMIT_ATTEMPTS):
             dt = self.load_table()
-            candidates = sorted(attempt_ids | ({refuse_if_held} if refuse_if_held else set()))
+            candidates = sorted(attempt_ids | ({superseded} if superseded else set()))
             if dt is not None:
-                marker = self.marker_of(dt, ref, candidates=tuple(candidates))  # type: ignore[arg-type]
-                if marker is not None and refuse_if_held and marker.attempt_id == refuse_if_held:
+                marker = self.marker_of(dt, ref, need_id=True, candidates=tuple(candidates))  # type: ignore[arg-type]
+                if marker is not None and marker.attempt_id != superseded:
                     return marker.attempt_id
                 new = {a for a in attempt_ids if dt.transaction_version(app_id(ref, a)) is None}
             else:
@@ -771,11 +772,15 @@ class DeltaPublisher:
 
     # ------------------------------------------------------------------ finish
 
-    def finish(self, manifest: Manifest, layout: Any = None) -> list[str]:
-        """Drop the attempt's manifest and the checkpoint's attempts the table never held; best effort.
+    def finish(
+        self, manifest: Manifest, layout: Any = None, *, fence: Callable[[], None] | None = None
+    ) -> list[str]:
+        """Drop the attempt's manifest and the version's attempts the table never held; best effort.
 
-        Never deletes a file a table version references: an attempt is removed
-        only if the table has no application transaction for its attempt id.
+        ``fence``: raises once the committer row no longer names this attempt
+        (asked before every deletion). Never deletes a file a table version
+        references: before each deletion the table is loaded again and an
+        attempt is removed only if it has no application transaction in it.
         """
         dt = self.load_table()
         marker = self.marker_of(dt, manifest) if dt is not None else None
@@ -783,10 +788,13 @@ class DeltaPublisher:
             return []
         root = layout_root(layout) or self.staging_root()
         assert root is not None
+
+        def held_now(attempt_id: str) -> bool:
+            now = self.load_table()
+            return now is None or _held_version(now.transaction_version(app_id(manifest, attempt_id)))
+
         return self.storage.remove_unreferenced_attempts(
-            checkpoint_location(local_path(root), manifest),
-            manifest,
-            lambda attempt: _held_version(dt.transaction_version(app_id(manifest, attempt))),
+            checkpoint_location(local_path(root), manifest), manifest, held_now, fence=fence
         )
 
 

@@ -37,11 +37,13 @@ import json
 import os
 import shutil
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
 from airflow_provider_walsink.protocol.checksum import algorithm_of, file_checksum
+from airflow_provider_walsink.protocol.cleanup import remove_staged_attempts
 from airflow_provider_walsink.protocol.errors import (
     CommittableError,
     LayoutError,
@@ -530,9 +532,78 @@ class FilePublisher:
                     )
                     os.fsync(pending_fd)
                 ctx.event("abort.after_swap_back")
-            ctx.fence()
-            dirs.rmtree(pending_rel)
+            for partition in journal.get("partitions") or []:
+                if isinstance(partition, str) and partition:
+                    self._remove_own_pending(dirs, f"{pending_rel}/{partition}", attempt_id, ctx)
+            _remove_empty_dirs(dirs, pending_rel)
         return removed
+
+    def _remove_own_pending(
+        self, dirs: _DirFds, relative: str, attempt_id: str, ctx: PublisherContext
+    ) -> None:
+        """Delete a pending partition of ``attempt_id`` only if it holds that attempt's files alone.
+
+        A racing publish may swap a live partition (another checkpoint's committed
+        rows) into this very name at any moment, so the directory is first renamed
+        aside (after which no swap can reach it) and only then identified: by its
+        marker naming the attempt, or, before the marker was written, by every
+        file name carrying the attempt id. Anything else is renamed back and
+        reported (:class:`LayoutError`): the rollback never deletes another
+        checkpoint's data.
+        """
+        parent, _, name = relative.rpartition("/")
+        try:
+            parent_fd = dirs.open(parent)
+        except FileNotFoundError:
+            return
+        aside = f".{name}.retract-{attempt_id}"
+        ctx.fence()
+        try:
+            os.rename(name, aside, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+        except FileNotFoundError:
+            aside_there = True
+            try:
+                os.stat(aside, dir_fd=parent_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                aside_there = False
+            if not aside_there:
+                return  # nothing pending (an earlier run of this rollback finished it)
+        moved = f"{parent}/{aside}" if parent else aside
+        if self._only_attempt(dirs, moved, attempt_id):
+            dirs.rmtree(moved)
+            return
+        os.rename(aside, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+        raise LayoutError(
+            f"pending partition {relative} under {self.target_root} holds data that is not attempt "
+            f"{attempt_id}'s (a partition another publish swapped out); the rollback left it in place. "
+            "Check which checkpoint it belongs to before removing it"
+        )
+
+    def _only_attempt(self, dirs: _DirFds, relative: str, attempt_id: str) -> bool:
+        """The directory holds ``attempt_id``'s partition: its marker names it, or no marker and
+        every data file's name carries the id."""
+        fd = dirs.open(relative)
+        try:
+            mfd = os.open(MARKER_NAME, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+        except FileNotFoundError:
+            mfd = None
+        if mfd is not None:
+            with os.fdopen(mfd, encoding="utf-8") as f:
+                try:
+                    marker = json.loads(f.read())
+                except json.JSONDecodeError:
+                    return False
+            return isinstance(marker, dict) and marker.get("attempt_id") == attempt_id
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue  # a temporary file of an interrupted marker write
+                if entry.is_dir(follow_symlinks=False):
+                    if not self._only_attempt(dirs, f"{relative}/{entry.name}", attempt_id):
+                        return False
+                elif f"-{attempt_id}-" not in entry.name:
+                    return False
+        return True
 
     def _unlink_journal_files(self, journal: dict[str, Any], attempt_id: str, result: PublishResult) -> None:
         """Remove the journal's files whose names carry ``attempt_id`` (never another attempt's)."""
@@ -545,13 +616,35 @@ class FilePublisher:
             except (FileNotFoundError, PathEscapeError):
                 pass
 
-    def finish(self, manifest: Manifest, layout: StagingLayout) -> None:
-        """After COMMITTED: drop the publish journal, then the checkpoint's staging (every attempt)."""
+    def finish(
+        self, manifest: Manifest, layout: StagingLayout, *, fence: Callable[[], None] | None = None
+    ) -> None:
+        """After COMMITTED: drop the publish journal, then the version's staged attempts.
+
+        Fenced (:mod:`~..protocol.cleanup`): ``fence()`` is asked before the
+        journal goes and before each attempt directory; the journal goes only
+        while it names this attempt (a new version's publish owns it
+        otherwise), and attempts numbered above this one (a reprocess, a new
+        run) stay.
+        """
+        fence = fence or (lambda: None)
+        fence()
+        journal_path = self._target(self._journal_rel(manifest))
         try:
-            os.unlink(self._target(self._journal_rel(manifest)))
+            journal = json.loads(journal_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            pass
-        layout.remove_checkpoint(manifest.pipeline, manifest.checkpoint_key)
+            journal = None
+        except json.JSONDecodeError:
+            journal = {}  # unreadable: ours to drop only if nothing else claims it; leave it
+        if isinstance(journal, dict) and journal.get("attempt_id") == manifest.attempt_id:
+            fence()
+            try:
+                os.unlink(journal_path)
+            except FileNotFoundError:
+                pass
+        remove_staged_attempts(
+            layout, manifest.pipeline, manifest.checkpoint_key, up_to=manifest.attempt, fence=fence
+        )
 
     def forget(self, manifest: Manifest) -> None:
         """Drop the publish journal only (kept for callers of the 0.1 API)."""
@@ -638,6 +731,25 @@ class _DirFds:
         shutil.rmtree(name, dir_fd=parent_fd, ignore_errors=True)
         for key in [k for k in self._fds if k == relative or k.startswith(relative + "/")]:
             os.close(self._fds.pop(key))
+
+
+def _remove_empty_dirs(dirs: _DirFds, relative: str) -> None:
+    """Remove ``relative`` and the directories below it that are empty (never a file)."""
+    try:
+        fd = dirs.open(relative)
+    except (FileNotFoundError, SymlinkRefusedError):
+        return
+    with os.scandir(fd) as entries:
+        children = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+    for child in children:
+        _remove_empty_dirs(dirs, f"{relative}/{child}")
+    parent, _, name = relative.rpartition("/")
+    for key in [k for k in dirs._fds if k == relative or k.startswith(relative + "/")]:
+        os.close(dirs._fds.pop(key))
+    try:
+        os.rmdir(name, dir_fd=dirs.open(parent))
+    except OSError:
+        pass  # not empty: something that is not the attempt's stays
 
 
 def write_atomic_at(dir_fd: int, name: str, text: str) -> None:

@@ -99,7 +99,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
@@ -479,7 +479,7 @@ class IcebergPublisher:
         ref: CheckpointRef,
         attempt_ids: frozenset[str],
         *,
-        refuse_if_held: str | None,
+        superseded: str | None = None,
         create_from: tuple[Manifest, str] | None = None,
     ) -> str | None:
         """Commit an abort's tombstone for ``attempt_ids``, or return the attempt that makes it refuse.
@@ -488,9 +488,10 @@ class IcebergPublisher:
         committer whose commit is based on the state before it fails the
         catalog's compare-and-swap and checks again) that adds the ids to the
         ``walsink.aborted.<pipeline>/<key>`` property. The marker is checked in
-        the metadata the commit is based on: if the table holds
-        ``refuse_if_held``, nothing is written and its id is returned (the
-        checkpoint is published). Ids the table holds or held are never
+        the metadata the commit is based on: if the table holds *any* attempt
+        of the checkpoint but ``superseded`` (the committed version a
+        reprocess replaces), nothing is written and that attempt's id is
+        returned (the checkpoint is published). Ids the table holds or held are never
         tombstoned. A missing table is created from ``create_from`` (a sealed
         manifest and its attempt directory) when the target may create it;
         otherwise :class:`IcebergTargetError`.
@@ -511,7 +512,7 @@ class IcebergPublisher:
                 )
                 table = self._create(manifest, footers)
             marker = self.marker_of(table, ref)  # type: ignore[arg-type]
-            if marker is not None and refuse_if_held and marker.attempt_id == refuse_if_held:
+            if marker is not None and marker.attempt_id != superseded:
                 return marker.attempt_id
             known = {marker.attempt_id, *marker.previous} if marker else set()
             already = self.aborted_of(table, ref)
@@ -914,13 +915,18 @@ class IcebergPublisher:
 
     # ------------------------------------------------------------------ finish
 
-    def finish(self, manifest: Manifest, layout: Any = None) -> list[str]:
-        """Drop the attempt's manifest and the checkpoint's attempts the table never held; best effort.
+    def finish(
+        self, manifest: Manifest, layout: Any = None, *, fence: Callable[[], None] | None = None
+    ) -> list[str]:
+        """Drop the attempt's manifest and the version's attempts the table never held; best effort.
 
         ``layout``: the :class:`StagingLayout` (or staging root URI) the attempt
-        was staged under; default :meth:`staging_root`. Never deletes a file a
-        snapshot references: data files of attempts the marker names (current or
-        previous) stay; the table's expire-snapshots / remove-orphan-files own them.
+        was staged under; default :meth:`staging_root`. ``fence``: raises once
+        the committer row no longer names this attempt (asked before every
+        deletion). Never deletes a file a snapshot references: before each
+        deletion the table is loaded again and attempts its marker names
+        (current or previous) stay; the table's expire-snapshots /
+        remove-orphan-files own them.
         """
         root = layout_root(layout) or self.staging_root()
         if root is None:
@@ -929,9 +935,15 @@ class IcebergPublisher:
         marker = self.marker_of(table, manifest) if table is not None else None
         if marker is None or marker.attempt_id != manifest.attempt_id:
             return []  # not (or no longer) ours in the table: leave everything to the committer's GC
-        held = {marker.attempt_id, *marker.previous}
+
+        def held_now(attempt_id: str) -> bool:
+            now = self.load_table()
+            current = self.marker_of(now, manifest) if now is not None else None
+            # No marker now (the table was replaced or dropped): keep, never guess.
+            return current is None or attempt_id in (current.attempt_id, *current.previous)
+
         return self.storage.remove_unreferenced_attempts(
-            checkpoint_location(root, manifest), manifest, held.__contains__
+            checkpoint_location(root, manifest), manifest, held_now, fence=fence
         )
 
 

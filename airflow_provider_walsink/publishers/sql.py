@@ -67,7 +67,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
@@ -76,6 +76,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from airflow_provider_walsink.protocol.cleanup import remove_staged_attempts
 from airflow_provider_walsink.protocol.errors import CommittableError, FencedError, SupersedeError
 from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
@@ -282,8 +283,15 @@ class SqlPublisher:
             marker = read_marker(conn, self._markers, manifest, lock=False)
         return marker.attempt_id if marker else None
 
-    def finish(self, manifest: Manifest, layout: StagingLayout | None = None) -> None:
-        """After COMMITTED: mark the marker row finished, then remove the checkpoint's staging.
+    def finish(
+        self,
+        manifest: Manifest,
+        layout: StagingLayout | None = None,
+        *,
+        fence: Callable[[], None] | None = None,
+    ) -> None:
+        """After COMMITTED: mark the marker row finished, then remove the version's staged attempts
+        (fenced, :mod:`~..protocol.cleanup`: ``fence()`` before each; later attempts stay).
 
         A finished marker tells a later ``append`` of *another* attempt of the
         same key (a re-run after retention trimmed the committer table, with
@@ -312,7 +320,13 @@ class SqlPublisher:
             )
         layout = layout or self.layout
         if layout is not None:
-            layout.remove_checkpoint(manifest.pipeline, manifest.checkpoint_key)
+            remove_staged_attempts(
+                layout,
+                manifest.pipeline,
+                manifest.checkpoint_key,
+                up_to=manifest.attempt,
+                fence=fence or (lambda: None),
+            )
 
     def publish(self, manifest: Manifest, attempt_dir: Path, ctx: PublisherContext) -> PublishResult:
         """Load the attempt and its marker row in one transaction (module docstring).
