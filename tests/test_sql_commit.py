@@ -229,3 +229,65 @@ def test_a_zombie_committer_paused_inside_its_transaction_is_fenced_when_it_resu
         epoch = conn.execute(sa.text("SELECT epoch FROM walsink_markers WHERE pipeline = 'p'")).scalar_one()
     engine.dispose()
     assert epoch >= 2  # the successor's token, not the zombie's 1
+
+
+KILLED_PIPELINE_COMMIT = textwrap.dedent("""
+    import sys
+    from datetime import timedelta
+    sys.path.insert(0, {repo!r})
+    from airflow_provider_walsink.committer import CheckpointCommitter, CommitterStore
+    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from airflow_provider_walsink.publishers.sql import SqlPublisher
+    from tests.helpers import ACTOR
+    store_url, staging, url, table, markers, mode, pipeline, key = sys.argv[1:9]
+    layout = StagingLayout(staging)
+    publisher = SqlPublisher(url, table, mode=mode, layout=layout, partition_by=("dt",), marker_table=markers)
+    CheckpointCommitter(CommitterStore.from_url(store_url), layout, publisher, mode=mode,
+                        lease_ttl=timedelta(seconds=1)).commit(pipeline, key, actor=ACTOR)
+""")
+
+
+def test_pipelines_differing_only_in_case_never_share_a_marker_row(sqlite_store, layout, target_url):
+    """``Sales`` (append into one table) is killed after its load; ``sales`` (overwrite into another
+    table, the same marker table) commits the same checkpoint key; the retry of ``Sales`` must find
+    its own marker row and load nothing twice. On MariaDB a case-insensitive key shared the row."""
+    store = sqlite_store
+    upper, lower = f"t_{uuid.uuid4().hex[:8]}", f"t_{uuid.uuid4().hex[:8]}"
+    markers = f"m_{uuid.uuid4().hex[:8]}"
+
+    def publisher(table: str, mode: str) -> SqlPublisher:
+        return SqlPublisher(
+            target_url, table, mode=mode, layout=layout, partition_by=("dt",), marker_table=markers
+        )
+
+    stage_checkpoint(store, layout, "Sales", KEY, day(range(100)), mode="append")
+    env = {**os.environ, "WALSINK_CRASH_AT": "commit.after_publish", "PYTHONPATH": str(REPO)}
+    args = [store.engine.url.render_as_string(hide_password=False), str(layout.root), target_url]
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_PIPELINE_COMMIT.format(repo=str(REPO))]
+        + [*args, upper, markers, "append", "Sales", KEY],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert ids_in(target_url, upper) == list(range(100))
+
+    stage_checkpoint(store, layout, "sales", KEY, day(range(500, 520)))
+    other = CheckpointCommitter(store, layout, publisher(lower, "overwrite"), mode="overwrite", lease_ttl=TTL)
+    assert other.commit("sales", KEY, actor=ACTOR).state == "COMMITTED"
+
+    time.sleep(TTL.total_seconds() * 1.5)  # the killed committer's lease expires
+    retry = CheckpointCommitter(store, layout, publisher(upper, "append"), mode="append", lease_ttl=TTL)
+    summary = retry.commit("Sales", KEY, actor=ACTOR)
+    assert ids_in(target_url, upper) == list(range(100))  # each row once
+    assert summary.state == "COMMITTED" and summary.already_published == 1 and summary.published == 0
+    assert ids_in(target_url, lower) == list(range(500, 520))
+    engine = sa.create_engine(target_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text(f"SELECT pipeline FROM {markers} ORDER BY pipeline")).scalars()
+            assert sorted(rows) == ["Sales", "sales"]
+    finally:
+        engine.dispose()

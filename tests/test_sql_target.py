@@ -751,6 +751,95 @@ def test_a_new_version_by_a_predicate_replaces_the_interval(url, names, layout):
     assert sorted(r[0] for r in rows(url, table)) == [70, 71]
 
 
+def _old_marker_table(engine: sa.Engine, name: str) -> sa.Table:
+    """The marker table as walsink 0.3 created it: no ``replaced_values``, default collation."""
+    old = sa.Table(
+        name,
+        sa.MetaData(),
+        sa.Column("pipeline", sa.String(128), primary_key=True),
+        sa.Column("checkpoint_key", sa.String(128), primary_key=True),
+        sa.Column("attempt_id", sa.String(40), nullable=False),
+        sa.Column("epoch", sa.BigInteger, nullable=False),
+        sa.Column("rows", sa.BigInteger, nullable=False),
+        sa.Column("target_table", sa.String(255), nullable=False),
+        sa.Column("published_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+    )
+    old.create(engine)
+    return old
+
+
+def _fix_as_the_refusal_says(url: str, table: str, layout: StagingLayout, marker_table: str) -> None:
+    """Publish into a marker table whose keys ignore case: refused naming it; run the fix it gives."""
+    m, d = day_manifest(layout, f"fix_{table}", n=3)
+    with pytest.raises(
+        SqlTargetError, match=f"marker table `?{marker_table}`? compares its key columns"
+    ) as err:
+        publish(publisher(url, table, layout, marker_table=marker_table), m, d)
+    assert "pipeline (" in str(err.value) and "_ci)" in str(err.value)
+    fix = str(err.value).split("then run: ", 1)[1]
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(fix))
+    finally:
+        engine.dispose()
+    assert not sa.inspect(sa.create_engine(url)).has_table(table)  # nothing was written
+
+
+@pytest.mark.parametrize("by_hand", [False, True], ids=["created", "by_hand"])
+def test_replace_keys_differing_only_in_case_are_different_rows(url, names, layout, by_hand):
+    """Replacing the rows of ``us`` leaves those of ``US``, in a table walsink created and in one made
+    by hand with the database's default (on MariaDB, case-insensitive) collation."""
+    table, pipeline = names
+    if by_hand:
+        engine = sa.create_engine(url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(sa.text(f"CREATE TABLE {table} (id BIGINT, country VARCHAR(16))"))
+        finally:
+            engine.dispose()
+
+    def country(key: str, value: str, ids: range, attempt: int = 1):
+        data = pa.table({"id": pa.array(ids, pa.int64()), "country": [value] * len(ids)})
+        m, d = stage(layout, pipeline, key, {"part-0.parquet": data}, attempt=attempt, partition_columns=())
+        pub = publisher(url, table, layout, "replace", replace_key="country", partition_by=())
+        publish(pub, m, d)
+
+    country("upper", "US", range(0, 5))
+    country("lower", "us", range(10, 13))
+    country("lower", "us", range(20, 22), attempt=2)  # a re-run of "us" replaces its own rows only
+    assert sorted(r[0] for r in rows(url, table)) == [0, 1, 2, 3, 4, 20, 21]
+
+
+def test_a_marker_table_whose_keys_ignore_case_is_refused_naming_the_fix(database_urls, names, layout):
+    """A MariaDB marker table of an older walsink (default, case-insensitive collation) is refused
+    before anything is written, with the statement that fixes it; after it, the publish goes on."""
+    url = database_urls("mysql")
+    table, pipeline = names
+    marker_table = f"m_{table}"
+    engine = sa.create_engine(url)
+    try:
+        _old_marker_table(engine, marker_table)
+        _fix_as_the_refusal_says(url, table, layout, marker_table)
+        with engine.connect() as conn:
+            collations = dict(
+                conn.execute(
+                    sa.text(
+                        "SELECT COLUMN_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+                        "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :t"
+                    ),
+                    {"t": marker_table},
+                ).all()
+            )
+        assert {collations[c] for c in ("pipeline", "checkpoint_key", "attempt_id")} == {"utf8mb4_bin"}
+        m, d = day_manifest(layout, pipeline, n=4)
+        publish(publisher(url, table, layout, marker_table=marker_table), m, d)
+        assert len(rows(url, table)) == 4
+    finally:
+        engine.dispose()
+
+
 def test_a_marker_table_of_an_older_walsink_gets_its_new_column(url, names, layout):
     """Marker tables created before reprocess existed lack ``replaced_values``: added on first use.
 
@@ -762,19 +851,9 @@ def test_a_marker_table_of_an_older_walsink_gets_its_new_column(url, names, layo
     marker_table = f"m_{table}"
     engine = sa.create_engine(url)
     try:
-        old = sa.Table(
-            marker_table,
-            sa.MetaData(),
-            sa.Column("pipeline", sa.String(128), primary_key=True),
-            sa.Column("checkpoint_key", sa.String(128), primary_key=True),
-            sa.Column("attempt_id", sa.String(40), nullable=False),
-            sa.Column("epoch", sa.BigInteger, nullable=False),
-            sa.Column("rows", sa.BigInteger, nullable=False),
-            sa.Column("target_table", sa.String(255), nullable=False),
-            sa.Column("published_at", sa.DateTime(timezone=True), nullable=False),
-            sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
-        )
-        old.create(engine)
+        old = _old_marker_table(engine, marker_table)
+        if engine.dialect.name == "mysql":  # its keys ignore case: refused until the operator fixes them
+            _fix_as_the_refusal_says(url, table, layout, marker_table)
         v1, d1 = day_manifest(layout, pipeline, n=5)
         with engine.begin() as conn:  # v1, published by the older walsink
             conn.execute(old.insert().values(

@@ -57,6 +57,16 @@ def test_register_is_idempotent_and_sequences_are_monotonic(store):
     assert first.dag_id == "d" and first.run_id == "r"
 
 
+def test_pipelines_and_keys_differing_only_in_case_are_different_rows(store):
+    """The committer table compares its identifiers exactly on every backend (binary collation on
+    MySQL/MariaDB, which would otherwise take ``Sales`` for ``sales``)."""
+    upper = store.register("Sales", "K1", mode="append", actor=A)
+    lower = store.register("sales", "K1", mode="overwrite", actor=A)
+    lower_key = store.register("sales", "k1", mode="overwrite", actor=A)
+    assert len({upper.id, lower.id, lower_key.id}) == 3
+    assert (upper.sequence, lower.sequence, lower_key.sequence) == (1, 1, 2)
+
+
 def test_register_refuses_a_mode_change_and_bad_identifiers(store):
     store.register("p", "k1", mode="overwrite", actor=A)
     with pytest.raises(Exception, match="overwrite mode, not append"):

@@ -22,6 +22,11 @@ from sqlalchemy.exc import DBAPIError
 
 from airflow_provider_walsink.protocol.manifest import Manifest
 
+from ._sqltypes import SqlTargetError, exact_string, inexact_columns
+
+#: The marker columns that name a row: compared exactly, or ``Sales`` and ``sales`` share a row.
+KEY_COLUMNS = ("pipeline", "checkpoint_key", "attempt_id")
+
 
 @dataclass(frozen=True)
 class Marker:
@@ -41,9 +46,10 @@ def define_marker_table(name: str, schema: str | None) -> sa.Table:
     return sa.Table(
         name,
         sa.MetaData(),
-        sa.Column("pipeline", sa.String(128), primary_key=True),
-        sa.Column("checkpoint_key", sa.String(128), primary_key=True),
-        sa.Column("attempt_id", sa.String(40), nullable=False),
+        # Exact comparison (binary collation on MySQL/MariaDB): pipeline ids and keys are case-sensitive.
+        sa.Column("pipeline", exact_string(128), primary_key=True),
+        sa.Column("checkpoint_key", exact_string(128), primary_key=True),
+        sa.Column("attempt_id", exact_string(40), nullable=False),
         sa.Column("epoch", sa.BigInteger, nullable=False),
         sa.Column("rows", sa.BigInteger, nullable=False),
         sa.Column("target_table", sa.String(255), nullable=False),
@@ -72,7 +78,12 @@ def as_text(values: Sequence[Any]) -> tuple[str, ...]:
 
 
 def upgrade_marker_table(engine: Engine, markers: sa.Table) -> None:
-    """Add the column walsink 0.4 added (``replaced_values``) to an older marker table."""
+    """Add the column walsink 0.4 added (``replaced_values``) to an older marker table.
+
+    Raises :class:`SqlTargetError` for a marker table whose key columns compare
+    case-insensitively (:func:`check_marker_keys`). Safe to repeat.
+    """
+    check_marker_keys(engine, markers)
     columns = {c["name"] for c in sa.inspect(engine).get_columns(markers.name, schema=markers.schema)}
     if "replaced_values" not in columns:
         column = markers.c.replaced_values
@@ -92,6 +103,40 @@ def upgrade_marker_table(engine: Engine, markers: sa.Table) -> None:
                     c["name"] for c in inspector.get_columns(markers.name, schema=markers.schema)
                 }:
                     raise
+
+
+def check_marker_keys(engine: Engine, markers: sa.Table) -> None:
+    """Refuse a MySQL/MariaDB marker table (made by an older walsink) whose key columns ignore case.
+
+    Not altered here: if pipelines differing only in case already shared a row,
+    changing the collation would hide it, so the operator checks first and runs
+    the one statement the error gives. PostgreSQL and SQLite compare exactly.
+
+    Raises :class:`SqlTargetError` naming the table, its columns and the fix.
+    """
+    if engine.dialect.name != "mysql":
+        return
+    with engine.connect() as conn:
+        inexact = inexact_columns(conn, markers.name, markers.schema, list(KEY_COLUMNS))
+        if not inexact:
+            return
+        preparer = conn.dialect.identifier_preparer
+        table = preparer.format_table(markers)
+        fix = ", ".join(
+            f"MODIFY {preparer.quote(c.name)} {c.type.compile(dialect=conn.dialect)} NOT NULL"
+            for c in markers.columns
+            if c.name in KEY_COLUMNS
+        )
+    shown = ", ".join(f"{name} ({collation})" for name, collation in inexact)
+    # Statements shown to the operator, not run; identifiers come quoted by the dialect's preparer.
+    look = f"SELECT pipeline, checkpoint_key FROM {table}"  # noqa: S608
+    alter = f"ALTER TABLE {table} {fix};"
+    raise SqlTargetError(
+        f"marker table {table} compares its key columns case-insensitively: {shown}; pipelines or "
+        "checkpoint keys differing only in case would share a marker row and a retried commit could "
+        f"load its rows twice, nothing written. Check that no two pipelines differ only in case "
+        f"({look}), then run: {alter}"
+    )
 
 
 def read_marker(conn: Connection, markers: sa.Table, manifest: Manifest, *, lock: bool) -> Marker | None:

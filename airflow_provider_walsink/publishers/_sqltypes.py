@@ -46,8 +46,52 @@ def validate_sql_identifier(value: object, what: str) -> str:
     return value
 
 
-def sql_type_for(field: pa.Field) -> sa.types.TypeEngine:
-    """The column type a new table gets for a staged Parquet column."""
+#: Collations that compare exactly: MySQL/MariaDB compare strings case-insensitively
+#: by default (``Sales`` = ``sales``); PostgreSQL and SQLite compare text exactly.
+EXACT_COLLATION = "utf8mb4_bin"
+
+
+def exact_string(length: int | None = None) -> sa.types.TypeEngine:
+    """A string type that compares exactly on every backend: key columns walsink creates use it.
+
+    ``None``: unbounded text (LONGTEXT on MySQL/MariaDB, which cannot be in a key but is compared).
+    """
+    if length is None:
+        return sa.Text().with_variant(
+            mysql_types.LONGTEXT(charset="utf8mb4", collation=EXACT_COLLATION), "mysql", "mariadb"
+        )
+    return sa.String(length).with_variant(
+        mysql_types.VARCHAR(length, charset="utf8mb4", collation=EXACT_COLLATION), "mysql", "mariadb"
+    )
+
+
+def is_exact_collation(collation: str | None) -> bool:
+    """Whether a MySQL/MariaDB column collation compares exactly (``None``: a binary column)."""
+    return collation is None or collation == "binary" or collation.endswith("_bin")
+
+
+def inexact_columns(conn: Any, table: str, schema: str | None, columns: list[str]) -> list[tuple[str, str]]:
+    """MySQL/MariaDB: the ``columns`` of ``table`` whose collation compares case-insensitively.
+
+    Returns ``(column, collation)`` pairs; empty when all compare exactly.
+    """
+    rows = conn.execute(
+        sa.text(
+            "SELECT COLUMN_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+            "WHERE TABLE_SCHEMA = COALESCE(:schema, DATABASE()) AND TABLE_NAME = :table"
+        ),
+        {"schema": schema, "table": table},
+    ).all()
+    wanted = {c.lower() for c in columns}
+    return [
+        (str(name), str(collation))
+        for name, collation in rows
+        if str(name).lower() in wanted and not is_exact_collation(collation)
+    ]
+
+
+def sql_type_for(field: pa.Field, *, key: bool = False) -> sa.types.TypeEngine:
+    """The column type a new table gets for a staged Parquet column (``key``: it names rows, compared exactly)."""
     t = field.type
     if pa.types.is_dictionary(t):
         t = t.value_type
@@ -68,6 +112,8 @@ def sql_type_for(field: pa.Field) -> sa.types.TypeEngine:
     if pa.types.is_decimal(t):
         return sa.Numeric(t.precision, t.scale)
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        if key:
+            return exact_string()
         return sa.Text().with_variant(mysql_types.LONGTEXT(), "mysql", "mariadb")
     if pa.types.is_date(t):
         return sa.Date()

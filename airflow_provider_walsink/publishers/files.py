@@ -14,6 +14,15 @@ it: a re-publish of that attempt skips it, and a commit of an *older*
 checkpoint key over it is refused (invariant 10) unless the pipeline allows
 it explicitly.
 
+Schema (Parquet): before anything changes, the staged schema (the
+manifest's ``file_schema``, else the staged footers) is checked against what
+the target holds, recorded in ``_walsink/schema.json`` (else, for a target
+written before the record existed, the footer of one of its files). By
+default the columns must match by name and type (any order: readers bind by
+name); ``schema_evolution`` (a target option) allows more on purpose:
+``"union"`` adds or leaves out nullable columns, ``"any"`` also changes a
+type. See :func:`schema_changes` and docs/targets.md.
+
 Bookkeeping lives under ``<target>/_walsink/``, which Spark and Hive readers
 ignore (leading underscore): a *publish journal* per checkpoint names the
 attempt being published and the files it creates, so a later attempt of the
@@ -31,9 +40,11 @@ redirect a rename or a delete.
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import errno
 import json
+import logging
 import os
 import shutil
 import stat
@@ -50,9 +61,16 @@ from airflow_provider_walsink.protocol.errors import (
     PathEscapeError,
     SymlinkRefusedError,
 )
-from airflow_provider_walsink.protocol.manifest import Committable, Manifest, fsync_dir, write_atomic
+from airflow_provider_walsink.protocol.manifest import (
+    Committable,
+    FileSchema,
+    Manifest,
+    fsync_dir,
+    write_atomic,
+)
 from airflow_provider_walsink.protocol.staging import Confiner, StagingLayout, confine
 
+from ._tables import normalise_type
 from .base import (
     PublisherContext,
     PublishOutcome,
@@ -61,9 +79,23 @@ from .base import (
     check_partition_order,
 )
 
+log = logging.getLogger(__name__)
+
 MODES = ("append", "overwrite")
 BOOKKEEPING_DIR = "_walsink"
 MARKER_NAME = "_walsink_checkpoint"
+#: What the target holds: the Arrow schema of its data columns, kept by every publish.
+SCHEMA_RECORD = "schema.json"
+#: ``schema_evolution`` values: what a publish may change of the target's schema on purpose.
+SCHEMA_EVOLUTION = ("none", "union", "any")
+#: Files tried for a footer when a target has no schema record (written before it existed).
+_FOOTER_CANDIDATES = 8
+
+
+class TargetSchemaError(LayoutError):
+    """The staged data's schema does not fit what the target holds; the message names the columns."""
+
+
 #: A committable's own suffix (``.snappy.parquet``) is kept in its target name up to this length.
 MAX_SUFFIX = 24
 
@@ -86,9 +118,16 @@ class FilePublisher:
         verify_checksums: bool = False,
         partition_by: tuple[str, ...] | list[str] = (),
         allow_older_overwrite: bool = False,
+        schema_evolution: str = "none",
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if schema_evolution not in SCHEMA_EVOLUTION:
+            raise TargetSchemaError(
+                f"file target option schema_evolution must be one of {list(SCHEMA_EVOLUTION)}, "
+                f"got {schema_evolution!r}"
+            )
+        self.schema_evolution = schema_evolution
         self.target_root = Path(os.path.abspath(target_root))
         self.mode = mode
         self.layout = layout
@@ -113,6 +152,7 @@ class FilePublisher:
             verify_checksums=options.verify_checksums,
             partition_by=tuple(options.partition_by),
             allow_older_overwrite=options.allow_older_overwrite,
+            schema_evolution=(options.extra or {}).get("schema_evolution", "none"),
         )
 
     def describe(self) -> str:
@@ -164,7 +204,16 @@ class FilePublisher:
         self.target_root.mkdir(parents=True, exist_ok=True)
         self._check_layout(manifest)
         planned = self._plan(manifest, attempt_dir)
+        schema = self._check_schema(manifest, planned)  # raises before anything changes
         self._roll_back_other_attempts(manifest, planned, result, ctx)
+        while schema is not None:
+            # Before the first file moves, so a concurrent publish of another schema sees it. A
+            # target's first record is created only if absent: a publish that lost that race
+            # is checked again against the winner's.
+            ctx.fence()
+            if self._record_schema(*schema):
+                break
+            schema = self._check_schema(manifest, planned)
         if self.mode == "append":
             self._publish_append(manifest, planned, result, ctx)
         else:
@@ -264,6 +313,195 @@ class FilePublisher:
                 f"cannot be published, target left unchanged: {shown}"
             )
         return plan
+
+    # ------------------------------------------------------------------ schema
+
+    def _check_schema(self, manifest: Manifest, plan: list) -> tuple[Any, bool] | None:
+        """Check the staged schema against the target's; return what to record (``None``: unchanged).
+
+        What to record: the schema, and whether the target had no record yet
+        (then it is created only if still absent, :meth:`_record_schema`).
+
+        Parquet only (other formats carry no schema to read cheaply). What the
+        target holds is its schema record, or, for a target written before the
+        record existed, the footer of one of its Parquet files; a target with
+        neither takes the staged schema. Raises :class:`TargetSchemaError`
+        naming every column that does not fit (see :func:`schema_changes`).
+        """
+        if manifest.file_format != "parquet" or not plan:
+            return None
+        import pyarrow as pa
+
+        staged = self._staged_schema(manifest, plan)
+        if staged is None:
+            return None
+        recorded = self._has_schema_record()
+        held = self._held_schema()
+        if held is None:
+            return staged, not recorded
+        changed, added, missing, not_null = schema_changes(held, staged)
+        problems = []
+        if missing and self.schema_evolution == "none":
+            problems.append(f"missing columns {missing}")
+        if added and self.schema_evolution == "none":
+            problems.append(f"columns not in the target {added}")
+        if not_null and self.schema_evolution == "union":
+            problems.append(f"new columns {not_null} are not nullable (the target's other rows hold none)")
+        if self.schema_evolution != "any":
+            problems += [f"column {name!r} is {new}, the target has {old}" for name, old, new in changed]
+        if problems:
+            hint = (
+                "to change the schema on purpose, set the target option schema_evolution="
+                + ("'any'" if changed else "'union'")
+                + ", docs/targets.md"
+            )
+            raise TargetSchemaError(
+                f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key} does not match file target "
+                f"{self.target_root}: {'; '.join(problems)}; target left unchanged ({hint})"
+            )
+        if not (changed or added):
+            return None if recorded else (held, True)
+        by_name = {f.name: f for f in staged}
+        fields = [by_name.get(f.name, f) for f in held] + [by_name[n] for n in added]
+        return pa.schema(fields), not recorded
+
+    def _staged_schema(self, manifest: Manifest, plan: list) -> Any | None:
+        """The data columns of the staged files: the manifest's ``file_schema``, else sampled footers.
+
+        ``None``: the sampled files are not readable as Parquet (nothing to check against).
+        Files that disagree on a column's type are refused (a reader could not read them together).
+        """
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from airflow_provider_walsink.protocol.file_schema import arrow_schema
+
+        partition_columns = set(manifest.partition_columns) | set(self.partition_by)
+        if manifest.file_schema is not None:
+            schemas = [arrow_schema(manifest.file_schema)]
+        else:
+            # No schema sealed (a writer other than the Spark job): a constant sample of footers, the
+            # first and the last file, as the table targets confirm a recorded one. A file already
+            # moved into the target (a re-publish) is read where it is now.
+            sample = [plan[i] for i in sorted({0, len(plan) - 1})]
+            try:
+                schemas = [pq.read_schema(dest if there else staged) for _c, staged, dest, there in sample]
+            except (OSError, pa.ArrowException) as exc:
+                log.warning(
+                    "checkpoint %s/%s: staged files are not readable as Parquet (%s); schema not checked",
+                    manifest.pipeline,
+                    manifest.checkpoint_key,
+                    exc,
+                )
+                return None
+        merged: dict[str, Any] = {}
+        for schema in schemas:
+            for f in schema:
+                if f.name in partition_columns:
+                    continue
+                seen = merged.setdefault(f.name, f)
+                if normalise_type(seen.type) != normalise_type(f.type):
+                    raise TargetSchemaError(
+                        f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: staged files disagree "
+                        f"on column {f.name!r} ({normalise_type(seen.type)} / {normalise_type(f.type)}); "
+                        "target left unchanged"
+                    )
+        return pa.schema(list(merged.values()))
+
+    def _has_schema_record(self) -> bool:
+        return os.path.lexists(self.target_root / BOOKKEEPING_DIR / SCHEMA_RECORD)
+
+    def _held_schema(self) -> Any | None:
+        """What the target holds: its schema record, else one existing file's footer, else ``None``."""
+        from airflow_provider_walsink.protocol.file_schema import arrow_schema
+
+        try:
+            with _DirFds(self.target_root) as dirs:
+                fd = os.open(SCHEMA_RECORD, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dirs.open(BOOKKEEPING_DIR))
+                with os.fdopen(fd, encoding="utf-8") as f:
+                    record = json.loads(f.read())
+        except (FileNotFoundError, NotADirectoryError):
+            return self._footer_schema()
+        except (OSError, json.JSONDecodeError) as exc:
+            raise TargetSchemaError(
+                f"schema record {self.target_root}/{BOOKKEEPING_DIR}/{SCHEMA_RECORD} cannot be read ({exc}); "
+                "target left unchanged (remove it to take the schema from a data file again)"
+            ) from None
+        if not isinstance(record, dict) or not isinstance(record.get("arrow"), str):
+            raise TargetSchemaError(
+                f"schema record {self.target_root}/{BOOKKEEPING_DIR}/{SCHEMA_RECORD} is not a walsink schema "
+                "record; target left unchanged"
+            )
+        return arrow_schema(FileSchema(record["arrow"], ()))
+
+    def _footer_schema(self) -> Any | None:
+        """The data columns of the first readable Parquet file found in the target (``None``: no file).
+
+        A walk that stops at the first file: one directory per level, not a
+        listing of the target. Hidden and ``_`` names (bookkeeping) are
+        skipped, as readers skip them; no link is followed.
+        """
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        tried = 0
+        pending = [self.target_root]
+        while pending and tried < _FOOTER_CANDIDATES:
+            directory = pending.pop()
+            try:
+                entries = os.scandir(directory)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            subdirs = []
+            with entries:
+                for e in entries:
+                    if e.name.startswith(("_", ".")):
+                        continue
+                    if e.is_dir(follow_symlinks=False):
+                        subdirs.append(e.path)
+                    elif e.is_file(follow_symlinks=False) and e.name.endswith(".parquet"):
+                        tried += 1
+                        try:
+                            schema = pq.read_schema(e.path)
+                        except (OSError, pa.ArrowException):
+                            continue  # not readable as Parquet: readers fail on it anyway; try another
+                        # Columns the partition directories give are not data columns.
+                        in_path = {
+                            p.partition("=")[0] for p in Path(e.path).relative_to(self.target_root).parts
+                        }
+                        return pa.schema([f for f in schema if f.name not in in_path])
+            pending.extend(sorted(subdirs, reverse=True))
+        return None
+
+    def _record_schema(self, schema: Any, first: bool) -> bool:
+        """Write the target's schema record (atomically: readers of it see the old or the new one).
+
+        ``first``: create it only if there is none (``False`` returned: another publish did first).
+        """
+        import pyarrow as pa
+
+        # The encoding of the manifest's file_schema (protocol.file_schema): base64 of an Arrow IPC message.
+        stripped = pa.schema([f.remove_metadata() for f in schema])
+        record = {
+            "arrow": base64.b64encode(stripped.serialize().to_pybytes()).decode("ascii"),
+            "columns": {f.name: normalise_type(f.type) for f in stripped},
+        }
+        text = json.dumps(record, sort_keys=True)
+        with _DirFds(self.target_root) as dirs:
+            fd = dirs.open(BOOKKEEPING_DIR, create=True)
+            if not first:
+                write_atomic_at(fd, SCHEMA_RECORD, text)
+                return True
+            tmp = f".{SCHEMA_RECORD}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+            write_atomic_at(fd, tmp, text)
+            try:
+                os.link(tmp, SCHEMA_RECORD, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp, dir_fd=fd)
+            os.fsync(fd)
+            return True
 
     def _check_order(self, manifest: Manifest, partition: str, marker: dict[str, Any] | None) -> None:
         """Invariant 10 (:func:`.base.check_partition_order`), on the partition's marker file."""
@@ -652,6 +890,33 @@ class FilePublisher:
             os.unlink(self._target(self._journal_rel(manifest)))
         except FileNotFoundError:
             pass
+
+
+def schema_changes(
+    held: Any, staged: Any
+) -> tuple[list[tuple[str, str, str]], list[str], list[str], list[str]]:
+    """How ``staged`` differs from ``held`` (Arrow schemas), by column name: order never matters.
+
+    Returns ``(changed, added, missing, added_not_null)``: columns whose type
+    differs as ``(name, held type, staged type)``, columns only ``staged`` has,
+    columns only ``held`` has, and the added ones that are not nullable.
+    Why: readers bind Parquet columns by name (pyarrow datasets, DuckDB), so
+    another order is safe; a changed type breaks them (pyarrow refuses the
+    dataset, DuckDB casts silently: ``"12.50"`` read as 13); an added or missing
+    column is read right only by readers that union the files' schemas by
+    name (DuckDB ``union_by_name``, ``pyarrow.unify_schemas``).
+    """
+    held_types = {f.name: f.type for f in held}
+    staged_names = set(staged.names)
+    changed = [
+        (f.name, normalise_type(held_types[f.name]), normalise_type(f.type))
+        for f in staged
+        if f.name in held_types and normalise_type(held_types[f.name]) != normalise_type(f.type)
+    ]
+    added = [f.name for f in staged if f.name not in held_types]
+    missing = [name for name in held.names if name not in staged_names]
+    not_null = [f.name for f in staged if f.name not in held_types and not f.nullable]
+    return changed, added, missing, not_null
 
 
 def _suffixes(path: str) -> list[str]:

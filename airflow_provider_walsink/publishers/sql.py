@@ -92,10 +92,17 @@ from ._sqlmarkers import (
     upgrade_marker_table,
 )
 from ._sqlplan import LoadPlan, plan_load, replace_values
+from ._sqltypes import (
+    EXACT_COLLATION,
+    SqlTargetError,
+    check_schema,
+    exact_string,
+    sql_type_for,
+    validate_sql_identifier,
+)
 
 # The target's errors and validate_sql_identifier are imported from this module, their public home.
 from ._sqltypes import SchemaMismatchError as SchemaMismatchError
-from ._sqltypes import SqlTargetError, check_schema, sql_type_for, validate_sql_identifier
 from ._tables import refuse_supersede, superseded_attempt
 from .base import PublisherContext, PublishOutcome, PublishResult, TargetCapabilities, check_partition_order
 from .registry import connection_missing, lookup_connection
@@ -661,8 +668,13 @@ class SqlPublisher:
                 raise SqlTargetError(
                     f"target table {self._target_name()} does not exist (create_table is off)"
                 )
-            columns = [sa.Column(f.name, sql_type_for(f), nullable=f.nullable) for f in plan.schema]
-            columns += [sa.Column(c, sa.String(255), nullable=False) for c in plan.partition_columns]
+            # Columns that name rows (partition and replace key columns) compare exactly.
+            keys = set(self._key_columns())
+            columns = [
+                sa.Column(f.name, sql_type_for(f, key=f.name in keys), nullable=f.nullable)
+                for f in plan.schema
+            ]
+            columns += [sa.Column(c, exact_string(255), nullable=False) for c in plan.partition_columns]
             self._ensure_table(sa.Table(self.table, metadata, *columns, schema=self.schema))
         reflected = sa.inspect(self.engine).get_columns(self.table, schema=self.schema)
         check_schema(plan, reflected, mysql=self.dialect_name == "mysql", target_name=self._target_name())
@@ -690,11 +702,18 @@ class SqlPublisher:
         if not plan.replace_values:
             return []
         cols = [target.c[k] for k in key]
-        clause = (
-            cols[0].in_([v[0] for v in plan.replace_values])
-            if len(cols) == 1
-            else sa.tuple_(*cols).in_(plan.replace_values)
-        )
+
+        def within(columns: list[Any]) -> Any:
+            if len(columns) == 1:
+                return columns[0].in_([v[0] for v in plan.replace_values])
+            return sa.tuple_(*columns).in_(plan.replace_values)
+
+        clause = within(cols)
+        if self.dialect_name == "mysql" and any(isinstance(c.type, sa.String) for c in cols):
+            # A table made by hand may compare its key case-insensitively: replacing "us" must not
+            # delete "US". The plain clause keeps the key's index usable; the binary one decides.
+            exact = [sa.collate(c, EXACT_COLLATION) if isinstance(c.type, sa.String) else c for c in cols]
+            clause = sa.and_(clause, within(exact))
         conn.execute(target.delete().where(clause))
         return [
             "/".join(f"{k}={v}" for k, v in zip(key, values, strict=True)) for values in plan.replace_values
