@@ -470,3 +470,68 @@ def test_a_reprocess_under_table_fencing_replaces_the_version_once(kind, spec, s
             TableFenceContext("events", KEY, attempt_id=first.attempt_id, epoch=2**50, supersedes=None),
         )
     assert table_rows(kind, spec) == sorted(DAY_NEW)
+
+
+# ----------------------------------------------------------------------------- append offsets (issue 22, symptom 1)
+
+#: The source: row ``i`` sits at offset ``i``; an interval reads ``SOURCE[start:end]``.
+SOURCE = [(f"2026-01-0{1 + i % 2}", i, f"r{i}") for i in range(40)]
+
+
+def stage_interval(store: CommitterStore, layout: StagingLayout, key: str, start: int, end: int):
+    """An ``append`` interval that read source offsets ``start`` to ``end``: staged, sealed, DURABLE."""
+    store.register("events", key, mode="append", actor=ACTOR, target="table")
+    writer = CheckpointWriter(store, layout, "events", key, actor=ACTOR, partition_columns=("dt",))
+    attempt_dir = writer.begin(start_offsets={"src": start})
+    files, counts = {}, {}
+    for dt in sorted({r[0] for r in SOURCE[start:end]}):
+        part = [r for r in SOURCE[start:end] if r[0] == dt]
+        buf = io.BytesIO()
+        pq.write_table(
+            pa.table({"id": pa.array([r[1] for r in part], pa.int64()), "name": [r[2] for r in part]}), buf
+        )
+        rel = f"dt={dt}/part-{uuid.uuid4().hex[:8]}.parquet"
+        (attempt_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (attempt_dir / rel).write_bytes(buf.getvalue())
+        files[rel], counts[rel] = buf.getvalue(), len(part)
+    writer.add_files(files, rows=counts)
+    manifest, _ = writer.seal(start_offsets={"src": start}, end_offsets={"src": end})
+    store.mark_durable("events", key, attempt=writer.attempt, actor=ACTOR)
+    return manifest
+
+
+def test_an_append_rerun_after_retention_is_refused_not_recorded_with_the_reruns_offsets(kind, spec, url):
+    """Table fencing reconciles a re-run to the attempt the table holds; it must never record that
+    commit with the re-run's offsets (they would jump past rows nobody published)."""
+    from datetime import timedelta
+
+    from airflow_provider_walsink.committer.errors import OrderingError
+    from airflow_provider_walsink.committer.records import utcnow
+    from airflow_provider_walsink.gc import trim_committer_table
+
+    store = CommitterStore.from_url(url, migrate=False)
+    layout = staging_of(kind, spec)
+    for key, start, end in (("k1", 0, 10), ("k2", 10, 20), ("k3", 20, 30)):
+        stage_interval(store, layout, key, start, end)
+        committer(store, layout, kind, spec, "append").commit("events", key, actor=ACTOR)
+    assert table_rows(kind, spec) == sorted(SOURCE[:30])
+
+    # Retention removes k1's and k2's committer rows (k3, the latest committed, is kept); k1 is re-run:
+    # it reads on from the last committed offsets (30), but the table already holds k1 (0 to 10).
+    trim_committer_table(store, retention=timedelta(0), clock=lambda: utcnow() + timedelta(days=1))
+    assert store.get("events", "k1") is None and store.last_committed_offsets("events") == {"src": 30}
+    stage_interval(store, layout, "k1", 30, 40)
+    with pytest.raises(OrderingError, match="offsets"):
+        committer(store, layout, kind, spec, "append").commit("events", "k1", actor=ACTOR)
+    record = store.require("events", "k1")
+    assert record.state is not S.COMMITTED and record.error and "table holds attempt" in record.error
+    assert store.last_committed_offsets("events") == {"src": 30}  # offsets never jumped past 30..40
+    assert table_rows(kind, spec) == sorted(SOURCE[:30])
+
+    # The way out the error names: abort the re-run; the next interval reads 30..40, every row once.
+    aborter = CheckpointAborter(store, layout, make_publisher(kind, spec, "append"), sleep=lambda s: None)
+    aborter.abort("events", "k1", reason="re-run of a trimmed interval", actor=ACTOR)
+    stage_interval(store, layout, "k4", 30, 40)
+    committer(store, layout, kind, spec, "append").commit("events", "k4", actor=ACTOR)
+    assert table_rows(kind, spec) == sorted(SOURCE)
+    assert store.last_committed_offsets("events") == {"src": 40}

@@ -90,6 +90,22 @@ class Marker:
     #: Attempt ids of this checkpoint the table held before (their files may
     #: still be referenced by older snapshots: cleanup leaves them alone).
     previous: tuple[str, ...] = ()
+    #: The held attempt's source offsets ``(start, end)`` as its manifest had them,
+    #: or ``None`` when the marker does not record them (written before they were).
+    offsets: tuple[Any, Any] | None = None
+
+
+def offsets_value(manifest: Manifest) -> dict[str, Any]:
+    """What a marker records of the attempt's source offsets: the committer table may lose its rows
+    (retention), and a reconcile must record the offsets of the attempt the table holds, never guess."""
+    return {"start": manifest.start_offsets, "end": manifest.end_offsets}
+
+
+def offsets_of(value: Any) -> tuple[Any, Any] | None:
+    """``(start, end)`` from :func:`offsets_value`'s record, or ``None`` if it is not one."""
+    if not isinstance(value, dict) or "start" not in value or "end" not in value:
+        return None
+    return value["start"], value["end"]
 
 
 class HeldByAnotherAttemptError(FencedError):

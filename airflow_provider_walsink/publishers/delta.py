@@ -64,6 +64,8 @@ from ._tables import (
     decide,
     layout_root,
     local_path,
+    offsets_of,
+    offsets_value,
     partition_of_path,
     schema_problems,
     staged_base,
@@ -265,6 +267,28 @@ class DeltaPublisher:
         marker = self.published_marker(manifest)
         return marker.attempt_id if marker else None
 
+    def published_offsets(self, manifest: Manifest, attempt_id: str) -> tuple[Any, Any] | None:
+        """The source offsets ``(start, end)`` of ``attempt_id`` if the table holds it, from its commit's
+        metadata; ``None`` (unknown) when that commit left the history the table keeps (log retention)
+        or predates the metadata."""
+        dt = self.load_table()
+        marker = self.marker_of(dt, manifest, need_id=True) if dt is not None else None
+        if dt is None or marker is None or marker.attempt_id != attempt_id:
+            return None
+        for commit in dt.history(HISTORY_SCAN_LIMIT):
+            if (
+                commit.get("walsink.pipeline") == manifest.pipeline
+                and commit.get("walsink.checkpoint") == manifest.checkpoint_key
+                and commit.get("walsink.attempt-id") == attempt_id
+                and str(commit.get("walsink.epoch")) == str(marker.epoch)
+            ):
+                raw = commit.get("walsink.offsets")
+                try:
+                    return offsets_of(json.loads(raw)) if isinstance(raw, str) else None
+                except ValueError:
+                    return None
+        return None
+
     def holds_attempt(self, manifest: Manifest) -> bool:
         """Whether a table version holds or held the manifest's attempt (it references its staged files)."""
         dt = self.load_table()
@@ -462,6 +486,7 @@ class DeltaPublisher:
                 "walsink.sequence": str(manifest.sequence),
                 "walsink.attempt-id": manifest.attempt_id,
                 "walsink.epoch": str(token),
+                "walsink.offsets": json.dumps(offsets_value(manifest), sort_keys=True),
             },
             app_transactions=[
                 Transaction(app_id(manifest), token),

@@ -131,6 +131,8 @@ from ._tables import (
     decide,
     int96_columns,
     layout_root,
+    offsets_of,
+    offsets_value,
     partition_of_path,
     schema_problems,
     staged_base,
@@ -322,7 +324,11 @@ class IcebergPublisher:
             return None
         data = json.loads(raw)
         return Marker(
-            data["attempt_id"], int(data["epoch"]), data.get("snapshot"), tuple(data.get("previous", ()))
+            data["attempt_id"],
+            int(data["epoch"]),
+            data.get("snapshot"),
+            tuple(data.get("previous", ())),
+            offsets_of(data.get("offsets")),
         )
 
     @staticmethod
@@ -433,6 +439,12 @@ class IcebergPublisher:
     def published_attempt(self, manifest: Manifest) -> str | None:
         marker = self.published_marker(manifest)
         return marker.attempt_id if marker else None
+
+    def published_offsets(self, manifest: Manifest, attempt_id: str) -> tuple[Any, Any] | None:
+        """The source offsets ``(start, end)`` of ``attempt_id`` if the table holds it and its marker
+        records them (markers written before they were do not), else ``None``: unknown."""
+        marker = self.published_marker(manifest)
+        return marker.offsets if marker is not None and marker.attempt_id == attempt_id else None
 
     def holds_attempt(self, manifest: Manifest) -> bool:
         """Whether the table holds or held the manifest's attempt (a snapshot may reference its staged files)."""
@@ -560,6 +572,7 @@ class IcebergPublisher:
             "epoch": ctx.epoch,
             "snapshot": str(producer.snapshot_id),
             "previous": previous[-20:],
+            "offsets": offsets_value(manifest),
         }
         props = {marker_property(manifest): json.dumps(value, sort_keys=True)}
         if table.metadata.name_mapping() is None:
