@@ -535,3 +535,54 @@ def test_an_append_rerun_after_retention_is_refused_not_recorded_with_the_reruns
     committer(store, layout, kind, spec, "append").commit("events", "k4", actor=ACTOR)
     assert table_rows(kind, spec) == sorted(SOURCE)
     assert store.last_committed_offsets("events") == {"src": 40}
+
+
+def forget_offsets_in_table(kind: str, spec: dict) -> None:
+    """Make the table unable to say which offsets its attempts read: an Iceberg marker as an earlier
+    walsink wrote it (no offsets), a Delta log whose commits were cleaned up (log retention)."""
+    import json
+
+    table = make_publisher(kind, spec, "append").load_table()
+    if kind == "iceberg":
+        props = {
+            k: json.dumps({f: v for f, v in json.loads(raw).items() if f != "offsets"})
+            for k, raw in table.metadata.properties.items()
+            if k.startswith("walsink.marker.")
+        }
+        tx = table.transaction()
+        tx.set_properties(props)
+        tx.commit_transaction()
+        return
+    from deltalake import DeltaTable
+
+    table.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds"})
+    table = DeltaTable(spec["uri"])
+    table.create_checkpoint()
+    time.sleep(1.1)
+    table.cleanup_metadata()
+    assert not [h for h in DeltaTable(spec["uri"]).history() if "walsink.offsets" in h]
+
+
+def test_an_append_rerun_is_refused_when_the_table_cannot_say_which_offsets_it_holds(
+    kind, spec, sqlite_store
+):
+    from datetime import timedelta
+
+    from airflow_provider_walsink.committer.errors import OrderingError
+    from airflow_provider_walsink.committer.records import utcnow
+    from airflow_provider_walsink.gc import trim_committer_table
+
+    store = sqlite_store
+    layout = staging_of(kind, spec)
+    for key, start, end in (("k1", 0, 10), ("k2", 10, 20)):
+        stage_interval(store, layout, key, start, end)
+        committer(store, layout, kind, spec, "append").commit("events", key, actor=ACTOR)
+    trim_committer_table(store, retention=timedelta(0), clock=lambda: utcnow() + timedelta(days=1))
+    forget_offsets_in_table(kind, spec)
+    stage_interval(store, layout, "k1", 20, 30)
+    with pytest.raises(OrderingError, match="unknown offsets"):
+        committer(store, layout, kind, spec, "append").commit("events", "k1", actor=ACTOR)
+    record = store.require("events", "k1")
+    assert record.state is not S.COMMITTED and "cannot be known" in (record.error or "")
+    assert store.last_committed_offsets("events") == {"src": 20}
+    assert table_rows(kind, spec) == sorted(SOURCE[:20])
