@@ -586,3 +586,21 @@ def test_an_append_rerun_is_refused_when_the_table_cannot_say_which_offsets_it_h
     assert record.state is not S.COMMITTED and "cannot be known" in (record.error or "")
     assert store.last_committed_offsets("events") == {"src": 20}
     assert table_rows(kind, spec) == sorted(SOURCE[:20])
+
+
+def test_a_commit_whose_row_moved_on_records_the_offsets_of_the_attempt_it_published(kind, spec, pg_url):
+    """A table-fenced committer publishes attempt 1 (offsets 0..10) and is stopped before COMMITTED;
+    a cleared write task seals attempt 2, which read further (0..15). Resumed, the committer finds
+    the row moved on and reconciles: COMMITTED as attempt 1 with attempt 1's offsets, never 0..15."""
+    store = CommitterStore.from_url(pg_url, migrate=False)
+    layout = staging_of(kind, spec)
+    first = stage_interval(store, layout, KEY, 0, 10)
+    proc = start_stopped_committer(kind, spec, "append", pg_url, str(layout.root), "commit.after_publish")
+    stage_interval(store, layout, KEY, 0, 15)
+    code, _out, err = resume(proc)
+    assert code == 0, err
+    record = store.require("events", KEY)
+    assert record.state is S.COMMITTED and record.sealed_attempt_id == first.attempt_id
+    assert (record.start_offsets, record.end_offsets) == ({"src": 0}, {"src": 10})
+    assert store.last_committed_offsets("events") == {"src": 10}
+    assert table_rows(kind, spec) == sorted(SOURCE[:10])
