@@ -1,8 +1,10 @@
 """A checkpoint's life cycle before its commit: register, write attempts, new versions, seal, durable.
 
 Also the ``append`` order check that the lease take and :mod:`.tablefence`
-ask before a publish: every earlier checkpoint committed or aborted, and the
-offsets continuing the last committed ones.
+ask before a publish (and a table-fenced reconcile before it records
+COMMITTED): every earlier checkpoint committed or aborted, the offsets
+continuing the last committed ones, and no later checkpoint having taken the
+range over (which a new write attempt is refused for too).
 """
 
 from __future__ import annotations

@@ -25,7 +25,11 @@ checks, a COMMITTED transaction. This mode drops the lease. Per checkpoint:
    finds the row moved on (a new write attempt, FAILED, REJECTED), the table is
    the source of truth: one transaction records COMMITTED **for H** (read back
    from the table), with a history row saying it was reconciled from the table.
-   ABORTED and COMMITTING rows are never reconciled (see below).
+   ABORTED and COMMITTING rows are never reconciled (see below). The row
+   records H's source offsets (its manifest, else the table's marker), never
+   the ones it carried; in ``append`` only if they pass the order rule in the
+   same transaction, and never when nobody can say them (``OffsetsError``,
+   recorded as the checkpoint's error).
 
 **Why it is exactly-once** (DESIGN.md invariants 1, 2, 4, 8).
 
@@ -61,7 +65,9 @@ checks, a COMMITTED transaction. This mode drops the lease. Per checkpoint:
   and, finding the row ABORTED, nothing in the committer table either.
 * *Ordering* (``append``): checked by a read before the publish, as the lease
   take checks it (it too reads the other checkpoints' rows without locking
-  them).
+  them), and for a reconcile again with the offsets of the attempt the table
+  holds: a re-run after retention of an interval the table already holds is
+  refused, not recorded with offsets that would skip the rows it read.
 
 Requires a target whose ``capabilities`` declare ``atomic``,
 ``remembers_commits`` and ``table_fence`` (Iceberg, Delta). The files target

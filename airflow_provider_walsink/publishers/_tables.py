@@ -95,9 +95,16 @@ class Marker:
     offsets: tuple[Any, Any] | None = None
 
 
-def offsets_value(manifest: Manifest) -> dict[str, Any]:
+def offsets_value(manifest: Manifest) -> dict[str, Any] | None:
     """What a marker records of the attempt's source offsets: the committer table may lose its rows
-    (retention), and a reconcile must record the offsets of the attempt the table holds, never guess."""
+    (retention), and a reconcile must record the offsets of the attempt the table holds, never guess.
+
+    ``None`` (record nothing) for an attempt without offsets: a marker without them reads as
+    "unknown", which for such a pipeline records no offsets either, and the markers a table keeps
+    forever stay as small as before.
+    """
+    if manifest.start_offsets is None and manifest.end_offsets is None:
+        return None
     return {"start": manifest.start_offsets, "end": manifest.end_offsets}
 
 

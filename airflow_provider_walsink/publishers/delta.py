@@ -479,15 +479,18 @@ class DeltaPublisher:
 
     @staticmethod
     def _commit_properties(manifest: Manifest, ctx: PublisherContext, token: int) -> CommitProperties:
+        metadata = {
+            "walsink.pipeline": manifest.pipeline,
+            "walsink.checkpoint": manifest.checkpoint_key,
+            "walsink.sequence": str(manifest.sequence),
+            "walsink.attempt-id": manifest.attempt_id,
+            "walsink.epoch": str(token),
+        }
+        offsets = offsets_value(manifest)
+        if offsets is not None:
+            metadata["walsink.offsets"] = json.dumps(offsets, sort_keys=True)
         return CommitProperties(
-            custom_metadata={
-                "walsink.pipeline": manifest.pipeline,
-                "walsink.checkpoint": manifest.checkpoint_key,
-                "walsink.sequence": str(manifest.sequence),
-                "walsink.attempt-id": manifest.attempt_id,
-                "walsink.epoch": str(token),
-                "walsink.offsets": json.dumps(offsets_value(manifest), sort_keys=True),
-            },
+            custom_metadata=metadata,
             app_transactions=[
                 Transaction(app_id(manifest), token),
                 Transaction(app_id(manifest, manifest.attempt_id), token),

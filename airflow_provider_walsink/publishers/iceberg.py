@@ -567,13 +567,15 @@ class IcebergPublisher:
         previous = list(marker.previous) if marker else []
         if marker and marker.attempt_id != manifest.attempt_id:
             previous.append(marker.attempt_id)
-        value = {
+        value: dict[str, Any] = {
             "attempt_id": manifest.attempt_id,
             "epoch": ctx.epoch,
             "snapshot": str(producer.snapshot_id),
             "previous": previous[-20:],
-            "offsets": offsets_value(manifest),
         }
+        offsets = offsets_value(manifest)
+        if offsets is not None:
+            value["offsets"] = offsets
         props = {marker_property(manifest): json.dumps(value, sort_keys=True)}
         if table.metadata.name_mapping() is None:
             # Staged files carry no Iceberg field ids: readers map their columns by name.
