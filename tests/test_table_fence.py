@@ -604,3 +604,28 @@ def test_a_commit_whose_row_moved_on_records_the_offsets_of_the_attempt_it_publi
     assert (record.start_offsets, record.end_offsets) == ({"src": 0}, {"src": 10})
     assert store.last_committed_offsets("events") == {"src": 10}
     assert table_rows(kind, spec) == sorted(SOURCE[:10])
+
+
+def test_an_aborted_append_interval_taken_over_by_a_later_commit_is_refused_under_table_fencing(
+    kind, spec, sqlite_store
+):
+    """Issue 22, symptom 8, on a table target: abort k2, k3 reads on from k1's end and commits
+    (table-fenced), the re-run of k2 is refused before it writes, with the reason recorded."""
+    from airflow_provider_walsink.committer.errors import OrderingError
+
+    store = sqlite_store
+    layout = staging_of(kind, spec)
+    stage_interval(store, layout, "k1", 0, 10)
+    committer(store, layout, kind, spec, "append").commit("events", "k1", actor=ACTOR)
+    stage_interval(store, layout, "k2", 10, 20)
+    aborter = CheckpointAborter(store, layout, make_publisher(kind, spec, "append"), sleep=lambda s: None)
+    aborter.abort("events", "k2", reason="INC-1: bad input", actor=ACTOR)
+    stage_interval(store, layout, "k3", 10, 25)
+    committer(store, layout, kind, spec, "append").commit("events", "k3", actor=ACTOR)
+
+    with pytest.raises(OrderingError, match="later checkpoint k3 .* took over"):
+        stage_interval(store, layout, "k2", 25, 30)  # the write task's start: the last committed end
+    record = store.require("events", "k2")
+    assert record.state is S.ABORTED and "k3" in (record.error or "")
+    assert table_rows(kind, spec) == sorted(SOURCE[:25])
+    assert store.last_committed_offsets("events") == {"src": 25}
