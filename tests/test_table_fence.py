@@ -564,3 +564,162 @@ def start_stopped_lease_committer(kind, spec, url, staging, point) -> subprocess
         assert time.monotonic() < deadline, "the committer never reached its stop"
         time.sleep(0.05)
     return proc
+
+
+# ----------------------------------------------------------------------------- append offsets (issue 22, symptom 1)
+
+#: The source: row ``i`` sits at offset ``i``; an interval reads ``SOURCE[start:end]``.
+SOURCE = [(f"2026-01-0{1 + i % 2}", i, f"r{i}") for i in range(40)]
+
+
+def stage_interval(store: CommitterStore, layout: StagingLayout, key: str, start: int, end: int):
+    """An ``append`` interval that read source offsets ``start`` to ``end``: staged, sealed, DURABLE."""
+    store.register("events", key, mode="append", actor=ACTOR, target="table")
+    writer = CheckpointWriter(store, layout, "events", key, actor=ACTOR, partition_columns=("dt",))
+    attempt_dir = writer.begin(start_offsets={"src": start})
+    files, counts = {}, {}
+    for dt in sorted({r[0] for r in SOURCE[start:end]}):
+        part = [r for r in SOURCE[start:end] if r[0] == dt]
+        buf = io.BytesIO()
+        pq.write_table(
+            pa.table({"id": pa.array([r[1] for r in part], pa.int64()), "name": [r[2] for r in part]}), buf
+        )
+        rel = f"dt={dt}/part-{uuid.uuid4().hex[:8]}.parquet"
+        (attempt_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (attempt_dir / rel).write_bytes(buf.getvalue())
+        files[rel], counts[rel] = buf.getvalue(), len(part)
+    writer.add_files(files, rows=counts)
+    manifest, _ = writer.seal(start_offsets={"src": start}, end_offsets={"src": end})
+    store.mark_durable("events", key, attempt=writer.attempt, actor=ACTOR)
+    return manifest
+
+
+def test_an_append_rerun_after_retention_is_refused_not_recorded_with_the_reruns_offsets(kind, spec, url):
+    """Table fencing reconciles a re-run to the attempt the table holds; it must never record that
+    commit with the re-run's offsets (they would jump past rows nobody published)."""
+    from datetime import timedelta
+
+    from airflow_provider_walsink.committer.errors import OrderingError
+    from airflow_provider_walsink.committer.records import utcnow
+    from airflow_provider_walsink.gc import trim_committer_table
+
+    store = CommitterStore.from_url(url, migrate=False)
+    layout = staging_of(kind, spec)
+    for key, start, end in (("k1", 0, 10), ("k2", 10, 20), ("k3", 20, 30)):
+        stage_interval(store, layout, key, start, end)
+        committer(store, layout, kind, spec, "append").commit("events", key, actor=ACTOR)
+    assert table_rows(kind, spec) == sorted(SOURCE[:30])
+
+    # Retention removes k1's and k2's committer rows (k3, the latest committed, is kept); k1 is re-run:
+    # it reads on from the last committed offsets (30), but the table already holds k1 (0 to 10).
+    trim_committer_table(store, retention=timedelta(0), clock=lambda: utcnow() + timedelta(days=1))
+    assert store.get("events", "k1") is None and store.last_committed_offsets("events") == {"src": 30}
+    stage_interval(store, layout, "k1", 30, 40)
+    with pytest.raises(OrderingError, match="offsets"):
+        committer(store, layout, kind, spec, "append").commit("events", "k1", actor=ACTOR)
+    record = store.require("events", "k1")
+    assert record.state is not S.COMMITTED and record.error and "table holds attempt" in record.error
+    assert store.last_committed_offsets("events") == {"src": 30}  # offsets never jumped past 30..40
+    assert table_rows(kind, spec) == sorted(SOURCE[:30])
+
+    # The way out the error names: abort the re-run; the next interval reads 30..40, every row once.
+    aborter = CheckpointAborter(store, layout, make_publisher(kind, spec, "append"), sleep=lambda s: None)
+    aborter.abort("events", "k1", reason="re-run of a trimmed interval", actor=ACTOR)
+    stage_interval(store, layout, "k4", 30, 40)
+    committer(store, layout, kind, spec, "append").commit("events", "k4", actor=ACTOR)
+    assert table_rows(kind, spec) == sorted(SOURCE)
+    assert store.last_committed_offsets("events") == {"src": 40}
+
+
+def forget_offsets_in_table(kind: str, spec: dict) -> None:
+    """Make the table unable to say which offsets its attempts read: an Iceberg marker as an earlier
+    walsink wrote it (no offsets), a Delta log whose commits were cleaned up (log retention)."""
+    import json
+
+    table = make_publisher(kind, spec, "append").load_table()
+    if kind == "iceberg":
+        props = {
+            k: json.dumps({f: v for f, v in json.loads(raw).items() if f != "offsets"})
+            for k, raw in table.metadata.properties.items()
+            if k.startswith("walsink.marker.")
+        }
+        tx = table.transaction()
+        tx.set_properties(props)
+        tx.commit_transaction()
+        return
+    from deltalake import DeltaTable
+
+    table.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds"})
+    table = DeltaTable(spec["uri"])
+    table.create_checkpoint()
+    time.sleep(1.1)
+    table.cleanup_metadata()
+    assert not [h for h in DeltaTable(spec["uri"]).history() if "walsink.offsets" in h]
+
+
+def test_an_append_rerun_is_refused_when_the_table_cannot_say_which_offsets_it_holds(
+    kind, spec, sqlite_store
+):
+    from datetime import timedelta
+
+    from airflow_provider_walsink.committer.errors import OrderingError
+    from airflow_provider_walsink.committer.records import utcnow
+    from airflow_provider_walsink.gc import trim_committer_table
+
+    store = sqlite_store
+    layout = staging_of(kind, spec)
+    for key, start, end in (("k1", 0, 10), ("k2", 10, 20)):
+        stage_interval(store, layout, key, start, end)
+        committer(store, layout, kind, spec, "append").commit("events", key, actor=ACTOR)
+    trim_committer_table(store, retention=timedelta(0), clock=lambda: utcnow() + timedelta(days=1))
+    forget_offsets_in_table(kind, spec)
+    stage_interval(store, layout, "k1", 20, 30)
+    with pytest.raises(OrderingError, match="unknown offsets"):
+        committer(store, layout, kind, spec, "append").commit("events", "k1", actor=ACTOR)
+    record = store.require("events", "k1")
+    assert record.state is not S.COMMITTED and "cannot be known" in (record.error or "")
+    assert store.last_committed_offsets("events") == {"src": 20}
+    assert table_rows(kind, spec) == sorted(SOURCE[:20])
+
+
+def test_a_commit_whose_row_moved_on_records_the_offsets_of_the_attempt_it_published(kind, spec, pg_url):
+    """A table-fenced committer publishes attempt 1 (offsets 0..10) and is stopped before COMMITTED;
+    a cleared write task seals attempt 2, which read further (0..15). Resumed, the committer finds
+    the row moved on and reconciles: COMMITTED as attempt 1 with attempt 1's offsets, never 0..15."""
+    store = CommitterStore.from_url(pg_url, migrate=False)
+    layout = staging_of(kind, spec)
+    first = stage_interval(store, layout, KEY, 0, 10)
+    proc = start_stopped_committer(kind, spec, "append", pg_url, str(layout.root), "commit.after_publish")
+    stage_interval(store, layout, KEY, 0, 15)
+    code, _out, err = resume(proc)
+    assert code == 0, err
+    record = store.require("events", KEY)
+    assert record.state is S.COMMITTED and record.sealed_attempt_id == first.attempt_id
+    assert (record.start_offsets, record.end_offsets) == ({"src": 0}, {"src": 10})
+    assert store.last_committed_offsets("events") == {"src": 10}
+    assert table_rows(kind, spec) == sorted(SOURCE[:10])
+
+
+def test_an_aborted_append_interval_taken_over_by_a_later_commit_is_refused_under_table_fencing(
+    kind, spec, sqlite_store
+):
+    """Issue 22, symptom 8, on a table target: abort k2, k3 reads on from k1's end and commits
+    (table-fenced), the re-run of k2 is refused before it writes, with the reason recorded."""
+    from airflow_provider_walsink.committer.errors import OrderingError
+
+    store = sqlite_store
+    layout = staging_of(kind, spec)
+    stage_interval(store, layout, "k1", 0, 10)
+    committer(store, layout, kind, spec, "append").commit("events", "k1", actor=ACTOR)
+    stage_interval(store, layout, "k2", 10, 20)
+    aborter = CheckpointAborter(store, layout, make_publisher(kind, spec, "append"), sleep=lambda s: None)
+    aborter.abort("events", "k2", reason="INC-1: bad input", actor=ACTOR)
+    stage_interval(store, layout, "k3", 10, 25)
+    committer(store, layout, kind, spec, "append").commit("events", "k3", actor=ACTOR)
+
+    with pytest.raises(OrderingError, match="later checkpoint k3 .* took over"):
+        stage_interval(store, layout, "k2", 25, 30)  # the write task's start: the last committed end
+    record = store.require("events", "k2")
+    assert record.state is S.ABORTED and "k3" in (record.error or "")
+    assert table_rows(kind, spec) == sorted(SOURCE[:25])
+    assert store.last_committed_offsets("events") == {"src": 25}

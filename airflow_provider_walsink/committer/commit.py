@@ -43,6 +43,7 @@ from .store import (
     CommitterStore,
     Lease,
     NotAuditedError,
+    OffsetsError,
     TransitionError,
 )
 
@@ -149,7 +150,8 @@ class CheckpointCommitter:
 
     Raises ``NotDurableError`` (not yet committable: says what is missing),
     ``LeaseHeldError`` (another committer is publishing: retry later),
-    ``OrderingError`` (an earlier ``append`` checkpoint is open),
+    ``OrderingError`` (an earlier ``append`` checkpoint is open), ``OffsetsError``
+    (its source offsets can never commit as they stand: recorded as its error),
     ``AuditRejectedError`` (REJECTED by its audit: never committed),
     ``NotAuditedError`` (``require_audit`` and the attempt was not audited),
     ``FencedError`` (the lease was lost mid-publish: this process stopped
@@ -213,6 +215,9 @@ class CheckpointCommitter:
                 require_audit=self.require_audit,
             )
         except (AuditRejectedError, NotAuditedError):
+            raise
+        except OffsetsError as exc:
+            record_refusal(self.store, pipeline, checkpoint_key, exc, actor)
             raise
         except TransitionError:
             record = self.store.require(pipeline, checkpoint_key)
@@ -450,3 +455,11 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and not isinstance(exc, BAD_INPUT):
         return f"{type(exc).__name__} while publishing: {text}"
     return text
+
+
+def record_refusal(store: CommitterStore, pipeline: str, key: str, exc: Exception, actor: Actor) -> None:
+    """Record an :class:`OffsetsError` on the checkpoint (state unchanged), keeping the original error."""
+    try:
+        store.record_refusal(pipeline, key, actor=actor, error=str(exc))
+    except Exception as failure:  # noqa: BLE001 - keep the original error
+        log.warning("could not record the refusal of %s/%s: %s", pipeline, key, failure)

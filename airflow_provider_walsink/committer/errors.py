@@ -40,3 +40,12 @@ class LeaseLostError(StoreError, FencedError):
 
 class OrderingError(StoreError):
     """An ``append`` checkpoint must wait for an earlier one to commit (invariant 5)."""
+
+
+class OffsetsError(OrderingError):
+    """An ``append`` checkpoint's source offsets can never be committed as they stand.
+
+    Not a wait: retrying the same attempt is refused again. The message names the
+    cause and the way out (write it again, abort it); the refusal is recorded as
+    the checkpoint's error (state unchanged).
+    """

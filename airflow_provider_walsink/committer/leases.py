@@ -72,7 +72,10 @@ class CheckpointLeases(CheckpointTransitions):
         later), :class:`TransitionError` (committed, or not durable),
         :class:`AuditRejectedError` (REJECTED: names the failed checks),
         :class:`NotAuditedError` (``require_audit`` and not audited),
-        :class:`OrderingError` (append order). Repeating it is safe.
+        :class:`OrderingError` (append order: an earlier checkpoint is open), its
+        :class:`OffsetsError` (start offsets that do not continue the committed
+        ones, or a range a later checkpoint took over; the caller records it).
+        Repeating it is safe.
         """
         if self._one_statement and mode == "overwrite":
             record = self._try_one_statement(

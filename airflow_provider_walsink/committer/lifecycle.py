@@ -1,8 +1,10 @@
 """A checkpoint's life cycle before its commit: register, write attempts, new versions, seal, durable.
 
 Also the ``append`` order check that the lease take and :mod:`.tablefence`
-ask before a publish: every earlier checkpoint committed or aborted, and the
-offsets continuing the last committed ones.
+ask before a publish (and a table-fenced reconcile before it records
+COMMITTED): every earlier checkpoint committed or aborted, the offsets
+continuing the last committed ones, and no later checkpoint having taken the
+range over (which a new write attempt is refused for too).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from airflow_provider_walsink.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.states import VERIFIED_DURABLE, CheckpointState
 
-from .errors import OrderingError, StaleAttemptError, StoreError, TransitionError
+from .errors import OffsetsError, OrderingError, StaleAttemptError, StoreError, TransitionError
 from .models import checkpoint_table as ckpt
 from .models import pipeline_table as pipe
 from .models import version_table as vers
@@ -29,6 +31,11 @@ from .transitions import CheckpointTransitions, _dump
 
 S = CheckpointState
 MODES = ("append", "overwrite")
+#: ``_check_append_order``'s default: the start offsets the row records.
+_ROW: Any = object()
+#: Start offsets nobody can tell: the target holds an attempt whose manifest is gone and whose
+#: marker does not record them.
+UNKNOWN_OFFSETS: Any = object()
 
 
 #: What a new write attempt (or a new version) clears: nothing sealed, verified or failed yet.
@@ -142,7 +149,14 @@ class CheckpointLifecycle(CheckpointTransitions):
 
         The attempt gets a globally unique ``attempt_id`` (its number repeats
         once retention has trimmed the row and the interval is re-run).
+
+        Raises :class:`TransitionError` (COMMITTED, or COMMITTING) and, for an
+        ``append`` attempt that reads source offsets, :class:`OffsetsError` when
+        a later checkpoint already took its source range over (the refusal is
+        recorded as the checkpoint's error; nothing else changes). Each call
+        that succeeds starts another attempt.
         """
+        refused: OffsetsError | None = None
         with self._tx() as conn:
             row = self._lock(conn, pipeline, checkpoint_key)
             state = CheckpointState(row["state"])
@@ -153,12 +167,24 @@ class CheckpointLifecycle(CheckpointTransitions):
                     f"checkpoint {pipeline}/{checkpoint_key} is being committed by {row['lease_owner']}; "
                     "a new write attempt would race the publish"
                 )
-            values: dict[str, Any] = dict(
-                _NO_SEALED_ATTEMPT, attempt=row["attempt"] + 1, attempt_id=uuid.uuid4().hex
-            )
-            if start_offsets is not None:
-                values["start_offsets"] = _dump(start_offsets)
-            return self._move(conn, row, S.WRITING, actor, **values)
+            # A new version (reprocess) re-reads exactly its own range: never taken over.
+            if (
+                start_offsets is not None
+                and row["supersedes_attempt_id"] is None
+                and self._mode(conn, pipeline) == "append"
+            ):
+                refused = self._taken_over(conn, row, _dump(start_offsets), same_start=state is S.ABORTED)
+            if refused is not None:
+                # Recorded (state unchanged) so the CLI status and the UI show why it will not run.
+                self._refuse(conn, row, actor, str(refused))
+            else:
+                values: dict[str, Any] = dict(
+                    _NO_SEALED_ATTEMPT, attempt=row["attempt"] + 1, attempt_id=uuid.uuid4().hex
+                )
+                if start_offsets is not None:
+                    values["start_offsets"] = _dump(start_offsets)
+                return self._move(conn, row, S.WRITING, actor, **values)
+        raise refused
 
     @retrying
     def begin_version(
@@ -323,7 +349,18 @@ class CheckpointLifecycle(CheckpointTransitions):
     def _mode(self, conn: Connection, pipeline: str) -> str:
         return conn.execute(select(pipe.c.mode).where(pipe.c.name == pipeline)).scalar_one()
 
-    def _check_append_order(self, conn: Connection, row: Mapping[str, Any]) -> None:
+    def _check_append_order(
+        self, conn: Connection, row: Mapping[str, Any], *, start_offsets: Any = _ROW
+    ) -> None:
+        """The ``append`` rule (invariant 5), checked before a publish and before COMMITTED is recorded.
+
+        Every earlier checkpoint committed or aborted (else :class:`OrderingError`: wait);
+        then, for a checkpoint that reads source offsets, its start offsets (the row's,
+        or ``start_offsets``: those of the attempt a reconcile would record, as the
+        row stores them, or :data:`UNKNOWN_OFFSETS`) continue the last committed
+        checkpoint's end offsets, and no later checkpoint took its range over (else :class:`OffsetsError`). A new version
+        (reprocess) re-reads exactly its own range: only the earlier-checkpoint rule.
+        """
         earlier = conn.execute(
             select(ckpt.c.checkpoint_key, ckpt.c.state, ckpt.c.sequence)
             .where(
@@ -334,12 +371,27 @@ class CheckpointLifecycle(CheckpointTransitions):
             .order_by(ckpt.c.sequence)
             .limit(1)
         ).first()
+        name = f"append checkpoint {row['pipeline']}/{row['checkpoint_key']}"
         if earlier is not None:
             raise OrderingError(
-                f"append checkpoint {row['pipeline']}/{row['checkpoint_key']} (sequence {row['sequence']}) "
-                f"waits for earlier checkpoint {earlier.checkpoint_key} (sequence {earlier.sequence}, "
-                f"{earlier.state}) to commit or be aborted"
+                f"{name} (sequence {row['sequence']}) waits for earlier checkpoint {earlier.checkpoint_key} "
+                f"(sequence {earlier.sequence}, {earlier.state}) to commit or be aborted"
             )
+        start = row["start_offsets"] if start_offsets is _ROW else start_offsets
+        if start is UNKNOWN_OFFSETS:
+            if row["start_offsets"] is None:
+                return  # a pipeline without source offsets: nothing to continue
+            raise OffsetsError(
+                f"{name}: the target holds an attempt of it whose source offsets cannot be known (its "
+                "manifest is gone and the target's marker does not record them), so walsink will not "
+                "record it COMMITTED: a guess could skip or repeat source rows"
+            )
+        if start is None:
+            return
+        if row["supersedes_attempt_id"] is None:
+            taken = self._taken_over(conn, row, start, same_start=False)
+            if taken is not None:
+                raise taken
         last = conn.execute(
             select(ckpt.c.checkpoint_key, ckpt.c.end_offsets)
             .where(
@@ -351,13 +403,71 @@ class CheckpointLifecycle(CheckpointTransitions):
             .order_by(ckpt.c.sequence.desc())
             .limit(1)
         ).first()
-        if last is not None and row["start_offsets"] is not None:
-            if json.loads(row["start_offsets"]) != json.loads(last.end_offsets):
-                raise OrderingError(
-                    f"append checkpoint {row['pipeline']}/{row['checkpoint_key']} starts at offsets "
-                    f"{row['start_offsets']} but the last committed checkpoint {last.checkpoint_key} ended "
-                    f"at {last.end_offsets}; write it again from the committed offsets"
+        if last is not None and json.loads(start) != json.loads(last.end_offsets):
+            raise OffsetsError(
+                f"{name} starts at offsets {start} but the last committed checkpoint {last.checkpoint_key} "
+                f"ended at {last.end_offsets}; write it again from the committed offsets"
+            )
+
+    def _taken_over(
+        self, conn: Connection, row: Mapping[str, Any], start: str, *, same_start: bool
+    ) -> OffsetsError | None:
+        """Whether a later checkpoint already owns the source range an attempt from ``start`` would read.
+
+        Offsets advance in sequence order, so once a later checkpoint committed (or is
+        committing, or is a committed one being reprocessed) an earlier one can never
+        commit: the order check would compare it with the offsets before the later one,
+        which already read them. With ``same_start`` (a re-run of an ABORTED checkpoint)
+        a later checkpoint that started from the same offsets owns the range too: it
+        read it while this one was aborted, and may be publishing it right now without
+        a lease (table fencing). The way out is the later checkpoint's, never a second
+        read of the same rows.
+        """
+        later = conn.execute(
+            select(ckpt.c.checkpoint_key, ckpt.c.state, ckpt.c.sequence, ckpt.c.start_offsets)
+            .where(
+                ckpt.c.pipeline == row["pipeline"],
+                ckpt.c.sequence > row["sequence"],
+                ckpt.c.state.notin_([S.REGISTERED.value, S.ABORTED.value])
+                | ckpt.c.supersedes_attempt_id.is_not(None),
+            )
+            .order_by(ckpt.c.sequence)
+        ).all()
+        for other in later:
+            committed = other.state in (S.COMMITTED.value, S.COMMITTING.value)
+            same = (
+                same_start
+                and other.start_offsets is not None
+                and json.loads(other.start_offsets) == json.loads(start)
+            )
+            if committed or same:
+                how = (
+                    "committed" if committed else f"is {other.state} and reads from the same offsets {start}"
                 )
+                return OffsetsError(
+                    f"append checkpoint {row['pipeline']}/{row['checkpoint_key']} (sequence {row['sequence']}) "
+                    f"cannot be written or committed: later checkpoint {other.checkpoint_key} (sequence "
+                    f"{other.sequence}) {how}, so it already took over this checkpoint's source range "
+                    "(its rows are published, or will be, by that checkpoint: none are lost). Leave this "
+                    "checkpoint as it is (abort it if it is open); to change the data of that range, "
+                    f"reprocess {other.checkpoint_key}"
+                )
+        return None
+
+    def _refuse(self, conn: Connection, row: dict[str, Any], actor: Actor, error: str) -> None:
+        """Record a refusal as the checkpoint's error and in its history; its state is unchanged."""
+        conn.execute(update(ckpt).where(ckpt.c.id == row["id"]).values(error=error))
+        self._event(conn, row, actor, error)
+
+    @retrying
+    def record_refusal(self, pipeline: str, checkpoint_key: str, *, actor: Actor, error: str) -> None:
+        """Record why a checkpoint cannot commit as it stands (its error, its history), state unchanged.
+
+        Used for :class:`OffsetsError`: a refusal that retrying does not lift, which the
+        CLI status and the UI must show. Safe to repeat (one more history row each time).
+        """
+        with self._tx() as conn:
+            self._refuse(conn, self._lock(conn, pipeline, checkpoint_key), actor, error)
 
 
 def _collision(what: str, given: str, stored: str) -> str:

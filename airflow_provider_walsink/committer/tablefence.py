@@ -25,7 +25,11 @@ checks, a COMMITTED transaction. This mode drops the lease. Per checkpoint:
    finds the row moved on (a new write attempt, FAILED, REJECTED), the table is
    the source of truth: one transaction records COMMITTED **for H** (read back
    from the table), with a history row saying it was reconciled from the table.
-   ABORTED and COMMITTING rows are never reconciled (see below).
+   ABORTED and COMMITTING rows are never reconciled (see below). The row
+   records H's source offsets (its manifest, else the table's marker), never
+   the ones it carried; in ``append`` only if they pass the order rule in the
+   same transaction, and never when nobody can say them (``OffsetsError``,
+   recorded as the checkpoint's error).
 
 **Why it is exactly-once** (DESIGN.md invariants 1, 2, 4, 8).
 
@@ -61,7 +65,9 @@ checks, a COMMITTED transaction. This mode drops the lease. Per checkpoint:
   and, finding the row ABORTED, nothing in the committer table either.
 * *Ordering* (``append``): checked by a read before the publish, as the lease
   take checks it (it too reads the other checkpoints' rows without locking
-  them).
+  them), and for a reconcile again with the offsets of the attempt the table
+  holds: a re-run after retention of an interval the table already holds is
+  refused, not recorded with offsets that would skip the rows it read.
 
 Requires a target whose ``capabilities`` declare ``atomic``,
 ``remembers_commits`` and ``table_fence`` (Iceberg, Delta). The files target
@@ -93,14 +99,15 @@ from airflow_provider_walsink.publishers._tables import (
 )
 
 from .clock import db_now
-from .errors import AuditRejectedError, LeaseHeldError, NotAuditedError
+from .errors import AuditRejectedError, LeaseHeldError, NotAuditedError, OffsetsError
 from .fastpath import HISTORY_COLUMNS
+from .lifecycle import UNKNOWN_OFFSETS
 from .models import checkpoint_table as ckpt
 from .models import transition_table as trans
 from .records import Actor, CheckpointRecord
 from .retry import retrying
 from .store import CommitterStore
-from .transitions import _history_values, retire_superseded
+from .transitions import _dump, _history_values, retire_superseded
 
 log = logging.getLogger(__name__)
 S = CheckpointState
@@ -353,14 +360,20 @@ def reconcile(
     token: int,
     actor: Actor,
     why: str,
+    append: bool = False,
 ) -> CheckpointRecord:
     """Record COMMITTED for the attempt the table holds (``held``), in one transaction.
 
     ``record`` is the row as the committer read it; the row must still be that
-    version. Raises :class:`FencedError` (ABORTED: nothing is changed, and no
-    history row either; or a newer version), :class:`LeaseHeldError`
-    (COMMITTING: a lease committer owns it now). A row already COMMITTED is
-    returned as it is.
+    version. ``held_fields`` carry the held attempt's source offsets
+    (``start_offsets``/``end_offsets``, or ``start_offsets`` =
+    :data:`~.lifecycle.UNKNOWN_OFFSETS`): COMMITTED is recorded with those and
+    no others, and with ``append`` only if they pass the append rule
+    (``_check_append_order``) in this transaction. Raises :class:`FencedError`
+    (ABORTED: nothing is changed, and no history row either; or a newer
+    version), :class:`LeaseHeldError` (COMMITTING: a lease committer owns it
+    now), :class:`OrderingError` / :class:`OffsetsError` (the append rule;
+    nothing changed). A row already COMMITTED is returned as it is.
     """
     with store._tx() as conn:
         row = store._lock(conn, record.pipeline, record.checkpoint_key)
@@ -380,6 +393,12 @@ def reconcile(
         if row["version"] != record.version:
             raise FencedError(f"{name} moved on to version {row['version']}; nothing changed")
         was = f"{state} attempt {row['attempt']} ({row['attempt_id']})"
+        held_fields = dict(held_fields)
+        if append:
+            store._check_append_order(conn, row, start_offsets=held_fields["start_offsets"])
+        if held_fields["start_offsets"] is UNKNOWN_OFFSETS:
+            # Not an append order to keep (checked above): record no offsets rather than a guess.
+            held_fields.update(start_offsets=None, end_offsets=None)
         values: dict[str, Any] = dict(
             held_fields,
             sealed_attempt_id=held,
@@ -434,7 +453,11 @@ def commit_table_fenced(committer: Any, pipeline: str, checkpoint_key: str, *, a
             "pipeline's audit; run the audit task first"
         )
     if committer.mode == "append":
-        _check_order(store, pipeline, checkpoint_key)
+        try:
+            _check_order(store, pipeline, checkpoint_key)
+        except OffsetsError as exc:
+            record_refusal(store, pipeline, checkpoint_key, exc, actor)
+            raise
     token = table_token(record)
     try:
         manifest, attempt_dir = read_sealed_manifest(committer.layout, record)
@@ -517,7 +540,22 @@ def _reconcile(
             f"this committer's publish ({why}); something outside walsink changed the table; nothing recorded"
         )
     fields = _held_fields(committer, record, manifest, held)
-    done = reconcile(committer.store, record, held, held_fields=fields, token=token, actor=actor, why=why)
+    try:
+        done = reconcile(
+            committer.store,
+            record,
+            held,
+            held_fields=fields,
+            token=token,
+            actor=actor,
+            why=why,
+            append=committer.mode == "append",
+        )
+    except OffsetsError as exc:
+        refused = OffsetsError(_refusal(record, manifest, held, fields, str(exc)))
+        record_refusal(committer.store, record.pipeline, record.checkpoint_key, refused, actor)
+        log.error("%s", refused)
+        raise refused from None
     if done.sealed_attempt_id == held and held == manifest.attempt_id:
         committer._finish(manifest)
     elif held != manifest.attempt_id:
@@ -533,7 +571,13 @@ def _reconcile(
 
 
 def _held_fields(committer: Any, record: CheckpointRecord, manifest: Manifest, held: str) -> dict[str, Any]:
-    """What the committer table records about the attempt the table holds."""
+    """What the committer table records about the attempt the table holds.
+
+    Its source offsets come from its manifest (ours, or its staging if still
+    there), else from the table's marker; where neither says,
+    ``start_offsets`` is :data:`~.lifecycle.UNKNOWN_OFFSETS` (never the
+    offsets of another attempt: the row may carry a re-run's).
+    """
     if held == manifest.attempt_id:
         return dict(
             sealed_attempt=record.sealed_attempt,
@@ -544,10 +588,23 @@ def _held_fields(committer: Any, record: CheckpointRecord, manifest: Manifest, h
             bytes=record.bytes,
             sealed_at=record.sealed_at,
             durable_at=record.durable_at,
+            start_offsets=_dump(manifest.start_offsets),
+            end_offsets=_dump(manifest.end_offsets),
         )
     fields: dict[str, Any] = dict(
-        sealed_attempt=None, manifest_digest=None, manifest_uri=None, committables=None, rows=None, bytes=None
+        sealed_attempt=None,
+        manifest_digest=None,
+        manifest_uri=None,
+        committables=None,
+        rows=None,
+        bytes=None,
+        start_offsets=UNKNOWN_OFFSETS,
+        end_offsets=None,
     )
+    published_offsets = getattr(committer.publisher, "published_offsets", None)
+    offsets = published_offsets(manifest, held) if callable(published_offsets) else None
+    if offsets is not None:
+        fields.update(start_offsets=_dump(offsets[0]), end_offsets=_dump(offsets[1]))
     try:
         staged = committer.layout.staged_attempts(record.pipeline, record.checkpoint_key)
     except (WalsinkError, OSError):
@@ -561,10 +618,27 @@ def _held_fields(committer: Any, record: CheckpointRecord, manifest: Manifest, h
         except (WalsinkError, OSError):
             break  # finish() removed it once the attempt was committed: counts unknown
         fields.update(committables=other.expected_count, rows=other.total_rows, bytes=other.total_bytes)
-        if other.end_offsets is not None:
-            fields["end_offsets"] = json.dumps(other.end_offsets, sort_keys=True)
+        fields.update(start_offsets=_dump(other.start_offsets), end_offsets=_dump(other.end_offsets))
         break
     return fields
+
+
+def _refusal(
+    record: CheckpointRecord, manifest: Manifest, held: str, fields: dict[str, Any], why: str
+) -> str:
+    """Why the attempt the table holds cannot be recorded COMMITTED here, and the way out."""
+    start, end = fields["start_offsets"], fields["end_offsets"]
+    held_range = "unknown offsets" if start is UNKNOWN_OFFSETS else f"offsets {start} to {end}"
+    return (
+        f"checkpoint {record.pipeline}/{record.checkpoint_key} is not recorded COMMITTED: the table holds "
+        f"attempt {held} of it, published from {held_range} (by an earlier run the committer table "
+        f"does not record, e.g. before retention removed its rows), while attempt {manifest.attempt_id} "
+        f"read offsets {_dump(manifest.start_offsets)} to {_dump(manifest.end_offsets)}, which the table "
+        "will not take (the first publication of a checkpoint wins). Recording either would skip or repeat "
+        f"source rows: {why}. Abort this checkpoint (`walsink abort {record.pipeline} "
+        f"{record.checkpoint_key} --reason ...`): the next checkpoint then reads on from the last "
+        "committed offsets, and the rows the table holds stay once"
+    )
 
 
 def _drop_unpublished(committer: Any, manifest: Manifest) -> None:
@@ -614,6 +688,12 @@ def _check_order(store: CommitterStore, pipeline: str, checkpoint_key: str) -> N
             .first()
         )
         store._check_append_order(conn, row)
+
+
+def record_refusal(store: CommitterStore, pipeline: str, key: str, exc: Exception, actor: Actor) -> None:
+    from .commit import record_refusal as record
+
+    record(store, pipeline, key, exc, actor)
 
 
 def _describe(exc: BaseException) -> str:

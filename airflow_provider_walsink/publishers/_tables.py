@@ -94,6 +94,29 @@ class Marker:
     #: before walsink recorded it). A reprocess checks they are all still live
     #: (:func:`check_retractable`).
     files: int | None = None
+    #: The held attempt's source offsets ``(start, end)`` as its manifest had them,
+    #: or ``None`` when the marker does not record them (written before they were).
+    offsets: tuple[Any, Any] | None = None
+
+
+def offsets_value(manifest: Manifest) -> dict[str, Any] | None:
+    """What a marker records of the attempt's source offsets: the committer table may lose its rows
+    (retention), and a reconcile must record the offsets of the attempt the table holds, never guess.
+
+    ``None`` (record nothing) for an attempt without offsets: a marker without them reads as
+    "unknown", which for such a pipeline records no offsets either, and the markers a table keeps
+    forever stay as small as before.
+    """
+    if manifest.start_offsets is None and manifest.end_offsets is None:
+        return None
+    return {"start": manifest.start_offsets, "end": manifest.end_offsets}
+
+
+def offsets_of(value: Any) -> tuple[Any, Any] | None:
+    """``(start, end)`` from :func:`offsets_value`'s record, or ``None`` if it is not one."""
+    if not isinstance(value, dict) or "start" not in value or "end" not in value:
+        return None
+    return value["start"], value["end"]
 
 
 class HeldByAnotherAttemptError(FencedError):

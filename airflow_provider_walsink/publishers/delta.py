@@ -76,6 +76,8 @@ from ._tables import (
     decide,
     layout_root,
     local_path,
+    offsets_of,
+    offsets_value,
     partition_of_path,
     schema_problems,
     staged_base,
@@ -315,6 +317,28 @@ class DeltaPublisher:
         marker = self.published_marker(manifest)
         return marker.attempt_id if marker else None
 
+    def published_offsets(self, manifest: Manifest, attempt_id: str) -> tuple[Any, Any] | None:
+        """The source offsets ``(start, end)`` of ``attempt_id`` if the table holds it, from its commit's
+        metadata; ``None`` (unknown) when that commit left the history the table keeps (log retention)
+        or predates the metadata."""
+        dt = self.load_table()
+        marker = self.marker_of(dt, manifest, need_id=True) if dt is not None else None
+        if dt is None or marker is None or marker.attempt_id != attempt_id:
+            return None
+        for commit in dt.history(HISTORY_SCAN_LIMIT):
+            if (
+                commit.get("walsink.pipeline") == manifest.pipeline
+                and commit.get("walsink.checkpoint") == manifest.checkpoint_key
+                and commit.get("walsink.attempt-id") == attempt_id
+                and str(commit.get("walsink.epoch")) == str(marker.epoch)
+            ):
+                raw = commit.get("walsink.offsets")
+                try:
+                    return offsets_of(json.loads(raw)) if isinstance(raw, str) else None
+                except ValueError:
+                    return None
+        return None
+
     def holds_attempt(self, manifest: Manifest) -> bool:
         """Whether a table version holds or held the manifest's attempt (it references its staged files)."""
         dt = self.load_table()
@@ -526,14 +550,18 @@ class DeltaPublisher:
                 partition_app_id(manifest.pipeline, partition, manifest.checkpoint_key),
             )
         ]
+        metadata = {
+            "walsink.pipeline": manifest.pipeline,
+            "walsink.checkpoint": manifest.checkpoint_key,
+            "walsink.sequence": str(manifest.sequence),
+            "walsink.attempt-id": manifest.attempt_id,
+            "walsink.epoch": str(token),
+        }
+        offsets = offsets_value(manifest)
+        if offsets is not None:
+            metadata["walsink.offsets"] = json.dumps(offsets, sort_keys=True)
         return CommitProperties(
-            custom_metadata={
-                "walsink.pipeline": manifest.pipeline,
-                "walsink.checkpoint": manifest.checkpoint_key,
-                "walsink.sequence": str(manifest.sequence),
-                "walsink.attempt-id": manifest.attempt_id,
-                "walsink.epoch": str(token),
-            },
+            custom_metadata=metadata,
             app_transactions=[
                 Transaction(app_id(manifest), token),
                 Transaction(app_id(manifest, manifest.attempt_id), token),

@@ -146,6 +146,8 @@ from ._tables import (
     decide,
     int96_columns,
     layout_root,
+    offsets_of,
+    offsets_value,
     partition_of_path,
     schema_problems,
     staged_base,
@@ -426,6 +428,7 @@ class IcebergPublisher:
             data.get("snapshot"),
             tuple(data.get("previous", ())),
             files=int(files) if files is not None else None,
+            offsets=offsets_of(data.get("offsets")),
         )
 
     @staticmethod
@@ -569,6 +572,12 @@ class IcebergPublisher:
         marker = self.published_marker(manifest)
         return marker.attempt_id if marker else None
 
+    def published_offsets(self, manifest: Manifest, attempt_id: str) -> tuple[Any, Any] | None:
+        """The source offsets ``(start, end)`` of ``attempt_id`` if the table holds it and its marker
+        records them (markers written before they were do not), else ``None``: unknown."""
+        marker = self.published_marker(manifest)
+        return marker.offsets if marker is not None and marker.attempt_id == attempt_id else None
+
     def holds_attempt(self, manifest: Manifest) -> bool:
         """Whether the table holds or held the manifest's attempt (a snapshot may reference its staged files)."""
         marker = self.published_marker(manifest)
@@ -695,13 +704,16 @@ class IcebergPublisher:
         previous = list(marker.previous) if marker else []
         if marker and marker.attempt_id != manifest.attempt_id:
             previous.append(marker.attempt_id)
-        value = {
+        value: dict[str, Any] = {
             "attempt_id": manifest.attempt_id,
             "epoch": ctx.epoch,
             "snapshot": str(producer.snapshot_id),
             "previous": previous[-20:],
             "files": len(data_files),
         }
+        offsets = offsets_value(manifest)
+        if offsets is not None:
+            value["offsets"] = offsets
         props = {marker_property(manifest): json.dumps(value, sort_keys=True)}
         holder = json.dumps({"checkpoint": manifest.checkpoint_key, "attempt_id": manifest.attempt_id})
         for partition in replaced:
