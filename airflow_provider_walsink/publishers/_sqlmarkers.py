@@ -66,9 +66,12 @@ def define_marker_table(name: str, schema: str | None) -> sa.Table:
 
 
 def define_order_table(name: str, schema: str | None) -> sa.Table:
-    """One row per pipeline, locked by its ``replace`` publishes so their order checks run one at a time."""
+    """One row per pipeline, locked by its ``replace`` publishes so their order checks run one at a time.
+
+    The key compares exactly (as the marker table's): ``Sales`` and ``sales`` lock rows of their own.
+    """
     return sa.Table(
-        name, sa.MetaData(), sa.Column("pipeline", sa.String(128), primary_key=True), schema=schema
+        name, sa.MetaData(), sa.Column("pipeline", exact_string(128), primary_key=True), schema=schema
     )
 
 
