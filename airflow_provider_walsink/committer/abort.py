@@ -256,11 +256,27 @@ class CheckpointAborter:
                 )
                 self._give_back(lease, actor, message)
                 raise AbortRefusedError(message) from exc
+            if held is not None and self._accounted_for(lease.record, manifest, held):
+                # The table holds a commit of this key from an earlier life of its row (trimmed by
+                # retention) whose source range the committed offsets already cover: not this
+                # row's to abort, and aborting this row cannot make the next interval re-read it.
+                # The tombstone then fences this row's attempts, checked against that one held.
+                try:
+                    held = tombstone_for_abort(
+                        self.publisher, self.layout, lease.record, manifest, accepted=held
+                    )
+                except Exception as exc:
+                    message = (
+                        f"checkpoint {pipeline}/{checkpoint_key} cannot be aborted: its target could not "
+                        f"record the abort's tombstone ({exc}); nothing changed"
+                    )
+                    self._give_back(lease, actor, message)
+                    raise AbortRefusedError(message) from exc
             if held is not None:
                 message = self._published(record, held)
                 self._give_back(lease, actor, message)
                 raise AbortRefusedError(message)
-        if manifest is not None and self.publisher is not None:
+        elif manifest is not None and self.publisher is not None:
             # The marker rule for targets without a tombstone: any attempt of this checkpoint
             # version the target holds (not only the sealed one) means it is published.
             held = self.publisher.published_attempt(manifest)
@@ -316,6 +332,27 @@ class CheckpointAborter:
             if attempt_id:
                 known[attempt_id] = number
         return known
+
+    def _accounted_for(self, record: CheckpointRecord, manifest: Manifest | None, held: str) -> bool:
+        """Whether attempt ``held``, which the table holds, is an earlier life's commit already in the offsets chain.
+
+        Only for an ``append`` checkpoint with source offsets that is not a reprocess, and only
+        when the table records the held attempt's offsets (its marker) and they end at or before
+        the pipeline's last committed end offsets, partition by partition: then its rows are
+        published and accounted for, the next interval starts after them, and aborting this row
+        neither loses nor repeats a row. Anything unknown or not comparable: ``False`` (refuse).
+        """
+        if manifest is None or manifest.end_offsets is None or record.supersedes_attempt_id:
+            return False
+        lookup = getattr(self.publisher, "published_offsets", None)
+        held_offsets = lookup(manifest, held) if lookup is not None else None
+        last = self.store.last_committed_offsets(record.pipeline)
+        if held_offsets is None or not isinstance(held_offsets[1], dict) or not isinstance(last, dict):
+            return False
+        return all(
+            isinstance(end, int) and isinstance(last.get(part), int) and end <= last[part]
+            for part, end in held_offsets[1].items()
+        )
 
     def _published(self, record: CheckpointRecord, held: str) -> str:
         """The refusal of an abort whose target holds attempt ``held`` of the checkpoint version."""

@@ -706,7 +706,12 @@ def _describe(exc: BaseException) -> str:
 
 
 def tombstone_for_abort(
-    publisher: Any, layout: Any, record: CheckpointRecord, manifest: Manifest | None
+    publisher: Any,
+    layout: Any,
+    record: CheckpointRecord,
+    manifest: Manifest | None,
+    *,
+    accepted: str | None = None,
 ) -> str | None:
     """Make the table refuse every attempt of the checkpoint a committer could still publish.
 
@@ -725,7 +730,10 @@ def tombstone_for_abort(
     attempt: a write retry after a commit that died past its table commit
     seals a new attempt while the table holds the earlier one), else ``None``
     once the tombstone is in the table (or nothing needed one). The check is
-    made on the table state the tombstone's own commit is based on. Raises the target's error when it
+    made on the table state the tombstone's own commit is based on. ``accepted``: an attempt the
+    table may hold (an earlier life's commit the abort found accounted for), treated as a
+    reprocess's superseded version is: left in the table, not tombstoned, not a refusal; any other
+    attempt held is. Raises the target's error when it
     cannot carry the tombstone (e.g. the table does not exist and may not be
     created): the abort must then refuse too.
     """
@@ -743,7 +751,8 @@ def tombstone_for_abort(
             except (WalsinkError, OSError):
                 continue  # never sealed (no manifest): nothing a committer could publish
         ids.add(attempt_id)
-    ids.discard(record.supersedes_attempt_id or "")
+    superseded = accepted or record.supersedes_attempt_id
+    ids.discard(superseded or "")
     if not ids:
         return None
     create_from = None
@@ -753,6 +762,4 @@ def tombstone_for_abort(
         )
         create_from = (manifest, str(attempt_dir))
     ref = CheckpointRef(record.pipeline, record.checkpoint_key, record.sealed_attempt_id or "")
-    return publisher.tombstone(
-        ref, frozenset(ids), superseded=record.supersedes_attempt_id, create_from=create_from
-    )
+    return publisher.tombstone(ref, frozenset(ids), superseded=superseded, create_from=create_from)
