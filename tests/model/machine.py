@@ -66,7 +66,7 @@ KEY = st.sampled_from(KEYS)
 #: write, durable check, commit; the others interleave with it.
 WEIGHTED = (
     ["run"] * 6 + ["write"] * 2 + ["durable"] * 2 + ["commit"] * 2 + ["crash"] * 4 + ["pause"] * 2
-    + ["race", "recommit", "abort", "abort", "reprocess", "reprocess", "retention", "gc", "maintain", "maintain",
+    + ["race", "recommit", "abort", "abort", "reprocess", "reprocess", "retention", "gc", "maintain", "maintain", "maintain",
        "symlink"]
 )  # fmt: skip
 
