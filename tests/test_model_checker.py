@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.model.machine import Combo, run_machine
+from tests.model.machine import Combo, Figures, run_machine
 from tests.model.world import Config, replay
 
 pytestmark = pytest.mark.slow
 
 SEED = 22
-SCHEDULES = 5
+SCHEDULES = 6
 STEPS = 10
+#: What every combination did, for the test that checks the operations were exercised.
+TOTAL = Figures()
 
 #: Combinations a known open symptom of issue 22 breaks (turned on once it is fixed).
 KNOWN = {
@@ -57,17 +59,25 @@ def test_model_checker_finds_no_violation(kind, mode, fencing, database_urls, tm
     seed = SEED * 100 + CASES.index((kind, mode, fencing))
     figures = run_machine([combo], seed_value=seed, schedules=SCHEDULES, steps=STEPS, workdir=str(tmp_path),
                           shrink=False)  # fmt: skip
+    TOTAL.schedules += figures.schedules
+    TOTAL.counts.update(figures.counts)
     print(figures.describe())
     assert not figures.violations, "\n".join(
         f"{label}: {problems}\nschedule: {schedule}" for label, problems, schedule in figures.violations
     )
-    c = figures.counts
-    # The operations were really exercised, not refused or skipped all along.
-    assert c["run"] > 0 and c["kills"] > 0, figures.describe()
-    assert c["pauses"] + c["race"] > 0, figures.describe()
-    assert c["aborts.done"] + c["reprocesses.begun"] > 0, figures.describe()
-    if combo.kind in ("iceberg", "delta"):
-        assert c["maintain"] > 0, figures.describe()
+    assert figures.counts["run"] > 0, figures.describe()
+
+
+def test_model_checker_exercised_every_operation():
+    """The schedules above really killed, paused, raced, aborted, reprocessed and maintained
+    (counted over every combination, the xfailed ones up to their violation)."""
+    if TOTAL.schedules == 0:
+        pytest.skip("run with the combinations above (this test counts what they did)")
+    c = TOTAL.counts
+    print(TOTAL.describe())
+    for what in ("kills", "pauses", "race", "aborts.done", "reprocesses.begun", "retention", "gc", "maintain",
+                 "symlinks"):  # fmt: skip
+        assert c[what] > 0, f"{what}: {TOTAL.describe()}"
 
 
 # ----------------------------------------------------------------------------- the checker can fail

@@ -65,9 +65,9 @@ KEY = st.sampled_from(KEYS)
 #: Operations and their weights (a name repeated is drawn more often). ``run`` is a whole DAG run:
 #: write, durable check, commit; the others interleave with it.
 WEIGHTED = (
-    ["run"] * 6 + ["write"] * 2 + ["durable"] * 2 + ["commit"] * 2 + ["crash"] * 4 + ["pause"] * 2
-    + ["race", "recommit", "abort", "abort", "reprocess", "reprocess", "retention", "gc", "maintain", "maintain", "maintain",
-       "symlink"]
+    ["run"] * 6 + ["write"] * 2 + ["durable"] * 2 + ["commit"] * 2 + ["crash"] * 5 + ["pause"] * 3
+    + ["race", "recommit", "abort", "abort", "reprocess", "reprocess", "retention", "gc", "maintain", "maintain",
+       "maintain", "symlink"]
 )  # fmt: skip
 
 
@@ -114,7 +114,9 @@ def machine_for(
                 self._do({"op": op, "key": key})
             elif op == "crash":
                 points = KILL_POINTS[self.kind]
-                self._do({"op": op, "key": key, "point": data.draw(st.sampled_from(points), label="point")})
+                point = data.draw(st.sampled_from(points), label="point")
+                retry = data.draw(st.sampled_from([True, True, False]), label="retry")
+                self._do({"op": op, "key": key, "point": point, "retry": retry})
             elif op == "pause":
                 point = data.draw(st.sampled_from(PAUSE_POINTS[self.kind]), label="point")
                 then = data.draw(st.sampled_from(["commit", "abort", "reprocess"]), label="then")
