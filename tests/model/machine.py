@@ -66,7 +66,7 @@ KEY = st.sampled_from(KEYS)
 #: write, durable check, commit; the others interleave with it.
 WEIGHTED = (
     ["run"] * 6 + ["write"] * 2 + ["durable"] * 2 + ["commit"] * 2 + ["crash"] * 5 + ["pause"] * 3
-    + ["race", "recommit", "abort", "abort", "reprocess", "reprocess", "retention", "gc", "maintain", "maintain",
+    + ["race", "recommit", "abort", "abort", "abort_race", "reprocess", "reprocess", "retention", "gc", "maintain", "maintain",
        "maintain", "symlink"]
 )  # fmt: skip
 
@@ -110,7 +110,7 @@ def machine_for(
                 parts = data.draw(st.sampled_from([[0], [1], [0, 1]]), label="parts")
                 nulls = data.draw(st.booleans(), label="nulls")
                 self._do({"op": op, "key": key, "n": n, "parts": parts, "nulls": nulls})
-            elif op in ("durable", "commit", "recommit", "race", "abort", "symlink"):
+            elif op in ("durable", "commit", "recommit", "race", "abort", "abort_race", "symlink"):
                 self._do({"op": op, "key": key})
             elif op == "crash":
                 points = KILL_POINTS[self.kind]

@@ -451,6 +451,20 @@ class World:
         self._note_commit(resumed)
         return f"{first_write}meanwhile {then}: {meanwhile}; resumed: {json.dumps(resumed)[:300]}"
 
+    def op_abort_race(self, key: str) -> str:
+        """An abort racing a commit task of the same checkpoint (a real process, started together)."""
+        first_write = self._ensure_durable(key)
+        proc, out = self._spawn(key, None, stop=False)
+        try:
+            aborted = self.op_abort(key)
+        except WalsinkError as exc:
+            aborted = f"refused: {type(exc).__name__}: {str(exc)[:160]}"
+        finally:
+            proc.join(300)
+        committed = self._result(out)
+        self._note_commit(committed)
+        return f"{first_write}abort: {aborted}; commit: {json.dumps(committed)[:300]}"
+
     def op_abort(self, key: str) -> str:
         rec = self.store.require(self.cfg.pipeline, key)
         aborter = CheckpointAborter(self.store, self.layout, self.cfg.publisher(self.layout), grace=ABORT_GRACE,
