@@ -215,6 +215,9 @@ class Model:
     #: A commit killed with no retry yet (key -> its attempt): the target may show that attempt's
     #: rows (each once, maybe not all) until the checkpoint is COMMITTED or ABORTED.
     in_flight: dict[str, str] = field(default_factory=dict)
+    #: Append: attempts committed under a key whose row retention trimmed, before the key was
+    #: re-run; their rows stay (a re-run reads new offsets, it does not replace them).
+    retired: list[str] = field(default_factory=list)
 
 
 class World:
@@ -657,8 +660,12 @@ class World:
                 m.superseded.add(old)
                 m.reprocessing.pop(key, None)
             if key in m.trimmed and old is not None and old != aid:
-                # A re-run after retention: the interval was committed once already (invariant 9).
-                m.superseded.add(old)
+                # A re-run after retention committed a new attempt: in overwrite it replaces the old
+                # one's partitions; in append it read new offsets and the old rows stay.
+                if cfg.mode == "append":
+                    m.retired.append(old)
+                else:
+                    m.superseded.add(old)
             m.trimmed.discard(key)
             m.committed[key] = aid
             if cfg.mode == "overwrite":
@@ -673,9 +680,9 @@ class World:
                 del m.in_flight[key]
         # Offsets contiguous: each committed append checkpoint starts where the previous one ended.
         if cfg.mode == "append":
-            chain = sorted((k, m.attempts[a]) for k, a in m.committed.items())
+            live = [m.attempts[a] for a in [*m.committed.values(), *m.retired]]
             at = 0
-            for _, att in chain:
+            for att in sorted(live, key=lambda a: (a.start, a.end)):
                 if att.start != at:
                     problems.append(
                         f"offsets not contiguous: {att.key} starts at {att.start}, previous ended at {at}"
@@ -689,7 +696,7 @@ class World:
                 )
         # What must be visible.
         if cfg.mode == "append":
-            expected = [r for a in m.committed.values() for r in m.attempts[a].rows]
+            expected = [r for a in [*m.committed.values(), *m.retired] for r in m.attempts[a].rows]
         else:
             expected = [r for p, a in m.owners.items() for r in m.attempts[a].rows if r[0] == p]
         try:
