@@ -120,9 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             found = len(figures.violations) - before[1]
             print(f"{combo.label:32s} schedules {figures.schedules - before[0]:4d}  "
                   f"{time.monotonic() - t0:6.1f}s  violations {found}", flush=True)  # fmt: skip
+            for label, problems, schedule in figures.violations[before[1] :]:
+                print(f"  VIOLATION on {label}:\n    " + "\n    ".join(problems[:10]) + f"\n  schedule: {schedule}",
+                      flush=True)  # fmt: skip
         print(f"\n{figures.describe()}\n  seconds: {time.monotonic() - started:.0f}")
-        for label, problems, schedule in figures.violations:
-            print(f"\nVIOLATION on {label}:\n  " + "\n  ".join(problems[:10]) + f"\nschedule: {schedule}")
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(
