@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.model.machine import Combo, Figures, run_machine
+from tests.model.machine import Combo, Figures, load_schedule, run_machine
 from tests.model.world import Config, replay
 
 pytestmark = pytest.mark.slow
@@ -113,6 +113,11 @@ def test_checker_catches_a_publisher_that_publishes_twice(tmp_path, monkeypatch)
     figures = run_machine([Combo("files", "append", "lease")], seed_value=1, schedules=3, steps=6,
                           workdir=str(tmp_path / "m"), shrink=False)  # fmt: skip
     assert figures.violations and '"steps"' in figures.violations[0][2], figures.violations
+    # The printed schedule replays: the same violation again.
+    config, steps = load_schedule(figures.violations[0][2])
+    assert config == {"kind": "files", "mode": "append", "fencing": "lease"}
+    again = replay(_files(tmp_path / "again", "append"), steps, verbose=False)
+    assert any("shown twice" in v for v in again), again
 
 
 def test_checker_catches_a_publisher_that_skips_the_order_check(tmp_path, monkeypatch):
