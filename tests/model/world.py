@@ -551,6 +551,9 @@ class World:
 
     def op_symlink(self, key: str) -> str:
         """Hostile: a staged file of the sealed attempt becomes a symlink to a same-content file outside staging."""
+        rec = self.store.get(self.cfg.pipeline, key)
+        if rec is None or not rec.is_committed:
+            self._ensure_durable(key)  # a sealed, verified attempt to tamper with
         rec = self.store.require(self.cfg.pipeline, key)
         if rec.sealed_attempt is None or rec.is_committed:
             return "skipped: nothing staged"
