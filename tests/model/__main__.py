@@ -16,8 +16,8 @@ import time
 import uuid
 from collections.abc import Callable
 
-from .machine import Combo, Figures, load_schedule, run_machine
-from .world import Config, replay
+from .machine import Combo, Figures, load_schedule, minimize, run_machine
+from .world import Config, replay, schedule_text
 
 TARGETS = ("files", "iceberg", "delta", "sql-postgresql", "sql-mysql")
 PG_ADMIN = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
@@ -118,6 +118,14 @@ def main(argv: list[str] | None = None) -> int:
                         workdir=workdir, figures=figures, shrink=not args.no_shrink)  # fmt: skip
             figures.last_failure = None
             found = len(figures.violations) - before[1]
+            if found and not args.no_shrink:
+                for j in range(before[1], len(figures.violations)):
+                    label, problems, schedule = figures.violations[j]
+                    if schedule:
+                        config, steps = load_schedule(schedule)
+                        cfg = Config(combo.kind, combo.mode, combo.fencing, workdir, "sqlite", combo.sql_url)
+                        steps, again = minimize(combo, steps, workdir)
+                        figures.violations[j] = (label, again or problems, schedule_text(cfg, steps))
             print(f"{combo.label:32s} schedules {figures.schedules - before[0]:4d}  "
                   f"{time.monotonic() - t0:6.1f}s  violations {found}", flush=True)  # fmt: skip
             for label, problems, schedule in figures.violations[before[1] :]:

@@ -206,6 +206,45 @@ def run_machine(
     return figures
 
 
+def minimize(
+    combo: Combo, steps: list[dict[str, Any]], workdir: str, *, db_url: str = "sqlite"
+) -> list[dict[str, Any]]:
+    """Hypothesis's shrink, finished by hand: drop each step whose removal keeps a violation.
+
+    Hypothesis shrinks the draws of a stateful run, which leaves steps that became no-ops (a
+    run of a COMMITTED key); this greedy pass replays the schedule without each step in turn
+    (one replay per step, so a few seconds per step) and keeps the shorter schedule that still
+    fails. Timing-dependent violations may need the step they lose: then it stays. Returns the
+    steps and the violations of their last failing replay.
+    """
+    found: list[str] = []
+    from .world import replay
+
+    def fails(candidate: list[dict[str, Any]]) -> bool:
+        nonlocal found
+        work = tempfile.mkdtemp(prefix="min-", dir=workdir)
+        url = db_url if db_url != "sqlite" else f"sqlite:///{work}/committer.db"
+        cfg = Config(combo.kind, combo.mode, combo.fencing, work, url, combo.sql_url,
+                     pipeline=f"m{uuid.uuid4().hex[:10]}")  # fmt: skip
+        try:
+            problems = replay(cfg, candidate, verbose=False)
+            if problems:
+                found = problems
+            return bool(problems)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    fails(steps)
+    i = len(steps) - 1
+    while i >= 0 and len(steps) > 1:
+        candidate = steps[:i] + steps[i + 1 :]
+        if fails(candidate):
+            steps = candidate
+        i -= 1
+    fails(steps)
+    return steps, found
+
+
 def load_schedule(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     data = json.loads(text)
     return data["config"], data["steps"]
