@@ -2,7 +2,9 @@
 
 Runs the model checker over every target combination asked for (kind x mode x
 fencing), ``N`` schedules in all, and prints its figures and every violation
-with its shrunk, replayable schedule (also written to ``--out``).
+with its shrunk, replayable schedule (also written to ``--out``). The figures
+count every schedule run, Hypothesis's shrinking replays included; a violation
+ends its combination's run (Hypothesis stops at the first failure it shrinks).
 """
 
 from __future__ import annotations
