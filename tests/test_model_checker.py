@@ -30,9 +30,31 @@ KNOWN = {
     ("iceberg", "overwrite"): "issue 22 symptom 2: table overwrite has no order",
     ("sql", "overwrite"): "issue 22 symptom 2 (one ordering rule): SQL overwrite has no order either",
 }
+TABLE_FENCED_EVENT = (
+    "a table-fenced commit that loses a race (or resumes after another committed) also reports a new "
+    "commit: two asset events (found by this checker, outside symptoms 1-11)"
+)
 KNOWN_FENCING = {
-    ("delta", "append", "table"): "issue 22 symptoms 1/5: table fencing and append offsets",
-    ("iceberg", "append", "table"): "issue 22 symptoms 1/5: table fencing and append offsets",
+    (
+        "delta",
+        "append",
+        "table",
+    ): f"issue 22 symptoms 1/3/5 (append offsets, retraction, abort); {TABLE_FENCED_EVENT}",
+    (
+        "iceberg",
+        "append",
+        "table",
+    ): f"issue 22 symptoms 1/3/5 (append offsets, retraction, abort); {TABLE_FENCED_EVENT}",
+    (
+        "delta",
+        "overwrite",
+        "table",
+    ): f"issue 22 symptom 2: table overwrite has no order; {TABLE_FENCED_EVENT}",
+    (
+        "iceberg",
+        "overwrite",
+        "table",
+    ): f"issue 22 symptom 2: table overwrite has no order; {TABLE_FENCED_EVENT}",
 }
 
 CASES = [
