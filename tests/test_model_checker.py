@@ -150,3 +150,70 @@ def test_checker_catches_a_publisher_that_skips_the_order_check(tmp_path, monkey
     steps = [{"op": "run", "key": K3, "n": 2, "parts": [0]}, {"op": "run", "key": K1, "n": 1, "parts": [0]}]
     found = replay(_files(tmp_path, "overwrite"), steps, verbose=False)
     assert any("missing committed row" in v and K3 in v for v in found), found
+
+
+# ----------------------------------------------------------------------------- schedules it found
+
+K2 = "20260102"
+#: Shrunk schedules the checker found on the code of issue 22 (see the issue's symptoms); each
+#: must replay with no violation once its symptom is fixed.
+FOUND = [
+    pytest.param(
+        "delta", "overwrite", "lease",
+        [{"op": "crash", "key": K2, "point": "table.before_table_commit"}, {"op": "run", "key": K1, "n": 2, "parts": [0]}],
+        marks=pytest.mark.xfail(reason="issue 22 symptom 2: an older checkpoint replaces a newer one's partition",
+                                strict=False),
+        id="symptom2-delta-older-key-replaces-partition",
+    ),
+    pytest.param(
+        "iceberg", "overwrite", "table",
+        [{"op": "run", "key": K3, "n": 2, "parts": [0]}, {"op": "crash", "key": K2, "point": "table.before_table_commit"}],
+        marks=pytest.mark.xfail(reason="issue 22 symptom 2", strict=False),
+        id="symptom2-iceberg-table-fenced-older-key-replaces-partition",
+    ),
+    pytest.param(
+        "sql-postgresql", "overwrite", "lease",
+        [{"op": "crash", "key": K2, "point": "sql.before_load"}, {"op": "run", "key": K1, "n": 2, "parts": [0]}],
+        marks=pytest.mark.xfail(reason="issue 22 symptom 2 (one ordering rule, SQL too)", strict=False),
+        id="symptom2-sql-older-key-replaces-partition",
+    ),
+    pytest.param(
+        "delta", "append", "lease",
+        [{"op": "run", "key": K1, "n": 3}, {"op": "maintain", "action": "compact"}, {"op": "reprocess", "key": K1, "n": 2},
+         {"op": "durable", "key": K1}, {"op": "commit", "key": K1}],
+        marks=pytest.mark.xfail(reason="issue 22 symptom 3: reprocess after compaction retracts nothing", strict=False),
+        id="symptom3-delta-reprocess-after-compaction",
+    ),
+    pytest.param(
+        "delta", "append", "table",
+        [{"op": "run", "key": K1, "n": 2}, {"op": "run", "key": K2, "n": 2}, {"op": "run", "key": K3, "n": 2},
+         {"op": "retention"}, {"op": "run", "key": K1, "n": 2}],
+        marks=pytest.mark.xfail(reason="issue 22 symptom 1: the reconciled row keeps the re-run's end offsets",
+                                strict=False),
+        id="symptom1-delta-table-fenced-rerun-after-retention",
+    ),
+    pytest.param(
+        "delta", "append", "table",
+        [{"op": "run", "key": K1, "n": 2}, {"op": "crash", "key": K2, "point": "table.after_table_commit", "retry": False},
+         {"op": "write", "key": K2, "n": 2}, {"op": "durable", "key": K2}, {"op": "abort", "key": K2},
+         {"op": "run", "key": K3, "n": 2}],
+        marks=pytest.mark.xfail(reason="issue 22 symptom 5: abort granted though the table holds an attempt",
+                                strict=False),
+        id="symptom5-delta-abort-after-table-commit",
+    ),
+    pytest.param(
+        "delta", "overwrite", "table",
+        [{"op": "race", "key": K1}],
+        marks=pytest.mark.xfail(reason=TABLE_FENCED_EVENT, strict=False),
+        id="table-fenced-race-reports-two-new-commits",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "mode", "fencing", "steps"), FOUND)
+def test_found_schedule_replays_clean(kind, mode, fencing, steps, database_urls, tmp_path):
+    sql_url = database_urls(kind.split("-", 1)[1]) if kind.startswith("sql-") else None
+    cfg = Config(kind.split("-")[0], mode, fencing, str(tmp_path / "w"), f"sqlite:///{tmp_path}/c.db", sql_url,
+                 pipeline="found")  # fmt: skip
+    found = replay(cfg, steps, verbose=False)
+    assert not found, "\n".join(found)
