@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
 import tempfile
 import time
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
         return 1 if figures.violations else 0
     finally:
+        shutil.rmtree(workdir, ignore_errors=True)
         for drop in drops:
             try:
                 drop()
