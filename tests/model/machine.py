@@ -1,0 +1,250 @@
+"""The Hypothesis state machine: random interleavings of every operation on one pipeline.
+
+Each example (a *schedule*) picks one target combination, then runs random
+steps (:mod:`.world` executes them with the real core and real processes) and
+after every step checks the target and the committer table against the
+reference model. A violation raises with the schedule so far, as JSON that
+``python -m tests.model --replay FILE`` runs again; Hypothesis shrinks it
+first, so the schedule printed last is the shortest it found.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, seed, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, initialize, invariant, rule
+
+from .world import KEYS, KILL_POINTS, PAUSE_POINTS, Config, World, schedule_text
+
+
+@dataclass(frozen=True)
+class Combo:
+    """One target combination: kind, mode, fencing (and the SQL database's URL)."""
+
+    kind: str
+    mode: str
+    fencing: str
+    sql_url: str | None = None
+
+    @property
+    def label(self) -> str:
+        sql = f"-{self.sql_url.split(':', 1)[0].split('+')[0]}" if self.sql_url else ""
+        return f"{self.kind}{sql}/{self.mode}/{self.fencing}"
+
+
+@dataclass
+class Figures:
+    """What a run did: schedules, steps, per-operation counts, violations with their schedules."""
+
+    schedules: int = 0
+    steps: int = 0
+    counts: Counter = field(default_factory=Counter)
+    violations: list[tuple[str, list[str], str]] = field(default_factory=list)  # (combo, problems, schedule)
+    last_failure: tuple[str, list[str], str] | None = None
+
+    def describe(self) -> str:
+        c = self.counts
+        ops = ", ".join(f"{k} {v}" for k, v in sorted(c.items()) if "@" not in k)
+        kills = ", ".join(f"{k.split('@', 1)[1]} {v}" for k, v in sorted(c.items()) if k.startswith("kill@"))
+        return (
+            f"schedules {self.schedules}, steps {self.steps}, kills {c['kills']}, pauses {c['pauses']}, "
+            f"violations {len(self.violations)}\n  operations: {ops}\n  kills at: {kills or '-'}"
+        )
+
+
+KEY = st.sampled_from(KEYS)
+#: Operations and their weights (a name repeated is drawn more often). ``run`` is a whole DAG run:
+#: write, durable check, commit; the others interleave with it.
+WEIGHTED = (
+    ["run"] * 6 + ["write"] * 2 + ["durable"] * 2 + ["commit"] * 2 + ["crash"] * 5 + ["pause"] * 3
+    + ["race", "recommit", "abort", "abort", "abort_race", "reprocess", "reprocess", "retention", "gc", "maintain", "maintain",
+       "maintain", "symlink"]
+)  # fmt: skip
+
+
+def machine_for(
+    combos: list[Combo], workdir: str, db_url: str, figures: Figures
+) -> type[RuleBasedStateMachine]:
+    """A state machine class over ``combos``; every example's figures are added to ``figures``."""
+
+    class PipelineMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.world: World | None = None
+            self.steps: list[dict[str, Any]] = []
+
+        @initialize(combo=st.sampled_from(combos))
+        def start(self, combo: Combo) -> None:
+            work = tempfile.mkdtemp(prefix="s-", dir=workdir)
+            url = db_url if db_url != "sqlite" else f"sqlite:///{work}/committer.db"
+            cfg = Config(combo.kind, combo.mode, combo.fencing, work, url, combo.sql_url,
+                         pipeline=f"m{uuid.uuid4().hex[:10]}")  # fmt: skip
+            self.world = World(cfg)
+            figures.schedules += 1
+
+        def _do(self, step: dict[str, Any]) -> None:
+            assert self.world is not None
+            self.steps.append(step)
+            figures.steps += 1
+            self.world.run(step)
+
+        @property
+        def kind(self) -> str:
+            return self.world.cfg.kind if self.world else ""
+
+        @rule(op=st.sampled_from(WEIGHTED), data=st.data())
+        def step(self, op: str, data: st.DataObject) -> None:
+            """One operation, drawn with the weights of :data:`WEIGHTED` (Hypothesis has no rule weights)."""
+            key = data.draw(KEY, label="key")
+            if op in ("run", "write"):
+                n = data.draw(st.sampled_from([2, 1, 3, 0]), label="n")  # 0: an empty checkpoint
+                parts = data.draw(st.sampled_from([[0], [1], [0, 1]]), label="parts")
+                nulls = data.draw(st.booleans(), label="nulls")
+                self._do({"op": op, "key": key, "n": n, "parts": parts, "nulls": nulls})
+            elif op in ("durable", "commit", "recommit", "race", "abort", "abort_race", "symlink"):
+                self._do({"op": op, "key": key})
+            elif op == "crash":
+                points = KILL_POINTS[self.kind]
+                point = data.draw(st.sampled_from(points), label="point")
+                retry = data.draw(st.sampled_from([True, True, False]), label="retry")
+                self._do({"op": op, "key": key, "point": point, "retry": retry})
+            elif op == "pause":
+                point = data.draw(st.sampled_from(PAUSE_POINTS[self.kind]), label="point")
+                then = data.draw(st.sampled_from(["commit", "abort", "reprocess"]), label="then")
+                self._do({"op": op, "key": key, "point": point, "then": then})
+            elif op == "reprocess":
+                self._do({"op": op, "key": key, "n": data.draw(st.integers(0, 3), label="n")})
+            elif op in ("retention", "gc"):
+                self._do({"op": op})
+            elif op == "maintain":
+                if self.kind == "delta":
+                    action = data.draw(
+                        st.sampled_from(["compact", "checkpoint", "cleanup", "vacuum"]), label="a"
+                    )
+                elif self.kind == "iceberg":
+                    action = data.draw(st.sampled_from(["compact", "expire"]), label="a")
+                else:
+                    return
+                self._do({"op": op, "action": action})
+
+        @invariant()
+        def matches_model(self) -> None:
+            if self.world is None or not self.steps:
+                return
+            problems = self.world.check()
+            if problems:
+                text = schedule_text(self.world.cfg, self.steps)
+                figures.last_failure = (self.world.cfg.label, problems, text)
+                raise AssertionError(
+                    f"{len(problems)} violation(s) on {self.world.cfg.label} after step {len(self.steps) - 1} "
+                    f"({self.steps[-1]['op']}):\n  " + "\n  ".join(problems[:12]) + f"\nschedule: {text}"
+                )
+
+        def teardown(self) -> None:
+            if self.world is not None:
+                figures.counts.update(self.world.counts)
+                work = self.world.cfg.work
+                self.world.close()
+                shutil.rmtree(work, ignore_errors=True)
+
+    return PipelineMachine
+
+
+def run_machine(
+    combos: list[Combo],
+    *,
+    seed_value: int,
+    schedules: int,
+    steps: int,
+    workdir: str,
+    db_url: str = "sqlite",
+    figures: Figures | None = None,
+    shrink: bool = True,
+) -> Figures:
+    """Run ``schedules`` random schedules of up to ``steps`` steps over ``combos``; a violation is
+    recorded in the figures (with its shrunk schedule), never raised."""
+    figures = figures or Figures()
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    machine = machine_for(combos, workdir, db_url, figures)
+    phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if shrink else [])
+    test = get_state_machine_test(
+        machine,
+        settings=settings(
+            max_examples=schedules,
+            stateful_step_count=steps,
+            deadline=None,
+            database=None,
+            derandomize=False,
+            phases=phases,
+            suppress_health_check=list(HealthCheck),
+            report_multiple_bugs=False,
+            print_blob=False,
+        ),
+        _min_steps=0,
+        _flaky_state={"selecting_rule": False},
+    )
+    try:
+        seed(seed_value)(test)()
+    except BaseException as exc:  # noqa: BLE001 - AssertionError, or Flaky when a shrunk replay raced
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        if figures.last_failure is not None:
+            figures.violations.append(figures.last_failure)
+        else:
+            figures.violations.append(
+                (",".join(c.label for c in combos), [f"{type(exc).__name__}: {exc}"[:2000]], "")
+            )
+    return figures
+
+
+def minimize(
+    combo: Combo, steps: list[dict[str, Any]], workdir: str, *, db_url: str = "sqlite"
+) -> list[dict[str, Any]]:
+    """Hypothesis's shrink, finished by hand: drop each step whose removal keeps a violation.
+
+    Hypothesis shrinks the draws of a stateful run, which leaves steps that became no-ops (a
+    run of a COMMITTED key); this greedy pass replays the schedule without each step in turn
+    (one replay per step, so a few seconds per step) and keeps the shorter schedule that still
+    fails. Timing-dependent violations may need the step they lose: then it stays. Returns the
+    steps and the violations of their last failing replay.
+    """
+    found: list[str] = []
+    from .world import replay
+
+    def fails(candidate: list[dict[str, Any]]) -> bool:
+        nonlocal found
+        work = tempfile.mkdtemp(prefix="min-", dir=workdir)
+        url = db_url if db_url != "sqlite" else f"sqlite:///{work}/committer.db"
+        cfg = Config(combo.kind, combo.mode, combo.fencing, work, url, combo.sql_url,
+                     pipeline=f"m{uuid.uuid4().hex[:10]}")  # fmt: skip
+        try:
+            problems = replay(cfg, candidate, verbose=False)
+            if problems:
+                found = problems
+            return bool(problems)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    fails(steps)
+    i = len(steps) - 1
+    while i >= 0 and len(steps) > 1:
+        candidate = steps[:i] + steps[i + 1 :]
+        if fails(candidate):
+            steps = candidate
+        i -= 1
+    fails(steps)
+    return steps, found
+
+
+def load_schedule(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    data = json.loads(text)
+    return data["config"], data["steps"]

@@ -1,0 +1,764 @@
+"""One pipeline under test: its target, its committer table, the operations, the reference model.
+
+A *schedule* is a JSON-serialisable list of steps (``{"op": ..., ...}``) run in
+order against one :class:`World` (one target kind, one mode, one fencing mode,
+one fresh pipeline). :meth:`World.run` executes one step with the real core
+APIs (``CheckpointWriter``, ``evaluate_durability``, ``CheckpointCommitter``,
+``CheckpointAborter``, ``begin_version``, GC, retention, table maintenance);
+commits that are killed, paused or raced run in real child processes of a
+fork server, so a kill is a real SIGKILL at a named crash point
+(``WALSINK_CRASH_AT``) and a pause a real SIGSTOP.
+
+:meth:`World.check` compares what the target holds (read back with its own
+library) and what the committer table says with :class:`Model`, a reference
+of what must be visible, and returns the violations found.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import time
+import traceback
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from airflow_provider_walsink import faults
+from airflow_provider_walsink.committer.abort import CheckpointAborter
+from airflow_provider_walsink.committer.commit import CheckpointCommitter
+from airflow_provider_walsink.committer.store import Actor, CommitterStore, LeaseHeldError
+from airflow_provider_walsink.committer.writer import CheckpointWriter
+from airflow_provider_walsink.protocol.errors import WalsinkError
+from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+
+LEASE_TTL = timedelta(milliseconds=800)
+#: An abort waits out a holder's trusted confirmation: min(TTL/3, 2 s) with this TTL, plus margin.
+ABORT_GRACE = timedelta(milliseconds=500)
+KEYS = ("20260101", "20260102", "20260103")
+#: Overwrite checkpoints write into these partitions (shared by every key: the order matters).
+PARTITIONS = ("2026-01-01", "2026-01-02")
+KILL_POINTS = {
+    "files": ("publish.after_k", "publish.after_swap", "commit.after_publish", "commit.after_committed"),
+    "iceberg": ("table.before_table_commit", "table.after_table_commit", "commit.after_publish",
+                "commit.after_committed"),
+    "delta": ("table.before_table_commit", "table.after_table_commit", "commit.after_publish",
+              "commit.after_committed"),
+    "sql": ("sql.before_load", "sql.loaded", "sql.committed", "commit.after_publish", "commit.after_committed"),
+}  # fmt: skip
+#: Where a paused committer stops: mid-publish (before the target changes) and inside its clean-up.
+PAUSE_POINTS = {
+    "files": ("publish.after_k", "commit.after_committed"),
+    "iceberg": ("table.before_table_commit", "commit.after_committed"),
+    "delta": ("table.before_table_commit", "commit.after_committed"),
+    "sql": ("sql.loaded", "commit.after_committed"),
+}
+MAX_TRIES = 12
+
+
+@dataclass(frozen=True)
+class Config:
+    """What one schedule runs against (picklable: the fork server's children rebuild from it)."""
+
+    kind: str  # files | iceberg | delta | sql
+    mode: str  # append | overwrite
+    fencing: str  # lease | table
+    work: str
+    db_url: str
+    sql_url: str | None = None
+    pipeline: str = "p"
+
+    @property
+    def label(self) -> str:
+        sql = f"-{self.sql_url.split(':', 1)[0].split('+')[0]}" if self.sql_url else ""
+        return f"{self.kind}{sql}/{self.mode}/{self.fencing}"
+
+    @property
+    def table(self) -> str:
+        return self.pipeline.replace("-", "_")
+
+    @property
+    def sql_schema(self) -> str | None:
+        return "public" if self.sql_url and self.sql_url.startswith("postgresql") else None
+
+    def uri(self) -> str:
+        if self.kind == "files":
+            return f"{self.work}/target"
+        if self.kind == "iceberg":
+            return f"iceberg://model/m.{self.table}?create_table=true"
+        if self.kind == "delta":
+            return f"delta://{self.work}/delta/{self.table}?create_table=true"
+        return f"sql://model_sql/{self.sql_schema + '.' if self.sql_schema else ''}{self.table}"
+
+    def connections(self, conn_id: str) -> dict[str, Any]:
+        if conn_id == "model":
+            return {
+                "conn_type": "iceberg",
+                "extra": {
+                    "type": "sql",
+                    "uri": f"sqlite:///{self.work}/catalog.db",
+                    "warehouse": f"file://{self.work}/warehouse",
+                },
+            }
+        raise KeyError(conn_id)
+
+    def publisher(self, layout: StagingLayout | None = None) -> Any:
+        extra = {"url": self.sql_url, "lock_timeout": 2} if self.kind == "sql" else {}
+        options = TargetOptions(
+            mode=self.mode,
+            layout=layout or StagingLayout(f"{self.work}/staging"),
+            partition_by=("dt",),
+            connections=self.connections,
+            extra=extra,
+        )
+        return resolve_target(self.uri(), options)
+
+    def layout(self) -> StagingLayout:
+        probe = self.publisher()
+        own = getattr(probe, "staging_root", None)
+        root = own() if callable(own) else None
+        return StagingLayout((root or f"{self.work}/staging").removeprefix("file://"))
+
+
+def actor(step: str, key: str, n: int) -> Actor:
+    return Actor(name=f"model.{step}@{key}#{n}", dag_id="model", run_id=key, task_id=step, try_number=n)
+
+
+def committer(cfg: Config, store: CommitterStore, owner: str) -> CheckpointCommitter:
+    layout = cfg.layout()
+    return CheckpointCommitter(
+        store,
+        layout,
+        cfg.publisher(layout),
+        mode=cfg.mode,
+        owner=owner,
+        lease_ttl=LEASE_TTL,
+        fencing=cfg.fencing,
+    )
+
+
+# ----------------------------------------------------------------------------- child processes
+
+#: Commit tries that are killed, paused or raced run in children of a fork server: the table
+#: libraries' runtimes (threads) do not survive a fork of a process that used them.
+_CHILDREN = multiprocessing.get_context("forkserver")
+_CHILDREN.set_forkserver_preload(
+    [__name__, "deltalake", "pyiceberg.catalog.sql", "pyiceberg.io.pyarrow", "psycopg2", "pymysql"]
+)
+
+
+def _child_commit(cfg: Config, key: str, n: int, point: str | None, stop: bool, out: str) -> None:
+    """One commit try; writes ``{"ok": ..., "already": ..., "error": ...}`` to ``out``."""
+    result: dict[str, Any] = {}
+    logging.disable(logging.ERROR)  # the parent reports what matters
+    try:
+        if point:
+            os.environ[faults.ENV] = f"{point}:1"
+            os.environ[faults.SIGNAL_ENV] = "STOP" if stop else "KILL"
+        store = CommitterStore.from_url(cfg.db_url, migrate=False)
+        a = actor("commit", key, n)
+        summary = committer(cfg, store, a.name).commit(cfg.pipeline, key, actor=a)
+        result = {"ok": True, "already": summary.already_committed, "attempt_id": summary.attempt_id}
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        result = {"ok": False, "error": type(exc).__name__, "text": traceback.format_exc()[-1500:]}
+    Path(out).write_text(json.dumps(result))
+    os._exit(0)
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return "X"
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+@dataclass
+class Attempt:
+    key: str
+    attempt_id: str
+    version: int
+    rows: list[tuple[str, str, int | None]]
+    partitions: list[str]
+    start: int | None = None
+    end: int | None = None
+    durable: bool = False
+    poisoned: bool = False  # a staged file was swapped for a symlink: must never be published
+
+
+@dataclass
+class Model:
+    """What must be visible: the committed attempt of every key (kept after retention trims rows)."""
+
+    attempts: dict[str, Attempt] = field(default_factory=dict)
+    committed: dict[str, str] = field(default_factory=dict)  # key -> attempt id
+    aborted: set[str] = field(default_factory=set)
+    superseded: set[str] = field(default_factory=set)
+    reprocessing: dict[str, str] = field(default_factory=dict)  # key -> the attempt id it replaces
+    owners: dict[str, str] = field(default_factory=dict)  # overwrite: partition -> attempt id
+    new_commits: Counter = field(default_factory=Counter)  # attempt id -> commits that said "new"
+    trimmed: set[str] = field(default_factory=set)
+    #: A commit killed with no retry yet (key -> its attempt): the target may show that attempt's
+    #: rows (each once, maybe not all) until the checkpoint is COMMITTED or ABORTED.
+    in_flight: dict[str, str] = field(default_factory=dict)
+    #: Append: attempts committed under a key whose row retention trimmed, before the key was
+    #: re-run; their rows stay (a re-run reads new offsets, it does not replace them).
+    retired: list[str] = field(default_factory=list)
+
+
+class World:
+    """One pipeline of one target: runs steps, checks them against :class:`Model`."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        Path(cfg.work).mkdir(parents=True, exist_ok=True)
+        self.store = CommitterStore.from_url(cfg.db_url)
+        self.layout = cfg.layout()
+        self.model = Model()
+        self.counts: Counter = Counter()
+        self.notes: list[str] = []  # step-level violations
+        self.log: list[str] = []
+        self._n = 0
+        for key in KEYS:  # registered in key order: sequences follow the keys
+            self.store.register(
+                cfg.pipeline, key, mode=cfg.mode, actor=actor("register", key, 1), target=cfg.uri()
+            )
+
+    def close(self) -> None:
+        self.store.dispose()
+
+    # ------------------------------------------------------------------ steps
+
+    def run(self, step: dict[str, Any]) -> None:
+        op = step["op"]
+        self.counts[op] += 1
+        before = self.rows()
+        try:
+            outcome = getattr(self, f"op_{op}")(**{k: v for k, v in step.items() if k != "op"})
+        except WalsinkError as exc:
+            outcome = f"refused: {type(exc).__name__}: {str(exc)[:160]}"
+            self.counts[f"{op}.refused"] += 1
+        except Exception as exc:  # noqa: BLE001 - anything else the core raised is a finding
+            outcome = f"error: {type(exc).__name__}: {exc}"
+            self.notes.append(f"{op} {step} raised {type(exc).__name__}: {str(exc)[:400]}")
+        self.log.append(f"{json.dumps(step)} -> {outcome}")
+        if op in ("recommit",) and self.rows() != before:
+            self.notes.append(f"a re-run commit of a COMMITTED checkpoint changed the target ({step})")
+
+    def _next(self) -> int:
+        self._n += 1
+        return self._n
+
+    def op_write(self, key: str, n: int, parts: list[int] | None = None, nulls: bool = True) -> str:
+        """A write task: a new attempt, staged Parquet, sealed (not yet durable)."""
+        cfg, store = self.cfg, self.store
+        a = actor("write", key, self._next())
+        # The write task registers its checkpoint (again, after retention trimmed its row).
+        record = store.register(cfg.pipeline, key, mode=cfg.mode, actor=a, target=cfg.uri())
+        if record.is_committed:
+            return "skipped: COMMITTED (a reprocess starts a new version)"
+        start = end = None
+        if cfg.mode == "append":
+            if record.supersedes_attempt_id is not None:  # a new version re-reads the same input
+                start = (record.start_offsets or {}).get("src", 0)
+                end = store.versions(cfg.pipeline, key)[-1].end_offsets["src"]
+            else:
+                earlier = [r for r in store.pending(cfg.pipeline) if r.sequence < record.sequence]
+                if earlier:
+                    return f"skipped: earlier {earlier[0].checkpoint_key} is {earlier[0].state}"
+                start = (store.last_committed_offsets(cfg.pipeline) or {"src": 0})["src"]
+                end = start + n
+        writer = CheckpointWriter(store, self.layout, cfg.pipeline, key, actor=a, partition_columns=("dt",))
+        attempt_dir = writer.begin(start_offsets={"src": start} if start is not None else None)
+        version = store.require(cfg.pipeline, key).version
+        rows: list[tuple[str, str, int | None]] = []
+        if cfg.mode == "append":
+            dt = f"{key[:4]}-{key[4:6]}-{key[6:]}"
+            partitions = [dt]
+            for o in range(start, end):
+                v = None if nulls and (o + version) % 3 == 0 else o * 10 + version
+                rows.append((dt, f"o{o}", v))
+        else:
+            partitions = [PARTITIONS[i] for i in sorted(set(parts or [0]))]
+            for i, dt in enumerate(partitions):
+                for _j in range(n if i == 0 else max(0, n - 1)):
+                    serial = self._next()
+                    rows.append((dt, f"{key}.{serial}", None if nulls and serial % 3 == 0 else serial))
+        files: dict[str, int] = {}
+        for dt in partitions:
+            mine = [r for r in rows if r[0] == dt]
+            if not mine:
+                writer.declare_partition(f"dt={dt}")  # an empty partition (overwrite: replaced by nothing)
+                continue
+            # Two files per partition when there are two rows or more: compaction then rewrites them.
+            for chunk in (mine[: len(mine) // 2], mine[len(mine) // 2 :]):
+                if not chunk:
+                    continue
+                buf = io.BytesIO()
+                pq.write_table(
+                    pa.table({"id": pa.array([r[1] for r in chunk], pa.string()),
+                              "v": pa.array([r[2] for r in chunk], pa.int64())}), buf)  # fmt: skip
+                rel = f"dt={dt}/part-{self._next():05d}.parquet"
+                (attempt_dir / f"dt={dt}").mkdir(parents=True, exist_ok=True)
+                (attempt_dir / rel).write_bytes(buf.getvalue())
+                files[rel] = len(chunk)
+        writer.add_files(list(files), rows=files, checksum="crc32", writer="model")
+        offsets = {"start_offsets": {"src": start}, "end_offsets": {"src": end}} if start is not None else {}
+        writer.seal(file_format="parquet", job="model", **offsets)
+        rec = store.require(cfg.pipeline, key)
+        self.model.attempts[rec.sealed_attempt_id] = Attempt(key, rec.sealed_attempt_id, version, rows,
+                                                             partitions, start, end)  # fmt: skip
+        return f"sealed {rec.sealed_attempt_id[:8]} v{version} ({len(rows)} rows, offsets {start}..{end})"
+
+    def op_run(self, key: str, n: int, parts: list[int] | None = None, nulls: bool = True) -> str:
+        """A whole DAG run of the interval: write, durability check, commit."""
+        wrote = self.op_write(key, n, parts, nulls)
+        if wrote.startswith("skipped"):
+            return wrote
+        return f"{wrote}; {self.op_durable(key)}; {self.op_commit(key)}"
+
+    def op_durable(self, key: str) -> str:
+        from airflow_provider_walsink.triggers.durable import evaluate_durability
+
+        status = evaluate_durability(self.store, self.layout, self.cfg.pipeline, key,
+                                     actor=actor("durable", key, self._next()), verify_checksums=True)  # fmt: skip
+        rec = self.store.require(self.cfg.pipeline, key)
+        if status.durable and rec.sealed_attempt_id in self.model.attempts:
+            self.model.attempts[rec.sealed_attempt_id].durable = True
+        return f"durable={status.durable}: {status.message[:120]}"
+
+    def _note_commit(self, result: dict[str, Any]) -> None:
+        if result.get("ok") and not result.get("already") and result.get("attempt_id"):
+            self.model.new_commits[result["attempt_id"]] += 1
+
+    def _commit_here(self, key: str) -> dict[str, Any]:
+        a = actor("commit", key, self._next())
+        try:
+            s = committer(self.cfg, self.store, a.name).commit(self.cfg.pipeline, key, actor=a)
+        except WalsinkError as exc:
+            return {"ok": False, "error": type(exc).__name__, "text": str(exc)[:200]}
+        result = {"ok": True, "already": s.already_committed, "attempt_id": s.attempt_id}
+        self._note_commit(result)
+        return result
+
+    def _commit_until_done(self, key: str) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for _ in range(MAX_TRIES):
+            result = self._commit_here(key)
+            if result.get("error") not in ("LeaseHeldError", "TableCommitConflict"):
+                return result
+            time.sleep(LEASE_TTL.total_seconds() / 2)
+        return result
+
+    def op_commit(self, key: str) -> str:
+        return json.dumps(self._commit_until_done(key))
+
+    def op_recommit(self, key: str) -> str:
+        """A re-run of the commit task (checked: changes nothing if COMMITTED)."""
+        rec = self.store.require(self.cfg.pipeline, key)
+        if not rec.is_committed:
+            return "skipped: not committed"
+        return json.dumps(self._commit_here(key))
+
+    def _spawn(self, key: str, point: str | None, stop: bool) -> tuple[Any, str]:
+        out = f"{self.cfg.work}/{uuid.uuid4().hex}.out"
+        proc = _CHILDREN.Process(target=_child_commit, args=(self.cfg, key, self._next(), point, stop, out))
+        proc.start()
+        return proc, out
+
+    @staticmethod
+    def _result(out: str) -> dict[str, Any]:
+        return json.loads(Path(out).read_text()) if os.path.exists(out) else {"ok": False, "error": "killed"}
+
+    def _ensure_durable(self, key: str) -> str:
+        """Write and verify a new attempt first unless the checkpoint can be committed (or is COMMITTED)."""
+        rec = self.store.get(self.cfg.pipeline, key)
+        if rec is not None and (rec.state.value in ("DURABLE", "COMMITTING", "COMMITTED")
+                                or (rec.state.value == "FAILED" and rec.durable_at)):  # fmt: skip
+            return ""
+        wrote = self.op_write(key, 2, [0, 1])
+        return f"{wrote}; {self.op_durable(key)}; " if not wrote.startswith("skipped") else f"{wrote}; "
+
+    def op_crash(self, key: str, point: str, retry: bool = True) -> str:
+        """A commit try SIGKILLed at ``point`` (if it gets there), then Airflow's retries (unless
+        ``retry`` is false: the task is left failed, others act before any retry)."""
+        first_write = self._ensure_durable(key)
+        rec = self.store.get(self.cfg.pipeline, key)
+        proc, out = self._spawn(key, point, stop=False)
+        proc.join(300)
+        killed = proc.exitcode == -signal.SIGKILL
+        if killed and not retry and rec is not None and rec.sealed_attempt_id and not rec.is_committed:
+            self.model.in_flight[key] = rec.sealed_attempt_id
+        first = self._result(out)
+        self._note_commit(first)
+        if killed:
+            self.counts["kills"] += 1
+            self.counts[f"kill@{point}"] += 1
+            time.sleep(LEASE_TTL.total_seconds() * 1.1)
+        retried = json.dumps(self._commit_until_done(key)) if retry else "no retry"
+        return f"{first_write}try 1 {'killed' if killed else json.dumps(first)}; retry {retried}"
+
+    def op_race(self, key: str) -> str:
+        """Two commit tasks of one checkpoint at once (real processes)."""
+        first_write = self._ensure_durable(key)
+        procs = [self._spawn(key, None, stop=False) for _ in range(2)]
+        results = []
+        for proc, out in procs:
+            proc.join(300)
+            results.append(self._result(out))
+            self._note_commit(results[-1])
+        return first_write + json.dumps(results)
+
+    def op_pause(self, key: str, point: str, then: str) -> str:
+        """A committer SIGSTOPped at ``point`` past its lease; meanwhile ``then`` runs; then SIGCONT."""
+        first_write = self._ensure_durable(key)
+        proc, out = self._spawn(key, point, stop=True)
+        while proc.is_alive() and _proc_state(proc.pid) != "T":
+            time.sleep(0.01)
+        if not proc.is_alive():
+            first = self._result(out)
+            self._note_commit(first)
+            return f"{first_write}never paused: {json.dumps(first)}"
+        self.counts["pauses"] += 1
+        time.sleep(LEASE_TTL.total_seconds() * 1.2)
+        try:
+            if then == "abort":
+                meanwhile = self.op_abort(key)
+            elif then == "reprocess":
+                meanwhile = self.op_reprocess(key, n=2)
+                if not meanwhile.startswith("skipped"):
+                    self.op_durable(key)
+                    meanwhile += "; " + json.dumps(self._commit_until_done(key))
+            else:
+                meanwhile = json.dumps(self._commit_until_done(key))
+        except WalsinkError as exc:
+            meanwhile = f"refused: {type(exc).__name__}: {str(exc)[:160]}"
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.join(300)
+        resumed = self._result(out)
+        self._note_commit(resumed)
+        return f"{first_write}meanwhile {then}: {meanwhile}; resumed: {json.dumps(resumed)[:300]}"
+
+    def op_abort_race(self, key: str) -> str:
+        """An abort racing a commit task of the same checkpoint (a real process, started together)."""
+        first_write = self._ensure_durable(key)
+        proc, out = self._spawn(key, None, stop=False)
+        try:
+            aborted = self.op_abort(key)
+        except WalsinkError as exc:
+            aborted = f"refused: {type(exc).__name__}: {str(exc)[:160]}"
+        finally:
+            proc.join(300)
+        committed = self._result(out)
+        self._note_commit(committed)
+        return f"{first_write}abort: {aborted}; commit: {json.dumps(committed)[:300]}"
+
+    def op_abort(self, key: str) -> str:
+        rec = self.store.require(self.cfg.pipeline, key)
+        aborter = CheckpointAborter(self.store, self.layout, self.cfg.publisher(self.layout), grace=ABORT_GRACE,
+                                    lease_ttl=LEASE_TTL)  # fmt: skip
+        outcome = aborter.abort(
+            self.cfg.pipeline, key, reason="model: abort", actor=actor("abort", key, self._next())
+        )
+        if outcome.state == "ABORTED" and rec.attempt_id:
+            self.model.aborted.add(rec.attempt_id)
+            if rec.sealed_attempt_id:
+                self.model.aborted.add(rec.sealed_attempt_id)
+        elif rec.supersedes_attempt_id and rec.attempt_id:  # an abandoned new version
+            self.model.aborted.add(rec.attempt_id)
+            self.model.reprocessing.pop(key, None)
+        self.counts["aborts.done"] += 1
+        return f"{outcome.state}"
+
+    def op_reprocess(self, key: str, n: int = 2) -> str:
+        """``replace``: a new version of a committed checkpoint, written and sealed (durable and commit follow)."""
+        rec = self.store.require(self.cfg.pipeline, key)
+        if not rec.is_committed:
+            return "skipped: not committed"
+        self.store.begin_version(self.cfg.pipeline, key, token=f"model/{key}#{self._next()}",
+                                 actor=actor("reprocess", key, self._next()), reason="model reprocess")  # fmt: skip
+        self.model.reprocessing[key] = rec.sealed_attempt_id
+        self.counts["reprocesses.begun"] += 1
+        return "new version; " + self.op_write(key, n, parts=[0, 1])
+
+    def op_retention(self) -> str:
+        from airflow_provider_walsink.gc import trim_committer_table
+
+        report = trim_committer_table(self.store, retention=timedelta(0))
+        return f"rows deleted {report.rows_deleted}"
+
+    def op_gc(self) -> str:
+        from airflow_provider_walsink.gc import collect_staging
+
+        report = collect_staging(self.store, self.layout, retention=timedelta(0))
+        return report.describe()[:200]
+
+    def op_maintain(self, action: str) -> str:
+        """Table maintenance between runs (Delta: compact/checkpoint/cleanup/vacuum; Iceberg: rewrite/expire)."""
+        kind = self.cfg.kind
+        if kind == "delta":
+            from deltalake import DeltaTable
+
+            path = f"{self.cfg.work}/delta/{self.cfg.table}"
+            if not os.path.exists(f"{path}/_delta_log"):
+                return "skipped: no table"
+            table = DeltaTable(path)
+            if action == "compact":
+                return str(table.optimize.compact())[:120]
+            if action == "checkpoint":
+                table.create_checkpoint()
+                return "checkpoint"
+            if action == "cleanup":
+                table.cleanup_metadata()
+                return "cleanup"
+            return str(table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False))[:120]
+        if kind == "iceberg":
+            table = self.cfg.publisher(self.layout).load_table()
+            if table is None:
+                return "skipped: no table"
+            if action == "compact":  # a rewrite of the same rows into new files
+                data = table.scan().to_arrow()
+                if len(data) == 0:
+                    return "skipped: empty"
+                table.overwrite(data)
+                return f"rewrote {len(data)} rows"
+            from datetime import datetime
+
+            current = table.current_snapshot()
+            if current is None:
+                return "skipped: no snapshot"
+            # Every snapshot but the current one (expiry keeps the current snapshot).
+            table.maintenance.expire_snapshots().older_than(
+                datetime.fromtimestamp(current.timestamp_ms / 1000, tz=UTC)
+            ).commit()
+            return f"expired snapshots older than {current.snapshot_id}"
+        return "skipped: no maintenance for this target"
+
+    def op_symlink(self, key: str) -> str:
+        """Hostile: a staged file of the sealed attempt becomes a symlink to a same-content file outside staging."""
+        rec = self.store.get(self.cfg.pipeline, key)
+        if rec is None or not rec.is_committed:
+            self._ensure_durable(key)  # a sealed, verified attempt to tamper with
+        rec = self.store.require(self.cfg.pipeline, key)
+        if rec.sealed_attempt is None or rec.is_committed:
+            return "skipped: nothing staged"
+        attempt_dir = self.layout.attempt_dir(
+            self.cfg.pipeline, key, rec.sealed_attempt, rec.sealed_attempt_id
+        )
+        files = sorted(attempt_dir.rglob("*.parquet")) if attempt_dir.exists() else []
+        if not files:
+            return "skipped: no staged file"
+        outside = Path(self.cfg.work) / "outside" / uuid.uuid4().hex
+        outside.parent.mkdir(exist_ok=True)
+        outside.write_bytes(files[0].read_bytes())
+        files[0].unlink()
+        files[0].symlink_to(outside)
+        if rec.sealed_attempt_id in self.model.attempts:
+            self.model.attempts[rec.sealed_attempt_id].poisoned = True
+        self.counts["symlinks"] += 1
+        return f"swapped {files[0].name}"
+
+    # ------------------------------------------------------------------ reading back
+
+    def rows(self) -> list[tuple[str, str, int | None]]:
+        """Every row the target holds, as (dt, id, v), sorted."""
+        cfg = self.cfg
+        if cfg.kind == "files":
+            root = Path(cfg.work) / "target"
+            found = []
+            for path in sorted(root.rglob("*.parquet")) if root.exists() else []:
+                rel = path.relative_to(root).parts
+                if any(p.startswith(("_", ".")) for p in rel):
+                    continue
+                dt = rel[0].removeprefix("dt=")
+                t = pq.read_table(path)
+                found += [(dt, i, v) for i, v in zip(t["id"].to_pylist(), t["v"].to_pylist(), strict=True)]
+            return sorted(found, key=repr)
+        if cfg.kind == "sql":
+            from sqlalchemy import column, create_engine, inspect, select, table
+
+            engine = create_engine(cfg.sql_url)
+            try:
+                if not inspect(engine).has_table(cfg.table, schema=cfg.sql_schema):
+                    return []
+                with engine.connect() as conn:
+                    got = conn.execute(
+                        select(column("dt"), column("id"), column("v")).select_from(
+                            table(cfg.table, schema=cfg.sql_schema)
+                        )
+                    ).all()
+            finally:
+                engine.dispose()
+            return sorted(((str(dt), str(i), None if v is None else int(v)) for dt, i, v in got), key=repr)
+        t = cfg.publisher(self.layout).load_table()
+        if t is None:
+            return []
+        arrow = t.scan().to_arrow() if cfg.kind == "iceberg" else t.to_pyarrow_table()
+        return sorted(
+            zip(arrow["dt"].to_pylist(), arrow["id"].to_pylist(), arrow["v"].to_pylist(), strict=True),
+            key=repr,
+        )
+
+    # ------------------------------------------------------------------ the check
+
+    def check(self) -> list[str]:
+        """Compare the target and the committer table with the model; update the model; the violations."""
+        m, cfg, problems = self.model, self.cfg, list(self.notes)
+        self.notes.clear()
+        present = {k: self.store.get(cfg.pipeline, k) for k in KEYS}
+        for key in KEYS:
+            rec = present.get(key)
+            if rec is None:
+                if key in m.committed:
+                    m.trimmed.add(key)
+                continue
+            aid = rec.sealed_attempt_id if rec.is_committed else None
+            if aid is None and rec.supersedes_attempt_id:
+                # A new version under way: the committed version (in the version table) is what
+                # readers see; it may have committed within the same step that began the new one.
+                aid = rec.supersedes_attempt_id
+            if aid is None:
+                continue
+            old = m.committed.get(key)
+            att = m.attempts.get(aid)
+            if att is None:
+                problems.append(f"{key} is COMMITTED with attempt {aid}, which the model never sealed")
+                continue
+            if cfg.mode == "append" and att.end is not None and rec.is_committed:
+                want = rec.end_offsets.get("src") if rec.end_offsets else None
+                if want != att.end:
+                    problems.append(
+                        f"{key}: the committer row says end offsets {rec.end_offsets}, but the committed "
+                        f"attempt {aid[:8]} read up to {att.end}"
+                    )
+            if old == aid:
+                m.trimmed.discard(key)
+                continue
+            if aid in m.aborted:
+                problems.append(f"{key} is COMMITTED with attempt {aid[:8]}, which was ABORTED")
+            if att.poisoned:
+                problems.append(f"{key} is COMMITTED with attempt {aid[:8]}, whose staged file is a symlink")
+            if not att.durable:
+                problems.append(f"{key} is COMMITTED with attempt {aid[:8]}, never verified durable")
+            if old is not None and m.reprocessing.get(key) != old and key not in m.trimmed:
+                problems.append(
+                    f"{key}'s committed attempt changed from {old[:8]} to {aid[:8]} without a reprocess"
+                )
+            if old is not None and m.reprocessing.get(key) == old:
+                m.superseded.add(old)
+                m.reprocessing.pop(key, None)
+            if key in m.trimmed and old is not None and old != aid:
+                # A re-run after retention committed a new attempt: in overwrite it replaces the old
+                # one's partitions; in append it read new offsets and the old rows stay.
+                if cfg.mode == "append":
+                    m.retired.append(old)
+                else:
+                    m.superseded.add(old)
+            m.trimmed.discard(key)
+            m.committed[key] = aid
+            if cfg.mode == "overwrite":
+                for p in att.partitions:
+                    owner = m.owners.get(p)
+                    if (owner is None or att.version > 1 or owner == old
+                            or key >= m.attempts[owner].key):  # fmt: skip
+                        m.owners[p] = aid
+        for key, aid in list(m.in_flight.items()):
+            rec = present.get(key)
+            if rec is None or rec.is_committed or rec.state.value == "ABORTED" or aid in m.aborted:
+                del m.in_flight[key]
+        # Offsets contiguous: each committed append checkpoint starts where the previous one ended.
+        if cfg.mode == "append":
+            live = [m.attempts[a] for a in [*m.committed.values(), *m.retired]]
+            at = 0
+            for att in sorted(live, key=lambda a: (a.start, a.end)):
+                if att.start != at:
+                    problems.append(
+                        f"offsets not contiguous: {att.key} starts at {att.start}, previous ended at {at}"
+                    )
+                at = att.end
+        # Asset events: one per new commit.
+        for aid, n in m.new_commits.items():
+            if n > 1:
+                problems.append(
+                    f"attempt {aid[:8]} ({m.attempts[aid].key}) reported as a new commit {n} times"
+                )
+        # What must be visible.
+        if cfg.mode == "append":
+            expected = [r for a in [*m.committed.values(), *m.retired] for r in m.attempts[a].rows]
+        else:
+            expected = [r for p, a in m.owners.items() for r in m.attempts[a].rows if r[0] == p]
+        try:
+            got = self.rows()
+        except Exception as exc:  # noqa: BLE001 - an unreadable target is a violation
+            return [*problems, f"the target cannot be read: {type(exc).__name__}: {str(exc)[:300]}"]
+        tolerated = Counter(r for a in m.in_flight.values() for r in m.attempts[a].rows)
+        if sorted(expected, key=repr) != got:
+            missing = Counter(expected) - Counter(got)
+            # Overwrite: a killed publish may already have replaced the partitions it covers.
+            swapped = {p for a in m.in_flight.values() for p in m.attempts[a].partitions}
+            missing = Counter({r: n for r, n in missing.items() if r[0] not in swapped})
+            extra = Counter(got) - Counter(expected) - tolerated
+            origin = {}
+            for aid, att in m.attempts.items():
+                for r in att.rows:
+                    origin[r] = aid
+            if not missing and not extra:
+                return problems  # only rows of a commit killed mid-flight, not yet retried
+            for r, n in sorted(extra.items(), key=repr)[:6]:
+                aid = origin.get(r)
+                committed = aid in m.committed.values()
+                what = ("ABORTED" if aid in m.aborted else "SUPERSEDED" if aid in m.superseded
+                        else "committed, shown twice" if committed and n > 1 or r in expected
+                        else "an older checkpoint's rows replaced a newer one's (invariant 10)"
+                        if committed and cfg.mode == "overwrite"
+                        else "not committed" if aid else "unknown")  # fmt: skip
+                problems.append(f"visible {r} x{n}: {what} ({m.attempts[aid].key if aid else '?'})")
+            for r, n in sorted(missing.items(), key=repr)[:6]:
+                problems.append(f"missing committed row {r} x{n} ({m.attempts[origin[r]].key})")
+        if cfg.mode == "append":
+            ids = Counter(i for _, i, _ in got)
+            dup = [i for i, n in ids.items() if n > 1]
+            if dup:
+                problems.append(f"source rows visible more than once: {sorted(dup)[:6]}")
+        return problems
+
+
+def schedule_text(cfg: Config, steps: list[dict[str, Any]]) -> str:
+    """The replayable form of a schedule: ``python -m tests.model --replay FILE``."""
+    c = {k: v for k, v in asdict(cfg).items() if k in ("kind", "mode", "fencing")}
+    if cfg.sql_url:
+        c["sql"] = cfg.sql_url.split(":", 1)[0].split("+")[0]
+    return json.dumps({"config": c, "steps": steps}, indent=None)
+
+
+def replay(cfg: Config, steps: list[dict[str, Any]], *, verbose: bool = True) -> list[str]:
+    """Run ``steps`` and check after each; the violations (prefixed by the step that showed them)."""
+    world = World(cfg)
+    found: list[str] = []
+    try:
+        for i, step in enumerate(steps):
+            world.run(step)
+            if verbose:
+                print(f"  {i:2d} {world.log[-1][:300]}")
+            found += [f"after step {i} {step['op']}: {p}" for p in world.check()]
+    finally:
+        world.close()
+    return found
+
+
+__all__ = ["Config", "World", "Model", "KEYS", "KILL_POINTS", "PAUSE_POINTS", "LeaseHeldError", "replay"]
