@@ -277,11 +277,16 @@ def record_committed(
     end_offsets: dict[str, Any] | None,
     publication: dict[str, Any] | None,
     detail: str,
-) -> CheckpointRecord | None:
+) -> tuple[CheckpointRecord, bool] | None:
     """The table holds ``record``'s sealed attempt: record COMMITTED in one transaction, or ``None``.
 
     A compare-and-set: the row must still be committable with the same sealed
-    attempt id and version. Repeating it after it took effect returns the row.
+    attempt id and version. Returns the row and whether *this* call recorded
+    COMMITTED: a row found COMMITTED already (a racing committer of the same
+    attempt won, or a lost acknowledgement) is returned with ``False``, so
+    only one committer reports a new commit (one asset event: missed on a
+    lost acknowledgement, which the commit task's own-try check repairs,
+    never doubled).
     """
     attempt_id = record.sealed_attempt_id
     offsets = json.dumps(end_offsets, sort_keys=True) if end_offsets is not None else None
@@ -305,13 +310,13 @@ def record_committed(
                 if not conn.invalidated:
                     driver.autocommit = False
         if row is not None:
-            return CheckpointRecord.from_row(row)
+            return CheckpointRecord.from_row(row), True
     with store._tx() as conn:
         row = store._lock(conn, record.pipeline, record.checkpoint_key)
         if row["version"] != record.version or row["sealed_attempt_id"] != attempt_id:
             return None
         if row["state"] == S.COMMITTED.value:
-            return CheckpointRecord.from_row(row)  # a racing committer, or a lost acknowledgement
+            return CheckpointRecord.from_row(row), False  # a racing committer, or a lost acknowledgement
         if not (
             row["state"] in (S.DURABLE.value, S.AUDITED.value)
             or (row["state"] == S.FAILED.value and row["durable_at"] is not None)
@@ -330,7 +335,7 @@ def record_committed(
         if offsets is not None:
             values["end_offsets"] = offsets
         detail = retire_superseded(conn, row, detail) or detail
-        return _apply(store, conn, row, values, actor, detail)
+        return _apply(store, conn, row, values, actor, detail), True
 
 
 def _apply(
@@ -492,7 +497,7 @@ def commit_table_fenced(committer: Any, pipeline: str, checkpoint_key: str, *, a
     crashpoint("commit.after_publish")
     if held == manifest.attempt_id:
         assert result is not None
-        done = record_committed(
+        recorded = record_committed(
             store,
             record,
             token=token,
@@ -501,7 +506,12 @@ def commit_table_fenced(committer: Any, pipeline: str, checkpoint_key: str, *, a
             publication=committer._publication(result),
             detail=f"table-fenced: published {result.published}, already there {result.already}",
         )
-        if done is not None:
+        if recorded is not None:
+            done, fresh = recorded
+            if not fresh:
+                log.info("%s was recorded COMMITTED by a racing committer of the same attempt", name)
+                committer._finish(manifest)
+                return committer._summary(done, already=True, started=started)
             crashpoint("commit.after_committed")
             committer._finish(manifest)
             summary = committer._summary(done, already=False, started=started)
