@@ -370,6 +370,9 @@ class Storage:
         def one(item: tuple[str, int]) -> Any:
             location, size = item
             fs, path = self.fs_and_path(location)
+            linked = None if is_remote(location) else staged_symlink(path)
+            if linked:
+                return f"{location}: {linked}"
             try:
                 info = fs.get_file_info(path)
             except OSError as e:
@@ -547,6 +550,10 @@ class Storage:
 def _local_size_problems(files: Sequence[tuple[str, int]]) -> list[str]:
     problems = []
     for location, want in files:
+        linked = staged_symlink(local_path(location))
+        if linked:
+            problems.append(f"{location}: {linked}")
+            continue
         try:
             st = os.stat(local_path(location))
         except FileNotFoundError:
@@ -560,6 +567,30 @@ def _local_size_problems(files: Sequence[tuple[str, int]]) -> list[str]:
         elif st.st_size != want:
             problems.append(f"{location}: {st.st_size} bytes staged, the manifest records {want}")
     return problems
+
+
+def staged_symlink(path: str) -> str | None:
+    """Why a local staged file may not be read (a symlink on its way from its attempt directory), or ``None``.
+
+    Invariant 6: nothing outside the staging root is read or published because a
+    manifest names it. The table references a staged file in place, so a file (or a
+    partition directory, or the attempt directory) swapped for a symlink after the
+    durability check would make the table reference whatever it points to. Each
+    component from the file up to its ``attempt-*`` directory is checked with
+    ``lstat``; above that is the deployment's own staging root, which may be a link.
+    A missing component is left to the size check (it reports "missing").
+    """
+    current = Path(path)
+    for component in (current, *current.parents):
+        try:
+            st = os.lstat(component)
+        except FileNotFoundError:
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            return f"{component} is a symlink (staged files are never followed; refused)"
+        if component.name.startswith("attempt-"):
+            return None
+    return None
 
 
 def attempt_id_of_dir(name: str) -> str | None:
