@@ -24,38 +24,10 @@ STEPS = 10
 #: What every combination did, for the test that checks the operations were exercised.
 TOTAL = Figures()
 
-#: Combinations a known open symptom of issue 22 breaks (turned on once it is fixed).
-KNOWN = {
-    ("delta", "overwrite"): "issue 22 symptom 2: table overwrite has no order",
-    ("iceberg", "overwrite"): "issue 22 symptom 2: table overwrite has no order",
-    ("sql", "overwrite"): "issue 22 symptom 2 (one ordering rule): SQL overwrite has no order either",
-}
-TABLE_FENCED_EVENT = (
-    "a table-fenced commit that loses a race (or resumes after another committed) also reports a new "
-    "commit: two asset events (found by this checker, outside symptoms 1-11)"
-)
-KNOWN_FENCING = {
-    (
-        "delta",
-        "append",
-        "table",
-    ): f"issue 22 symptoms 1/3/5 (append offsets, retraction, abort); {TABLE_FENCED_EVENT}",
-    (
-        "iceberg",
-        "append",
-        "table",
-    ): f"issue 22 symptoms 1/3/5 (append offsets, retraction, abort); {TABLE_FENCED_EVENT}",
-    (
-        "delta",
-        "overwrite",
-        "table",
-    ): f"issue 22 symptom 2: table overwrite has no order; {TABLE_FENCED_EVENT}",
-    (
-        "iceberg",
-        "overwrite",
-        "table",
-    ): f"issue 22 symptom 2: table overwrite has no order; {TABLE_FENCED_EVENT}",
-}
+#: Combinations a known open problem breaks, marked xfail with the reason (none today: keep the
+#: mechanism for the next bug the checker finds, so the rest of the matrix keeps running).
+KNOWN: dict[tuple[str, str], str] = {}
+KNOWN_FENCING: dict[tuple[str, str, str], str] = {}
 
 CASES = [
     (kind, mode, fencing)
@@ -161,35 +133,28 @@ FOUND = [
     pytest.param(
         "delta", "overwrite", "lease",
         [{"op": "crash", "key": K2, "point": "table.before_table_commit"}, {"op": "run", "key": K1, "n": 2, "parts": [0]}],
-        marks=pytest.mark.xfail(reason="issue 22 symptom 2: an older checkpoint replaces a newer one's partition",
-                                strict=False),
         id="symptom2-delta-older-key-replaces-partition",
     ),
     pytest.param(
         "iceberg", "overwrite", "table",
         [{"op": "run", "key": K3, "n": 2, "parts": [0]}, {"op": "crash", "key": K2, "point": "table.before_table_commit"}],
-        marks=pytest.mark.xfail(reason="issue 22 symptom 2", strict=False),
         id="symptom2-iceberg-table-fenced-older-key-replaces-partition",
     ),
     pytest.param(
         "sql-postgresql", "overwrite", "lease",
         [{"op": "crash", "key": K2, "point": "sql.before_load"}, {"op": "run", "key": K1, "n": 2, "parts": [0]}],
-        marks=pytest.mark.xfail(reason="issue 22 symptom 2 (one ordering rule, SQL too)", strict=False),
         id="symptom2-sql-older-key-replaces-partition",
     ),
     pytest.param(
         "delta", "append", "lease",
         [{"op": "run", "key": K1, "n": 3}, {"op": "maintain", "action": "compact"}, {"op": "reprocess", "key": K1, "n": 2},
          {"op": "durable", "key": K1}, {"op": "commit", "key": K1}],
-        marks=pytest.mark.xfail(reason="issue 22 symptom 3: reprocess after compaction retracts nothing", strict=False),
         id="symptom3-delta-reprocess-after-compaction",
     ),
     pytest.param(
         "delta", "append", "table",
         [{"op": "run", "key": K1, "n": 2}, {"op": "run", "key": K2, "n": 2}, {"op": "run", "key": K3, "n": 2},
          {"op": "retention"}, {"op": "run", "key": K1, "n": 2}],
-        marks=pytest.mark.xfail(reason="issue 22 symptom 1: the reconciled row keeps the re-run's end offsets",
-                                strict=False),
         id="symptom1-delta-table-fenced-rerun-after-retention",
     ),
     pytest.param(
@@ -197,15 +162,22 @@ FOUND = [
         [{"op": "run", "key": K1, "n": 2}, {"op": "crash", "key": K2, "point": "table.after_table_commit", "retry": False},
          {"op": "write", "key": K2, "n": 2}, {"op": "durable", "key": K2}, {"op": "abort", "key": K2},
          {"op": "run", "key": K3, "n": 2}],
-        marks=pytest.mark.xfail(reason="issue 22 symptom 5: abort granted though the table holds an attempt",
-                                strict=False),
         id="symptom5-delta-abort-after-table-commit",
     ),
     pytest.param(
         "delta", "overwrite", "table",
         [{"op": "race", "key": K1}],
-        marks=pytest.mark.xfail(reason=TABLE_FENCED_EVENT, strict=False),
         id="table-fenced-race-reports-two-new-commits",
+    ),
+    pytest.param(
+        "iceberg", "append", "table",
+        [{"op": "pause", "key": K1, "point": "table.before_table_commit", "then": "commit"}],
+        id="table-fenced-resumed-committer-reports-a-second-new-commit",
+    ),
+    pytest.param(
+        "iceberg", "overwrite", "lease",
+        [{"op": "symlink", "key": K2}, {"op": "pause", "key": K2, "point": "table.before_table_commit", "then": "commit"}],
+        id="table-target-publishes-a-staged-file-swapped-for-a-symlink",
     ),
 ]  # fmt: skip
 
