@@ -203,3 +203,17 @@ def ctx(manifest: Manifest, epoch: int = 1, **kwargs: Any) -> StaticContext:
 def layout_for(place: Place, root: str) -> Any:
     """What ``finish`` takes: a :class:`StagingLayout` for local roots, the root URI on S3."""
     return StagingLayout(root) if place.kind == "local" else root
+
+
+def local_table_spec(kind: str, tmp_path: Path) -> dict:
+    """A fresh local table of ``kind``: an Iceberg identifier in an SQLite catalog, or a Delta path."""
+    if kind == "iceberg":
+        return {
+            "identifier": f"ns.events_{uuid.uuid4().hex[:6]}",
+            "props": {
+                "type": "sql",
+                "uri": f"sqlite:///{tmp_path}/catalog.db",
+                "warehouse": f"file://{tmp_path}/warehouse",
+            },
+        }
+    return {"uri": str(tmp_path / f"events_{uuid.uuid4().hex[:6]}")}

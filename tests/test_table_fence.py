@@ -45,6 +45,7 @@ from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.publishers import FilePublisher
 from airflow_provider_walsink.publishers._tables import AbortedInTableError
 from tests.helpers import ACTOR, REPO, forget_checkpoint
+from tests.table_fixtures import local_table_spec
 
 pytestmark = pytest.mark.slow
 
@@ -77,16 +78,7 @@ def kind(request) -> str:
 
 @pytest.fixture
 def spec(kind, tmp_path) -> dict:
-    if kind == "iceberg":
-        return {
-            "identifier": f"ns.events_{uuid.uuid4().hex[:6]}",
-            "props": {
-                "type": "sql",
-                "uri": f"sqlite:///{tmp_path}/catalog.db",
-                "warehouse": f"file://{tmp_path}/warehouse",
-            },
-        }
-    return {"uri": str(tmp_path / f"events_{uuid.uuid4().hex[:6]}")}
+    return local_table_spec(kind, tmp_path)
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])

@@ -35,6 +35,7 @@ from airflow_provider_walsink.protocol import CheckpointState as S
 from airflow_provider_walsink.protocol.errors import OrderError, SupersedeError
 from airflow_provider_walsink.protocol.staging import StagingLayout
 from tests.helpers import ACTOR, REPO
+from tests.table_fixtures import local_table_spec
 from tests.test_table_fence import _state_of, make_publisher, resume
 
 pytestmark = pytest.mark.slow
@@ -58,16 +59,7 @@ def fencing(request) -> str:
 
 @pytest.fixture
 def spec(kind, tmp_path) -> dict:
-    if kind == "iceberg":
-        return {
-            "identifier": f"ns.events_{uuid.uuid4().hex[:6]}",
-            "props": {
-                "type": "sql",
-                "uri": f"sqlite:///{tmp_path}/catalog.db",
-                "warehouse": f"file://{tmp_path}/warehouse",
-            },
-        }
-    return {"uri": str(tmp_path / f"events_{uuid.uuid4().hex[:6]}")}
+    return local_table_spec(kind, tmp_path)
 
 
 def layout_of(kind: str, spec: dict) -> StagingLayout:
