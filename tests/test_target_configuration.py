@@ -15,6 +15,8 @@ import os
 import stat
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import pytest
@@ -89,6 +91,27 @@ def _write_dag(tmp_path, target: str, **kwargs):
     return dag
 
 
+@contextmanager
+def module_log(name: str) -> Iterator[list[logging.LogRecord]]:
+    """The INFO records of logger ``name``, captured on the logger itself: an earlier test's logging
+    configuration (Airflow's dictConfig in dag.test or the CLI) may have disabled it or stopped its
+    propagation to the root logger, where caplog listens."""
+    logger = logging.getLogger(name)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append  # type: ignore[method-assign]
+    saved = (logger.level, logger.disabled)
+    logger.setLevel(logging.INFO)
+    logger.disabled = False
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.disabled = saved[1]
+
+
 @pytest.mark.airflow
 @pytest.mark.parametrize(
     "target, missing",
@@ -141,7 +164,7 @@ def _options(tmp_path, **kwargs) -> TargetOptions:
     )
 
 
-def test_iceberg_catalog_comes_only_from_what_is_configured(monkeypatch, home, tmp_path, caplog):
+def test_iceberg_catalog_comes_only_from_what_is_configured(monkeypatch, home, tmp_path):
     pytest.importorskip("pyiceberg")
     # No connection: refused, naming every way to configure it.
     with pytest.raises(TargetError, match="Iceberg catalog 'lake' is not configured") as info:
@@ -164,11 +187,11 @@ def test_iceberg_catalog_comes_only_from_what_is_configured(monkeypatch, home, t
     publisher = resolve_target("iceberg://lake/sales.orders", _options(tmp_path))
     assert publisher.catalog_properties["uri"] == f"sqlite:///{tmp_path}/c.db"
     # The documented embedded catalog is chosen by its name only, and said so.
-    with caplog.at_level(logging.INFO):
+    with module_log("airflow_provider_walsink.publishers.iceberg") as records:
         publisher = resolve_target("iceberg://walsink/sales.orders", _options(tmp_path))
     where = home / ".walsink" / "iceberg"
     assert publisher.catalog_properties["uri"] == f"sqlite:///{where / 'catalog.db'}"
-    assert any("embedded" in r.getMessage() and str(where) in r.getMessage() for r in caplog.records)
+    assert any("embedded" in r.getMessage() and str(where) in r.getMessage() for r in records)
     with pytest.raises(TargetError, match="catalog_properties"):
         from airflow_provider_walsink.publishers.iceberg import IcebergPublisher
 
@@ -187,7 +210,7 @@ def test_a_failing_connection_lookup_is_an_error_not_a_missing_connection(tmp_pa
     assert not (home / ".walsink").exists()
 
 
-def test_delta_connection_must_exist_and_be_looked_up(tmp_path, caplog):
+def test_delta_connection_must_exist_and_be_looked_up(tmp_path):
     pytest.importorskip("deltalake")
     with pytest.raises(TargetError, match="connection 'no_such_s3' does not exist"):
         resolve_target("delta+s3://bucket/t", _options(tmp_path, extra={"conn_id": "no_such_s3"}))
@@ -195,9 +218,9 @@ def test_delta_connection_must_exist_and_be_looked_up(tmp_path, caplog):
     with pytest.raises(TargetError, match="no connection lookup"):
         resolve_target("delta+s3://bucket/t", no_lookup)
     # Nothing configured for S3: deltalake's own credential chain, named in the log.
-    with caplog.at_level(logging.INFO):
+    with module_log("airflow_provider_walsink.publishers.delta") as records:
         resolve_target("delta+s3://bucket/t", _options(tmp_path))
-    assert any("credentials from the environment" in r.getMessage() for r in caplog.records)
+    assert any("credentials from the environment" in r.getMessage() for r in records)
 
 
 def test_sql_connection_must_exist(tmp_path):
