@@ -549,20 +549,23 @@ class Storage:
 
 def _local_size_problems(files: Sequence[tuple[str, int]]) -> list[str]:
     problems = []
+    checked: dict[str, str | None] = {}  # directories already checked for links (files share them)
     for location, want in files:
-        linked = staged_symlink(local_path(location))
-        if linked:
-            problems.append(f"{location}: {linked}")
-            continue
+        path = local_path(location)
         try:
-            st = os.stat(local_path(location))
+            st = os.lstat(path)  # lstat: the file itself must not be a link
         except FileNotFoundError:
             problems.append(f"{location}: missing from staging")
             continue
         except OSError as e:
             problems.append(f"{location}: cannot be read ({e})")
             continue
-        if not stat.S_ISREG(st.st_mode):
+        linked = (
+            _linked_file(path) if stat.S_ISLNK(st.st_mode) else _linked_dir(os.path.dirname(path), checked)
+        )
+        if linked:
+            problems.append(f"{location}: {linked}")
+        elif not stat.S_ISREG(st.st_mode):
             problems.append(f"{location}: missing from staging")
         elif st.st_size != want:
             problems.append(f"{location}: {st.st_size} bytes staged, the manifest records {want}")
@@ -580,17 +583,40 @@ def staged_symlink(path: str) -> str | None:
     ``lstat``; above that is the deployment's own staging root, which may be a link.
     A missing component is left to the size check (it reports "missing").
     """
-    current = Path(path)
-    for component in (current, *current.parents):
+    try:
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            return _linked_file(path)
+    except FileNotFoundError:
+        return None
+    return _linked_dir(os.path.dirname(path), {})
+
+
+def _linked_file(path: str) -> str:
+    return f"{path} is a symlink (staged files are never followed; refused)"
+
+
+def _linked_dir(directory: str, checked: dict[str, str | None]) -> str | None:
+    """:func:`staged_symlink` for the directories from ``directory`` up to its ``attempt-*`` one, memoised in ``checked``."""
+    walked = []
+    found: str | None = None
+    while directory not in checked:
+        walked.append(directory)
         try:
-            st = os.lstat(component)
+            is_link = stat.S_ISLNK(os.lstat(directory).st_mode)
         except FileNotFoundError:
-            return None
-        if stat.S_ISLNK(st.st_mode):
-            return f"{component} is a symlink (staged files are never followed; refused)"
-        if component.name.startswith("attempt-"):
-            return None
-    return None
+            break
+        if is_link:
+            found = f"{directory} is a symlink (staged files are never followed; refused)"
+            break
+        parent = os.path.dirname(directory)
+        if os.path.basename(directory).startswith("attempt-") or parent == directory:
+            break
+        directory = parent
+    else:
+        found = checked[directory]
+    for d in walked:
+        checked[d] = found
+    return found
 
 
 def attempt_id_of_dir(name: str) -> str | None:
