@@ -162,6 +162,10 @@ def _child_commit(cfg: Config, key: str, n: int, point: str | None, stop: bool, 
     """One commit try; writes ``{"ok": ..., "already": ..., "error": ...}`` to ``out``."""
     result: dict[str, Any] = {}
     logging.disable(logging.ERROR)  # the parent reports what matters
+    # A stopped process in a process group that becomes orphaned gets SIGHUP then SIGCONT from
+    # the kernel (POSIX job control): it must not die of the SIGHUP. Resumed early, it is just
+    # another interleaving, and the checks after the step apply as to any other.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         if point:
             os.environ[faults.ENV] = f"{point}:1"
@@ -448,7 +452,10 @@ class World:
         except WalsinkError as exc:
             meanwhile = f"refused: {type(exc).__name__}: {str(exc)[:160]}"
         finally:
-            os.kill(proc.pid, signal.SIGCONT)
+            try:
+                os.kill(proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                self.counts["pauses.resumed_early"] += 1  # something else resumed it (see _child_commit)
             proc.join(300)
         resumed = self._result(out)
         self._note_commit(resumed)
