@@ -666,7 +666,8 @@ class World:
                 problems.append(
                     f"{key}'s committed attempt changed from {old[:8]} to {aid[:8]} without a reprocess"
                 )
-            if old is not None and m.reprocessing.get(key) == old:
+            superseding = old is not None and m.reprocessing.get(key) == old
+            if superseding:
                 m.superseded.add(old)
                 m.reprocessing.pop(key, None)
             if key in m.trimmed and old is not None and old != aid:
@@ -679,6 +680,12 @@ class World:
             m.trimmed.discard(key)
             m.committed[key] = aid
             if cfg.mode == "overwrite":
+                if superseding:
+                    # A new version holds the interval alone: the superseded version's partitions
+                    # that the new one no longer writes are emptied (docs/backfill.md, targets.md).
+                    for p, owner in list(m.owners.items()):
+                        if owner == old and p not in att.partitions:
+                            del m.owners[p]
                 for p in att.partitions:
                     owner = m.owners.get(p)
                     if (owner is None or att.version > 1 or owner == old
