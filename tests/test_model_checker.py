@@ -179,6 +179,14 @@ FOUND = [
         [{"op": "symlink", "key": K2}, {"op": "pause", "key": K2, "point": "table.before_table_commit", "then": "commit"}],
         id="table-target-publishes-a-staged-file-swapped-for-a-symlink",
     ),
+    pytest.param(
+        # Found by the long run: a version committed by a paused committer and reprocessed again
+        # within one step (the model's false alarm; the paused committer's clean-up must leave v3 alone).
+        "iceberg", "append", "table",
+        [{"op": "crash", "key": K1, "point": "table.before_table_commit", "retry": True}, {"op": "reprocess", "key": K1, "n": 0},
+         {"op": "pause", "key": K1, "point": "commit.after_committed", "then": "reprocess"}],
+        id="two-versions-committed-within-one-step",
+    ),
 ]  # fmt: skip
 
 

@@ -212,7 +212,10 @@ class Model:
     committed: dict[str, str] = field(default_factory=dict)  # key -> attempt id
     aborted: set[str] = field(default_factory=set)
     superseded: set[str] = field(default_factory=set)
-    reprocessing: dict[str, str] = field(default_factory=dict)  # key -> the attempt id it replaces
+    #: key -> the committed attempts its reprocesses replace, oldest first: a chain when a
+    #: version commits and is reprocessed again within one step (a paused committer's commit,
+    #: then the reprocess run meanwhile), so the model never saw the middle one as committed.
+    reprocessing: dict[str, list[str]] = field(default_factory=dict)
     owners: dict[str, str] = field(default_factory=dict)  # overwrite: partition -> attempt id
     new_commits: Counter = field(default_factory=Counter)  # attempt id -> commits that said "new"
     trimmed: set[str] = field(default_factory=set)
@@ -488,7 +491,11 @@ class World:
                 self.model.aborted.add(rec.sealed_attempt_id)
         elif rec.supersedes_attempt_id and rec.attempt_id:  # an abandoned new version
             self.model.aborted.add(rec.attempt_id)
-            self.model.reprocessing.pop(key, None)
+            chain = self.model.reprocessing.get(key)
+            if chain:
+                chain.pop()  # the version it would have replaced stays committed
+                if not chain:
+                    del self.model.reprocessing[key]
         self.counts["aborts.done"] += 1
         return f"{outcome.state}"
 
@@ -499,7 +506,7 @@ class World:
             return "skipped: not committed"
         self.store.begin_version(self.cfg.pipeline, key, token=f"model/{key}#{self._next()}",
                                  actor=actor("reprocess", key, self._next()), reason="model reprocess")  # fmt: skip
-        self.model.reprocessing[key] = rec.sealed_attempt_id
+        self.model.reprocessing.setdefault(key, []).append(rec.sealed_attempt_id)
         self.counts["reprocesses.begun"] += 1
         return "new version; " + self.op_write(key, n, parts=[0, 1])
 
@@ -662,13 +669,23 @@ class World:
                 problems.append(f"{key} is COMMITTED with attempt {aid[:8]}, whose staged file is a symlink")
             if not att.durable:
                 problems.append(f"{key} is COMMITTED with attempt {aid[:8]}, never verified durable")
-            if old is not None and m.reprocessing.get(key) != old and key not in m.trimmed:
+            chain = m.reprocessing.get(key, [])
+            superseding = old is not None and old in chain
+            if old is not None and not superseding and key not in m.trimmed:
                 problems.append(
                     f"{key}'s committed attempt changed from {old[:8]} to {aid[:8]} without a reprocess"
                 )
-            superseding = old is not None and m.reprocessing.get(key) == old
             if superseding:
-                m.superseded.add(old)
+                # Every version the chain replaced, the ones committed and replaced within this step too.
+                for between in chain[chain.index(old) :]:
+                    if between == aid:
+                        continue
+                    if between != old and (between in m.aborted or not m.attempts[between].durable):
+                        problems.append(
+                            f"{key}: version attempt {between[:8]} was committed (a reprocess replaced it) "
+                            "but was aborted or never verified durable"
+                        )
+                    m.superseded.add(between)
                 m.reprocessing.pop(key, None)
             if key in m.trimmed and old is not None and old != aid:
                 # A re-run after retention committed a new attempt: in overwrite it replaces the old
