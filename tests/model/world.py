@@ -184,7 +184,8 @@ def _proc_state(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rpartition(")")[2].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # Gone before the open (ENOENT) or between the open and the read (ESRCH).
         return "X"
 
 
