@@ -598,8 +598,14 @@ class _Parser(argparse.ArgumentParser):
     json_errors = False
 
     def error(self, message: str) -> NoReturn:
+        # The same `walsink: error:` prefix as every other failure, naming the subcommand
+        # (self.prog is e.g. "walsink abort"), so scripts and people match one form.
+        command = self.prog.removeprefix("walsink").strip()
+        where = f"{command}: " if command else ""
         _report(
-            f"{self.prog}: {message} (see `{self.prog} --help`)", as_json=_Parser.json_errors, out=sys.stdout
+            f"walsink: error: {where}{message} (see `{self.prog} --help`)",
+            as_json=_Parser.json_errors,
+            out=sys.stdout,
         )
         raise SystemExit(2)
 

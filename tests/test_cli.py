@@ -307,3 +307,20 @@ def test_a_limit_below_one_is_a_usage_error(filled, limit):
 def test_the_superseded_state_is_explained_not_silently_matched_to_nothing(filled):
     result = walsink("--url", str(filled.engine.url), "checkpoints", "--state", "superseded")
     one_line_error(result, "SUPERSEDED is the state of a reprocessed checkpoint's earlier versions")
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["abort", "orders", "k1"], ["abort:", "required: --reason", "walsink abort --help"]),
+        (["abort", "orders"], ["abort:", "required", "checkpoint"]),
+        (["no-such-command"], ["invalid choice", "walsink --help"]),
+        (["status", "--limit", "0"], ["status:", "--limit"]),
+    ],
+)
+def test_a_bad_command_line_is_one_walsink_error_line(filled, args, needles):
+    """Usage errors read like every other failure: one `walsink: error: ...` line, exit 2, no usage dump."""
+    result = walsink("--url", str(filled.engine.url), *args)
+    line = one_line_error(result, *needles)
+    assert line.startswith("walsink: error: "), line
+    assert result.returncode == 2 and "usage:" not in result.stderr and result.stdout == ""
