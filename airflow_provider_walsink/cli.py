@@ -665,7 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cps.add_argument("--state", action="append", help="only this state (repeatable)")
     cps.add_argument("--not-state", action="append", help="not this state (repeatable)")
-    cps.add_argument("--older-than", help="unchanged for at least this long (90s, 15m, 12h, 7d)")
+    cps.add_argument("--older-than", help="unchanged for at least this long, with a unit: 90s, 15m, 12h, 7d, 2w")
     cps.add_argument("--pipeline", action="append", help="only this pipeline (repeatable)")
     cps.add_argument(
         "--limit", type=_positive_int, default=10000, help="checkpoints read per pipeline (default 10000)"

@@ -544,9 +544,11 @@ MAX_DURATION = timedelta(days=36500)
 
 
 def parse_duration(text: str) -> timedelta:
-    """``90s``, ``15m``, ``12h``, ``7d`` or ``2w`` (or a plain number of seconds) → timedelta.
+    """``90s``, ``15m``, ``12h``, ``7d`` or ``2w`` → timedelta.
 
-    Refuses (``ValueError`` naming the value) what is not a duration, and negative, infinite,
+    Refuses (``ValueError`` naming the value) what is not a duration, a number without a
+    unit (is ``1`` a second or a day? a retention read in the wrong unit removes too much),
+    and negative, infinite,
     NaN or absurdly large ones (over :data:`MAX_DURATION`): a negative retention would put the
     cutoff in the future and make everything look old enough to remove.
     """
@@ -554,11 +556,17 @@ def parse_duration(text: str) -> timedelta:
     text = text.strip()
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
     hint = "use e.g. 90s, 15m, 12h, 7d or 2w"
+    if not text or text[-1] not in units:
+        try:
+            float(text)
+        except ValueError:
+            raise ValueError(f"invalid duration {raw!r}: {hint}") from None
+        raise ValueError(
+            f"invalid duration {raw!r}: give a unit, s (seconds), m (minutes), h (hours), d (days) "
+            f"or w (weeks); {hint}"
+        )
     try:
-        if text and text[-1] in units:
-            seconds = float(text[:-1]) * units[text[-1]]
-        else:
-            seconds = float(text)
+        seconds = float(text[:-1]) * units[text[-1]]
     except ValueError:
         raise ValueError(f"invalid duration {raw!r}: {hint}") from None
     if math.isnan(seconds):

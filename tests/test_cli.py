@@ -324,3 +324,17 @@ def test_a_bad_command_line_is_one_walsink_error_line(filled, args, needles):
     line = one_line_error(result, *needles)
     assert line.startswith("walsink: error: "), line
     assert result.returncode == 2 and "usage:" not in result.stderr and result.stdout == ""
+
+
+def test_a_duration_without_a_unit_is_refused_naming_the_units(filled, tmp_path):
+    """`--older-than 1` read as one second would list everything as stuck; as one day, hide it."""
+    url = str(filled.engine.url)
+    for args in (
+        ["checkpoints", "--older-than", "1"],
+        ["gc", "--staging-root", str(tmp_path), "--dry-run", "--retention", "30"],
+        ["gc", "--staging-root", str(tmp_path), "--dry-run", "--history-retention", "7"],
+    ):
+        line = one_line_error(walsink("--url", url, *args), "walsink: error:", args[-2], "invalid duration")
+        assert all(
+            unit in line for unit in ("s (seconds)", "m (minutes)", "h (hours)", "d (days)", "w (weeks)")
+        )

@@ -240,11 +240,16 @@ def test_parse_duration():
     assert parse_duration("90s") == timedelta(seconds=90)
     assert parse_duration("7d") == timedelta(days=7)
     assert parse_duration("2w") == timedelta(weeks=2)
-    assert parse_duration("30") == timedelta(seconds=30)
     assert parse_duration("0s") == timedelta(0)
     assert parse_duration("36500d") == timedelta(days=36500)  # a century: the longest accepted
     with pytest.raises(ValueError, match="invalid duration 'soon'"):
         parse_duration("soon")
+    # A bare number is ambiguous (seconds? days?): refused, naming the units.
+    for bare in ("30", "1", "0", " 7 "):
+        with pytest.raises(
+            ValueError, match=r"give a unit, s \(seconds\), m \(minutes\), h \(hours\), d \(days\)"
+        ):
+            parse_duration(bare)
 
 
 @pytest.mark.airflow
