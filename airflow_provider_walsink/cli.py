@@ -350,7 +350,7 @@ def _record_dict(c: Any) -> dict[str, Any]:
 
 
 def cmd_checkpoints(args: argparse.Namespace, out: IO[str]) -> int:
-    """Checkpoints filtered by state and by how long they have been in it, newest change last."""
+    """Checkpoints filtered by state and by how long they have been in it, per pipeline in sequence order."""
     from airflow_provider_walsink.committer.store import utcnow
     from airflow_provider_walsink.protocol.states import CheckpointState
 
@@ -375,7 +375,10 @@ def cmd_checkpoints(args: argparse.Namespace, out: IO[str]) -> int:
                     found.append(c)
     finally:
         store.dispose()
-    found.sort(key=lambda c: (c.updated_at, c.pipeline, c.sequence))
+    # Sequence order, as the checkpoints commit (append) and as the UI lists them: the first
+    # one stuck is the one blocking the rest. Ordering by time put a retried earlier
+    # checkpoint after the later ones it blocks.
+    found.sort(key=lambda c: (c.pipeline, c.sequence))
     query = _describe_query(wanted, excluded, args.older_than, args.pipeline)
     if args.json:
         _dump(
@@ -660,12 +663,15 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[_common()],
         help="checkpoints filtered by state and age, for a ticket",
         description="Checkpoints filtered by state and by how long they have been in it "
-        "(time since their last change), oldest first, with their DAG run, lease and error.",
+        "(time since their last change), per pipeline in sequence order, with their DAG run, lease "
+        "and error.",
         epilog="example: walsink checkpoints --not-state COMMITTED --older-than 1h",
     )
     cps.add_argument("--state", action="append", help="only this state (repeatable)")
     cps.add_argument("--not-state", action="append", help="not this state (repeatable)")
-    cps.add_argument("--older-than", help="unchanged for at least this long, with a unit: 90s, 15m, 12h, 7d, 2w")
+    cps.add_argument(
+        "--older-than", help="unchanged for at least this long, with a unit: 90s, 15m, 12h, 7d, 2w"
+    )
     cps.add_argument("--pipeline", action="append", help="only this pipeline (repeatable)")
     cps.add_argument(
         "--limit", type=_positive_int, default=10000, help="checkpoints read per pipeline (default 10000)"

@@ -232,12 +232,12 @@ def test_checkpoints_by_state_and_age_for_a_ticket(filled):
     assert lines[1].startswith("committer database: sqlite:///")
     header, *rows, total = lines[2:]
     assert header.split()[:5] == ["pipeline", "seq", "checkpoint", "state", "att"]
-    # k3 changed six minutes ago, the COMMITTED ones are excluded; oldest first.
+    # k3 changed six minutes ago, the COMMITTED ones are excluded.
     assert [r.split()[:4] for r in rows] == [
-        ["orders", "2", "k2", "FAILED"],
         ["events", "1", "e1", "DURABLE"],
+        ["orders", "2", "k2", "FAILED"],
     ]
-    assert "PublishError: target refused" in rows[0] and "second line" not in result.stdout
+    assert "PublishError: target refused" in rows[1] and "second line" not in result.stdout
     assert total == "2 checkpoints"
 
     only = walsink("--url", url, "checkpoints", "--state", "committed", "--pipeline", "orders", "--json")
@@ -338,3 +338,29 @@ def test_a_duration_without_a_unit_is_refused_naming_the_units(filled, tmp_path)
         assert all(
             unit in line for unit in ("s (seconds)", "m (minutes)", "h (hours)", "d (days)", "w (weeks)")
         )
+
+
+def test_checkpoints_are_listed_in_sequence_order_not_by_time(filled):
+    """A checkpoint changed recently (a retry of an earlier interval) is still listed at its
+    place in the sequence: the first one stuck is the one that blocks the rest."""
+    url = str(filled.engine.url)
+    now = utcnow()
+    for key, hours in (("k1", 0.5), ("k2", 9), ("k3", 4)):  # time order k2, k3, k1
+        with filled.engine.begin() as conn:
+            conn.execute(
+                update(ckpt)
+                .where(ckpt.c.pipeline == "orders", ckpt.c.checkpoint_key == key)
+                .values(updated_at=now - timedelta(hours=hours))
+            )
+    text = walsink("--url", url, "checkpoints", "--pipeline", "orders")
+    assert text.returncode == 0, text.stderr
+    rows = [line.split()[:3] for line in text.stdout.splitlines() if line.startswith("orders ")]
+    assert rows == [["orders", "1", "k1"], ["orders", "2", "k2"], ["orders", "3", "k3"]]
+    listed = json.loads(walsink("--url", url, "checkpoints", "--json").stdout)["checkpoints"]
+    assert [(c["pipeline"], c["sequence"]) for c in listed] == [
+        ("events", 1),
+        ("events", 2),
+        ("orders", 1),
+        ("orders", 2),
+        ("orders", 3),
+    ]
