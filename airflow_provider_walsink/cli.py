@@ -2,6 +2,7 @@
 
 ``walsink status`` prints every checkpoint's state per pipeline;
 ``walsink checkpoints`` lists checkpoints filtered by state and age (for a ticket);
+``walsink history`` shows one checkpoint's transitions (from, to, when, who, detail);
 ``walsink abort`` ends a stuck or unwanted checkpoint (fencing its committer out);
 ``walsink db upgrade`` creates or upgrades the committer schema;
 ``walsink gc`` removes orphaned staging and trims old committer rows.
@@ -41,6 +42,7 @@ examples:
   walsink checkpoints --not-state COMMITTED --older-than 1h
                                                    what is stuck: paste the output into a ticket
   walsink checkpoints --state FAILED --state ABORTED --pipeline daily_events
+  walsink history daily_events 20260101T000000Z    one checkpoint's transitions: when, who, why
   walsink abort daily_events 20260101T000000Z --reason "source file corrupt, INC-123"
   walsink --url postgresql+psycopg2://airflow@db/walsink db upgrade
   walsink --conn-id walsink_prod gc --dry-run      what gc would remove under the connection's staging root
@@ -447,6 +449,83 @@ def _describe_query(
     return ", ".join(parts)
 
 
+def _who(t: Any) -> str:
+    """The Airflow task try that made a transition (dag / run / task / try), else the actor's name."""
+    if t.dag_id:
+        parts = [t.dag_id, t.run_id or "-", t.task_id or "-"]
+        return " / ".join(parts) + (f" / try {t.try_number}" if t.try_number is not None else "")
+    return t.actor or "-"
+
+
+def cmd_history(args: argparse.Namespace, out: IO[str]) -> int:
+    """One checkpoint's transitions, oldest first, as the UI's checkpoint page and the API show them."""
+    target = resolve(args)
+    store = open_store(target)
+    try:
+        _known_pipelines(store, [args.pipeline])
+        record = store.get(args.pipeline, args.checkpoint)
+        if record is None:
+            raise CliError(
+                f"pipeline {args.pipeline!r} has no checkpoint {args.checkpoint!r} "
+                f"(see `walsink checkpoints --pipeline {args.pipeline}`)"
+            )
+        history = store.history(args.pipeline, args.checkpoint)
+    finally:
+        store.dispose()
+    if args.json:
+        _dump(
+            out,
+            {
+                "database": target.display,
+                "checkpoint": _record_dict(record),
+                "transitions": [
+                    {
+                        "at": _iso(t.at),
+                        "from_state": t.from_state,
+                        "to_state": t.to_state,
+                        "attempt": t.attempt,
+                        "actor": t.actor,
+                        "dag_id": t.dag_id,
+                        "run_id": t.run_id,
+                        "task_id": t.task_id,
+                        "try_number": t.try_number,
+                        "detail": t.detail,
+                    }
+                    for t in history
+                ],
+            },
+        )
+        return 0
+    print(
+        f"{record.pipeline}/{record.checkpoint_key}: {record.state.value} (sequence {record.sequence}, "
+        f"attempt {record.attempt}, version {record.version}); committer database {target.display}",
+        file=out,
+    )
+    if record.error:
+        print(f"error: {_first_line(record.error, 200)}", file=out)
+    if not history:
+        # Retention (`walsink gc --history-retention`) may have compacted it away.
+        print("no transitions recorded (trimmed by history retention?)", file=out)
+        return 0
+    rows = [
+        (
+            _iso(t.at) or "",
+            t.from_state or "-",
+            t.to_state,
+            str(t.attempt),
+            _who(t),
+            _first_line(t.detail, 200) or "-",
+        )
+        for t in history
+    ]
+    header = ("at", "from", "to", "att", "by (dag / run / task / try)", "detail")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for row in (header, *rows):
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(), file=out)
+    print(f"{len(rows)} transition{'s' if len(rows) != 1 else ''}", file=out)
+    return 0
+
+
 def cmd_db_upgrade(args: argparse.Namespace, out: IO[str]) -> int:
     target = resolve(args)
     store = open_store(target, create=True)
@@ -677,6 +756,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--limit", type=_positive_int, default=10000, help="checkpoints read per pipeline (default 10000)"
     )
     cps.set_defaults(func=cmd_checkpoints)
+
+    hist = sub.add_parser(
+        "history",
+        parents=[_common()],
+        help="one checkpoint's transitions: from, to, when, who, detail",
+        description="Every recorded transition of one checkpoint, oldest first: from and to which "
+        "state, when (UTC), who (the Airflow DAG, run, task and try, else the actor) and the detail "
+        "(an error, an abort's reason, an audit's verdict), as the UI's checkpoint page shows them.",
+        epilog="example: walsink history daily_events 20260101T000000Z",
+    )
+    hist.add_argument("pipeline", help="pipeline id")
+    hist.add_argument("checkpoint", help="checkpoint key, e.g. 20260101T000000Z")
+    hist.set_defaults(func=cmd_history)
 
     db = sub.add_parser("db", parents=[_common()], help="committer schema")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND", parser_class=_Parser)

@@ -364,3 +364,47 @@ def test_checkpoints_are_listed_in_sequence_order_not_by_time(filled):
         ("orders", 2),
         ("orders", 3),
     ]
+
+
+def test_history_shows_one_checkpoints_transitions(filled):
+    """What the UI's checkpoint page shows, from a shell: from, to, when (UTC), who, detail."""
+    from airflow_provider_walsink.committer import Actor
+
+    url = str(filled.engine.url)
+    oncall = Actor(name="oncall@host (walsink abort)")  # no Airflow task: named by the actor
+    filled.abort("orders", "k3", reason="INC-7: partner resent the file", actor=oncall)
+    recorded = filled.history("orders", "k3")
+    assert len(recorded) >= 2
+
+    listed = walsink("--url", url, "history", "orders", "k3", "--json")
+    assert listed.returncode == 0, listed.stderr
+    data = json.loads(listed.stdout)
+    assert data["checkpoint"]["key"] == "k3" and data["checkpoint"]["state"] == "ABORTED"
+    assert [(t["from_state"], t["to_state"], t["attempt"]) for t in data["transitions"]] == [
+        (t.from_state, t.to_state, t.attempt) for t in recorded
+    ]
+    assert [t["at"] for t in data["transitions"]] == [
+        t.at.replace(microsecond=0).isoformat() + "Z" for t in recorded
+    ]
+    first, last = data["transitions"][0], data["transitions"][-1]
+    assert (first["dag_id"], first["run_id"], first["task_id"], first["try_number"]) == (
+        ACTOR.dag_id,
+        ACTOR.run_id,
+        ACTOR.task_id,
+        ACTOR.try_number,
+    )
+    assert last["to_state"] == "ABORTED" and "INC-7" in last["detail"] and last["dag_id"] is None
+
+    text = walsink("--url", url, "history", "orders", "k3")
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith("orders/k3: ABORTED (sequence 3")
+    body = [line for line in lines if line[:4].isdigit()]
+    assert len(body) == len(recorded)
+    assert f"{ACTOR.dag_id} / {ACTOR.run_id} / {ACTOR.task_id} / try {ACTOR.try_number}" in body[0]
+    assert "REGISTERED  ABORTED" not in body[0] and "ABORTED" in body[-1]
+    assert "oncall@host (walsink abort)" in body[-1] and "INC-7: partner resent the file" in body[-1]
+    assert lines[-1] == f"{len(recorded)} transitions"
+
+    one_line_error(walsink("--url", url, "history", "orders", "nope"), "no checkpoint 'nope'")
+    one_line_error(walsink("--url", url, "history", "nope", "k1"), "unknown pipeline 'nope'")
