@@ -668,6 +668,8 @@ def cmd_gc(args: argparse.Namespace, out: IO[str]) -> int:
         print(report.describe(), file=out)
         for item in report.checkpoint_dirs_removed + report.attempts_removed:
             print(f"  {'would remove' if args.dry_run else 'removed'} {item}", file=out)
+        for item in report.kept:  # each with its reason: "why is this still here?"
+            print(f"  kept {item}", file=out)
     return 0
 
 
