@@ -253,8 +253,15 @@ def _first_line(text: str | None, width: int = 80) -> str:
     return (text or "").strip().splitlines()[0][:width] if text and text.strip() else ""
 
 
+def _json_default(value: Any) -> Any:
+    # A datetime that reached the output unformatted still says its zone (stored naive UTC).
+    if isinstance(value, datetime):
+        return _iso(value) if value.tzinfo is None else value.isoformat()
+    return str(value)
+
+
 def _dump(out: IO[str], data: Any) -> None:
-    json.dump(data, out, indent=2, default=str)
+    json.dump(data, out, indent=2, default=_json_default)
     out.write("\n")
 
 

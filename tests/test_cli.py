@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -408,3 +409,26 @@ def test_history_shows_one_checkpoints_transitions(filled):
 
     one_line_error(walsink("--url", url, "history", "orders", "nope"), "no checkpoint 'nope'")
     one_line_error(walsink("--url", url, "history", "nope", "k1"), "unknown pipeline 'nope'")
+
+
+def test_every_time_the_cli_prints_says_its_zone(filled, tmp_path):
+    """Stored times are naive UTC; printed, each carries its zone (``Z``), never a bare local-looking time."""
+    url = str(filled.engine.url)
+    filled.abort("orders", "k3", reason="INC-9", actor=ACTOR)
+    outputs = [
+        walsink("--url", url, *command)
+        for command in (
+            ["status", "--json"],
+            ["checkpoints"],
+            ["checkpoints", "--json"],
+            ["history", "orders", "k3"],
+            ["history", "orders", "k3", "--json"],
+        )
+    ]
+    stamps = []
+    for result in outputs:
+        assert result.returncode == 0, result.stderr
+        assert not re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", result.stdout), result.stdout  # str(datetime)
+        stamps += re.findall(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[^\s\",]*", result.stdout)
+    assert len(stamps) > 10
+    assert all(s.endswith("Z") or s.endswith("+00:00") for s in stamps), stamps
