@@ -90,6 +90,12 @@ class Target:
 
 def resolve(args: argparse.Namespace) -> Target:
     """Find the database (and, from a connection, the staging root) without touching it."""
+    target = _resolve(args)
+    args.resolved_url = target.url  # for _explain: a connection's URL names the database too
+    return target
+
+
+def _resolve(args: argparse.Namespace) -> Target:
     if args.url:
         return Target(args.url, "--url", None)
     if os.environ.get("WALSINK_DATABASE_URL"):
@@ -870,7 +876,12 @@ def _explain(exc: BaseException, args: argparse.Namespace) -> str:
 
     if isinstance(exc, (CliError, WalsinkError)):
         return str(exc)  # walsink's own errors name the problem (a refused transition, a bad manifest)
-    url = getattr(args, "url", None) or os.environ.get("WALSINK_DATABASE_URL") or ""
+    url = (
+        getattr(args, "url", None)
+        or os.environ.get("WALSINK_DATABASE_URL")
+        or getattr(args, "resolved_url", None)
+        or ""
+    )
     try:
         parsed = make_url(url) if url else None
         shown = parsed.render_as_string(hide_password=True) if parsed else "the committer database"
@@ -888,6 +899,17 @@ def _explain(exc: BaseException, args: argparse.Namespace) -> str:
             )
         return f"cannot load what {shown} needs: {exc}"
     if isinstance(exc, sa_exc.DBAPIError):
+        from airflow_provider_walsink.committer.engine import missing_database_hint
+
+        if getattr(args, "url", None):
+            upgrade = "walsink --url <the same URL> db upgrade"
+        elif os.environ.get("WALSINK_DATABASE_URL"):
+            upgrade = "walsink db upgrade"  # the variable names the database again
+        else:
+            upgrade = f"walsink --conn-id {args.conn_id} db upgrade"
+        hint = missing_database_hint(exc, parsed, upgrade=upgrade) if parsed is not None else None
+        if hint is not None:
+            return hint  # names the database and the fix: create it, then `walsink db upgrade`
         detail = _first_line(str(getattr(exc, "orig", None) or exc), 200)
         return f"cannot use {shown}: {detail}"
     if isinstance(exc, sa_exc.SQLAlchemyError):

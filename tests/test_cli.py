@@ -432,3 +432,34 @@ def test_every_time_the_cli_prints_says_its_zone(filled, tmp_path):
         stamps += re.findall(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[^\s\",]*", result.stdout)
     assert len(stamps) > 10
     assert all(s.endswith("Z") or s.endswith("+00:00") for s in stamps), stamps
+
+
+@pytest.mark.parametrize(
+    ("scheme", "port", "user"),
+    [
+        ("postgresql+psycopg2", 5432, "postgres"),
+        ("postgresql+psycopg", 5432, "postgres"),
+        ("mysql+pymysql", 3306, "root"),
+    ],
+)
+def test_a_server_database_that_does_not_exist_says_create_it_then_db_upgrade(scheme, port, user):
+    """The server answers but has no such database: the error names it and the two steps
+    (walsink creates no server database), for reads and for `db upgrade` alike."""
+    name = f"walsink_absent_{os.getpid()}_{int(time.time() * 1000) % 10**6}"
+    url = f"{scheme}://{user}@127.0.0.1:{port}/{name}"
+    for command in (["status"], ["checkpoints"], ["history", "p", "k"], ["db", "upgrade"]):
+        line = one_line_error(
+            walsink("--url", url, *command), f"database '{name}' does not exist", "create it"
+        )
+        assert "CREATE DATABASE" in line and "db upgrade" in line, line
+    # From a connection: the command to run names it.
+    conn_id = f"walsink_absent_{os.getpid()}"
+    env = {
+        f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(
+            {"conn_type": "walsink", "extra": {"url": url, "staging_root": "/nonexistent"}}
+        )
+    }
+    line = one_line_error(
+        walsink("--conn-id", conn_id, "status", env=env), f"database '{name}' does not exist"
+    )
+    assert f"walsink --conn-id {conn_id} db upgrade" in line, line
