@@ -2,6 +2,7 @@
 
 ``walsink status`` prints every checkpoint's state per pipeline;
 ``walsink checkpoints`` lists checkpoints filtered by state and age (for a ticket);
+``walsink history`` shows one checkpoint's transitions (from, to, when, who, detail);
 ``walsink abort`` ends a stuck or unwanted checkpoint (fencing its committer out);
 ``walsink db upgrade`` creates or upgrades the committer schema;
 ``walsink gc`` removes orphaned staging and trims old committer rows.
@@ -41,6 +42,7 @@ examples:
   walsink checkpoints --not-state COMMITTED --older-than 1h
                                                    what is stuck: paste the output into a ticket
   walsink checkpoints --state FAILED --state ABORTED --pipeline daily_events
+  walsink history daily_events 20260101T000000Z    one checkpoint's transitions: when, who, why
   walsink abort daily_events 20260101T000000Z --reason "source file corrupt, INC-123"
   walsink --url postgresql+psycopg2://airflow@db/walsink db upgrade
   walsink --conn-id walsink_prod gc --dry-run      what gc would remove under the connection's staging root
@@ -88,6 +90,12 @@ class Target:
 
 def resolve(args: argparse.Namespace) -> Target:
     """Find the database (and, from a connection, the staging root) without touching it."""
+    target = _resolve(args)
+    args.resolved_url = target.url  # for _explain: a connection's URL names the database too
+    return target
+
+
+def _resolve(args: argparse.Namespace) -> Target:
     if args.url:
         return Target(args.url, "--url", None)
     if os.environ.get("WALSINK_DATABASE_URL"):
@@ -251,8 +259,15 @@ def _first_line(text: str | None, width: int = 80) -> str:
     return (text or "").strip().splitlines()[0][:width] if text and text.strip() else ""
 
 
+def _json_default(value: Any) -> Any:
+    # A datetime that reached the output unformatted still says its zone (stored naive UTC).
+    if isinstance(value, datetime):
+        return _iso(value) if value.tzinfo is None else value.isoformat()
+    return str(value)
+
+
 def _dump(out: IO[str], data: Any) -> None:
-    json.dump(data, out, indent=2, default=str)
+    json.dump(data, out, indent=2, default=_json_default)
     out.write("\n")
 
 
@@ -350,7 +365,7 @@ def _record_dict(c: Any) -> dict[str, Any]:
 
 
 def cmd_checkpoints(args: argparse.Namespace, out: IO[str]) -> int:
-    """Checkpoints filtered by state and by how long they have been in it, newest change last."""
+    """Checkpoints filtered by state and by how long they have been in it, per pipeline in sequence order."""
     from airflow_provider_walsink.committer.store import utcnow
     from airflow_provider_walsink.protocol.states import CheckpointState
 
@@ -375,7 +390,10 @@ def cmd_checkpoints(args: argparse.Namespace, out: IO[str]) -> int:
                     found.append(c)
     finally:
         store.dispose()
-    found.sort(key=lambda c: (c.updated_at, c.pipeline, c.sequence))
+    # Sequence order, as the checkpoints commit (append) and as the UI lists them: the first
+    # one stuck is the one blocking the rest. Ordering by time put a retried earlier
+    # checkpoint after the later ones it blocks.
+    found.sort(key=lambda c: (c.pipeline, c.sequence))
     query = _describe_query(wanted, excluded, args.older_than, args.pipeline)
     if args.json:
         _dump(
@@ -442,6 +460,83 @@ def _describe_query(
         parts.append(f"unchanged for at least {older_than}")
     parts.append("pipeline " + ", ".join(pipelines) if pipelines else "all pipelines")
     return ", ".join(parts)
+
+
+def _who(t: Any) -> str:
+    """The Airflow task try that made a transition (dag / run / task / try), else the actor's name."""
+    if t.dag_id:
+        parts = [t.dag_id, t.run_id or "-", t.task_id or "-"]
+        return " / ".join(parts) + (f" / try {t.try_number}" if t.try_number is not None else "")
+    return t.actor or "-"
+
+
+def cmd_history(args: argparse.Namespace, out: IO[str]) -> int:
+    """One checkpoint's transitions, oldest first, as the UI's checkpoint page and the API show them."""
+    target = resolve(args)
+    store = open_store(target)
+    try:
+        _known_pipelines(store, [args.pipeline])
+        record = store.get(args.pipeline, args.checkpoint)
+        if record is None:
+            raise CliError(
+                f"pipeline {args.pipeline!r} has no checkpoint {args.checkpoint!r} "
+                f"(see `walsink checkpoints --pipeline {args.pipeline}`)"
+            )
+        history = store.history(args.pipeline, args.checkpoint)
+    finally:
+        store.dispose()
+    if args.json:
+        _dump(
+            out,
+            {
+                "database": target.display,
+                "checkpoint": _record_dict(record),
+                "transitions": [
+                    {
+                        "at": _iso(t.at),
+                        "from_state": t.from_state,
+                        "to_state": t.to_state,
+                        "attempt": t.attempt,
+                        "actor": t.actor,
+                        "dag_id": t.dag_id,
+                        "run_id": t.run_id,
+                        "task_id": t.task_id,
+                        "try_number": t.try_number,
+                        "detail": t.detail,
+                    }
+                    for t in history
+                ],
+            },
+        )
+        return 0
+    print(
+        f"{record.pipeline}/{record.checkpoint_key}: {record.state.value} (sequence {record.sequence}, "
+        f"attempt {record.attempt}, version {record.version}); committer database {target.display}",
+        file=out,
+    )
+    if record.error:
+        print(f"error: {_first_line(record.error, 200)}", file=out)
+    if not history:
+        # Retention (`walsink gc --history-retention`) may have compacted it away.
+        print("no transitions recorded (trimmed by history retention?)", file=out)
+        return 0
+    rows = [
+        (
+            _iso(t.at) or "",
+            t.from_state or "-",
+            t.to_state,
+            str(t.attempt),
+            _who(t),
+            _first_line(t.detail, 200) or "-",
+        )
+        for t in history
+    ]
+    header = ("at", "from", "to", "att", "by (dag / run / task / try)", "detail")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for row in (header, *rows):
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(), file=out)
+    print(f"{len(rows)} transition{'s' if len(rows) != 1 else ''}", file=out)
+    return 0
 
 
 def cmd_db_upgrade(args: argparse.Namespace, out: IO[str]) -> int:
@@ -586,6 +681,8 @@ def cmd_gc(args: argparse.Namespace, out: IO[str]) -> int:
         print(report.describe(), file=out)
         for item in report.checkpoint_dirs_removed + report.attempts_removed:
             print(f"  {'would remove' if args.dry_run else 'removed'} {item}", file=out)
+        for item in report.kept:  # each with its reason: "why is this still here?"
+            print(f"  kept {item}", file=out)
     return 0
 
 
@@ -598,8 +695,14 @@ class _Parser(argparse.ArgumentParser):
     json_errors = False
 
     def error(self, message: str) -> NoReturn:
+        # The same `walsink: error:` prefix as every other failure, naming the subcommand
+        # (self.prog is e.g. "walsink abort"), so scripts and people match one form.
+        command = self.prog.removeprefix("walsink").strip()
+        where = f"{command}: " if command else ""
         _report(
-            f"{self.prog}: {message} (see `{self.prog} --help`)", as_json=_Parser.json_errors, out=sys.stdout
+            f"walsink: error: {where}{message} (see `{self.prog} --help`)",
+            as_json=_Parser.json_errors,
+            out=sys.stdout,
         )
         raise SystemExit(2)
 
@@ -654,17 +757,33 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[_common()],
         help="checkpoints filtered by state and age, for a ticket",
         description="Checkpoints filtered by state and by how long they have been in it "
-        "(time since their last change), oldest first, with their DAG run, lease and error.",
+        "(time since their last change), per pipeline in sequence order, with their DAG run, lease "
+        "and error.",
         epilog="example: walsink checkpoints --not-state COMMITTED --older-than 1h",
     )
     cps.add_argument("--state", action="append", help="only this state (repeatable)")
     cps.add_argument("--not-state", action="append", help="not this state (repeatable)")
-    cps.add_argument("--older-than", help="unchanged for at least this long (90s, 15m, 12h, 7d)")
+    cps.add_argument(
+        "--older-than", help="unchanged for at least this long, with a unit: 90s, 15m, 12h, 7d, 2w"
+    )
     cps.add_argument("--pipeline", action="append", help="only this pipeline (repeatable)")
     cps.add_argument(
         "--limit", type=_positive_int, default=10000, help="checkpoints read per pipeline (default 10000)"
     )
     cps.set_defaults(func=cmd_checkpoints)
+
+    hist = sub.add_parser(
+        "history",
+        parents=[_common()],
+        help="one checkpoint's transitions: from, to, when, who, detail",
+        description="Every recorded transition of one checkpoint, oldest first: from and to which "
+        "state, when (UTC), who (the Airflow DAG, run, task and try, else the actor) and the detail "
+        "(an error, an abort's reason, an audit's verdict), as the UI's checkpoint page shows them.",
+        epilog="example: walsink history daily_events 20260101T000000Z",
+    )
+    hist.add_argument("pipeline", help="pipeline id")
+    hist.add_argument("checkpoint", help="checkpoint key, e.g. 20260101T000000Z")
+    hist.set_defaults(func=cmd_history)
 
     db = sub.add_parser("db", parents=[_common()], help="committer schema")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND", parser_class=_Parser)
@@ -757,7 +876,12 @@ def _explain(exc: BaseException, args: argparse.Namespace) -> str:
 
     if isinstance(exc, (CliError, WalsinkError)):
         return str(exc)  # walsink's own errors name the problem (a refused transition, a bad manifest)
-    url = getattr(args, "url", None) or os.environ.get("WALSINK_DATABASE_URL") or ""
+    url = (
+        getattr(args, "url", None)
+        or os.environ.get("WALSINK_DATABASE_URL")
+        or getattr(args, "resolved_url", None)
+        or ""
+    )
     try:
         parsed = make_url(url) if url else None
         shown = parsed.render_as_string(hide_password=True) if parsed else "the committer database"
@@ -775,6 +899,17 @@ def _explain(exc: BaseException, args: argparse.Namespace) -> str:
             )
         return f"cannot load what {shown} needs: {exc}"
     if isinstance(exc, sa_exc.DBAPIError):
+        from airflow_provider_walsink.committer.engine import missing_database_hint
+
+        if getattr(args, "url", None):
+            upgrade = "walsink --url <the same URL> db upgrade"
+        elif os.environ.get("WALSINK_DATABASE_URL"):
+            upgrade = "walsink db upgrade"  # the variable names the database again
+        else:
+            upgrade = f"walsink --conn-id {args.conn_id} db upgrade"
+        hint = missing_database_hint(exc, parsed, upgrade=upgrade) if parsed is not None else None
+        if hint is not None:
+            return hint  # names the database and the fix: create it, then `walsink db upgrade`
         detail = _first_line(str(getattr(exc, "orig", None) or exc), 200)
         return f"cannot use {shown}: {detail}"
     if isinstance(exc, sa_exc.SQLAlchemyError):

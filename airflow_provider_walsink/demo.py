@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -275,6 +276,16 @@ def read_back_tables(
     return problems
 
 
+def write_env_sh(path: Path, env: dict[str, str]) -> None:
+    """``env.sh``: the stack's Airflow settings, and this interpreter's bin directory first on
+    the PATH, so `airflow` and `walsink` after `source env.sh` are the ones the demo ran (the
+    venv is not activated by scripts/demo.sh, so neither was on the PATH)."""
+    bin_dir = Path(sys.executable).parent  # not resolved: the venv's bin, not the base interpreter's
+    lines = [f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()) if k.startswith("AIRFLOW")]
+    lines.append(f'export PATH={shlex.quote(str(bin_dir))}:"$PATH"\n')
+    path.write_text("".join(lines))
+
+
 def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--days", type=int, default=3, help="intervals run first (default 3)")
@@ -311,9 +322,7 @@ def run(argv: list[str] | None = None) -> int:
 
     say(f"Airflow home {airflow_home} (SQLite metadata database, LocalExecutor, dags folder {REPO / 'dags'})")
     # Everything Airflow needs is in this environment; `source env.sh` to use the CLI afterwards.
-    (airflow_home / "env.sh").write_text(
-        "".join(f"export {k}='{v}'\n" for k, v in sorted(stack.env.items()) if k.startswith("AIRFLOW"))
-    )
+    write_env_sh(airflow_home / "env.sh", stack.env)
     try:
         stack.airflow("db", "migrate", timeout=600)
         print("  metadata database migrated")

@@ -67,6 +67,7 @@ import math
 import os
 import shutil
 import stat
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
@@ -105,6 +106,9 @@ class GcReport:
     attempts_removed: list[str] = field(default_factory=list)
     checkpoint_dirs_removed: list[str] = field(default_factory=list)
     kept_recent: int = 0
+    #: Each staged item left in place and why ("p/k: COMMITTED 2h ago, retention 7d"), so a
+    #: dry run answers "why is this still here?" without reading the code.
+    kept: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     rows_deleted: int = 0
     transitions_deleted: int = 0
@@ -121,6 +125,34 @@ class GcReport:
             f"{self.transitions_deleted} history entries"
             + (f"; skipped {len(self.skipped)}: {'; '.join(self.skipped[:3])}" if self.skipped else "")
         )
+
+
+def span(delta: timedelta | float) -> str:
+    """A duration as people read it and ``parse_duration`` takes it: ``90s``, ``2h05m``, ``7d``."""
+    seconds = max(0, int(delta.total_seconds() if isinstance(delta, timedelta) else delta))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h" if hours else f"{days}d"
+    if hours:
+        return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
+    if minutes:
+        return f"{minutes}m{seconds:02d}s" if seconds else f"{minutes}m"
+    return f"{seconds}s"
+
+
+def _keep(report: GcReport, item: str, reason: str, *, recent: bool = False) -> None:
+    report.kept.append(f"{item}: {reason}")
+    if recent:
+        report.kept_recent += 1
+
+
+def _mtime_age(path: Path) -> str:
+    try:
+        return span(time.time() - os.lstat(path).st_mtime)
+    except OSError:
+        return "?"
 
 
 def _age_ok(path: Path, cutoff_ts: float) -> bool:
@@ -195,7 +227,18 @@ def collect_staging(
             record = store.get(pipeline, key)
             fence = _row_fence(store, pipeline, key, record)
             try:
-                _collect_checkpoint(layout, pipeline, key, record, cutoff, cutoff_ts, report, dry_run, fence)
+                _collect_checkpoint(
+                    layout,
+                    pipeline,
+                    key,
+                    record,
+                    cutoff,
+                    cutoff_ts,
+                    report,
+                    dry_run,
+                    fence,
+                    retention=retention,
+                )
             except CleanupFencedError as exc:
                 report.skipped.append(str(exc))
     return report
@@ -250,8 +293,12 @@ def _collect_checkpoint(
     report: GcReport,
     dry_run: bool,
     fence: Callable[[], None] = lambda: None,
+    *,
+    retention: timedelta | None = None,
 ) -> None:
     cdir = layout.checkpoint_dir(pipeline, key)
+    now = utcnow()
+    kept_for = f"retention {span(retention if retention is not None else now - cutoff)}"
     if record is None:
         # A checkpoint the committer table does not know (its row trimmed by retention after a
         # crash left staging behind): removed only if it is made of attempt directories alone,
@@ -264,20 +311,49 @@ def _collect_checkpoint(
             )
             return
         if not _age_ok(cdir, cutoff_ts):
-            report.kept_recent += 1
+            _keep(
+                report,
+                f"{pipeline}/{key}",
+                f"unknown to the committer table, changed {_mtime_age(cdir)} ago, {kept_for}",
+                recent=True,
+            )
             return
         _remove_attempts(
-            cdir, pipeline, key, attempts, lambda _a, _i: True, cutoff_ts, report, dry_run, fence
+            cdir,
+            pipeline,
+            key,
+            attempts,
+            lambda _a, _i: True,
+            cutoff_ts,
+            report,
+            dry_run,
+            fence,
+            kept_for=kept_for,
         )
         return
     if record.state is S.ABORTED:
         # Its attempts up to the aborted one; a newer one belongs to a run that started it again.
         if record.updated_at > cutoff:
-            report.kept_recent += 1
+            _keep(
+                report,
+                f"{pipeline}/{key}",
+                f"ABORTED {span(now - record.updated_at)} ago, {kept_for}",
+                recent=True,
+            )
             return
         attempts = layout.staged_attempts(pipeline, key)
         _remove_attempts(
-            cdir, pipeline, key, attempts, lambda a, _i: a <= record.attempt, None, report, dry_run, fence
+            cdir,
+            pipeline,
+            key,
+            attempts,
+            lambda a, _i: a <= record.attempt,
+            None,
+            report,
+            dry_run,
+            fence,
+            kept_for=kept_for,
+            unwanted=f"newer than the aborted attempt {record.attempt}: a later run started the checkpoint again",
         )
         return
     if record.state is S.COMMITTED:
@@ -285,7 +361,12 @@ def _collect_checkpoint(
         # (begin_version) may have started a newer attempt since the row was read.
         finished_at = record.committed_at or record.updated_at
         if finished_at > cutoff:
-            report.kept_recent += 1
+            _keep(
+                report,
+                f"{pipeline}/{key}",
+                f"COMMITTED {span(now - finished_at)} ago, {kept_for}",
+                recent=True,
+            )
             return
         known_ids = {i for i in (record.attempt_id, record.sealed_attempt_id) if i}
 
@@ -297,22 +378,48 @@ def _collect_checkpoint(
             return True
 
         attempts = layout.staged_attempts(pipeline, key)
-        _remove_attempts(cdir, pipeline, key, attempts, read_version, cutoff_ts, report, dry_run, fence)
+        _remove_attempts(
+            cdir,
+            pipeline,
+            key,
+            attempts,
+            read_version,
+            cutoff_ts,
+            report,
+            dry_run,
+            fence,
+            kept_for=kept_for,
+            unwanted=f"not the committed attempt {record.attempt}: a reprocess started it after gc read the row",
+        )
         return
     # Uncommitted: only attempts older than the current one and not sealed are garbage. An
     # attempt is known by its number and id (numbers repeat across lives of a checkpoint).
     keep = {(record.attempt, record.attempt_id), (record.sealed_attempt, record.sealed_attempt_id)}
     garbage = []
+    state = record.state.value
     for attempt, attempt_id, path in layout.staged_attempts(pipeline, key):
+        item = f"{pipeline}/{key}/{path.name}"
         if (attempt, attempt_id) in keep or (attempt_id is None and attempt in {a for a, _ in keep}):
+            which = "sealed" if attempt == record.sealed_attempt and attempt != record.attempt else "current"
+            _keep(report, item, f"the {which} attempt of a {state} checkpoint (never collected)")
             continue
         if attempt > record.attempt:
+            _keep(
+                report,
+                item,
+                f"newer than the {state} checkpoint's attempt {record.attempt} (a write just started)",
+            )
             continue
         if attempt < 1:
-            report.skipped.append(f"{pipeline}/{key}/{path.name}: not an attempt number walsink uses")
+            report.skipped.append(f"{item}: not an attempt number walsink uses")
             continue
         if not _age_ok(path, cutoff_ts):
-            report.kept_recent += 1
+            _keep(
+                report,
+                item,
+                f"an old attempt of a {state} checkpoint, changed {_mtime_age(path)} ago, {kept_for}",
+                recent=True,
+            )
             continue
         garbage.append((attempt, attempt_id, str(path)))
     removed = remove_attempts_fenced(
@@ -356,6 +463,9 @@ def _remove_attempts(
     report: GcReport,
     dry_run: bool,
     fence: Callable[[], None] = lambda: None,
+    *,
+    kept_for: str = "the retention period",
+    unwanted: str = "not this gc's to remove",
 ) -> None:
     """Remove the ``wanted`` attempts one by one (each older than the cutoff, if one is given),
     then the checkpoint directory if that emptied it.
@@ -368,10 +478,16 @@ def _remove_attempts(
     kept = 0
     for attempt, attempt_id, path in attempts:
         if not wanted(attempt, attempt_id):
+            _keep(report, f"{pipeline}/{key}/{path.name}", unwanted)
             kept += 1
             continue
         if cutoff_ts is not None and not _age_ok(path, cutoff_ts):
-            report.kept_recent += 1
+            _keep(
+                report,
+                f"{pipeline}/{key}/{path.name}",
+                f"changed {_mtime_age(path)} ago, {kept_for}",
+                recent=True,
+            )
             kept += 1
             continue
         candidates.append((attempt, attempt_id, str(path)))
@@ -544,9 +660,11 @@ MAX_DURATION = timedelta(days=36500)
 
 
 def parse_duration(text: str) -> timedelta:
-    """``90s``, ``15m``, ``12h``, ``7d`` or ``2w`` (or a plain number of seconds) → timedelta.
+    """``90s``, ``15m``, ``12h``, ``7d`` or ``2w`` → timedelta.
 
-    Refuses (``ValueError`` naming the value) what is not a duration, and negative, infinite,
+    Refuses (``ValueError`` naming the value) what is not a duration, a number without a
+    unit (is ``1`` a second or a day? a retention read in the wrong unit removes too much),
+    and negative, infinite,
     NaN or absurdly large ones (over :data:`MAX_DURATION`): a negative retention would put the
     cutoff in the future and make everything look old enough to remove.
     """
@@ -554,11 +672,17 @@ def parse_duration(text: str) -> timedelta:
     text = text.strip()
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
     hint = "use e.g. 90s, 15m, 12h, 7d or 2w"
+    if not text or text[-1] not in units:
+        try:
+            float(text)
+        except ValueError:
+            raise ValueError(f"invalid duration {raw!r}: {hint}") from None
+        raise ValueError(
+            f"invalid duration {raw!r}: give a unit, s (seconds), m (minutes), h (hours), d (days) "
+            f"or w (weeks); {hint}"
+        )
     try:
-        if text and text[-1] in units:
-            seconds = float(text[:-1]) * units[text[-1]]
-        else:
-            seconds = float(text)
+        seconds = float(text[:-1]) * units[text[-1]]
     except ValueError:
         raise ValueError(f"invalid duration {raw!r}: {hint}") from None
     if math.isnan(seconds):

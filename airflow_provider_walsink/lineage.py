@@ -15,7 +15,8 @@ events cannot be read it adds none: a downstream run missed, never doubled.
 **OpenLineage.** The operators answer the OpenLineage provider's
 ``get_openlineage_facets_on_complete``: the target as the output dataset
 (with its row count), the job's declared inputs, and a ``walsink`` run facet
-naming the checkpoint (pipeline, key, attempt, state, committables, rows).
+naming the checkpoint (pipeline, key, attempt, state, committables, rows); its
+schema is ``docs/openlineage-facet.json``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ from urllib.parse import urlsplit
 import attr
 
 ALIAS_PREFIX = "walsink-"
+
+#: The ``walsink`` run facet's ``_schemaURL``: its JSON schema, shipped with walsink's docs
+#: (``docs/openlineage-facet.json``). A reference relative to the walsink source tree: the
+#: project has no public home to make it absolute (the URL it had named a repository that
+#: does not exist).
+FACET_SCHEMA_URL = "docs/openlineage-facet.json#/$defs/WalsinkCheckpointRunFacet"
 
 
 def asset_alias_name(pipeline: str) -> str:
@@ -80,7 +87,7 @@ try:  # the OpenLineage client ships with the provider (extra [openlineage])
 
         @staticmethod
         def _get_schema() -> str:
-            return "https://github.com/walsink/walsink/blob/main/docs/lineage.md#walsinkcheckpointrunfacet"
+            return FACET_SCHEMA_URL
 except ImportError:  # pragma: no cover
     WalsinkCheckpointRunFacet = None  # type: ignore[assignment,misc]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -232,12 +233,12 @@ def test_checkpoints_by_state_and_age_for_a_ticket(filled):
     assert lines[1].startswith("committer database: sqlite:///")
     header, *rows, total = lines[2:]
     assert header.split()[:5] == ["pipeline", "seq", "checkpoint", "state", "att"]
-    # k3 changed six minutes ago, the COMMITTED ones are excluded; oldest first.
+    # k3 changed six minutes ago, the COMMITTED ones are excluded.
     assert [r.split()[:4] for r in rows] == [
-        ["orders", "2", "k2", "FAILED"],
         ["events", "1", "e1", "DURABLE"],
+        ["orders", "2", "k2", "FAILED"],
     ]
-    assert "PublishError: target refused" in rows[0] and "second line" not in result.stdout
+    assert "PublishError: target refused" in rows[1] and "second line" not in result.stdout
     assert total == "2 checkpoints"
 
     only = walsink("--url", url, "checkpoints", "--state", "committed", "--pipeline", "orders", "--json")
@@ -307,3 +308,158 @@ def test_a_limit_below_one_is_a_usage_error(filled, limit):
 def test_the_superseded_state_is_explained_not_silently_matched_to_nothing(filled):
     result = walsink("--url", str(filled.engine.url), "checkpoints", "--state", "superseded")
     one_line_error(result, "SUPERSEDED is the state of a reprocessed checkpoint's earlier versions")
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["abort", "orders", "k1"], ["abort:", "required: --reason", "walsink abort --help"]),
+        (["abort", "orders"], ["abort:", "required", "checkpoint"]),
+        (["no-such-command"], ["invalid choice", "walsink --help"]),
+        (["status", "--limit", "0"], ["status:", "--limit"]),
+    ],
+)
+def test_a_bad_command_line_is_one_walsink_error_line(filled, args, needles):
+    """Usage errors read like every other failure: one `walsink: error: ...` line, exit 2, no usage dump."""
+    result = walsink("--url", str(filled.engine.url), *args)
+    line = one_line_error(result, *needles)
+    assert line.startswith("walsink: error: "), line
+    assert result.returncode == 2 and "usage:" not in result.stderr and result.stdout == ""
+
+
+def test_a_duration_without_a_unit_is_refused_naming_the_units(filled, tmp_path):
+    """`--older-than 1` read as one second would list everything as stuck; as one day, hide it."""
+    url = str(filled.engine.url)
+    for args in (
+        ["checkpoints", "--older-than", "1"],
+        ["gc", "--staging-root", str(tmp_path), "--dry-run", "--retention", "30"],
+        ["gc", "--staging-root", str(tmp_path), "--dry-run", "--history-retention", "7"],
+    ):
+        line = one_line_error(walsink("--url", url, *args), "walsink: error:", args[-2], "invalid duration")
+        assert all(
+            unit in line for unit in ("s (seconds)", "m (minutes)", "h (hours)", "d (days)", "w (weeks)")
+        )
+
+
+def test_checkpoints_are_listed_in_sequence_order_not_by_time(filled):
+    """A checkpoint changed recently (a retry of an earlier interval) is still listed at its
+    place in the sequence: the first one stuck is the one that blocks the rest."""
+    url = str(filled.engine.url)
+    now = utcnow()
+    for key, hours in (("k1", 0.5), ("k2", 9), ("k3", 4)):  # time order k2, k3, k1
+        with filled.engine.begin() as conn:
+            conn.execute(
+                update(ckpt)
+                .where(ckpt.c.pipeline == "orders", ckpt.c.checkpoint_key == key)
+                .values(updated_at=now - timedelta(hours=hours))
+            )
+    text = walsink("--url", url, "checkpoints", "--pipeline", "orders")
+    assert text.returncode == 0, text.stderr
+    rows = [line.split()[:3] for line in text.stdout.splitlines() if line.startswith("orders ")]
+    assert rows == [["orders", "1", "k1"], ["orders", "2", "k2"], ["orders", "3", "k3"]]
+    listed = json.loads(walsink("--url", url, "checkpoints", "--json").stdout)["checkpoints"]
+    assert [(c["pipeline"], c["sequence"]) for c in listed] == [
+        ("events", 1),
+        ("events", 2),
+        ("orders", 1),
+        ("orders", 2),
+        ("orders", 3),
+    ]
+
+
+def test_history_shows_one_checkpoints_transitions(filled):
+    """What the UI's checkpoint page shows, from a shell: from, to, when (UTC), who, detail."""
+    from airflow_provider_walsink.committer import Actor
+
+    url = str(filled.engine.url)
+    oncall = Actor(name="oncall@host (walsink abort)")  # no Airflow task: named by the actor
+    filled.abort("orders", "k3", reason="INC-7: partner resent the file", actor=oncall)
+    recorded = filled.history("orders", "k3")
+    assert len(recorded) >= 2
+
+    listed = walsink("--url", url, "history", "orders", "k3", "--json")
+    assert listed.returncode == 0, listed.stderr
+    data = json.loads(listed.stdout)
+    assert data["checkpoint"]["key"] == "k3" and data["checkpoint"]["state"] == "ABORTED"
+    assert [(t["from_state"], t["to_state"], t["attempt"]) for t in data["transitions"]] == [
+        (t.from_state, t.to_state, t.attempt) for t in recorded
+    ]
+    assert [t["at"] for t in data["transitions"]] == [
+        t.at.replace(microsecond=0).isoformat() + "Z" for t in recorded
+    ]
+    first, last = data["transitions"][0], data["transitions"][-1]
+    assert (first["dag_id"], first["run_id"], first["task_id"], first["try_number"]) == (
+        ACTOR.dag_id,
+        ACTOR.run_id,
+        ACTOR.task_id,
+        ACTOR.try_number,
+    )
+    assert last["to_state"] == "ABORTED" and "INC-7" in last["detail"] and last["dag_id"] is None
+
+    text = walsink("--url", url, "history", "orders", "k3")
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith("orders/k3: ABORTED (sequence 3")
+    body = [line for line in lines if line[:4].isdigit()]
+    assert len(body) == len(recorded)
+    assert f"{ACTOR.dag_id} / {ACTOR.run_id} / {ACTOR.task_id} / try {ACTOR.try_number}" in body[0]
+    assert "REGISTERED  ABORTED" not in body[0] and "ABORTED" in body[-1]
+    assert "oncall@host (walsink abort)" in body[-1] and "INC-7: partner resent the file" in body[-1]
+    assert lines[-1] == f"{len(recorded)} transitions"
+
+    one_line_error(walsink("--url", url, "history", "orders", "nope"), "no checkpoint 'nope'")
+    one_line_error(walsink("--url", url, "history", "nope", "k1"), "unknown pipeline 'nope'")
+
+
+def test_every_time_the_cli_prints_says_its_zone(filled, tmp_path):
+    """Stored times are naive UTC; printed, each carries its zone (``Z``), never a bare local-looking time."""
+    url = str(filled.engine.url)
+    filled.abort("orders", "k3", reason="INC-9", actor=ACTOR)
+    outputs = [
+        walsink("--url", url, *command)
+        for command in (
+            ["status", "--json"],
+            ["checkpoints"],
+            ["checkpoints", "--json"],
+            ["history", "orders", "k3"],
+            ["history", "orders", "k3", "--json"],
+        )
+    ]
+    stamps = []
+    for result in outputs:
+        assert result.returncode == 0, result.stderr
+        assert not re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", result.stdout), result.stdout  # str(datetime)
+        stamps += re.findall(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[^\s\",]*", result.stdout)
+    assert len(stamps) > 10
+    assert all(s.endswith("Z") or s.endswith("+00:00") for s in stamps), stamps
+
+
+@pytest.mark.parametrize(
+    ("scheme", "port", "user"),
+    [
+        ("postgresql+psycopg2", 5432, "postgres"),
+        ("postgresql+psycopg", 5432, "postgres"),
+        ("mysql+pymysql", 3306, "root"),
+    ],
+)
+def test_a_server_database_that_does_not_exist_says_create_it_then_db_upgrade(scheme, port, user):
+    """The server answers but has no such database: the error names it and the two steps
+    (walsink creates no server database), for reads and for `db upgrade` alike."""
+    name = f"walsink_absent_{os.getpid()}_{int(time.time() * 1000) % 10**6}"
+    url = f"{scheme}://{user}@127.0.0.1:{port}/{name}"
+    for command in (["status"], ["checkpoints"], ["history", "p", "k"], ["db", "upgrade"]):
+        line = one_line_error(
+            walsink("--url", url, *command), f"database '{name}' does not exist", "create it"
+        )
+        assert "CREATE DATABASE" in line and "db upgrade" in line, line
+    # From a connection: the command to run names it.
+    conn_id = f"walsink_absent_{os.getpid()}"
+    env = {
+        f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(
+            {"conn_type": "walsink", "extra": {"url": url, "staging_root": "/nonexistent"}}
+        )
+    }
+    line = one_line_error(
+        walsink("--conn-id", conn_id, "status", env=env), f"database '{name}' does not exist"
+    )
+    assert f"walsink --conn-id {conn_id} db upgrade" in line, line

@@ -240,11 +240,16 @@ def test_parse_duration():
     assert parse_duration("90s") == timedelta(seconds=90)
     assert parse_duration("7d") == timedelta(days=7)
     assert parse_duration("2w") == timedelta(weeks=2)
-    assert parse_duration("30") == timedelta(seconds=30)
     assert parse_duration("0s") == timedelta(0)
     assert parse_duration("36500d") == timedelta(days=36500)  # a century: the longest accepted
     with pytest.raises(ValueError, match="invalid duration 'soon'"):
         parse_duration("soon")
+    # A bare number is ambiguous (seconds? days?): refused, naming the units.
+    for bare in ("30", "1", "0", " 7 "):
+        with pytest.raises(
+            ValueError, match=r"give a unit, s \(seconds\), m \(minutes\), h \(hours\), d \(days\)"
+        ):
+            parse_duration(bare)
 
 
 @pytest.mark.airflow
@@ -476,3 +481,39 @@ def test_walsink_gc_says_when_the_staging_root_does_not_exist(sqlite_store, tmp_
     report = json.loads(captured.out)
     assert report["staging_root"] == str(missing) and report["checkpoint_dirs_removed"] == []
     assert not missing.exists()
+
+
+def test_gc_says_why_it_kept_each_item(sqlite_store, layout, tmp_path, capsys):
+    """A dry run answers "why is this still here?" per item: its state and age against the
+    retention, or the rule that protects it."""
+    store, target = sqlite_store, tmp_path / "target"
+    stage_checkpoint(store, layout, "p", "c1", files("c1"))
+    commit(store, layout, target, "p", "c1")
+    layout.attempt_dir("p", "c1", 1).mkdir(parents=True)  # the committer died before cleaning up
+    stage_checkpoint(store, layout, "p", "a1", files("a1"), durable=False)
+    store.abort("p", "a1", reason="bad interval", actor=ACTOR)
+    stage_checkpoint(store, layout, "p", "s1", files("s1"))  # sealed, not committed yet
+    two_hours_ago = utcnow() - timedelta(hours=2)
+    with store.engine.begin() as conn:
+        for key in ("c1", "a1"):
+            where = (ckpt.c.pipeline == "p", ckpt.c.checkpoint_key == key)
+            conn.execute(update(ckpt).where(*where).values(updated_at=two_hours_ago))
+            conn.execute(
+                update(ckpt)
+                .where(*where, ckpt.c.committed_at.is_not(None))
+                .values(committed_at=two_hours_ago)
+            )
+    sealed = layout.attempt_dir("p", "s1", 1, store.require("p", "s1").attempt_id).name
+
+    argv = ["--url", str(store.engine.url), "gc", "--staging-root", str(layout.root), "--retention", "7d"]
+    assert walsink_cli([*argv, "--dry-run"]) == 0
+    kept = sorted(line.strip() for line in capsys.readouterr().out.splitlines() if "kept " in line[:7])
+    assert kept == [
+        "kept p/a1: ABORTED 2h ago, retention 7d",
+        "kept p/c1: COMMITTED 2h ago, retention 7d",
+        f"kept p/s1/{sealed}: the current attempt of a DURABLE checkpoint (never collected)",
+    ]
+    assert walsink_cli([*argv, "--dry-run", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert sorted(report["kept"]) == [k.removeprefix("kept ") for k in kept] and report["kept_recent"] == 2
+    assert layout.checkpoint_dir("p", "c1").exists() and layout.checkpoint_dir("p", "a1").exists()

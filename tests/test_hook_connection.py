@@ -193,3 +193,56 @@ def test_a_connection_of_another_type_is_refused_naming_it(monkeypatch, conn_typ
     )
     with pytest.raises(ValueError, match=f"is of type '{conn_type}', not 'walsink'"):
         _ = WalsinkHook(conn_id).sqlalchemy_url
+
+
+@pytest.mark.parametrize(
+    ("scheme", "port", "user"), [("postgresql+psycopg2", 5432, "postgres"), ("mysql+pymysql", 3306, "root")]
+)
+def test_a_committer_database_that_does_not_exist_says_what_to_do(monkeypatch, tmp_path, scheme, port, user):
+    """A task's first use of the store (hook.get_store) and the form's Test button name the
+    fix: create the database, then `walsink db upgrade`; no driver exception chained."""
+    from airflow_provider_walsink.committer.errors import CommitterDatabaseError
+
+    name = f"walsink_absent_{uuid.uuid4().hex[:8]}"
+    url = f"{scheme}://{user}@127.0.0.1:{port}/{name}"
+    hook = hook_for(monkeypatch, extra={"url": url, "staging_root": str(tmp_path)})
+    with pytest.raises(CommitterDatabaseError) as caught:
+        hook.get_store()
+    message = str(caught.value)
+    assert f"database {name!r} does not exist" in message and "CREATE DATABASE" in message, message
+    assert f"walsink --conn-id {hook.walsink_conn_id} db upgrade" in message, message
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__  # no driver traceback
+    ok, tested = hook.test_connection()
+    assert not ok and f"database {name!r} does not exist" in tested and "db upgrade" in tested, tested
+
+
+@pytest.mark.airflow
+def test_a_task_on_a_committer_database_that_does_not_exist_logs_the_fix(
+    airflow_db, monkeypatch, tmp_path, capfd
+):
+    """A real task try (dag.test): its log says what to do, not psycopg2's traceback."""
+    from datetime import UTC, datetime, timedelta
+
+    from airflow.sdk import DAG
+
+    from airflow_provider_walsink.operators.gc import WalGarbageCollectOperator
+
+    name = f"walsink_absent_{uuid.uuid4().hex[:8]}"
+    hook = hook_for(
+        monkeypatch,
+        extra={"url": f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}", "staging_root": str(tmp_path)},
+    )
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+    # The DAG id of tests/dags/walsink_gc_operator_test.py: dag.test() runs DAGs a bundle holds.
+    with DAG("walsink_gc_operator_test", schedule="@daily", start_date=start, catchup=False) as dag:
+        WalGarbageCollectOperator(
+            task_id="gc", walsink_conn_id=hook.walsink_conn_id, retention=timedelta(days=1)
+        )
+    capfd.readouterr()
+    run = dag.test(logical_date=start)
+    log = "".join(capfd.readouterr())
+    assert {ti.task_id: ti.state for ti in run.get_task_instances()} == {"gc": "failed"}
+    assert (
+        f"database {name!r} does not exist" in log and f"--conn-id {hook.walsink_conn_id} db upgrade" in log
+    )
+    assert "OperationalError" not in log and "psycopg2" not in log.replace("postgresql+psycopg2", "")

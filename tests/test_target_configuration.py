@@ -12,18 +12,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import stat
 import sys
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from airflow_provider_walsink.hooks.connections import airflow_connection_fields
 from airflow_provider_walsink.protocol import StagingLayout
 from airflow_provider_walsink.publishers.registry import TargetError, TargetOptions, resolve_target
+from tests.helpers import REPO
 
 DAY = datetime(2026, 5, 4, tzinfo=UTC)
 KEY = "20260504T000000Z"
@@ -280,3 +283,97 @@ def test_the_pipeline_gives_the_write_task_the_commit_tasks_target_options():
             target_options={"catalog": {}},
             commit_kwargs={"target_options": catalog},
         )
+
+
+def _unwritable_target(tmp_path, how: str):
+    """A file target root the worker cannot create files in, and the directory to restore."""
+    if how == "read-only directory":
+        if os.geteuid() == 0:
+            pytest.skip(
+                "running as root: permission bits do not stop root's writes, so a 0555 directory is "
+                "writable and nothing must be refused (test_check_writable_on_a_read_only_directory "
+                "checks the refusal as an unprivileged user)"
+            )
+        parent = tmp_path / "readonly"
+        parent.mkdir()
+        parent.chmod(0o555)
+        return parent / "table", parent
+    blocker = tmp_path / "a-file"  # fails for root too: nothing can be created below a file
+    blocker.write_text("not a directory\n")
+    return blocker / "table", None
+
+
+@pytest.mark.airflow
+@pytest.mark.parametrize("how", ["read-only directory", "a regular file in the way"])
+def test_the_write_task_refuses_an_unwritable_file_target_before_the_job_runs(
+    airflow_db, walsink_conn, home, tmp_path, capfd, how
+):
+    """The commit would fail only after the whole Spark job ran (naming a relative partition);
+    the write task refuses first, naming the target root."""
+    target, restore = _unwritable_target(tmp_path, how)
+    try:
+        dag = _write_dag(tmp_path, str(target))
+        capfd.readouterr()
+        dr = dag.test(logical_date=DAY)
+        out = capfd.readouterr().out
+    finally:
+        if restore is not None:
+            restore.chmod(0o755)
+    assert {ti.task_id: ti.state for ti in dr.get_task_instances()} == {"write": "failed"}
+    assert not (tmp_path / "ran").exists()  # the job was never submitted
+    assert f"file target root {target}" in out and "nothing was written" in out
+    assert walsink_conn.get_pipeline("events") is None  # nothing recorded
+
+
+def test_check_writable_on_a_read_only_directory():
+    """A chmod 0555 directory refuses a file target, checked as an unprivileged user (root
+    writes through permission bits: as root the check runs in a child that drops to nobody)."""
+    import subprocess
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="walsink-ro-"))  # not under tmp_path: nobody must reach it
+    try:
+        base.chmod(0o755)
+        readonly = base / "readonly"
+        readonly.mkdir()
+        readonly.chmod(0o555)
+        target = readonly / "table"
+        # As root the child drops to nobody after its imports (the interpreter lives under
+        # /root, which nobody cannot read), so the permission bits apply to the check.
+        drop = "os.setgroups([]); os.setgid(65534); os.setuid(65534)" if os.geteuid() == 0 else "pass"
+        code = textwrap.dedent(
+            f"""
+            import os, tempfile
+            from airflow_provider_walsink.protocol import StagingLayout
+            from airflow_provider_walsink.publishers.files import FilePublisher, TargetNotWritableError
+            publisher = FilePublisher({str(target)!r}, "append", layout=StagingLayout({str(base / "staging")!r}))
+            {{drop}}
+            try:
+                publisher.check_writable()
+            except TargetNotWritableError as exc:
+                print(exc)
+            else:
+                print("accepted")
+            """
+        )
+        env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(base)}
+        result = subprocess.run(
+            [sys.executable, "-c", code.format(drop=drop)], capture_output=True, text=True, env=env, cwd=base
+        )
+        assert result.returncode == 0, result.stderr
+        message = result.stdout.strip()
+        assert message.startswith(f"file target root {target} cannot be created: {readonly} is not writable")
+        assert "Permission denied" in message and "nothing was written" in message
+        # A writable directory is accepted (the check leaves nothing behind).
+        readonly.chmod(0o755)
+        result = subprocess.run(
+            [sys.executable, "-c", code.format(drop="pass")],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=base,
+        )
+        assert result.stdout.strip() == "accepted" and os.listdir(readonly) == []
+    finally:
+        readonly.chmod(0o755)
+        shutil.rmtree(base)

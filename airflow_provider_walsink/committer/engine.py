@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 WRITE = "walsink_write"
 SQLITE_BUSY_TIMEOUT_S = 30
@@ -36,6 +36,38 @@ def create_committer_engine(url: str, **kwargs: Any) -> Engine:
     elif parsed.get_backend_name() in ("mysql", "mariadb"):
         kwargs.setdefault("connect_args", {}).setdefault("connect_timeout", 10)
     return create_engine(parsed, **kwargs)
+
+
+def missing_database_hint(
+    exc: BaseException, url: str | URL, *, upgrade: str = "walsink db upgrade"
+) -> str | None:
+    """What to do when ``exc`` says that the database ``url`` names does not exist, else None.
+
+    PostgreSQL and MySQL/MariaDB refuse the connection ("database ... does not exist",
+    "Unknown database"); walsink never creates a server database (only the SQLite file), so
+    the message names both steps: create it, then create the schema with ``upgrade`` (the
+    command to run, e.g. with the task's ``--conn-id``).
+    """
+    parsed = make_url(url) if isinstance(url, str) else url
+    name = parsed.database
+    backend = parsed.get_backend_name()
+    if not name or backend not in ("postgresql", "mysql", "mariadb"):
+        return None
+    text = str(getattr(exc, "orig", None) or exc)
+    if backend == "postgresql":
+        missing = f'database "{name}" does not exist' in text
+        how = f'`createdb -h {parsed.host or "localhost"} -p {parsed.port or 5432}{f" -U {parsed.username}" if parsed.username else ""} {name}`, or CREATE DATABASE "{name}"'
+    else:
+        missing = f"Unknown database '{name}'" in text
+        how = f"CREATE DATABASE `{name}`"
+    if not missing:
+        return None
+    where = parsed.render_as_string(hide_password=True)
+    return (
+        f"the committer database {name!r} does not exist on {where}: walsink creates no server "
+        f"databases; create it ({how}) as a user allowed to, then run `{upgrade}` to create the "
+        "committer schema"
+    )
 
 
 def _configure_sqlite(engine: Engine) -> None:

@@ -9,6 +9,12 @@ class StoreError(WalsinkError):
     """A committer-store operation was refused; the message says why."""
 
 
+class CommitterDatabaseError(StoreError):
+    """The committer database cannot be used as configured (e.g. it does not exist); the
+    message says what to do. Raised without the driver's exception chained: the task log
+    shows the fix, not a driver traceback."""
+
+
 class CheckpointNotFoundError(StoreError):
     pass
 

@@ -9,6 +9,8 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
+from airflow_provider_walsink.committer.engine import missing_database_hint
+from airflow_provider_walsink.committer.errors import CommitterDatabaseError
 from airflow_provider_walsink.committer.store import CommitterStore
 from airflow_provider_walsink.hooks.form import CONN_TYPE, HOOK_NAME, UI_FIELD_BEHAVIOUR
 from airflow_provider_walsink.protocol.staging import StagingLayout
@@ -145,8 +147,25 @@ class WalsinkHook(BaseHook):
         return default_staging_root()
 
     def get_store(self) -> CommitterStore:
-        """The committer store (schema migrated on first use in this process)."""
-        return store_for_url(self.sqlalchemy_url)
+        """The committer store (schema migrated on first use in this process).
+
+        Raises:
+            CommitterDatabaseError: the database the connection names does not exist (the
+                message says to create it, then run ``walsink db upgrade``).
+        """
+        from sqlalchemy.exc import DBAPIError
+
+        url = self.sqlalchemy_url
+        try:
+            return store_for_url(url)
+        except DBAPIError as exc:
+            hint = missing_database_hint(
+                exc, url, upgrade=f"walsink --conn-id {self.walsink_conn_id} db upgrade"
+            )
+            if hint is None:
+                raise
+            # Not chained: the task log shows what to do, not the driver's traceback.
+            raise CommitterDatabaseError(f"connection {self.walsink_conn_id!r}: {hint}") from None
 
     def get_layout(self, staging_root: str | None = None) -> StagingLayout:
         return StagingLayout(staging_root or self.staging_root)
@@ -203,6 +222,9 @@ def _check_database(url: str) -> tuple[bool, str]:
         with engine.connect() as conn:
             revision = current_revision(conn)
     except Exception as exc:
+        hint = missing_database_hint(exc, parsed)
+        if hint is not None:
+            return False, f"Committer database {where}: {hint}"
         return False, f"Committer database {where} is unreachable: {_one_line(exc)}"
     finally:
         engine.dispose()

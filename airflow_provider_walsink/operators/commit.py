@@ -45,13 +45,16 @@ def target_staging_root(
     """Where ``target`` wants its attempts staged (table targets: inside the table location), or None.
 
     Resolves the target first, so a target naming something that is not
-    configured is refused here. A target kind may define ``staging_root()``;
+    configured is refused here; a target kind that defines ``check_writable()``
+    (a directory of files) refuses here a target it could not publish into. A
+    target kind may define ``staging_root()``;
     directories of files and SQL tables do not (they stage under the
     connection's staging root).
 
     Raises:
         TargetError: the target cannot be resolved (``TargetNotConfiguredError``:
             a catalog or connection it names is not configured).
+        TargetNotWritableError: a file target whose root this worker cannot create files in.
     """
     if target is None:
         return None
@@ -65,6 +68,9 @@ def target_staging_root(
             extra=dict(extra or {}),
         ),
     )
+    check_writable = getattr(publisher, "check_writable", None)
+    if callable(check_writable):
+        check_writable()  # before the write phase: a commit that cannot publish fails now, not after Spark
     staging_root = getattr(publisher, "staging_root", None)
     return staging_root() if callable(staging_root) else None
 

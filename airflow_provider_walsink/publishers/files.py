@@ -100,6 +100,10 @@ class TargetSchemaError(LayoutError):
 MAX_SUFFIX = 24
 
 
+class TargetNotWritableError(LayoutError):
+    """The file target's root cannot take new files here; raised before the write phase runs."""
+
+
 class FilePublisher:
     """Publishes committables into ``target_root`` (see the module docstring)."""
 
@@ -157,6 +161,41 @@ class FilePublisher:
 
     def describe(self) -> str:
         return f"file://{self.target_root} ({self.mode})"
+
+    def check_writable(self) -> None:
+        """Refuse, before any Spark job runs, a target root this process cannot create files in.
+
+        The commit moves files into the root (creating it and its partitions); a root in a
+        read-only directory used to fail only then, after the whole write phase, naming a
+        relative partition. Tried with a temporary file in the root (or in the nearest existing
+        directory it would be created in), not inferred from permission bits, which say yes
+        to root on a read-only mount and no under ACLs that allow it.
+
+        Raises:
+            TargetNotWritableError: naming the target root, what is in the way and the fix.
+        """
+        import tempfile
+
+        root = str(self.target_root)
+        probe = root
+        while not os.path.lexists(probe):
+            probe = os.path.dirname(probe)
+        if not os.path.isdir(probe):
+            raise TargetNotWritableError(
+                f"file target root {root} cannot be created: {probe} is not a directory; "
+                "choose another target path (nothing was written)"
+            )
+        try:
+            fd, name = tempfile.mkstemp(prefix=".walsink-write-test-", dir=probe)
+            os.close(fd)
+            os.unlink(name)
+        except OSError as exc:
+            what = "is not writable" if probe == root else f"cannot be created: {probe} is not writable"
+            raise TargetNotWritableError(
+                f"file target root {root} {what} by this worker (uid {os.geteuid()}): {exc.strerror}; "
+                "let the Airflow worker's user create files there, or choose another target "
+                "(checked before the write phase: nothing was written)"
+            ) from None
 
     # ------------------------------------------------------------------ naming
 

@@ -1,0 +1,28 @@
+"""`source var/demo/airflow/env.sh` puts the demo's `walsink` and `airflow` on the PATH (issue 25):
+scripts/demo.sh runs the venv's interpreter without activating the venv."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from airflow_provider_walsink.demo import write_env_sh
+
+
+def test_env_sh_puts_walsink_and_airflow_on_the_path(tmp_path):
+    env_sh = tmp_path / "env.sh"
+    write_env_sh(
+        env_sh, {"AIRFLOW_HOME": str(tmp_path / "home it's"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    )
+    bin_dir = Path(sys.executable).parent
+    # A login shell's PATH without the venv, as a new terminal has.
+    result = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", f". {env_sh} && command -v walsink && command -v airflow "
+         "&& walsink --version && printf '%s\\n' \"$AIRFLOW_HOME\""],
+        capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    walsink, airflow, version, home = result.stdout.splitlines()
+    assert walsink == str(bin_dir / "walsink") and airflow == str(bin_dir / "airflow")
+    assert version.startswith("walsink ") and home == str(tmp_path / "home it's")  # quoting kept
