@@ -30,5 +30,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("walsink_checkpoint") as batch:
-        batch.drop_column("staging_root")
+    # Not in batch mode: on SQLite, batch recreates the table, and dropping the old one (with
+    # foreign keys on, as the committer's engine sets them) cascades into walsink_transition and
+    # walsink_checkpoint_version, deleting every checkpoint's history. SQLite 3.35+ drops a
+    # column in place, as PostgreSQL and MariaDB do.
+    op.drop_column("walsink_checkpoint", "staging_root")
