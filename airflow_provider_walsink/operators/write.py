@@ -172,7 +172,10 @@ class WalWriteOperator(BaseOperator):
     :param lineage_inputs: URIs (or paths) of the datasets the job reads (templated),
         reported as OpenLineage inputs beside the target and the checkpoint.
     :param walsink_conn_id: connection to the committer database.
-    :param staging_root: templated; defaults to the connection's ``staging_root``.
+    :param staging_root: templated; defaults to the target's own (table targets: inside
+        the table location), else the connection's ``staging_root``. Recorded on the
+        checkpoint's row; a checkpoint that already records a root keeps it for every
+        later attempt and version (docs/protocol.md, "Staging root").
     :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments
         (``py_files``, ``driver_memory``, ``packages``...).
     """
