@@ -4,7 +4,8 @@ Both build the same :class:`~airflow_provider_walsink.committer.abort.Checkpoint
 the pipeline's publisher comes from the target the write task registered it
 with (``walsink_pipeline.target``), and its checkpoints' staging from the
 target itself (table targets stage inside the table location) or else the
-walsink connection's staging root. Both then record the action in Airflow's
+walsink connection's staging root, unless the checkpoint's row records where
+it was staged (then that, always). Both then record the action in Airflow's
 audit log: a row of the ``log`` table (``airflow.models.log.Log``), event
 ``walsink.abort``, with the DAG and run that wrote the checkpoint, the user as
 owner and the outcome as ``extra``. The UI writes it in its request's session;
@@ -37,8 +38,16 @@ def aborter_for(
     staging_root: str,
     target: str | None = None,
     connections: Any = None,
+    checkpoint_key: str | None = None,
 ) -> CheckpointAborter:
     """An aborter for ``pipeline``: its registered target (or ``target``), and where it stages.
+
+    Where it stages: with ``checkpoint_key``, the staging root recorded on that
+    checkpoint's row (where its write phase staged), whatever the connection or
+    the target say now; for a row that records none (written before walsink
+    recorded roots) or without ``checkpoint_key``, the target's own staging
+    root (table targets) or else ``staging_root``. Abort one checkpoint with
+    the aborter built for its key.
 
     Raises ``CheckpointNotFoundError``-like ``StoreError`` for an unknown
     pipeline, and the registry's ``TargetError`` when the target cannot be
@@ -58,7 +67,9 @@ def aborter_for(
             "for a pipeline registered without one"
         )
     uri = target or registered
-    layout = StagingLayout(staging_root)
+    record = store.get(pipeline, checkpoint_key) if checkpoint_key is not None else None
+    recorded = record is not None and bool(record.staging_root)
+    layout = record.layout(StagingLayout(staging_root)) if record is not None else StagingLayout(staging_root)
     if not uri:
         return CheckpointAborter(store, layout, None)
     if connections is None:
@@ -66,8 +77,8 @@ def aborter_for(
     options = TargetOptions(mode=row["mode"], layout=layout, connections=connections)
     publisher = resolve_target(uri, options)
     own = getattr(publisher, "staging_root", None)
-    own_root = own() if callable(own) else None
-    if own_root:  # a table target stages inside its own location
+    own_root = own() if callable(own) and not recorded else None
+    if own_root:  # a table target stages inside its own location (rows that record no root)
         layout = StagingLayout(own_root)
         publisher = resolve_target(
             uri, TargetOptions(mode=row["mode"], layout=layout, connections=connections)

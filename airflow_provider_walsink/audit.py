@@ -511,7 +511,7 @@ class AuditOutcome:
 
 def audit_checkpoint(
     store: CommitterStore,
-    layout: StagingLayout,
+    layout: StagingLayout | Callable[[], StagingLayout],
     pipeline: str,
     checkpoint_key: str,
     checks: Sequence[AuditCheck],
@@ -531,6 +531,9 @@ def audit_checkpoint(
     or a check's own error (no verdict recorded), ``StaleAttemptError`` (a
     new attempt started while the checks ran: the verdict is about old data
     and was not recorded). Repeating it is safe.
+
+    The staged data is read under the checkpoint's recorded staging root;
+    ``layout`` (or the function giving it) only for a row that records none.
     """
     record = store.require(pipeline, checkpoint_key)
     name = f"checkpoint {pipeline}/{checkpoint_key}"
@@ -557,6 +560,7 @@ def audit_checkpoint(
         return outcome(record.state, S.REJECTED, True, f"{name} was already REJECTED: {record.error}")
     if record.state is not S.DURABLE and not (record.state is S.FAILED and record.durable_at):
         raise NotDurableError(explain_not_committable(record))
+    layout = record.layout(layout)
     manifest, attempt_dir = read_sealed_manifest(layout, record)
     with StagedData(layout, manifest, attempt_dir) as staged:
         report = run_checks(checks, staged)

@@ -354,6 +354,8 @@ def _record_dict(c: Any) -> dict[str, Any]:
         "rows": c.rows,
         "bytes": c.bytes,
         "committables": c.committables,
+        # Where its attempts are staged (None: a row from before walsink recorded it).
+        "staging_root": c.staging_root,
         "lease_owner": c.lease_owner,
         "dag_id": c.dag_id,
         "run_id": c.run_id,
@@ -583,7 +585,13 @@ def cmd_abort(args: argparse.Namespace, out: IO[str]) -> int:
         record = store.get(args.pipeline, args.checkpoint)
         if record is None:
             raise CliError(f"pipeline {args.pipeline!r} has no checkpoint {args.checkpoint!r}")
-        aborter = aborter_for(store, args.pipeline, staging_root=staging_root, target=args.target)
+        aborter = aborter_for(
+            store,
+            args.pipeline,
+            staging_root=staging_root,
+            target=args.target,
+            checkpoint_key=args.checkpoint,
+        )
         try:
             outcome = aborter.abort(
                 args.pipeline, args.checkpoint, reason=reason, actor=actor, manifest_lost=args.manifest_lost
@@ -805,7 +813,11 @@ def build_parser() -> argparse.ArgumentParser:
     abort.add_argument("pipeline", help="pipeline id")
     abort.add_argument("checkpoint", help="checkpoint key, e.g. 20260101T000000Z")
     abort.add_argument("--reason", required=True, help="why (recorded in the checkpoint's history)")
-    abort.add_argument("--staging-root", help="default: the connection's staging root")
+    abort.add_argument(
+        "--staging-root",
+        help="only for a checkpoint whose row records no staging root (written before walsink recorded "
+        "it); default: the connection's staging root. A recorded root always wins",
+    )
     abort.add_argument(
         "--target",
         help="the pipeline's target URI, if it was registered without one (default: the registered one)",
@@ -820,7 +832,11 @@ def build_parser() -> argparse.ArgumentParser:
     abort.set_defaults(func=cmd_abort)
 
     gc = sub.add_parser("gc", parents=[_common()], help="remove orphaned staging and trim old committer rows")
-    gc.add_argument("--staging-root", help="default: the connection's staging root")
+    gc.add_argument(
+        "--staging-root",
+        help="default: the connection's staging root; the staging roots recorded on checkpoint rows are "
+        "walked too",
+    )
     gc.add_argument(
         "--retention", default="1d", help="minimum age of staging garbage (default 1d; 90s/15m/12h/7d)"
     )

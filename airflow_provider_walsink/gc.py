@@ -187,13 +187,43 @@ def collect_staging(
     dry_run: bool = False,
     clock: Callable[[], datetime] = utcnow,
 ) -> GcReport:
-    """Remove orphaned attempts and finished checkpoints' staging (see the module docstring)."""
+    """Remove orphaned attempts and finished checkpoints' staging (see the module docstring).
+
+    Walks ``layout`` (the connection's staging root, where checkpoints whose
+    rows record no root were staged) and every staging root recorded on a
+    checkpoint row of the pipelines asked for, each once, with the same rules.
+    A recorded root this process cannot read through the file system (an
+    object-store URI) is reported in ``skipped``.
+    """
     report = GcReport(dry_run=dry_run)
     now = clock()
     cutoff = now - timedelta(seconds=retention.total_seconds())
     # Directory ages come from the file system clock; row ages from the store's clock.
     cutoff_ts = _epoch(cutoff)
     wanted = set(pipelines) if pipelines is not None else None
+    layouts = {layout.root: layout}
+    for recorded in store.staging_roots(sorted(wanted) if wanted is not None else None):
+        try:
+            other = StagingLayout(recorded)
+        except ValueError as exc:
+            report.skipped.append(f"staging root {recorded}: {exc}")
+            continue
+        layouts.setdefault(other.root, other)
+    for each in layouts.values():
+        _collect_root(store, each, wanted, cutoff, cutoff_ts, report, dry_run)
+    return report
+
+
+def _collect_root(
+    store: CommitterStore,
+    layout: StagingLayout,
+    wanted: set[str] | None,
+    cutoff: datetime,
+    cutoff_ts: float,
+    report: GcReport,
+    dry_run: bool,
+) -> None:
+    """:func:`collect_staging` under one staging root."""
     root = layout.root
     for pdir in _subdirs(root):
         try:
@@ -241,7 +271,6 @@ def collect_staging(
                 )
             except CleanupFencedError as exc:
                 report.skipped.append(str(exc))
-    return report
 
 
 def _target_keeps_staged_files(row: dict[str, Any]) -> bool:

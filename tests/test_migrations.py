@@ -81,3 +81,76 @@ def test_concurrent_upgrades_from_empty_are_safe(db_url):
         assert current_revision(conn) == head_revision()
         assert conn.exec_driver_sql(f"SELECT COUNT(*) FROM {VERSION_TABLE}").scalar() == 1
     engine.dispose()
+
+
+def _downgrade(engine, revision: str) -> None:
+    from alembic import command
+
+    from airflow_provider_walsink.committer.migrate import alembic_config
+
+    cfg = alembic_config()
+    with engine.connect() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
+        conn.commit()
+
+
+def _checkpoint_columns(engine) -> dict[str, dict]:
+    return {c["name"]: c for c in inspect(engine).get_columns("walsink_checkpoint")}
+
+
+def test_0005_adds_staging_root_to_existing_rows_and_downgrades_keeping_them(db_url):
+    """Issue 23: rows from before 0005 get a NULL staging root (readers fall back for them);
+    a downgrade drops only the column: the checkpoint, its history and its versions stay."""
+    from datetime import datetime
+
+    from sqlalchemy import func, insert, select
+
+    from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
+    from airflow_provider_walsink.committer.models import pipeline_table as pipe
+    from airflow_provider_walsink.committer.models import transition_table as trans
+    from airflow_provider_walsink.committer.models import version_table as vers
+
+    engine = create_committer_engine(db_url)
+    _drop_all(engine)
+    upgrade(engine, "0004")
+    assert "staging_root" not in _checkpoint_columns(engine)
+    now = datetime(2026, 11, 1)
+    with engine.begin() as conn:  # a checkpoint as walsink before 0005 wrote it (no staging root)
+        conn.execute(insert(pipe).values(name="p", mode="overwrite", next_sequence=2, created_at=now))
+        cid = conn.execute(
+            insert(ckpt).values(
+                pipeline="p",
+                checkpoint_key="k",
+                sequence=1,
+                state="COMMITTED",
+                attempt=1,
+                lease_epoch=1,
+                version=2,
+                created_at=now,
+                updated_at=now,
+            )  # fmt: skip
+        ).inserted_primary_key[0]
+        conn.execute(insert(trans).values(checkpoint_id=cid, to_state="REGISTERED", attempt=0, at=now))
+        conn.execute(insert(vers).values(checkpoint_id=cid, version=1, state="SUPERSEDED"))
+
+    upgrade(engine)
+    column = _checkpoint_columns(engine)["staging_root"]
+    assert column["nullable"] and column["type"].length == 2048
+    with engine.connect() as conn:
+        assert current_revision(conn) == head_revision()
+        assert conn.execute(select(ckpt.c.staging_root).where(ckpt.c.id == cid)).scalar_one() is None
+        conn.execute(ckpt.update().where(ckpt.c.id == cid).values(staging_root="s3://bucket/prefix"))
+        conn.commit()
+
+    _downgrade(engine, "0004")
+    assert "staging_root" not in _checkpoint_columns(engine)
+    with engine.connect() as conn:
+        assert current_revision(conn) == "0004"
+        for table in (ckpt, trans, vers):
+            assert conn.execute(select(func.count()).select_from(table)).scalar_one() == 1, table.name
+
+    upgrade(engine)  # and up again: the column is back, empty
+    with engine.connect() as conn:
+        assert conn.execute(select(ckpt.c.staging_root).where(ckpt.c.id == cid)).scalar_one() is None
+    engine.dispose()

@@ -11,6 +11,7 @@ from datetime import date
 
 import pytest
 
+from airflow_provider_walsink.protocol.staging import StagingLayout
 from tests.test_example_dags import committer_url, examples, load_dag, run_dag, walsink_env  # noqa: F401
 
 pytestmark = [pytest.mark.spark, pytest.mark.airflow, pytest.mark.slow]
@@ -41,7 +42,8 @@ def test_iceberg_example_dag(airflow_db, walsink_env, committer_url, monkeypatch
     dag = load_dag(airflow_db, "walsink_iceberg_example")
     run_dag(dag, day)
     key = f"{day:%Y%m%d}T000000Z"
-    assert walsink_env["store"].require("iceberg_daily_events", key).state.value == "COMMITTED"
+    record = walsink_env["store"].require("iceberg_daily_events", key)
+    assert record.state.value == "COMMITTED"
     publisher = IcebergPublisher(
         "examples.daily_events",
         "overwrite",
@@ -49,6 +51,8 @@ def test_iceberg_example_dag(airflow_db, walsink_env, committer_url, monkeypatch
         catalog_properties=catalog,
     )
     table = publisher.load_table()
+    # Issue 23: the write task recorded where it staged: inside the table, not the connection's root.
+    assert record.staging_root == str(StagingLayout(f"{table.location()}/_walsink_staging").root)
     _check_rows(table.scan().to_arrow().to_pylist(), day)
     snapshots = list(table.snapshots())
     assert [s.summary["walsink.checkpoint"] for s in snapshots] == [key]
@@ -65,8 +69,11 @@ def test_delta_example_dag(airflow_db, walsink_env, committer_url):  # noqa: F81
     dag = load_dag(airflow_db, "walsink_delta_example")
     run_dag(dag, day)
     key = f"{day:%Y%m%d}T000000Z"
-    assert walsink_env["store"].require("delta_daily_events", key).state.value == "COMMITTED"
+    record = walsink_env["store"].require("delta_daily_events", key)
+    assert record.state.value == "COMMITTED"
     path = walsink_env["home"] / "target" / "delta_daily_events"
+    # Issue 23: the write task recorded where it staged: inside the table, not the connection's root.
+    assert record.staging_root == str(path / "_walsink_staging")
     table = DeltaTable(str(path))
     _check_rows(table.to_pyarrow_table().to_pylist(), day)
     assert table.version() == 1  # version 0: the empty table created before the first commit

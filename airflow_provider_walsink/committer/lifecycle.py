@@ -68,8 +68,14 @@ class CheckpointLifecycle(CheckpointTransitions):
         actor: Actor,
         target: str | None = None,
         start_offsets: Mapping[str, Any] | None = None,
+        staging_root: str | None = None,
     ) -> CheckpointRecord:
-        """Register a checkpoint (idempotent) and give it the pipeline's next sequence number."""
+        """Register a checkpoint (idempotent) and give it the pipeline's next sequence number.
+
+        ``staging_root``: where the write phase stages its attempts (a path or a
+        URI, as the write phase uses it), recorded on a new row. A checkpoint
+        registered already keeps the root it has (see :meth:`start_attempt`).
+        """
         validate_identifier(pipeline, "pipeline id")
         validate_identifier(checkpoint_key, "checkpoint key")
         if mode not in MODES:
@@ -113,6 +119,7 @@ class CheckpointLifecycle(CheckpointTransitions):
                     state=S.REGISTERED.value,
                     attempt=0,
                     start_offsets=_dump(start_offsets),
+                    staging_root=staging_root,
                     dag_id=actor.dag_id,
                     run_id=actor.run_id,
                     created_at=now,
@@ -132,6 +139,7 @@ class CheckpointLifecycle(CheckpointTransitions):
                     actor=actor,
                     target=target,
                     start_offsets=start_offsets,
+                    staging_root=staging_root,
                 )
             return CheckpointRecord.from_row(_exact(existing, pipeline, checkpoint_key))
         return self.get(pipeline, checkpoint_key)  # type: ignore[return-value]
@@ -144,11 +152,21 @@ class CheckpointLifecycle(CheckpointTransitions):
         *,
         actor: Actor,
         start_offsets: Mapping[str, Any] | None = None,
+        staging_root: str | None = None,
     ) -> CheckpointRecord:
         """Start a new write attempt; any earlier attempt, sealed or not, no longer counts.
 
         The attempt gets a globally unique ``attempt_id`` (its number repeats
         once retention has trimmed the row and the interval is re-run).
+
+        ``staging_root`` is where the caller means to stage. The rule: a
+        checkpoint's attempts never split across roots, so the root recorded
+        on the row wins for every later attempt and every later version
+        (reprocess) of the checkpoint. It is recorded here only when the row
+        has none (registered without one, or before walsink recorded roots);
+        when it differs from the recorded one, the recorded root is kept, the
+        history of the transition says so, and the caller must stage under
+        the returned record's ``staging_root``.
 
         Raises :class:`TransitionError` (COMMITTED, or COMMITTING) and, for an
         ``append`` attempt that reads source offsets, :class:`OffsetsError` when
@@ -183,7 +201,15 @@ class CheckpointLifecycle(CheckpointTransitions):
                 )
                 if start_offsets is not None:
                     values["start_offsets"] = _dump(start_offsets)
-                return self._move(conn, row, S.WRITING, actor, **values)
+                detail = None
+                if staging_root and not row["staging_root"]:
+                    values["staging_root"] = staging_root
+                elif staging_root and row["staging_root"] != staging_root:
+                    detail = (
+                        f"staging root {staging_root} asked for; the checkpoint's recorded staging root "
+                        f"{row['staging_root']} is kept (its attempts never split across roots)"
+                    )
+                return self._move(conn, row, S.WRITING, actor, detail=detail, **values)
         raise refused
 
     @retrying

@@ -85,6 +85,11 @@ class Checkpoint(Base):
     sealed_attempt: Mapped[int | None] = mapped_column(Integer)
     manifest_uri: Mapped[str | None] = mapped_column(String(2048))
     manifest_digest: Mapped[str | None] = mapped_column(String(80))
+    #: Where every attempt of this checkpoint is staged: the staging root (an absolute path
+    #: today, a URI such as ``s3://bucket/prefix`` later) exactly as the write phase used it.
+    #: Recorded by the first write task; later attempts and versions keep it. NULL on rows
+    #: written before walsink recorded it (readers then derive it as they used to).
+    staging_root: Mapped[str | None] = mapped_column(String(2048))
     committables: Mapped[int | None] = mapped_column(Integer)
     rows: Mapped[int | None] = mapped_column(BigInteger)
     bytes: Mapped[int | None] = mapped_column(BigInteger)

@@ -119,6 +119,20 @@ class CheckpointQueries:
         return [CheckpointRecord.from_row(r) for r in rows]
 
     @retrying
+    def staging_roots(self, pipelines: list[str] | None = None) -> list[str]:
+        """The staging roots recorded on checkpoint rows (of ``pipelines``, or all), sorted.
+
+        For staging GC, which walks every root a checkpoint was staged under.
+        A scan of the checkpoint table (no index on the column): for
+        maintenance, not for a request path.
+        """
+        query = select(ckpt.c.staging_root).where(ckpt.c.staging_root.is_not(None)).distinct()
+        if pipelines is not None:
+            query = query.where(ckpt.c.pipeline.in_(pipelines))
+        with self.engine.connect() as conn:
+            return sorted(conn.execute(query).scalars())
+
+    @retrying
     def checkpoints_of_run(
         self, dag_id: str, run_id: str | None = None, *, limit: int | None = None
     ) -> list[CheckpointRecord]:

@@ -6,11 +6,12 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
+from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.protocol.states import CheckpointState
 
 S = CheckpointState
@@ -86,6 +87,9 @@ class CheckpointRecord:
     version: int = 1
     version_token: str | None = None
     supersedes_attempt_id: str | None = None
+    #: The staging root every attempt of this checkpoint is staged under, as the write
+    #: phase used it; None on rows written before walsink recorded it (see :meth:`layout`).
+    staging_root: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> CheckpointRecord:
@@ -98,6 +102,24 @@ class CheckpointRecord:
     @property
     def is_committed(self) -> bool:
         return self.state is S.COMMITTED
+
+    def layout(self, fallback: StagingLayout | Callable[[], StagingLayout]) -> StagingLayout:
+        """Where this checkpoint's attempts are staged: the one place every reader looks.
+
+        The recorded :attr:`staging_root` when there is one (it wins over any
+        connection, target or operator setting: that is where the write phase
+        put the data). Only for a row written before walsink recorded it
+        (``None``) is ``fallback`` used: a layout, or a function giving one
+        (called only then, so a costly derivation, such as resolving a table
+        target, is skipped for recorded rows).
+
+        Raises ``ValueError`` for a recorded root this walsink cannot read
+        through the file system (an object-store URI: see
+        :func:`~airflow_provider_walsink.protocol.staging.staging_path`).
+        """
+        if self.staging_root:
+            return StagingLayout(self.staging_root)
+        return fallback() if callable(fallback) else fallback
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(CheckpointRecord))

@@ -43,7 +43,9 @@ class WalAuditOperator(BaseOperator):
         ``CallableCheck``) or plain callables ``fn(staged)``.
     :param checkpoint_key: templated; defaults to the run's data interval start.
     :param walsink_conn_id: connection to the committer database.
-    :param staging_root: templated; defaults to the connection's ``staging_root``.
+    :param staging_root: templated; where to look for a checkpoint whose row records no
+        staging root (written before walsink recorded it); defaults to the connection's
+        ``staging_root``. A root recorded by the write task always wins.
     """
 
     operator_extra_links = (WalsinkCheckpointLink(),)
@@ -72,9 +74,11 @@ class WalAuditOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         key = checkpoint_key_from_context(context, self.checkpoint_key)
         hook = WalsinkHook(self.walsink_conn_id)
-        store, layout = hook.get_store(), hook.get_layout(self.staging_root)
+        store = hook.get_store()
         actor = actor_from_context(context)
         try:
+            # The layout only for a row that records no staging root (written before walsink did).
+            layout = lambda: hook.get_layout(self.staging_root)  # noqa: E731
             outcome = audit_checkpoint(store, layout, self.pipeline, key, self.checks, actor=actor)
         except AuditError as exc:
             store.record_event(self.pipeline, key, actor=actor, detail=f"audit could not run: {exc}")

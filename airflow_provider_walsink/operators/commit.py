@@ -104,8 +104,10 @@ class WalCommitOperator(BaseOperator):
     :param partition_by: the pipeline's declared partition columns: a
         committable partitioned otherwise fails before the target changes.
     :param walsink_conn_id: connection to the committer database.
-    :param staging_root: templated; defaults to where the target stages (table
-        targets: inside the table location), else the connection's ``staging_root``.
+    :param staging_root: templated; only for a checkpoint whose row records no staging
+        root (written before walsink recorded it): defaults to where the target stages
+        (table targets: inside the table location), else the connection's
+        ``staging_root``. A root recorded by the write task always wins.
     :param lease_ttl: how long the lease lasts without renewal; a crashed
         committer's checkpoint can be taken over after it. Size it well above
         the longest pause between two publish steps (docs/production.md).
@@ -207,16 +209,17 @@ class WalCommitOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         key = checkpoint_key_from_context(context, self.checkpoint_key)
         hook = WalsinkHook(self.walsink_conn_id)
-        layout = hook.get_layout(self.staging_root)
-        publisher = self.get_publisher(layout)
-        if not self.staging_root:
-            own = getattr(publisher, "staging_root", None)
-            if callable(own) and own():
-                layout = hook.get_layout(own())
-                publisher = self.get_publisher(layout)
+        store = hook.get_store()
+        record = store.get(self.pipeline, key)
+        if record is not None and record.staging_root:
+            # Where the write phase staged it, whatever the connection or the target say now.
+            layout = record.layout(hook.get_layout)
+            publisher = self.get_publisher(layout)
+        else:
+            layout, publisher = self._derived_layout(hook)
         actor = actor_from_context(context)
         committer = CheckpointCommitter(
-            hook.get_store(),
+            store,
             layout,
             publisher,
             mode=self.mode,
@@ -249,6 +252,19 @@ class WalCommitOperator(BaseOperator):
                 key,
             )
         return self._summary
+
+    def _derived_layout(self, hook: WalsinkHook) -> tuple[StagingLayout, Publisher]:
+        """The layout and publisher of a checkpoint whose row records no staging root (written
+        before walsink recorded it, or not registered at all): derived as the write task did then,
+        ``staging_root``, else the target's own (table targets), else the connection's."""
+        layout = hook.get_layout(self.staging_root)
+        publisher = self.get_publisher(layout)
+        if not self.staging_root:
+            own = getattr(publisher, "staging_root", None)
+            if callable(own) and own():
+                layout = hook.get_layout(own())
+                publisher = self.get_publisher(layout)
+        return layout, publisher
 
     def _add_asset_event(self, context: Any, key: str, summary: CommitSummary) -> None:
         assert self.asset_alias is not None

@@ -30,7 +30,9 @@ class WalGarbageCollectOperator(BaseOperator):
     repeatedly. Returns the report (pushed to XCom).
 
     :param walsink_conn_id: connection to the committer database.
-    :param staging_root: templated; defaults to the connection's ``staging_root``.
+    :param staging_root: templated; defaults to the connection's ``staging_root``. The
+        staging roots recorded on checkpoint rows are walked too (docs/protocol.md,
+        "Staging root").
     :param retention: minimum age of staging garbage before it is removed.
     :param history_retention: minimum age of committed rows before they are
         trimmed; ``None`` keeps every row.

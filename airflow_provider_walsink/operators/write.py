@@ -26,6 +26,7 @@ from airflow_provider_walsink.links import WalsinkCheckpointLink
 from airflow_provider_walsink.operators.commit import target_staging_root, validate_static_identifier
 from airflow_provider_walsink.protocol.errors import ManifestError
 from airflow_provider_walsink.protocol.manifest import digest_of, parse_manifest
+from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.spark.args import ProtocolArgs
 from airflow_provider_walsink.spark.placement import check_operator_placement
 
@@ -171,7 +172,10 @@ class WalWriteOperator(BaseOperator):
     :param lineage_inputs: URIs (or paths) of the datasets the job reads (templated),
         reported as OpenLineage inputs beside the target and the checkpoint.
     :param walsink_conn_id: connection to the committer database.
-    :param staging_root: templated; defaults to the connection's ``staging_root``.
+    :param staging_root: templated; defaults to the target's own (table targets: inside
+        the table location), else the connection's ``staging_root``. Recorded on the
+        checkpoint's row; a checkpoint that already records a root keeps it for every
+        later attempt and version (docs/protocol.md, "Staging root").
     :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments
         (``py_files``, ``driver_memory``, ``packages``...).
     """
@@ -292,13 +296,22 @@ class WalWriteOperator(BaseOperator):
             if own and not self.staging_root:
                 # A table target stages inside its own location (never visible until committed).
                 layout = hook.get_layout(own)
+        store = hook.get_store()
+        # A checkpoint staged before keeps its recorded root (docs/protocol.md, "Staging root").
+        layout = self._recorded_layout(store.get(self.pipeline, key), layout)
         self._staging_root = str(layout.root)
         # Before anything is recorded: a cluster master needs a staging root every node sees.
         self.log.info("Staging placement: %s", check_operator_placement(self, hook, layout.root))
-        store = hook.get_store()
         actor = actor_from_context(context)
 
-        record = store.register(self.pipeline, key, mode=self.mode, actor=actor, target=self.target)
+        record = store.register(
+            self.pipeline,
+            key,
+            mode=self.mode,
+            actor=actor,
+            target=self.target,
+            staging_root=self._staging_root,
+        )
         if record.is_committed:
             record = self._reprocess_or_skip(context, store, record, actor)
 
@@ -321,9 +334,16 @@ class WalWriteOperator(BaseOperator):
             if start_offsets is None:
                 start_offsets = self.initial_offsets
         try:
-            record = store.start_attempt(self.pipeline, key, actor=actor, start_offsets=start_offsets)
+            record = store.start_attempt(
+                self.pipeline, key, actor=actor, start_offsets=start_offsets, staging_root=self._staging_root
+            )
         except TransitionError as e:
             raise TransitionError(f"{e}; the write task cannot start a new attempt now") from None
+        if record.layout(layout).root != layout.root:
+            # Another writer recorded a root between our read and this attempt: it wins.
+            layout = self._recorded_layout(record, layout)
+            self._staging_root = str(layout.root)
+            self.log.info("Staging placement: %s", check_operator_placement(self, hook, layout.root))
         attempt = record.attempt
         attempt_dir = layout.attempt_dir(self.pipeline, key, attempt, record.attempt_id)
         if attempt_dir.exists():  # left by a crash with the same attempt number: never reuse its files
@@ -374,6 +394,30 @@ class WalWriteOperator(BaseOperator):
                 self.log.warning("could not record the failure: %s", fail_exc)
             raise
         return self._result(context, record, skipped=False)
+
+    def _recorded_layout(self, record: CheckpointRecord | None, configured: StagingLayout) -> StagingLayout:
+        """The layout this attempt stages under: the checkpoint's recorded root, if it has one.
+
+        A checkpoint's attempts (and its later versions) never split across
+        staging roots: the sensor, the commit, the UI, GC and abort all read
+        the recorded root. So when the connection, the target or
+        ``staging_root`` now name another place, the recorded root wins, and
+        the task log says so.
+        """
+        if record is None:
+            return configured
+        layout = record.layout(configured)
+        if layout.root != configured.root:
+            self.log.warning(
+                "Checkpoint %s/%s is staged under %s (recorded when it was first written); this attempt "
+                "stages there too, not under the configured %s: a checkpoint's attempts never split "
+                'across staging roots (docs/protocol.md, "Staging root")',
+                record.pipeline,
+                record.checkpoint_key,
+                layout.root,
+                configured.root,
+            )
+        return layout
 
     def _record_seal(self, store: Any, layout: Any, protocol: ProtocolArgs, actor: Any) -> CheckpointRecord:
         path = layout.manifest_path(

@@ -43,7 +43,9 @@ class CheckpointDurableSensor(BaseSensorOperator):
     :param pipeline: pipeline id (templated).
     :param checkpoint_key: templated; defaults to the run's data interval start.
     :param walsink_conn_id: connection to the committer database.
-    :param staging_root: templated; defaults to the connection's ``staging_root``.
+    :param staging_root: templated; where to look for a checkpoint whose row records no
+        staging root (written before walsink recorded it); defaults to the connection's
+        ``staging_root``. A root recorded by the write task always wins.
     :param verify_checksums: recompute each committable's checksum too.
     :param deferrable: wait in the triggerer instead of a worker.
     :param check_before_defer: with ``deferrable``, check once in the worker first and
@@ -88,7 +90,7 @@ class CheckpointDurableSensor(BaseSensorOperator):
         hook = WalsinkHook(self.walsink_conn_id)
         self._last = evaluate_durability(
             hook.get_store(),
-            hook.get_layout(self.staging_root),
+            lambda: hook.get_layout(self.staging_root),  # only for a row that records no root
             self.pipeline,
             self._key(context),
             actor=actor_from_context(context),

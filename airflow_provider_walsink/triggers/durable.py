@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -54,7 +54,7 @@ class DurabilityStatus:
 
 def evaluate_durability(
     store: CommitterStore,
-    layout: StagingLayout,
+    layout: StagingLayout | Callable[[], StagingLayout],
     pipeline: str,
     checkpoint_key: str,
     *,
@@ -67,6 +67,11 @@ def evaluate_durability(
     writing, FAILED/ABORTED, manifest missing or not matching its recorded
     digest, a committable missing or of the wrong size/checksum, or totals
     that differ from the counts recorded at sealing.
+
+    The staged attempt is read under the checkpoint's recorded staging root
+    (:meth:`CheckpointRecord.layout`); ``layout`` (or the function giving it)
+    is used only for a row that records none (written before walsink
+    recorded roots).
     """
     name = f"checkpoint {pipeline}/{checkpoint_key}"
     record = store.get(pipeline, checkpoint_key)
@@ -83,6 +88,7 @@ def evaluate_durability(
             record.attempt,
         )
     attempt = record.sealed_attempt
+    layout = record.layout(layout)
     manifest_path = layout.manifest_path(pipeline, checkpoint_key, attempt, record.sealed_attempt_id)
     try:
         manifest = read_manifest(manifest_path, expected_digest=record.manifest_digest)
@@ -130,7 +136,8 @@ class CheckpointDurableTrigger(BaseTrigger):
     :param pipeline: pipeline id.
     :param checkpoint_key: the checkpoint.
     :param walsink_conn_id: connection to the committer database.
-    :param staging_root: staging root, or ``None`` for the connection's.
+    :param staging_root: staging root of a checkpoint whose row records none (written before
+        walsink recorded roots), or ``None`` for the connection's; a recorded root always wins.
     :param verify_checksums: also recompute every committable's checksum.
     :param poke_interval: seconds between checks.
     :param timeout_at: epoch seconds after which the trigger gives up, or ``None``.
@@ -180,7 +187,7 @@ class CheckpointDurableTrigger(BaseTrigger):
         hook = WalsinkHook(self.walsink_conn_id)
         return evaluate_durability(
             hook.get_store(),
-            hook.get_layout(self.staging_root),
+            lambda: hook.get_layout(self.staging_root),  # only for a row that records no root
             self.pipeline,
             self.checkpoint_key,
             actor=Actor(**self.actor),

@@ -83,6 +83,7 @@ def get_store() -> CommitterStore:
 
 
 def get_layout() -> StagingLayout:
+    """The connection's staging layout: where checkpoints whose rows record no root were staged."""
     return _hook().get_layout()
 
 
@@ -230,7 +231,8 @@ def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, key: str
     transitions = [views.transition_dict(t) for t in history]
     return {
         "checkpoint": views.checkpoint_dict(record),
-        "committables": views.committables(record, get_layout()),
+        # Under the root the write phase recorded; the connection's only for a row without one.
+        "committables": views.committables(record, record.layout(get_layout)),
         "audit": views.audit_results(record, transitions),
         "history": transitions,
         "versions": [views.version_dict(v) for v in store.versions(pipeline, key)]
@@ -305,7 +307,7 @@ def _abort_checkpoint(
     refused: str | None = None
     outcome: AbortOutcome | None = None
     try:
-        aborter = aborter_for(store, pipeline, staging_root=hook.staging_root)
+        aborter = aborter_for(store, pipeline, staging_root=hook.staging_root, checkpoint_key=key)
         outcome = aborter.abort(pipeline, key, reason=reason[:MAX_REASON], actor=actor)
     except AbortRefusedError as exc:
         refused = str(exc)

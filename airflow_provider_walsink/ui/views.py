@@ -136,6 +136,8 @@ def checkpoint_dict(record: CheckpointRecord, now: datetime | None = None) -> di
         "bytes": record.bytes,
         "committables": record.committables,
         "manifest_digest": record.manifest_digest,
+        # Where its attempts are staged (None: a row from before walsink recorded it).
+        "staging_root": record.staging_root,
         "start_offsets": record.start_offsets,
         "end_offsets": record.end_offsets,
         "lease_owner": record.lease_owner,
