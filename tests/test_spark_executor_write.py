@@ -241,3 +241,18 @@ def test_a_killed_task_attempts_file_never_reaches_the_manifest(s3_server, tmp_p
     assert len(attempts) == 1 and stray.rsplit("/", 1)[1].split("-")[2] not in attempts
     assert manifest.total_rows == 50 and len(listed) == 2
     assert check_stored_attempt(store, manifest, location, verify_checksums=True).durable
+
+
+def test_dictionary_encoding_only_where_at_most_half_the_values_are_distinct():
+    from airflow_provider_walsink.spark.executor_write import _dictionary_columns
+
+    sample = pa.table(
+        {
+            "id": list(range(1000)),  # unique: a dictionary would be kept and not pay
+            "item": [f"item-{i % 400}" for i in range(1000)],
+            "half": [i % 500 for i in range(1000)],
+            "more": [i % 501 for i in range(1000)],
+            "tags": [[i % 3] for i in range(1000)],  # nested, few distinct lists
+        }
+    )
+    assert _dictionary_columns(sample) == ["item", "half", "tags"]
