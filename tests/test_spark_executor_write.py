@@ -256,3 +256,45 @@ def test_dictionary_encoding_only_where_at_most_half_the_values_are_distinct():
         }
     )
     assert _dictionary_columns(sample) == ["item", "half", "tags"]
+
+
+def test_the_durability_gate_checks_a_checkpoint_staged_on_s3(spark, s3_server, sqlite_store):  # noqa: F811
+    from airflow_provider_walsink.protocol.states import CheckpointState
+    from airflow_provider_walsink.triggers.durable import evaluate_durability
+    from tests.helpers import ACTOR
+
+    root = f"s3://{s3_server.bucket}/{uuid.uuid4().hex[:12]}"
+    staging = StagingStore.open(root, _options(s3_server))
+    for key in ("k-kept", "k-lost"):
+        sqlite_store.register("events", key, mode="overwrite", actor=ACTOR)
+        record = sqlite_store.start_attempt("events", key, actor=ACTOR)
+        protocol = _protocol(
+            root,
+            checkpoint_key=key,
+            sequence=record.sequence,
+            attempt=record.attempt,
+            attempt_id=record.attempt_id,
+        )
+        with CheckpointJob(spark, protocol, storage_options=_options(s3_server)) as job:
+            job.stage(_events(spark, {"2026-01-01": 20, "2026-01-02": 10}))
+        manifest = staging.read_manifest(job.location)
+        sqlite_store.seal(
+            "events",
+            key,
+            attempt=record.attempt,
+            manifest_uri=f"{job.location.uri}/_manifest.json",
+            manifest_digest=job.sealed_digest,
+            committables=manifest.expected_count,
+            rows=manifest.total_rows,
+            bytes=manifest.total_bytes,
+            actor=ACTOR,
+        )
+    lost = manifest.committables[0].path
+    staging.filesystem.delete_file(staging.committable(job.location, lost))
+
+    kept = evaluate_durability(sqlite_store, staging, "events", "k-kept", actor=ACTOR, verify_checksums=True)
+    assert kept.durable, kept.message
+    assert sqlite_store.require("events", "k-kept").state is CheckpointState.DURABLE
+    missing = evaluate_durability(sqlite_store, staging, "events", "k-lost", actor=ACTOR)
+    assert not missing.durable and f"1 missing: {lost}" in missing.message
+    assert sqlite_store.require("events", "k-lost").state is CheckpointState.SEALED
