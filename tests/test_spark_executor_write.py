@@ -161,7 +161,7 @@ def test_a_real_spark_job_stages_to_s3_and_seals_there_once(spark, s3_server):  
     assert "contains '..'" in check_stored_attempt(store, hostile, location).escaping[0]
 
 
-def test_an_object_store_attempt_must_start_empty_and_takes_parquet_only(spark, s3_server):  # noqa: F811
+def test_an_object_store_attempt_refuses_what_it_cannot_stage_and_must_start_empty(spark, s3_server):  # noqa: F811
     root = f"s3://{s3_server.bucket}/{uuid.uuid4().hex[:12]}"
     protocol = _protocol(root)
     store = StagingStore.open(root, _options(s3_server))
@@ -173,6 +173,17 @@ def test_an_object_store_attempt_must_start_empty_and_takes_parquet_only(spark, 
         job.stage(_events(spark, {"2026-01-01": 1}), file_format="json")
     with pytest.raises(StagingError, match=r"writer options \['maxRecordsPerFile'\] are not understood"):
         job.stage(_events(spark, {"2026-01-01": 1}), options={"maxRecordsPerFile": 1})
+    with pytest.raises(StagingError, match=r"partition columns \['day'\] are not columns"):
+        job.stage(_events(spark, {"2026-01-01": 1}), partition_by=["day"])
+    # An empty interval: no file, no committable, the partition declared for an overwrite.
+    staged = job.stage(_events(spark, {}), replace_partitions=["dt=2026-01-01"])
+    assert staged.files == 0 and staged.observed_rows == 0
+    job.seal()
+    sealed = store.read_manifest(location, expected_digest=job.sealed_digest)
+    assert sealed.committables == () and sealed.partitions == ("dt=2026-01-01",)
+    assert store.list_attempt(location) == {"_manifest.json": len(sealed.to_bytes())}
+    location = store.attempt("events", "20260101T000000Z", 2, ATTEMPT_ID.replace("a", "c"))
+    protocol = _protocol(root, attempt=2, attempt_id=ATTEMPT_ID.replace("a", "c"))
     with store.filesystem.open_output_stream(f"{location.path}/dt=2026-01-01/stale.parquet") as f:
         f.write(b"x")
     with pytest.raises(StagingError, match="already holds 1 file"):

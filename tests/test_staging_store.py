@@ -194,6 +194,10 @@ def test_remove_attempt_deletes_that_attempt_only(store):
     assert store.list_attempt(plain) == {"dt=1/a.parquet": 1}
     assert store.list_attempt(other) == {"dt=1/a.parquet": 1}
     assert store.remove_attempt(mine) is False
+    # And the plain attempt-1, whose name prefixes attempt-1-<id>, takes only its own files.
+    put(store, f"{mine.path}/dt=1/a.parquet", b"x")
+    assert store.remove_attempt(plain) is True
+    assert store.list_attempt(plain) == {} and store.list_attempt(mine) == {"dt=1/a.parquet": 1}
 
 
 def test_remove_refuses_a_location_the_store_did_not_build(store):

@@ -105,11 +105,12 @@ def check_stored_attempt(
         return check_attempt(store.layout, manifest, Path(location.path), verify_checksums=verify_checksums)
     report = DurabilityReport()
     listed = store.list_attempt(location)
+    confined = store.resolver(location)
     for c in manifest.committables:
         crashpoint("durable.verifying")
         report.checked += 1
         try:
-            store.committable(location, c.path)
+            confined(c.path)
         except PathEscapeError as e:
             report.escaping.append(f"{c.path} ({e})")
             continue

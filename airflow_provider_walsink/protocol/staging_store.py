@@ -237,9 +237,12 @@ class StagingStore:
 
         Raises :class:`PathEscapeError` (:class:`SymlinkRefusedError` for a link on a local root).
         """
-        return self._resolver(location)(relative)[0]
+        return self.resolver(location)(relative)[0]
 
-    def _resolver(self, location: AttemptLocation) -> Callable[[str], tuple[str, os.stat_result | None]]:
+    def resolver(self, location: AttemptLocation) -> Callable[[str], tuple[str, os.stat_result | None]]:
+        """:meth:`committable` for the many files of one attempt: the path and, on a local root, its
+        ``lstat`` (``None`` when absent; always ``None`` on an object store). One per operation
+        (:class:`Confiner`'s caching rule)."""
         local = self.layout.committable_resolver(Path(location.path)) if self.layout is not None else None
 
         def resolve(relative: str) -> tuple[str, os.stat_result | None]:
@@ -280,9 +283,13 @@ class StagingStore:
         except ClientError as e:
             code = str(e.response.get("Error", {}).get("Code", ""))
             status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            # 412: the key exists (sealed before). 409: a concurrent conditional put is in flight.
-            if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+            if status == 412 or code == "PreconditionFailed":  # the key exists: sealed before
                 return self._same_seal(location, digest)
+            if status == 409 or code == "ConditionalRequestConflict":
+                raise StagingStoreError(
+                    f"another seal of {location.uri} is in flight (409 ConditionalRequestConflict); "
+                    "retry the seal: it then either matches the sealed manifest or is refused"
+                ) from None
             raise StagingStoreError(f"sealing {location.uri}/{MANIFEST_NAME} failed ({code or e})") from None
         return digest
 
@@ -330,7 +337,7 @@ class StagingStore:
 
     def describe(self, location: AttemptLocation, relative: str) -> int | None:
         """The size of one staged file from its metadata (``lstat`` or HEAD), ``None`` if absent."""
-        path, st = self._resolver(location)(relative)
+        path, st = self.resolver(location)(relative)
         if self.layout is not None:
             return st.st_size if st is not None and stat.S_ISREG(st.st_mode) else None
         import pyarrow.fs as pafs
@@ -380,7 +387,7 @@ class StagingStore:
 
     def checksum(self, location: AttemptLocation, relative: str, algorithm: str) -> str:
         """``"<algorithm>:<hex>"`` of one staged file, streamed (this one does read the data)."""
-        path, _st = self._resolver(location)(relative)
+        path, _st = self.resolver(location)(relative)
         if self.layout is not None:
             return file_checksum(path, algorithm)
         hasher = Hasher(algorithm)

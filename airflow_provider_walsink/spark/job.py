@@ -404,6 +404,11 @@ class CheckpointJob:
                 f"writer options {unknown} are not understood by the executors' writer "
                 f"(it takes {sorted(EXECUTOR_OPTIONS)}); use writer='spark' on a local root for them"
             )
+        missing = [c for c in columns if c not in observed.columns]
+        if missing:
+            raise StagingError(
+                f"partition columns {missing} are not columns of the DataFrame ({observed.columns})"
+            )
         compression = str(options.get("compression", "snappy")).lower()
         compression = "none" if compression == "uncompressed" else compression
         write = executor_writer(
@@ -421,8 +426,9 @@ class CheckpointJob:
         app_id = self.spark.sparkContext.applicationId
         committables: list[Committable] = []
         schemas: list[FileSchema | None] = []
+        confined = self.store.resolver(self.location)
         for row in sorted(written, key=lambda r: r["path"]):
-            self.store.committable(self.location, row["path"])  # an executor's path is confined too
+            confined(row["path"])  # an executor's path is confined too (and no symlink on a local root)
             committables.append(
                 Committable(
                     path=row["path"],
