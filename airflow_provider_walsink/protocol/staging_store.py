@@ -59,12 +59,13 @@ class AttemptLocation:
 
 
 def _check_segments(relative: str, what: str, root: str) -> None:
-    """The lexical confinement of a path on an object store, where nothing resolves it.
+    """The lexical confinement of a manifest-relative path, on every store.
 
-    :func:`_check_relative` (no NUL, not absolute, no ``..``) and, because an
-    object key is not normalised, no empty or ``.`` segment either: ``a//b``
-    and ``a/./b`` are keys of their own, beside the committable the manifest
-    seems to name.
+    :func:`_check_relative` (no NUL, not absolute, no ``..``) and no empty or
+    ``.`` segment either: an object key is not normalised, so ``a//b`` and
+    ``a/./b`` would be keys of their own beside the file the manifest seems to
+    name (manifest validation refuses them too; this holds for paths that come
+    from elsewhere, such as an executor's report).
     """
     _check_relative(relative, what, root)
     if any(part in ("", ".") for part in relative.split("/")):
@@ -83,13 +84,14 @@ class StagingStore:
       ``secret_key``, ``session_token``, ``region``, ``endpoint_url`` or
       ``endpoint_override`` + ``scheme``; without keys, the provider's default
       credential chain). Options are never logged, shown in ``repr`` or put on
-      a command line.
+      a command line (executors receive :attr:`filesystem` pickled in their
+      tasks, as Spark ships any closure).
     * **Layout.** An attempt lives at ``<root>/<pipeline>/<checkpoint>/
       attempt-<n>-<attempt id>/`` exactly as :meth:`StagingLayout.attempt_dir`
       places it (same identifier validation; local roots *are* that layout).
     * **Confinement** (invariants 6 and 11). Every manifest-relative path is
-      checked lexically: not empty, no NUL, not absolute, no ``..``, and on an
-      object store no empty or ``.`` segment. On a local root every path also
+      checked lexically: not empty, no NUL, not absolute, no ``..``, no empty
+      or ``.`` segment. On a local root every path also
       goes through :class:`StagingLayout`'s resolver: a symlink inside staging
       is refused, never followed. Object stores have no links.
     * **Seal.** :meth:`seal` writes the manifest once. Local: temp file, fsync,

@@ -25,7 +25,7 @@ Two writers stage the files (``writer=``, :data:`WRITERS`):
   returns one row per file (size, rows, checksum over the bytes written,
   footer schema); the manifest is built from exactly those rows, so a failed
   or speculative task attempt's files are never in it
-  (:mod:`.executor_write`). On a local root it took 1.4-2.2x the time of
+  (:mod:`.executor_write`). On a local root it took 1.3-2.2x the time of
   ``spark`` for benchmark 1 (``bench/bench_stage_writer.py``), so it is not
   the local default.
 
