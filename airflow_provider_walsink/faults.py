@@ -29,7 +29,9 @@ SIGNAL_ENV = "WALSINK_CRASH_SIGNAL"
 #: harness schedules each). Points of the table targets (``table.before_<step>`` /
 #: ``table.after_<step>``) and of the fenced clean-up (``cleanup.started``: the table's
 #: state read, nothing deleted; ``cleanup.before_delete``: before each attempt's fence
-#: check and delete, ``protocol/cleanup.py``) are reached by their own tests.
+#: check and delete, ``protocol/cleanup.py``) and of the executors' writer (``executor.after_file``:
+#: a task's first attempt, after one of its files is complete, ``spark/executor_write.py``) are
+#: reached by their own tests.
 CRASH_POINTS: dict[str, str] = {
     "write.before_staging": "new attempt recorded (WRITING), its staging directory not yet created",
     "write.after_staging": "committables staged and described, manifest not yet written",

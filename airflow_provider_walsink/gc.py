@@ -210,7 +210,7 @@ def collect_staging(
             continue
         layouts.setdefault(other.root, other)
     for each in layouts.values():
-        _collect_root(store, each, wanted, cutoff, cutoff_ts, report, dry_run)
+        _collect_root(store, each, wanted, cutoff, cutoff_ts, report, dry_run, retention)
     return report
 
 
@@ -222,6 +222,7 @@ def _collect_root(
     cutoff_ts: float,
     report: GcReport,
     dry_run: bool,
+    retention: timedelta,
 ) -> None:
     """:func:`collect_staging` under one staging root."""
     root = layout.root

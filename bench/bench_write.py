@@ -86,7 +86,9 @@ def _timed(obj: object, method: str) -> list[float]:
     return spent
 
 
-def walsink_once(spark, rows: int, store, layout, target: Path, key: str, phases: dict) -> float:
+def walsink_once(
+    spark, rows: int, store, layout, target: Path, key: str, phases: dict, writer: str | None = None
+) -> float:
     from airflow_provider_walsink.committer import Actor, CheckpointCommitter
     from airflow_provider_walsink.protocol.manifest import read_manifest
     from airflow_provider_walsink.publishers.files import FilePublisher
@@ -113,7 +115,7 @@ def walsink_once(spark, rows: int, store, layout, target: Path, key: str, phases
             attempt_id=record.attempt_id,
             staging_root=str(layout.root),
         )
-        job = CheckpointJob(spark, protocol)
+        job = CheckpointJob(spark, protocol, writer=writer)
         describe = _timed(job, "_describe")  # the real method, timed: listing, footers, checksums
         job.stage(df, partition_prefix={"dt": PARTITION.split("=", 1)[1]})
         marks.append(("Spark write", elapsed() - describe[0]))

@@ -242,6 +242,10 @@ def spark():
     pytest.importorskip("pyspark")
     from pyspark.sql import SparkSession
 
+    # Python workers must be this interpreter (the venv's): the executors' writer imports pyarrow
+    # and walsink in them, and the system python3 has neither.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
     session = (
         SparkSession.builder.master("local[2]")
         .appName("walsink-tests")

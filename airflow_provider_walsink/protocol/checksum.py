@@ -22,5 +22,26 @@ def file_checksum(path: str | os.PathLike[str], algorithm: str = "sha256") -> st
     raise ValueError(f"unknown checksum algorithm {algorithm!r}")
 
 
+class Hasher:
+    """:func:`file_checksum` fed piece by piece (bytes being written or streamed); same strings."""
+
+    def __init__(self, algorithm: str) -> None:
+        if algorithm not in ("sha256", "crc32"):
+            raise ValueError(f"unknown checksum algorithm {algorithm!r}")
+        self._sha = hashlib.sha256() if algorithm == "sha256" else None
+        self._crc = 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        if self._sha is not None:
+            self._sha.update(data)
+        else:
+            self._crc = zlib.crc32(data, self._crc)
+
+    def value(self) -> str:
+        if self._sha is not None:
+            return "sha256:" + self._sha.hexdigest()
+        return f"crc32:{self._crc:08x}"
+
+
 def algorithm_of(checksum: str) -> str:
     return checksum.partition(":")[0]

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..faults import crashpoint
 from .checksum import algorithm_of, file_checksum
 from .errors import PathEscapeError
 from .manifest import Manifest
 from .staging import StagingLayout
+
+if TYPE_CHECKING:
+    from .staging_store import AttemptLocation, StagingStore
 
 
 @dataclass
@@ -78,6 +82,47 @@ def check_attempt(
             continue
         if verify_checksums and c.checksum is not None:
             actual = file_checksum(path, algorithm_of(c.checksum))
+            if actual != c.checksum:
+                report.wrong_checksum.append(f"{c.path} ({actual}, manifest says {c.checksum})")
+    return report
+
+
+def check_stored_attempt(
+    store: StagingStore,
+    manifest: Manifest,
+    location: AttemptLocation,
+    *,
+    verify_checksums: bool = False,
+) -> DurabilityReport:
+    """:func:`check_attempt` on any staging store: one listing of the attempt, no data read.
+
+    A local root is checked by :func:`check_attempt` itself (one ``lstat`` per
+    file, symlinks refused). On an object store, one LIST of the attempt's
+    prefix gives every size; each committable's path is confined lexically
+    first. ``verify_checksums`` streams each file (the only case that reads data).
+    """
+    if store.layout is not None:
+        return check_attempt(store.layout, manifest, Path(location.path), verify_checksums=verify_checksums)
+    report = DurabilityReport()
+    listed = store.list_attempt(location)
+    confined = store.resolver(location)
+    for c in manifest.committables:
+        crashpoint("durable.verifying")
+        report.checked += 1
+        try:
+            confined(c.path)
+        except PathEscapeError as e:
+            report.escaping.append(f"{c.path} ({e})")
+            continue
+        size = listed.get(c.path)
+        if size is None:
+            report.missing.append(c.path)
+            continue
+        if size != c.size:
+            report.wrong_size.append(f"{c.path} ({size} bytes, manifest says {c.size})")
+            continue
+        if verify_checksums and c.checksum is not None:
+            actual = store.checksum(location, c.path, algorithm_of(c.checksum))
             if actual != c.checksum:
                 report.wrong_checksum.append(f"{c.path} ({actual}, manifest says {c.checksum})")
     return report

@@ -34,8 +34,9 @@ class ProtocolArgs:
     :param checkpoint_key: the checkpoint (one data interval).
     :param sequence: the checkpoint's sequence number in the pipeline.
     :param attempt: the write attempt the operator started (the job stages into
-        ``<staging_root>/<pipeline>/<checkpoint_key>/attempt-<attempt>/``).
-    :param staging_root: local or shared-filesystem path of the staging root.
+        ``<staging_root>/<pipeline>/<checkpoint_key>/attempt-<attempt>-<attempt id>/``).
+    :param staging_root: the staging root: a local or shared-filesystem path, or an
+        object store (``s3://bucket/prefix``; :class:`~airflow_provider_walsink.protocol.staging_store.StagingStore`).
     :param mode: ``overwrite`` or ``append`` (informational for the job).
     :param file_format: default Spark format for :meth:`CheckpointJob.stage`.
     :param partition_by: default partition columns for :meth:`CheckpointJob.stage`.

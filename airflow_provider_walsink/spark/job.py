@@ -11,10 +11,25 @@ Used inside a PySpark application started by :class:`~airflow_provider_walsink.o
 
 The job never talks to the committer database: the operator started the
 attempt before submitting the job and records the seal after it returns. The
-manifest file written here, atomically (temp + fsync + rename), *is* the seal
-on disk; an attempt that dies before it has none and never counts.
+manifest written here once (:meth:`StagingStore.seal`: temp + fsync + rename on
+a local root, a conditional put on S3) *is* the seal in staging; an attempt
+that dies before it has none and never counts.
 
-How committables are described, without re-reading the data:
+Two writers stage the files (``writer=``, :data:`WRITERS`):
+
+* ``spark``, the default for a local or mounted root: Spark's own file writer
+  (any format), described as below.
+* ``executors``, the default (and the only one) for an object-store root
+  (``s3://``; Spark has no S3 connector here): each task writes its Parquet
+  files with pyarrow through ``mapInArrow`` straight into the store and
+  returns one row per file (size, rows, checksum over the bytes written,
+  footer schema); the manifest is built from exactly those rows, so a failed
+  or speculative task attempt's files are never in it
+  (:mod:`.executor_write`). On a local root it took 1.3-2.2x the time of
+  ``spark`` for benchmark 1 (``bench/bench_stage_writer.py``), so it is not
+  the local default.
+
+How committables are described by the ``spark`` writer, without re-reading the data:
 
 * **files**: the attempt directory is listed before and after each Spark
   write; the new visible files are the committables. Spark's bookkeeping
@@ -72,11 +87,12 @@ from airflow_provider_walsink.protocol.manifest import (
     FileSchema,
     Manifest,
     build_manifest,
-    write_manifest,
 )
-from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.staging_store import StagingStore
 
 from .args import ProtocolArgs
+from .executor_write import OPTIONS as EXECUTOR_OPTIONS
+from .executor_write import WRITTEN, executor_writer
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -84,6 +100,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _TASK_OF_FILE = re.compile(r"^part-(\d+)")
+
+#: Who writes the staged files: ``spark`` (Spark's own file writer into a local or
+#: mounted root, then the driver lists the directory and reads the footers) or
+#: ``executors`` (each task writes its Parquet files with pyarrow and reports
+#: them, :mod:`.executor_write`; the only way onto an object store here).
+WRITERS = ("spark", "executors")
+#: The writer for a local root when none is asked for (bench/bench_stage_writer.py measures both).
+LOCAL_WRITER = "spark"
 
 
 class StagingError(WalsinkError):
@@ -149,16 +173,42 @@ class CheckpointJob:
     :param spark: the application's session.
     :param protocol: the arguments the operator passed (see :class:`ProtocolArgs`).
     :param args: the user's own application arguments (what follows the protocol ones).
+    :param storage_options: how to reach an object-store staging root (:meth:`StagingStore.open`;
+        without them, the store's default credential chain, e.g. ``AWS_*`` variables). Never
+        put them on the command line.
+    :param writer: ``spark`` or ``executors`` (:data:`WRITERS`); default :data:`LOCAL_WRITER`
+        for a local root and ``executors`` for an object store (Spark cannot write there).
     """
 
-    def __init__(self, spark: SparkSession, protocol: ProtocolArgs, args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        protocol: ProtocolArgs,
+        args: Sequence[str] = (),
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        writer: str | None = None,
+    ) -> None:
         self.spark = spark
         self.protocol = protocol
         self.args = list(args)
-        self.layout = StagingLayout(protocol.staging_root)
-        self.attempt_dir = self.layout.attempt_dir(
+        self.store = StagingStore.open(protocol.staging_root, storage_options)
+        self.layout = self.store.layout  # None on an object store
+        self.location = self.store.attempt(
             protocol.pipeline, protocol.checkpoint_key, protocol.attempt, protocol.attempt_id or None
         )
+        if writer is None:
+            writer = LOCAL_WRITER if self.store.is_local else "executors"
+        if writer not in WRITERS:
+            raise StagingError(f"writer must be one of {', '.join(WRITERS)}, got {writer!r}")
+        if writer == "spark" and not self.store.is_local:
+            raise StagingError(
+                f"staging root {self.store.root_uri!r} is an object store: Spark's own writer cannot stage "
+                "there (no Hadoop connector is assumed); use writer='executors'"
+            )
+        self.writer = writer
+        #: The attempt's directory (a ``Path``) on a local root, its URI on an object store.
+        self.attempt_dir: Path | str = Path(self.location.path) if self.store.is_local else self.location.uri
         self.end_offsets: dict[str, Any] | None = None
         # Parquet timestamps as INT64 micros, not INT96: Iceberg readers (pyiceberg) refuse INT96.
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
@@ -169,8 +219,11 @@ class CheckpointJob:
         self._formats: set[str] = set()
         self._stages = 0
         self.sealed_digest: str | None = None
-        self.attempt_dir.mkdir(parents=True, exist_ok=True)
-        leftovers = _visible_files(self.attempt_dir)
+        if isinstance(self.attempt_dir, Path):
+            self.attempt_dir.mkdir(parents=True, exist_ok=True)
+            leftovers = _visible_files(self.attempt_dir)
+        else:
+            leftovers = set(self.store.list_attempt(self.location, visible_only=True))
         if leftovers:
             # The operator hands every attempt an empty directory; files here mean
             # two jobs share an attempt, and their committables would mix.
@@ -253,23 +306,29 @@ class CheckpointJob:
         for column, value in (partition_prefix or {}).items():
             validate_partition(column, str(value))
             prefix += f"{column}={value}/"
-        target = self.layout.committable_path(self.attempt_dir, prefix + "x").parent if prefix else None
-        out_dir = target or self.attempt_dir
+        if prefix:
+            self.store.committable(self.location, prefix + "x")  # confined (and no symlink on the way)
 
-        before = _visible_files(self.attempt_dir)
         self._stages += 1
         observation = Observation(f"walsink_stage_{self._stages}")
         observed = df.observe(observation, F.count(F.lit(1)).alias("rows"))
-        writer = observed.write.mode("append").format(fmt)
-        if columns:
-            writer = writer.partitionBy(*columns)
-        for key, value in (options or {}).items():
-            writer = writer.option(key, value)
-        writer.save(hadoop_uri(out_dir))
-        observed_rows = int(observation.get.get("rows", 0))
-
-        new_files = sorted(_visible_files(self.attempt_dir) - before)
-        committables, schemas = self._describe(new_files, fmt, observed_rows)
+        if self.writer == "executors":
+            committables, schemas, observed_rows = self._stage_by_executors(
+                observed, observation, fmt, columns, prefix, options or {}
+            )
+        else:
+            assert isinstance(self.attempt_dir, Path) and self.layout is not None
+            out_dir = self.layout.committable_path(self.attempt_dir, prefix + "x").parent if prefix else None
+            before = _visible_files(self.attempt_dir)
+            writer = observed.write.mode("append").format(fmt)
+            if columns:
+                writer = writer.partitionBy(*columns)
+            for key, value in (options or {}).items():
+                writer = writer.option(key, value)
+            writer.save(hadoop_uri(out_dir or self.attempt_dir))
+            observed_rows = int(observation.get.get("rows", 0))
+            new_files = sorted(_visible_files(self.attempt_dir) - before)
+            committables, schemas = self._describe(new_files, fmt, observed_rows)
         self._committables.extend(committables)
         self._schemas.extend(schemas)
         self._formats.add(fmt)
@@ -320,6 +379,74 @@ class CheckpointJob:
             described = [Committable(c.path, c.size, observed_rows, c.checksum, c.writer)]
         return described, schemas
 
+    def _stage_by_executors(
+        self,
+        observed: DataFrame,
+        observation: Any,
+        fmt: str,
+        columns: Sequence[str],
+        prefix: str,
+        options: Mapping[str, Any],
+    ) -> tuple[list[Committable], list[FileSchema | None], int]:
+        """Let each task write its Parquet files into the store and describe them from the rows it returns."""
+        if fmt != "parquet":
+            raise StagingError(
+                f"the executors' writer stages parquet only, not {fmt!r}"
+                + (
+                    ""
+                    if self.store.is_local
+                    else f" (staging root {self.store.root_uri!r} is an object store)"
+                )
+            )
+        unknown = sorted(set(options) - EXECUTOR_OPTIONS)
+        if unknown:
+            raise StagingError(
+                f"writer options {unknown} are not understood by the executors' writer "
+                f"(it takes {sorted(EXECUTOR_OPTIONS)}); use writer='spark' on a local root for them"
+            )
+        missing = [c for c in columns if c not in observed.columns]
+        if missing:
+            raise StagingError(
+                f"partition columns {missing} are not columns of the DataFrame ({observed.columns})"
+            )
+        compression = str(options.get("compression", "snappy")).lower()
+        compression = "none" if compression == "uncompressed" else compression
+        write = executor_writer(
+            self.store.filesystem,
+            self.location.path,
+            prefix=prefix,
+            partition_by=columns,
+            checksum=self.protocol.checksum,
+            compression=compression,
+        )
+        # collect() returns each partition's rows from the one task attempt Spark counted:
+        # files a failed or speculative attempt left behind are not described, so never sealed.
+        written = observed.mapInArrow(write, WRITTEN).collect()
+        observed_rows = int(observation.get.get("rows", 0))
+        app_id = self.spark.sparkContext.applicationId
+        committables: list[Committable] = []
+        schemas: list[FileSchema | None] = []
+        confined = self.store.resolver(self.location)
+        for row in sorted(written, key=lambda r: r["path"]):
+            confined(row["path"])  # an executor's path is confined too (and no symlink on a local root)
+            committables.append(
+                Committable(
+                    path=row["path"],
+                    size=int(row["bytes"]),
+                    rows=int(row["rows"]),
+                    checksum=row["checksum"],
+                    writer=f"{app_id}/task-{row['task']}",
+                )
+            )
+            schemas.append(FileSchema(row["arrow_schema"], tuple(row["int96"] or ())))
+        file_total = sum(c.rows or 0 for c in committables)
+        if file_total != observed_rows:
+            raise StagingError(
+                f"the {len(committables)} file(s) the executors wrote count {file_total} rows but Spark "
+                f"observed {observed_rows}"
+            )
+        return committables, schemas, observed_rows
+
     def declare_partition(self, partition: str) -> None:
         """Name a partition (``dt=2026-01-01``) an overwrite commit replaces even if it stays empty."""
         if partition not in self._partitions:
@@ -352,7 +479,7 @@ class CheckpointJob:
         return common_file_schema(self._schemas)
 
     def seal(self) -> str:
-        """Write the manifest atomically into the attempt directory; return its digest.
+        """Write the manifest once into the attempt (:meth:`StagingStore.seal`); return its digest.
 
         Idempotent within one job. The operator records the seal in the
         committer table after the job exits successfully.
@@ -361,8 +488,8 @@ class CheckpointJob:
             return self.sealed_digest
         crashpoint("write.after_staging")
         manifest = self.manifest()
-        path = self.attempt_dir / MANIFEST_NAME
-        self.sealed_digest = write_manifest(path, manifest)
+        path = f"{self.location.uri}/{MANIFEST_NAME}"
+        self.sealed_digest = self.store.seal(self.location, manifest)
         crashpoint("seal.after_manifest")
         print(
             f"walsink: sealed {path} ({manifest.expected_count} committables, {manifest.total_rows} rows, "

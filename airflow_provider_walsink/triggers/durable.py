@@ -23,10 +23,11 @@ from typing import Any
 
 from airflow_provider_walsink.committer.store import Actor, CommitterStore, StaleAttemptError
 from airflow_provider_walsink.faults import crashpoint
-from airflow_provider_walsink.protocol.durability import check_attempt
+from airflow_provider_walsink.protocol.durability import check_attempt, check_stored_attempt
 from airflow_provider_walsink.protocol.errors import ManifestError
-from airflow_provider_walsink.protocol.manifest import read_manifest
+from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, read_manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.staging_store import StagingStore
 from airflow_provider_walsink.protocol.states import VERIFIED_DURABLE, CheckpointState
 
 try:
@@ -54,7 +55,7 @@ class DurabilityStatus:
 
 def evaluate_durability(
     store: CommitterStore,
-    layout: StagingLayout | Callable[[], StagingLayout],
+    layout: StagingLayout | StagingStore | Callable[[], StagingLayout],
     pipeline: str,
     checkpoint_key: str,
     *,
@@ -62,6 +63,10 @@ def evaluate_durability(
     verify_checksums: bool = False,
 ) -> DurabilityStatus:
     """Check one checkpoint and mark it DURABLE when it is; never raises for "not yet".
+
+    ``layout`` is the staging root: a local :class:`StagingLayout`, or a
+    :class:`StagingStore` (any root, object stores included: sizes from one
+    listing of the attempt, :func:`check_stored_attempt`).
 
     Not durable yet (with the reason in ``message``): not registered, still
     writing, FAILED/ABORTED, manifest missing or not matching its recorded
@@ -88,10 +93,19 @@ def evaluate_durability(
             record.attempt,
         )
     attempt = record.sealed_attempt
-    layout = record.layout(layout)
-    manifest_path = layout.manifest_path(pipeline, checkpoint_key, attempt, record.sealed_attempt_id)
+    if not isinstance(layout, StagingStore):
+        # A local root: the checkpoint's recorded one wins. A StagingStore is opened by the
+        # caller with its credentials, for the root the caller read from the row.
+        layout = record.layout(layout)
+    location = None
     try:
-        manifest = read_manifest(manifest_path, expected_digest=record.manifest_digest)
+        if isinstance(layout, StagingStore):
+            location = layout.attempt(pipeline, checkpoint_key, attempt, record.sealed_attempt_id)
+            manifest_path: object = f"{location.uri}/{MANIFEST_NAME}"
+            manifest = layout.read_manifest(location, expected_digest=record.manifest_digest)
+        else:
+            manifest_path = layout.manifest_path(pipeline, checkpoint_key, attempt, record.sealed_attempt_id)
+            manifest = read_manifest(manifest_path, expected_digest=record.manifest_digest)
     except ManifestError as e:
         return DurabilityStatus(False, record.state.value, f"{name} attempt {attempt}: {e}", attempt)
     identity = (manifest.pipeline, manifest.checkpoint_key, manifest.attempt)
@@ -111,8 +125,12 @@ def evaluate_durability(
             f"{name}: manifest totals (count, rows, bytes) {totals} differ from the sealed record {recorded}",
             attempt,
         )
-    attempt_dir = layout.attempt_dir(pipeline, checkpoint_key, attempt, record.sealed_attempt_id)
-    report = check_attempt(layout, manifest, attempt_dir, verify_checksums=verify_checksums)
+    if isinstance(layout, StagingStore):
+        assert location is not None
+        report = check_stored_attempt(layout, manifest, location, verify_checksums=verify_checksums)
+    else:
+        attempt_dir = layout.attempt_dir(pipeline, checkpoint_key, attempt, record.sealed_attempt_id)
+        report = check_attempt(layout, manifest, attempt_dir, verify_checksums=verify_checksums)
     if not report.durable:
         return DurabilityStatus(
             False, record.state.value, f"{name} attempt {attempt}: {report.describe()}", attempt

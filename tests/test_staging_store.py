@@ -1,0 +1,264 @@
+"""The staging store (``protocol/staging_store.py``) on a local root and on S3 (moto's server).
+
+Each behaviour runs on both kinds of root where it applies: the layout, the
+seal written once (a conditional put on S3, answered 412 by the server when a
+manifest is there), manifest reads, sizes from metadata, confinement, delete.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import uuid
+
+import pytest
+
+from airflow_provider_walsink.protocol.checksum import file_checksum
+from airflow_provider_walsink.protocol.errors import ManifestError, PathEscapeError, SymlinkRefusedError
+from airflow_provider_walsink.protocol.manifest import Committable, build_manifest, digest_of
+from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.staging_store import (
+    AlreadySealedError,
+    StagingStore,
+    StagingStoreError,
+)
+from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, s3_server  # noqa: F401
+
+ATTEMPT_ID = "0123456789abcdef0123456789abcdef"
+
+
+def s3_options(server) -> dict[str, str]:
+    return {
+        "endpoint_url": server.endpoint,
+        "access_key": ACCESS_KEY,
+        "secret_key": SECRET_KEY,
+        "region": REGION,
+    }
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path) -> StagingStore:
+    if request.param == "local":
+        return StagingStore.open(str(tmp_path / "staging"))
+    server = request.getfixturevalue("s3_server")
+    return StagingStore.open(f"s3://{server.bucket}/{uuid.uuid4().hex[:12]}/staging", s3_options(server))
+
+
+def put(store: StagingStore, path: str, data: bytes) -> None:
+    if store.is_local:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    with store.filesystem.open_output_stream(path) as f:
+        f.write(data)
+
+
+def manifest_for(paths_and_data: dict[str, bytes], *, job: str = "spark:app-1"):
+    return build_manifest(
+        pipeline="events",
+        checkpoint_key="k1",
+        sequence=1,
+        attempt=1,
+        attempt_id=ATTEMPT_ID,
+        partition_columns=("dt",),
+        file_format="parquet",
+        committables=[
+            Committable(p, len(d), 1, "crc32:" + format(__import__("zlib").crc32(d), "08x"))
+            for p, d in paths_and_data.items()
+        ],
+        job=job,
+    )
+
+
+def test_attempts_are_placed_as_the_local_layout_places_them(store, tmp_path):
+    location = store.attempt("events", "k1", 2, ATTEMPT_ID)
+    assert location.path.endswith(f"/events/k1/attempt-2-{ATTEMPT_ID}")
+    if store.is_local:
+        assert location.uri == location.path
+        assert location.path == str(
+            StagingLayout(tmp_path / "staging").attempt_dir("events", "k1", 2, ATTEMPT_ID)
+        )
+    else:
+        assert location.uri == store.root_uri.rstrip("/") + f"/events/k1/attempt-2-{ATTEMPT_ID}"
+        assert location.path == f"{store.base}/events/k1/attempt-2-{ATTEMPT_ID}"
+        assert not location.path.startswith("/")
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", "", ".hidden"])
+def test_identifiers_are_validated_on_every_store(store, bad):
+    with pytest.raises(Exception, match="invalid pipeline id|must be a string"):
+        store.attempt(bad, "k1", 1, ATTEMPT_ID)
+
+
+def test_seal_once_same_manifest_is_idempotent_another_is_refused(store):
+    location = store.attempt("events", "k1", 1, ATTEMPT_ID)
+    first = manifest_for({"dt=2026-01-01/a.parquet": b"aaaa"})
+    digest = store.seal(location, first)
+    assert digest == digest_of(first.to_bytes())
+    assert store.seal(location, first) == digest  # a retried seal of the same bytes
+
+    other = manifest_for({"dt=2026-01-01/b.parquet": b"bbbbbb"})
+    with pytest.raises(AlreadySealedError, match="already sealed with another manifest"):
+        store.seal(location, other)
+    # The first seal is untouched and reads back, digest-checked.
+    assert store.read_manifest(location, expected_digest=digest) == first
+    with pytest.raises(ManifestError, match="does not match the sealed digest"):
+        store.read_manifest(location, expected_digest=digest_of(other.to_bytes()))
+
+
+def test_s3_seal_is_a_conditional_put_the_server_refuses_with_412(s3_server):  # noqa: F811
+    from botocore.exceptions import ClientError
+
+    store = StagingStore.open(f"s3://{s3_server.bucket}/{uuid.uuid4().hex[:12]}", s3_options(s3_server))
+    location = store.attempt("events", "k1", 1, ATTEMPT_ID)
+    store.seal(location, manifest_for({"dt=2026-01-01/a.parquet": b"a"}))
+    bucket, _, key = location.manifest_path.partition("/")
+    with pytest.raises(ClientError) as raised:
+        store._boto3().put_object(Bucket=bucket, Key=key, Body=b"{}", IfNoneMatch="*")
+    assert raised.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+
+
+def test_an_unsealed_attempt_has_no_manifest(store):
+    location = store.attempt("events", "k1", 1, ATTEMPT_ID)
+    with pytest.raises(ManifestError, match="does not exist"):
+        store.read_manifest(location)
+
+
+def test_sizes_come_from_metadata_and_a_listing(store):
+    location = store.attempt("events", "k1", 1, ATTEMPT_ID)
+    put(store, f"{location.path}/dt=2026-01-01/a.parquet", b"12345")
+    put(store, f"{location.path}/dt=2026-01-01/_SUCCESS", b"")
+    put(store, f"{location.path}/dt=2026-01-02/b.parquet", b"123")
+    assert store.describe(location, "dt=2026-01-01/a.parquet") == 5
+    assert store.describe(location, "dt=2026-01-01/missing.parquet") is None
+    assert store.list_attempt(location) == {
+        "dt=2026-01-01/a.parquet": 5,
+        "dt=2026-01-01/_SUCCESS": 0,
+        "dt=2026-01-02/b.parquet": 3,
+    }
+    assert store.list_attempt(location, visible_only=True) == {
+        "dt=2026-01-01/a.parquet": 5,
+        "dt=2026-01-02/b.parquet": 3,
+    }
+    assert store.checksum(location, "dt=2026-01-02/b.parquet", "sha256") == (
+        "sha256:a665a45920422f9d417e4867efdc4fb8a04a1f3fff1fa07e998e86f7f7a27ae3"
+    )
+
+
+@pytest.mark.parametrize(
+    ("relative", "message"),
+    [
+        ("../k2/attempt-1/x.parquet", "contains '..'"),
+        ("dt=1/../../x", "contains '..'"),
+        ("/etc/passwd", "is absolute"),
+        ("a\x00b", "NUL"),
+        ("", "empty"),
+    ],
+)
+def test_paths_that_escape_the_attempt_are_refused(store, relative, message):
+    location = store.attempt("events", "k1", 1, ATTEMPT_ID)
+    with pytest.raises(PathEscapeError, match=message):
+        store.committable(location, relative)
+    with pytest.raises(PathEscapeError):
+        store.describe(location, relative)
+
+
+@pytest.mark.parametrize("relative", ["dt=1//x.parquet", "dt=1/./x.parquet"])
+def test_object_keys_with_empty_or_dot_segments_are_refused(s3_server, relative):  # noqa: F811
+    store = StagingStore.open(f"s3://{s3_server.bucket}/p", s3_options(s3_server))
+    with pytest.raises(PathEscapeError, match="empty or '.' segment"):
+        store.committable(store.attempt("events", "k1", 1, ATTEMPT_ID), relative)
+
+
+def test_local_symlinks_inside_staging_are_refused_not_followed(tmp_path):
+    store = StagingStore.open(f"file://{tmp_path}/staging")
+    location = store.attempt("events", "k1", 1, ATTEMPT_ID)
+    os.makedirs(location.path)
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not staging")
+    os.symlink(outside, f"{location.path}/x.parquet")
+    with pytest.raises(SymlinkRefusedError):
+        store.describe(location, "x.parquet")
+    with pytest.raises(SymlinkRefusedError):
+        store.list_attempt(location)
+    with pytest.raises(SymlinkRefusedError):
+        store.checksum(location, "x.parquet", "crc32")
+
+
+def test_remove_attempt_deletes_that_attempt_only(store):
+    mine = store.attempt("events", "k1", 1, ATTEMPT_ID)
+    plain = store.attempt("events", "k1", 1, "v1-a1")  # attempt-1: a prefix of the one above
+    other = store.attempt("events", "k1", 2, "f" * 32)
+    for location in (mine, plain, other):
+        put(store, f"{location.path}/dt=1/a.parquet", b"x")
+    assert store.remove_attempt(mine) is True
+    assert store.list_attempt(mine) == {}
+    assert store.list_attempt(plain) == {"dt=1/a.parquet": 1}
+    assert store.list_attempt(other) == {"dt=1/a.parquet": 1}
+    assert store.remove_attempt(mine) is False
+    # And the plain attempt-1, whose name prefixes attempt-1-<id>, takes only its own files.
+    put(store, f"{mine.path}/dt=1/a.parquet", b"x")
+    assert store.remove_attempt(plain) is True
+    assert store.list_attempt(plain) == {} and store.list_attempt(mine) == {"dt=1/a.parquet": 1}
+
+
+def test_remove_refuses_a_location_the_store_did_not_build(store):
+    real = store.attempt("events", "k1", 1, ATTEMPT_ID)
+    forged = type(real)(**{**real.__dict__, "path": real.path.rsplit("/", 3)[0]})
+    with pytest.raises(PathEscapeError, match="not an attempt of this staging root"):
+        store.remove_attempt(forged)
+
+
+def test_resolution_errors_name_the_problem(tmp_path):
+    with pytest.raises(StagingStoreError, match="unknown S3 storage options"):
+        StagingStore.open("s3://b/p", {"acess_key": "x"})
+    with pytest.raises(StagingStoreError, match="both access_key and secret_key"):
+        StagingStore.open("s3://b/p", {"access_key": "x"})
+    with pytest.raises(StagingStoreError, match="names no bucket"):
+        StagingStore.open("s3:///p")
+    with pytest.raises(StagingStoreError, match="apply to object stores only"):
+        StagingStore.open(str(tmp_path), {"region": "x"})
+
+
+def test_options_never_show_in_repr():
+    store = StagingStore.open("s3://b/p", {"access_key": "AKIDSECRETID", "secret_key": "SUPERSECRET"})
+    assert "SUPERSECRET" not in repr(store) and "AKIDSECRETID" not in repr(store)
+
+
+def test_a_local_file_checksum_matches_the_protocols(tmp_path):
+    store = StagingStore.open(str(tmp_path / "staging"))
+    location = store.attempt("events", "k1", 1, ATTEMPT_ID)
+    put(store, f"{location.path}/a.parquet", b"some bytes")
+    assert store.checksum(location, "a.parquet", "crc32") == file_checksum(
+        f"{location.path}/a.parquet", "crc32"
+    )
+
+
+def test_durability_on_any_store_detects_missing_resized_and_escaping_files(store):
+    from airflow_provider_walsink.protocol.durability import check_stored_attempt
+
+    location = store.attempt("events", "k1", 1, ATTEMPT_ID)
+    files = {
+        "dt=2026-01-01/a.parquet": b"aaaa",
+        "dt=2026-01-01/b.parquet": b"bb",
+        "dt=2026-01-02/c.parquet": b"c",
+    }
+    for rel, data in files.items():
+        put(store, f"{location.path}/{rel}", data)
+    manifest = manifest_for(files)
+    store.seal(location, manifest)
+    report = check_stored_attempt(store, manifest, location, verify_checksums=True)
+    assert report.durable and report.checked == 3, report.describe()
+
+    put(store, f"{location.path}/dt=2026-01-01/b.parquet", b"bbb")  # resized
+    store.filesystem.delete_file(f"{location.path}/dt=2026-01-02/c.parquet")  # lost
+    put(store, f"{location.path}/dt=2026-01-01/a.parquet", b"AAAA")  # same size, other bytes
+    report = check_stored_attempt(store, manifest, location, verify_checksums=True)
+    assert report.missing == ["dt=2026-01-02/c.parquet"]
+    assert report.wrong_size == ["dt=2026-01-01/b.parquet (3 bytes, manifest says 2)"]
+    assert [w.split(" ")[0] for w in report.wrong_checksum] == ["dt=2026-01-01/a.parquet"]
+    assert not check_stored_attempt(store, manifest, location).wrong_checksum  # sizes only unless asked
+
+    # A manifest naming a path outside the attempt (built past validation, as a hostile file would be).
+    hostile = copy.copy(manifest)
+    object.__setattr__(hostile, "committables", (Committable("../k2/x.parquet", 1, 1),))
+    report = check_stored_attempt(store, hostile, location)
+    assert not report.durable and report.escaping and "contains '..'" in report.escaping[0]
