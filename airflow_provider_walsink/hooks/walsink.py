@@ -289,6 +289,12 @@ class WalsinkHook(BaseHook):
 
         try:
             store = self.get_staging_store(root)
+            bucket = store.base.split("/", 1)[0]
+            if store.filesystem.get_file_info(bucket).type == pafs.FileType.NotFound:
+                return False, (
+                    f"Staging root {root} cannot be listed: bucket {bucket} does not exist "
+                    "(or these credentials cannot see it)"
+                )
             store.filesystem.get_file_info(pafs.FileSelector(store.base, allow_not_found=True))
         except Exception as exc:  # noqa: BLE001 - any failure is the answer
             return False, f"Staging root {root} cannot be listed: {_one_line(exc)}"
