@@ -149,9 +149,16 @@ class WalWriteOperator(BaseOperator):
     A failed job records the error on the checkpoint (FAILED, retryable).
 
     The staging root is a filesystem path that the Spark driver and executors
-    and the Airflow workers all see at the same place: a local disk under the
-    default ``local[*]`` master, a shared mount (NFS, a FUSE-mounted object
-    store) on a cluster.
+    and the Airflow workers all see at the same place (a local disk under the
+    default ``local[*]`` master, a shared mount on a cluster), or an object
+    store, ``s3://bucket/prefix``: then no local directory is made, the
+    executors write to the store and the job seals there, with the credentials
+    of the ``aws`` connection the walsink connection names
+    (:meth:`WalsinkHook.get_staging_credentials`). They reach the job in the
+    environment of spark-submit, never on its command line or in the log;
+    masters that would put them on a command line (YARN, Kubernetes) or whose
+    driver does not inherit that environment (cluster deploy mode) are refused
+    (docs/production.md, "Staging on S3").
 
     **Re-runs of a committed interval** (``reprocess``, docs/backfill.md):
     under ``skip`` (the default) the Spark job is not submitted; the task
@@ -269,6 +276,8 @@ class WalWriteOperator(BaseOperator):
         self.spark_binary = spark_binary
         self.spark_submit_kwargs = dict(spark_submit_kwargs or {})
         self._spark_hook: SparkSubmitHook | None = None
+        #: The staging root's credentials as spark-submit's environment (set by ``execute``).
+        self._staging_env: dict[str, str] = {}
 
     # ------------------------------------------------------------------ Spark
 
@@ -287,7 +296,7 @@ class WalWriteOperator(BaseOperator):
             spark_binary=self.spark_binary,
             **self.spark_submit_kwargs,
         )
-        staging_env = dict(getattr(self, "_staging_env", None) or {})
+        staging_env = dict(self._staging_env)
         if self.spark_conn_id is None:
             self.log.info(
                 "No spark_conn_id: submitting to master %s (walsink's explicit default)", self.master
