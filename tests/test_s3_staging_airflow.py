@@ -363,3 +363,53 @@ def test_a_write_task_stages_on_s3_through_spark_submit_and_the_sensor_and_trigg
     event = first_event(CheckpointDurableTrigger(**kwargs))
     assert event["status"] == "durable", event
     assert not secrets_in(logged(caplog, capfd))
+
+
+@pytest.mark.spark
+@pytest.mark.airflow
+@pytest.mark.slow
+def test_a_dag_run_stages_on_s3_and_its_sensor_finds_the_root_the_write_task_pushed(
+    airflow_db,
+    monkeypatch,
+    capfd,
+    sqlite_store,
+    database_urls,
+    s3_server,  # noqa: F811
+    tmp_path,
+):
+    """dag.test(): the write task (a real task run, connections from the environment) stages on
+    S3 through spark-submit; the sensor renders the root the write task pushed (as
+    ``walsink_pipeline`` wires it) and marks the checkpoint DURABLE reading the store."""
+    from airflow.sdk import DAG
+
+    root = f"s3://walsink/{uuid.uuid4().hex[:8]}/staging"
+    aws_conn(monkeypatch, "s3_stage", region_name=REGION, endpoint_url=s3_server.endpoint)
+    walsink_conn(monkeypatch, database_urls("sqlite"), root, staging_conn_id="s3_stage")
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    with DAG("walsink_s3_staging_test", schedule="@daily", start_date=INTERVAL_START, catchup=False) as dag:
+        write = WalWriteOperator(
+            task_id="write",
+            application=str(job),
+            application_args=[hashlib.sha256(SECRET_KEY.encode()).hexdigest()],
+            pipeline="s3events",
+            partition_by=["dt"],
+            master="local[2]",
+        )
+        durable = CheckpointDurableSensor(
+            task_id="durable",
+            pipeline="s3events",
+            staging_root="{{ ti.xcom_pull(task_ids='write', key='staging_root') or '' }}",
+            poke_interval=1,
+            timeout=120,
+        )
+        write >> durable
+    dr = dag.test(logical_date=INTERVAL_START)
+    states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
+    assert states == {"write": "success", "durable": "success"}, states
+    record = sqlite_store.require("s3events", KEY)
+    assert (record.state, record.rows, record.staging_root) == (S.DURABLE, 42, root)
+    assert record.manifest_uri.startswith(f"{root}/s3events/{KEY}/attempt-1-")
+    out, err = capfd.readouterr()
+    assert "none holds the secret" in out + err
+    assert not secrets_in(out + err)
