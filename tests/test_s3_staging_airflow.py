@@ -21,6 +21,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import pickle
 import subprocess
 import textwrap
 import uuid
@@ -96,8 +97,10 @@ def test_an_aws_connection_with_an_endpoint_becomes_the_stores_options(
     }
     store = hook.get_staging_store()
     assert (store.kind, store.base) == ("s3", "bucket/staging")
-    # The pyarrow file system got the endpoint (the executors receive it pickled).
-    assert "127.0.0.1:9000" in repr(store.filesystem.__reduce__())
+    # The pyarrow file system holds the endpoint and the keys, and keeps them when pickled: that
+    # is how executors on other hosts (which do not inherit spark-submit's environment) get them.
+    shipped = repr(pickle.loads(pickle.dumps(store.filesystem)).__reduce__())
+    assert "127.0.0.1:9000" in shipped and SECRET_KEY in shipped and TOKEN in shipped
     # Secrets are in no log record and no repr; the log names the source once.
     said = logged(caplog, capfd)
     shown = repr(credentials) + repr(store) + credentials.describe() + said

@@ -263,7 +263,9 @@ class WalsinkHook(BaseHook):
         Checks, changing nothing: the committer database answers and its schema
         is at the head revision of this walsink (the first task would migrate an
         empty one, so an empty database is reported as such), and the staging
-        root exists or could be created, and is writable. Returns ``(ok,
+        root exists or could be created, and is writable (an object-store root:
+        its bucket exists and its prefix can be listed with the staging
+        connection's credentials). Returns ``(ok,
         message)``; the message names the first problem found, or both checked
         places on success.
         """
