@@ -416,3 +416,16 @@ def test_a_dag_run_stages_on_s3_and_its_sensor_finds_the_root_the_write_task_pus
     out, err = capfd.readouterr()
     assert "none holds the secret" in out + err
     assert not secrets_in(out + err)
+
+
+def test_a_local_root_is_still_recorded_as_an_absolute_path(
+    monkeypatch, sqlite_store, database_urls, tmp_path
+):
+    """A ``file://`` root (as table libraries write locations) is recorded as the path it names."""
+    from tests.test_staging_root import context as write_context
+    from tests.test_staging_root import write_task
+
+    walsink_conn(monkeypatch, database_urls("sqlite"), f"file://{tmp_path}/root")
+    write_task().execute(write_context("write"))
+    record = sqlite_store.require("events", KEY)
+    assert (record.state, record.staging_root) == (S.SEALED, str(tmp_path / "root"))

@@ -379,6 +379,8 @@ class WalWriteOperator(BaseOperator):
             if own and not self.staging_root:
                 # A table target stages inside its own location (never visible until committed).
                 root = own
+        if not is_object_store_root(root):
+            root = str(StagingLayout(root).root)  # recorded as an absolute path, as every reader expects
         store = hook.get_store()
         # A checkpoint staged before keeps its recorded root (docs/protocol.md, "Staging root").
         root = self._recorded_root(store.get(self.pipeline, key), root)
