@@ -40,7 +40,7 @@ def test_the_form_shows_every_field_the_hook_reads_with_a_placeholder():
     assert set(placeholders) >= FIELDS_THE_HOOK_READS
     assert all(placeholders[f].strip() for f in FIELDS_THE_HOOK_READS)
     assert "extra" in UI_FIELD_BEHAVIOUR["hidden_fields"]  # every extra has its own field instead
-    assert set(CONN_FIELDS) == {"backend", "url", "staging_root"}
+    assert set(CONN_FIELDS) == {"backend", "url", "staging_root", "staging_conn_id"}
     assert CONN_FIELDS["url"]["schema"]["format"] == "password"  # a URL may carry a password
 
 
@@ -65,7 +65,7 @@ def test_airflow_builds_the_form_from_provider_info():
     behaviour = pm.field_behaviours["walsink"]
     for name in ("host", "port", "login", "password", "schema"):
         assert behaviour["placeholders"][name]
-    for name in ("backend", "url", "staging_root"):
+    for name in ("backend", "url", "staging_root", "staging_conn_id"):
         assert behaviour["placeholders"][f"extra__walsink__{name}"]
         assert f"extra__walsink__{name}" in pm.connection_form_widgets
     assert pm.connection_form_widgets["extra__walsink__url"].is_sensitive

@@ -35,7 +35,15 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
     },
     "staging_root": {
         "label": "Staging root",
-        "description": "Directory where write phases stage checkpoints (default $AIRFLOW_HOME/walsink/staging)",
+        "description": "Where write phases stage checkpoints: a directory every node sees, or "
+        "s3://bucket/prefix (default $AIRFLOW_HOME/walsink/staging)",
+        "schema": {"type": ["string", "null"]},
+    },
+    "staging_conn_id": {
+        "label": "Staging connection",
+        "description": "An 'aws' connection whose credentials (and endpoint_url, for MinIO and other "
+        "S3-compatible stores) reach an s3:// staging root; default aws_default if it exists, else "
+        "the default credential chain",
         "schema": {"type": ["string", "null"]},
     },
 }
@@ -52,6 +60,7 @@ UI_FIELD_BEHAVIOUR: dict[str, Any] = {
         "schema": "walsink, or /var/lib/airflow/walsink/committer.db for SQLite",
         "backend": "sqlite",
         "url": "postgresql+psycopg2://walsink:secret@db.example.com:5432/walsink",
-        "staging_root": "/shared/walsink/staging",
+        "staging_root": "/shared/walsink/staging or s3://bucket/walsink/staging",
+        "staging_conn_id": "aws_default",
     },
 }

@@ -13,7 +13,16 @@ from airflow_provider_walsink.committer.engine import missing_database_hint
 from airflow_provider_walsink.committer.errors import CommitterDatabaseError
 from airflow_provider_walsink.committer.store import CommitterStore
 from airflow_provider_walsink.hooks.form import CONN_TYPE, HOOK_NAME, UI_FIELD_BEHAVIOUR
+from airflow_provider_walsink.hooks.staging import (
+    DEFAULT_AWS_CONN_ID,
+    StagingConnectionError,
+    StagingCredentials,
+    is_object_store_root,
+    is_s3_root,
+    s3_options_from_connection,
+)
 from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.staging_store import StagingStore
 
 try:
     from airflow.sdk import BaseHook
@@ -54,8 +63,13 @@ class WalsinkHook(BaseHook):
     host, port, login, password and *Database* (for SQLite, the database
     file's path), or a whole *Database URL* that wins over them. The extra
     ``staging_root`` names where write phases stage their output (default:
-    ``$AIRFLOW_HOME/walsink/staging``). Every field the hook reads is on the
-    connection form (:data:`CONN_FIELDS`, :data:`UI_FIELD_BEHAVIOUR`).
+    ``$AIRFLOW_HOME/walsink/staging``): a local or mounted path, or an object
+    store (``s3://bucket/prefix``). The extra ``staging_conn_id`` names the
+    connection whose credentials reach an ``s3://`` root (an ``aws``
+    connection; default ``aws_default`` when it exists, else the default
+    credential chain; ``""``: the default credential chain, explicitly). Every
+    field the hook reads is on the connection form (:data:`CONN_FIELDS`,
+    :data:`UI_FIELD_BEHAVIOUR`).
 
     If ``walsink_default`` does not exist, the embedded default is used: an
     SQLite file at ``$AIRFLOW_HOME/walsink/committer.db``.
@@ -74,6 +88,7 @@ class WalsinkHook(BaseHook):
         self._url: str | None = None
         self._extra: dict[str, Any] = {}
         self._said_default_staging = False
+        self._said_credentials: set[str | None] = set()
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
@@ -168,7 +183,79 @@ class WalsinkHook(BaseHook):
             raise CommitterDatabaseError(f"connection {self.walsink_conn_id!r}: {hint}") from None
 
     def get_layout(self, staging_root: str | None = None) -> StagingLayout:
+        """The local layout of ``staging_root`` (default: the connection's); ``ValueError`` for an
+        object-store URI, which :meth:`get_staging_store` opens instead."""
         return StagingLayout(staging_root or self.staging_root)
+
+    def staging_conn_id(self, staging_root: str) -> str | None:
+        """The connection whose credentials open ``staging_root``, or ``None`` (default chain).
+
+        The walsink connection's extra ``staging_conn_id`` when it has the key (``""``
+        or ``null``: the default credential chain); else, for an ``s3://`` root,
+        ``aws_default`` if that connection exists. Local roots need none.
+        """
+        self._load()
+        if not is_object_store_root(staging_root):
+            return None
+        for key in ("staging_conn_id", f"extra__{self.conn_type}__staging_conn_id"):
+            if key in self._extra:
+                return self._extra[key] or None
+        if not is_s3_root(staging_root):
+            return None
+        from airflow.exceptions import AirflowNotFoundException
+
+        try:
+            self.get_connection(DEFAULT_AWS_CONN_ID)
+        except AirflowNotFoundException:
+            return None
+        return DEFAULT_AWS_CONN_ID
+
+    def get_staging_credentials(self, staging_root: str | None = None) -> StagingCredentials:
+        """The storage options that open ``staging_root`` (default: the connection's), and their source.
+
+        For an ``s3://`` root: the options of the ``aws`` connection named by
+        :meth:`staging_conn_id` (:func:`~airflow_provider_walsink.hooks.staging.s3_options_from_connection`),
+        or none (the default credential chain). Other object stores (``gs://``,
+        ``abfs://``) take the hosts' default credentials. Logged once per source,
+        never with a secret.
+
+        Raises:
+            StagingConnectionError: the named connection does not exist, is not an ``aws``
+                connection, or cannot give a key pair (the message says how to fix it).
+        """
+        root = staging_root or self.staging_root
+        conn_id = self.staging_conn_id(root)
+        if conn_id is None:
+            credentials = StagingCredentials(None)
+        else:
+            if not is_s3_root(root):
+                raise StagingConnectionError(
+                    f"walsink connection {self.walsink_conn_id!r} names staging_conn_id {conn_id!r}, but "
+                    f"staging root {root!r} is not on s3://: only s3:// roots take a connection; other object "
+                    'stores use the default credential chain (set "staging_conn_id": "" or remove it)'
+                )
+            from airflow.exceptions import AirflowNotFoundException
+
+            try:
+                conn = self.get_connection(conn_id)
+            except AirflowNotFoundException:
+                raise StagingConnectionError(
+                    f"connection {conn_id!r} (staging_conn_id of walsink connection {self.walsink_conn_id!r}) "
+                    f"does not exist: create it as an 'aws' connection for staging root {root!r}"
+                ) from None
+            credentials = StagingCredentials(conn_id, s3_options_from_connection(conn))
+        if is_object_store_root(root) and conn_id not in self._said_credentials:
+            self._said_credentials.add(conn_id)
+            self.log.info("Staging root %s: credentials from %s", root, credentials.describe())
+        return credentials
+
+    def get_staging_store(self, staging_root: str | None = None) -> StagingStore:
+        """The :class:`StagingStore` of ``staging_root`` (default: the connection's), with the
+        credentials of :meth:`get_staging_credentials` for an object store."""
+        root = staging_root or self.staging_root
+        if not is_object_store_root(root):
+            return StagingStore.open(root)
+        return StagingStore.open(root, self.get_staging_credentials(root).options)
 
     def test_connection(self) -> tuple[bool, str]:
         """The connection form's "Test" button: is the committer usable from here?
@@ -176,7 +263,9 @@ class WalsinkHook(BaseHook):
         Checks, changing nothing: the committer database answers and its schema
         is at the head revision of this walsink (the first task would migrate an
         empty one, so an empty database is reported as such), and the staging
-        root exists or could be created, and is writable. Returns ``(ok,
+        root exists or could be created, and is writable (an object-store root:
+        its bucket exists and its prefix can be listed with the staging
+        connection's credentials). Returns ``(ok,
         message)``; the message names the first problem found, or both checked
         places on success.
         """
@@ -187,10 +276,31 @@ class WalsinkHook(BaseHook):
         ok, db_message = _check_database(url)
         if not ok:
             return False, db_message
-        ok, staging_message = _check_staging_root(self.staging_root)
+        root = self.staging_root
+        if is_object_store_root(root):
+            ok, staging_message = self._check_object_store_root(root)
+        else:
+            ok, staging_message = _check_staging_root(root)
         if not ok:
             return False, staging_message
         return True, f"{db_message}; {staging_message}"
+
+    def _check_object_store_root(self, root: str) -> tuple[bool, str]:
+        """List the root's prefix with its credentials (reads nothing, writes nothing)."""
+        import pyarrow.fs as pafs
+
+        try:
+            store = self.get_staging_store(root)
+            bucket = store.base.split("/", 1)[0]
+            if store.filesystem.get_file_info(bucket).type == pafs.FileType.NotFound:
+                return False, (
+                    f"Staging root {root} cannot be listed: bucket {bucket} does not exist "
+                    "(or these credentials cannot see it)"
+                )
+            store.filesystem.get_file_info(pafs.FileSelector(store.base, allow_not_found=True))
+        except Exception as exc:  # noqa: BLE001 - any failure is the answer
+            return False, f"Staging root {root} cannot be listed: {_one_line(exc)}"
+        return True, f"Staging root {root} can be listed with {self.get_staging_credentials(root).describe()}"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -7,6 +7,7 @@ import re
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import DEFAULT_SPARK_BINARY, SparkSubmitHook
@@ -20,14 +21,22 @@ from airflow_provider_walsink.context import (
     run_interval,
     version_token,
 )
+from airflow_provider_walsink.hooks.staging import is_object_store_root
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.lineage import operator_lineage, target_uri
 from airflow_provider_walsink.links import WalsinkCheckpointLink
 from airflow_provider_walsink.operators.commit import target_staging_root, validate_static_identifier
 from airflow_provider_walsink.protocol.errors import ManifestError
-from airflow_provider_walsink.protocol.manifest import digest_of, parse_manifest
+from airflow_provider_walsink.protocol.manifest import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    digest_of,
+    parse_manifest,
+)
 from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.spark.args import ProtocolArgs
+from airflow_provider_walsink.protocol.staging_store import StagingStore
+from airflow_provider_walsink.publishers.registry import target_scheme
+from airflow_provider_walsink.spark.args import S3_OPTION_ENV, SECRET_OPTIONS, ProtocolArgs, storage_env
 from airflow_provider_walsink.spark.placement import check_operator_placement
 
 try:
@@ -56,6 +65,17 @@ def default_spark_binary() -> str:
     if os.access(candidate, os.X_OK):
         return candidate
     return shutil.which(DEFAULT_SPARK_BINARY) or DEFAULT_SPARK_BINARY
+
+
+def same_root(a: str, b: str) -> bool:
+    """Whether two staging roots name the same place (local paths resolved, URIs as written)."""
+    if is_object_store_root(a) or is_object_store_root(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return StagingLayout(a).root == StagingLayout(b).root
+
+
+#: The environment variables that carry secrets to the job (:data:`S3_OPTION_ENV`).
+SECRET_ENV = frozenset(name for option in SECRET_OPTIONS for name in S3_OPTION_ENV[option])
 
 
 _EXIT_CODE = re.compile(r"Error code is: (-?\d+)")
@@ -129,9 +149,16 @@ class WalWriteOperator(BaseOperator):
     A failed job records the error on the checkpoint (FAILED, retryable).
 
     The staging root is a filesystem path that the Spark driver and executors
-    and the Airflow workers all see at the same place: a local disk under the
-    default ``local[*]`` master, a shared mount (NFS, a FUSE-mounted object
-    store) on a cluster.
+    and the Airflow workers all see at the same place (a local disk under the
+    default ``local[*]`` master, a shared mount on a cluster), or an object
+    store, ``s3://bucket/prefix``: then no local directory is made, the
+    executors write to the store and the job seals there, with the credentials
+    of the ``aws`` connection the walsink connection names
+    (:meth:`WalsinkHook.get_staging_credentials`). They reach the job in the
+    environment of spark-submit, never on its command line or in the log;
+    masters that would put them on a command line (YARN, Kubernetes) or whose
+    driver does not inherit that environment (cluster deploy mode) are refused
+    (docs/production.md, "Staging on S3").
 
     **Re-runs of a committed interval** (``reprocess``, docs/backfill.md):
     under ``skip`` (the default) the Spark job is not submitted; the task
@@ -249,31 +276,85 @@ class WalWriteOperator(BaseOperator):
         self.spark_binary = spark_binary
         self.spark_submit_kwargs = dict(spark_submit_kwargs or {})
         self._spark_hook: SparkSubmitHook | None = None
+        #: The staging root's credentials as spark-submit's environment (set by ``execute``).
+        self._staging_env: dict[str, str] = {}
 
     # ------------------------------------------------------------------ Spark
 
     def build_spark_hook(self, application_args: list[str]) -> SparkSubmitHook:
-        """The provider's hook, with the master chosen explicitly when no connection is named."""
+        """The provider's hook, with the master chosen explicitly when no connection is named.
+
+        The staging root's credentials (set by :meth:`execute`) join ``env_vars``: the
+        environment of the spark-submit process, which a local or client-mode driver
+        inherits. They are never on the command line; a master that would put them there
+        (YARN and Kubernetes turn ``env_vars`` into ``--conf`` arguments) or cannot take
+        them (standalone cluster mode) is refused.
+        """
         kwargs: dict[str, Any] = dict(
             name=f"walsink-{self.pipeline}",
             application_args=application_args,
             spark_binary=self.spark_binary,
             **self.spark_submit_kwargs,
         )
+        staging_env = dict(self._staging_env)
         if self.spark_conn_id is None:
             self.log.info(
                 "No spark_conn_id: submitting to master %s (walsink's explicit default)", self.master
             )
             conf = {**LOCAL_DEFAULT_CONF, **self.conf} if self.master.startswith("local") else self.conf
-            env = dict(self.env_vars)
+            env = self._spark_env(staging_env)
             if self.master.startswith("local"):
                 env.setdefault("PYSPARK_PYTHON", sys.executable)
                 env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
             kwargs["spark_binary"] = self.spark_binary or default_spark_binary()
-            return ExplicitMasterSparkSubmitHook(master=self.master, conf=conf, env_vars=env, **kwargs)
-        # Fail on a missing connection here: the provider would fall back to yarn.
-        BaseHook.get_connection(self.spark_conn_id)
-        return SparkSubmitHook(conn_id=self.spark_conn_id, conf=self.conf, env_vars=self.env_vars, **kwargs)
+            hook: SparkSubmitHook = ExplicitMasterSparkSubmitHook(
+                master=self.master, conf=conf, env_vars=env, **kwargs
+            )
+        else:
+            # Fail on a missing connection here: the provider would fall back to yarn.
+            BaseHook.get_connection(self.spark_conn_id)
+            hook = SparkSubmitHook(
+                conn_id=self.spark_conn_id,
+                conf=self.conf,
+                env_vars=self._spark_env(staging_env) or None,
+                **kwargs,
+            )
+        self._check_credentials_stay_off_the_command_line(hook, staging_env)
+        return hook
+
+    def _spark_env(self, staging_env: Mapping[str, str]) -> dict[str, str]:
+        """``env_vars`` plus the staging credentials; the same variable set twice differently is an error."""
+        env = dict(self.env_vars)
+        clash = sorted(k for k, v in staging_env.items() if k in env and str(env[k]) != v)
+        if clash:
+            raise ValueError(
+                f"env_vars sets {clash}, which the staging root's connection sets too: give the staging "
+                "credentials in one place (the walsink connection's staging_conn_id)"
+            )
+        env.update(staging_env)
+        return env
+
+    def _check_credentials_stay_off_the_command_line(
+        self, hook: SparkSubmitHook, staging_env: Mapping[str, str]
+    ) -> None:
+        secrets = sorted(k for k in SECRET_ENV if staging_env.get(k))
+        if not secrets:
+            return
+        master = hook._connection["master"]
+        if hook._is_yarn or hook._is_kubernetes:
+            raise ValueError(
+                f"staging credentials cannot reach a job on master {master}: the Spark provider passes "
+                f"env_vars to YARN and Kubernetes as --conf arguments, which would put {', '.join(secrets)} "
+                "on the spark-submit command line. Let the cluster's own identity reach the bucket (instance "
+                'profile, IRSA) and set the walsink connection extra "staging_conn_id": "" (the default '
+                "credential chain)"
+            )
+        if hook._connection["deploy_mode"] == "cluster":
+            raise ValueError(
+                f"staging credentials cannot reach a job in cluster deploy mode on {master}: its driver does "
+                "not inherit spark-submit's environment. Use client deploy mode, or the hosts' default "
+                'credential chain (walsink connection extra "staging_conn_id": "")'
+            )
 
     # ------------------------------------------------------------------ execute
 
@@ -282,26 +363,30 @@ class WalWriteOperator(BaseOperator):
         interval = run_interval(context, self.checkpoint_key)
         key = interval.key
         hook = WalsinkHook(self.walsink_conn_id)
-        layout = hook.get_layout(self.staging_root)
+        root = self.staging_root or hook.staging_root
         if self.target is not None:
+            self._refuse_unpublishable_staging(root)
             # Before anything is recorded or submitted: a target naming something that is not
             # configured (a catalog, a connection) is refused here, not after the job has run.
             own = target_staging_root(
                 self.target,
                 mode=self.mode,
-                layout=layout,
+                # Object-store roots have no local layout; only the file and SQL targets read one.
+                layout=None if is_object_store_root(root) else hook.get_layout(root),  # type: ignore[arg-type]
                 partition_by=self.partition_by,
                 extra=self.target_options,
             )
             if own and not self.staging_root:
                 # A table target stages inside its own location (never visible until committed).
-                layout = hook.get_layout(own)
+                root = own
+        if not is_object_store_root(root):
+            root = str(StagingLayout(root).root)  # recorded as an absolute path, as every reader expects
         store = hook.get_store()
         # A checkpoint staged before keeps its recorded root (docs/protocol.md, "Staging root").
-        layout = self._recorded_layout(store.get(self.pipeline, key), layout)
-        self._staging_root = str(layout.root)
+        root = self._recorded_root(store.get(self.pipeline, key), root)
+        self._staging_root = root
         # Before anything is recorded: a cluster master needs a staging root every node sees.
-        self.log.info("Staging placement: %s", check_operator_placement(self, hook, layout.root))
+        self.log.info("Staging placement: %s", check_operator_placement(self, hook, root))
         actor = actor_from_context(context)
 
         record = store.register(
@@ -339,23 +424,32 @@ class WalWriteOperator(BaseOperator):
             )
         except TransitionError as e:
             raise TransitionError(f"{e}; the write task cannot start a new attempt now") from None
-        if record.layout(layout).root != layout.root:
+        if record.staging_root and not same_root(record.staging_root, root):
             # Another writer recorded a root between our read and this attempt: it wins.
-            layout = self._recorded_layout(record, layout)
-            self._staging_root = str(layout.root)
-            self.log.info("Staging placement: %s", check_operator_placement(self, hook, layout.root))
+            root = self._recorded_root(record, root)
+            self._staging_root = root
+            self.log.info("Staging placement: %s", check_operator_placement(self, hook, root))
         attempt = record.attempt
-        attempt_dir = layout.attempt_dir(self.pipeline, key, attempt, record.attempt_id)
-        if attempt_dir.exists():  # left by a crash with the same attempt number: never reuse its files
-            layout.remove_attempt(self.pipeline, key, attempt, record.attempt_id)
-        attempt_dir.mkdir(parents=True)
+        staging = hook.get_staging_store(root)
+        location = staging.attempt(self.pipeline, key, attempt, record.attempt_id)
+        if staging.is_local:
+            attempt_dir = Path(location.path)
+            if attempt_dir.exists():  # left by a crash with the same attempt number: never reuse its files
+                staging.remove_attempt(location)
+            attempt_dir.mkdir(parents=True)
+        elif staging.list_attempt(location):
+            # An object store has no directories to create; objects left under this attempt's
+            # prefix (a crash with the same attempt id) would mix with the job's.
+            staging.remove_attempt(location)
+        # Credentials reach the job in spark-submit's environment, never on its command line.
+        self._staging_env = storage_env(root, hook.get_staging_credentials(root).options)
 
         protocol = ProtocolArgs(
             pipeline=self.pipeline,
             checkpoint_key=key,
             sequence=record.sequence,
             attempt=attempt,
-            staging_root=str(layout.root),
+            staging_root=root,
             mode=self.mode,
             file_format=self.file_format,
             partition_by=tuple(self.partition_by),
@@ -372,13 +466,13 @@ class WalWriteOperator(BaseOperator):
             key,
             record.sequence,
             attempt,
-            attempt_dir,
+            location.uri,
             start_offsets,
         )
         try:
             self._spark_hook = self.build_spark_hook([*protocol.to_argv(), *map(str, self.application_args)])
             self._spark_hook.submit(self.application)
-            record = self._record_seal(store, layout, protocol, actor)
+            record = self._record_seal(store, staging, protocol, actor)
         except BaseException as exc:
             detail = describe_failure(exc)
             try:
@@ -395,8 +489,8 @@ class WalWriteOperator(BaseOperator):
             raise
         return self._result(context, record, skipped=False)
 
-    def _recorded_layout(self, record: CheckpointRecord | None, configured: StagingLayout) -> StagingLayout:
-        """The layout this attempt stages under: the checkpoint's recorded root, if it has one.
+    def _recorded_root(self, record: CheckpointRecord | None, configured: str) -> str:
+        """The staging root this attempt stages under: the checkpoint's recorded root, if it has one.
 
         A checkpoint's attempts (and its later versions) never split across
         staging roots: the sensor, the commit, the UI, GC and abort all read
@@ -404,34 +498,67 @@ class WalWriteOperator(BaseOperator):
         ``staging_root`` now name another place, the recorded root wins, and
         the task log says so.
         """
-        if record is None:
+        if record is None or not record.staging_root:
             return configured
-        layout = record.layout(configured)
-        if layout.root != configured.root:
+        recorded = record.staging_root
+        if not same_root(recorded, configured):
             self.log.warning(
                 "Checkpoint %s/%s is staged under %s (recorded when it was first written); this attempt "
                 "stages there too, not under the configured %s: a checkpoint's attempts never split "
                 'across staging roots (docs/protocol.md, "Staging root")',
                 record.pipeline,
                 record.checkpoint_key,
-                layout.root,
-                configured.root,
+                recorded,
+                configured,
             )
-        return layout
+        return recorded
 
-    def _record_seal(self, store: Any, layout: Any, protocol: ProtocolArgs, actor: Any) -> CheckpointRecord:
-        path = layout.manifest_path(
-            protocol.pipeline, protocol.checkpoint_key, protocol.attempt, protocol.attempt_id or None
-        )
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            raise ManifestError(
-                f"the Spark job finished but sealed no manifest at {path}: does it stage through "
-                "CheckpointJob and leave its `with` block (or call job.seal())?"
-            ) from None
-        with os.fdopen(fd, "rb") as f:
-            data = f.read()
+    def _refuse_unpublishable_staging(self, root: str) -> None:
+        """A file target publishes from a local or mounted staging root only: refuse an object-store
+        root before the job runs, not at the commit (docs/production.md, "Staging on S3")."""
+        if self.target is None or not is_object_store_root(root):
+            return
+        if isinstance(self.target, str) and target_scheme(self.target) == "file":
+            raise ValueError(
+                f"staging root {root!r} is on an object store, but target {self.target!r} is a directory of "
+                "files, which publishes from a local or mounted staging root only: give the write and commit "
+                "tasks a staging_root on a path every node mounts, or publish into a table target"
+            )
+
+    def _record_seal(
+        self, store: Any, layout: StagingLayout | StagingStore, protocol: ProtocolArgs, actor: Any
+    ) -> CheckpointRecord:
+        if isinstance(layout, StagingStore) and not layout.is_local:
+            location = layout.attempt(
+                protocol.pipeline, protocol.checkpoint_key, protocol.attempt, protocol.attempt_id or None
+            )
+            path: Any = f"{location.uri}/{MANIFEST_NAME}"
+            manifest_uri = path
+            try:
+                with layout.filesystem.open_input_stream(location.manifest_path) as stream:
+                    data = stream.read(MAX_MANIFEST_BYTES + 1)
+            except FileNotFoundError:
+                raise ManifestError(
+                    f"the Spark job finished but sealed no manifest at {path}: does it stage through "
+                    "CheckpointJob and leave its `with` block (or call job.seal())?"
+                ) from None
+        else:
+            if isinstance(layout, StagingStore):
+                assert layout.layout is not None
+                layout = layout.layout
+            path = layout.manifest_path(
+                protocol.pipeline, protocol.checkpoint_key, protocol.attempt, protocol.attempt_id or None
+            )
+            manifest_uri = path.as_uri()
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                raise ManifestError(
+                    f"the Spark job finished but sealed no manifest at {path}: does it stage through "
+                    "CheckpointJob and leave its `with` block (or call job.seal())?"
+                ) from None
+            with os.fdopen(fd, "rb") as f:
+                data = f.read()
         manifest = parse_manifest(data, source=f"manifest {path}")
         expected = (
             protocol.pipeline,
@@ -461,9 +588,7 @@ class WalWriteOperator(BaseOperator):
                 "otherwise later checkpoints would be read twice or skipped"
             )
         digest = digest_of(data)
-        record = store.seal_manifest(
-            manifest, manifest_uri=path.as_uri(), manifest_digest=digest, actor=actor
-        )
+        record = store.seal_manifest(manifest, manifest_uri=manifest_uri, manifest_digest=digest, actor=actor)
         self.log.info(
             "Sealed %s/%s attempt %d: %d committables, %d rows, %d bytes, end offsets %s, digest %s",
             protocol.pipeline,

@@ -13,7 +13,7 @@ from airflow_provider_walsink.links import WalsinkCheckpointLink
 from airflow_provider_walsink.triggers.durable import (
     CheckpointDurableTrigger,
     DurabilityStatus,
-    evaluate_durability,
+    evaluate_with_hook,
 )
 
 try:
@@ -45,7 +45,9 @@ class CheckpointDurableSensor(BaseSensorOperator):
     :param walsink_conn_id: connection to the committer database.
     :param staging_root: templated; where to look for a checkpoint whose row records no
         staging root (written before walsink recorded it); defaults to the connection's
-        ``staging_root``. A root recorded by the write task always wins.
+        ``staging_root``. A root recorded by the write task always wins. An object-store root
+        (``s3://``) is read with the credentials of the connection the walsink connection
+        names (its extra ``staging_conn_id``), here or, deferred, in the triggerer.
     :param verify_checksums: recompute each committable's checksum too.
     :param deferrable: wait in the triggerer instead of a worker.
     :param check_before_defer: with ``deferrable``, check once in the worker first and
@@ -87,10 +89,9 @@ class CheckpointDurableSensor(BaseSensorOperator):
         return checkpoint_key_from_context(context, self.checkpoint_key)
 
     def poke(self, context: Any) -> bool:
-        hook = WalsinkHook(self.walsink_conn_id)
-        self._last = evaluate_durability(
-            hook.get_store(),
-            lambda: hook.get_layout(self.staging_root),  # only for a row that records no root
+        self._last = evaluate_with_hook(
+            WalsinkHook(self.walsink_conn_id),
+            self.staging_root or None,  # "" when rendered from a write task that pushed no root
             self.pipeline,
             self._key(context),
             actor=actor_from_context(context),

@@ -11,7 +11,7 @@ manifest.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -133,3 +133,75 @@ class ProtocolArgs:
             f"no {FLAG} argument: this job must be started by WalWriteOperator (or given the "
             "protocol arguments by hand)"
         )
+
+
+# ---------------------------------------------------------------------- object-store credentials
+
+#: How an ``s3://`` staging root's storage options travel from the write task to the job: in
+#: the environment of spark-submit (inherited by a local or client-mode driver), never on the
+#: command line, where ``ps`` and the task log would show them. The names are the AWS SDKs'
+#: own, so boto3 and pyarrow in the job agree with what walsink reads.
+S3_OPTION_ENV: dict[str, tuple[str, ...]] = {
+    "access_key": ("AWS_ACCESS_KEY_ID",),
+    "secret_key": ("AWS_SECRET_ACCESS_KEY",),
+    "session_token": ("AWS_SESSION_TOKEN",),
+    "region": ("AWS_REGION", "AWS_DEFAULT_REGION"),
+    "endpoint_url": ("AWS_ENDPOINT_URL",),
+}
+#: The options that are secrets (never logged, never on a command line).
+SECRET_OPTIONS = frozenset({"access_key", "secret_key", "session_token"})
+
+
+def _is_s3(root: str) -> bool:
+    return root.split("://", 1)[0].lower() in ("s3", "s3a") if "://" in root else False
+
+
+def storage_env(staging_root: str, options: Mapping[str, Any]) -> dict[str, str]:
+    """The environment variables that carry ``options`` of an ``s3://`` root to the job.
+
+    ``{}`` for any other root (local roots take no options; ``gs://`` and
+    ``abfs://`` use the default credential chain of the hosts). Raises
+    :class:`ProtocolArgumentError` for an option that cannot travel this way.
+    """
+    if not options:
+        return {}
+    if not _is_s3(staging_root):
+        raise ProtocolArgumentError(
+            f"storage options ({', '.join(sorted(options))}) can reach the job only for an s3:// staging "
+            f"root, not {staging_root!r}"
+        )
+    unknown = sorted(set(options) - set(S3_OPTION_ENV))
+    if unknown:
+        raise ProtocolArgumentError(
+            f"storage options {unknown} cannot be passed to the job (it reads {sorted(S3_OPTION_ENV)})"
+        )
+    env: dict[str, str] = {}
+    if options.get("access_key") and not options.get("session_token"):
+        # Keys without a token: a token the worker's own environment holds belongs to other keys.
+        env["AWS_SESSION_TOKEN"] = ""
+    for option, value in options.items():
+        if value:
+            for name in S3_OPTION_ENV[option]:
+                env[name] = str(value)
+    return env
+
+
+def storage_options_from_env(staging_root: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The job's side of :func:`storage_env`: the ``s3://`` root's options from the environment.
+
+    ``{}`` for a root that is not on S3, and when none of the variables is set (then
+    :class:`~airflow_provider_walsink.protocol.staging_store.StagingStore` uses the
+    default credential chain). The values go into the job's ``pyarrow`` file system,
+    which Spark ships to the executors inside their tasks.
+    """
+    if not _is_s3(staging_root):
+        return {}
+    import os
+
+    environ = os.environ if environ is None else environ
+    options: dict[str, str] = {}
+    for option, names in S3_OPTION_ENV.items():
+        value = next((environ[n] for n in names if environ.get(n)), None)
+        if value:
+            options[option] = value
+    return options

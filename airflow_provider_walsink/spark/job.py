@@ -90,7 +90,7 @@ from airflow_provider_walsink.protocol.manifest import (
 )
 from airflow_provider_walsink.protocol.staging_store import StagingStore
 
-from .args import ProtocolArgs
+from .args import ProtocolArgs, storage_options_from_env
 from .executor_write import OPTIONS as EXECUTOR_OPTIONS
 from .executor_write import WRITTEN, executor_writer
 
@@ -173,9 +173,12 @@ class CheckpointJob:
     :param spark: the application's session.
     :param protocol: the arguments the operator passed (see :class:`ProtocolArgs`).
     :param args: the user's own application arguments (what follows the protocol ones).
-    :param storage_options: how to reach an object-store staging root (:meth:`StagingStore.open`;
-        without them, the store's default credential chain, e.g. ``AWS_*`` variables). Never
-        put them on the command line.
+    :param storage_options: how to reach an object-store staging root (:meth:`StagingStore.open`).
+        ``None`` (the default): for an ``s3://`` root, what the write task put in the job's
+        environment (:func:`~airflow_provider_walsink.spark.args.storage_options_from_env`:
+        ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``,
+        ``AWS_ENDPOINT_URL``), else the store's default credential chain. Never put them on
+        the command line.
     :param writer: ``spark`` or ``executors`` (:data:`WRITERS`); default :data:`LOCAL_WRITER`
         for a local root and ``executors`` for an object store (Spark cannot write there).
     """
@@ -192,6 +195,8 @@ class CheckpointJob:
         self.spark = spark
         self.protocol = protocol
         self.args = list(args)
+        if storage_options is None:
+            storage_options = storage_options_from_env(protocol.staging_root)
         self.store = StagingStore.open(protocol.staging_root, storage_options)
         self.layout = self.store.layout  # None on an object store
         self.location = self.store.attempt(

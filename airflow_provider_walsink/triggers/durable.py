@@ -23,6 +23,7 @@ from typing import Any
 
 from airflow_provider_walsink.committer.store import Actor, CommitterStore, StaleAttemptError
 from airflow_provider_walsink.faults import crashpoint
+from airflow_provider_walsink.hooks.staging import is_object_store_root
 from airflow_provider_walsink.protocol.durability import check_attempt, check_stored_attempt
 from airflow_provider_walsink.protocol.errors import ManifestError
 from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, read_manifest
@@ -145,6 +146,36 @@ def evaluate_durability(
     return DurabilityStatus(True, done.state.value, f"{name} attempt {attempt}: {report.describe()}", attempt)
 
 
+def evaluate_with_hook(
+    hook: Any,
+    staging_root: str | None,
+    pipeline: str,
+    checkpoint_key: str,
+    *,
+    actor: Actor,
+    verify_checksums: bool = False,
+) -> DurabilityStatus:
+    """:func:`evaluate_durability` through a :class:`~airflow_provider_walsink.hooks.walsink.WalsinkHook`.
+
+    The staging root is the checkpoint's recorded one (else ``staging_root``, else
+    the connection's). A local root is read through the file system; an object
+    store (``s3://``...) through :meth:`WalsinkHook.get_staging_store`, which opens
+    it with the credentials of the connection the walsink connection names, here
+    (in the worker or the triggerer), so no secret is ever passed around.
+    """
+    store = hook.get_store()
+    record = store.get(pipeline, checkpoint_key)
+    root = (record.staging_root if record is not None else None) or staging_root or hook.staging_root
+    layout: StagingLayout | StagingStore | Callable[[], StagingLayout]
+    if is_object_store_root(root):
+        layout = hook.get_staging_store(root)
+    else:
+        layout = lambda: hook.get_layout(staging_root or None)  # noqa: E731 - only for a row with no root
+    return evaluate_durability(
+        store, layout, pipeline, checkpoint_key, actor=actor, verify_checksums=verify_checksums
+    )
+
+
 class CheckpointDurableTrigger(BaseTrigger):
     """Fires when a checkpoint is durable (see :func:`evaluate_durability`).
 
@@ -156,6 +187,9 @@ class CheckpointDurableTrigger(BaseTrigger):
     :param walsink_conn_id: connection to the committer database.
     :param staging_root: staging root of a checkpoint whose row records none (written before
         walsink recorded roots), or ``None`` for the connection's; a recorded root always wins.
+        An object-store root is opened in the triggerer with the credentials of the connection
+        the walsink connection names (:meth:`WalsinkHook.get_staging_store`): the trigger's
+        kwargs, stored in Airflow's database, never hold a secret.
     :param verify_checksums: also recompute every committable's checksum.
     :param poke_interval: seconds between checks.
     :param timeout_at: epoch seconds after which the trigger gives up, or ``None``.
@@ -202,10 +236,11 @@ class CheckpointDurableTrigger(BaseTrigger):
     def _check(self) -> DurabilityStatus:
         from airflow_provider_walsink.hooks.walsink import WalsinkHook
 
-        hook = WalsinkHook(self.walsink_conn_id)
-        return evaluate_durability(
-            hook.get_store(),
-            lambda: hook.get_layout(self.staging_root),  # only for a row that records no root
+        # Credentials of an object-store root are read here, in the triggerer, from the
+        # connections: the trigger's kwargs (stored in Airflow's database) hold only ids.
+        return evaluate_with_hook(
+            WalsinkHook(self.walsink_conn_id),
+            self.staging_root,
             self.pipeline,
             self.checkpoint_key,
             actor=Actor(**self.actor),
