@@ -220,10 +220,14 @@ class _LocalRoot:
     def delete(self, location: str, report: GcReport, dry_run: bool) -> bool:
         return _rmtree(Path(location), report, dry_run)
 
-    def drop_checkpoint(self, pipeline: str, key: str, dry_run: bool) -> bool:
-        """Remove the emptied checkpoint directory; False if something is (again) in it."""
+    def drop_checkpoint(self, pipeline: str, key: str, dry_run: bool, removed: list[str]) -> bool:
+        """Remove the emptied checkpoint directory; False if something is (again) in it.
+
+        A dry run removed nothing: True when the directory holds nothing but ``removed``."""
         if dry_run:
-            return True
+            _attempts, strays = self.entries(pipeline, key)
+            gone = {_name(p) for p in removed}
+            return not strays and all(_name(p) in gone for _n, _i, p in _attempts)
         try:
             self.layout.checkpoint_dir(pipeline, key).rmdir()
         except FileNotFoundError:
@@ -334,10 +338,13 @@ class _StoreRoot:
             report.skipped.append(f"{attempt.uri}: not removed ({exc})")
             return False
 
-    def drop_checkpoint(self, pipeline: str, key: str, dry_run: bool) -> bool:
-        """A prefix has nothing to remove once empty: whether nothing is (again) under it."""
+    def drop_checkpoint(self, pipeline: str, key: str, dry_run: bool, removed: list[str]) -> bool:
+        """A prefix has nothing to remove once empty: whether nothing is (again) under it.
+
+        A dry run removed nothing: True when the prefix holds nothing but ``removed``."""
         if dry_run:
-            return True
+            attempts, strays = self.entries(pipeline, key)
+            return not strays and all(p in removed for _n, _i, p in attempts)
         self._trees.pop((pipeline, key), None)
         return not self._tree(pipeline, key)
 
@@ -723,7 +730,7 @@ def _remove_attempts(
         delete=lambda location: root.delete(location, report, dry_run),
     )
     kept += len(candidates) - len(removed)
-    whole = kept == 0 and root.drop_checkpoint(pipeline, key, dry_run)
+    whole = kept == 0 and root.drop_checkpoint(pipeline, key, dry_run, removed)
     if whole:
         report.checkpoint_dirs_removed.append(f"{pipeline}/{key}")
     else:
