@@ -30,6 +30,14 @@ so does its directory). It never touches the current or sealed attempt of an
 uncommitted checkpoint, never follows a symlink, and only walks names that
 are valid identifiers under the staging root.
 
+**Object stores** (a recorded ``s3://``, ``gs://``... root): the same rules
+by prefix, through :class:`~.protocol.staging_store.StagingStore`. A
+"directory" is a prefix, an attempt's age is its newest object's last
+modification time, and an attempt is deleted by
+:meth:`~.protocol.staging_store.StagingStore.remove_attempt` (only a
+location the store builds from validated names); objects under the root
+that are not in walsink's layout are skipped, as on a local root.
+
 **Table targets** (Iceberg, Delta) add the staged files to the table by path:
 the staging directory of a committed attempt *is* table data. For pipelines
 whose target keeps staged files (``references_staged_files`` of its
@@ -341,7 +349,11 @@ class _StoreRoot:
     def drop_checkpoint(self, pipeline: str, key: str, dry_run: bool, removed: list[str]) -> bool:
         """A prefix has nothing to remove once empty: whether nothing is (again) under it.
 
-        A dry run removed nothing: True when the prefix holds nothing but ``removed``."""
+        A dry run removed nothing: True when the prefix holds nothing but ``removed``. Nothing
+        removed: False (a prefix holding only empty "directory" marker objects, which another
+        tool left, would otherwise be reported removed on every run)."""
+        if not removed:
+            return False
         if dry_run:
             attempts, strays = self.entries(pipeline, key)
             return not strays and all(p in removed for _n, _i, p in attempts)
@@ -859,11 +871,15 @@ def collect_garbage(
     pipelines: Iterable[str] | None = None,
     dry_run: bool = False,
     clock: Callable[[], datetime] = utcnow,
+    stores: StoreOpener | None = None,
 ) -> GcReport:
-    """Staging GC, then (if ``history_retention`` is given) committer-table retention."""
+    """Staging GC, then (if ``history_retention`` is given) committer-table retention.
+
+    ``stores`` opens object-store staging roots with the caller's storage options
+    (:func:`collect_staging`)."""
     pipelines = list(pipelines) if pipelines is not None else None
     report = collect_staging(
-        store, layout, retention=retention, pipelines=pipelines, dry_run=dry_run, clock=clock
+        store, layout, retention=retention, pipelines=pipelines, dry_run=dry_run, clock=clock, stores=stores
     )
     if history_retention is not None:
         table = trim_committer_table(

@@ -197,6 +197,12 @@ def test_gc_on_an_s3_root_removes_only_walsink_attempts_after_retention(store, s
         if k.startswith(("staging/p/c1/", "staging/p/a1/", "staging/p/ghost/", "staging/p/o1/attempt-1-"))
         or (k.startswith("staging/p/c2/attempt-"))
     )
+    # Nothing left behind for a second run to report (no empty "directory" marker objects).
+    again = collect_staging(
+        store, StagingLayout(f"/nonexistent-{prefix}"), retention=DAY, stores=stores, clock=later
+    )
+    assert again.attempts_removed == [] and again.checkpoint_dirs_removed == [], again
+    assert not [k for k in left if k.endswith("/")], left
     for untouched in (
         "staging/p/c2/not-an-attempt/x",
         "staging/p/ghost2/attempt-1",
