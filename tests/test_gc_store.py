@@ -383,3 +383,30 @@ def test_abort_refuses_a_recorded_root_with_dot_dot(store, s3, s3_server, tmp_pa
     with pytest.raises(PathEscapeError, match="plain prefix"):
         aborter_for(store, "p", staging_root=str(tmp_path), checkpoint_key="k1", stores=stores)
     assert keys(s3_server, prefix) == ["victim/p/k1/attempt-1/x"]
+
+
+def test_abort_cleanup_on_s3_stops_when_a_new_run_takes_the_checkpoint(store, s3, s3_server, monkeypatch):  # noqa: F811
+    """The abort's clean-up is fenced by its token on an object store too: a new run that reaches
+    COMMITTING before the first delete stops it, and nothing is deleted."""
+    import airflow_provider_walsink.protocol.cleanup as cleanup
+
+    sstore, stores, prefix = s3
+    stage(store, sstore, "p", "k1")
+    stage(store, sstore, "p", "k1")
+    started = []
+
+    def a_new_run_commits_first(name: str) -> None:
+        if name == "cleanup.before_delete" and not started:
+            started.append(stage(store, sstore, "p", "k1"))  # ABORTED -> WRITING, attempt 3, durable
+            store.acquire_lease("p", "k1", owner="try-2", ttl=timedelta(minutes=5), actor=ACTOR)
+
+    monkeypatch.setattr(cleanup, "crashpoint", a_new_run_commits_first)
+    from airflow_provider_walsink.aborts import aborter_for
+
+    aborter = aborter_for(store, "p", staging_root="/nonexistent", checkpoint_key="k1", stores=stores)
+    outcome = aborter.abort("p", "k1", reason="bad interval", actor=ACTOR)
+
+    assert started and outcome.state == "ABORTED" and outcome.staging_removed == [], outcome
+    assert any("moved on" in w for w in outcome.warnings), outcome.warnings
+    assert sorted(n.split("-")[1] for n in attempt_names(sstore, "p", "k1")) == ["1", "2", "3"]
+    assert store.require("p", "k1").state.value == "COMMITTING"
