@@ -122,9 +122,9 @@ def open_object_store(root: str, stores: StoreOpener | None = None) -> StagingSt
             "walsink deletes nothing under it"
         )
     store = (stores or StagingStore.open)(root)
-    expected = f"{parts.netloc.partition('@')[0] if store.kind == 'abfs' else parts.netloc}/{prefix}".rstrip(
-        "/"
-    )
+    # As StagingStore.open builds the base: ``bucket/prefix`` (abfs: ``container/prefix``).
+    bucket = parts.netloc.partition("@")[0] if store.kind == "abfs" else parts.netloc
+    expected = f"{bucket}/{prefix}".rstrip("/")
     if store.is_local or store.base != expected:
         raise PathEscapeError(
             f"the store opened for staging root {root!r} is {store.root_uri!r} ({store.base}); refusing to "
