@@ -23,6 +23,7 @@ from typing import Any
 
 from airflow_provider_walsink.committer.abort import CheckpointAborter
 from airflow_provider_walsink.committer.store import CommitterStore
+from airflow_provider_walsink.protocol.cleanup import StoreOpener, is_object_store, open_object_store
 from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
 
@@ -39,6 +40,7 @@ def aborter_for(
     target: str | None = None,
     connections: Any = None,
     checkpoint_key: str | None = None,
+    stores: StoreOpener | None = None,
 ) -> CheckpointAborter:
     """An aborter for ``pipeline``: its registered target (or ``target``), and where it stages.
 
@@ -48,6 +50,12 @@ def aborter_for(
     recorded roots) or without ``checkpoint_key``, the target's own staging
     root (table targets) or else ``staging_root``. Abort one checkpoint with
     the aborter built for its key.
+
+    A recorded object-store root (``s3://``...) is opened by ``stores(root)``
+    (the caller's storage options; default: none, the store's default
+    credential chain) and the abort reads and removes its staging through it
+    (:class:`CheckpointAborter`); a recorded root that is not a bucket and a
+    plain prefix raises :class:`~..protocol.errors.PathEscapeError`.
 
     Raises ``CheckpointNotFoundError``-like ``StoreError`` for an unknown
     pipeline, and the registry's ``TargetError`` when the target cannot be
@@ -69,9 +77,17 @@ def aborter_for(
     uri = target or registered
     record = store.get(pipeline, checkpoint_key) if checkpoint_key is not None else None
     recorded = record is not None and bool(record.staging_root)
-    layout = record.layout(StagingLayout(staging_root)) if record is not None else StagingLayout(staging_root)
+    objects = None
+    if record is not None and record.staging_root and is_object_store(record.staging_root):
+        objects = open_object_store(record.staging_root, stores)
+        # Publishers take a local layout; the abort itself reads and removes through the store.
+        layout = StagingLayout(staging_root)
+    else:
+        layout = (
+            record.layout(StagingLayout(staging_root)) if record is not None else StagingLayout(staging_root)
+        )
     if not uri:
-        return CheckpointAborter(store, layout, None)
+        return CheckpointAborter(store, objects or layout, None)
     if connections is None:
         from airflow_provider_walsink.hooks.connections import airflow_connection_fields as connections
     options = TargetOptions(mode=row["mode"], layout=layout, connections=connections)
@@ -83,7 +99,7 @@ def aborter_for(
         publisher = resolve_target(
             uri, TargetOptions(mode=row["mode"], layout=layout, connections=connections)
         )
-    return CheckpointAborter(store, layout, publisher)
+    return CheckpointAborter(store, objects or layout, publisher)
 
 
 def audit_extra(

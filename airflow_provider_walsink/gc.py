@@ -30,6 +30,14 @@ so does its directory). It never touches the current or sealed attempt of an
 uncommitted checkpoint, never follows a symlink, and only walks names that
 are valid identifiers under the staging root.
 
+**Object stores** (a recorded ``s3://``, ``gs://``... root): the same rules
+by prefix, through :class:`~.protocol.staging_store.StagingStore`. A
+"directory" is a prefix, an attempt's age is its newest object's last
+modification time, and an attempt is deleted by
+:meth:`~.protocol.staging_store.StagingStore.remove_attempt` (only a
+location the store builds from validated names); objects under the root
+that are not in walsink's layout are skipped, as on a local root.
+
 **Table targets** (Iceberg, Delta) add the staged files to the table by path:
 the staging directory of a committed attempt *is* table data. For pipelines
 whose target keeps staged files (``references_staged_files`` of its
@@ -83,12 +91,16 @@ from airflow_provider_walsink.committer.models import version_table as vers
 from airflow_provider_walsink.committer.store import CheckpointRecord, CommitterStore, utcnow
 from airflow_provider_walsink.protocol.cleanup import (
     CleanupFencedError,
+    StoreOpener,
+    is_object_store,
     never_referenced,
+    open_object_store,
     remove_attempts_fenced,
 )
-from airflow_provider_walsink.protocol.errors import InvalidIdentifierError
+from airflow_provider_walsink.protocol.errors import InvalidIdentifierError, WalsinkError
 from airflow_provider_walsink.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.protocol.staging import StagingLayout, attempt_of
+from airflow_provider_walsink.protocol.staging_store import AttemptLocation, StagingStore
 from airflow_provider_walsink.protocol.states import CheckpointState
 
 log = logging.getLogger(__name__)
@@ -178,6 +190,188 @@ def _subdirs(path: Path) -> Iterable[Path]:
     return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
 
 
+#: One staged attempt as GC sees it: (number, attempt id or None, location), the location being
+#: its path on its root (a local path, or ``bucket/prefix/<pipeline>/<key>/attempt-...``).
+Staged = tuple[int, "str | None", str]
+
+
+class _LocalRoot:
+    """A staging root on a local or mounted file system: directories, ``lstat`` ages, no links."""
+
+    def __init__(self, layout: StagingLayout) -> None:
+        self.layout = layout
+        self.label = str(layout.root)
+
+    def pipelines(self) -> list[tuple[str, str]]:
+        """(name, display) of each real directory directly under the root."""
+        return [(p.name, str(p)) for p in _subdirs(self.layout.root)]
+
+    def checkpoints(self, pipeline: str) -> list[tuple[str, str]]:
+        return [(c.name, str(c)) for c in _subdirs(self.layout.root / pipeline)]
+
+    def checkpoint(self, pipeline: str, key: str) -> str:
+        return str(self.layout.checkpoint_dir(pipeline, key))
+
+    def entries(self, pipeline: str, key: str) -> tuple[list[Staged], list[str]]:
+        attempts, strays = _attempt_entries(self.layout.checkpoint_dir(pipeline, key))
+        return [(n, i, str(p)) for n, i, p in attempts], strays
+
+    def staged(self, pipeline: str, key: str) -> list[Staged]:
+        return [(n, i, str(p)) for n, i, p in self.layout.staged_attempts(pipeline, key)]
+
+    def old(self, location: str, cutoff_ts: float) -> bool:
+        return _age_ok(Path(location), cutoff_ts)
+
+    def age(self, location: str) -> str:
+        return _mtime_age(Path(location))
+
+    def delete(self, location: str, report: GcReport, dry_run: bool) -> bool:
+        return _rmtree(Path(location), report, dry_run)
+
+    def drop_checkpoint(self, pipeline: str, key: str, dry_run: bool, removed: list[str]) -> bool:
+        """Remove the emptied checkpoint directory; False if something is (again) in it.
+
+        A dry run removed nothing: True when the directory holds nothing but ``removed``."""
+        if dry_run:
+            _attempts, strays = self.entries(pipeline, key)
+            gone = {_name(p) for p in removed}
+            return not strays and all(_name(p) in gone for _n, _i, p in _attempts)
+        try:
+            self.layout.checkpoint_dir(pipeline, key).rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:  # not empty: something new was put there meanwhile
+            return False
+        return True
+
+
+class _StoreRoot:
+    """A staging root on an object store, read through :class:`StagingStore`.
+
+    Listed by prefix: one level at a time for pipelines and checkpoints, one
+    recursive listing per checkpoint for its attempts and ages (an attempt's
+    age is its newest object's; a prefix has no time of its own). Deletes
+    only through :meth:`StagingStore.remove_attempt`, which deletes nothing
+    but a location it builds itself from validated names.
+    """
+
+    def __init__(self, store: StagingStore) -> None:
+        self.store = store
+        self.label = store.root_uri.rstrip("/")
+        self._trees: dict[tuple[str, str], list[tuple[str, float]]] = {}
+        self._locations: dict[str, AttemptLocation] = {}
+
+    def _dirs(self, relative: str) -> list[tuple[str, str]]:
+        import pyarrow.fs as pafs
+
+        path = f"{self.store.base}/{relative}" if relative else self.store.base
+        infos = self.store.filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        shown = f"{self.label}/{relative}/" if relative else f"{self.label}/"
+        return sorted((i.base_name, shown + i.base_name) for i in infos if i.type == pafs.FileType.Directory)
+
+    def pipelines(self) -> list[tuple[str, str]]:
+        return self._dirs("")
+
+    def checkpoints(self, pipeline: str) -> list[tuple[str, str]]:
+        return self._dirs(pipeline)
+
+    def checkpoint(self, pipeline: str, key: str) -> str:
+        validate_identifier(pipeline, "pipeline id")
+        validate_identifier(key, "checkpoint key")
+        return f"{self.store.base}/{pipeline}/{key}"
+
+    def _tree(self, pipeline: str, key: str) -> list[tuple[str, float]]:
+        """Every object under the checkpoint: (path relative to it, modification time)."""
+        import pyarrow.fs as pafs
+
+        if (pipeline, key) not in self._trees:
+            cdir = self.checkpoint(pipeline, key)
+            selector = pafs.FileSelector(cdir, recursive=True, allow_not_found=True)
+            self._trees[(pipeline, key)] = [
+                (i.path[len(cdir) + 1 :], i.mtime.timestamp() if i.mtime else 0.0)
+                for i in self.store.filesystem.get_file_info(selector)
+                if i.type == pafs.FileType.File and i.path.startswith(cdir + "/")
+            ]
+        return self._trees[(pipeline, key)]
+
+    def _locate(self, pipeline: str, key: str, name: str, named: tuple[int, str | None]) -> Staged:
+        path = f"{self.checkpoint(pipeline, key)}/{name}"
+        self._locations[path] = AttemptLocation(
+            pipeline, key, named[0], named[1], path, f"{self.label}/{pipeline}/{key}/{name}"
+        )
+        return (*named, path)
+
+    def entries(self, pipeline: str, key: str) -> tuple[list[Staged], list[str]]:
+        attempts: dict[str, Staged] = {}
+        strays: set[str] = set()
+        for relative, _mtime in self._tree(pipeline, key):
+            first, slash, _rest = relative.partition("/")
+            named = attempt_of(first) if slash else None  # an object named like an attempt is a stray
+            if named is not None and named[0] >= 1:
+                attempts.setdefault(first, self._locate(pipeline, key, first, named))
+            else:
+                strays.add(first)
+        return [attempts[n] for n in sorted(attempts)], sorted(strays)
+
+    def staged(self, pipeline: str, key: str) -> list[Staged]:
+        attempts, _strays = self.entries(pipeline, key)
+        return sorted(attempts, key=lambda t: (t[0], t[1] or ""))
+
+    def _newest(self, location: str) -> float | None:
+        relative = location[len(self.store.base) + 1 :]
+        pipeline, key, *rest = relative.split("/")
+        inside = "/".join(rest)
+        times = [
+            mtime
+            for rel, mtime in self._tree(pipeline, key)
+            if not inside or rel == inside or rel.startswith(inside + "/")
+        ]
+        return max(times) if times else None
+
+    def old(self, location: str, cutoff_ts: float) -> bool:
+        newest = self._newest(location)
+        return newest is None or newest <= cutoff_ts
+
+    def age(self, location: str) -> str:
+        newest = self._newest(location)
+        return "?" if newest is None else span(time.time() - newest)
+
+    def delete(self, location: str, report: GcReport, dry_run: bool) -> bool:
+        attempt = self._locations[location]
+        if dry_run:
+            return True
+        try:
+            return self.store.remove_attempt(attempt)
+        except (WalsinkError, OSError) as exc:  # a refusal (not a location the store builds), a failure
+            report.skipped.append(f"{attempt.uri}: not removed ({exc})")
+            return False
+
+    def drop_checkpoint(self, pipeline: str, key: str, dry_run: bool, removed: list[str]) -> bool:
+        """A prefix has nothing to remove once empty: whether nothing is (again) under it.
+
+        A dry run removed nothing: True when the prefix holds nothing but ``removed``. Nothing
+        removed: False (a prefix holding only empty "directory" marker objects, which another
+        tool left, would otherwise be reported removed on every run)."""
+        if not removed:
+            return False
+        if dry_run:
+            attempts, strays = self.entries(pipeline, key)
+            return not strays and all(p in removed for _n, _i, p in attempts)
+        self._trees.pop((pipeline, key), None)
+        return not self._tree(pipeline, key)
+
+
+_Root = _LocalRoot | _StoreRoot
+
+
+def _open_store_root(root: str, stores: StoreOpener | None, report: GcReport) -> _StoreRoot | None:
+    try:
+        return _StoreRoot(open_object_store(root, stores))
+    except (WalsinkError, OSError, ValueError, TypeError) as exc:
+        report.skipped.append(f"staging root {root}: cannot be opened ({exc}); nothing under it removed")
+        return None
+
+
 def collect_staging(
     store: CommitterStore,
     layout: StagingLayout,
@@ -186,14 +380,20 @@ def collect_staging(
     pipelines: Iterable[str] | None = None,
     dry_run: bool = False,
     clock: Callable[[], datetime] = utcnow,
+    stores: StoreOpener | None = None,
 ) -> GcReport:
     """Remove orphaned attempts and finished checkpoints' staging (see the module docstring).
 
     Walks ``layout`` (the connection's staging root, where checkpoints whose
     rows record no root were staged) and every staging root recorded on a
     checkpoint row of the pipelines asked for, each once, with the same rules.
-    A recorded root this process cannot read through the file system (an
-    object-store URI) is reported in ``skipped``.
+    A recorded object-store root (``s3://``, ``gs://``, ``abfs://``...) is
+    walked through :class:`StagingStore`, opened by ``stores(root_uri)`` (the
+    caller's storage options and credentials; default: no options, the
+    store's default credential chain); ages there are the objects' last
+    modification times. A root that cannot be opened, or that is not a
+    bucket and a plain prefix (``..``, ``.`` or empty segments), is reported
+    in ``skipped`` and nothing under it is touched.
     """
     report = GcReport(dry_run=dry_run)
     now = clock()
@@ -201,22 +401,29 @@ def collect_staging(
     # Directory ages come from the file system clock; row ages from the store's clock.
     cutoff_ts = _epoch(cutoff)
     wanted = set(pipelines) if pipelines is not None else None
-    layouts = {layout.root: layout}
+    roots: dict[str, _Root] = {str(layout.root): _LocalRoot(layout)}
     for recorded in store.staging_roots(sorted(wanted) if wanted is not None else None):
+        if is_object_store(recorded):
+            key = recorded.rstrip("/")
+            if key not in roots:
+                opened = _open_store_root(recorded, stores, report)
+                if opened is not None:
+                    roots[key] = opened
+            continue
         try:
             other = StagingLayout(recorded)
         except ValueError as exc:
             report.skipped.append(f"staging root {recorded}: {exc}")
             continue
-        layouts.setdefault(other.root, other)
-    for each in layouts.values():
+        roots.setdefault(str(other.root), _LocalRoot(other))
+    for each in roots.values():
         _collect_root(store, each, wanted, cutoff, cutoff_ts, report, dry_run, retention)
     return report
 
 
 def _collect_root(
     store: CommitterStore,
-    layout: StagingLayout,
+    root: _Root,
     wanted: set[str] | None,
     cutoff: datetime,
     cutoff_ts: float,
@@ -225,12 +432,11 @@ def _collect_root(
     retention: timedelta,
 ) -> None:
     """:func:`collect_staging` under one staging root."""
-    root = layout.root
-    for pdir in _subdirs(root):
+    for name, shown in root.pipelines():
         try:
-            pipeline = validate_identifier(pdir.name, "pipeline id")
+            pipeline = validate_identifier(name, "pipeline id")
         except InvalidIdentifierError:
-            report.skipped.append(f"{pdir}: not a pipeline id")
+            report.skipped.append(f"{shown}: not a pipeline id")
             continue
         if wanted is not None and pipeline not in wanted:
             continue
@@ -240,15 +446,15 @@ def _collect_root(
             # directory): pipeline rows are never deleted, so staging of a pipeline walsink ever
             # ran has one. Nothing under an unknown pipeline is touched.
             report.skipped.append(
-                f"{pdir}: no pipeline {pipeline!r} in the committer table (not walsink staging?); left alone"
+                f"{shown}: no pipeline {pipeline!r} in the committer table (not walsink staging?); left alone"
             )
             continue
         keeps_staged = _target_keeps_staged_files(registered)
-        for cdir in _subdirs(pdir):
+        for cname, cshown in root.checkpoints(pipeline):
             try:
-                key = validate_identifier(cdir.name, "checkpoint key")
+                key = validate_identifier(cname, "checkpoint key")
             except InvalidIdentifierError:
-                report.skipped.append(f"{cdir}: not a checkpoint key")
+                report.skipped.append(f"{cshown}: not a checkpoint key")
                 continue
             if keeps_staged:
                 # Staged files are table data once committed, also those of a checkpoint whose
@@ -259,7 +465,7 @@ def _collect_root(
             fence = _row_fence(store, pipeline, key, record)
             try:
                 _collect_checkpoint(
-                    layout,
+                    root,
                     pipeline,
                     key,
                     record,
@@ -314,7 +520,7 @@ def _row_fence(
 
 
 def _collect_checkpoint(
-    layout: StagingLayout,
+    root: _Root | StagingLayout,
     pipeline: str,
     key: str,
     record: CheckpointRecord | None,
@@ -326,30 +532,32 @@ def _collect_checkpoint(
     *,
     retention: timedelta | None = None,
 ) -> None:
-    cdir = layout.checkpoint_dir(pipeline, key)
+    if isinstance(root, StagingLayout):
+        root = _LocalRoot(root)
+    cdir = root.checkpoint(pipeline, key)
     now = utcnow()
     kept_for = f"retention {span(retention if retention is not None else now - cutoff)}"
     if record is None:
         # A checkpoint the committer table does not know (its row trimmed by retention after a
         # crash left staging behind): removed only if it is made of attempt directories alone,
         # i.e. looks like what walsink stages; anything else there is not walsink's to delete.
-        attempts, strays = _attempt_entries(cdir)
+        attempts, strays = root.entries(pipeline, key)
         if strays:
             report.skipped.append(
                 f"{pipeline}/{key}: unknown to the committer table and holds {strays[0]!r}, "
                 "not an attempt directory; left alone"
             )
             return
-        if not _age_ok(cdir, cutoff_ts):
+        if not root.old(cdir, cutoff_ts):
             _keep(
                 report,
                 f"{pipeline}/{key}",
-                f"unknown to the committer table, changed {_mtime_age(cdir)} ago, {kept_for}",
+                f"unknown to the committer table, changed {root.age(cdir)} ago, {kept_for}",
                 recent=True,
             )
             return
         _remove_attempts(
-            cdir,
+            root,
             pipeline,
             key,
             attempts,
@@ -371,12 +579,11 @@ def _collect_checkpoint(
                 recent=True,
             )
             return
-        attempts = layout.staged_attempts(pipeline, key)
         _remove_attempts(
-            cdir,
+            root,
             pipeline,
             key,
-            attempts,
+            root.staged(pipeline, key),
             lambda a, _i: a <= record.attempt,
             None,
             report,
@@ -407,12 +614,11 @@ def _collect_checkpoint(
                 return False  # same number, another id: not the attempt the row names
             return True
 
-        attempts = layout.staged_attempts(pipeline, key)
         _remove_attempts(
-            cdir,
+            root,
             pipeline,
             key,
-            attempts,
+            root.staged(pipeline, key),
             read_version,
             cutoff_ts,
             report,
@@ -427,8 +633,8 @@ def _collect_checkpoint(
     keep = {(record.attempt, record.attempt_id), (record.sealed_attempt, record.sealed_attempt_id)}
     garbage = []
     state = record.state.value
-    for attempt, attempt_id, path in layout.staged_attempts(pipeline, key):
-        item = f"{pipeline}/{key}/{path.name}"
+    for attempt, attempt_id, path in root.staged(pipeline, key):
+        item = f"{pipeline}/{key}/{_name(path)}"
         if (attempt, attempt_id) in keep or (attempt_id is None and attempt in {a for a, _ in keep}):
             which = "sealed" if attempt == record.sealed_attempt and attempt != record.attempt else "current"
             _keep(report, item, f"the {which} attempt of a {state} checkpoint (never collected)")
@@ -443,23 +649,28 @@ def _collect_checkpoint(
         if attempt < 1:
             report.skipped.append(f"{item}: not an attempt number walsink uses")
             continue
-        if not _age_ok(path, cutoff_ts):
+        if not root.old(path, cutoff_ts):
             _keep(
                 report,
                 item,
-                f"an old attempt of a {state} checkpoint, changed {_mtime_age(path)} ago, {kept_for}",
+                f"an old attempt of a {state} checkpoint, changed {root.age(path)} ago, {kept_for}",
                 recent=True,
             )
             continue
-        garbage.append((attempt, attempt_id, str(path)))
+        garbage.append((attempt, attempt_id, path))
     removed = remove_attempts_fenced(
         garbage,
         up_to=record.attempt,
         fence=fence,
         referenced=never_referenced,
-        delete=lambda location: _rmtree(Path(location), report, dry_run),
+        delete=lambda location: root.delete(location, report, dry_run),
     )
-    report.attempts_removed += [f"{pipeline}/{key}/{Path(p).name}" for p in removed]
+    report.attempts_removed += [f"{pipeline}/{key}/{_name(p)}" for p in removed]
+
+
+def _name(location: str) -> str:
+    """The last segment of a local path or an object-store path."""
+    return location.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _attempt_entries(cdir: Path) -> tuple[list[tuple[int, str | None, Path]], list[str]]:
@@ -484,10 +695,10 @@ def _attempt_entries(cdir: Path) -> tuple[list[tuple[int, str | None, Path]], li
 
 
 def _remove_attempts(
-    cdir: Path,
+    root: _Root,
     pipeline: str,
     key: str,
-    attempts: list[tuple[int, str | None, Path]],
+    attempts: list[Staged],
     wanted: Callable[[int, str | None], bool],
     cutoff_ts: float | None,
     report: GcReport,
@@ -508,44 +719,34 @@ def _remove_attempts(
     kept = 0
     for attempt, attempt_id, path in attempts:
         if not wanted(attempt, attempt_id):
-            _keep(report, f"{pipeline}/{key}/{path.name}", unwanted)
+            _keep(report, f"{pipeline}/{key}/{_name(path)}", unwanted)
             kept += 1
             continue
-        if cutoff_ts is not None and not _age_ok(path, cutoff_ts):
+        if cutoff_ts is not None and not root.old(path, cutoff_ts):
             _keep(
                 report,
-                f"{pipeline}/{key}/{path.name}",
-                f"changed {_mtime_age(path)} ago, {kept_for}",
+                f"{pipeline}/{key}/{_name(path)}",
+                f"changed {root.age(path)} ago, {kept_for}",
                 recent=True,
             )
             kept += 1
             continue
-        candidates.append((attempt, attempt_id, str(path)))
+        candidates.append((attempt, attempt_id, path))
     # Each deletion fenced by the row GC read (protocol/cleanup.py); staging GC removes is
     # never table data (table targets are skipped above), so nothing is referenced.
-    removed = [
-        Path(p)
-        for p in remove_attempts_fenced(
-            candidates,
-            up_to=max((a for a, _i, _p in candidates), default=0),
-            fence=fence,
-            referenced=never_referenced,
-            delete=lambda location: _rmtree(Path(location), report, dry_run),
-        )
-    ]
+    removed = remove_attempts_fenced(
+        candidates,
+        up_to=max((a for a, _i, _p in candidates), default=0),
+        fence=fence,
+        referenced=never_referenced,
+        delete=lambda location: root.delete(location, report, dry_run),
+    )
     kept += len(candidates) - len(removed)
-    whole = kept == 0
-    if whole and not dry_run:
-        try:
-            cdir.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError:  # not empty: something new was put there meanwhile
-            whole = False
+    whole = kept == 0 and root.drop_checkpoint(pipeline, key, dry_run, removed)
     if whole:
         report.checkpoint_dirs_removed.append(f"{pipeline}/{key}")
     else:
-        report.attempts_removed += [f"{pipeline}/{key}/{p.name}" for p in removed]
+        report.attempts_removed += [f"{pipeline}/{key}/{_name(p)}" for p in removed]
     if removed:
         log.info(
             "gc: %s %d attempts of %s/%s",
@@ -670,11 +871,15 @@ def collect_garbage(
     pipelines: Iterable[str] | None = None,
     dry_run: bool = False,
     clock: Callable[[], datetime] = utcnow,
+    stores: StoreOpener | None = None,
 ) -> GcReport:
-    """Staging GC, then (if ``history_retention`` is given) committer-table retention."""
+    """Staging GC, then (if ``history_retention`` is given) committer-table retention.
+
+    ``stores`` opens object-store staging roots with the caller's storage options
+    (:func:`collect_staging`)."""
     pipelines = list(pipelines) if pipelines is not None else None
     report = collect_staging(
-        store, layout, retention=retention, pipelines=pipelines, dry_run=dry_run, clock=clock
+        store, layout, retention=retention, pipelines=pipelines, dry_run=dry_run, clock=clock, stores=stores
     )
     if history_retention is not None:
         table = trim_committer_table(

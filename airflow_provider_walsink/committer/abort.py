@@ -67,10 +67,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_walsink.protocol.cleanup import remove_staged_attempts
+from airflow_provider_walsink.protocol.cleanup import remove_staged_attempts, store_attempts
 from airflow_provider_walsink.protocol.errors import WalsinkError
 from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, Manifest, read_manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.staging_store import AttemptLocation, StagingStore
 from airflow_provider_walsink.protocol.states import CheckpointState
 
 from .commit import FencingContext
@@ -156,19 +157,30 @@ class CheckpointAborter:
     registered without one): the abort then cannot check or roll back the
     target and refuses a checkpoint that has begun publishing (COMMITTING, or
     FAILED after it was durable). ``sleep`` is replaced by tests only.
+
+    ``layout``: where the checkpoints are staged, a local :class:`StagingLayout`
+    or a :class:`StagingStore` (an object-store root, opened with its storage
+    options, e.g. by :func:`~..protocol.cleanup.open_object_store`). On an
+    object store the same steps hold: the sealed manifest is read through the
+    store, and the attempts are removed through the same fenced clean-up, by
+    :meth:`StagingStore.remove_attempt` only (nothing outside the root).
     """
 
     def __init__(
         self,
         store: CommitterStore,
-        layout: StagingLayout,
+        layout: StagingLayout | StagingStore,
         publisher: Any | None,
         *,
         grace: timedelta = FencingContext.MAX_TRUST + TRUST_MARGIN,
         lease_ttl: timedelta = ABORT_LEASE_TTL,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        if isinstance(layout, StagingStore) and layout.layout is not None:
+            layout = layout.layout  # a local store is its layout
         self.store, self.layout, self.publisher = store, layout, publisher
+        #: The object store the checkpoints are staged on; None for a local root.
+        self._objects = layout if isinstance(layout, StagingStore) else None
         self.grace, self.lease_ttl, self._sleep = grace, lease_ttl, sleep
 
     def abort(
@@ -237,7 +249,7 @@ class CheckpointAborter:
             message = (
                 f"checkpoint {pipeline}/{checkpoint_key} is {record.state} and may have published "
                 f"attempt {record.sealed_attempt}, but its sealed manifest cannot be read under the "
-                f"staging root {self.layout.root} ({unreadable}); without it the abort cannot tell "
+                f"staging root {self._root()} ({unreadable}); without it the abort cannot tell "
                 "whether the target holds the attempt. Check the staging root (walsink abort "
                 "--staging-root, or the connection's staging_root); if the staging is gone for good, "
                 "abort with --manifest-lost. Nothing changed"
@@ -292,7 +304,7 @@ class CheckpointAborter:
             outcome = self._outcome(done, reason, previous=record.state.value, holder=lease.taken_over_from)
             if record.attempt_id:
                 try:
-                    self.layout.remove_attempt(pipeline, checkpoint_key, record.attempt, record.attempt_id)
+                    self._remove_one(pipeline, checkpoint_key, record.attempt, record.attempt_id)
                 except (WalsinkError, OSError) as exc:
                     outcome.warnings.append(f"removing the new version's staging: {exc}")
             return outcome
@@ -300,7 +312,7 @@ class CheckpointAborter:
         self._clean_up(done, outcome, manifest, actor=actor)
         if unreadable and not manifest_lost:
             outcome.warnings.append(
-                f"the sealed manifest is not under the staging root {self.layout.root} ({unreadable}); "
+                f"the sealed manifest is not under the staging root {self._root()} ({unreadable}); "
                 "if the staging root is another, its staging is still there (walsink gc with that root "
                 "removes an aborted checkpoint's staging)"
             )
@@ -315,6 +327,25 @@ class CheckpointAborter:
         )
         return outcome
 
+    # ------------------------------------------------------------------ staging
+
+    def _root(self) -> str:
+        return self._objects.root_uri if self._objects is not None else str(self.layout.root)
+
+    def _staged(self, pipeline: str, key: str) -> list[tuple[int, str | None, Path | AttemptLocation]]:
+        """The checkpoint's staged attempts: (number, id, directory or object-store location)."""
+        if self._objects is not None:
+            return [
+                (loc.attempt, loc.attempt_id, loc) for loc in store_attempts(self._objects, pipeline, key)
+            ]
+        return list(self.layout.staged_attempts(pipeline, key))
+
+    def _remove_one(self, pipeline: str, key: str, attempt: int, attempt_id: str) -> None:
+        if self._objects is not None:
+            self._objects.remove_attempt(self._objects.attempt(pipeline, key, attempt, attempt_id))
+        else:
+            self.layout.remove_attempt(pipeline, key, attempt, attempt_id)
+
     # ------------------------------------------------------------------ steps
 
     def _attempt_numbers(self, record: CheckpointRecord) -> dict[str, int | None]:
@@ -325,7 +356,7 @@ class CheckpointAborter:
         if record.sealed_attempt_id:
             known[record.sealed_attempt_id] = record.sealed_attempt
         try:
-            staged = self.layout.staged_attempts(record.pipeline, record.checkpoint_key)
+            staged = self._staged(record.pipeline, record.checkpoint_key)
         except (WalsinkError, OSError):
             staged = []
         for number, attempt_id, _path in staged:
@@ -392,6 +423,11 @@ class CheckpointAborter:
         if record.sealed_attempt is None or record.manifest_digest is None:
             return None, None
         try:
+            if self._objects is not None:
+                location = self._objects.attempt(
+                    record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
+                )
+                return self._objects.read_manifest(location, expected_digest=record.manifest_digest), None
             path = self.layout.manifest_path(
                 record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
             )
@@ -467,19 +503,11 @@ class CheckpointAborter:
         (the current attempt while never sealed, or an attempt whose manifest
         is readable and which the table neither holds nor held).
         """
-        root = str(self.layout.root)
-        if "://" in root:
-            outcome.warnings.append(
-                f"staging under {root} is left to the table's maintenance (not a local path)"
-            )
-            return
         ctx = ctx or _AbortContext(self.store, record)
         references = bool(getattr(self.publisher, "references_staged_files", False))
         paths = {
             attempt_id: (number, path)
-            for number, attempt_id, path in self.layout.staged_attempts(
-                record.pipeline, record.checkpoint_key
-            )
+            for number, attempt_id, path in self._staged(record.pipeline, record.checkpoint_key)
         }
 
         def referenced(attempt_id: str | None) -> bool:
@@ -498,17 +526,24 @@ class CheckpointAborter:
         outcome.staging_removed += [f"{record.pipeline}/{record.checkpoint_key}/{name}" for name in removed]
 
     def _unreferenced(
-        self, record: CheckpointRecord, number: int, attempt_id: str | None, path: Path
+        self, record: CheckpointRecord, number: int, attempt_id: str | None, path: Path | AttemptLocation
     ) -> bool:
         current = (number, attempt_id) == (record.attempt, record.attempt_id)
-        manifest_file = path / MANIFEST_NAME
-        if not manifest_file.exists():
+        if isinstance(path, AttemptLocation):
+            assert self._objects is not None
+            sealed = self._objects.describe(path, MANIFEST_NAME) is not None
+        else:
+            sealed = (path / MANIFEST_NAME).exists()
+        if not sealed:
             # Never sealed only if it is the current attempt and no seal was recorded; an older
             # attempt without a manifest may be a committed one whose manifest finish() removed.
             return current and record.sealed_attempt != number
         try:
-            manifest = read_manifest(manifest_file)
-        except WalsinkError:
+            if isinstance(path, AttemptLocation):
+                manifest = self._objects.read_manifest(path)  # type: ignore[union-attr]
+            else:
+                manifest = read_manifest(path / MANIFEST_NAME)
+        except (WalsinkError, OSError):
             return False
         holds = getattr(self.publisher, "holds_attempt", None)
         if not callable(holds):

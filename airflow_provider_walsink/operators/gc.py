@@ -32,7 +32,8 @@ class WalGarbageCollectOperator(BaseOperator):
     :param walsink_conn_id: connection to the committer database.
     :param staging_root: templated; defaults to the connection's ``staging_root``. The
         staging roots recorded on checkpoint rows are walked too (docs/protocol.md,
-        "Staging root").
+        "Staging root"); a recorded object-store root (``s3://``...) is opened with the
+        worker's default credential chain (environment, instance role).
     :param retention: minimum age of staging garbage before it is removed.
     :param history_retention: minimum age of committed rows before they are
         trimmed; ``None`` keeps every row.

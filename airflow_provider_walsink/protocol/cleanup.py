@@ -25,21 +25,27 @@ between these checks and the delete can still do that one delete
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from airflow_provider_walsink.faults import crashpoint
 
-from .errors import FencedError
-
-if TYPE_CHECKING:
-    from .staging import StagingLayout
+from .errors import FencedError, PathEscapeError
+from .identifiers import validate_identifier
+from .staging import StagingLayout, attempt_of
+from .staging_store import AttemptLocation, StagingStore, StagingStoreError
 
 log = logging.getLogger(__name__)
 
 #: One staged attempt: (number, attempt id or None, location).
 Attempt = tuple[int, "str | None", str]
+
+#: Opens an object-store staging root with the caller's storage options (credentials):
+#: ``stores(root_uri) -> StagingStore``. The Airflow faces pass one built from a connection;
+#: the default, :meth:`StagingStore.open` without options, uses the default credential chain.
+StoreOpener = Callable[[str], StagingStore]
 
 
 class CleanupFencedError(FencedError):
@@ -88,8 +94,71 @@ def remove_attempts_fenced(
     return removed
 
 
+def is_object_store(root: str | os.PathLike[str]) -> bool:
+    """Whether a staging root (a path, ``file://`` or another URI) is on an object store."""
+    text = os.fspath(root)
+    return "://" in text and urlsplit(text).scheme.lower() != "file"
+
+
+def open_object_store(root: str, stores: StoreOpener | None = None) -> StagingStore:
+    """Open an object-store staging root for a clean-up, refusing one that is not a plain prefix.
+
+    A root is where every deletion is confined, so it must name one place:
+    a bucket (or container) and a prefix of non-empty segments, none ``.``
+    or ``..`` (object keys are not normalised: ``s3://b/staging/../x`` is a
+    key prefix of its own, not ``s3://b/x``, and no tool should be trusted to
+    read it either way). ``stores`` opens it with the caller's options; the
+    store it returns must be the root asked for.
+
+    Raises :class:`PathEscapeError` (a root that is not a plain prefix, or a
+    store for another root) and :class:`StagingStoreError` (cannot be opened).
+    """
+    parts = urlsplit(root)
+    prefix = parts.path.strip("/")
+    segments = prefix.split("/") if prefix else []
+    if not parts.netloc or "\x00" in root or "\\" in root or any(s in ("", ".", "..") for s in segments):
+        raise PathEscapeError(
+            f"staging root {root!r} is not a bucket and a plain prefix (an empty, '.' or '..' segment); "
+            "walsink deletes nothing under it"
+        )
+    store = (stores or StagingStore.open)(root)
+    # As StagingStore.open builds the base: ``bucket/prefix`` (abfs: ``container/prefix``).
+    bucket = parts.netloc.partition("@")[0] if store.kind == "abfs" else parts.netloc
+    expected = f"{bucket}/{prefix}".rstrip("/")
+    if store.is_local or store.base != expected:
+        raise PathEscapeError(
+            f"the store opened for staging root {root!r} is {store.root_uri!r} ({store.base}); refusing to "
+            "delete anything through it"
+        )
+    return store
+
+
+def store_attempts(store: StagingStore, pipeline: str, checkpoint_key: str) -> list[AttemptLocation]:
+    """The attempts of one checkpoint staged on an object store, from one listing, in order.
+
+    Only prefixes walsink names (``attempt-<n>`` or ``attempt-<n>-<32 hex>``,
+    n >= 1) directly under ``<root>/<pipeline>/<checkpoint>/``; any other
+    object or prefix there is not an attempt and never listed.
+    """
+    import pyarrow.fs as pafs
+
+    validate_identifier(pipeline, "pipeline id")
+    validate_identifier(checkpoint_key, "checkpoint key")
+    cdir = f"{store.base}/{pipeline}/{checkpoint_key}"
+    found = []
+    for info in store.filesystem.get_file_info(pafs.FileSelector(cdir, allow_not_found=True)):
+        named = attempt_of(info.base_name)
+        if named is None or named[0] < 1 or info.type != pafs.FileType.Directory:
+            continue
+        if info.path != f"{cdir}/{info.base_name}":
+            continue  # not directly under the checkpoint (never, from a non-recursive listing)
+        uri = f"{store.root_uri.rstrip('/')}/{pipeline}/{checkpoint_key}/{info.base_name}"
+        found.append(AttemptLocation(pipeline, checkpoint_key, named[0], named[1], info.path, uri))
+    return sorted(found, key=lambda loc: (loc.attempt, loc.attempt_id or ""))
+
+
 def remove_staged_attempts(
-    layout: StagingLayout,
+    layout: StagingLayout | StagingStore,
     pipeline: str,
     checkpoint_key: str,
     *,
@@ -98,9 +167,29 @@ def remove_staged_attempts(
     referenced: Callable[[str | None], bool] = never_referenced,
     wanted: Callable[[int, str | None], bool] | None = None,
 ) -> list[str]:
-    """:func:`remove_attempts_fenced` over a local staging layout's attempt directories of one
-    checkpoint; then its directory, if that emptied it (an attempt that appears meanwhile stays,
-    and so does the directory). Returns the attempt directory names removed."""
+    """:func:`remove_attempts_fenced` over the attempts of one checkpoint; returns their names removed.
+
+    ``layout``: a local :class:`StagingLayout` (or a local :class:`StagingStore`):
+    attempt directories, then the checkpoint's directory if that emptied it (an
+    attempt that appears meanwhile stays, and so does the directory). Or an
+    object-store :class:`StagingStore` (open it with :func:`open_object_store`):
+    the attempt prefixes it lists (:func:`store_attempts`), each deleted by
+    :meth:`StagingStore.remove_attempt` (only a location it builds itself);
+    a prefix has no directory to remove once its objects are gone.
+    """
+    if isinstance(layout, StagingStore):
+        if layout.layout is not None:
+            layout = layout.layout
+        else:
+            return _remove_store_attempts(
+                layout,
+                pipeline,
+                checkpoint_key,
+                up_to=up_to,
+                fence=fence,
+                referenced=referenced,
+                wanted=wanted,
+            )
     # Attempt numbers start at 1: an ``attempt-0`` directory is not walsink's to delete.
     attempts = [(n, i, str(p)) for n, i, p in layout.staged_attempts(pipeline, checkpoint_key) if n >= 1]
     numbered = {location: (n, i) for n, i, location in attempts}
@@ -117,3 +206,38 @@ def remove_staged_attempts(
     except OSError:
         pass  # not empty (an attempt kept, or a new one), or already gone
     return [Path(p).name for p in removed]
+
+
+def _remove_store_attempts(
+    store: StagingStore,
+    pipeline: str,
+    checkpoint_key: str,
+    *,
+    up_to: int,
+    fence: Callable[[], None],
+    referenced: Callable[[str | None], bool],
+    wanted: Callable[[int, str | None], bool] | None,
+) -> list[str]:
+    """:func:`remove_staged_attempts` on an object store."""
+    located = {loc.path: loc for loc in store_attempts(store, pipeline, checkpoint_key)}
+
+    def delete(path: str) -> bool:
+        try:
+            return store.remove_attempt(located[path])
+        except PathEscapeError as exc:
+            # The store refuses a location it would not build itself (an unnumbered name beside a
+            # named attempt of that number): left in place, never deleted by guess.
+            log.warning("clean-up left %s: %s", located[path].uri, exc)
+            return False
+        except OSError as exc:  # the store's own error, naming the attempt
+            raise StagingStoreError(f"deleting {located[path].uri} failed: {exc}") from exc
+
+    removed = remove_attempts_fenced(
+        [(loc.attempt, loc.attempt_id, path) for path, loc in located.items()],
+        up_to=up_to,
+        fence=fence,
+        referenced=referenced,
+        delete=delete,
+        wanted=wanted,
+    )
+    return [path.rsplit("/", 1)[-1] for path in removed]

@@ -413,10 +413,36 @@ class StagingStore:
             return self.layout.remove_attempt(
                 location.pipeline, location.checkpoint_key, location.attempt, location.attempt_id
             )
+        if self.kind == "s3":
+            return self._delete_s3_prefix(location)
         if not self.list_attempt(location):  # an object store has no empty directories
             return False
         self.filesystem.delete_dir(location.path)
         return True
+
+    def _delete_s3_prefix(self, location: AttemptLocation) -> bool:
+        """Delete every object under ``<attempt>/``: listed, then removed in batches of 1,000.
+
+        Not ``pyarrow``'s ``delete_dir``: it leaves an empty marker object for the parent
+        (``<pipeline>/<checkpoint>/``), so a checkpoint prefix would never go away.
+        """
+        bucket, _, key = location.path.partition("/")
+        client = self._boto3()
+        keys = [
+            obj["Key"]
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key + "/")
+            for obj in page.get("Contents", [])
+        ]
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[start : start + 1000]]
+            answer = client.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+            if answer.get("Errors"):
+                first = answer["Errors"][0]
+                raise StagingStoreError(
+                    f"deleting {location.uri} failed for {len(answer['Errors'])} objects "
+                    f"(first: {first.get('Key')}: {first.get('Code')}); run the clean-up again"
+                )
+        return bool(keys)
 
     # ------------------------------------------------------------------ S3 client
 

@@ -104,6 +104,55 @@ class TargetNotWritableError(LayoutError):
     """The file target's root cannot take new files here; raised before the write phase runs."""
 
 
+class ObjectStoreFileTargetError(LayoutError):
+    """A file target, or its staging root, on an object store: refused before anything is written.
+
+    The file target's publish is a rename (``append``) or a directory swap
+    (``overwrite``) on one POSIX file system; object stores have neither, and
+    a copy-then-delete publish would be visible half done to readers and could
+    not be fenced. Publishing to object storage is what the table targets are
+    for: their commit is one atomic write of table metadata.
+    """
+
+
+#: What to use instead of a file target on an object store (every refusal says it).
+OBJECT_STORE_ALTERNATIVE = (
+    "publish to object storage with a table target, whose commit is atomic there: Iceberg "
+    "(iceberg://<catalog>/<namespace>.<table>) or Delta (delta+s3://<bucket>/<path>); or give the file "
+    "target and its staging root as local or mounted paths (docs/targets.md)"
+)
+
+
+def _object_store_uri(value: Any) -> str | None:
+    """``value`` as text if it names a place on an object store (``s3://``, ``gs://``...), else None."""
+    if not isinstance(value, str | os.PathLike):
+        return None
+    text = os.fspath(value)
+    if "://" in text and urlsplit(text).scheme.lower() not in ("", "file"):
+        return text
+    return None
+
+
+def refuse_object_store(target_root: Any = None, staging_root: Any = None) -> None:
+    """Raise :class:`ObjectStoreFileTargetError` if the file target or its staging root is on an object store.
+
+    For the pre-flight checks (before any Spark job runs): ``staging_root`` is a
+    path or URI, or a staging store/layout (its ``root_uri``, if it has one).
+    """
+    if (uri := _object_store_uri(target_root)) is not None:
+        raise ObjectStoreFileTargetError(
+            f"file target {uri!r} is on an object store, where a file target cannot publish atomically "
+            f"(it renames files and swaps directories); {OBJECT_STORE_ALTERNATIVE}. Nothing was written"
+        )
+    root = getattr(staging_root, "root_uri", staging_root)
+    if (uri := _object_store_uri(root)) is not None:
+        raise ObjectStoreFileTargetError(
+            f"staging root {uri!r} is on an object store: a file target publishes by renaming staged files "
+            f"into the target, which needs both on one file system; {OBJECT_STORE_ALTERNATIVE}. Nothing was "
+            "written"
+        )
+
+
 class FilePublisher:
     """Publishes committables into ``target_root`` (see the module docstring)."""
 
@@ -126,6 +175,8 @@ class FilePublisher:
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        # Before anything else: ``Path("s3://b/t")`` would quietly become a local directory.
+        refuse_object_store(target_root, layout)
         if schema_evolution not in SCHEMA_EVOLUTION:
             raise TargetSchemaError(
                 f"file target option schema_evolution must be one of {list(SCHEMA_EVOLUTION)}, "
@@ -162,8 +213,12 @@ class FilePublisher:
     def describe(self) -> str:
         return f"file://{self.target_root} ({self.mode})"
 
-    def check_writable(self) -> None:
+    def check_writable(self, staging_root: str | os.PathLike[str] | None = None) -> None:
         """Refuse, before any Spark job runs, a target root this process cannot create files in.
+
+        With ``staging_root`` (where the write phase is about to stage), also
+        refuse one on an object store (:class:`ObjectStoreFileTargetError`,
+        naming the table targets), which the commit could not publish from.
 
         The commit moves files into the root (creating it and its partitions); a root in a
         read-only directory used to fail only then, after the whole write phase, naming a
@@ -173,8 +228,11 @@ class FilePublisher:
 
         Raises:
             TargetNotWritableError: naming the target root, what is in the way and the fix.
+            ObjectStoreFileTargetError: the staging root is on an object store.
         """
         import tempfile
+
+        refuse_object_store(staging_root=staging_root)
 
         root = str(self.target_root)
         probe = root
