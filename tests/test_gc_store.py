@@ -410,3 +410,39 @@ def test_abort_cleanup_on_s3_stops_when_a_new_run_takes_the_checkpoint(store, s3
     assert any("moved on" in w for w in outcome.warnings), outcome.warnings
     assert sorted(n.split("-")[1] for n in attempt_names(sstore, "p", "k1")) == ["1", "2", "3"]
     assert store.require("p", "k1").state.value == "COMMITTING"
+
+
+def test_the_gc_operator_opens_a_recorded_s3_root_with_the_staging_connection(
+    store, db_url, s3, s3_server, monkeypatch, tmp_path  # noqa: F811
+):
+    """The maintenance task collects a root the write task staged on S3 with the credentials
+    of the walsink connection's ``staging_conn_id`` (here the only way in: the environment
+    has no AWS keys, so the default credential chain would be refused by the server)."""
+    import json
+
+    from airflow_provider_walsink.operators.gc import WalGarbageCollectOperator
+
+    sstore, _stores, prefix = s3
+    stage(store, sstore, "p", "c1")
+    stage(store, sstore, "p", "c1")
+    mark_committed(store, "p", "c1")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_MOTO_STAGING",
+        json.dumps({"conn_type": "aws", "login": ACCESS_KEY, "password": SECRET_KEY,
+                    "extra": {"region_name": REGION, "endpoint_url": s3_server.endpoint}}),
+    )  # fmt: skip
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_WALSINK_GC_TEST",
+        json.dumps({"conn_type": "walsink", "extra": {"url": db_url, "staging_root": str(tmp_path / "local"),
+                                                      "staging_conn_id": "moto_staging"}}),
+    )  # fmt: skip
+    assert attempt_names(sstore, "p", "c1") != []
+    report = WalGarbageCollectOperator(
+        task_id="gc", walsink_conn_id="walsink_gc_test", retention=timedelta(0), history_retention=None
+    ).execute({})
+    assert attempt_names(sstore, "p", "c1") == [], report
+    assert not [k for k in keys(s3_server, prefix) if k.startswith("staging/p/c1/attempt-")], report

@@ -33,7 +33,9 @@ class WalGarbageCollectOperator(BaseOperator):
     :param staging_root: templated; defaults to the connection's ``staging_root``. The
         staging roots recorded on checkpoint rows are walked too (docs/protocol.md,
         "Staging root"); a recorded object-store root (``s3://``...) is opened with the
-        worker's default credential chain (environment, instance role).
+        credentials of the walsink connection's staging connection (``staging_conn_id``,
+        else ``aws_default``, else the worker's default credential chain), as the write
+        task staged it.
     :param retention: minimum age of staging garbage before it is removed.
     :param history_retention: minimum age of committed rows before they are
         trimmed; ``None`` keeps every row.
@@ -74,6 +76,7 @@ class WalGarbageCollectOperator(BaseOperator):
             history_retention=self.history_retention,
             pipelines=self.pipelines,
             dry_run=self.dry_run,
+            stores=hook.get_staging_store,
         )
         self.log.info("walsink gc: %s", report.describe())
         return report.to_dict()
