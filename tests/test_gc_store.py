@@ -413,7 +413,12 @@ def test_abort_cleanup_on_s3_stops_when_a_new_run_takes_the_checkpoint(store, s3
 
 
 def test_the_gc_operator_opens_a_recorded_s3_root_with_the_staging_connection(
-    store, db_url, s3, s3_server, monkeypatch, tmp_path  # noqa: F811
+    store,
+    db_url,
+    s3,
+    s3_server,  # noqa: F811
+    monkeypatch,
+    tmp_path,
 ):
     """The maintenance task collects a root the write task staged on S3 with the credentials
     of the walsink connection's ``staging_conn_id`` (here the only way in: the environment
