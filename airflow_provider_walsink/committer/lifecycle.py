@@ -495,6 +495,78 @@ class CheckpointLifecycle(CheckpointTransitions):
         with self._tx() as conn:
             self._refuse(conn, self._lock(conn, pipeline, checkpoint_key), actor, error)
 
+    @retrying
+    def record_blocked(
+        self, pipeline: str, checkpoint_key: str, *, actor: Actor, waiting_to: str = "start writing"
+    ) -> str | None:
+        """Record that an ``append`` checkpoint waits behind an earlier open one; return the reason.
+
+        The reason (which checkpoint blocks it, in which state, and the fix) becomes the
+        checkpoint's error and, when it changed, one history row; the state is unchanged
+        (a new attempt or the commit clears it). Returns ``None`` when nothing blocks it
+        (any more): nothing is recorded then.
+        """
+        with self._tx() as conn:
+            row = self._lock(conn, pipeline, checkpoint_key)
+            earlier = conn.execute(
+                select(ckpt.c.checkpoint_key, ckpt.c.state, ckpt.c.sequence)
+                .where(
+                    ckpt.c.pipeline == pipeline,
+                    ckpt.c.sequence < row["sequence"],
+                    ckpt.c.state.notin_([S.COMMITTED.value, S.ABORTED.value]),
+                )
+                .order_by(ckpt.c.sequence)
+                .limit(1)
+            ).first()
+            if earlier is None:
+                return None
+            reason = blocked_reason(
+                pipeline,
+                checkpoint_key,
+                row["sequence"],
+                earlier.checkpoint_key,
+                earlier.sequence,
+                earlier.state,
+                waiting_to=waiting_to,
+            )
+            if row["error"] != reason:
+                self._refuse(conn, row, actor, reason)
+            return reason
+
+
+#: How a recorded "blocked" reason begins (the UI and the CLI tell it from a refusal by it).
+BLOCKED_PREFIX = "blocked by earlier checkpoint "
+
+
+def blocked_reason(
+    pipeline: str,
+    checkpoint_key: str,
+    sequence: int,
+    blocker_key: str,
+    blocker_sequence: int,
+    blocker_state: str,
+    *,
+    waiting_to: str = "start writing",
+) -> str:
+    """Why an ``append`` checkpoint waits, and what to do: the first line names the blocker."""
+    if blocker_state in (S.FAILED.value, S.REJECTED.value):
+        fix = (
+            f"fix {blocker_key} first (see its error; re-run its write task, or its commit task if it "
+            f"is durable) or abort it: walsink abort {pipeline} {blocker_key} --reason '...'"
+        )
+    else:
+        fix = (
+            f"let {blocker_key} finish (its DAG run is still working on it) or, if it will never "
+            f"finish, abort it: walsink abort {pipeline} {blocker_key} --reason '...'"
+        )
+    return (
+        f"{BLOCKED_PREFIX}{blocker_key}: append checkpoint {pipeline}/{checkpoint_key} (sequence {sequence}) "
+        f"cannot {waiting_to}: earlier checkpoint {blocker_key} (sequence {blocker_sequence}) is "
+        f"{blocker_state}; it must be committed or aborted first, or its input would be read twice. "
+        f"Fix: {fix}; then this checkpoint's task goes on at its next try (clear it in Airflow if its "
+        "retries are used up)"
+    )
+
 
 def _collision(what: str, given: str, stored: str) -> str:
     return (

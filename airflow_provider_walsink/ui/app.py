@@ -205,7 +205,8 @@ def _page(
     records = records[:limit]
     if not descending:
         records.reverse()  # pages always read newest first
-    items = [views.checkpoint_dict(r) for r in records]
+    waits = views.wait_context(store, [pipeline])
+    items = [views.checkpoint_dict(r, waits=waits) for r in records]
     newest = items[0]["sequence"] if items else None
     oldest = items[-1]["sequence"] if items else None
     return {
@@ -230,7 +231,7 @@ def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, key: str
     history = store.history(pipeline, key)
     transitions = [views.transition_dict(t) for t in history]
     return {
-        "checkpoint": views.checkpoint_dict(record),
+        "checkpoint": views.checkpoint_dict(record, waits=views.wait_context(store, [pipeline])),
         # Under the root the write phase recorded; the connection's only for a row without one.
         "committables": views.committables(record, record.layout(get_layout)),
         "audit": views.audit_results(record, transitions),
@@ -427,7 +428,8 @@ def create_app() -> FastAPI:
     ) -> JSONResponse:
         """Checkpoints registered by a DAG, or by one of its runs (the DAG and run tabs)."""
         records = store.checkpoints_of_run(dag_id, run_id, limit=limit)
-        return _json({"checkpoints": [views.checkpoint_dict(r) for r in records]})
+        waits = views.wait_context(store, {r.pipeline for r in records})
+        return _json({"checkpoints": [views.checkpoint_dict(r, waits=waits) for r in records]})
 
     # ------------------------------------------------------------------ pages
 
@@ -515,7 +517,8 @@ def create_app() -> FastAPI:
     def _dag_page(request: Request, store: CommitterStore, dag_id: str, run_id: str | None) -> HTMLResponse:
         """The DAG tab (every run) or the run tab: that DAG's / run's checkpoints."""
         records = store.checkpoints_of_run(dag_id, run_id, limit=2000)
-        checkpoints = [views.checkpoint_dict(r) for r in records]
+        waits = views.wait_context(store, {r.pipeline for r in records})
+        checkpoints = [views.checkpoint_dict(r, waits=waits) for r in records]
         return render(request, "dag.html", dag_id=dag_id, run_id=run_id, checkpoints=checkpoints)
 
     @app.get("/link", dependencies=[Depends(requires_access_dag("GET")), Depends(known_dag)])

@@ -19,6 +19,7 @@ from sqlalchemy import select
 from airflow_provider_walsink.audit import AuditReport
 from airflow_provider_walsink.committer.models import checkpoint_table as _ckpt
 from airflow_provider_walsink.committer.models import pipeline_table as _pipe
+from airflow_provider_walsink.committer.queries import wait_status
 from airflow_provider_walsink.committer.records import VersionRecord
 from airflow_provider_walsink.committer.store import (
     CheckpointRecord,
@@ -120,7 +121,32 @@ def phases(record: CheckpointRecord, now: datetime | None = None) -> dict[str, A
     return out
 
 
-def checkpoint_dict(record: CheckpointRecord, now: datetime | None = None) -> dict[str, Any]:
+#: Per pipeline: its mode and its earliest open checkpoint (what blocks a later ``append`` one).
+WaitContext = dict[str, tuple[str | None, CheckpointRecord | None]]
+
+
+def wait_context(store: CommitterStore, pipelines: set[str] | list[str]) -> WaitContext:
+    """What :func:`checkpoint_dict` needs to tell a blocked checkpoint from a writing one:
+    a few indexed probes per ``append`` pipeline, none for ``overwrite`` ones."""
+    out: WaitContext = {}
+    for name in set(pipelines):
+        row = store.get_pipeline(name)
+        mode = row["mode"] if row else None
+        out[name] = (mode, store.first_open(name) if mode == "append" else None)
+    return out
+
+
+def checkpoint_dict(
+    record: CheckpointRecord,
+    now: datetime | None = None,
+    *,
+    waits: WaitContext | None = None,
+) -> dict[str, Any]:
+    mode, first_open = (waits or {}).get(record.pipeline, (None, None))
+    waiting = wait_status(record, mode, first_open)
+    current_phases = phases(record, now)
+    if waiting is not None and waiting["status"] == "blocked":
+        current_phases["current"] = "blocked"  # waiting, not writing: never counted as a running phase
     return {
         "pipeline": record.pipeline,
         "checkpoint_key": record.checkpoint_key,
@@ -143,6 +169,9 @@ def checkpoint_dict(record: CheckpointRecord, now: datetime | None = None) -> di
         "lease_owner": record.lease_owner,
         "lease_expires_at": _iso(record.lease_expires_at),
         "error": record.error,
+        # Why it does not move on although nothing failed: blocked (by which checkpoint),
+        # refused (for what), with the fix; None when it is moving or done.
+        "waiting": waiting,
         "dag_id": record.dag_id,
         "run_id": record.run_id,
         "created_at": _iso(record.created_at),
@@ -150,7 +179,7 @@ def checkpoint_dict(record: CheckpointRecord, now: datetime | None = None) -> di
         "sealed_at": _iso(record.sealed_at),
         "durable_at": _iso(record.durable_at),
         "committed_at": _iso(record.committed_at),
-        "phases": phases(record, now),
+        "phases": current_phases,
         # What the commit published (target, files or snapshot), when the committer recorded it.
         "publication": getattr(record, "publication", None),
         "airflow": airflow_links(record.dag_id, record.run_id),
