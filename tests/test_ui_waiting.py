@@ -26,43 +26,47 @@ pytestmark = pytest.mark.airflow
 ACTOR = Actor(name="w", dag_id=DAG_A, run_id="run-o", task_id="write", try_number=1)
 
 
+def add_waiting_checkpoints(world, tmp) -> None:
+    """``orders`` and ``ledger`` as the module's docstring says, through the tasks' own calls."""
+    store, layout = world.store, world.layout
+    stage_checkpoint(store, layout, "orders", "k1", {"a.csv": b"1\n"}, mode="append", durable=False)
+    store.fail("orders", "k1", error="spark job died", actor=ACTOR, attempt=1)
+    store.register("orders", "k2", mode="append", actor=ACTOR)
+    stage_checkpoint(store, layout, "orders", "k3", {"c.csv": b"3\n"}, mode="append", actor=ACTOR)
+    # The write task of k2, as Airflow runs it: refused, and the refusal is recorded.
+    op = WalWriteOperator(
+        task_id="write",
+        application="/nonexistent.py",
+        pipeline="orders",
+        mode="append",
+        checkpoint_key="k2",
+        walsink_conn_id=os.environ["AIRFLOW__WALSINK__UI_CONN_ID"],
+    )
+    ti = SimpleNamespace(dag_id=DAG_A, task_id="write", run_id="run-k2", try_number=1, map_index=-1)
+    with pytest.raises(OrderingError, match="earlier checkpoint k1 .* is FAILED"):
+        op.execute({"ti": ti})
+    publisher = FilePublisher(tmp / "ledger-target", "append", layout=layout)
+    committer = CheckpointCommitter(store, layout, publisher, mode="append")
+    stage_checkpoint(
+        store, layout, "ledger", "c1", {"a.csv": b"1\n"}, mode="append",
+        start_offsets={"p": 0}, end_offsets={"p": 10}, actor=ACTOR,
+    )  # fmt: skip
+    committer.commit("ledger", "c1", actor=ACTOR)
+    stage_checkpoint(
+        store, layout, "ledger", "c2", {"b.csv": b"2\n"}, mode="append",
+        start_offsets={"p": 5}, end_offsets={"p": 20}, actor=ACTOR,
+    )  # fmt: skip
+    with pytest.raises(OffsetsError):
+        committer.commit("ledger", "c2", actor=ACTOR)
+
+
 @pytest.fixture(scope="module")
 def world(airflow_db, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui-waiting")
     url = f"sqlite:///{tmp}/committer.db"
     with pytest.MonkeyPatch.context() as mp:
         for world in build_world(url, tmp, mp):
-            store, layout = world.store, world.layout
-            stage_checkpoint(store, layout, "orders", "k1", {"a.csv": b"1\n"}, mode="append", durable=False)
-            store.fail("orders", "k1", error="spark job died", actor=ACTOR, attempt=1)
-            store.register("orders", "k2", mode="append", actor=ACTOR)
-            stage_checkpoint(store, layout, "orders", "k3", {"c.csv": b"3\n"}, mode="append", actor=ACTOR)
-            # The write task of k2, as Airflow runs it: refused, and the refusal is recorded.
-            conn_id = os.environ["AIRFLOW__WALSINK__UI_CONN_ID"]
-            op = WalWriteOperator(
-                task_id="write",
-                application="/nonexistent.py",
-                pipeline="orders",
-                mode="append",
-                checkpoint_key="k2",
-                walsink_conn_id=conn_id,
-            )
-            ti = SimpleNamespace(dag_id=DAG_A, task_id="write", run_id="run-k2", try_number=1, map_index=-1)
-            with pytest.raises(OrderingError, match="earlier checkpoint k1 .* is FAILED"):
-                op.execute({"ti": ti})
-            publisher = FilePublisher(tmp / "ledger-target", "append", layout=layout)
-            committer = CheckpointCommitter(store, layout, publisher, mode="append")
-            stage_checkpoint(
-                store, layout, "ledger", "c1", {"a.csv": b"1\n"}, mode="append",
-                start_offsets={"p": 0}, end_offsets={"p": 10}, actor=ACTOR,
-            )  # fmt: skip
-            committer.commit("ledger", "c1", actor=ACTOR)
-            stage_checkpoint(
-                store, layout, "ledger", "c2", {"b.csv": b"2\n"}, mode="append",
-                start_offsets={"p": 5}, end_offsets={"p": 20}, actor=ACTOR,
-            )  # fmt: skip
-            with pytest.raises(OffsetsError):
-                committer.commit("ledger", "c2", actor=ACTOR)
+            add_waiting_checkpoints(world, tmp)
             world.url = url
             yield world
 

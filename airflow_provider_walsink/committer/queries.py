@@ -7,6 +7,7 @@ dropped connection like every store call.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, and_, func, or_, select
@@ -125,11 +126,18 @@ class CheckpointQueries:
         before_sequence: int | None = None,
         limit: int = 100,
         descending: bool = True,
+        registered_before: datetime | None = None,
     ) -> list[CheckpointRecord]:
-        """One page of a pipeline's checkpoints, keyset-paginated by sequence."""
+        """One page of a pipeline's checkpoints, keyset-paginated by sequence.
+
+        ``registered_before`` (naive UTC): only checkpoints registered before it that are
+        neither COMMITTED nor ABORTED ("not committed for longer than X").
+        """
         query = select(ckpt).where(ckpt.c.pipeline == pipeline)
         if states:
             query = query.where(ckpt.c.state.in_(states))
+        if registered_before is not None:
+            query = query.where(ckpt.c.state.in_(_BLOCKING_STATES), ckpt.c.created_at <= registered_before)
         if after_sequence is not None:
             query = query.where(ckpt.c.sequence > after_sequence)
         if before_sequence is not None:
@@ -137,6 +145,22 @@ class CheckpointQueries:
         order = ckpt.c.sequence.desc() if descending else ckpt.c.sequence
         with self.engine.connect() as conn:
             rows = conn.execute(query.order_by(order).limit(limit)).mappings().all()
+        return [CheckpointRecord.from_row(r) for r in rows]
+
+    @retrying
+    def uncommitted(
+        self, pipelines: list[str], *, registered_before: datetime | None = None, limit: int = 500
+    ) -> list[CheckpointRecord]:
+        """Checkpoints of ``pipelines`` neither COMMITTED nor ABORTED (registered before
+        ``registered_before``, naive UTC, if given), oldest registration first: what is stuck."""
+        if not pipelines:
+            return []
+        query = select(ckpt).where(ckpt.c.pipeline.in_(pipelines), ckpt.c.state.in_(_BLOCKING_STATES))
+        if registered_before is not None:
+            query = query.where(ckpt.c.created_at <= registered_before)
+        query = query.order_by(ckpt.c.created_at, ckpt.c.pipeline, ckpt.c.sequence).limit(limit)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).mappings().all()
         return [CheckpointRecord.from_row(r) for r in rows]
 
     @retrying

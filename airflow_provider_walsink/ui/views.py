@@ -9,8 +9,9 @@ root is ever opened because a database row says so (invariant 6).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -27,6 +28,7 @@ from airflow_provider_walsink.committer.store import (
     TransitionRecord,
     utcnow,
 )
+from airflow_provider_walsink.links import task_log_link
 from airflow_provider_walsink.protocol.errors import WalsinkError
 from airflow_provider_walsink.protocol.manifest import read_manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
@@ -42,6 +44,22 @@ SKIPPED_RERUN = "write skipped"
 MAX_COMMITTABLES_SHOWN = 1000
 #: States the pages colour as failures (red); every other state, ABORTED included, is neutral.
 FAILURE_STATES = frozenset(s for s in STATE_ORDER if s in ("FAILED", "REJECTED"))
+
+
+#: ``90s``, ``15m``, ``12h``, ``7d``, ``2w``: the ages the filters take (as ``walsink checkpoints --older-than``).
+_AGE = re.compile(r"\s*(\d+)\s*([smhdw])\s*")
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+#: The choices of the overview's "not committed for longer than" control.
+AGE_CHOICES = ("15m", "1h", "6h", "1d", "7d")
+
+
+def parse_age(text: str) -> timedelta:
+    """``"90s"``, ``"15m"``, ``"12h"``, ``"7d"``, ``"2w"`` -> a timedelta; ``ValueError`` (saying
+    what is accepted) for anything else, a number without a unit included."""
+    match = _AGE.fullmatch(text or "")
+    if match is None:
+        raise ValueError(f"not an age: {text!r}; give a whole number with a unit: 90s, 15m, 12h, 7d or 2w")
+    return timedelta(seconds=int(match.group(1)) * _AGE_UNITS[match.group(2)])
 
 
 def plural(n: int | None, word: str, plural_word: str | None = None) -> str:
@@ -70,8 +88,11 @@ def key_values(value: Any, prefix: str = "") -> list[tuple[str, str]]:
     return [(prefix or "value", text)]
 
 
-def airflow_links(dag_id: str | None, run_id: str | None, task_id: str | None = None) -> dict[str, str]:
-    """Relative links to Airflow 3's own pages for a DAG, a run and a task (whichever are known).
+def airflow_links(
+    dag_id: str | None, run_id: str | None, task_id: str | None = None, try_number: int | None = None
+) -> dict[str, str]:
+    """Relative links to Airflow 3's own pages for a DAG, a run, a task and its try's log
+    (whichever are known).
 
     Relative (``/dags/...``), so they follow the api-server wherever it is served from.
     """
@@ -83,7 +104,37 @@ def airflow_links(dag_id: str | None, run_id: str | None, task_id: str | None = 
         out["run"] = f"{dag}/runs/{quote(run_id, safe='')}"
         if task_id:
             out["task"] = f"{out['run']}/tasks/{quote(task_id, safe='')}"
+            out["log"] = task_log_link(dag_id, run_id, task_id, try_number)
     return out
+
+
+def failing_try(history: list[TransitionRecord]) -> TransitionRecord | None:
+    """The task try whose log says why the checkpoint is where it is: the newest failure,
+    refusal or wait recorded by a task (a history row that fails it, or one that changes no
+    state), else the newest task that moved it. ``None`` when no Airflow task touched it."""
+    tasks = [t for t in history if t.dag_id and t.run_id and t.task_id]
+    for t in reversed(tasks):
+        if t.to_state in _FAILING or (t.from_state == t.to_state and t.detail):
+            if (t.detail or "").startswith(SKIPPED_RERUN):
+                continue
+            return t
+    return tasks[-1] if tasks else None
+
+
+def log_link(history: list[TransitionRecord]) -> dict[str, Any] | None:
+    """``{"url", "dag_id", "run_id", "task_id", "try_number", "state"}`` of :func:`failing_try`."""
+    t = failing_try(history)
+    if t is None:
+        return None
+    return {
+        "url": task_log_link(t.dag_id, t.run_id, t.task_id, t.try_number),
+        "dag_id": t.dag_id,
+        "run_id": t.run_id,
+        "task_id": t.task_id,
+        "try_number": t.try_number,
+        "state": t.to_state,
+        "at": _iso(t.at),
+    }
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -142,6 +193,7 @@ def checkpoint_dict(
     *,
     waits: WaitContext | None = None,
 ) -> dict[str, Any]:
+    now = now or utcnow()
     mode, first_open = (waits or {}).get(record.pipeline, (None, None))
     waiting = wait_status(record, mode, first_open)
     current_phases = phases(record, now)
@@ -176,6 +228,9 @@ def checkpoint_dict(
         "run_id": record.run_id,
         "created_at": _iso(record.created_at),
         "updated_at": _iso(record.updated_at),
+        # How long it has been in its current state ("stuck since"): every transition sets updated_at.
+        "state_since": _iso(record.updated_at),
+        "age_s": _seconds(record.updated_at, now),
         "sealed_at": _iso(record.sealed_at),
         "durable_at": _iso(record.durable_at),
         "committed_at": _iso(record.committed_at),
@@ -217,13 +272,14 @@ def transition_dict(record: TransitionRecord) -> dict[str, Any]:
     out = asdict(record)
     out["at"] = _iso(record.at)
     del out["checkpoint_id"]
-    out["airflow"] = airflow_links(record.dag_id, record.run_id, record.task_id)
+    out["airflow"] = airflow_links(record.dag_id, record.run_id, record.task_id, record.try_number)
     # An audit verdict's detail is its check results (JSON): also given parsed.
     out["audit"] = AuditReport.from_detail(record.detail) if record.to_state in _VERDICTS else None
     return out
 
 
 _VERDICTS = frozenset(s.value for s in AUDIT_VERDICTS)
+_FAILING = frozenset({S.FAILED.value, S.REJECTED.value})
 
 
 def audit_results(record: CheckpointRecord, history: list[dict[str, Any]]) -> dict[str, Any] | None:
