@@ -24,6 +24,7 @@ from airflow_provider_walsink.protocol.states import VERIFIED_DURABLE, Checkpoin
 from .errors import OffsetsError, OrderingError, StaleAttemptError, StoreError, TransitionError
 from .models import checkpoint_table as ckpt
 from .models import pipeline_table as pipe
+from .models import transition_table as trans
 from .models import version_table as vers
 from .records import Actor, CheckpointRecord
 from .retry import retrying
@@ -197,7 +198,11 @@ class CheckpointLifecycle(CheckpointTransitions):
                 self._refuse(conn, row, actor, str(refused))
             else:
                 values: dict[str, Any] = dict(
-                    _NO_SEALED_ATTEMPT, attempt=row["attempt"] + 1, attempt_id=uuid.uuid4().hex
+                    _NO_SEALED_ATTEMPT,
+                    attempt=row["attempt"] + 1,
+                    attempt_id=uuid.uuid4().hex,
+                    # The run of the newest attempt (the only one that can seal) names the row.
+                    **_run_of(actor),
                 )
                 if start_offsets is not None:
                     values["start_offsets"] = _dump(start_offsets)
@@ -312,13 +317,15 @@ class CheckpointLifecycle(CheckpointTransitions):
             if row["attempt"] != attempt or row["state"] != S.WRITING.value:
                 raise StaleAttemptError(
                     f"attempt {attempt} of {pipeline}/{checkpoint_key} cannot seal: the checkpoint is "
-                    f"{row['state']} at attempt {row['attempt']} (only the newest attempt counts)"
+                    f"{row['state']} at attempt {row['attempt']} (only the newest attempt counts); "
+                    + _who_has_it(conn, row, attempt)
                 )
             legacy = attempt_id is not None and attempt_id.startswith("v1-")  # a 0.1 manifest, no id
             if attempt_id is not None and not legacy and row["attempt_id"] not in (None, attempt_id):
                 raise StaleAttemptError(
                     f"attempt {attempt} of {pipeline}/{checkpoint_key} cannot seal: its attempt id "
-                    f"{attempt_id} is not the current attempt's ({row['attempt_id']})"
+                    f"{attempt_id} is not the current attempt's ({row['attempt_id']}); "
+                    + _who_has_it(conn, row, attempt)
                 )
             values: dict[str, Any] = dict(
                 sealed_attempt=attempt,
@@ -330,6 +337,8 @@ class CheckpointLifecycle(CheckpointTransitions):
                 bytes=bytes,
                 end_offsets=_dump(end_offsets),
                 sealed_at=row["_now"],
+                # The run whose data this is (the one that will be committed) names the row.
+                **_run_of(actor),
             )
             if start_offsets is not None:
                 values["start_offsets"] = _dump(start_offsets)
@@ -565,6 +574,54 @@ def blocked_reason(
         f"{blocker_state}; it must be committed or aborted first, or its input would be read twice. "
         f"Fix: {fix}; then this checkpoint's task goes on at its next try (clear it in Airflow if its "
         "retries are used up)"
+    )
+
+
+def _run_of(actor: Actor) -> dict[str, Any]:
+    """``dag_id``/``run_id`` of an Airflow actor for the row; nothing for one outside Airflow."""
+    return {"dag_id": actor.dag_id, "run_id": actor.run_id} if actor.dag_id else {}
+
+
+def _who_has_it(conn: Connection, row: Mapping[str, Any], attempt: int) -> str:
+    """Which run owns the checkpoint now that ``attempt`` is stale, and what to do (two runs
+    writing one interval: the loser's error names the winner, never only itself)."""
+    if row["state"] == S.COMMITTED.value:
+        done = conn.execute(
+            select(trans.c.dag_id, trans.c.run_id, trans.c.at)
+            .where(trans.c.checkpoint_id == row["id"], trans.c.to_state == S.COMMITTED.value)
+            .order_by(trans.c.id.desc())
+            .limit(1)
+        ).first()
+        dag_id, run_id = (
+            (done.dag_id, done.run_id) if done and done.dag_id else (row["dag_id"], row["run_id"])
+        )
+        at = done.at if done is not None else row["committed_at"]
+        by = f"run {run_id} of DAG {dag_id}" if dag_id else "a writer outside Airflow"
+        when = f" at {at.isoformat(timespec='seconds')}Z" if at else ""
+        return (
+            f"the interval was committed by {by}{when} (attempt {row['sealed_attempt']}): its "
+            f"data is published, once. This run's attempt {attempt} is not needed and is never published; "
+            "nothing to fix (walsink gc removes its staging). Two runs wrote the same interval: keep one "
+            "(e.g. do not backfill an interval a scheduled run covers)"
+        )
+    started = conn.execute(
+        select(trans.c.dag_id, trans.c.run_id)
+        .where(
+            trans.c.checkpoint_id == row["id"],
+            trans.c.to_state == S.WRITING.value,
+            trans.c.attempt == row["attempt"],
+        )
+        .order_by(trans.c.id.desc())
+        .limit(1)
+    ).first()
+    dag_id, run_id = (
+        (started.dag_id, started.run_id) if started and started.dag_id else (row["dag_id"], row["run_id"])
+    )
+    by = f"run {run_id} of DAG {dag_id}" if dag_id else "a writer outside Airflow"
+    return (
+        f"attempt {row['attempt']} was started after it by {by} and is {row['state']}: two runs are writing "
+        "the same interval and only the newest attempt can be committed. Let that run finish; do not "
+        "re-run this one (it would supersede that run's attempt in turn)"
     )
 
 
