@@ -301,6 +301,25 @@ class CheckpointQueries:
         return [VersionRecord.from_row(r) for r in rows]
 
     @retrying
+    def version_starts(self, checkpoint_ids: list[int]) -> dict[int, datetime]:
+        """When each checkpoint's current version began (its newest reprocess transition,
+        COMMITTED -> REGISTERED), for the given checkpoint ids; absent when none is recorded
+        (a first version, or history trimmed by retention)."""
+        if not checkpoint_ids:
+            return {}
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(trans.c.checkpoint_id, func.max(trans.c.at))
+                .where(
+                    trans.c.checkpoint_id.in_(checkpoint_ids),
+                    trans.c.from_state == S.COMMITTED.value,
+                    trans.c.to_state == S.REGISTERED.value,
+                )
+                .group_by(trans.c.checkpoint_id)
+            ).all()
+        return {checkpoint_id: at for checkpoint_id, at in rows}
+
+    @retrying
     def expired_leases(self) -> list[CheckpointRecord]:
         """COMMITTING checkpoints whose lease has expired on the database's clock (or was released)."""
         now = self._now_expr()

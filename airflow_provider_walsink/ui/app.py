@@ -226,8 +226,7 @@ def _page(
     records = records[:limit]
     if not descending:
         records.reverse()  # pages always read newest first
-    waits = views.wait_context(store, [pipeline])
-    items = [views.checkpoint_dict(r, waits=waits) for r in records]
+    items = views.checkpoint_dicts(store, records)
     newest = items[0]["sequence"] if items else None
     oldest = items[-1]["sequence"] if items else None
     return {
@@ -244,8 +243,7 @@ def _uncommitted(
     cutoff = _registered_before(not_committed_for)
     allowed = sorted(visible(user, views.pipeline_writers(store)))
     records = store.uncommitted(allowed, registered_before=cutoff, limit=limit)
-    waits = views.wait_context(store, {r.pipeline for r in records})
-    return [views.checkpoint_dict(r, waits=waits) for r in records]
+    return views.checkpoint_dicts(store, records)
 
 
 def _visible_pipelines(store: CommitterStore, user: Any) -> list[dict[str, Any]]:
@@ -261,8 +259,14 @@ def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, key: str
         raise HTTPException(status.HTTP_404_NOT_FOUND, "Checkpoint not found")
     history = store.history(pipeline, key)
     transitions = [views.transition_dict(t) for t in history]
+    version_phases = views.version_phases(history) if record.version > 1 else []
+    started = store.version_starts([record.id]).get(record.id) if record.version > 1 else None
     return {
-        "checkpoint": views.checkpoint_dict(record, waits=views.wait_context(store, [pipeline])),
+        "checkpoint": views.checkpoint_dict(
+            record, waits=views.wait_context(store, [pipeline]), version_started_at=started
+        ),
+        # A reprocessed checkpoint: each version's own phases, oldest first (empty for a first version).
+        "version_phases": version_phases,
         # The Airflow task try whose log says why it is where it is (a failure, a refusal, a wait).
         "log": views.log_link(history),
         # Under the root the write phase recorded; the connection's only for a row without one.
@@ -473,8 +477,7 @@ def create_app() -> FastAPI:
     ) -> JSONResponse:
         """Checkpoints registered by a DAG, or by one of its runs (the DAG and run tabs)."""
         records = store.checkpoints_of_run(dag_id, run_id, limit=limit)
-        waits = views.wait_context(store, {r.pipeline for r in records})
-        return _json({"checkpoints": [views.checkpoint_dict(r, waits=waits) for r in records]})
+        return _json({"checkpoints": views.checkpoint_dicts(store, records)})
 
     # ------------------------------------------------------------------ pages
 
@@ -593,8 +596,7 @@ def create_app() -> FastAPI:
     def _dag_page(request: Request, store: CommitterStore, dag_id: str, run_id: str | None) -> HTMLResponse:
         """The DAG tab (every run) or the run tab: that DAG's / run's checkpoints."""
         records = store.checkpoints_of_run(dag_id, run_id, limit=2000)
-        waits = views.wait_context(store, {r.pipeline for r in records})
-        checkpoints = [views.checkpoint_dict(r, waits=waits) for r in records]
+        checkpoints = views.checkpoint_dicts(store, records)
         return render(request, "dag.html", dag_id=dag_id, run_id=run_id, checkpoints=checkpoints)
 
     @app.get("/link", dependencies=[Depends(requires_access_dag("GET")), Depends(known_dag)])

@@ -147,24 +147,31 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
     return round((end - start).total_seconds(), 3)
 
 
-def phases(record: CheckpointRecord, now: datetime | None = None) -> dict[str, Any]:
+def phases(
+    record: CheckpointRecord, now: datetime | None = None, *, started_at: datetime | None = None
+) -> dict[str, Any]:
     """Seconds spent writing, waiting to be durable and committing.
 
     A phase that has started but not finished counts up to ``now`` and is
-    named in ``current``; phases never reached are ``None``.
+    named in ``current``; phases never reached are ``None``. ``started_at``: when
+    the row's current version began (a reprocess, see ``store.version_starts``);
+    the write phase of a later version counts from there, never from the
+    checkpoint's first registration.
     """
     now = now or utcnow()
+    start = started_at or record.created_at
     out: dict[str, Any] = {
-        "write_s": _seconds(record.created_at, record.sealed_at),
+        "started_at": _iso(start),
+        "write_s": _seconds(start, record.sealed_at),
         "durable_s": _seconds(record.sealed_at, record.durable_at),
         "commit_s": _seconds(record.durable_at, record.committed_at),
-        "total_s": _seconds(record.created_at, record.committed_at),
+        "total_s": _seconds(start, record.committed_at),
         "current": None,
     }
     if record.state.is_final or record.state in ERROR_STATES:
         return out
     if record.sealed_at is None:
-        out["current"], out["write_s"] = "write", _seconds(record.created_at, now)
+        out["current"], out["write_s"] = "write", _seconds(start, now)
     elif record.durable_at is None:
         out["current"], out["durable_s"] = "durable", _seconds(record.sealed_at, now)
     elif record.committed_at is None:
@@ -192,11 +199,12 @@ def checkpoint_dict(
     now: datetime | None = None,
     *,
     waits: WaitContext | None = None,
+    version_started_at: datetime | None = None,
 ) -> dict[str, Any]:
     now = now or utcnow()
     mode, first_open = (waits or {}).get(record.pipeline, (None, None))
     waiting = wait_status(record, mode, first_open)
-    current_phases = phases(record, now)
+    current_phases = phases(record, now, started_at=version_started_at)
     if waiting is not None and waiting["status"] == "blocked":
         current_phases["current"] = "blocked"  # waiting, not writing: never counted as a running phase
     return {
@@ -239,6 +247,69 @@ def checkpoint_dict(
         "publication": getattr(record, "publication", None),
         "airflow": airflow_links(record.dag_id, record.run_id),
     }
+
+
+def checkpoint_dicts(store: CommitterStore, records: list[CheckpointRecord]) -> list[dict[str, Any]]:
+    """:func:`checkpoint_dict` for a list: blocked-or-not and, for reprocessed checkpoints,
+    the start of their current version, in a few queries for the whole list."""
+    waits = wait_context(store, {r.pipeline for r in records})
+    starts = store.version_starts([r.id for r in records if r.version > 1])
+    now = utcnow()
+    return [checkpoint_dict(r, now, waits=waits, version_started_at=starts.get(r.id)) for r in records]
+
+
+def version_phases(history: list[TransitionRecord], now: datetime | None = None) -> list[dict[str, Any]]:
+    """Each version's own phases, from the history: a reprocess (COMMITTED -> REGISTERED)
+    starts the next version, so no version's write phase counts another version's time.
+
+    ``[{"version", "started_at", "sealed_at", "durable_at", "committed_at", "write_s",
+    "durable_s", "commit_s", "total_s", "current"}]``, oldest first; the newest version's
+    unfinished phase counts up to ``now``. Empty without history (trimmed by retention).
+    """
+    now = now or utcnow()
+    segments: list[list[TransitionRecord]] = []
+    for t in history:
+        if not segments or (t.from_state == S.COMMITTED.value and t.to_state == S.REGISTERED.value):
+            segments.append([])
+        segments[-1].append(t)
+    out = []
+    for number, segment in enumerate(segments, start=1):
+
+        def last(state: CheckpointState, segment: list[TransitionRecord] = segment) -> datetime | None:
+            times = [t.at for t in segment if t.to_state == state.value and t.from_state != t.to_state]
+            return times[-1] if times else None
+
+        start, sealed, durable, committed = (
+            segment[0].at,
+            last(S.SEALED),
+            last(S.DURABLE),
+            last(S.COMMITTED),
+        )
+        if sealed is not None and sealed < start:
+            sealed = None
+        row: dict[str, Any] = {
+            "version": number,
+            "started_at": _iso(start),
+            "sealed_at": _iso(sealed),
+            "durable_at": _iso(durable),
+            "committed_at": _iso(committed),
+            "write_s": _seconds(start, sealed),
+            "durable_s": _seconds(sealed, durable),
+            "commit_s": _seconds(durable, committed),
+            "total_s": _seconds(start, committed),
+            "current": None,
+        }
+        newest = number == len(segments)
+        state = segment[-1].to_state
+        if newest and committed is None and state not in {s.value for s in ERROR_STATES}:
+            if sealed is None:
+                row["current"], row["write_s"] = "write", _seconds(start, now)
+            elif durable is None:
+                row["current"], row["durable_s"] = "durable", _seconds(sealed, now)
+            else:
+                row["current"], row["commit_s"] = "commit", _seconds(durable, now)
+        out.append(row)
+    return out
 
 
 def version_dict(record: VersionRecord) -> dict[str, Any]:
