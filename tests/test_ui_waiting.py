@@ -135,3 +135,28 @@ def test_the_cli_shows_why(world):
     body = json.loads(result.stdout)
     k3 = next(c for c in body[0]["checkpoints"] if c["key"] == "k3")
     assert k3["waiting"]["status"] == "blocked" and k3["waiting"]["blocked_by"]["checkpoint_key"] == "k1"
+
+
+def test_the_commit_task_records_why_it_waits(world, tmp_path):
+    from airflow_provider_walsink.operators.commit import WalCommitOperator
+
+    op = WalCommitOperator(
+        task_id="commit",
+        pipeline="orders",
+        target=str(tmp_path / "orders-target"),
+        mode="append",
+        checkpoint_key="k3",
+        walsink_conn_id=os.environ["AIRFLOW__WALSINK__UI_CONN_ID"],
+    )
+    ti = SimpleNamespace(dag_id=DAG_A, task_id="commit", run_id="run-k3", try_number=3, map_index=-1, id=None)
+    with pytest.raises(OrderingError, match="k1"):
+        op.execute({"ti": ti})
+    record = world.store.require("orders", "k3")
+    assert record.state.value == "DURABLE"
+    assert record.error.startswith("blocked by earlier checkpoint k1:") and "cannot commit" in record.error
+    # The try that waited is the one whose log the page links.
+    body = world.client.get(
+        "/walsink/api/pipelines/orders/checkpoints/k3", headers=world.headers("admin")
+    ).json()
+    assert body["log"]["url"] == f"/dags/{DAG_A}/runs/run-k3/tasks/commit?try_number=3"
+    assert body["checkpoint"]["waiting"]["reason"] == record.error
