@@ -92,3 +92,13 @@ def test_the_checkpoint_shows_each_versions_own_phases(world):
     # A first version keeps the one-version table.
     plain = _get(world, "/walsink/api/pipelines/sales_a/checkpoints/20260103T000000Z").json()
     assert plain["version_phases"] == []
+
+
+def test_a_version_begun_now_is_not_uncommitted_for_hours(world):
+    """Its first registration was two hours ago, but version 2 began seconds ago."""
+    stuck = _get(world, "/walsink/api/checkpoints?not_committed_for=1h").json()["checkpoints"]
+    assert OPEN_KEY not in {c["checkpoint_key"] for c in stuck if c["pipeline"] == "sales_a"}
+    page = _get(world, "/walsink/api/pipelines/sales_a/checkpoints?not_committed_for=1h").json()
+    assert OPEN_KEY not in {c["checkpoint_key"] for c in page["checkpoints"]}
+    every = _get(world, "/walsink/api/checkpoints").json()["checkpoints"]
+    assert ("sales_a", OPEN_KEY) in {(c["pipeline"], c["checkpoint_key"]) for c in every}

@@ -213,6 +213,7 @@ def _page(
     if bad:
         raise HTTPException(422, f"Unknown state(s): {', '.join(bad)}")
     descending = after is None
+    cutoff = _registered_before(not_committed_for)
     records = store.checkpoints(
         pipeline,
         states=states or None,
@@ -220,15 +221,16 @@ def _page(
         after_sequence=after,
         limit=limit + 1,
         descending=descending,
-        registered_before=_registered_before(not_committed_for),
+        registered_before=cutoff,
     )
     more = len(records) > limit
     records = records[:limit]
     if not descending:
         records.reverse()  # pages always read newest first
-    items = views.checkpoint_dicts(store, records)
-    newest = items[0]["sequence"] if items else None
-    oldest = items[-1]["sequence"] if items else None
+    # Cursors from the rows read (the version filter below may leave fewer on the page).
+    newest = records[0].sequence if records else None
+    oldest = records[-1].sequence if records else None
+    items = views.checkpoint_dicts(store, _uncommitted_since(store, records, cutoff))
     return {
         "checkpoints": items,
         # Older page: strictly below the oldest row shown; newer page: strictly above the newest.
@@ -243,7 +245,17 @@ def _uncommitted(
     cutoff = _registered_before(not_committed_for)
     allowed = sorted(visible(user, views.pipeline_writers(store)))
     records = store.uncommitted(allowed, registered_before=cutoff, limit=limit)
-    return views.checkpoint_dicts(store, records)
+    return views.checkpoint_dicts(store, _uncommitted_since(store, records, cutoff))
+
+
+def _uncommitted_since(store: CommitterStore, records: list[Any], cutoff: datetime | None) -> list[Any]:
+    """Drop reprocessed checkpoints whose current version began after ``cutoff``: a version
+    begun a minute ago is not "not committed for longer than an hour" (its registration
+    may be months old, and its earlier version is still the published one)."""
+    if cutoff is None:
+        return records
+    starts = store.version_starts([r.id for r in records if r.version > 1])
+    return [r for r in records if starts.get(r.id, r.created_at) <= cutoff]
 
 
 def _visible_pipelines(store: CommitterStore, user: Any) -> list[dict[str, Any]]:
