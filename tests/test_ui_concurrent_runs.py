@@ -53,32 +53,35 @@ def _seal(store, pipeline: str, writer: CheckpointWriter) -> None:
     )
 
 
+def add_concurrent_runs(world, tmp) -> dict[str, str]:
+    """``twice`` and ``race`` as the module's docstring says; the losers' errors by pipeline."""
+    store, layout = world.store, world.layout
+    errors = {}
+    for pipeline in ("twice", "race"):
+        loser = _begin(store, layout, pipeline, A)
+        winner = _begin(store, layout, pipeline, B)
+        if pipeline == "race":
+            with pytest.raises(StaleAttemptError) as raised:
+                _seal(store, pipeline, loser)
+            errors[pipeline] = str(raised.value)
+        winner.seal()
+        store.mark_durable(pipeline, KEY, attempt=winner.attempt, actor=B)
+        publisher = FilePublisher(tmp / f"target-{pipeline}", "overwrite", layout=layout)
+        CheckpointCommitter(store, layout, publisher, mode="overwrite").commit(pipeline, KEY, actor=B_COMMIT)
+        if pipeline == "twice":
+            with pytest.raises(StaleAttemptError) as raised:
+                _seal(store, pipeline, loser)
+            errors[pipeline] = str(raised.value)
+    return errors
+
+
 @pytest.fixture(scope="module")
 def world(airflow_db, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui-concurrent")
     url = f"sqlite:///{tmp}/committer.db"
     with pytest.MonkeyPatch.context() as mp:
         for world in build_world(url, tmp, mp):
-            store, layout = world.store, world.layout
-            errors = {}
-            for pipeline in ("twice", "race"):
-                loser = _begin(store, layout, pipeline, A)
-                winner = _begin(store, layout, pipeline, B)
-                if pipeline == "race":
-                    with pytest.raises(StaleAttemptError) as raised:
-                        _seal(store, pipeline, loser)
-                    errors[pipeline] = str(raised.value)
-                winner.seal()
-                store.mark_durable(pipeline, KEY, attempt=winner.attempt, actor=B)
-                publisher = FilePublisher(tmp / f"target-{pipeline}", "overwrite", layout=layout)
-                CheckpointCommitter(store, layout, publisher, mode="overwrite").commit(
-                    pipeline, KEY, actor=B_COMMIT
-                )
-                if pipeline == "twice":
-                    with pytest.raises(StaleAttemptError) as raised:
-                        _seal(store, pipeline, loser)
-                    errors[pipeline] = str(raised.value)
-            world.errors = errors
+            world.errors = add_concurrent_runs(world, tmp)
             world.url = url
             yield world
 

@@ -1,11 +1,13 @@
-"""Issue 25 items 2 and 3 in headless Chromium (1,280x800): what an on-call engineer sees.
+"""Issue 25 items 2 to 5 in headless Chromium (1,280x800): what an on-call engineer sees.
 
 The real Airflow api app (plugin, auth manager) with the UI fixtures' committer
 table plus ``tests/test_ui_waiting.py``'s blocked and refused checkpoints, served
 over HTTP on a loopback port. The browser checks that a blocked checkpoint is shown
 blocked in its own colour (not as a running write), a refused one as refused, and
 that the overview's "not committed for longer than" control filters the list and
-each row links to the log of the task try that failed it.
+each row links to the log of the task try that failed it; that a checkpoint two runs
+wrote names the run that committed it (``tests/test_ui_concurrent_runs.py``) and that a
+reprocessed checkpoint shows each version's own phases (``tests/test_ui_version_phases.py``).
 Screenshots go to ``test-artifacts/ui-oncall/``.
 """
 
@@ -16,7 +18,9 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import update
+from test_ui_concurrent_runs import add_concurrent_runs
 from test_ui_layout import browser  # noqa: F401 - the shared Chromium fixture
+from test_ui_version_phases import add_reprocessed
 from test_ui_waiting import add_waiting_checkpoints
 from ui_fixtures import build_world
 
@@ -44,6 +48,8 @@ def served(airflow_db, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         for world in build_world(f"sqlite:///{tmp}/committer.db", tmp, mp):
             add_waiting_checkpoints(world, tmp)
+            add_concurrent_runs(world, tmp)
+            add_reprocessed(world)
             then = utcnow() - timedelta(hours=3)
             with world.store.engine.begin() as conn:
                 conn.execute(
@@ -136,3 +142,28 @@ def test_overview_filters_what_is_not_committed_and_links_the_log(served, page):
     assert location.startswith("/dags/ui_dag_a/runs/manual__") and location.endswith(
         "/tasks/write?try_number=2"
     )
+
+
+def test_two_runs_one_interval_names_the_committing_run(served, page):
+    _, base = served
+    page.goto(f"{base}/walsink/pipelines/twice/checkpoints/20260201T000000Z")
+    assert page.locator("a.af-run").inner_text() == "backfill__2026-02-01"
+    assert page.locator("a.af-dag").inner_text() == "ui_dag_b"
+    page.goto(f"{base}/walsink/dags/ui_dag_b")
+    assert page.locator("table.checkpoints a.ckpt", has_text="20260201T000000Z").count() == 2  # twice, race
+    _shot(page, "dag-tab-committing-run")
+
+
+def test_a_reprocessed_checkpoint_shows_each_versions_phases(served, page):
+    _, base = served
+    page.goto(f"{base}/walsink/pipelines/sales_a/checkpoints/20260101T000000Z")
+    table = page.locator("#version-phases")
+    assert table.is_visible()
+    assert "2 (current)" in table.inner_text()
+    times = table.locator("td.num:not([rowspan])").all_inner_texts()
+    # Eight phase rows (two versions), none of them hours long: each version counts its own.
+    assert len(times) == 8 and not [t for t in times if t.endswith((" h", " min"))], times
+    _shot(page, "checkpoint-version-phases")
+    page.goto(f"{base}/walsink/pipelines/sales_a")
+    row = page.locator("table.checkpoints tbody tr", has=page.locator("a.ckpt", has_text="20260101T000000Z"))
+    assert " h" not in row.locator("td.phases").inner_text()

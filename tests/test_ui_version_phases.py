@@ -44,19 +44,22 @@ def _move_back(store, pipeline: str, key: str) -> None:
             conn.execute(update(trans).where(trans.c.id == tid).values(at=at - EARLIER))
 
 
+def add_reprocessed(world) -> None:
+    """``KEY`` reprocessed and sealed, ``OPEN_KEY`` reprocessed and left REGISTERED."""
+    store, layout = world.store, world.layout
+    actor = Actor(name="backfill", dag_id=DAG_A, run_id="backfill-1", task_id="write", try_number=1)
+    for key in (KEY, OPEN_KEY):
+        _move_back(store, "sales_a", key)
+        store.begin_version("sales_a", key, token=f"{DAG_A}/backfill-1#1", actor=actor, reason="fix")
+    stage_checkpoint(store, layout, "sales_a", KEY, {"dt=2026-01-01/part-0.csv": b"n\ne\nw\n"}, actor=actor)
+
+
 @pytest.fixture(scope="module")
 def world(airflow_db, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui-version-phases")
     with pytest.MonkeyPatch.context() as mp:
         for w in build_world(f"sqlite:///{tmp}/committer.db", tmp, mp):
-            store, layout = w.store, w.layout
-            actor = Actor(name="backfill", dag_id=DAG_A, run_id="backfill-1", task_id="write", try_number=1)
-            for key in (KEY, OPEN_KEY):
-                _move_back(store, "sales_a", key)
-                store.begin_version("sales_a", key, token=f"{DAG_A}/backfill-1#1", actor=actor, reason="fix")
-            stage_checkpoint(
-                store, layout, "sales_a", KEY, {"dt=2026-01-01/part-0.csv": b"n\ne\nw\n"}, actor=actor
-            )
+            add_reprocessed(w)
             yield w
 
 
