@@ -297,6 +297,7 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
     try:
         _known_pipelines(store, [args.pipeline] if args.pipeline else None)
         pipelines = [p for p in store.pipelines() if not args.pipeline or p["name"] == args.pipeline]
+        waits = _waits(store, [p["name"] for p in pipelines])
         if args.json:
             _dump(
                 out,
@@ -306,7 +307,9 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
                         "mode": p["mode"],
                         "target": p["target"],
                         "counts": p["counts"],
-                        "checkpoints": [_record_dict(c) for c in _newest(store, p["name"], args.limit)],
+                        "checkpoints": [
+                            _record_dict(c, waits) for c in _newest(store, p["name"], args.limit)
+                        ],
                     }
                     for p in pipelines
                 ],
@@ -334,7 +337,7 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
                 print(
                     f"  {c.sequence:>4}  {c.checkpoint_key:<20} {c.state.value:<11} {c.attempt:>3} "
                     f"{c.rows if c.rows is not None else '-':>10} {_fmt_bytes(c.bytes):>10}  "
-                    f"{_first_line(c.error, 60)}",
+                    f"{_why(c, waits, 120)}",
                     file=out,
                 )
         return 0
@@ -342,7 +345,35 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
         store.dispose()
 
 
-def _record_dict(c: Any) -> dict[str, Any]:
+def _waits(store: Any, pipelines: Sequence[str]) -> dict[str, tuple[str | None, Any]]:
+    """Per pipeline its mode and earliest open checkpoint: what blocks a later ``append`` one."""
+    out: dict[str, tuple[str | None, Any]] = {}
+    for name in set(pipelines):
+        row = store.get_pipeline(name)
+        mode = row["mode"] if row else None
+        out[name] = (mode, store.first_open(name) if mode == "append" else None)
+    return out
+
+
+def _waiting(c: Any, waits: dict[str, tuple[str | None, Any]] | None) -> dict[str, Any] | None:
+    from airflow_provider_walsink.committer.queries import wait_status
+
+    mode, first_open = (waits or {}).get(c.pipeline, (None, None))
+    return wait_status(c, mode, first_open)
+
+
+def _why(c: Any, waits: dict[str, tuple[str | None, Any]] | None, width: int = 80) -> str:
+    """The error column: why a checkpoint waits or was refused (with the fix), else its error."""
+    waiting = _waiting(c, waits)
+    if waiting is None:
+        return _first_line(c.error, width)
+    text = waiting["reason"]
+    if waiting["status"] != "blocked":
+        text = f"{waiting['status']}: {text}"
+    return _first_line(text, width)
+
+
+def _record_dict(c: Any, waits: dict[str, tuple[str | None, Any]] | None = None) -> dict[str, Any]:
     return {
         "pipeline": c.pipeline,
         "key": c.checkpoint_key,
@@ -363,6 +394,8 @@ def _record_dict(c: Any) -> dict[str, Any]:
         "updated_at": _iso(c.updated_at),
         "committed_at": _iso(c.committed_at),
         "error": c.error,
+        # blocked (by which checkpoint) / refused (for what) / unblocked, with the fix; else None.
+        "waiting": _waiting(c, waits),
     }
 
 
@@ -390,6 +423,7 @@ def cmd_checkpoints(args: argparse.Namespace, out: IO[str]) -> int:
             for c in store.checkpoints(name, states=states, limit=args.limit, descending=False):
                 if older_than is None or now - c.updated_at >= older_than:
                     found.append(c)
+        waits = _waits(store, {c.pipeline for c in found})
     finally:
         store.dispose()
     # Sequence order, as the checkpoints commit (append) and as the UI lists them: the first
@@ -405,7 +439,7 @@ def cmd_checkpoints(args: argparse.Namespace, out: IO[str]) -> int:
                 "as_of": _iso(now),
                 "database": target.display,
                 "checkpoints": [
-                    {**_record_dict(c), "age_seconds": int((now - c.updated_at).total_seconds())}
+                    {**_record_dict(c, waits), "age_seconds": int((now - c.updated_at).total_seconds())}
                     for c in found
                 ],
             },
@@ -427,7 +461,7 @@ def cmd_checkpoints(args: argparse.Namespace, out: IO[str]) -> int:
             _age(now - c.updated_at),
             f"{c.dag_id or '-'} / {c.run_id or '-'}",
             c.lease_owner or "-",
-            _first_line(c.error) or "-",
+            _why(c, waits, 120) or "-",
         )
         for c in found
     ]

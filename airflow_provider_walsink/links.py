@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from airflow_provider_walsink.ui import URL_PREFIX
 
@@ -30,6 +30,21 @@ def checkpoint_link(dag_id: str, run_id: str, pipeline: str | None = None, *, ba
     if pipeline:
         query["pipeline"] = pipeline
     return f"{base_path.rstrip('/')}{URL_PREFIX}/link?{urlencode(query)}"
+
+
+def task_log_link(
+    dag_id: str, run_id: str, task_id: str, try_number: int | None = None, *, base_path: str = ""
+) -> str:
+    """The Airflow 3 UI page of one task instance try, which opens on its log (a path, never a host).
+
+    The shape of Airflow's own ``TaskInstance.log_url``:
+    ``/dags/<dag>/runs/<run>/tasks/<task>?try_number=<n>``, every segment quoted.
+    """
+    path = (
+        f"{base_path.rstrip('/')}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+        f"/tasks/{quote(task_id, safe='')}"
+    )
+    return f"{path}?{urlencode({'try_number': try_number})}" if try_number else path
 
 
 class WalsinkCheckpointLink(BaseOperatorLink):

@@ -24,6 +24,7 @@ from airflow_provider_walsink.protocol.states import VERIFIED_DURABLE, Checkpoin
 from .errors import OffsetsError, OrderingError, StaleAttemptError, StoreError, TransitionError
 from .models import checkpoint_table as ckpt
 from .models import pipeline_table as pipe
+from .models import transition_table as trans
 from .models import version_table as vers
 from .records import Actor, CheckpointRecord
 from .retry import retrying
@@ -197,7 +198,11 @@ class CheckpointLifecycle(CheckpointTransitions):
                 self._refuse(conn, row, actor, str(refused))
             else:
                 values: dict[str, Any] = dict(
-                    _NO_SEALED_ATTEMPT, attempt=row["attempt"] + 1, attempt_id=uuid.uuid4().hex
+                    _NO_SEALED_ATTEMPT,
+                    attempt=row["attempt"] + 1,
+                    attempt_id=uuid.uuid4().hex,
+                    # The run of the newest attempt (the only one that can seal) names the row.
+                    **_run_of(actor),
                 )
                 if start_offsets is not None:
                     values["start_offsets"] = _dump(start_offsets)
@@ -312,13 +317,15 @@ class CheckpointLifecycle(CheckpointTransitions):
             if row["attempt"] != attempt or row["state"] != S.WRITING.value:
                 raise StaleAttemptError(
                     f"attempt {attempt} of {pipeline}/{checkpoint_key} cannot seal: the checkpoint is "
-                    f"{row['state']} at attempt {row['attempt']} (only the newest attempt counts)"
+                    f"{row['state']} at attempt {row['attempt']} (only the newest attempt counts); "
+                    + _who_has_it(conn, row, attempt)
                 )
             legacy = attempt_id is not None and attempt_id.startswith("v1-")  # a 0.1 manifest, no id
             if attempt_id is not None and not legacy and row["attempt_id"] not in (None, attempt_id):
                 raise StaleAttemptError(
                     f"attempt {attempt} of {pipeline}/{checkpoint_key} cannot seal: its attempt id "
-                    f"{attempt_id} is not the current attempt's ({row['attempt_id']})"
+                    f"{attempt_id} is not the current attempt's ({row['attempt_id']}); "
+                    + _who_has_it(conn, row, attempt)
                 )
             values: dict[str, Any] = dict(
                 sealed_attempt=attempt,
@@ -330,6 +337,8 @@ class CheckpointLifecycle(CheckpointTransitions):
                 bytes=bytes,
                 end_offsets=_dump(end_offsets),
                 sealed_at=row["_now"],
+                # The run whose data this is (the one that will be committed) names the row.
+                **_run_of(actor),
             )
             if start_offsets is not None:
                 values["start_offsets"] = _dump(start_offsets)
@@ -494,6 +503,126 @@ class CheckpointLifecycle(CheckpointTransitions):
         """
         with self._tx() as conn:
             self._refuse(conn, self._lock(conn, pipeline, checkpoint_key), actor, error)
+
+    @retrying
+    def record_blocked(
+        self, pipeline: str, checkpoint_key: str, *, actor: Actor, waiting_to: str = "start writing"
+    ) -> str | None:
+        """Record that an ``append`` checkpoint waits behind an earlier open one; return the reason.
+
+        The reason (which checkpoint blocks it, in which state, and the fix) becomes the
+        checkpoint's error and, when it changed, one history row; the state is unchanged
+        (a new attempt or the commit clears it). Returns ``None`` when nothing blocks it
+        (any more): nothing is recorded then.
+        """
+        with self._tx() as conn:
+            row = self._lock(conn, pipeline, checkpoint_key)
+            earlier = conn.execute(
+                select(ckpt.c.checkpoint_key, ckpt.c.state, ckpt.c.sequence)
+                .where(
+                    ckpt.c.pipeline == pipeline,
+                    ckpt.c.sequence < row["sequence"],
+                    ckpt.c.state.notin_([S.COMMITTED.value, S.ABORTED.value]),
+                )
+                .order_by(ckpt.c.sequence)
+                .limit(1)
+            ).first()
+            if earlier is None:
+                return None
+            reason = blocked_reason(
+                pipeline,
+                checkpoint_key,
+                row["sequence"],
+                earlier.checkpoint_key,
+                earlier.sequence,
+                earlier.state,
+                waiting_to=waiting_to,
+            )
+            if row["error"] != reason:
+                self._refuse(conn, row, actor, reason)
+            return reason
+
+
+#: How a recorded "blocked" reason begins (the UI and the CLI tell it from a refusal by it).
+BLOCKED_PREFIX = "blocked by earlier checkpoint "
+
+
+def blocked_reason(
+    pipeline: str,
+    checkpoint_key: str,
+    sequence: int,
+    blocker_key: str,
+    blocker_sequence: int,
+    blocker_state: str,
+    *,
+    waiting_to: str = "start writing",
+) -> str:
+    """Why an ``append`` checkpoint waits, and what to do: the first line names the blocker."""
+    if blocker_state in (S.FAILED.value, S.REJECTED.value):
+        fix = (
+            f"fix {blocker_key} first (see its error; re-run its write task, or its commit task if it "
+            f"is durable) or abort it: walsink abort {pipeline} {blocker_key} --reason '...'"
+        )
+    else:
+        fix = (
+            f"let {blocker_key} finish (its DAG run is still working on it) or, if it will never "
+            f"finish, abort it: walsink abort {pipeline} {blocker_key} --reason '...'"
+        )
+    return (
+        f"{BLOCKED_PREFIX}{blocker_key}: append checkpoint {pipeline}/{checkpoint_key} (sequence {sequence}) "
+        f"cannot {waiting_to}: earlier checkpoint {blocker_key} (sequence {blocker_sequence}) is "
+        f"{blocker_state}; it must be committed or aborted first, or its input would be read twice. "
+        f"Fix: {fix}; then this checkpoint's task goes on at its next try (clear it in Airflow if its "
+        "retries are used up)"
+    )
+
+
+def _run_of(actor: Actor) -> dict[str, Any]:
+    """``dag_id``/``run_id`` of an Airflow actor for the row; nothing for one outside Airflow."""
+    return {"dag_id": actor.dag_id, "run_id": actor.run_id} if actor.dag_id else {}
+
+
+def _who_has_it(conn: Connection, row: Mapping[str, Any], attempt: int) -> str:
+    """Which run owns the checkpoint now that ``attempt`` is stale, and what to do (two runs
+    writing one interval: the loser's error names the winner, never only itself)."""
+    if row["state"] == S.COMMITTED.value:
+        done = conn.execute(
+            select(trans.c.dag_id, trans.c.run_id, trans.c.at)
+            .where(trans.c.checkpoint_id == row["id"], trans.c.to_state == S.COMMITTED.value)
+            .order_by(trans.c.id.desc())
+            .limit(1)
+        ).first()
+        dag_id, run_id = (
+            (done.dag_id, done.run_id) if done and done.dag_id else (row["dag_id"], row["run_id"])
+        )
+        at = done.at if done is not None else row["committed_at"]
+        by = f"run {run_id} of DAG {dag_id}" if dag_id else "a writer outside Airflow"
+        when = f" at {at.isoformat(timespec='seconds')}Z" if at else ""
+        return (
+            f"the interval was committed by {by}{when} (attempt {row['sealed_attempt']}): its "
+            f"data is published, once. This run's attempt {attempt} is not needed and is never published; "
+            "nothing to fix (walsink gc removes its staging). Two runs wrote the same interval: keep one "
+            "(e.g. do not backfill an interval a scheduled run covers)"
+        )
+    started = conn.execute(
+        select(trans.c.dag_id, trans.c.run_id)
+        .where(
+            trans.c.checkpoint_id == row["id"],
+            trans.c.to_state == S.WRITING.value,
+            trans.c.attempt == row["attempt"],
+        )
+        .order_by(trans.c.id.desc())
+        .limit(1)
+    ).first()
+    dag_id, run_id = (
+        (started.dag_id, started.run_id) if started and started.dag_id else (row["dag_id"], row["run_id"])
+    )
+    by = f"run {run_id} of DAG {dag_id}" if dag_id else "a writer outside Airflow"
+    return (
+        f"attempt {row['attempt']} was started after it by {by} and is {row['state']}: two runs are writing "
+        "the same interval and only the newest attempt can be committed. Let that run finish; do not "
+        "re-run this one (it would supersede that run's attempt in turn)"
+    )
 
 
 def _collision(what: str, given: str, stored: str) -> str:

@@ -7,6 +7,7 @@ dropped connection like every store call.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, and_, func, or_, select
@@ -95,6 +96,27 @@ class CheckpointQueries:
         return [CheckpointRecord.from_row(r) for r in rows]
 
     @retrying
+    def first_open(self, pipeline: str) -> CheckpointRecord | None:
+        """The pipeline's earliest checkpoint neither COMMITTED nor ABORTED: in ``append`` mode
+        it blocks every later one (invariant 5). One indexed probe per such state."""
+        found = []
+        with self.engine.connect() as conn:
+            for state in _BLOCKING_STATES:
+                row = (
+                    conn.execute(
+                        select(ckpt)
+                        .where(ckpt.c.pipeline == pipeline, ckpt.c.state == state)
+                        .order_by(ckpt.c.sequence)
+                        .limit(1)
+                    )
+                    .mappings()
+                    .first()
+                )
+                if row is not None:
+                    found.append(CheckpointRecord.from_row(row))
+        return min(found, key=lambda r: r.sequence) if found else None
+
+    @retrying
     def checkpoints(
         self,
         pipeline: str,
@@ -104,11 +126,18 @@ class CheckpointQueries:
         before_sequence: int | None = None,
         limit: int = 100,
         descending: bool = True,
+        registered_before: datetime | None = None,
     ) -> list[CheckpointRecord]:
-        """One page of a pipeline's checkpoints, keyset-paginated by sequence."""
+        """One page of a pipeline's checkpoints, keyset-paginated by sequence.
+
+        ``registered_before`` (naive UTC): only checkpoints registered before it that are
+        neither COMMITTED nor ABORTED ("not committed for longer than X").
+        """
         query = select(ckpt).where(ckpt.c.pipeline == pipeline)
         if states:
             query = query.where(ckpt.c.state.in_(states))
+        if registered_before is not None:
+            query = query.where(ckpt.c.state.in_(_BLOCKING_STATES), ckpt.c.created_at <= registered_before)
         if after_sequence is not None:
             query = query.where(ckpt.c.sequence > after_sequence)
         if before_sequence is not None:
@@ -116,6 +145,22 @@ class CheckpointQueries:
         order = ckpt.c.sequence.desc() if descending else ckpt.c.sequence
         with self.engine.connect() as conn:
             rows = conn.execute(query.order_by(order).limit(limit)).mappings().all()
+        return [CheckpointRecord.from_row(r) for r in rows]
+
+    @retrying
+    def uncommitted(
+        self, pipelines: list[str], *, registered_before: datetime | None = None, limit: int = 500
+    ) -> list[CheckpointRecord]:
+        """Checkpoints of ``pipelines`` neither COMMITTED nor ABORTED (registered before
+        ``registered_before``, naive UTC, if given), oldest registration first: what is stuck."""
+        if not pipelines:
+            return []
+        query = select(ckpt).where(ckpt.c.pipeline.in_(pipelines), ckpt.c.state.in_(_BLOCKING_STATES))
+        if registered_before is not None:
+            query = query.where(ckpt.c.created_at <= registered_before)
+        query = query.order_by(ckpt.c.created_at, ckpt.c.pipeline, ckpt.c.sequence).limit(limit)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).mappings().all()
         return [CheckpointRecord.from_row(r) for r in rows]
 
     @retrying
@@ -256,6 +301,25 @@ class CheckpointQueries:
         return [VersionRecord.from_row(r) for r in rows]
 
     @retrying
+    def version_starts(self, checkpoint_ids: list[int]) -> dict[int, datetime]:
+        """When each checkpoint's current version began (its newest reprocess transition,
+        COMMITTED -> REGISTERED), for the given checkpoint ids; absent when none is recorded
+        (a first version, or history trimmed by retention)."""
+        if not checkpoint_ids:
+            return {}
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(trans.c.checkpoint_id, func.max(trans.c.at))
+                .where(
+                    trans.c.checkpoint_id.in_(checkpoint_ids),
+                    trans.c.from_state == S.COMMITTED.value,
+                    trans.c.to_state == S.REGISTERED.value,
+                )
+                .group_by(trans.c.checkpoint_id)
+            ).all()
+        return {checkpoint_id: at for checkpoint_id, at in rows}
+
+    @retrying
     def expired_leases(self) -> list[CheckpointRecord]:
         """COMMITTING checkpoints whose lease has expired on the database's clock (or was released)."""
         now = self._now_expr()
@@ -274,6 +338,68 @@ class CheckpointQueries:
                 .all()
             )
         return [CheckpointRecord.from_row(r) for r in rows]
+
+
+#: States of an earlier ``append`` checkpoint that block the later ones.
+_BLOCKING_STATES = [s.value for s in S if s not in (S.COMMITTED, S.ABORTED, S.SUPERSEDED)]
+#: States in which an ``append`` checkpoint waits for its predecessors (to write, or to commit).
+WAITING_STATES = frozenset({S.REGISTERED, S.DURABLE, S.AUDITED})
+
+
+def wait_status(
+    record: CheckpointRecord, mode: str | None, first_open: CheckpointRecord | None
+) -> dict | None:
+    """Why a checkpoint that is not failed does not move on, or ``None``.
+
+    ``{"status": "blocked", "blocked_by": {...}, "reason": ...}``: an ``append`` checkpoint
+    behind an earlier open one (``first_open``, see :meth:`CheckpointQueries.first_open`),
+    decided now, not only when its task last tried; ``"refused"``: a recorded refusal
+    (offsets, a range taken over) on a checkpoint in a state that is not an error;
+    ``"unblocked"``: it was blocked, the blocker is done, its task has not tried again yet.
+    Every reason says the fix.
+    """
+    from .lifecycle import BLOCKED_PREFIX, blocked_reason
+
+    if record.state in (S.COMMITTED, S.ABORTED, S.SUPERSEDED) or record.state in ERROR_STATES:
+        return None
+    recorded = record.error or ""
+    if (
+        mode == "append"
+        and first_open is not None
+        and first_open.sequence < record.sequence
+        and record.state in WAITING_STATES
+    ):
+        waiting_to = "start writing" if record.state is S.REGISTERED else "commit"
+        reason = recorded if recorded.startswith(BLOCKED_PREFIX + first_open.checkpoint_key + " ") else None
+        return {
+            "status": "blocked",
+            "blocked_by": {
+                "checkpoint_key": first_open.checkpoint_key,
+                "sequence": first_open.sequence,
+                "state": first_open.state.value,
+            },
+            "reason": reason
+            or blocked_reason(
+                record.pipeline,
+                record.checkpoint_key,
+                record.sequence,
+                first_open.checkpoint_key,
+                first_open.sequence,
+                first_open.state.value,
+                waiting_to=waiting_to,
+            ),
+        }
+    if not recorded:
+        return None
+    if recorded.startswith(BLOCKED_PREFIX):
+        return {
+            "status": "unblocked",
+            "blocked_by": None,
+            "reason": "no longer blocked: the earlier checkpoint it waited for is committed or aborted. "
+            "Fix: none needed; its task goes on at its next try (clear it in Airflow if its retries are "
+            f"used up). It was: {recorded}",
+        }
+    return {"status": "refused", "blocked_by": None, "reason": recorded}
 
 
 def _is_identifier(value: object) -> bool:

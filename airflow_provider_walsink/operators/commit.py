@@ -10,7 +10,7 @@ from airflow.sdk import AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_walsink.committer.commit import CheckpointCommitter, CommitSummary
-from airflow_provider_walsink.committer.errors import AuditRejectedError
+from airflow_provider_walsink.committer.errors import AuditRejectedError, OffsetsError, OrderingError
 from airflow_provider_walsink.committer.records import Actor
 from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.connections import airflow_connection_fields
@@ -231,6 +231,11 @@ class WalCommitOperator(BaseOperator):
             summary = committer.commit(self.pipeline, key, actor=actor)
         except AuditRejectedError as exc:
             raise AirflowFailException(str(exc)) from None  # retrying cannot help
+        except OrderingError as exc:
+            # A wait (not an offsets refusal, recorded by the committer): say on the checkpoint why.
+            if not isinstance(exc, OffsetsError):
+                store.record_blocked(self.pipeline, key, actor=actor, waiting_to="commit")
+            raise
         self._summary = summary.to_dict()
         if not summary.already_committed:
             if self.asset_alias is not None:

@@ -410,8 +410,11 @@ class WalWriteOperator(BaseOperator):
             earlier = [r for r in store.pending(self.pipeline) if r.sequence < record.sequence]
             if earlier:
                 first = earlier[0]
+                # Recorded on the checkpoint (its error, its history): the UI and the CLI show why it waits.
+                reason = store.record_blocked(self.pipeline, key, actor=actor)
                 raise OrderingError(
-                    f"append checkpoint {self.pipeline}/{key} (sequence {record.sequence}) cannot start: "
+                    reason
+                    or f"append checkpoint {self.pipeline}/{key} (sequence {record.sequence}) cannot start: "
                     f"earlier checkpoint {first.checkpoint_key} (sequence {first.sequence}) is {first.state}; "
                     "it must commit (or be aborted with `walsink`) first, or its input would be read twice"
                 )

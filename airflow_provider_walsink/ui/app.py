@@ -18,6 +18,7 @@ import functools
 import re
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -32,7 +33,7 @@ from pydantic import BaseModel, Field
 
 from airflow_provider_walsink.committer.abort import AbortOutcome, AbortRefusedError
 from airflow_provider_walsink.committer.records import Actor
-from airflow_provider_walsink.committer.store import CommitterStore
+from airflow_provider_walsink.committer.store import CommitterStore, utcnow
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.protocol.errors import WalsinkError
 from airflow_provider_walsink.protocol.staging import StagingLayout
@@ -50,6 +51,24 @@ ABORTABLE = frozenset(s for s in views.STATE_ORDER if s not in ("COMMITTED", "AB
 MAX_REASON = 2000
 
 StateFilter = Annotated[list[str] | None, Query(description="Only these states (repeatable)")]
+AgeFilter = Annotated[
+    str | None,
+    Query(
+        description="Only checkpoints not committed (nor aborted) for longer than this since they were "
+        "registered: 90s, 15m, 12h, 7d, 2w"
+    ),
+]
+
+
+def _registered_before(not_committed_for: str | None) -> datetime | None:
+    """The cut-off of a "not committed for longer than" filter (naive UTC, as stored); 422 if unreadable."""
+    if not not_committed_for:
+        return None
+    try:
+        age = views.parse_age(not_committed_for)
+    except ValueError as exc:
+        raise HTTPException(422, f"not_committed_for: {exc}") from None
+    return utcnow() - age
 
 
 def conn_id() -> str:
@@ -187,12 +206,14 @@ def _page(
     before: int | None,
     after: int | None,
     limit: int,
+    not_committed_for: str | None = None,
 ) -> dict[str, Any]:
     """One keyset page, newest first (or oldest first after ``after``), plus the next cursors."""
     bad = sorted(set(states or ()) - set(views.STATE_ORDER))
     if bad:
         raise HTTPException(422, f"Unknown state(s): {', '.join(bad)}")
     descending = after is None
+    cutoff = _registered_before(not_committed_for)
     records = store.checkpoints(
         pipeline,
         states=states or None,
@@ -200,20 +221,41 @@ def _page(
         after_sequence=after,
         limit=limit + 1,
         descending=descending,
+        registered_before=cutoff,
     )
     more = len(records) > limit
     records = records[:limit]
     if not descending:
         records.reverse()  # pages always read newest first
-    items = [views.checkpoint_dict(r) for r in records]
-    newest = items[0]["sequence"] if items else None
-    oldest = items[-1]["sequence"] if items else None
+    # Cursors from the rows read (the version filter below may leave fewer on the page).
+    newest = records[0].sequence if records else None
+    oldest = records[-1].sequence if records else None
+    items = views.checkpoint_dicts(store, _uncommitted_since(store, records, cutoff))
     return {
         "checkpoints": items,
         # Older page: strictly below the oldest row shown; newer page: strictly above the newest.
         "next_before": oldest if (more or not descending) and oldest is not None else None,
         "next_after": newest if (before is not None or (after is not None and more)) else None,
     }
+
+
+def _uncommitted(
+    store: CommitterStore, user: Any, not_committed_for: str | None, limit: int
+) -> list[dict[str, Any]]:
+    cutoff = _registered_before(not_committed_for)
+    allowed = sorted(visible(user, views.pipeline_writers(store)))
+    records = store.uncommitted(allowed, registered_before=cutoff, limit=limit)
+    return views.checkpoint_dicts(store, _uncommitted_since(store, records, cutoff))
+
+
+def _uncommitted_since(store: CommitterStore, records: list[Any], cutoff: datetime | None) -> list[Any]:
+    """Drop reprocessed checkpoints whose current version began after ``cutoff``: a version
+    begun a minute ago is not "not committed for longer than an hour" (its registration
+    may be months old, and its earlier version is still the published one)."""
+    if cutoff is None:
+        return records
+    starts = store.version_starts([r.id for r in records if r.version > 1])
+    return [r for r in records if starts.get(r.id, r.created_at) <= cutoff]
 
 
 def _visible_pipelines(store: CommitterStore, user: Any) -> list[dict[str, Any]]:
@@ -229,8 +271,16 @@ def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, key: str
         raise HTTPException(status.HTTP_404_NOT_FOUND, "Checkpoint not found")
     history = store.history(pipeline, key)
     transitions = [views.transition_dict(t) for t in history]
+    version_phases = views.version_phases(history) if record.version > 1 else []
+    started = store.version_starts([record.id]).get(record.id) if record.version > 1 else None
     return {
-        "checkpoint": views.checkpoint_dict(record),
+        "checkpoint": views.checkpoint_dict(
+            record, waits=views.wait_context(store, [pipeline]), version_started_at=started
+        ),
+        # A reprocessed checkpoint: each version's own phases, oldest first (empty for a first version).
+        "version_phases": version_phases,
+        # The Airflow task try whose log says why it is where it is (a failure, a refusal, a wait).
+        "log": views.log_link(history),
         # Under the root the write phase recorded; the connection's only for a row without one.
         "committables": views.committables(record, record.layout(get_layout)),
         "audit": views.audit_results(record, transitions),
@@ -375,10 +425,22 @@ def create_app() -> FastAPI:
         before: Annotated[int | None, Query(description="Only sequences below (older page)")] = None,
         after: Annotated[int | None, Query(description="Only sequences above (newer page)")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+        not_committed_for: AgeFilter = None,
     ) -> JSONResponse:
         """A page of checkpoints, newest first, keyset-paginated by sequence."""
         _pipeline_or_404(store, user, pipeline)
-        return _json(_page(store, pipeline, state, before, after, limit))
+        return _json(_page(store, pipeline, state, before, after, limit, not_committed_for))
+
+    @app.get("/api/checkpoints")
+    def api_uncommitted(
+        user: GetUserDep,
+        store: StoreDep,
+        not_committed_for: AgeFilter = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = MAX_PAGE,
+    ) -> JSONResponse:
+        """Checkpoints of every pipeline the user may read that are neither committed nor aborted
+        (for longer than ``not_committed_for``), oldest registration first: what is stuck."""
+        return _json({"checkpoints": _uncommitted(store, user, not_committed_for, limit)})
 
     @app.get("/api/pipelines/{pipeline}/checkpoints/{checkpoint_key}")
     def api_checkpoint(pipeline: str, checkpoint_key: str, user: GetUserDep, store: StoreDep) -> JSONResponse:
@@ -427,7 +489,7 @@ def create_app() -> FastAPI:
     ) -> JSONResponse:
         """Checkpoints registered by a DAG, or by one of its runs (the DAG and run tabs)."""
         records = store.checkpoints_of_run(dag_id, run_id, limit=limit)
-        return _json({"checkpoints": [views.checkpoint_dict(r) for r in records]})
+        return _json({"checkpoints": views.checkpoint_dicts(store, records)})
 
     # ------------------------------------------------------------------ pages
 
@@ -437,8 +499,17 @@ def create_app() -> FastAPI:
         return HTMLResponse(html)
 
     @app.get("/", response_class=HTMLResponse)
-    def page_overview(request: Request, user: GetUserDep, store: StoreDep) -> HTMLResponse:
-        return render(request, "overview.html", pipelines=_visible_pipelines(store, user))
+    def page_overview(
+        request: Request, user: GetUserDep, store: StoreDep, not_committed_for: AgeFilter = None
+    ) -> HTMLResponse:
+        return render(
+            request,
+            "overview.html",
+            pipelines=_visible_pipelines(store, user),
+            uncommitted=_uncommitted(store, user, not_committed_for, MAX_PAGE),
+            not_committed_for=not_committed_for or "",
+            age_choices=views.AGE_CHOICES,
+        )
 
     @app.get("/pipelines/{pipeline}", response_class=HTMLResponse)
     def page_pipeline(
@@ -450,16 +521,21 @@ def create_app() -> FastAPI:
         before: int | None = None,
         after: int | None = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 200,
+        not_committed_for: AgeFilter = None,
     ) -> HTMLResponse:
         row = _pipeline_or_404(store, user, pipeline)
-        page = _page(store, pipeline, state, before, after, limit)
+        page = _page(store, pipeline, state, before, after, limit, not_committed_for)
         filters = [("state", s) for s in state or ()]
+        if not_committed_for:
+            filters.append(("not_committed_for", not_committed_for))
         return render(
             request,
             "pipeline.html",
             pipeline=views.pipeline_dict(store, row),
             page=page,
             selected_states=state or [],
+            not_committed_for=not_committed_for or "",
+            age_choices=views.AGE_CHOICES,
             older=urlencode([*filters, ("before", page["next_before"])]) if page["next_before"] else None,
             newer=urlencode([*filters, ("after", page["next_after"])]) if page["next_after"] else None,
         )
@@ -470,6 +546,23 @@ def create_app() -> FastAPI:
     ) -> HTMLResponse:
         data = _checkpoint_or_404(store, user, pipeline, checkpoint_key)
         return render(request, "checkpoint.html", **data, abort=_abort_form(user, store, data["checkpoint"]))
+
+    @app.get("/pipelines/{pipeline}/checkpoints/{checkpoint_key}/log")
+    def page_log(
+        request: Request, pipeline: str, checkpoint_key: str, user: GetUserDep, store: StoreDep
+    ) -> Response:
+        """From a checkpoint to the Airflow log of the task try that failed, refused or waited on it."""
+        _pipeline_or_404(store, user, pipeline)
+        if store.get(pipeline, checkpoint_key) is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, "Checkpoint not found")
+        link = views.log_link(store.history(pipeline, checkpoint_key))
+        if link is None:
+            raise HTTPException(
+                status.HTTP_404_NOT_FOUND,
+                f"No Airflow task is recorded on checkpoint {checkpoint_key} (written outside Airflow, or "
+                "its history was trimmed by retention): see `walsink history` for what is recorded",
+            )
+        return RedirectResponse(link["url"], status_code=status.HTTP_303_SEE_OTHER)
 
     @app.post("/pipelines/{pipeline}/checkpoints/{checkpoint_key}/abort", response_class=HTMLResponse)
     def page_abort(
@@ -515,7 +608,7 @@ def create_app() -> FastAPI:
     def _dag_page(request: Request, store: CommitterStore, dag_id: str, run_id: str | None) -> HTMLResponse:
         """The DAG tab (every run) or the run tab: that DAG's / run's checkpoints."""
         records = store.checkpoints_of_run(dag_id, run_id, limit=2000)
-        checkpoints = [views.checkpoint_dict(r) for r in records]
+        checkpoints = views.checkpoint_dicts(store, records)
         return render(request, "dag.html", dag_id=dag_id, run_id=run_id, checkpoints=checkpoints)
 
     @app.get("/link", dependencies=[Depends(requires_access_dag("GET")), Depends(known_dag)])

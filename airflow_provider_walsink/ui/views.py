@@ -9,8 +9,9 @@ root is ever opened because a database row says so (invariant 6).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -19,6 +20,7 @@ from sqlalchemy import select
 from airflow_provider_walsink.audit import AuditReport
 from airflow_provider_walsink.committer.models import checkpoint_table as _ckpt
 from airflow_provider_walsink.committer.models import pipeline_table as _pipe
+from airflow_provider_walsink.committer.queries import wait_status
 from airflow_provider_walsink.committer.records import VersionRecord
 from airflow_provider_walsink.committer.store import (
     CheckpointRecord,
@@ -26,6 +28,7 @@ from airflow_provider_walsink.committer.store import (
     TransitionRecord,
     utcnow,
 )
+from airflow_provider_walsink.links import task_log_link
 from airflow_provider_walsink.protocol.errors import WalsinkError
 from airflow_provider_walsink.protocol.manifest import read_manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
@@ -41,6 +44,22 @@ SKIPPED_RERUN = "write skipped"
 MAX_COMMITTABLES_SHOWN = 1000
 #: States the pages colour as failures (red); every other state, ABORTED included, is neutral.
 FAILURE_STATES = frozenset(s for s in STATE_ORDER if s in ("FAILED", "REJECTED"))
+
+
+#: ``90s``, ``15m``, ``12h``, ``7d``, ``2w``: the ages the filters take (as ``walsink checkpoints --older-than``).
+_AGE = re.compile(r"\s*(\d+)\s*([smhdw])\s*")
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+#: The choices of the overview's "not committed for longer than" control.
+AGE_CHOICES = ("15m", "1h", "6h", "1d", "7d")
+
+
+def parse_age(text: str) -> timedelta:
+    """``"90s"``, ``"15m"``, ``"12h"``, ``"7d"``, ``"2w"`` -> a timedelta; ``ValueError`` (saying
+    what is accepted) for anything else, a number without a unit included."""
+    match = _AGE.fullmatch(text or "")
+    if match is None:
+        raise ValueError(f"not an age: {text!r}; give a whole number with a unit: 90s, 15m, 12h, 7d or 2w")
+    return timedelta(seconds=int(match.group(1)) * _AGE_UNITS[match.group(2)])
 
 
 def plural(n: int | None, word: str, plural_word: str | None = None) -> str:
@@ -69,8 +88,11 @@ def key_values(value: Any, prefix: str = "") -> list[tuple[str, str]]:
     return [(prefix or "value", text)]
 
 
-def airflow_links(dag_id: str | None, run_id: str | None, task_id: str | None = None) -> dict[str, str]:
-    """Relative links to Airflow 3's own pages for a DAG, a run and a task (whichever are known).
+def airflow_links(
+    dag_id: str | None, run_id: str | None, task_id: str | None = None, try_number: int | None = None
+) -> dict[str, str]:
+    """Relative links to Airflow 3's own pages for a DAG, a run, a task and its try's log
+    (whichever are known).
 
     Relative (``/dags/...``), so they follow the api-server wherever it is served from.
     """
@@ -82,7 +104,37 @@ def airflow_links(dag_id: str | None, run_id: str | None, task_id: str | None = 
         out["run"] = f"{dag}/runs/{quote(run_id, safe='')}"
         if task_id:
             out["task"] = f"{out['run']}/tasks/{quote(task_id, safe='')}"
+            out["log"] = task_log_link(dag_id, run_id, task_id, try_number)
     return out
+
+
+def failing_try(history: list[TransitionRecord]) -> TransitionRecord | None:
+    """The task try whose log says why the checkpoint is where it is: the newest failure,
+    refusal or wait recorded by a task (a history row that fails it, or one that changes no
+    state), else the newest task that moved it. ``None`` when no Airflow task touched it."""
+    tasks = [t for t in history if t.dag_id and t.run_id and t.task_id]
+    for t in reversed(tasks):
+        if t.to_state in _FAILING or (t.from_state == t.to_state and t.detail):
+            if (t.detail or "").startswith(SKIPPED_RERUN):
+                continue
+            return t
+    return tasks[-1] if tasks else None
+
+
+def log_link(history: list[TransitionRecord]) -> dict[str, Any] | None:
+    """``{"url", "dag_id", "run_id", "task_id", "try_number", "state"}`` of :func:`failing_try`."""
+    t = failing_try(history)
+    if t is None:
+        return None
+    return {
+        "url": task_log_link(t.dag_id, t.run_id, t.task_id, t.try_number),
+        "dag_id": t.dag_id,
+        "run_id": t.run_id,
+        "task_id": t.task_id,
+        "try_number": t.try_number,
+        "state": t.to_state,
+        "at": _iso(t.at),
+    }
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -95,24 +147,31 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
     return round((end - start).total_seconds(), 3)
 
 
-def phases(record: CheckpointRecord, now: datetime | None = None) -> dict[str, Any]:
+def phases(
+    record: CheckpointRecord, now: datetime | None = None, *, started_at: datetime | None = None
+) -> dict[str, Any]:
     """Seconds spent writing, waiting to be durable and committing.
 
     A phase that has started but not finished counts up to ``now`` and is
-    named in ``current``; phases never reached are ``None``.
+    named in ``current``; phases never reached are ``None``. ``started_at``: when
+    the row's current version began (a reprocess, see ``store.version_starts``);
+    the write phase of a later version counts from there, never from the
+    checkpoint's first registration.
     """
     now = now or utcnow()
+    start = started_at or record.created_at
     out: dict[str, Any] = {
-        "write_s": _seconds(record.created_at, record.sealed_at),
+        "started_at": _iso(start),
+        "write_s": _seconds(start, record.sealed_at),
         "durable_s": _seconds(record.sealed_at, record.durable_at),
         "commit_s": _seconds(record.durable_at, record.committed_at),
-        "total_s": _seconds(record.created_at, record.committed_at),
+        "total_s": _seconds(start, record.committed_at),
         "current": None,
     }
     if record.state.is_final or record.state in ERROR_STATES:
         return out
     if record.sealed_at is None:
-        out["current"], out["write_s"] = "write", _seconds(record.created_at, now)
+        out["current"], out["write_s"] = "write", _seconds(start, now)
     elif record.durable_at is None:
         out["current"], out["durable_s"] = "durable", _seconds(record.sealed_at, now)
     elif record.committed_at is None:
@@ -120,7 +179,34 @@ def phases(record: CheckpointRecord, now: datetime | None = None) -> dict[str, A
     return out
 
 
-def checkpoint_dict(record: CheckpointRecord, now: datetime | None = None) -> dict[str, Any]:
+#: Per pipeline: its mode and its earliest open checkpoint (what blocks a later ``append`` one).
+WaitContext = dict[str, tuple[str | None, CheckpointRecord | None]]
+
+
+def wait_context(store: CommitterStore, pipelines: set[str] | list[str]) -> WaitContext:
+    """What :func:`checkpoint_dict` needs to tell a blocked checkpoint from a writing one:
+    a few indexed probes per ``append`` pipeline, none for ``overwrite`` ones."""
+    out: WaitContext = {}
+    for name in set(pipelines):
+        row = store.get_pipeline(name)
+        mode = row["mode"] if row else None
+        out[name] = (mode, store.first_open(name) if mode == "append" else None)
+    return out
+
+
+def checkpoint_dict(
+    record: CheckpointRecord,
+    now: datetime | None = None,
+    *,
+    waits: WaitContext | None = None,
+    version_started_at: datetime | None = None,
+) -> dict[str, Any]:
+    now = now or utcnow()
+    mode, first_open = (waits or {}).get(record.pipeline, (None, None))
+    waiting = wait_status(record, mode, first_open)
+    current_phases = phases(record, now, started_at=version_started_at)
+    if waiting is not None and waiting["status"] == "blocked":
+        current_phases["current"] = "blocked"  # waiting, not writing: never counted as a running phase
     return {
         "pipeline": record.pipeline,
         "checkpoint_key": record.checkpoint_key,
@@ -143,18 +229,87 @@ def checkpoint_dict(record: CheckpointRecord, now: datetime | None = None) -> di
         "lease_owner": record.lease_owner,
         "lease_expires_at": _iso(record.lease_expires_at),
         "error": record.error,
+        # Why it does not move on although nothing failed: blocked (by which checkpoint),
+        # refused (for what), with the fix; None when it is moving or done.
+        "waiting": waiting,
         "dag_id": record.dag_id,
         "run_id": record.run_id,
         "created_at": _iso(record.created_at),
         "updated_at": _iso(record.updated_at),
+        # How long it has been in its current state ("stuck since"): every transition sets updated_at.
+        "state_since": _iso(record.updated_at),
+        "age_s": _seconds(record.updated_at, now),
         "sealed_at": _iso(record.sealed_at),
         "durable_at": _iso(record.durable_at),
         "committed_at": _iso(record.committed_at),
-        "phases": phases(record, now),
+        "phases": current_phases,
         # What the commit published (target, files or snapshot), when the committer recorded it.
         "publication": getattr(record, "publication", None),
         "airflow": airflow_links(record.dag_id, record.run_id),
     }
+
+
+def checkpoint_dicts(store: CommitterStore, records: list[CheckpointRecord]) -> list[dict[str, Any]]:
+    """:func:`checkpoint_dict` for a list: blocked-or-not and, for reprocessed checkpoints,
+    the start of their current version, in a few queries for the whole list."""
+    waits = wait_context(store, {r.pipeline for r in records})
+    starts = store.version_starts([r.id for r in records if r.version > 1])
+    now = utcnow()
+    return [checkpoint_dict(r, now, waits=waits, version_started_at=starts.get(r.id)) for r in records]
+
+
+def version_phases(history: list[TransitionRecord], now: datetime | None = None) -> list[dict[str, Any]]:
+    """Each version's own phases, from the history: a reprocess (COMMITTED -> REGISTERED)
+    starts the next version, so no version's write phase counts another version's time.
+
+    ``[{"version", "started_at", "sealed_at", "durable_at", "committed_at", "write_s",
+    "durable_s", "commit_s", "total_s", "current"}]``, oldest first; the newest version's
+    unfinished phase counts up to ``now``. Empty without history (trimmed by retention).
+    """
+    now = now or utcnow()
+    segments: list[list[TransitionRecord]] = []
+    for t in history:
+        if not segments or (t.from_state == S.COMMITTED.value and t.to_state == S.REGISTERED.value):
+            segments.append([])
+        segments[-1].append(t)
+    out = []
+    for number, segment in enumerate(segments, start=1):
+
+        def last(state: CheckpointState, segment: list[TransitionRecord] = segment) -> datetime | None:
+            times = [t.at for t in segment if t.to_state == state.value and t.from_state != t.to_state]
+            return times[-1] if times else None
+
+        start, sealed, durable, committed = (
+            segment[0].at,
+            last(S.SEALED),
+            last(S.DURABLE),
+            last(S.COMMITTED),
+        )
+        if sealed is not None and sealed < start:
+            sealed = None
+        row: dict[str, Any] = {
+            "version": number,
+            "started_at": _iso(start),
+            "sealed_at": _iso(sealed),
+            "durable_at": _iso(durable),
+            "committed_at": _iso(committed),
+            "write_s": _seconds(start, sealed),
+            "durable_s": _seconds(sealed, durable),
+            "commit_s": _seconds(durable, committed),
+            "total_s": _seconds(start, committed),
+            "current": None,
+        }
+        newest = number == len(segments)
+        state = segment[-1].to_state
+        if newest and committed is None and state not in {s.value for s in ERROR_STATES}:
+            if sealed is None:
+                row["current"], row["write_s"] = "write", _seconds(start, now)
+            elif durable is None:
+                row["current"], row["durable_s"] = "durable", _seconds(sealed, now)
+            else:
+                row["current"], row["commit_s"] = "commit", _seconds(durable, now)
+        out.append(row)
+    return out
 
 
 def version_dict(record: VersionRecord) -> dict[str, Any]:
@@ -188,13 +343,14 @@ def transition_dict(record: TransitionRecord) -> dict[str, Any]:
     out = asdict(record)
     out["at"] = _iso(record.at)
     del out["checkpoint_id"]
-    out["airflow"] = airflow_links(record.dag_id, record.run_id, record.task_id)
+    out["airflow"] = airflow_links(record.dag_id, record.run_id, record.task_id, record.try_number)
     # An audit verdict's detail is its check results (JSON): also given parsed.
     out["audit"] = AuditReport.from_detail(record.detail) if record.to_state in _VERDICTS else None
     return out
 
 
 _VERDICTS = frozenset(s.value for s in AUDIT_VERDICTS)
+_FAILING = frozenset({S.FAILED.value, S.REJECTED.value})
 
 
 def audit_results(record: CheckpointRecord, history: list[dict[str, Any]]) -> dict[str, Any] | None:

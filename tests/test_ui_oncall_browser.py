@@ -1,0 +1,169 @@
+"""Issue 25 items 2 to 5 in headless Chromium (1,280x800): what an on-call engineer sees.
+
+The real Airflow api app (plugin, auth manager) with the UI fixtures' committer
+table plus ``tests/test_ui_waiting.py``'s blocked and refused checkpoints, served
+over HTTP on a loopback port. The browser checks that a blocked checkpoint is shown
+blocked in its own colour (not as a running write), a refused one as refused, and
+that the overview's "not committed for longer than" control filters the list and
+each row links to the log of the task try that failed it; that a checkpoint two runs
+wrote names the run that committed it (``tests/test_ui_concurrent_runs.py``) and that a
+reprocessed checkpoint shows each version's own phases (``tests/test_ui_version_phases.py``).
+Screenshots go to ``test-artifacts/ui-oncall/``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+from test_ui_concurrent_runs import add_concurrent_runs
+from test_ui_layout import browser  # noqa: F401 - the shared Chromium fixture
+from test_ui_version_phases import add_reprocessed
+from test_ui_waiting import add_waiting_checkpoints
+from ui_fixtures import build_world
+
+from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
+from airflow_provider_walsink.committer.store import utcnow
+
+pytestmark = [pytest.mark.airflow, pytest.mark.browser]
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "ui-oncall"
+SCREEN = {"width": 1280, "height": 800}
+OLD = "20260105T000000Z"  # sales_a: FAILED in try 2, three hours ago
+ORANGE = "rgb(239, 108, 0)"  # --blocked
+PURPLE = "rgb(106, 27, 154)"  # --refused
+
+
+@pytest.fixture(scope="module")
+def served(airflow_db, tmp_path_factory):
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    tmp = tmp_path_factory.mktemp("ui-oncall")
+    with pytest.MonkeyPatch.context() as mp:
+        for world in build_world(f"sqlite:///{tmp}/committer.db", tmp, mp):
+            add_waiting_checkpoints(world, tmp)
+            add_concurrent_runs(world, tmp)
+            add_reprocessed(world)
+            then = utcnow() - timedelta(hours=3)
+            with world.store.engine.begin() as conn:
+                conn.execute(
+                    update(ckpt)
+                    .where(ckpt.c.pipeline == "sales_a", ckpt.c.checkpoint_key == OLD)
+                    .values(created_at=then, updated_at=then)
+                )
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            server = uvicorn.Server(
+                uvicorn.Config(world.app, host="127.0.0.1", port=port, log_level="warning")
+            )
+            thread = threading.Thread(target=server.run, daemon=True)
+            thread.start()
+            deadline = time.monotonic() + 60
+            while not server.started:
+                assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+                time.sleep(0.05)
+            try:
+                yield world, f"http://127.0.0.1:{port}"
+            finally:
+                server.should_exit = True
+                thread.join(timeout=30)
+
+
+@pytest.fixture
+def page(served, browser):  # noqa: F811
+    world, base = served
+    context = browser.new_context(viewport=SCREEN)
+    context.add_cookies([{"name": "_token", "value": world.tokens["admin"], "url": base}])
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+def _shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def test_a_blocked_checkpoint_is_shown_blocked_not_writing(served, page):
+    _, base = served
+    page.goto(f"{base}/walsink/pipelines/orders")
+    row = page.locator("table.checkpoints tbody tr", has=page.locator("a.ckpt", has_text="k2"))
+    badge = row.locator(".badge.wait")
+    assert badge.inner_text() == "BLOCKED by k1"
+    assert badge.evaluate("e => getComputedStyle(e).backgroundColor") == ORANGE
+    assert "walsink abort orders k1" in row.locator("td.error").inner_text()
+    # No phase counts up as a running write (the amber italics of an open phase).
+    assert row.locator("td.phases small.open").count() == 0
+    cell = page.locator("#timeline a.cell[href$='/checkpoints/k2']")
+    assert cell.evaluate("e => getComputedStyle(e).backgroundColor") == ORANGE
+    _shot(page, "pipeline-blocked")
+    row.locator("a.ckpt").click()
+    page.wait_for_url("**/checkpoints/k2")
+    assert "by k1 (FAILED)" in page.locator("#waiting").inner_text()
+    page.locator("#waiting a", has_text="k1").click()
+    page.wait_for_url("**/checkpoints/k1")
+
+
+def test_a_refused_commit_is_shown_refused(served, page):
+    _, base = served
+    page.goto(f"{base}/walsink/pipelines/ledger")
+    row = page.locator("table.checkpoints tbody tr", has=page.locator("a.ckpt", has_text="c2"))
+    badge = row.locator(".badge.wait")
+    assert badge.inner_text() == "REFUSED"
+    assert badge.evaluate("e => getComputedStyle(e).backgroundColor") == PURPLE
+    assert "offsets" in row.locator("td.error").inner_text()
+
+
+def test_overview_filters_what_is_not_committed_and_links_the_log(served, page):
+    _, base = served
+    page.goto(f"{base}/walsink/")
+    table = page.locator("h2#uncommitted ~ table.checkpoints")
+    assert table.locator("a.ckpt", has_text="20260104T000000Z").count() == 1
+    page.select_option("#not-committed-for", "1h")
+    page.get_by_role("button", name="Filter").click()
+    page.wait_for_url("**not_committed_for=1h**")
+    rows = table.locator("tbody tr")
+    assert rows.count() == 1
+    assert rows.first.locator("a.ckpt").inner_text() == OLD
+    assert "for 3.0 h" in rows.first.locator("td.state").inner_text()
+    _shot(page, "overview-not-committed-1h")
+    href = rows.first.locator("a.log").get_attribute("href")
+    response = page.request.get(base + href, max_redirects=0)
+    assert response.status == 303
+    location = response.headers["location"]
+    assert location.startswith("/dags/ui_dag_a/runs/manual__") and location.endswith(
+        "/tasks/write?try_number=2"
+    )
+
+
+def test_two_runs_one_interval_names_the_committing_run(served, page):
+    _, base = served
+    page.goto(f"{base}/walsink/pipelines/twice/checkpoints/20260201T000000Z")
+    assert page.locator("a.af-run").inner_text() == "backfill__2026-02-01"
+    assert page.locator("a.af-dag").inner_text() == "ui_dag_b"
+    page.goto(f"{base}/walsink/dags/ui_dag_b")
+    assert page.locator("table.checkpoints a.ckpt", has_text="20260201T000000Z").count() == 2  # twice, race
+    _shot(page, "dag-tab-committing-run")
+
+
+def test_a_reprocessed_checkpoint_shows_each_versions_phases(served, page):
+    _, base = served
+    page.goto(f"{base}/walsink/pipelines/sales_a/checkpoints/20260101T000000Z")
+    table = page.locator("#version-phases")
+    assert table.is_visible()
+    assert "2 (current)" in table.inner_text()
+    times = table.locator("td.num:not([rowspan])").all_inner_texts()
+    # Eight phase rows (two versions), none of them hours long: each version counts its own.
+    assert len(times) == 8 and not [t for t in times if t.endswith((" h", " min"))], times
+    _shot(page, "checkpoint-version-phases")
+    page.goto(f"{base}/walsink/pipelines/sales_a")
+    row = page.locator("table.checkpoints tbody tr", has=page.locator("a.ckpt", has_text="20260101T000000Z"))
+    assert " h" not in row.locator("td.phases").inner_text()
