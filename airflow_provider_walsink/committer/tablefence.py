@@ -91,6 +91,7 @@ from sqlalchemy import BigInteger, Select, String, bindparam, func, insert, null
 from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.errors import FencedError, NotDurableError, WalsinkError
 from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, Manifest, read_manifest
+from airflow_provider_walsink.protocol.staging_store import StagingStore
 from airflow_provider_walsink.protocol.states import CheckpointState
 from airflow_provider_walsink.publishers._tables import (
     FENCING_MODES,
@@ -429,7 +430,7 @@ def reconcile(
 
 def commit_table_fenced(committer: Any, pipeline: str, checkpoint_key: str, *, actor: Actor) -> Any:
     """:meth:`.commit.CheckpointCommitter.commit` with ``fencing="table"`` (module docstring)."""
-    from .commit import BAD_INPUT, explain_not_committable, read_sealed_manifest
+    from .commit import BAD_INPUT, explain_not_committable, publish_argument, read_sealed_attempt
 
     started = time.monotonic()
     store: CommitterStore = committer.store
@@ -465,7 +466,7 @@ def commit_table_fenced(committer: Any, pipeline: str, checkpoint_key: str, *, a
             raise
     token = table_token(record)
     try:
-        manifest, attempt_dir = read_sealed_manifest(committer.layout, record)
+        manifest, attempt = read_sealed_attempt(committer.layout, record)
     except BAD_INPUT as exc:
         _record_failure(store, record, str(exc), actor)
         raise
@@ -479,7 +480,7 @@ def commit_table_fenced(committer: Any, pipeline: str, checkpoint_key: str, *, a
     held: str = manifest.attempt_id
     result = None
     try:
-        result = committer.publisher.publish(manifest, attempt_dir, ctx)
+        result = committer.publisher.publish(manifest, publish_argument(committer.publisher, attempt), ctx)
     except HeldByAnotherAttemptError as exc:
         held = exc.held
         log.warning("%s: %s", name, exc)
@@ -615,8 +616,13 @@ def _held_fields(committer: Any, record: CheckpointRecord, manifest: Manifest, h
     offsets = published_offsets(manifest, held) if callable(published_offsets) else None
     if offsets is not None:
         fields.update(start_offsets=_dump(offsets[0]), end_offsets=_dump(offsets[1]))
+    from .commit import local_layout
+
+    layout = local_layout(committer.layout)
     try:
-        staged = committer.layout.staged_attempts(record.pipeline, record.checkpoint_key)
+        # An object-store root lists no attempts here: the counts stay unknown, the offsets
+        # come from the table's marker (the committer table records what the table says).
+        staged = layout.staged_attempts(record.pipeline, record.checkpoint_key) if layout else []
     except (WalsinkError, OSError):
         staged = []
     for number, attempt_id, path in staged:
@@ -656,9 +662,17 @@ def _drop_unpublished(committer: Any, manifest: Manifest) -> None:
     holds = getattr(committer.publisher, "holds_attempt", None)
     try:
         if callable(holds) and not holds(manifest):
-            committer.layout.remove_attempt(
-                manifest.pipeline, manifest.checkpoint_key, manifest.attempt, manifest.attempt_id
-            )
+            staging = committer.layout
+            if isinstance(staging, StagingStore):
+                staging.remove_attempt(
+                    staging.attempt(
+                        manifest.pipeline, manifest.checkpoint_key, manifest.attempt, manifest.attempt_id
+                    )
+                )
+            else:
+                staging.remove_attempt(
+                    manifest.pipeline, manifest.checkpoint_key, manifest.attempt, manifest.attempt_id
+                )
     except (WalsinkError, OSError) as exc:
         log.warning("leaving the staging of unpublished attempt %s: %s", manifest.attempt_id, exc)
 

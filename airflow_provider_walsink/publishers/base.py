@@ -5,7 +5,11 @@ A *publisher* makes one sealed attempt of one checkpoint visible in a target
 The committer (``committer/commit.py``) calls it in this order, as Spark's
 ``FileCommitProtocol`` numbers its calls:
 
-1. ``publish(manifest, attempt_dir, ctx)``, under the checkpoint's lease. It
+1. ``publish(manifest, attempt, ctx)``, under the checkpoint's lease. ``attempt``
+   says where the sealed attempt is staged: a :class:`StagedAttempt` for
+   publishers that declare ``takes_staged_attempt`` (the table targets, on a
+   local or an object-store root), else the attempt's local directory (a
+   ``Path``: such a publisher cannot publish from an object store). It
    may be called any number of times for the same sealed attempt, by the same
    or another committer, after a crash at any point: every step already done
    is recognised **by the attempt's identity** (``manifest.attempt_id``,
@@ -55,9 +59,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from airflow_provider_walsink.protocol.errors import OrderError
+from airflow_provider_walsink.protocol.errors import LayoutError, OrderError
 from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.staging_store import AttemptLocation, StagingStore, _check_segments
 
 
 class PublishOutcome(enum.StrEnum):
@@ -89,6 +94,57 @@ class PublishResult:
     def __post_init__(self) -> None:
         if self.outcome is PublishOutcome.PUBLISHED and not self.published and self.already:
             self.outcome = PublishOutcome.ALREADY_PUBLISHED
+
+
+@dataclass(frozen=True)
+class StagedAttempt:
+    """Where one sealed attempt is staged: the store that holds it and its location there.
+
+    The one object a committer hands a publisher (``publish(manifest, attempt,
+    ctx)``) instead of a local path, so the same publisher reads an attempt on a
+    local disk or on an object store. The contract a publisher keeps with it:
+
+    * every committable is named ``attempt.uri + "/" + relative`` (the attempt's
+      local path on a local root, ``s3://bucket/...`` on S3) and reached only
+      through ``attempt.store`` (its ``filesystem``), after the store's
+      confinement check (:meth:`committable_uri`: no ``..``, absolute, empty or
+      ``.`` segment; on a local root no symlink is followed, checked where the
+      publisher reads or references the file);
+    * sizes come from the store's metadata (``lstat``, HEAD, LIST), never by
+      downloading a file; a publisher opens a file only where it must read a
+      Parquet footer;
+    * the committer built it from the checkpoint's recorded identifiers (never
+      from a path a manifest or a row gives) and read the sealed manifest
+      through the same store, so a table that references ``uri + "/" +
+      relative`` references exactly the files the durability check verified.
+    """
+
+    store: StagingStore
+    location: AttemptLocation
+
+    @property
+    def is_local(self) -> bool:
+        return self.store.is_local
+
+    @property
+    def uri(self) -> str:
+        """The attempt as other tools name it: an absolute local path, or ``s3://bucket/...``."""
+        return self.location.path if self.store.is_local else self.location.uri.rstrip("/")
+
+    def committable_uri(self, relative: str) -> str:
+        """``uri/relative`` once ``relative`` passes the store's lexical confinement (``PathEscapeError``)."""
+        _check_segments(relative, "committable", self.location.uri)
+        return f"{self.uri}/{relative}"
+
+    def local_dir(self) -> Path:
+        """The attempt's directory on a local root; ``LayoutError`` on an object store."""
+        if not self.store.is_local:
+            raise LayoutError(
+                f"attempt {self.location.uri} is staged on an object store ({self.store.kind}://); this "
+                "target publishes from a local staging root only (table targets reference the staged "
+                "objects in place: use an Iceberg or Delta target on the same store)"
+            )
+        return Path(self.location.path)
 
 
 @dataclass(frozen=True)
@@ -173,11 +229,16 @@ class Publisher(Protocol):
     #: remove a committed attempt's staging (``gc.py``).
     references_staged_files: ClassVar[bool]
 
-    def publish(self, manifest: Manifest, attempt_dir: Path, ctx: PublisherContext) -> PublishResult: ...
+    #: ``publish`` takes a :class:`StagedAttempt` (any store); without it, the attempt's local ``Path``.
+    takes_staged_attempt: ClassVar[bool]
+
+    def publish(
+        self, manifest: Manifest, attempt: StagedAttempt | Path, ctx: PublisherContext
+    ) -> PublishResult: ...
 
     def published_attempt(self, manifest: Manifest) -> str | None: ...
 
-    def finish(self, manifest: Manifest, layout: StagingLayout) -> None: ...
+    def finish(self, manifest: Manifest, layout: StagingLayout | StagingStore) -> None: ...
 
     def describe(self) -> str:
         """A one-line, credential-free description of the target for logs and the UI."""

@@ -80,7 +80,8 @@ from ._tables import (
     offsets_value,
     partition_of_path,
     schema_problems,
-    staged_base,
+    staged_locations,
+    staging_storage,
     superseded_attempt,
     table_fenced,
     uri_flags,
@@ -89,6 +90,7 @@ from .base import (
     PublisherContext,
     PublishOutcome,
     PublishResult,
+    StagedAttempt,
     TargetCapabilities,
     check_partition_order,
 )
@@ -167,6 +169,8 @@ class DeltaPublisher:
     )
     #: Snapshots reference the staged files in place: GC never removes a committed attempt.
     references_staged_files: ClassVar[bool] = True
+    #: ``publish`` takes a :class:`~.base.StagedAttempt`: local roots and object stores alike.
+    takes_staged_attempt: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -409,9 +413,8 @@ class DeltaPublisher:
                             "and abort again"
                         )
                     manifest, attempt_dir = create_from
-                    base = staged_base(attempt_dir)
-                    locations = [f"{base}/{c.path}" for c in manifest.committables]
-                    staged = self.storage.describe(manifest, locations)
+                    base, locations = staged_locations(attempt_dir, manifest)
+                    staged = staging_storage(self.storage, attempt_dir).describe(manifest, locations)
                     _, schema, partition_by = self._adds_for_new_table(manifest, base, staged)
                     self._create_empty(schema, partition_by)
                     continue  # the tombstone goes in a normal (put-if-absent) commit on the new table
@@ -453,7 +456,7 @@ class DeltaPublisher:
     # ------------------------------------------------------------------ publish
 
     def publish(
-        self, manifest: Manifest, attempt_dir: str | os.PathLike[str], ctx: PublisherContext
+        self, manifest: Manifest, attempt_dir: StagedAttempt | str | os.PathLike[str], ctx: PublisherContext
     ) -> PublishResult:
         """Add the attempt's staged files in one Delta commit, or find it already there.
 
@@ -462,8 +465,8 @@ class DeltaPublisher:
         Safe to repeat.
         """
         supersedes = superseded_attempt(ctx, manifest)
-        base = staged_base(attempt_dir)
-        locations = [f"{base}/{c.path}" for c in manifest.committables]
+        base, locations = staged_locations(attempt_dir, manifest)
+        storage = staging_storage(self.storage, attempt_dir)
         staged: list[StagedFile] | None = None
         for _ in range(MAX_COMMIT_ATTEMPTS):
             dt = self.load_table()
@@ -474,7 +477,7 @@ class DeltaPublisher:
             if dt is not None:
                 self._check_order(dt, manifest)
             if staged is None:
-                staged = self.storage.describe(manifest, locations)
+                staged = storage.describe(manifest, locations)
             token = ctx.epoch
             if table_fenced(ctx) and marker is not None:
                 # No lease orders the tokens: keep ours above the version the checkpoint holds, so only
@@ -821,7 +824,7 @@ class DeltaPublisher:
             now = self.load_table()
             return now is None or _held_version(now.transaction_version(app_id(manifest, attempt_id)))
 
-        return self.storage.remove_unreferenced_attempts(
+        return staging_storage(self.storage, layout).remove_unreferenced_attempts(
             checkpoint_location(local_path(root), manifest), manifest, held_now, fence=fence
         )
 
