@@ -18,6 +18,7 @@ import pytest
 
 from airflow_provider_walsink.committer import CheckpointCommitter
 from airflow_provider_walsink.committer import commit as commit_module
+from airflow_provider_walsink.committer import tablefence as tablefence_module
 from airflow_provider_walsink.protocol import CheckpointState as S
 from airflow_provider_walsink.protocol.errors import CommittableError, PathEscapeError
 from airflow_provider_walsink.protocol.manifest import Committable
@@ -272,3 +273,48 @@ def test_a_manifest_path_escaping_the_attempt_is_refused_before_anything_is_read
     with pytest.raises(PathEscapeError, match=r"\.\."):
         publisher.publish(hostile, StagedAttempt(staging, job.location), StaticContext.for_manifest(hostile))
     assert _version(kind, publisher) is None
+
+
+@pytest.mark.parametrize("kind", ["iceberg", "delta"])
+def test_with_table_fencing_the_tables_marker_decides_after_a_crash_and_lost_committer_rows(
+    kind,
+    spark,
+    s3_server,  # noqa: F811
+    sqlite_store,
+    tmp_path,
+    bucket_prefix,
+    monkeypatch,
+):
+    """``append`` with ``fencing="table"``: the commit raises after the table commit, retention
+    deletes the committer rows, the interval is written again (a new attempt): the commit finds the
+    first attempt in the table's marker, records it COMMITTED and publishes nothing: each row once."""
+    mode = "append"
+    publisher = _publisher(kind, s3_server, tmp_path, bucket_prefix, mode)
+    staging = StagingStore.open(publisher.staging_root(), _store_options(s3_server))
+    source = _source(DAYS)
+    first, first_manifest = _stage(spark, sqlite_store, staging, "k1", source, mode, s3_server)
+
+    def crash_after_publish(name: str) -> None:
+        if name == "commit.after_publish":
+            raise RuntimeError("killed after the table commit")
+
+    monkeypatch.setattr(tablefence_module, "crashpoint", crash_after_publish)
+    committer = CheckpointCommitter(sqlite_store, staging, publisher, mode=mode, fencing="table")
+    with pytest.raises(RuntimeError, match="killed after the table commit"):
+        committer.commit("events", "k1", actor=ACTOR)
+    monkeypatch.undo()
+    landed = _version(kind, publisher)
+    assert sorted(_data_files(kind, publisher)) == sorted(
+        f"{first.location.uri}/{c.path}" for c in first_manifest.committables
+    )
+
+    forget_checkpoint(sqlite_store, "events", "k1")
+    _stage(spark, sqlite_store, staging, "k1", source, mode, s3_server)
+    summary = CheckpointCommitter(sqlite_store, staging, publisher, mode=mode, fencing="table").commit(
+        "events", "k1", actor=ACTOR
+    )
+    record = sqlite_store.require("events", "k1")
+    assert summary.state == "COMMITTED" and summary.published == 0
+    assert record.sealed_attempt_id == first_manifest.attempt_id  # the attempt the table holds
+    assert record.committables == first_manifest.expected_count  # read from its manifest on the store
+    assert _version(kind, publisher) == landed and _rows(kind, publisher) == sorted(source)

@@ -91,7 +91,7 @@ from sqlalchemy import BigInteger, Select, String, bindparam, func, insert, null
 from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.errors import FencedError, NotDurableError, WalsinkError
 from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, Manifest, read_manifest
-from airflow_provider_walsink.protocol.staging_store import StagingStore
+from airflow_provider_walsink.protocol.staging_store import AttemptLocation, StagingStore
 from airflow_provider_walsink.protocol.states import CheckpointState
 from airflow_provider_walsink.publishers._tables import (
     FENCING_MODES,
@@ -620,23 +620,39 @@ def _held_fields(committer: Any, record: CheckpointRecord, manifest: Manifest, h
 
     layout = local_layout(committer.layout)
     try:
-        # An object-store root lists no attempts here: the counts stay unknown, the offsets
-        # come from the table's marker (the committer table records what the table says).
-        staged = layout.staged_attempts(record.pipeline, record.checkpoint_key) if layout else []
+        if layout is not None:
+            staged = layout.staged_attempts(record.pipeline, record.checkpoint_key)
+        else:
+            staged = _stored_attempts(committer.layout, record.pipeline, record.checkpoint_key)
     except (WalsinkError, OSError):
         staged = []
-    for number, attempt_id, path in staged:
+    for number, attempt_id, where in staged:
         if attempt_id != held:
             continue
         fields["sealed_attempt"] = number
         try:
-            other = read_manifest(path / MANIFEST_NAME)
+            if isinstance(where, AttemptLocation):
+                other = committer.layout.read_manifest(where)
+            else:
+                other = read_manifest(where / MANIFEST_NAME)
         except (WalsinkError, OSError):
             break  # finish() removed it once the attempt was committed: counts unknown
         fields.update(committables=other.expected_count, rows=other.total_rows, bytes=other.total_bytes)
         fields.update(start_offsets=_dump(other.start_offsets), end_offsets=_dump(other.end_offsets))
         break
     return fields
+
+
+def _stored_attempts(
+    staging: StagingStore, pipeline: str, checkpoint_key: str
+) -> list[tuple[int, str | None, AttemptLocation]]:
+    """:meth:`StagingLayout.staged_attempts` on an object store: one listing of the checkpoint."""
+    checkpoint = f"{staging.base}/{pipeline}/{checkpoint_key}"
+    # The store's own directory-name parser (the layout's rules), so both roots agree on names.
+    return [
+        (number, attempt_id, staging.attempt(pipeline, checkpoint_key, number, attempt_id))
+        for _name, (number, attempt_id) in staging._attempt_names(checkpoint)
+    ]
 
 
 def _refusal(

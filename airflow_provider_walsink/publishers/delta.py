@@ -48,7 +48,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, ClassVar
 from urllib.parse import quote, unquote, urlsplit
@@ -296,9 +296,22 @@ class DeltaPublisher:
         other = self._attempt_in_history(dt, manifest, version) if need_id else None
         return Marker(other or "another attempt", version)
 
-    @staticmethod
-    def _attempt_in_history(dt: DeltaTable, manifest: Manifest, version: int) -> str | None:
-        for commit in dt.history(HISTORY_SCAN_LIMIT):
+    def _history(self, dt: DeltaTable) -> Iterator[dict[str, Any]]:
+        """The ``commitInfo`` of the newest :data:`HISTORY_SCAN_LIMIT` versions, newest first, read
+        one log entry at a time (and only until the caller finds what it looks for).
+
+        Not ``DeltaTable.history()``: that reads every entry up front, and stalls against an S3 API
+        without a listing it expects (moto's server), so a reconcile of a table on S3 hung there.
+        Versions the log no longer keeps (log retention) are skipped, as ``history()`` skips them.
+        """
+        latest = dt.version()
+        for version in range(latest, max(-1, latest - HISTORY_SCAN_LIMIT), -1):
+            info = self._commit_info(version)
+            if info is not None:
+                yield info
+
+    def _attempt_in_history(self, dt: DeltaTable, manifest: Manifest, version: int) -> str | None:
+        for commit in self._history(dt):
             if (
                 commit.get("walsink.pipeline") == manifest.pipeline
                 and commit.get("walsink.checkpoint") == manifest.checkpoint_key
@@ -329,7 +342,7 @@ class DeltaPublisher:
         marker = self.marker_of(dt, manifest, need_id=True) if dt is not None else None
         if dt is None or marker is None or marker.attempt_id != attempt_id:
             return None
-        for commit in dt.history(HISTORY_SCAN_LIMIT):
+        for commit in self._history(dt):
             if (
                 commit.get("walsink.pipeline") == manifest.pipeline
                 and commit.get("walsink.checkpoint") == manifest.checkpoint_key
