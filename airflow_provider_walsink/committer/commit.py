@@ -235,6 +235,13 @@ class CheckpointCommitter:
     Repeating a commit is always safe; after COMMITTED it is a no-op that
     says so.
 
+    ``layout`` is where staged attempts are read: a local :class:`StagingLayout`,
+    or a :class:`StagingStore` (any root, object stores included) that the
+    caller opened, with its credentials, for the checkpoint's recorded staging
+    root. The publisher receives the attempt as one :class:`StagedAttempt`
+    (store + location; ``publish_argument``), the table targets publishing an
+    object-store attempt by reference.
+
     ``fencing="table"`` (targets whose capabilities allow it: Iceberg, Delta)
     takes no lease: the table's atomic commit is the fence and COMMITTED is
     recorded in one transaction after it (:mod:`.tablefence`).

@@ -340,7 +340,7 @@ def staged_locations(
     """
     base = staged_base(attempt_dir)
     if isinstance(attempt_dir, StagedAttempt):
-        locations = [attempt_dir.committable_uri(c.path) for c in manifest.committables]
+        locations = attempt_dir.committable_uris(c.path for c in manifest.committables)
     else:
         locations = [f"{base}/{c.path}" for c in manifest.committables]
     return base, [as_uri(loc) for loc in locations] if uri else locations
