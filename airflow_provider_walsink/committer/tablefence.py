@@ -512,7 +512,11 @@ def commit_table_fenced(committer: Any, pipeline: str, checkpoint_key: str, *, a
             if not fresh:
                 log.info("%s was recorded COMMITTED by a racing committer of the same attempt", name)
                 committer._finish(manifest)
-                return committer._summary(done, already=True, started=started)
+                summary = committer._summary(done, already=True, started=started)
+                # What this call did to the table, still: the racer that found our commit in the
+                # table may record COMMITTED before we do.
+                summary.published, summary.already_published = result.published, result.already
+                return summary
             crashpoint("commit.after_committed")
             committer._finish(manifest)
             summary = committer._summary(done, already=False, started=started)
