@@ -33,8 +33,9 @@ from airflow_provider_walsink.protocol.errors import (
 )
 from airflow_provider_walsink.protocol.manifest import Manifest, read_manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.staging_store import AttemptLocation, StagingStore
 from airflow_provider_walsink.protocol.states import COMMITTABLE, CheckpointState
-from airflow_provider_walsink.publishers.base import Publisher, PublishResult
+from airflow_provider_walsink.publishers.base import Publisher, PublishResult, StagedAttempt
 
 from .store import (
     Actor,
@@ -140,6 +141,80 @@ def read_sealed_manifest(layout: StagingLayout, record: CheckpointRecord) -> tup
     return manifest, manifest_path.parent
 
 
+#: Where a committer reads staged attempts: a local :class:`StagingLayout` (as always), or a
+#: :class:`StagingStore` on any root (opened by the caller, with its credentials, for the
+#: checkpoint's recorded staging root).
+Staging = StagingLayout | StagingStore
+
+
+def local_store(layout: StagingLayout) -> StagingStore:
+    """A :class:`StagingStore` over a local layout that *is* that layout (same resolver, same checks)."""
+    import pyarrow.fs as pafs
+
+    root = str(layout.root)
+    store = StagingStore(root, pafs.LocalFileSystem(), root, kind="local")
+    store.layout = layout
+    return store
+
+
+def local_layout(staging: Staging) -> StagingLayout | None:
+    """The local layout behind ``staging``, or ``None`` for an object store."""
+    return staging if isinstance(staging, StagingLayout) else staging.layout
+
+
+def read_sealed_attempt(staging: Staging, record: CheckpointRecord) -> tuple[Manifest, StagedAttempt]:
+    """The checkpoint's sealed manifest and where its attempt is, on a local root or an object store.
+
+    :func:`read_sealed_manifest`'s checks on any store: the location is built
+    from the record's identifiers (never taken from a row or a manifest), the
+    manifest read through the store with its size cap must carry the sealed
+    digest and describe this checkpoint's sealed attempt. A :class:`StagingStore`
+    whose root is not the one the row records is refused (``LayoutError``):
+    the checkpoint's attempts are where the write phase recorded them.
+    Raises ``ManifestError`` / ``LayoutError``; reads no data file.
+    """
+    if isinstance(staging, StagingLayout) or staging.is_local:
+        layout = local_layout(staging)
+        assert layout is not None
+        manifest, attempt_dir = read_sealed_manifest(layout, record)
+        path = str(attempt_dir)
+        location = AttemptLocation(
+            record.pipeline, record.checkpoint_key, manifest.attempt, manifest.attempt_id, path, path
+        )
+        store = staging if isinstance(staging, StagingStore) else local_store(staging)
+        return manifest, StagedAttempt(store, location)
+    assert record.sealed_attempt is not None and record.manifest_digest is not None
+    recorded = (record.staging_root or "").rstrip("/")
+    if recorded and recorded != staging.root_uri.rstrip("/"):
+        raise LayoutError(
+            f"checkpoint {record.pipeline}/{record.checkpoint_key} is staged under {recorded}, but the "
+            f"committer was given the staging store {staging.root_uri}; open the store of the recorded root"
+        )
+    location = staging.attempt(
+        record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
+    )
+    manifest = staging.read_manifest(location, expected_digest=record.manifest_digest)
+    if (manifest.pipeline, manifest.checkpoint_key, manifest.attempt) != (
+        record.pipeline,
+        record.checkpoint_key,
+        record.sealed_attempt,
+    ) or (record.sealed_attempt_id and manifest.attempt_id != record.sealed_attempt_id):
+        raise ManifestError(
+            f"manifest {location.uri}/_manifest.json describes {manifest.pipeline}/{manifest.checkpoint_key} "
+            f"attempt {manifest.attempt} ({manifest.attempt_id}), not {record.pipeline}/"
+            f"{record.checkpoint_key} attempt {record.sealed_attempt} ({record.sealed_attempt_id})"
+        )
+    return manifest, StagedAttempt(staging, location)
+
+
+def publish_argument(publisher: Publisher, attempt: StagedAttempt) -> StagedAttempt | Path:
+    """What ``publisher.publish`` takes as the attempt: the :class:`StagedAttempt` itself, or (a
+    publisher without ``takes_staged_attempt``) its local directory (``LayoutError`` on an object store)."""
+    if getattr(publisher, "takes_staged_attempt", False):
+        return attempt
+    return attempt.local_dir()
+
+
 class CheckpointCommitter:
     """Commits checkpoints of one pipeline into one target with one publisher.
 
@@ -160,6 +235,13 @@ class CheckpointCommitter:
     Repeating a commit is always safe; after COMMITTED it is a no-op that
     says so.
 
+    ``layout`` is where staged attempts are read: a local :class:`StagingLayout`,
+    or a :class:`StagingStore` (any root, object stores included) that the
+    caller opened, with its credentials, for the checkpoint's recorded staging
+    root. The publisher receives the attempt as one :class:`StagedAttempt`
+    (store + location; ``publish_argument``), the table targets publishing an
+    object-store attempt by reference.
+
     ``fencing="table"`` (targets whose capabilities allow it: Iceberg, Delta)
     takes no lease: the table's atomic commit is the fence and COMMITTED is
     recorded in one transaction after it (:mod:`.tablefence`).
@@ -168,7 +250,7 @@ class CheckpointCommitter:
     def __init__(
         self,
         store: CommitterStore,
-        layout: StagingLayout,
+        layout: Staging,
         publisher: Publisher,
         *,
         mode: str,
@@ -250,9 +332,9 @@ class CheckpointCommitter:
             supersedes=record.supersedes_attempt_id,
         )
         try:
-            manifest, attempt_dir = read_sealed_manifest(self.layout, record)
+            manifest, attempt = read_sealed_attempt(self.layout, record)
             ctx.attempt_id = manifest.attempt_id
-            result = self.publisher.publish(manifest, attempt_dir, ctx)
+            result = self.publisher.publish(manifest, publish_argument(self.publisher, attempt), ctx)
             crashpoint("commit.after_publish")
             # No fence first: recording COMMITTED is itself a compare-and-set on the epoch.
             done = self.store.mark_committed(
@@ -300,13 +382,25 @@ class CheckpointCommitter:
         """
         if record.sealed_attempt is None:
             return
-        path = self.layout.manifest_path(
-            record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
-        )
-        if not path.exists():
-            return  # staging is removed after the journal: nothing left to do
+        layout = local_layout(self.layout)
         try:
-            manifest = read_manifest(path, expected_digest=record.manifest_digest)
+            if layout is not None:
+                path = layout.manifest_path(
+                    record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
+                )
+                if not path.exists():
+                    return  # staging is removed after the journal: nothing left to do
+                manifest = read_manifest(path, expected_digest=record.manifest_digest)
+            else:
+                assert isinstance(self.layout, StagingStore)
+                location = self.layout.attempt(
+                    record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
+                )
+                import pyarrow.fs as pafs
+
+                if self.layout.filesystem.get_file_info(location.manifest_path).type != pafs.FileType.File:
+                    return  # the commit's clean-up removed the manifest: nothing left to do
+                manifest = self.layout.read_manifest(location, expected_digest=record.manifest_digest)
         except BAD_INPUT as exc:
             log.warning(
                 "leaving staging of committed %s/%s alone: %s", record.pipeline, record.checkpoint_key, exc
@@ -342,7 +436,9 @@ class CheckpointCommitter:
         target references at that moment (:mod:`~..protocol.cleanup`).
         """
         try:
-            self.publisher.finish(manifest, self.layout, fence=committed_fence(self.store, manifest))
+            # A local root as the publishers have always taken it; an object store as itself.
+            where = local_layout(self.layout) or self.layout
+            self.publisher.finish(manifest, where, fence=committed_fence(self.store, manifest))
         except CleanupFencedError as exc:
             log.warning(
                 "committed %s/%s; its clean-up stopped (left to GC): %s",

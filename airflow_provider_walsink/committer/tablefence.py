@@ -91,6 +91,7 @@ from sqlalchemy import BigInteger, Select, String, bindparam, func, insert, null
 from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.errors import FencedError, NotDurableError, WalsinkError
 from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, Manifest, read_manifest
+from airflow_provider_walsink.protocol.staging_store import AttemptLocation, StagingStore
 from airflow_provider_walsink.protocol.states import CheckpointState
 from airflow_provider_walsink.publishers._tables import (
     FENCING_MODES,
@@ -429,7 +430,7 @@ def reconcile(
 
 def commit_table_fenced(committer: Any, pipeline: str, checkpoint_key: str, *, actor: Actor) -> Any:
     """:meth:`.commit.CheckpointCommitter.commit` with ``fencing="table"`` (module docstring)."""
-    from .commit import BAD_INPUT, explain_not_committable, read_sealed_manifest
+    from .commit import BAD_INPUT, explain_not_committable, publish_argument, read_sealed_attempt
 
     started = time.monotonic()
     store: CommitterStore = committer.store
@@ -465,7 +466,7 @@ def commit_table_fenced(committer: Any, pipeline: str, checkpoint_key: str, *, a
             raise
     token = table_token(record)
     try:
-        manifest, attempt_dir = read_sealed_manifest(committer.layout, record)
+        manifest, attempt = read_sealed_attempt(committer.layout, record)
     except BAD_INPUT as exc:
         _record_failure(store, record, str(exc), actor)
         raise
@@ -479,7 +480,7 @@ def commit_table_fenced(committer: Any, pipeline: str, checkpoint_key: str, *, a
     held: str = manifest.attempt_id
     result = None
     try:
-        result = committer.publisher.publish(manifest, attempt_dir, ctx)
+        result = committer.publisher.publish(manifest, publish_argument(committer.publisher, attempt), ctx)
     except HeldByAnotherAttemptError as exc:
         held = exc.held
         log.warning("%s: %s", name, exc)
@@ -511,7 +512,11 @@ def commit_table_fenced(committer: Any, pipeline: str, checkpoint_key: str, *, a
             if not fresh:
                 log.info("%s was recorded COMMITTED by a racing committer of the same attempt", name)
                 committer._finish(manifest)
-                return committer._summary(done, already=True, started=started)
+                summary = committer._summary(done, already=True, started=started)
+                # What this call did to the table, still: the racer that found our commit in the
+                # table may record COMMITTED before we do.
+                summary.published, summary.already_published = result.published, result.already
+                return summary
             crashpoint("commit.after_committed")
             committer._finish(manifest)
             summary = committer._summary(done, already=False, started=started)
@@ -615,22 +620,43 @@ def _held_fields(committer: Any, record: CheckpointRecord, manifest: Manifest, h
     offsets = published_offsets(manifest, held) if callable(published_offsets) else None
     if offsets is not None:
         fields.update(start_offsets=_dump(offsets[0]), end_offsets=_dump(offsets[1]))
+    from .commit import local_layout
+
+    layout = local_layout(committer.layout)
     try:
-        staged = committer.layout.staged_attempts(record.pipeline, record.checkpoint_key)
+        if layout is not None:
+            staged = layout.staged_attempts(record.pipeline, record.checkpoint_key)
+        else:
+            staged = _stored_attempts(committer.layout, record.pipeline, record.checkpoint_key)
     except (WalsinkError, OSError):
         staged = []
-    for number, attempt_id, path in staged:
+    for number, attempt_id, where in staged:
         if attempt_id != held:
             continue
         fields["sealed_attempt"] = number
         try:
-            other = read_manifest(path / MANIFEST_NAME)
+            if isinstance(where, AttemptLocation):
+                other = committer.layout.read_manifest(where)
+            else:
+                other = read_manifest(where / MANIFEST_NAME)
         except (WalsinkError, OSError):
             break  # finish() removed it once the attempt was committed: counts unknown
         fields.update(committables=other.expected_count, rows=other.total_rows, bytes=other.total_bytes)
         fields.update(start_offsets=_dump(other.start_offsets), end_offsets=_dump(other.end_offsets))
         break
     return fields
+
+
+def _stored_attempts(
+    staging: StagingStore, pipeline: str, checkpoint_key: str
+) -> list[tuple[int, str | None, AttemptLocation]]:
+    """:meth:`StagingLayout.staged_attempts` on an object store: one listing of the checkpoint."""
+    checkpoint = f"{staging.base}/{pipeline}/{checkpoint_key}"
+    # The store's own directory-name parser (the layout's rules), so both roots agree on names.
+    return [
+        (number, attempt_id, staging.attempt(pipeline, checkpoint_key, number, attempt_id))
+        for _name, (number, attempt_id) in staging._attempt_names(checkpoint)
+    ]
 
 
 def _refusal(
@@ -656,9 +682,17 @@ def _drop_unpublished(committer: Any, manifest: Manifest) -> None:
     holds = getattr(committer.publisher, "holds_attempt", None)
     try:
         if callable(holds) and not holds(manifest):
-            committer.layout.remove_attempt(
-                manifest.pipeline, manifest.checkpoint_key, manifest.attempt, manifest.attempt_id
-            )
+            staging = committer.layout
+            if isinstance(staging, StagingStore):
+                staging.remove_attempt(
+                    staging.attempt(
+                        manifest.pipeline, manifest.checkpoint_key, manifest.attempt, manifest.attempt_id
+                    )
+                )
+            else:
+                staging.remove_attempt(
+                    manifest.pipeline, manifest.checkpoint_key, manifest.attempt, manifest.attempt_id
+                )
     except (WalsinkError, OSError) as exc:
         log.warning("leaving the staging of unpublished attempt %s: %s", manifest.attempt_id, exc)
 

@@ -27,8 +27,9 @@ from airflow_provider_walsink.protocol.errors import (
     WalsinkError,
 )
 from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, Manifest, parse_manifest
+from airflow_provider_walsink.protocol.staging_store import StagingStore
 
-from .base import PublisherContext
+from .base import PublisherContext, StagedAttempt
 
 log = logging.getLogger(__name__)
 
@@ -318,12 +319,42 @@ class S3Settings:
         return pafs.S3FileSystem(**kwargs)
 
 
-def staged_base(attempt_dir: str | os.PathLike[str]) -> str:
+def staged_base(attempt_dir: StagedAttempt | str | os.PathLike[str]) -> str:
     """The attempt's location as a URI (``s3://...``) or an absolute local path."""
+    if isinstance(attempt_dir, StagedAttempt):
+        return attempt_dir.uri
     text = os.fspath(attempt_dir)
     if "://" in text:
         return text.rstrip("/")
     return os.path.abspath(text)
+
+
+def staged_locations(
+    attempt_dir: StagedAttempt | str | os.PathLike[str], manifest: Manifest, *, uri: bool = False
+) -> tuple[str, list[str]]:
+    """The attempt's base and each committable's location (``as_uri`` with ``uri``).
+
+    From a :class:`StagedAttempt` every manifest path first passes the store's
+    confinement check (``PathEscapeError`` naming it, before anything is read);
+    a plain path or URI (tools, tests) is joined as the manifest validated it.
+    """
+    base = staged_base(attempt_dir)
+    if isinstance(attempt_dir, StagedAttempt):
+        locations = attempt_dir.committable_uris(c.path for c in manifest.committables)
+    else:
+        locations = [f"{base}/{c.path}" for c in manifest.committables]
+    return base, [as_uri(loc) for loc in locations] if uri else locations
+
+
+def staging_storage(default: Storage, where: Any) -> Storage:
+    """The :class:`Storage` to read staged files with: the staging store's own file system when
+    ``where`` (a :class:`StagedAttempt` or a ``StagingStore``) is an object store, so sizes,
+    footers and clean-up use the credentials the attempt was staged and checked with; else
+    ``default`` (local roots: unchanged, with their symlink refusals)."""
+    store = where.store if isinstance(where, StagedAttempt) else where
+    if isinstance(store, StagingStore) and not store.is_local:
+        return StoreStorage(store)
+    return default
 
 
 def is_remote(location: str) -> bool:
@@ -547,6 +578,23 @@ class Storage:
         return [f"{p}/{MANIFEST_NAME}" if ids[p] == manifest.attempt_id else p for p in removed]
 
 
+class StoreStorage(Storage):
+    """A :class:`Storage` bound to one object-store :class:`StagingStore`: reads and deletes only
+    under its root, through its file system (a location elsewhere is a ``LayoutError``)."""
+
+    def __init__(self, store: StagingStore) -> None:
+        super().__init__()
+        self.store = store
+        self._prefix = store.root_uri.rstrip("/") + "/"
+
+    def fs_and_path(self, location: str) -> tuple[Any, str]:
+        if location.startswith(self._prefix):
+            return self.store.filesystem, f"{self.store.base}/{location[len(self._prefix) :]}"
+        if location.rstrip("/") == self._prefix.rstrip("/"):
+            return self.store.filesystem, self.store.base
+        raise LayoutError(f"{location} is outside the staging root {self.store.root_uri}; not read")
+
+
 def _local_size_problems(files: Sequence[tuple[str, int]]) -> list[str]:
     problems = []
     checked: dict[str, str | None] = {}  # directories already checked for links (files share them)
@@ -650,6 +698,8 @@ def layout_root(layout: Any) -> str | None:
     """The staging root of a :class:`StagingLayout`, a root URI, or ``None``."""
     if layout is None:
         return None
+    if isinstance(layout, StagingStore):
+        return layout.base if layout.is_local else layout.root_uri.rstrip("/")
     root = getattr(layout, "root", layout)
     return os.fspath(root) if isinstance(root, Path) else str(root)
 

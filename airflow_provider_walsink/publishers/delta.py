@@ -48,7 +48,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, ClassVar
 from urllib.parse import quote, unquote, urlsplit
@@ -80,7 +80,8 @@ from ._tables import (
     offsets_value,
     partition_of_path,
     schema_problems,
-    staged_base,
+    staged_locations,
+    staging_storage,
     superseded_attempt,
     table_fenced,
     uri_flags,
@@ -89,6 +90,7 @@ from .base import (
     PublisherContext,
     PublishOutcome,
     PublishResult,
+    StagedAttempt,
     TargetCapabilities,
     check_partition_order,
 )
@@ -167,6 +169,8 @@ class DeltaPublisher:
     )
     #: Snapshots reference the staged files in place: GC never removes a committed attempt.
     references_staged_files: ClassVar[bool] = True
+    #: ``publish`` takes a :class:`~.base.StagedAttempt`: local roots and object stores alike.
+    takes_staged_attempt: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -292,9 +296,22 @@ class DeltaPublisher:
         other = self._attempt_in_history(dt, manifest, version) if need_id else None
         return Marker(other or "another attempt", version)
 
-    @staticmethod
-    def _attempt_in_history(dt: DeltaTable, manifest: Manifest, version: int) -> str | None:
-        for commit in dt.history(HISTORY_SCAN_LIMIT):
+    def _history(self, dt: DeltaTable) -> Iterator[dict[str, Any]]:
+        """The ``commitInfo`` of the newest :data:`HISTORY_SCAN_LIMIT` versions, newest first, read
+        one log entry at a time (and only until the caller finds what it looks for).
+
+        Not ``DeltaTable.history()``: that reads every entry up front, and stalls against an S3 API
+        without a listing it expects (moto's server), so a reconcile of a table on S3 hung there.
+        Versions the log no longer keeps (log retention) are skipped, as ``history()`` skips them.
+        """
+        latest = dt.version()
+        for version in range(latest, max(-1, latest - HISTORY_SCAN_LIMIT), -1):
+            info = self._commit_info(version)
+            if info is not None:
+                yield info
+
+    def _attempt_in_history(self, dt: DeltaTable, manifest: Manifest, version: int) -> str | None:
+        for commit in self._history(dt):
             if (
                 commit.get("walsink.pipeline") == manifest.pipeline
                 and commit.get("walsink.checkpoint") == manifest.checkpoint_key
@@ -325,7 +342,7 @@ class DeltaPublisher:
         marker = self.marker_of(dt, manifest, need_id=True) if dt is not None else None
         if dt is None or marker is None or marker.attempt_id != attempt_id:
             return None
-        for commit in dt.history(HISTORY_SCAN_LIMIT):
+        for commit in self._history(dt):
             if (
                 commit.get("walsink.pipeline") == manifest.pipeline
                 and commit.get("walsink.checkpoint") == manifest.checkpoint_key
@@ -409,9 +426,8 @@ class DeltaPublisher:
                             "and abort again"
                         )
                     manifest, attempt_dir = create_from
-                    base = staged_base(attempt_dir)
-                    locations = [f"{base}/{c.path}" for c in manifest.committables]
-                    staged = self.storage.describe(manifest, locations)
+                    base, locations = staged_locations(attempt_dir, manifest)
+                    staged = staging_storage(self.storage, attempt_dir).describe(manifest, locations)
                     _, schema, partition_by = self._adds_for_new_table(manifest, base, staged)
                     self._create_empty(schema, partition_by)
                     continue  # the tombstone goes in a normal (put-if-absent) commit on the new table
@@ -453,7 +469,7 @@ class DeltaPublisher:
     # ------------------------------------------------------------------ publish
 
     def publish(
-        self, manifest: Manifest, attempt_dir: str | os.PathLike[str], ctx: PublisherContext
+        self, manifest: Manifest, attempt_dir: StagedAttempt | str | os.PathLike[str], ctx: PublisherContext
     ) -> PublishResult:
         """Add the attempt's staged files in one Delta commit, or find it already there.
 
@@ -462,8 +478,8 @@ class DeltaPublisher:
         Safe to repeat.
         """
         supersedes = superseded_attempt(ctx, manifest)
-        base = staged_base(attempt_dir)
-        locations = [f"{base}/{c.path}" for c in manifest.committables]
+        base, locations = staged_locations(attempt_dir, manifest)
+        storage = staging_storage(self.storage, attempt_dir)
         staged: list[StagedFile] | None = None
         for _ in range(MAX_COMMIT_ATTEMPTS):
             dt = self.load_table()
@@ -474,7 +490,7 @@ class DeltaPublisher:
             if dt is not None:
                 self._check_order(dt, manifest)
             if staged is None:
-                staged = self.storage.describe(manifest, locations)
+                staged = storage.describe(manifest, locations)
             token = ctx.epoch
             if table_fenced(ctx) and marker is not None:
                 # No lease orders the tokens: keep ours above the version the checkpoint holds, so only
@@ -821,7 +837,7 @@ class DeltaPublisher:
             now = self.load_table()
             return now is None or _held_version(now.transaction_version(app_id(manifest, attempt_id)))
 
-        return self.storage.remove_unreferenced_attempts(
+        return staging_storage(self.storage, layout).remove_unreferenced_attempts(
             checkpoint_location(local_path(root), manifest), manifest, held_now, fence=fence
         )
 

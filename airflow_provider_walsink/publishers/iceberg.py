@@ -150,7 +150,8 @@ from ._tables import (
     offsets_value,
     partition_of_path,
     schema_problems,
-    staged_base,
+    staged_locations,
+    staging_storage,
     superseded_attempt,
     uri_flags,
 )
@@ -158,6 +159,7 @@ from .base import (
     PublisherContext,
     PublishOutcome,
     PublishResult,
+    StagedAttempt,
     TargetCapabilities,
     check_partition_order,
 )
@@ -286,6 +288,8 @@ class IcebergPublisher:
     )
     #: Snapshots reference the staged files in place: GC never removes a committed attempt.
     references_staged_files: ClassVar[bool] = True
+    #: ``publish`` takes a :class:`~.base.StagedAttempt`: local roots and object stores alike.
+    takes_staged_attempt: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -509,9 +513,9 @@ class IcebergPublisher:
                         "and abort again"
                     )
                 manifest, attempt_dir = create_from
-                base = staged_base(attempt_dir)
-                footers = self.storage.footers(
-                    [(as_uri(f"{base}/{c.path}"), c.size) for c in manifest.committables]
+                _, created_from = staged_locations(attempt_dir, manifest, uri=True)
+                footers = staging_storage(self.storage, attempt_dir).footers(
+                    [(loc, c.size) for loc, c in zip(created_from, manifest.committables, strict=True)]
                 )
                 table = self._create(manifest, footers)
             marker = self.marker_of(table, ref)  # type: ignore[arg-type]
@@ -586,7 +590,7 @@ class IcebergPublisher:
     # ------------------------------------------------------------------ publish
 
     def publish(
-        self, manifest: Manifest, attempt_dir: str | os.PathLike[str], ctx: PublisherContext
+        self, manifest: Manifest, attempt_dir: StagedAttempt | str | os.PathLike[str], ctx: PublisherContext
     ) -> PublishResult:
         """Add the attempt's staged files to the table in one snapshot, or find it already there.
 
@@ -596,8 +600,8 @@ class IcebergPublisher:
         table unchanged), :class:`TableCommitConflict` (the table changed under
         every one of :data:`MAX_COMMIT_ATTEMPTS` attempts). Safe to repeat.
         """
-        base = staged_base(attempt_dir)
-        locations = [as_uri(f"{base}/{c.path}") for c in manifest.committables]
+        base, locations = staged_locations(attempt_dir, manifest, uri=True)
+        storage = staging_storage(self.storage, attempt_dir)
         footers: list[Any] | None = None
         last_conflict: Exception | None = None
         for _ in range(MAX_COMMIT_ATTEMPTS):
@@ -608,7 +612,7 @@ class IcebergPublisher:
                 return self._already(manifest, marker, locations)
             self._check_order(table, manifest)
             if footers is None:
-                footers = self.storage.footers(
+                footers = storage.footers(
                     [(loc, c.size) for loc, c in zip(locations, manifest.committables, strict=True)]
                 )
             if table is None:
@@ -954,7 +958,7 @@ class IcebergPublisher:
             # No marker now (the table was replaced or dropped): keep, never guess.
             return current is None or attempt_id in (current.attempt_id, *current.previous)
 
-        return self.storage.remove_unreferenced_attempts(
+        return staging_storage(self.storage, layout).remove_unreferenced_attempts(
             checkpoint_location(root, manifest), manifest, held_now, fence=fence
         )
 
