@@ -14,13 +14,10 @@ value carries the whole text in its tooltip.
 from __future__ import annotations
 
 import os
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
-from ui_fixtures import DAG_A, build_world
+from ui_fixtures import DAG_A, build_world, serve_on_loopback
 
 pytestmark = [pytest.mark.airflow, pytest.mark.browser]
 
@@ -44,28 +41,11 @@ PAGES = [f"/walsink/dags/{DAG_A}", f"/walsink/dags/{DAG_A}/runs/run-3", "/walsin
 @pytest.fixture(scope="module")
 def served(airflow_db, tmp_path_factory):
     """The world's Airflow app on a loopback port (uvicorn in a thread)."""
-    import uvicorn
-
     tmp = tmp_path_factory.mktemp("ui-layout")
     with pytest.MonkeyPatch.context() as mp:
         for world in build_world(f"sqlite:///{tmp}/committer.db", tmp, mp):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            server = uvicorn.Server(
-                uvicorn.Config(world.app, host="127.0.0.1", port=port, log_level="warning")
-            )
-            thread = threading.Thread(target=server.run, daemon=True)
-            thread.start()
-            deadline = time.monotonic() + 60
-            while not server.started:
-                assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-                time.sleep(0.05)
-            try:
-                yield world, f"http://127.0.0.1:{port}"
-            finally:
-                server.should_exit = True
-                thread.join(timeout=30)
+            with serve_on_loopback(world.app) as url:
+                yield world, url
 
 
 @pytest.fixture(scope="module")

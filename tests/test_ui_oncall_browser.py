@@ -22,7 +22,7 @@ from test_ui_concurrent_runs import add_concurrent_runs
 from test_ui_layout import browser  # noqa: F401 - the shared Chromium fixture
 from test_ui_version_phases import add_reprocessed
 from test_ui_waiting import add_waiting_checkpoints
-from ui_fixtures import build_world
+from ui_fixtures import build_world, serve_on_loopback
 
 from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
 from airflow_provider_walsink.committer.store import utcnow
@@ -38,12 +38,6 @@ PURPLE = "rgb(106, 27, 154)"  # --refused
 
 @pytest.fixture(scope="module")
 def served(airflow_db, tmp_path_factory):
-    import socket
-    import threading
-    import time
-
-    import uvicorn
-
     tmp = tmp_path_factory.mktemp("ui-oncall")
     with pytest.MonkeyPatch.context() as mp:
         for world in build_world(f"sqlite:///{tmp}/committer.db", tmp, mp):
@@ -57,23 +51,8 @@ def served(airflow_db, tmp_path_factory):
                     .where(ckpt.c.pipeline == "sales_a", ckpt.c.checkpoint_key == OLD)
                     .values(created_at=then, updated_at=then)
                 )
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            server = uvicorn.Server(
-                uvicorn.Config(world.app, host="127.0.0.1", port=port, log_level="warning")
-            )
-            thread = threading.Thread(target=server.run, daemon=True)
-            thread.start()
-            deadline = time.monotonic() + 60
-            while not server.started:
-                assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-                time.sleep(0.05)
-            try:
-                yield world, f"http://127.0.0.1:{port}"
-            finally:
-                server.should_exit = True
-                thread.join(timeout=30)
+            with serve_on_loopback(world.app) as url:
+                yield world, url
 
 
 @pytest.fixture
