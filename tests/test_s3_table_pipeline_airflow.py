@@ -1,12 +1,13 @@
-"""Issue 23 end to end from Airflow: write -> durable -> commit (and abort) with staging on S3 and a
-Delta table on the same bucket.
+"""Issue 23 end to end from Airflow: write -> durable -> commit (and abort) with staging on S3 and
+the table on the same bucket.
 
 Real parts: the operators themselves (``execute``/``poke`` with connections from ``AIRFLOW_CONN_*``:
 an ``aws`` connection for moto's S3 server, named by the walsink connection's ``staging_conn_id``);
 a REAL spark-submit whose executors stage Parquet to ``s3://`` and seal there; the durability
-sensor reading the store; the commit task publishing into a Delta table (deltalake) on the same
-bucket by reference; the abort as the CLI and the UI build it (``aborter_for`` with the
-connection's ``stores`` opener). The table is read back with deltalake.
+sensor reading the store; the commit task publishing by reference into a Delta table (deltalake)
+or an Iceberg table (pyiceberg SQL catalog, warehouse on the bucket); the abort's staging opened as
+the CLI and the UI open it (``aborter_for`` with the connection's ``stores`` opener), tombstoning
+a Delta table. Tables are read back with their own libraries.
 """
 
 from __future__ import annotations
@@ -71,13 +72,21 @@ def context(task_id: str) -> dict[str, Any]:
 
 
 class Pipeline:
-    """The three tasks of one pipeline into ``delta+s3://walsink/<prefix>/events``."""
+    """The three tasks of one pipeline into a Delta table (``delta+s3://walsink/<prefix>/events``) or
+    an Iceberg table (SQL catalog, warehouse ``s3://walsink/<prefix>/warehouse``) on the bucket."""
 
-    def __init__(self, server, tmp_path) -> None:
-        self.server = server
-        self.table = f"s3://walsink/{uuid.uuid4().hex[:8]}/events"
-        self.target = f"delta+{self.table}?create_table=true"
-        self.options = {"storage_options": server.delta_options()}
+    def __init__(self, server, tmp_path, kind: str = "delta") -> None:
+        self.server, self.kind = server, kind
+        prefix = f"s3://walsink/{uuid.uuid4().hex[:8]}"
+        if kind == "delta":
+            self.table = f"{prefix}/events"
+            self.target = f"delta+{self.table}?create_table=true"
+            self.options: dict[str, Any] = {"storage_options": server.delta_options()}
+        else:
+            self.table = f"{prefix}/warehouse"
+            self.target = "iceberg://lake/ns.events?create_table=true"
+            catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": self.table}
+            self.options = {"catalog": {**catalog, **server.iceberg_properties()}}
         self.job = tmp_path / "job.py"
         self.job.write_text(JOB)
 
@@ -102,10 +111,21 @@ class Pipeline:
 
         return DeltaTable(self.table, storage_options=self.server.delta_options())
 
+    def read_back(self) -> tuple[Any, list[str], object]:
+        """The table's rows, data files and version, read with its own library."""
+        if self.kind == "delta":
+            table = self.delta()
+            return table.to_pyarrow_table(), list(table.file_uris()), table.version()
+        table = self.commit_task().get_publisher(None).load_table()
+        files = [task.file.file_path for task in table.scan().plan_files()]
+        return table.scan().to_arrow(), files, table.current_snapshot().snapshot_id
+
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_write_durable_commit_on_s3_into_a_delta_table_on_the_same_bucket(
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_write_durable_commit_on_s3_into_a_table_on_the_same_bucket(
+    kind,
     monkeypatch,
     sqlite_store,
     database_urls,
@@ -113,11 +133,12 @@ def test_write_durable_commit_on_s3_into_a_delta_table_on_the_same_bucket(
     tmp_path,
 ):
     connections(monkeypatch, s3_server, database_urls("sqlite"))
-    p = Pipeline(s3_server, tmp_path)
+    p = Pipeline(s3_server, tmp_path, kind)
     p.write()
     record = sqlite_store.require("events", KEY)
     # The table target stages inside its own location, on the bucket.
-    assert record.staging_root == f"{p.table}/_walsink_staging" and record.state is S.SEALED
+    assert record.staging_root.startswith(f"{p.table}/") and record.state is S.SEALED, record.staging_root
+    assert record.staging_root.endswith("/_walsink_staging")
     assert p.durable() is True
     assert sqlite_store.require("events", KEY).state is S.DURABLE
 
@@ -125,20 +146,18 @@ def test_write_durable_commit_on_s3_into_a_delta_table_on_the_same_bucket(
     assert summary["state"] == "COMMITTED" and not summary["already_committed"], summary
     record = sqlite_store.require("events", KEY)
     assert record.state is S.COMMITTED
-    table = p.delta()
-    rows = table.to_pyarrow_table()
+    rows, files, version = p.read_back()
     assert rows.num_rows == ROWS and sorted(rows.column("id").to_pylist()) == list(range(ROWS))
     # By reference: the data files are the staged objects themselves.
     attempt = (
         f"{record.staging_root}/events/{KEY}/attempt-{record.sealed_attempt}-{record.sealed_attempt_id}/"
     )
-    files = list(table.file_uris())
     assert files and all(f.startswith(attempt) for f in files), files
-    version = table.version()
 
     again = p.commit_task().execute(context("commit"))  # a re-run: a no-op that says so
     assert again["already_committed"] and again["state"] == "COMMITTED", again
-    assert p.delta().version() == version and p.delta().to_pyarrow_table().num_rows == ROWS
+    rows, files_again, version_again = p.read_back()
+    assert (rows.num_rows, sorted(files_again), version_again) == (ROWS, sorted(files), version)
 
 
 @pytest.mark.spark
