@@ -25,6 +25,7 @@ from airflow_provider_walsink.committer.abort import CheckpointAborter
 from airflow_provider_walsink.committer.store import CommitterStore
 from airflow_provider_walsink.protocol.cleanup import StoreOpener, is_object_store, open_object_store
 from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.staging_store import StagingStore
 from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
 
 log = logging.getLogger(__name__)
@@ -51,11 +52,13 @@ def aborter_for(
     root (table targets) or else ``staging_root``. Abort one checkpoint with
     the aborter built for its key.
 
-    A recorded object-store root (``s3://``...) is opened by ``stores(root)``
-    (the caller's storage options; default: none, the store's default
-    credential chain) and the abort reads and removes its staging through it
-    (:class:`CheckpointAborter`); a recorded root that is not a bucket and a
-    plain prefix raises :class:`~..protocol.errors.PathEscapeError`.
+    An object-store root (``s3://``...; recorded, the target's own or
+    ``staging_root``) is opened by ``stores(root)`` (the caller's storage
+    options, e.g. :meth:`WalsinkHook.get_staging_store` with the walsink
+    connection's staging credentials; default: none, the store's default
+    credential chain) and the abort reads, tombstones and removes its staging
+    through it (:class:`CheckpointAborter`); such a root that is not a bucket
+    and a plain prefix raises :class:`~..protocol.errors.PathEscapeError`.
 
     Raises ``CheckpointNotFoundError``-like ``StoreError`` for an unknown
     pipeline, and the registry's ``TargetError`` when the target cannot be
@@ -76,30 +79,35 @@ def aborter_for(
         )
     uri = target or registered
     record = store.get(pipeline, checkpoint_key) if checkpoint_key is not None else None
-    recorded = record is not None and bool(record.staging_root)
-    objects = None
-    if record is not None and record.staging_root and is_object_store(record.staging_root):
-        objects = open_object_store(record.staging_root, stores)
-        # Publishers take a local layout; the abort itself reads and removes through the store.
-        layout = StagingLayout(staging_root)
-    else:
-        layout = (
-            record.layout(StagingLayout(staging_root)) if record is not None else StagingLayout(staging_root)
-        )
+    recorded = record.staging_root if record is not None and record.staging_root else None
+    # The recorded root always wins; else the target's own (table targets, resolved below), else
+    # the caller's.
+    staging = _staging(recorded or staging_root, stores)
     if not uri:
-        return CheckpointAborter(store, objects or layout, None)
+        return CheckpointAborter(store, staging, None)
     if connections is None:
         from airflow_provider_walsink.hooks.connections import airflow_connection_fields as connections
-    options = TargetOptions(mode=row["mode"], layout=layout, connections=connections)
-    publisher = resolve_target(uri, options)
+
+    def publisher_for(staging: StagingLayout | StagingStore) -> Any:
+        # Table targets read no layout; file and SQL targets stage on a local root only.
+        layout = staging if isinstance(staging, StagingLayout) else None
+        return resolve_target(uri, TargetOptions(mode=row["mode"], layout=layout, connections=connections))  # type: ignore[arg-type]
+
+    publisher = publisher_for(staging)
     own = getattr(publisher, "staging_root", None)
     own_root = own() if callable(own) and not recorded else None
     if own_root:  # a table target stages inside its own location (rows that record no root)
-        layout = StagingLayout(own_root)
-        publisher = resolve_target(
-            uri, TargetOptions(mode=row["mode"], layout=layout, connections=connections)
-        )
-    return CheckpointAborter(store, objects or layout, publisher)
+        staging = _staging(own_root, stores)
+        publisher = publisher_for(staging)
+    return CheckpointAborter(store, staging, publisher)
+
+
+def _staging(root: str, stores: StoreOpener | None) -> StagingLayout | StagingStore:
+    """A local root's layout, or an object-store root opened by ``stores`` (its credentials)
+    as a plain bucket prefix (:func:`open_object_store`: the abort deletes under it)."""
+    if is_object_store(root):
+        return open_object_store(root, stores)
+    return StagingLayout(root)
 
 
 def audit_extra(

@@ -44,6 +44,7 @@ import pyarrow as pa
 
 from airflow_provider_walsink.committer.commit import explain_not_committable, read_sealed_manifest
 from airflow_provider_walsink.committer.store import Actor, CommitterStore
+from airflow_provider_walsink.protocol.cleanup import is_object_store
 from airflow_provider_walsink.protocol.errors import NotDurableError, WalsinkError
 from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
@@ -534,6 +535,8 @@ def audit_checkpoint(
 
     The staged data is read under the checkpoint's recorded staging root;
     ``layout`` (or the function giving it) only for a row that records none.
+    A checkpoint staged on an object store raises :class:`AuditError` (no
+    verdict recorded): the checks read local or mounted staging only.
     """
     record = store.require(pipeline, checkpoint_key)
     name = f"checkpoint {pipeline}/{checkpoint_key}"
@@ -560,6 +563,14 @@ def audit_checkpoint(
         return outcome(record.state, S.REJECTED, True, f"{name} was already REJECTED: {record.error}")
     if record.state is not S.DURABLE and not (record.state is S.FAILED and record.durable_at):
         raise NotDurableError(explain_not_committable(record))
+    if record.staging_root and is_object_store(record.staging_root):
+        # DuckDB reads the staged files from a file system here (its S3 extension is not
+        # installed with walsink): refuse, naming the way out, rather than fail on the URI.
+        raise AuditError(
+            f"{name} is staged on an object store ({record.staging_root}); the audit reads staged files "
+            "from a local or mounted staging root only, not yet from an object store. Drop the audit "
+            "(and require_audit) for this pipeline, or stage on a path every node mounts"
+        )
     layout = record.layout(layout)
     manifest, attempt_dir = read_sealed_manifest(layout, record)
     with StagedData(layout, manifest, attempt_dir) as staged:

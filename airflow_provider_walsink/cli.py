@@ -31,9 +31,12 @@ import sys
 import traceback
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import IO, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from airflow_provider_walsink import __version__
+
+if TYPE_CHECKING:
+    from airflow_provider_walsink.protocol.cleanup import StoreOpener
 
 EXAMPLES = """\
 examples:
@@ -76,10 +79,15 @@ class CliError(Exception):
 class Target:
     """The committer database and staging root a command works on, and where they came from."""
 
-    def __init__(self, url: str, source: str, staging_root: str | None) -> None:
+    def __init__(
+        self, url: str, source: str, staging_root: str | None, stores: StoreOpener | None = None
+    ) -> None:
         self.url = url
         self.source = source  # "--url", "$WALSINK_DATABASE_URL", "connection X" or "embedded default"
         self.staging_root = staging_root
+        #: Opens an object-store staging root with the connection's staging credentials
+        #: (``staging_conn_id``); ``None`` without a connection: the default credential chain.
+        self.stores = stores
 
     @property
     def display(self) -> str:
@@ -118,7 +126,7 @@ def _resolve(args: argparse.Namespace) -> Target:
     source = f"connection {args.conn_id}"
     if url == default_database_url() and not _connection_exists(hook):
         source = "embedded default"
-    return Target(url, source, staging_root)
+    return Target(url, source, staging_root, stores=hook.get_staging_store)
 
 
 def _connection_exists(hook: Any) -> bool:
@@ -625,6 +633,7 @@ def cmd_abort(args: argparse.Namespace, out: IO[str]) -> int:
             staging_root=staging_root,
             target=args.target,
             checkpoint_key=args.checkpoint,
+            stores=target.stores,
         )
         try:
             outcome = aborter.abort(

@@ -84,13 +84,16 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import BigInteger, Select, String, bindparam, func, insert, null, or_, select, update
 
 from airflow_provider_walsink.faults import crashpoint
+from airflow_provider_walsink.protocol.cleanup import store_attempts
 from airflow_provider_walsink.protocol.errors import FencedError, NotDurableError, WalsinkError
 from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, Manifest, read_manifest
+from airflow_provider_walsink.protocol.staging import StagingLayout
 from airflow_provider_walsink.protocol.staging_store import AttemptLocation, StagingStore
 from airflow_provider_walsink.protocol.states import CheckpointState
 from airflow_provider_walsink.publishers._tables import (
@@ -98,6 +101,7 @@ from airflow_provider_walsink.publishers._tables import (
     AbortedInTableError,
     HeldByAnotherAttemptError,
 )
+from airflow_provider_walsink.publishers.base import StagedAttempt
 
 from .clock import db_now
 from .errors import AuditRejectedError, LeaseHeldError, NotAuditedError, OffsetsError
@@ -620,25 +624,13 @@ def _held_fields(committer: Any, record: CheckpointRecord, manifest: Manifest, h
     offsets = published_offsets(manifest, held) if callable(published_offsets) else None
     if offsets is not None:
         fields.update(start_offsets=_dump(offsets[0]), end_offsets=_dump(offsets[1]))
-    from .commit import local_layout
-
-    layout = local_layout(committer.layout)
-    try:
-        if layout is not None:
-            staged = layout.staged_attempts(record.pipeline, record.checkpoint_key)
-        else:
-            staged = _stored_attempts(committer.layout, record.pipeline, record.checkpoint_key)
-    except (WalsinkError, OSError):
-        staged = []
+    staged = staged_attempts(committer.layout, record.pipeline, record.checkpoint_key)
     for number, attempt_id, where in staged:
         if attempt_id != held:
             continue
         fields["sealed_attempt"] = number
         try:
-            if isinstance(where, AttemptLocation):
-                other = committer.layout.read_manifest(where)
-            else:
-                other = read_manifest(where / MANIFEST_NAME)
+            other = _read_attempt_manifest(committer.layout, where)
         except (WalsinkError, OSError):
             break  # finish() removed it once the attempt was committed: counts unknown
         fields.update(committables=other.expected_count, rows=other.total_rows, bytes=other.total_bytes)
@@ -647,16 +639,37 @@ def _held_fields(committer: Any, record: CheckpointRecord, manifest: Manifest, h
     return fields
 
 
-def _stored_attempts(
-    staging: StagingStore, pipeline: str, checkpoint_key: str
-) -> list[tuple[int, str | None, AttemptLocation]]:
-    """:meth:`StagingLayout.staged_attempts` on an object store: one listing of the checkpoint."""
-    checkpoint = f"{staging.base}/{pipeline}/{checkpoint_key}"
-    # The store's own directory-name parser (the layout's rules), so both roots agree on names.
-    return [
-        (number, attempt_id, staging.attempt(pipeline, checkpoint_key, number, attempt_id))
-        for _name, (number, attempt_id) in staging._attempt_names(checkpoint)
-    ]
+def staged_attempts(
+    staging: StagingLayout | StagingStore, pipeline: str, checkpoint_key: str
+) -> list[tuple[int, str | None, Path | AttemptLocation]]:
+    """The checkpoint's staged attempts as ``(number, attempt id, where)``, on any staging root.
+
+    ``where`` is the attempt's directory on a local root (a :class:`StagingLayout`, or a
+    local :class:`StagingStore`: :meth:`StagingLayout.staged_attempts`) and its
+    :class:`AttemptLocation` on an object store (one listing,
+    :func:`~..protocol.cleanup.store_attempts`: only names walsink gives attempts).
+    A root that cannot be listed gives ``[]``: callers decide from the row alone then.
+    """
+    from .commit import local_layout
+
+    layout = local_layout(staging)
+    try:
+        if layout is not None:
+            return list(layout.staged_attempts(pipeline, checkpoint_key))
+        assert isinstance(staging, StagingStore)
+        return [
+            (loc.attempt, loc.attempt_id, loc) for loc in store_attempts(staging, pipeline, checkpoint_key)
+        ]
+    except (WalsinkError, OSError):
+        return []
+
+
+def _read_attempt_manifest(staging: StagingLayout | StagingStore, where: Path | AttemptLocation) -> Manifest:
+    """The manifest of one staged attempt as :func:`staged_attempts` located it (no digest to check)."""
+    if isinstance(where, AttemptLocation):
+        assert isinstance(staging, StagingStore)
+        return staging.read_manifest(where)
+    return read_manifest(where / MANIFEST_NAME)
 
 
 def _refusal(
@@ -751,7 +764,7 @@ def _describe(exc: BaseException) -> str:
 
 def tombstone_for_abort(
     publisher: Any,
-    layout: Any,
+    layout: StagingLayout | StagingStore,
     record: CheckpointRecord,
     manifest: Manifest | None,
     *,
@@ -784,14 +797,10 @@ def tombstone_for_abort(
     from airflow_provider_walsink.publishers._tables import CheckpointRef
 
     ids: set[str] = {a for a in (record.attempt_id, record.sealed_attempt_id) if a}
-    try:
-        staged = layout.staged_attempts(record.pipeline, record.checkpoint_key)
-    except (WalsinkError, OSError):
-        staged = []
-    for _number, attempt_id, path in staged:
+    for _number, attempt_id, where in staged_attempts(layout, record.pipeline, record.checkpoint_key):
         if attempt_id is None:
             try:
-                attempt_id = read_manifest(path / MANIFEST_NAME).attempt_id
+                attempt_id = _read_attempt_manifest(layout, where).attempt_id
             except (WalsinkError, OSError):
                 continue  # never sealed (no manifest): nothing a committer could publish
         ids.add(attempt_id)
@@ -801,9 +810,20 @@ def tombstone_for_abort(
         return None
     create_from = None
     if manifest is not None:
-        attempt_dir = layout.attempt_dir(
-            record.pipeline, record.checkpoint_key, manifest.attempt, manifest.attempt_id
-        )
-        create_from = (manifest, str(attempt_dir))
+        from .commit import local_layout
+
+        local = local_layout(layout)
+        if local is not None:
+            attempt_dir = local.attempt_dir(
+                record.pipeline, record.checkpoint_key, manifest.attempt, manifest.attempt_id
+            )
+            create_from = (manifest, str(attempt_dir))
+        else:
+            # On an object store the table is created from the staged objects, read through the
+            # store that holds them (its credentials), as a publish reads them.
+            location = layout.attempt(
+                record.pipeline, record.checkpoint_key, manifest.attempt, manifest.attempt_id
+            )
+            create_from = (manifest, StagedAttempt(layout, location))
     ref = CheckpointRef(record.pipeline, record.checkpoint_key, record.sealed_attempt_id or "")
     return publisher.tombstone(ref, frozenset(ids), superseded=superseded, create_from=create_from)

@@ -30,7 +30,8 @@ class WalAuditOperator(BaseOperator):
       error (the UI shows them), then the task fails without retrying
       (``AirflowFailException``: the data must be written again); nothing is
       published.
-    * A check cannot run (unsupported format, missing row counts): the task
+    * A check cannot run (unsupported format, missing row counts, a checkpoint
+      staged on an object store, which the audit cannot read yet): the task
       fails without retrying and records nothing (the checkpoint stays
       DURABLE, unaudited). Other errors (a callable's bug, I/O) fail the try
       as usual, and retries apply.

@@ -14,11 +14,13 @@ from airflow_provider_walsink.committer.errors import AuditRejectedError, Offset
 from airflow_provider_walsink.committer.records import Actor
 from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.connections import airflow_connection_fields
+from airflow_provider_walsink.hooks.staging import is_object_store_root
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.lineage import asset_alias_name, operator_lineage, target_asset, target_uri
 from airflow_provider_walsink.links import WalsinkCheckpointLink
 from airflow_provider_walsink.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.staging_store import StagingStore
 from airflow_provider_walsink.publishers.base import Publisher
 from airflow_provider_walsink.publishers.registry import (
     TargetOptions,
@@ -191,13 +193,16 @@ class WalCommitOperator(BaseOperator):
             raise ValueError(f"fencing must be 'lease' or 'table', got {fencing!r}")
         self.fencing = fencing
 
-    def get_publisher(self, layout: StagingLayout) -> Publisher:
-        """The target's publisher: the object given, or one built from the target URI."""
+    def get_publisher(self, layout: StagingLayout | None) -> Publisher:
+        """The target's publisher: the object given, or one built from the target URI.
+
+        ``layout``: the local staging layout (file and SQL targets read it); ``None`` for a
+        checkpoint staged on an object store (table targets read the attempt through the store)."""
         return resolve_target(
             self.target,
             TargetOptions(
                 mode=self.mode,
-                layout=layout,
+                layout=layout,  # type: ignore[arg-type]
                 partition_by=tuple(self.partition_by),
                 verify_checksums=self.verify_checksums,
                 allow_older_overwrite=self.allow_older_overwrite,
@@ -211,16 +216,22 @@ class WalCommitOperator(BaseOperator):
         hook = WalsinkHook(self.walsink_conn_id)
         store = hook.get_store()
         record = store.get(self.pipeline, key)
-        if record is not None and record.staging_root:
+        staging: StagingLayout | StagingStore
+        if record is not None and record.staging_root and is_object_store_root(record.staging_root):
+            # Staged on an object store: read (and cleaned up) through the store, with the walsink
+            # connection's staging credentials, as the write task staged it.
+            staging = hook.get_staging_store(record.staging_root)
+            publisher = self._object_store_publisher(record.staging_root)
+        elif record is not None and record.staging_root:
             # Where the write phase staged it, whatever the connection or the target say now.
-            layout = record.layout(hook.get_layout)
-            publisher = self.get_publisher(layout)
+            staging = record.layout(hook.get_layout)
+            publisher = self.get_publisher(staging)
         else:
-            layout, publisher = self._derived_layout(hook)
+            staging, publisher = self._derived_layout(hook)
         actor = actor_from_context(context)
         committer = CheckpointCommitter(
             store,
-            layout,
+            staging,
             publisher,
             mode=self.mode,
             lease_ttl=self.lease_ttl,
@@ -257,6 +268,19 @@ class WalCommitOperator(BaseOperator):
                 key,
             )
         return self._summary
+
+    def _object_store_publisher(self, root: str) -> Publisher:
+        """The publisher of a checkpoint staged on an object store; only a target that publishes a
+        staged attempt by reference (Iceberg, Delta) can, so any other fails here, before the lease."""
+        publisher = self.get_publisher(None)
+        if not getattr(publisher, "takes_staged_attempt", False):
+            raise AirflowFailException(
+                f"checkpoint of pipeline {self.pipeline} is staged on an object store ({root}), but target "
+                f"{target_uri(self.target)!r} publishes from a local or mounted staging root only; publish "
+                "into an Iceberg or Delta table target (it references the staged objects in place), or "
+                "stage on a path every node mounts"
+            )
+        return publisher
 
     def _derived_layout(self, hook: WalsinkHook) -> tuple[StagingLayout, Publisher]:
         """The layout and publisher of a checkpoint whose row records no staging root (written

@@ -58,9 +58,12 @@ class AttemptLocation:
         return f"{self.path}/{MANIFEST_NAME}"
 
 
-def _check_segments(relative: str, what: str, root: str) -> None:
-    """The lexical confinement of a manifest-relative path, on every store.
+def check_segments(relative: str, what: str, root: str) -> None:
+    """The lexical confinement of a manifest-relative path, on every store; raises
+    :class:`PathEscapeError` naming ``what``, ``relative`` and ``root``, else returns None.
 
+    Every reader of a staged attempt (the store's resolver, :class:`~..publishers.base.StagedAttempt`)
+    checks a path with it before joining it under the attempt. It is
     :func:`_check_relative` (no NUL, not absolute, no ``..``) and no empty or
     ``.`` segment either: an object key is not normalised, so ``a//b`` and
     ``a/./b`` would be keys of their own beside the file the manifest seems to
@@ -250,7 +253,7 @@ class StagingStore:
         def resolve(relative: str) -> tuple[str, os.stat_result | None]:
             # Lexical checks first on every store: the local resolver joins the path under the
             # attempt, so an absolute or empty one would otherwise name a place inside it.
-            _check_segments(relative, "committable", location.uri)
+            check_segments(relative, "committable", location.uri)
             if local is not None:
                 return local(relative)
             return f"{location.path}/{relative}", None

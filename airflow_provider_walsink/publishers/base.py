@@ -64,7 +64,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from airflow_provider_walsink.protocol.errors import LayoutError, OrderError
 from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.protocol.staging_store import AttemptLocation, StagingStore, _check_segments
+from airflow_provider_walsink.protocol.staging_store import AttemptLocation, StagingStore, check_segments
 
 
 class PublishOutcome(enum.StrEnum):
@@ -168,7 +168,7 @@ class StagedAttempt:
         joined = "\n" + "\n".join(relatives) + "\n"
         if not relatives or any(s in joined for s in _SUSPECT):
             for relative in relatives:
-                _check_segments(relative, "committable", self.location.uri)
+                check_segments(relative, "committable", self.location.uri)
         base = self.uri + "/"
         return [base + relative for relative in relatives]
 

@@ -381,7 +381,7 @@ class DeltaPublisher:
         attempt_ids: frozenset[str],
         *,
         superseded: str | None = None,
-        create_from: tuple[Manifest, str] | None = None,
+        create_from: tuple[Manifest, StagedAttempt | str] | None = None,
     ) -> str | None:
         """Commit an abort's tombstone for ``attempt_ids``, or return the attempt that makes it refuse.
 
@@ -394,7 +394,8 @@ class DeltaPublisher:
         version a reprocess replaces; checked in the version the commit is
         based on), nothing is written and that attempt's id is returned. Ids the table holds or
         held are never tombstoned. A missing table is created (with the
-        tombstone in the commit after its empty first version) from ``create_from`` when the target
+        tombstone in the commit after its empty first version) from ``create_from`` (a sealed manifest
+        and its attempt: a local directory, or a :class:`StagedAttempt` on any store) when the target
         may create it; otherwise :class:`DeltaTargetError`.
         """
         for _ in range(MAX_COMMIT_ATTEMPTS):

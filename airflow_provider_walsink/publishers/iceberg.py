@@ -487,7 +487,7 @@ class IcebergPublisher:
         attempt_ids: frozenset[str],
         *,
         superseded: str | None = None,
-        create_from: tuple[Manifest, str] | None = None,
+        create_from: tuple[Manifest, StagedAttempt | str] | None = None,
     ) -> str | None:
         """Commit an abort's tombstone for ``attempt_ids``, or return the attempt that makes it refuse.
 
@@ -500,7 +500,7 @@ class IcebergPublisher:
         reprocess replaces), nothing is written and that attempt's id is
         returned (the checkpoint is published). Ids the table holds or held are never
         tombstoned. A missing table is created from ``create_from`` (a sealed
-        manifest and its attempt directory) when the target may create it;
+        manifest and its attempt: a local directory, or a :class:`StagedAttempt` on any store) when the target may create it;
         otherwise :class:`IcebergTargetError`.
         """
         for _ in range(MAX_COMMIT_ATTEMPTS):

@@ -357,7 +357,9 @@ def _abort_checkpoint(
     refused: str | None = None
     outcome: AbortOutcome | None = None
     try:
-        aborter = aborter_for(store, pipeline, staging_root=hook.staging_root, checkpoint_key=key)
+        aborter = aborter_for(
+            store, pipeline, staging_root=hook.staging_root, checkpoint_key=key, stores=hook.get_staging_store
+        )
         outcome = aborter.abort(pipeline, key, reason=reason[:MAX_REASON], actor=actor)
     except AbortRefusedError as exc:
         refused = str(exc)
