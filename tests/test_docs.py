@@ -124,8 +124,8 @@ def test_the_check_finds_what_it_looks_for(tmp_path):
 def test_quickstart_dag_parses_as_written(tmp_path):
     """The quickstart's (and README's) DAG snippet, saved as the page says, is a DAG
     Airflow loads without import errors, with the three tasks the page describes. (The
-    whole page, job included, was run by hand with ``airflow dags test``; a Spark run
-    per test session is left to the e2e tests.)"""
+    whole page, job included, runs through a real scheduler in
+    ``tests/test_e2e_quickstart.py``.)"""
     from airflow.dag_processing.dagbag import DagBag
 
     snippets = [code for _, code in _python_snippets(REPO / "docs" / "quickstart.md")]
