@@ -47,8 +47,10 @@ def target_url(request, database_urls) -> str:
     return database_urls(request.param)
 
 
-def committer(store, layout, url, table, mode) -> CheckpointCommitter:
-    publisher = SqlPublisher(url, table, mode=mode, layout=layout, partition_by=("dt",))
+def committer(store, layout, url, table, mode, *, lock_timeout: float = 60.0) -> CheckpointCommitter:
+    publisher = SqlPublisher(
+        url, table, mode=mode, layout=layout, partition_by=("dt",), lock_timeout=lock_timeout
+    )
     return CheckpointCommitter(store, layout, publisher, mode=mode, lease_ttl=TTL)
 
 
@@ -198,9 +200,12 @@ def test_a_zombie_committer_paused_inside_its_transaction_is_fenced_when_it_resu
 
         def successor() -> None:
             try:
-                outcome["summary"] = committer(store, layout, target_url, table, "overwrite").commit(
-                    "p", KEY, actor=ACTOR
-                )
+                # A lock wait longer than the poll below: on a loaded machine the poll may not see
+                # the wait in time (seen once on MariaDB, 60 s), and the successor must still be
+                # waiting when the zombie resumes, which is the point of the test.
+                outcome["summary"] = committer(
+                    store, layout, target_url, table, "overwrite", lock_timeout=240.0
+                ).commit("p", KEY, actor=ACTOR)
             except Exception as exc:  # noqa: BLE001 - reported by the assertion below
                 outcome["error"] = exc
 

@@ -346,7 +346,8 @@ def test_rejected_checkpoint_shows_why_in_the_airflow_ui(airflow_stack, rejected
         page.get_by_role("button", name="Browse").click()
         page.get_by_role("menuitem", name="Commit state").click()
         frame = page.frame_locator("iframe")
-        frame.get_by_role("link", name=AUDIT_PIPELINE, exact=True).click()
+        # The pipeline list's link (the overview also links it from "Not committed" rows).
+        frame.locator("a.pipeline", has_text=AUDIT_PIPELINE).first.click()
 
         # The pipeline counts the REJECTED checkpoint and names it as the last error.
         expect(frame.get_by_role("heading", name=AUDIT_PIPELINE)).to_be_visible()
