@@ -103,17 +103,10 @@ def walsink_once(spark, rows: int, store, staging, key: str) -> float:
         with CheckpointJob(spark, protocol, storage_options=staging.options, writer="executors") as job:
             job.stage(df, partition_prefix={"dt": "2026-01-01"})
         manifest = staging.store.read_manifest(job.location, expected_digest=job.sealed_digest)
-        store.seal(
-            PIPELINE,
-            key,
-            attempt=record.attempt,
-            manifest_uri=f"{job.location.uri}/{MANIFEST_NAME}",
-            manifest_digest=job.sealed_digest,
-            committables=manifest.expected_count,
-            rows=manifest.total_rows,
-            bytes=manifest.total_bytes,
+        store.seal_manifest(
+            manifest, manifest_uri=f"{job.location.uri}/{MANIFEST_NAME}", manifest_digest=job.sealed_digest,
             actor=actor,
-        )
+        )  # fmt: skip
         status = evaluate_durability(store, staging.store, PIPELINE, key, actor=actor)
         if not status.durable:
             raise RuntimeError(f"bench: checkpoint not durable: {status.message}")

@@ -289,17 +289,10 @@ def test_the_durability_gate_checks_a_checkpoint_staged_on_s3(spark, s3_server, 
         with CheckpointJob(spark, protocol, storage_options=_options(s3_server)) as job:
             job.stage(_events(spark, {"2026-01-01": 20, "2026-01-02": 10}))
         manifest = staging.read_manifest(job.location)
-        sqlite_store.seal(
-            "events",
-            key,
-            attempt=record.attempt,
-            manifest_uri=f"{job.location.uri}/_manifest.json",
-            manifest_digest=job.sealed_digest,
-            committables=manifest.expected_count,
-            rows=manifest.total_rows,
-            bytes=manifest.total_bytes,
+        sqlite_store.seal_manifest(
+            manifest, manifest_uri=f"{job.location.uri}/_manifest.json", manifest_digest=job.sealed_digest,
             actor=ACTOR,
-        )
+        )  # fmt: skip
     lost = manifest.committables[0].path
     staging.filesystem.delete_file(staging.committable(job.location, lost))
 

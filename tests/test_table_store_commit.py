@@ -90,15 +90,10 @@ def _stage(
     with CheckpointJob(spark, protocol, storage_options=_store_options(server), writer="executors") as job:
         job.stage(spark.createDataFrame(rows, "id string, dt string, n int"))
     manifest = staging.read_manifest(job.location, expected_digest=job.sealed_digest)
-    store.seal(
-        "events",
-        key,
-        attempt=record.attempt,
+    store.seal_manifest(
+        manifest,
         manifest_uri=f"{job.location.uri}/_manifest.json",
         manifest_digest=job.sealed_digest,
-        committables=manifest.expected_count,
-        rows=manifest.total_rows,
-        bytes=manifest.total_bytes,
         actor=ACTOR,
     )
     status = evaluate_durability(store, staging, "events", key, actor=ACTOR, verify_checksums=True)
