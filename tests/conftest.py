@@ -236,6 +236,29 @@ def airflow_stack():
         yield stack
 
 
+def _java_available() -> bool:
+    java_home = os.environ.get("JAVA_HOME")
+    return bool(shutil.which("java") or (java_home and os.access(Path(java_home) / "bin" / "java", os.X_OK)))
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """The compose file's Spark master and two workers as local processes (``tests/spark_cluster.py``),
+    started once per session on first use and shared by every cluster scenario."""
+    from spark_cluster import SparkCluster
+
+    from tests.helpers import missing_prerequisite
+
+    if not _java_available():
+        missing_prerequisite("Java (17) is not installed: the Spark cluster cannot start")
+    cluster = SparkCluster.from_compose(
+        tmp_path_factory.mktemp("spark-cluster"),
+        artifacts_dir=REPO / "test-artifacts" / f"spark-cluster-{SESSION_ID}",
+    )
+    with cluster:
+        yield cluster
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session shared by every test that needs Spark."""

@@ -8,14 +8,19 @@ container-specific values mapped to local ones:
 * the master's ``--host`` → ``127.0.0.1``, ``--port`` and ``--webui-port`` → free ports;
 * each worker (``deploy.replicas`` of them): ``--webui-port`` → a free port,
   ``--work-dir`` → its own directory, the ``spark://<host>:<port>`` master URL →
-  the local master; every other argument (``--cores``, ``--memory``...) is kept;
+  the local master; every other argument (``--cores``, ``--memory``...) is kept.
+  Each worker is its own host, as each container is: worker N (and its
+  executors) binds and advertises the loopback address ``127.0.0.<N+1>``
+  (``SPARK_LOCAL_IP``). Spark tells hosts apart (it never runs a speculative
+  copy of a task on the host of the first attempt, and schedules by locality),
+  so one shared address would hide what a real cluster does;
 * the Airflow connections (``AIRFLOW_CONN_*`` of ``x-airflow-common``):
   :meth:`SparkCluster.connections` returns them with the same mapping.
 
 Every process runs in its own process group (the workers' executor JVMs are in
 their worker's group); :meth:`SparkCluster.stop` kills the groups and copies the
-logs to ``artifacts_dir``. ``SPARK_LOCAL_IP=127.0.0.1`` keeps the RPC endpoints and
-the web UIs on loopback.
+logs to ``artifacts_dir``. ``SPARK_LOCAL_IP`` (``127.0.0.1`` for the master, the
+worker's own ``127.0.0.<N+1>``) keeps the RPC endpoints and the web UIs on loopback.
 
 Usage::
 
@@ -108,15 +113,17 @@ def connection_env(compose: Mapping[str, Any]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class WorkerProcess:
-    """One local worker: its web UI port (it names the worker in executor log URLs) and work dir."""
+    """One local worker: its loopback host, web UI port (they name the worker in executor log URLs)
+    and work dir."""
 
     index: int
     webui_port: int
     work_dir: Path
+    host: str = "127.0.0.1"
 
     @property
     def webui_url(self) -> str:
-        return f"http://127.0.0.1:{self.webui_port}"
+        return f"http://{self.host}:{self.webui_port}"
 
 
 class SparkCluster:
@@ -151,7 +158,7 @@ class SparkCluster:
         self.workers: list[WorkerProcess] = []
         self.worker_commands: list[list[str]] = []
         for i in range(replicas):
-            worker = WorkerProcess(i + 1, free_port(), self.root / f"worker-{i + 1}")
+            worker = WorkerProcess(i + 1, free_port(), self.root / f"worker-{i + 1}", host=f"127.0.0.{i + 2}")
             worker.work_dir.mkdir(parents=True, exist_ok=True)
             cmd = _replace_option(worker_cmd, "--webui-port", str(worker.webui_port))
             cmd = _replace_option(cmd, "--work-dir", str(worker.work_dir))
@@ -213,11 +220,16 @@ class SparkCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _spawn(self, name: str, command: list[str]) -> None:
+    def _spawn(self, name: str, command: list[str], *, host: str = "127.0.0.1") -> None:
         log = open(self.logs_dir / f"{name}.out", "ab")  # noqa: SIM115 - closed in stop()
         self._logs[name] = log
         self._procs[name] = subprocess.Popen(
-            command, env=self.env, cwd=self.root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            env={**self.env, "SPARK_LOCAL_IP": host},
+            cwd=self.root,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def start(self, timeout: float = 180) -> None:
@@ -225,7 +237,7 @@ class SparkCluster:
         self._spawn("master", self.master_command)
         self.wait_until("the master's /json/", lambda: self.master_status(), timeout)
         for worker, command in zip(self.workers, self.worker_commands, strict=True):
-            self._spawn(f"worker-{worker.index}", command)
+            self._spawn(f"worker-{worker.index}", command, host=worker.host)
         want = {w.webui_url for w in self.workers}
 
         def all_alive() -> bool:

@@ -38,7 +38,6 @@ from sqlalchemy.engine import make_url
 
 from airflow_provider_walsink.committer.store import CommitterStore
 from airflow_provider_walsink.protocol.manifest import digest_of
-from tests.helpers import missing_prerequisite
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
 
@@ -56,27 +55,6 @@ EXECUTOR_MAIN = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
 def _key(day: date) -> str:
     return f"{day:%Y%m%d}T000000Z"
-
-
-def _java_available() -> bool:
-    java_home = os.environ.get("JAVA_HOME")
-    return bool(shutil.which("java") or (java_home and os.access(Path(java_home) / "bin" / "java", os.X_OK)))
-
-
-@pytest.fixture(scope="session")
-def spark_cluster(tmp_path_factory):
-    """The compose file's Spark master and workers as local processes, for the session."""
-    if not _java_available():
-        missing_prerequisite("Java (17) is not installed: the Spark cluster cannot start")
-    from conftest import SESSION_ID
-    from spark_cluster import SparkCluster
-
-    cluster = SparkCluster.from_compose(
-        tmp_path_factory.mktemp("spark-cluster"),
-        artifacts_dir=REPO / "test-artifacts" / f"spark-cluster-{SESSION_ID}",
-    )
-    with cluster:
-        yield cluster
 
 
 # --------------------------------------------------------------------------- processes
@@ -193,6 +171,8 @@ def test_backfill_on_a_spark_cluster_with_an_executor_killed_mid_write(
         (WALSINK_CONN_ID, connections[COMPOSE_WALSINK_CONN]),
         (SPARK_CONN_ID, connections[SPARK_CONN_ID]),
     ):
+        # The stack is shared (the S3 cluster test adds spark_cluster too): replace, never fail on it.
+        stack.airflow("connections", "delete", conn_id, check=False)
         stack.airflow("connections", "add", conn_id, "--conn-json", json.dumps(conn))
 
     store = CommitterStore.from_url(pg_url)
