@@ -237,3 +237,55 @@ def test_the_audit_refuses_a_checkpoint_staged_on_an_object_store_clearly(sqlite
     with pytest.raises(AuditError, match="staged on an object store .*s3://walsink/audit/staging"):
         audit_checkpoint(sqlite_store, lambda: None, "events", KEY, [RowCountCheck(min_rows=1)], actor=ACTOR)
     assert sqlite_store.require("events", KEY).state is S.DURABLE
+
+
+@pytest.mark.parametrize("target", ["files", "sql"])
+def test_the_commit_task_refuses_a_non_table_target_for_a_checkpoint_staged_on_s3(
+    target,
+    monkeypatch,
+    sqlite_store,
+    database_urls,
+    s3_server,  # noqa: F811
+    tmp_path,
+):
+    """A file or SQL target publishes from a local staging root only: the commit of a checkpoint
+    recorded as staged on ``s3://`` fails without retrying, naming the root and the table targets,
+    before any lease; the checkpoint stays DURABLE (no lease taken) and no file target is created."""
+    from airflow.exceptions import AirflowFailException
+
+    from tests.helpers import ACTOR
+
+    connections(monkeypatch, s3_server, database_urls("sqlite"))
+    root = f"s3://{s3_server.bucket}/{uuid.uuid4().hex[:8]}/staging"
+    sqlite_store.register("events", KEY, mode="overwrite", actor=ACTOR)
+    attempt = sqlite_store.start_attempt("events", KEY, actor=ACTOR, staging_root=root)
+    sqlite_store.seal("events", KEY, attempt=attempt.attempt, manifest_uri=f"{root}/m",
+                      manifest_digest="sha256:" + "0" * 64, committables=1, rows=1, bytes=1,
+                      actor=ACTOR)  # fmt: skip
+    sqlite_store.mark_durable("events", KEY, attempt=attempt.attempt, actor=ACTOR)
+    before = sqlite_store.require("events", KEY)
+    if target == "files":
+        uri, options = str(tmp_path / "target"), {}
+    else:
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_SQL_TARGET",
+            json.dumps(
+                {
+                    "conn_type": "postgres",
+                    "host": "127.0.0.1",
+                    "port": 5432,
+                    "login": "postgres",
+                    "schema": "test",
+                }
+            ),
+        )
+        uri, options = "sql://sql_target/events", {}
+    task = WalCommitOperator(task_id="commit", pipeline="events", target=uri, target_options=options,
+                             partition_by=["dt"], checkpoint_key=KEY, emit_asset_events=False)  # fmt: skip
+    with pytest.raises(
+        AirflowFailException, match=rf"staged on an object store \({root}\).*Iceberg or Delta"
+    ):
+        task.execute(context("commit"))
+    after = sqlite_store.require("events", KEY)
+    assert (after.state, after.lease_epoch, after.lease_owner) == (S.DURABLE, before.lease_epoch, None), after
+    assert not (tmp_path / "target").exists()
