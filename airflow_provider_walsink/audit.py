@@ -42,12 +42,17 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from airflow_provider_walsink.committer.commit import explain_not_committable, read_sealed_manifest
+from airflow_provider_walsink.committer.commit import (
+    explain_not_committable,
+    read_sealed_attempt,
+    read_sealed_manifest,
+)
 from airflow_provider_walsink.committer.store import Actor, CommitterStore
 from airflow_provider_walsink.protocol.cleanup import is_object_store
 from airflow_provider_walsink.protocol.errors import NotDurableError, WalsinkError
 from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.staging_store import AttemptLocation, StagingStore
 from airflow_provider_walsink.protocol.states import CheckpointState
 
 if TYPE_CHECKING:
@@ -123,15 +128,35 @@ class StagedData:
         "csv": "read_csv($files, filename = '__walsink_file', hive_partitioning = false, union_by_name = true)",
     }
 
-    def __init__(self, layout: StagingLayout, manifest: Manifest, attempt_dir: Path) -> None:
+    def __init__(
+        self,
+        layout: StagingLayout | None,
+        manifest: Manifest,
+        attempt_dir: Path | str,
+        *,
+        store: tuple[StagingStore, AttemptLocation] | None = None,
+    ) -> None:
         self.manifest = manifest
         self.attempt_dir = attempt_dir
-        resolve = layout.committable_resolver(attempt_dir)
-        # Confined, never through a symlink: the same resolution the durability check used.
-        self.files: list[str] = [resolve(c.path)[0] for c in manifest.committables]
+        self._store = store
+        if store is not None:
+            staging, location = store
+            # Confined lexically by the store (no links on an object store), as durability checked them.
+            self.files: list[str] = [staging.committable(location, c.path) for c in manifest.committables]
+        else:
+            assert layout is not None
+            resolve = layout.committable_resolver(Path(attempt_dir))
+            # Confined, never through a symlink: the same resolution the durability check used.
+            self.files = [resolve(c.path)[0] for c in manifest.committables]
         self._partitions = [c.partition for c in manifest.committables]
         self._conn: duckdb.DuckDBPyConnection | None = None
         self._relation: duckdb.DuckDBPyRelation | None = None
+
+    @classmethod
+    def on_store(cls, staging: StagingStore, manifest: Manifest, location: AttemptLocation) -> StagedData:
+        """The sealed attempt on an object store (``s3://``...): its Parquet committables are read
+        through the store's own pyarrow file system, the one the durability check listed them with."""
+        return cls(None, manifest, location.uri, store=(staging, location))
 
     @property
     def total_rows(self) -> int | None:
@@ -164,6 +189,9 @@ class StagedData:
         """Every staged row (partition columns included), or None when no file was staged."""
         if not self.files:
             return None
+        if self._relation is None and self._store is not None:
+            self._relation = self._connect().from_arrow(self._store_dataset())
+            self._relation.create_view("staged")
         if self._relation is None:
             conn = self._connect()
             reader = self.READERS.get(self.manifest.file_format)
@@ -193,6 +221,38 @@ class StagedData:
             )
             self._relation.create_view("staged")
         return self._relation
+
+    def _store_dataset(self) -> Any:
+        """A pyarrow dataset of the staged files on the store, partition columns from their directories
+        (as the local reader: VARCHAR, Hive's null marker as NULL; a same-named column in a file is
+        dropped, the directory wins). DuckDB scans it lazily, pushing projections and filters down."""
+        import pyarrow.dataset as ds
+
+        from airflow_provider_walsink.protocol.file_schema import arrow_schema
+
+        assert self._store is not None
+        staging, location = self._store
+        if self.manifest.file_format != "parquet":
+            raise AuditError(
+                f"audit checks read parquet files from an object store, not {self.manifest.file_format}; "
+                "use a row-count check or a callable that reads them"
+            )
+        columns = list(dict.fromkeys(c for pairs in self._partitions for c, _ in pairs))
+        if self.manifest.file_schema is not None:
+            file_schema = arrow_schema(self.manifest.file_schema)
+        else:  # files with different schemas: their union, by name (each footer read once)
+            probe = ds.dataset(self.files, filesystem=staging.filesystem, format="parquet")
+            file_schema = pa.unify_schemas([f.physical_schema for f in probe.get_fragments()])
+        fields = [f for f in file_schema if f.name not in columns]
+        partition_schema = pa.schema([(c, pa.string()) for c in columns])
+        return ds.dataset(
+            self.files,
+            schema=pa.schema(fields + list(partition_schema)),
+            filesystem=staging.filesystem,
+            format="parquet",
+            partitioning=ds.HivePartitioning(partition_schema, null_fallback=HIVE_NULL) if columns else None,
+            partition_base_dir=location.path,
+        )
 
     def close(self) -> None:
         if self._conn is not None:
@@ -518,6 +578,7 @@ def audit_checkpoint(
     checks: Sequence[AuditCheck],
     *,
     actor: Actor,
+    stores: Callable[[str], StagingStore] | None = None,
 ) -> AuditOutcome:
     """Audit a durable checkpoint's sealed attempt and record the verdict (see the module docstring).
 
@@ -535,8 +596,10 @@ def audit_checkpoint(
 
     The staged data is read under the checkpoint's recorded staging root;
     ``layout`` (or the function giving it) only for a row that records none.
-    A checkpoint staged on an object store raises :class:`AuditError` (no
-    verdict recorded): the checks read local or mounted staging only.
+    A checkpoint staged on an object store is read through ``stores(root)``
+    (the store opened with its credentials, as the durability check opened
+    it; Parquet only); without ``stores`` it raises :class:`AuditError` (no
+    verdict recorded).
     """
     record = store.require(pipeline, checkpoint_key)
     name = f"checkpoint {pipeline}/{checkpoint_key}"
@@ -564,16 +627,20 @@ def audit_checkpoint(
     if record.state is not S.DURABLE and not (record.state is S.FAILED and record.durable_at):
         raise NotDurableError(explain_not_committable(record))
     if record.staging_root and is_object_store(record.staging_root):
-        # DuckDB reads the staged files from a file system here (its S3 extension is not
-        # installed with walsink): refuse, naming the way out, rather than fail on the URI.
-        raise AuditError(
-            f"{name} is staged on an object store ({record.staging_root}); the audit reads staged files "
-            "from a local or mounted staging root only, not yet from an object store. Drop the audit "
-            "(and require_audit) for this pipeline, or stage on a path every node mounts"
-        )
-    layout = record.layout(layout)
-    manifest, attempt_dir = read_sealed_manifest(layout, record)
-    with StagedData(layout, manifest, attempt_dir) as staged:
+        if stores is None:
+            raise AuditError(
+                f"{name} is staged on an object store ({record.staging_root}) and this audit was given no "
+                "way to open it (stores=); the audit task opens it with the walsink connection's staging "
+                "credentials"
+            )
+        # Through the store (pyarrow reads; DuckDB's own S3 extension is not needed).
+        manifest, staged_attempt = read_sealed_attempt(stores(record.staging_root), record)
+        staged_data = StagedData.on_store(staged_attempt.store, manifest, staged_attempt.location)
+    else:
+        layout = record.layout(layout)
+        manifest, attempt_dir = read_sealed_manifest(layout, record)
+        staged_data = StagedData(layout, manifest, attempt_dir)
+    with staged_data as staged:
         report = run_checks(checks, staged)
     if report.passed:
         done = store.mark_audited(

@@ -33,7 +33,7 @@ Where things live (nothing secret in this file):
 docs/production.md ("Object storage") lists the IAM permissions this needs.
 ``tests/test_s3_cluster_e2e.py`` runs this DAG's pipelines through the real
 scheduler on a two-worker standalone cluster against moto's S3 server, and
-``bash scripts/cluster-demo.sh --s3`` shows it.
+``bash scripts/cluster-demo.sh`` shows it.
 """
 
 from __future__ import annotations

@@ -15,9 +15,13 @@ What ``docker/compose.yaml`` deploys, run as local processes on loopback:
 4. the real scheduler, dag-processor, triggerer and api-server; both example DAGs for
    ``--days`` intervals, then a backfill of the daily one over ``--backfill-days``
    with ``--reprocess-behavior completed``;
-5. ``walsink status`` and, from the master's and workers' JSON status, how many Spark
+5. unless ``--no-s3``: the S3 example (``dags/walsink_s3_example.py``) for the same
+   intervals, staging on a local S3 server (moto on loopback, standing in for S3, MinIO
+   or Ceph: nothing of it is on a shared file system) and committing into a Delta and
+   an Iceberg table on the bucket, read back with deltalake and pyiceberg;
+6. ``walsink status`` and, from the master's and workers' JSON status, how many Spark
    applications ran and how many executors each worker started. Fails unless every
-   checkpoint is COMMITTED.
+   checkpoint is COMMITTED (and each S3 table holds each day's events once).
 
 Home: ``WALSINK_CLUSTER_DEMO_HOME`` (default ``var/cluster-demo``), fresh on every run.
 """
@@ -48,6 +52,10 @@ from airflow_provider_walsink.demo import Progress, say, trigger  # noqa: E402
 
 DAILY = "walsink_daily_overwrite"
 INCREMENTAL = "walsink_incremental_append"
+S3_EXAMPLE = "walsink_s3_example"
+#: moto's server accepts any key pair; a real store gets its own in the aws connection.
+S3_KEYS = {"login": "walsink-demo", "password": "walsink-demo-secret"}
+S3_BUCKET = "walsink-demo"
 FIRST_DAY = date(2026, 1, 1)
 DEFAULT_PG = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 
@@ -56,6 +64,9 @@ def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--days", type=int, default=3, help="intervals run first (default 3)")
     parser.add_argument("--backfill-days", type=int, default=5, help="intervals of the backfill (default 5)")
+    parser.add_argument(
+        "--no-s3", action="store_true", help="skip the S3 example (staging on a local S3 server)"
+    )
     args = parser.parse_args(argv)
 
     home = Path(os.environ.get("WALSINK_CLUSTER_DEMO_HOME", REPO / "var" / "cluster-demo")).resolve()
@@ -69,6 +80,7 @@ def run(argv: list[str] | None = None) -> int:
     cluster.start()
     stack = None
     drop_committer = None
+    s3 = None
     try:
         print(f"  master {cluster.master_url}, web UI {cluster.webui_url}")
         committer_url, drop_committer = create_postgres_database(admin_url, prefix="walsink_committer")
@@ -100,6 +112,15 @@ def run(argv: list[str] | None = None) -> int:
         for conn_id, conn in connections.items():
             stack.airflow("connections", "add", conn_id, "--conn-json", json.dumps(conn))
             print(f"  connection {conn_id}: {conn['conn_type']} {conn['host']}:{conn['port']}")
+        if not args.no_s3:
+            s3 = S3Demo.start(committer_url)
+            say(
+                f"A local S3 server (moto) at {s3.endpoint}: bucket {S3_BUCKET}, the S3 example's root {s3.root}"
+            )
+            for conn_id, conn in s3.connections().items():
+                stack.airflow("connections", "add", conn_id, "--conn-json", json.dumps(conn))
+                print(f"  connection {conn_id}: {conn['conn_type']}")
+            stack.airflow("variables", "set", "walsink_s3_example_root", s3.root)
         result = subprocess.run(
             [sys.executable, "-m", "airflow_provider_walsink.cli", "db", "upgrade"],
             env={**stack.env, "WALSINK_DATABASE_URL": committer_url},
@@ -113,15 +134,19 @@ def run(argv: list[str] | None = None) -> int:
         say("Starting the scheduler, dag-processor, triggerer and api-server")
         stack.start()
         print(f"  Airflow UI: {stack.base_url} (admin / admin, while the demo runs)")
-        for dag_id in (DAILY, INCREMENTAL):
+        dag_ids = [DAILY, INCREMENTAL] + ([S3_EXAMPLE] if s3 else [])
+        for dag_id in dag_ids:
             stack.wait_for_dag(dag_id)
             stack.unpause(dag_id)
 
         progress = Progress(stack)
         days = [FIRST_DAY + timedelta(days=i) for i in range(args.days)]
-        say(f"Both example pipelines on the cluster for {len(days)} daily intervals")
-        run_ids = {trigger(stack, dag_id, day) for dag_id in (DAILY, INCREMENTAL) for day in days}
-        progress.wait([DAILY, INCREMENTAL], run_ids)
+        say(f"The example pipelines ({', '.join(dag_ids)}) on the cluster for {len(days)} daily intervals")
+        run_ids = {trigger(stack, dag_id, day) for dag_id in dag_ids for day in days}
+        progress.wait(dag_ids, run_ids)
+        if s3:
+            say("The S3 example's tables, read back with deltalake and pyiceberg")
+            s3_problems = s3.check(days)
 
         last = FIRST_DAY + timedelta(days=args.backfill_days - 1)
         say(
@@ -162,15 +187,104 @@ def run(argv: list[str] | None = None) -> int:
         if stack is not None:
             stack.stop()
         cluster.stop()
+        if s3 is not None:
+            s3.stop()
         if drop_committer is not None:
             drop_committer()
     if not states or set(states) != {"COMMITTED"}:
         print(f"\nNot every checkpoint is COMMITTED: {states}", file=sys.stderr)
         return 1
+    if s3 is not None and s3_problems:
+        print(f"\nThe S3 example's tables are wrong: {s3_problems}", file=sys.stderr)
+        return 1
     print(
         f"\nAll {len(states)} checkpoints COMMITTED on the cluster. Target tables: {shared / 'examples/target'}"
     )
     return 0
+
+
+class S3Demo:
+    """moto's S3 server on loopback, with the connections the S3 example names."""
+
+    def __init__(self, server, committer_url: str) -> None:
+        self.server = server
+        host, port = server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        self.root = f"s3://{S3_BUCKET}/lake"
+        self.catalog = {
+            "type": "sql",
+            "uri": committer_url,
+            "warehouse": f"{self.root}/warehouse",
+            "s3.endpoint": self.endpoint,
+            "s3.access-key-id": S3_KEYS["login"],
+            "s3.secret-access-key": S3_KEYS["password"],
+            "s3.region": "us-east-1",
+        }
+
+    @classmethod
+    def start(cls, committer_url: str) -> S3Demo:
+        import boto3
+        from moto.server import ThreadedMotoServer
+
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        demo = cls(server, committer_url)
+        boto3.client(
+            "s3", endpoint_url=demo.endpoint, region_name="us-east-1",
+            aws_access_key_id=S3_KEYS["login"], aws_secret_access_key=S3_KEYS["password"],
+        ).create_bucket(Bucket=S3_BUCKET)  # fmt: skip
+        return demo
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def connections(self) -> dict[str, dict]:
+        return {
+            # The amazon provider's default connection: staging and the Delta table use it.
+            "aws_default": {
+                "conn_type": "aws",
+                **S3_KEYS,
+                "extra": {
+                    "region_name": "us-east-1",
+                    "endpoint_url": self.endpoint,
+                    "storage_options": {"aws_conditional_put": "etag"},
+                },
+            },  # fmt: skip
+            "walsink_s3_lake": {"conn_type": "generic", "extra": self.catalog},
+        }
+
+    def check(self, days: list[date]) -> list[str]:
+        """Each table holds each day's source events once; prints what it read, returns the problems."""
+        from collections import Counter
+
+        from deltalake import DeltaTable
+        from pyiceberg.catalog import load_catalog
+
+        sys.path.insert(0, str(REPO / "dags"))
+        from walsink_example_common import daily_events
+
+        want = Counter(e["event_id"] for d in days for e in daily_events(d))
+        delta = DeltaTable(
+            f"{self.root}/delta_events",
+            storage_options={
+                "AWS_ENDPOINT_URL": self.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
+                "AWS_ACCESS_KEY_ID": S3_KEYS["login"], "AWS_SECRET_ACCESS_KEY": S3_KEYS["password"],
+            },
+        )  # fmt: skip
+        iceberg = load_catalog("walsink_s3_lake", **self.catalog).load_table("examples.s3_events")
+        problems = []
+        for name, rows, files in (
+            (f"Delta {self.root}/delta_events (version {delta.version()})",
+             delta.to_pyarrow_table(columns=["event_id"]), delta.file_uris()),
+            ("Iceberg examples.s3_events", iceberg.scan(selected_fields=("event_id",)).to_arrow(),
+             [t.file.file_path for t in iceberg.scan().plan_files()]),
+        ):  # fmt: skip
+            got = Counter(rows.column("event_id").to_pylist())
+            ok = got == want
+            print(f"  {name}: {rows.num_rows} rows in {len(files)} data files, each source event once: {ok}")
+            if not ok:
+                problems.append(name)
+        return problems
 
 
 if __name__ == "__main__":

@@ -222,9 +222,56 @@ def test_abort_of_a_durable_checkpoint_staged_on_s3_tombstones_the_delta_table_a
     assert p.delta().to_pyarrow_table().num_rows == 0
 
 
-def test_the_audit_refuses_a_checkpoint_staged_on_an_object_store_clearly(sqlite_store):
-    """The audit reads staged files locally only: a recorded s3:// root is an AuditError (the task
-    fails without retrying, nothing recorded), not a ValueError about a path."""
+@pytest.mark.spark
+@pytest.mark.slow
+def test_the_audit_task_reads_a_checkpoint_staged_on_s3_through_the_store(
+    monkeypatch,
+    sqlite_store,
+    database_urls,
+    s3_server,  # noqa: F811
+    tmp_path,
+):
+    """The audit gate on object storage: WalAuditOperator opens the recorded s3:// root with the walsink
+    connection's staging credentials and DuckDB reads the staged Parquet through the store (partition
+    columns from the directories). Passing checks record AUDITED; the same data judged by a check it
+    fails counts exactly the failing rows (the data really was read, not its manifest)."""
+    from airflow_provider_walsink.audit import (
+        NotNullCheck,
+        RowCountCheck,
+        SqlPredicateCheck,
+        StagedData,
+        run_checks,
+    )
+    from airflow_provider_walsink.committer.commit import read_sealed_attempt
+    from airflow_provider_walsink.operators.audit import WalAuditOperator
+
+    connections(monkeypatch, s3_server, database_urls("sqlite"))
+    p = Pipeline(s3_server, tmp_path)
+    p.write()
+    assert p.durable() is True
+    record = sqlite_store.require("events", KEY)
+    assert record.staging_root.startswith("s3://")
+
+    manifest, staged = read_sealed_attempt(WalsinkHook().get_staging_store(record.staging_root), record)
+    with StagedData.on_store(staged.store, manifest, staged.location) as data:
+        report = run_checks([SqlPredicateCheck("id < 10 AND dt = '2026-04-01'")], data)
+    assert not report.passed and "32 of 42 rows" in report.reason, report.reason
+
+    audit = WalAuditOperator(
+        task_id="audit",
+        pipeline="events",
+        checkpoint_key=KEY,
+        checks=[RowCountCheck(min_rows=ROWS, max_rows=ROWS), NotNullCheck("id", "dt"),
+                SqlPredicateCheck("id >= 0 AND dt = '2026-04-01'")],
+    )  # fmt: skip
+    outcome = audit.execute(context("audit"))
+    assert outcome["verdict"] == "AUDITED" and all(c["passed"] for c in outcome["checks"]), outcome
+    assert sqlite_store.require("events", KEY).state is S.AUDITED
+
+
+def test_the_audit_without_a_way_to_open_an_object_store_refuses_clearly(sqlite_store):
+    """Called without ``stores=`` (outside the audit task), a recorded s3:// root is an AuditError naming
+    it (the task fails without retrying, nothing recorded), not a ValueError about a path."""
     from airflow_provider_walsink.audit import AuditError, RowCountCheck, audit_checkpoint
     from tests.helpers import ACTOR
 

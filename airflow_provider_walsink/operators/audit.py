@@ -80,7 +80,9 @@ class WalAuditOperator(BaseOperator):
         try:
             # The layout only for a row that records no staging root (written before walsink did).
             layout = lambda: hook.get_layout(self.staging_root)  # noqa: E731
-            outcome = audit_checkpoint(store, layout, self.pipeline, key, self.checks, actor=actor)
+            outcome = audit_checkpoint(
+                store, layout, self.pipeline, key, self.checks, actor=actor, stores=hook.get_staging_store
+            )
         except AuditError as exc:
             store.record_event(self.pipeline, key, actor=actor, detail=f"audit could not run: {exc}")
             raise AirflowFailException(f"the audit of {self.pipeline}/{key} could not run: {exc}") from None
