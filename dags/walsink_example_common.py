@@ -33,6 +33,11 @@ JOBS_DIR = Path(__file__).resolve().parent / "walsink_jobs"
 COUNTRIES = ("DE", "FR", "NL", "PL", "SE", "US", "BR", "JP")
 EVENT_TYPES = ("view", "click", "cart", "purchase")
 DAILY_COLUMNS = ("event_id", "ts", "user_id", "country", "event_type", "amount_cents")
+#: The raw daily events as Spark reads them (DDL: no pyspark import when a DAG is parsed).
+DAILY_EVENTS_DDL = (
+    "event_id string NOT NULL, ts string NOT NULL, user_id int NOT NULL, country string NOT NULL, "
+    "event_type string NOT NULL, amount_cents bigint NOT NULL"
+)
 FILES_PER_INTERVAL = 3
 
 

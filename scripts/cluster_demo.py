@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -75,7 +76,9 @@ def run(argv: list[str] | None = None) -> int:
     shared = home / "shared"  # what the compose file's `shared` volume holds
     admin_url = os.environ.get("WALSINK_CLUSTER_DEMO_PG_URL", DEFAULT_PG)
 
-    say("Starting the Spark services of docker/compose.yaml: a master and two workers on 127.0.0.1")
+    say(
+        "Starting the Spark services of docker/compose.yaml: a master and two workers on loopback (each its own 127.0.0.x)"
+    )
     cluster = SparkCluster.from_compose(home / "spark")
     cluster.start()
     stack = None
@@ -226,6 +229,7 @@ class S3Demo:
         import boto3
         from moto.server import ThreadedMotoServer
 
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         demo = cls(server, committer_url)

@@ -19,21 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the dags fold
 
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType  # noqa: E402
-from walsink_example_common import daily_events  # noqa: E402
+from walsink_example_common import DAILY_EVENTS_DDL, daily_events  # noqa: E402
 
 from airflow_provider_walsink.spark import CheckpointJob  # noqa: E402
-
-SCHEMA = StructType(
-    [
-        StructField("event_id", StringType(), False),
-        StructField("ts", StringType(), False),
-        StructField("user_id", IntegerType(), False),
-        StructField("country", StringType(), False),
-        StructField("event_type", StringType(), False),
-        StructField("amount_cents", LongType(), False),
-    ]
-)
 
 
 def main() -> None:
@@ -43,7 +31,7 @@ def main() -> None:
             raise SystemExit("this job needs the run's data interval (a scheduled or backfill run)")
         day = datetime.fromisoformat(job.protocol.interval_start).date()
         events = (
-            spark.createDataFrame(daily_events(day), SCHEMA)
+            spark.createDataFrame(daily_events(day), DAILY_EVENTS_DDL)
             .withColumn("ts", F.to_timestamp("ts"))
             .withColumn("dt", F.lit(day.isoformat()))
         )
