@@ -106,12 +106,17 @@ class Progress:
                         )
         return runs
 
-    def wait(self, dag_ids: list[str], run_ids: set[str], timeout: float = LIMIT_S) -> None:
-        """Print progress until every run in ``run_ids`` has finished; fail if one failed."""
+    def wait(self, dag_ids: list[str], run_ids: set[tuple[str, str]], timeout: float = LIMIT_S) -> None:
+        """Print progress until every run in ``run_ids`` (``(dag_id, run_id)``: several DAGs' runs share
+        a run id) has finished; fail if one failed."""
         deadline = time.monotonic() + timeout
         while True:
             try:
-                runs = {r["dag_run_id"]: r for r in self.poll(dag_ids) if r["dag_run_id"] in run_ids}
+                runs = {
+                    (r["dag_id"], r["dag_run_id"]): r
+                    for r in self.poll(dag_ids)
+                    if (r["dag_id"], r["dag_run_id"]) in run_ids
+                }
             except (StackError, httpx.HTTPError) as exc:  # a busy api-server: ask again
                 print(f"  (api-server: {str(exc).splitlines()[0][:120]}; asking again)", flush=True)
                 time.sleep(5)
@@ -121,7 +126,7 @@ class Progress:
             if time.monotonic() > deadline:
                 raise SystemExit(f"runs still not finished after {timeout:.0f}s" + self.stack.log_tail())
             time.sleep(2)
-        failed = sorted(r["dag_run_id"] for r in runs.values() if r["state"] != "success")
+        failed = sorted(f"{r['dag_id']}/{r['dag_run_id']}" for r in runs.values() if r["state"] != "success")
         if failed:
             raise SystemExit(
                 f"runs failed: {failed}; task logs are under {self.stack.logs_dir}" + self.stack.log_tail()
@@ -392,8 +397,8 @@ def run(argv: list[str] | None = None) -> int:
             f"and {', '.join(table_dags)} for {len(table_days)} at the same time"
         )
         # Table runs first: their commits are the slower ones, the file runs fill the slots after.
-        run_ids = {trigger(stack, dag_id, day) for dag_id in table_dags for day in table_days}
-        run_ids |= {trigger(stack, dag_id, day) for dag_id in (DAILY, INCREMENTAL) for day in days}
+        run_ids = {(dag_id, trigger(stack, dag_id, day)) for dag_id in table_dags for day in table_days}
+        run_ids |= {(dag_id, trigger(stack, dag_id, day)) for dag_id in (DAILY, INCREMENTAL) for day in days}
         progress.wait([DAILY, INCREMENTAL, *table_dags], run_ids)
 
         last = FIRST_DAY + timedelta(days=args.backfill_days - 1)

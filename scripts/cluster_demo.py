@@ -145,7 +145,7 @@ def run(argv: list[str] | None = None) -> int:
         progress = Progress(stack)
         days = [FIRST_DAY + timedelta(days=i) for i in range(args.days)]
         say(f"The example pipelines ({', '.join(dag_ids)}) on the cluster for {len(days)} daily intervals")
-        run_ids = {trigger(stack, dag_id, day) for dag_id in dag_ids for day in days}
+        run_ids = {(dag_id, trigger(stack, dag_id, day)) for dag_id in dag_ids for day in days}
         progress.wait(dag_ids, run_ids)
         if s3:
             say("The S3 example's tables, read back with deltalake and pyiceberg")
