@@ -56,6 +56,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.errors import WalsinkError
 
 if TYPE_CHECKING:
@@ -544,8 +545,10 @@ def read_range(
                 next_offset = offset + 1
                 if len(columns["offset"]) >= batch_rows:
                     yield flush()
+                    crashpoint("kafka.read.after_batch")
         if columns["offset"]:
             yield flush()
+            crashpoint("kafka.read.after_batch")
     finally:
         consumer.close()
 
