@@ -35,3 +35,34 @@ def test_the_first_plan_of_a_version_wins_and_is_in_the_history(store: Committer
     assert details.count("fixed by the first attempt") == 1 and "again" not in details
     assert "moved" in details and "gap" in details
     assert store.require("p", "k").state.value == "REGISTERED"  # a plan changes no state
+
+
+def test_the_write_tasks_plan_records_an_accepted_gap_and_refuses_an_unaccepted_one(store: CommitterStore):
+    """FAULT INJECTED at the planner's cluster boundary (retention; the mock cluster cannot delete
+    records): the write task's planning (``hooks.kafka.plan_attempt``) against the real store."""
+    import pytest
+
+    from airflow_provider_walsink.hooks.kafka import plan_attempt
+    from airflow_provider_walsink.sources.kafka import KafkaSourceSpec, RetentionGapError
+
+    class Retention:
+        def partitions(self, topic):
+            return [0]
+
+        def watermarks(self, topic, partition):
+            return 6, 10  # offsets below 6 were deleted
+
+    store.register("p", "k", mode="append", actor=ACTOR)
+    record = store.require("p", "k")
+    with pytest.raises(RetentionGapError, match=r"topic 'events' partition 0: offsets \[5, 6\)"):
+        plan_attempt(store, record, KafkaSourceSpec(topics=["events"]), {}, start_offsets=START,
+                     until_offsets=None, actor=ACTOR, meta=Retention())  # fmt: skip
+    assert store.source_plan("p", "k") is None  # refused before anything was recorded
+    spec = KafkaSourceSpec(topics=["events"], accept_data_loss=True)
+    start, until, extra = plan_attempt(store, record, spec, {}, start_offsets=START, until_offsets=None,
+                                       actor=ACTOR, meta=Retention())  # fmt: skip
+    assert (start, until) == (START, {"events": {"0": 10}})
+    assert extra["kafka"]["plan"]["read_from"] == {"events": {"0": 6}}
+    assert store.source_plan("p", "k")["gaps"] == [{"topic": "events", "partition": 0, "start": 5, "end": 6}]
+    (detail,) = [h.detail for h in store.history("p", "k") if h.detail and "DATA LOSS" in h.detail]
+    assert "DATA LOSS accepted: topic 'events' partition 0: offsets [5, 6) (1 records)" in detail
