@@ -36,8 +36,14 @@ PIPELINE = "kafka_events"
 TOPIC = "events"
 GROUP = "walsink-kafka-events"
 
+#: A SASL password in the connection (unused by the PLAINTEXT mock, accepted by librdkafka): it must
+#: reach the job only through the environment, never a command line or the task's log.
+SECRET = "kafka-s3cr3t-sentinel"
+
 JOB = textwrap.dedent(
     """
+    import os
+
     from pyspark.sql import SparkSession
 
     from airflow_provider_walsink.sources.kafka import KafkaSource
@@ -49,6 +55,16 @@ JOB = textwrap.dedent(
         df = source.read(spark).selectExpr("topic", "partition", "offset", "CAST(key AS STRING) AS key", "value")
         job.stage(df.coalesce(1))
         job.end_offsets = source.end_offsets
+        secret = source.config["sasl.password"].encode()
+        exposed = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if secret in f.read():
+                        exposed.append(pid)
+            except OSError:
+                pass
+        assert not exposed, f"the Kafka secret is on the command line of processes {exposed}"
     spark.stop()
     """
 )
@@ -82,7 +98,12 @@ class Tasks:
         self.source = {"topics": list(topics), "group_id": GROUP, "max_records_per_split": 25}
         self.env = {
             "AIRFLOW_CONN_WALSINK_DEFAULT": json.dumps({"conn_type": "walsink", "extra": {"url": url}}),
-            "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka.config}),
+            "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
+                {
+                    "conn_type": "kafka",
+                    "extra": {**kafka.config, "sasl.username": "walsink", "sasl.password": SECRET},
+                }
+            ),
         }
         for name, value in self.env.items():
             monkeypatch.setenv(name, value)
@@ -153,7 +174,7 @@ def offsets_of(rows: list[tuple[str, int, int]]) -> dict[str, dict[str, int]]:
 @pytest.mark.spark
 @pytest.mark.slow
 def test_killed_write_retry_and_killed_group_commit_lose_and_double_nothing(
-    kafka, sqlite_store, database_urls, tmp_path, monkeypatch
+    kafka, sqlite_store, database_urls, tmp_path, monkeypatch, capfd, caplog
 ):
     t = Tasks(tmp_path, database_urls("sqlite"), kafka, monkeypatch)
     batch1 = produce(kafka, 0, 60)
@@ -217,6 +238,10 @@ def test_killed_write_retry_and_killed_group_commit_lose_and_double_nothing(
     assert t.table_rows() == sorted(batch1 + batch2)  # version 1's rows replaced by the same rows, once
     # The group is never moved behind the newest committed checkpoint by an older one's commit.
     assert kafka.committed(GROUP, TOPIC) == {int(p): o for p, o in second.end_offsets[TOPIC].items()}
+    # Every job checked no command line held the connection's secret; no log line holds it either.
+    out, err = capfd.readouterr()
+    assert "walsink: sealed" in out + err + caplog.text  # the jobs' output was captured here
+    assert SECRET not in out + err + caplog.text
 
 
 def test_a_missing_topic_is_refused_before_the_committer_table_changes(
