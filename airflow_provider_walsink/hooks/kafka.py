@@ -45,6 +45,12 @@ def kafka_client_config(conn_id: str) -> dict[str, Any]:
     except ImportError:  # pragma: no cover
         from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
 
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        raise KafkaSourceError(
+            'a Kafka source needs confluent-kafka: pip install "airflow-provider-walsink[kafka]"'
+        ) from None
     config = dict(BaseHook.get_connection(conn_id).extra_dejson)
     if not config.get("bootstrap.servers"):
         raise KafkaSourceError(
