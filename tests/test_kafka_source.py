@@ -205,3 +205,30 @@ def test_group_offsets_are_committed_and_read_back_by_a_plain_consumer(kafka):
     assert kafka.committed("walsink-lag", topic) == {}
     commit_group_offsets(kafka.config, "walsink-lag", {topic: {"0": 1, "1": 2}})
     assert kafka.committed("walsink-lag", topic) == {0: 1, 1: 2}
+
+
+def test_real_retention_gap_on_the_mock_cluster_fails_naming_the_range(kafka):
+    """Not injected: the mock cluster keeps a few MiB per partition and deletes older segments, as
+    size-based retention does. Planning from offset 0 and an executor reading from it both fail
+    naming the deleted range; accepting the loss reads on from the log's start."""
+    topic = "retained"
+    chunk = b"r" * 200_000
+    kafka.produce(
+        topic,
+        [{"value": chunk, "partition": 0} for _ in range(60)],
+        producer_config={"message.max.bytes": 1_000_000},
+    )
+    low, high = kafka.watermarks(topic)[0]
+    if low == 0:
+        pytest.skip("this librdkafka's mock cluster kept all 12 MB: no retention to observe")
+    start = {topic: {"0": 0, "1": 0, "2": 0, "3": 0}}
+    with ConsumerMetadata(kafka.config) as meta:
+        with pytest.raises(RetentionGapError, match=rf"'retained' partition 0: offsets \[0, {low}\)"):
+            plan_offsets(meta, KafkaSourceSpec(topics=[topic]), start=start)
+        plan = plan_offsets(meta, KafkaSourceSpec(topics=[topic], accept_data_loss=True), start=start)
+    assert plan.gaps[0].to_dict() == {"topic": topic, "partition": 0, "start": 0, "end": low}
+    assert plan.read_from[topic]["0"] == low and plan.end[topic]["0"] == high
+    with pytest.raises(RetentionGapError, match=rf"offsets \[0, {low}\) .* no longer in the log"):
+        list(read_range(kafka.config, topic, 0, 0, high, timeout=60))
+    read = [b for b in read_range(kafka.config, topic, 0, low, high, timeout=60)]
+    assert sum(b.num_rows for b in read) == high - low
