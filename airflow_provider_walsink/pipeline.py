@@ -66,6 +66,8 @@ def walsink_pipeline(
     durable_kwargs: Mapping[str, Any] | None = None,
     audit_kwargs: Mapping[str, Any] | None = None,
     commit_kwargs: Mapping[str, Any] | None = None,
+    kafka_source: Any = None,
+    kafka_conn_id: str = "kafka_default",
     **group_kwargs: Any,
 ) -> TaskGroup:
     """Create (inside the current DAG) a TaskGroup ``write >> durable >> [audit >>] commit``.
@@ -97,6 +99,11 @@ def walsink_pipeline(
         docs/targets.md), given to the write task (which resolves the target before
         the job runs and refuses one that names something not configured) and to
         the commit task.
+    :param kafka_source: an ``append`` pipeline reading Kafka
+        (:class:`~airflow_provider_walsink.sources.kafka.KafkaSourceSpec` or its dict), given
+        to the write task (plans and fixes each checkpoint's ranges) and the commit task
+        (commits the group's offsets after the target commit); docs/kafka.md.
+    :param kafka_conn_id: its ``kafka`` connection (client configuration in the extra).
     :param write_kwargs / durable_kwargs / audit_kwargs / commit_kwargs: further
         arguments of each task (``retries``, ``pool``, ``spark_submit_kwargs``...).
     Other parameters are those of :class:`WalWriteOperator`,
@@ -122,6 +129,9 @@ def walsink_pipeline(
         checkpoint_key=checkpoint_key,
         walsink_conn_id=walsink_conn_id,
     )
+    if kafka_source is not None:
+        write_kwargs.update(kafka_source=kafka_source, kafka_conn_id=kafka_conn_id)
+        commit_kwargs.update(kafka_source=kafka_source, kafka_conn_id=kafka_conn_id)
     with TaskGroup(group_id, **group_kwargs) as group:
         # Where the write task staged (its own root, the target's, or the connection's),
         # so the durability and commit tasks look in the same place.

@@ -95,6 +95,21 @@ def test_example_dags_are_three_task_pipelines_built_by_the_helper():
         assert write.target == commit.target and "walsink_example_home" in commit.target
 
 
+def test_kafka_example_dag_reads_kafka_in_append_mode_into_delta():
+    """Shape only (no Spark, no broker): the Kafka example (docs/kafka.md) gives both the write and
+    the commit task the same source; its run through the scheduler is tests/test_e2e_kafka.py."""
+    from airflow_provider_walsink.sources.kafka import KafkaSourceSpec
+
+    dag = importlib.import_module("walsink_kafka_append").dag
+    assert dag.max_active_runs == 1
+    write, commit = dag.get_task("kafka_events.write"), dag.get_task("kafka_events.commit")
+    assert write.mode == commit.mode == "append" and write.partition_by == ["dt"]
+    assert write.kafka_source == commit.kafka_source and write.kafka_conn_id == commit.kafka_conn_id
+    spec = KafkaSourceSpec.from_dict(write.kafka_source)
+    assert spec.topics == ("walsink_events",) and spec.group_id and not spec.accept_data_loss
+    assert write.target.startswith("delta://") and write.target == commit.target
+
+
 @pytest.mark.parametrize("committer_url", ["sqlite", "postgresql"], indirect=True)
 def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url):
     dag = load_dag(airflow_db, "walsink_daily_overwrite")

@@ -154,3 +154,65 @@ def test_0005_adds_staging_root_to_existing_rows_and_downgrades_keeping_them(db_
     with engine.connect() as conn:
         assert conn.execute(select(ckpt.c.staging_root).where(ckpt.c.id == cid)).scalar_one() is None
     engine.dispose()
+
+
+def test_0006_adds_source_plan_to_existing_rows_and_downgrades_keeping_them(db_url):
+    """Issue 28: rows from before 0006 get a NULL source plan (their retries plan afresh, as
+    before); a downgrade drops only the column: the checkpoint, its history and versions stay."""
+    from datetime import datetime
+
+    from sqlalchemy import func, insert, select
+
+    from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
+    from airflow_provider_walsink.committer.models import pipeline_table as pipe
+    from airflow_provider_walsink.committer.models import transition_table as trans
+    from airflow_provider_walsink.committer.models import version_table as vers
+
+    engine = create_committer_engine(db_url)
+    _drop_all(engine)
+    upgrade(engine, "0005")
+    assert "source_plan" not in _checkpoint_columns(engine)
+    now = datetime(2026, 11, 1)
+    with engine.begin() as conn:  # a checkpoint as walsink before 0006 wrote it (no source plan)
+        conn.execute(insert(pipe).values(name="p", mode="append", next_sequence=2, created_at=now))
+        cid = conn.execute(
+            insert(ckpt).values(
+                pipeline="p",
+                checkpoint_key="k",
+                sequence=1,
+                state="COMMITTED",
+                attempt=1,
+                lease_epoch=1,
+                version=2,
+                staging_root="/staging",
+                end_offsets='{"events": {"0": 5}}',
+                created_at=now,
+                updated_at=now,
+            )  # fmt: skip
+        ).inserted_primary_key[0]
+        conn.execute(insert(trans).values(checkpoint_id=cid, to_state="REGISTERED", attempt=0, at=now))
+        conn.execute(insert(vers).values(checkpoint_id=cid, version=1, state="SUPERSEDED"))
+
+    upgrade(engine)
+    assert _checkpoint_columns(engine)["source_plan"]["nullable"]
+    plan = '{"end": {"events": {"0": 9}}, "start": {"events": {"0": 5}}, "version": 2}'
+    with engine.connect() as conn:
+        assert current_revision(conn) == head_revision()
+        row = conn.execute(select(ckpt.c.source_plan, ckpt.c.end_offsets).where(ckpt.c.id == cid)).one()
+        assert row == (None, '{"events": {"0": 5}}')
+        conn.execute(ckpt.update().where(ckpt.c.id == cid).values(source_plan=plan))
+        conn.commit()
+        assert conn.execute(select(ckpt.c.source_plan).where(ckpt.c.id == cid)).scalar_one() == plan
+
+    _downgrade(engine, "0005")
+    assert "source_plan" not in _checkpoint_columns(engine)
+    with engine.connect() as conn:
+        assert current_revision(conn) == "0005"
+        for table in (ckpt, trans, vers):
+            assert conn.execute(select(func.count()).select_from(table)).scalar_one() == 1, table.name
+        assert conn.execute(select(ckpt.c.staging_root).where(ckpt.c.id == cid)).scalar_one() == "/staging"
+
+    upgrade(engine)  # and up again: the column is back, empty
+    with engine.connect() as conn:
+        assert conn.execute(select(ckpt.c.source_plan).where(ckpt.c.id == cid)).scalar_one() is None
+    engine.dispose()

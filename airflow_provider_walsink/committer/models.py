@@ -95,6 +95,10 @@ class Checkpoint(Base):
     bytes: Mapped[int | None] = mapped_column(BigInteger)
     start_offsets: Mapped[str | None] = mapped_column(Text)
     end_offsets: Mapped[str | None] = mapped_column(Text)
+    #: JSON: the source ranges the write task fixed on the version's first attempt (a Kafka
+    #: source's start/end/read-from offsets and accepted gaps); later attempts reuse them.
+    #: NULL when the job plans its own input, and on rows from before migration 0006.
+    source_plan: Mapped[str | None] = mapped_column(Text)
     lease_owner: Mapped[str | None] = mapped_column(String(255))
     lease_expires_at: Mapped[datetime | None] = mapped_column(Timestamp)
     #: The fencing token: bumped by every lease take (and by an abort), checked

@@ -63,6 +63,7 @@ from .migrate import upgrade
 from .queries import OPEN_STATES, CheckpointQueries
 from .records import Actor, CheckpointRecord, Lease, TransitionRecord, new_instance_id, utcnow
 from .retry import is_transient
+from .source_plans import SourcePlans
 
 # Private, but imported from here before the split: kept importable.
 from .transitions import _history_values as _history_values
@@ -96,7 +97,7 @@ __all__ = [
 
 
 class CommitterStore(
-    CheckpointLifecycle, AuditVerdicts, CheckpointLeases, AbortTransitions, CheckpointQueries
+    CheckpointLifecycle, AuditVerdicts, CheckpointLeases, AbortTransitions, SourcePlans, CheckpointQueries
 ):
     """The committer table's API. Thread-safe; share one per process and engine.
 

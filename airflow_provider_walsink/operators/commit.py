@@ -135,6 +135,11 @@ class WalCommitOperator(BaseOperator):
         committer table gets one transaction per commit, reconciled from the
         table after a crash; docs/protocol.md, "Table fencing"). Other targets
         refuse ``"table"`` when the task runs.
+    :param kafka_source: the pipeline's Kafka source (as given to the write task). When it
+        names a ``group_id``, the pipeline's last committed end offsets are committed to that
+        consumer group after the target commit, for lag tools; never ahead of the committer
+        table, caught up by the next commit or a re-run (docs/kafka.md).
+    :param kafka_conn_id: the ``kafka`` connection of that source.
     """
 
     operator_extra_links = (WalsinkCheckpointLink(),)
@@ -158,8 +163,12 @@ class WalCommitOperator(BaseOperator):
         emit_asset_events: bool = True,
         require_audit: bool = False,
         fencing: str = "lease",
+        kafka_source: Any = None,
+        kafka_conn_id: str = "kafka_default",
         **kwargs: Any,
     ) -> None:
+        self.kafka_source = kafka_source
+        self.kafka_conn_id = kafka_conn_id
         self.asset_alias: AssetAlias | None = None
         if emit_asset_events and "{{" not in pipeline:
             self.asset_alias = AssetAlias(name=asset_alias_name(pipeline))
@@ -248,6 +257,8 @@ class WalCommitOperator(BaseOperator):
                 store.record_blocked(self.pipeline, key, actor=actor, waiting_to="commit")
             raise
         self._summary = summary.to_dict()
+        if self.kafka_source is not None:
+            self._commit_kafka_group(store)
         if not summary.already_committed:
             if self.asset_alias is not None:
                 self._add_asset_event(context, key, summary)
@@ -268,6 +279,19 @@ class WalCommitOperator(BaseOperator):
                 key,
             )
         return self._summary
+
+    def _commit_kafka_group(self, store: Any) -> None:
+        """The Kafka group follows the committer table: only after COMMITTED (Flink's
+        ``notifyCheckpointComplete``), with the newest committed end offsets."""
+        from airflow_provider_walsink.faults import crashpoint
+        from airflow_provider_walsink.hooks.kafka import as_spec, commit_group, kafka_client_config
+
+        spec = as_spec(self.kafka_source)
+        if not spec.group_id:
+            return
+        crashpoint("commit.before_group_offsets")
+        offsets = commit_group(store, self.pipeline, spec, kafka_client_config(self.kafka_conn_id))
+        self._summary["kafka_group_offsets"] = offsets
 
     def _object_store_publisher(self, root: str) -> Publisher:
         """The publisher of a checkpoint staged on an object store; only a target that publishes a

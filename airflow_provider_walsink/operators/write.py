@@ -74,8 +74,11 @@ def same_root(a: str, b: str) -> bool:
     return StagingLayout(a).root == StagingLayout(b).root
 
 
-#: The environment variables that carry secrets to the job (:data:`S3_OPTION_ENV`).
-SECRET_ENV = frozenset(name for option in SECRET_OPTIONS for name in S3_OPTION_ENV[option])
+#: The environment variables that carry secrets to the job (:data:`S3_OPTION_ENV`, and a Kafka
+#: source's client configuration, ``WALSINK_KAFKA_CONFIG``).
+SECRET_ENV = frozenset(name for option in SECRET_OPTIONS for name in S3_OPTION_ENV[option]) | {
+    "WALSINK_KAFKA_CONFIG"
+}
 
 
 _EXIT_CODE = re.compile(r"Error code is: (-?\d+)")
@@ -205,6 +208,13 @@ class WalWriteOperator(BaseOperator):
         later attempt and version (docs/protocol.md, "Staging root").
     :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments
         (``py_files``, ``driver_memory``, ``packages``...).
+    :param kafka_source: an ``append`` pipeline reading Kafka (docs/kafka.md): a
+        :class:`~airflow_provider_walsink.sources.kafka.KafkaSourceSpec` or its dict. The task
+        plans the checkpoint's ranges before it submits the job (start: the last committed end
+        offsets; end: the high watermarks), records them on the first attempt and reuses them
+        on every retry; the job reads them with ``KafkaSource.from_job(job)``.
+    :param kafka_conn_id: the ``kafka`` connection (client configuration as JSON in its extra),
+        passed to the job in spark-submit's environment, never on its command line.
     """
 
     operator_extra_links = (WalsinkCheckpointLink(),)
@@ -244,10 +254,18 @@ class WalWriteOperator(BaseOperator):
         reprocess: str = "skip",
         lineage_inputs: Sequence[str] = (),
         target_options: Mapping[str, Any] | None = None,
+        kafka_source: Any = None,
+        kafka_conn_id: str = "kafka_default",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.target_options = dict(target_options or {})
+        if kafka_source is not None and mode != "append":
+            raise ValueError(
+                "a Kafka source needs mode='append' (its offsets advance only when a checkpoint commits)"
+            )
+        self.kafka_source = kafka_source
+        self.kafka_conn_id = kafka_conn_id
         if mode not in ("append", "overwrite"):
             raise ValueError(f"mode must be 'append' or 'overwrite', got {mode!r}")
         if reprocess not in REPROCESS_POLICIES:
@@ -382,6 +400,7 @@ class WalWriteOperator(BaseOperator):
         if not is_object_store_root(root):
             root = str(StagingLayout(root).root)  # recorded as an absolute path, as every reader expects
         store = hook.get_store()
+        kafka_config = self._check_kafka_source()  # a missing topic is refused before anything is recorded
         # A checkpoint staged before keeps its recorded root (docs/protocol.md, "Staging root").
         root = self._recorded_root(store.get(self.pipeline, key), root)
         self._staging_root = root
@@ -421,6 +440,20 @@ class WalWriteOperator(BaseOperator):
             start_offsets = store.last_committed_offsets(self.pipeline)
             if start_offsets is None:
                 start_offsets = self.initial_offsets
+        source_extra: dict[str, Any] = {}
+        if kafka_config is not None:
+            from airflow_provider_walsink.hooks.kafka import as_spec, plan_attempt
+
+            # Fixed once per version and reused by every retry (docs/kafka.md, "The offset rule").
+            start_offsets, until_offsets, source_extra = plan_attempt(
+                store,
+                record,
+                as_spec(self.kafka_source),
+                kafka_config,
+                start_offsets=start_offsets,
+                until_offsets=until_offsets,
+                actor=actor,
+            )
         try:
             record = store.start_attempt(
                 self.pipeline, key, actor=actor, start_offsets=start_offsets, staging_root=self._staging_root
@@ -446,6 +479,10 @@ class WalWriteOperator(BaseOperator):
             staging.remove_attempt(location)
         # Credentials reach the job in spark-submit's environment, never on its command line.
         self._staging_env = storage_env(root, hook.get_staging_credentials(root).options)
+        if kafka_config is not None:
+            from airflow_provider_walsink.hooks.kafka import kafka_env
+
+            self._staging_env.update(kafka_env(kafka_config))
 
         protocol = ProtocolArgs(
             pipeline=self.pipeline,
@@ -462,6 +499,7 @@ class WalWriteOperator(BaseOperator):
             checksum=self.checksum,
             attempt_id=record.attempt_id or "",
             until_offsets=until_offsets,
+            extra=source_extra,
         )
         self.log.info(
             "Checkpoint %s/%s sequence %d: attempt %d stages into %s (start offsets %s)",
@@ -491,6 +529,20 @@ class WalWriteOperator(BaseOperator):
                 self.log.warning("could not record the failure: %s", fail_exc)
             raise
         return self._result(context, record, skipped=False)
+
+    def _check_kafka_source(self) -> dict[str, Any] | None:
+        """The Kafka connection's client configuration, once every topic is found (else ``None``:
+        no Kafka source). A missing topic fails here, before the committer table is touched."""
+        if self.kafka_source is None:
+            return None
+        from airflow_provider_walsink.hooks.kafka import as_spec, kafka_client_config
+        from airflow_provider_walsink.sources.kafka import ConsumerMetadata
+
+        config = kafka_client_config(self.kafka_conn_id)
+        with ConsumerMetadata(config) as meta:
+            for topic in as_spec(self.kafka_source).topics:
+                meta.partitions(topic)
+        return config
 
     def _recorded_root(self, record: CheckpointRecord | None, configured: str) -> str:
         """The staging root this attempt stages under: the checkpoint's recorded root, if it has one.

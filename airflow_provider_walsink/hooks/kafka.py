@@ -1,0 +1,188 @@
+"""The Airflow face of the Kafka source: the ``kafka`` connection, the write task's plan, the
+group commit after the target commit (core: :mod:`airflow_provider_walsink.sources.kafka`).
+
+The connection is the official ``apache-airflow-providers-apache-kafka`` type
+(``kafka``): its extra is the librdkafka client configuration as JSON
+(``bootstrap.servers``, ``security.protocol``, ``sasl.*``, ``ssl.*``...). It
+reaches the Spark job as JSON in spark-submit's environment
+(:data:`~airflow_provider_walsink.sources.kafka.CONFIG_ENV`), the way the S3
+staging credentials do (``hooks/staging.py``): never on a command line, never
+in a log line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_provider_walsink.committer.store import Actor, CheckpointRecord
+from airflow_provider_walsink.sources.kafka import (
+    CONFIG_ENV,
+    PLAN_KEY,
+    ConsumerMetadata,
+    KafkaMetadata,
+    KafkaSourceError,
+    KafkaSourceSpec,
+    OffsetPlan,
+    commit_group_offsets,
+    plan_offsets,
+    plan_summary,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KAFKA_CONN_ID = "kafka_default"
+#: librdkafka settings whose values are callables: they cannot travel to the executors as JSON.
+_CALLBACKS = ("error_cb", "throttle_cb", "stats_cb", "log_cb", "oauth_cb", "on_commit", "logger")
+
+
+def kafka_client_config(conn_id: str) -> dict[str, Any]:
+    """The client configuration of a ``kafka`` connection (its extra), checked for use by walsink."""
+    try:
+        from airflow.sdk import BaseHook
+    except ImportError:  # pragma: no cover
+        from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
+
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        raise KafkaSourceError(
+            'a Kafka source needs confluent-kafka: pip install "airflow-provider-walsink[kafka]"'
+        ) from None
+    config = dict(BaseHook.get_connection(conn_id).extra_dejson)
+    if not config.get("bootstrap.servers"):
+        raise KafkaSourceError(
+            f"Kafka connection {conn_id!r} has no bootstrap.servers in its extra (the client configuration "
+            'as JSON, e.g. {"bootstrap.servers": "broker:9092", "security.protocol": "SASL_SSL", ...})'
+        )
+    callbacks = sorted(k for k in config if k in _CALLBACKS)
+    if callbacks:
+        raise KafkaSourceError(
+            f"Kafka connection {conn_id!r} sets {callbacks}: callbacks cannot reach Spark's executors; "
+            "give the executors a configuration without them"
+        )
+    return config
+
+
+def kafka_env(config: Mapping[str, Any]) -> dict[str, str]:
+    """spark-submit's environment carrying ``config`` to the job (secrets included, off the command line)."""
+    return {CONFIG_ENV: json.dumps(dict(config), sort_keys=True)}
+
+
+def as_spec(source: KafkaSourceSpec | Mapping[str, Any]) -> KafkaSourceSpec:
+    return source if isinstance(source, KafkaSourceSpec) else KafkaSourceSpec.from_dict(source)
+
+
+def plan_attempt(
+    store: Any,
+    record: CheckpointRecord,
+    spec: KafkaSourceSpec,
+    config: Mapping[str, Any],
+    *,
+    start_offsets: Mapping[str, Any] | None,
+    until_offsets: Mapping[str, Any] | None,
+    actor: Actor,
+    meta: KafkaMetadata | None = None,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The write task's plan of the next attempt: ``(start_offsets, until_offsets, extra)``.
+
+    * a reprocess (``until_offsets`` given) re-reads ``[its start, until)``;
+    * otherwise the plan recorded on the checkpoint wins when it starts at ``start_offsets``
+      (a retried write reads the same records); else the ranges are planned now (end: the high
+      watermarks; a first checkpoint's start: ``spec.starting``) and recorded.
+
+    An accepted retention gap is recorded as a history row naming it (``walsink status``
+    and the UI show it). Raises the :mod:`~airflow_provider_walsink.sources.kafka` errors
+    (missing topic, retention gap, offsets gone backwards) before anything is recorded.
+    """
+    owned = meta is None
+    meta = meta or ConsumerMetadata(config)
+    try:
+        if until_offsets is not None:
+            plan = plan_offsets(meta, spec, start=start_offsets, end=until_offsets)
+            _record_gaps(store, record, plan, actor)
+        else:
+            recorded = store.source_plan(record.pipeline, record.checkpoint_key)
+            fixed: OffsetPlan | None = None
+            if (
+                recorded is not None
+                and recorded.get("version") == record.version
+                and (start_offsets is None or _same(recorded.get("start"), start_offsets))
+            ):
+                fixed = OffsetPlan.from_dict(recorded)
+            if fixed is not None:
+                # Re-checked against the log now (retention may have moved on), never re-planned.
+                plan = plan_offsets(meta, spec, start=fixed.start, end=fixed.end)
+                known = set(fixed.gaps)
+                if set(plan.gaps) - known:
+                    plan = OffsetPlan(
+                        plan.start,
+                        plan.end,
+                        plan.read_from,
+                        tuple(sorted(known | set(plan.gaps), key=_gap_key)),
+                    )
+                else:
+                    plan = OffsetPlan(fixed.start, fixed.end, fixed.read_from, fixed.gaps)
+                _store_plan(
+                    store, record, plan, actor, replace=True, why="a retry keeps the end fixed before"
+                )
+            else:
+                plan = plan_offsets(meta, spec, start=start_offsets)
+                held = _store_plan(
+                    store, record, plan, actor, replace=False, why="fixed by the first attempt"
+                )
+                plan = OffsetPlan.from_dict(held)
+    finally:
+        if owned:
+            meta.close()  # type: ignore[attr-defined]
+    log.info("Kafka source of %s/%s: %s", record.pipeline, record.checkpoint_key, plan_summary(plan))
+    extra = {PLAN_KEY: {"spec": spec.to_dict(), "plan": plan.to_dict()}}
+    return plan.start, plan.end, extra
+
+
+def _gap_key(gap: Any) -> tuple[str, int, int]:
+    return gap.topic, gap.partition, gap.start
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _store_plan(
+    store: Any, record: CheckpointRecord, plan: OffsetPlan, actor: Actor, *, replace: bool, why: str
+) -> dict[str, Any]:
+    detail = f"Kafka source ranges {why}: {plan_summary(plan)}"
+    return store.fix_source_plan(
+        record.pipeline, record.checkpoint_key, plan.to_dict(), actor=actor, detail=detail, replace=replace
+    )
+
+
+def _record_gaps(store: Any, record: CheckpointRecord, plan: OffsetPlan, actor: Actor) -> None:
+    if plan.gaps:
+        store.record_event(
+            record.pipeline,
+            record.checkpoint_key,
+            actor=actor,
+            detail="DATA LOSS accepted (accept_data_loss): " + "; ".join(g.describe() for g in plan.gaps),
+        )
+
+
+def commit_group(
+    store: Any, pipeline: str, spec: KafkaSourceSpec, config: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """After the target commit: commit the pipeline's **last committed** end offsets to the group.
+
+    Never ahead of the committer table (only COMMITTED end offsets are sent), and a re-run or
+    the next commit sends the newest ones, so a crash between the target commit and this call
+    is caught up. Returns the offsets sent (``None``: no group configured or nothing committed).
+    """
+    if not spec.group_id:
+        return None
+    offsets = store.last_committed_offsets(pipeline)
+    if not offsets:
+        return None
+    commit_group_offsets(config, spec.group_id, offsets)
+    log.info("Kafka group %s now at the committed end offsets %s", spec.group_id, offsets)
+    return offsets

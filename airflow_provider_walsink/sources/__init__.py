@@ -1,0 +1,1 @@
+"""Sources a write job reads incrementally, by offsets that follow the checkpoint (Airflow-free)."""
