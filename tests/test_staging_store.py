@@ -36,10 +36,13 @@ def s3_options(server) -> dict[str, str]:
     }
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "memory"])
 def store(request, tmp_path) -> StagingStore:
     if request.param == "local":
         return StagingStore.open(str(tmp_path / "staging"))
+    if request.param == "memory":
+        # A store without a conditional create here (as gs:// and abfs://): fsspec's in-memory one.
+        return StagingStore.open(f"memory://b{uuid.uuid4().hex[:12]}/staging")
     server = request.getfixturevalue("s3_server")
     return StagingStore.open(f"s3://{server.bucket}/{uuid.uuid4().hex[:12]}/staging", s3_options(server))
 

@@ -103,7 +103,9 @@ class StagingStore:
       conditional put (``If-None-Match: *``), atomic on the store. A second
       seal of the same bytes is a no-op returning the same digest; of other
       bytes, :class:`AlreadySealedError`, the sealed manifest untouched.
-      Other object stores cannot seal yet (a clear error, no unconditional put).
+      Other object stores (``gs://``, ``abfs://``, fsspec): written only if
+      absent (the attempt's unique prefix has one writer), and the committer
+      table's record of the digest is the seal: every reader checks it.
     * **Reads.** :meth:`read_manifest` reads with a size cap and checks the
       digest when given one; :meth:`describe` and :meth:`list_attempt` give
       sizes from metadata (``lstat``, HEAD, LIST), never reading data;
@@ -273,10 +275,7 @@ class StagingStore:
             os.makedirs(location.path, exist_ok=True)
             return write_manifest(path, manifest)
         if self.kind != "s3":
-            raise StagingStoreError(
-                f"cannot seal on {self.kind}:// ({location.uri}): walsink seals with a conditional "
-                "create, implemented for s3:// and local roots only"
-            )
+            return self._seal_if_absent(location, data, digest)
         bucket, _, key = location.manifest_path.partition("/")
         client = self._boto3()
         from botocore.exceptions import ClientError
@@ -296,6 +295,21 @@ class StagingStore:
                     "retry the seal: it then either matches the sealed manifest or is refused"
                 ) from None
             raise StagingStoreError(f"sealing {location.uri}/{MANIFEST_NAME} failed ({code or e})") from None
+        return digest
+
+    def _seal_if_absent(self, location: AttemptLocation, data: bytes, digest: str) -> str:
+        """The seal on a store without a conditional create here (``gs://``, ``abfs://``, fsspec stores):
+        written only if no manifest is there. The check and the write are two requests, but no second
+        writer races them: an attempt's prefix carries its unique attempt id and only its job's driver
+        writes the manifest. What makes it *the* seal is the committer table: the operator records this
+        digest, and every reader (sensor, trigger, commit, audit, abort) refuses a manifest with another."""
+        import pyarrow.fs as pafs
+
+        if self.filesystem.get_file_info(location.manifest_path).type != pafs.FileType.NotFound:
+            return self._same_seal(location, digest)
+        self.filesystem.create_dir(location.path, recursive=True)
+        with self.filesystem.open_output_stream(location.manifest_path) as out:
+            out.write(data)
         return digest
 
     def _same_seal(self, location: AttemptLocation, digest: str) -> str:
@@ -380,8 +394,10 @@ class StagingStore:
             selector = pafs.FileSelector(location.path, recursive=True, allow_not_found=True)
             prefix = location.path + "/"
             for info in self.filesystem.get_file_info(selector):
-                if info.type == pafs.FileType.File and info.path.startswith(prefix):
-                    found[info.path[len(prefix) :]] = info.size
+                # Object-store paths have no root; some fsspec stores (memory://) answer with one.
+                path = info.path.lstrip("/")
+                if info.type == pafs.FileType.File and path.startswith(prefix):
+                    found[path[len(prefix) :]] = info.size
         if visible_only:
             found = {
                 rel: size
