@@ -198,7 +198,11 @@ def test_an_iceberg_commit_prunes_files_on_non_partition_columns_as_pyicebergs_o
     ours = publisher.load_table()
     theirs = publisher.catalog.create_table("ns.theirs", schema=ours.schema())
     for i in range(FILES):
-        theirs.append(source.slice(i * ROWS_PER_FILE, ROWS_PER_FILE).select(["n", "name", "dt"]).cast(ours.schema().as_arrow()))
+        theirs.append(
+            source.slice(i * ROWS_PER_FILE, ROWS_PER_FILE)
+            .select(["n", "name", "dt"])
+            .cast(ours.schema().as_arrow())
+        )
     target = 2 * ROWS_PER_FILE + 6
     for row_filter in (
         EqualTo("n", target),
