@@ -241,4 +241,9 @@ def test_the_sensor_starts_on_a_worker_where_it_cannot_start_in_the_triggerer():
     assert not sensor(deferrable=True, start_from_trigger=False).start_from_trigger
     # A value only known at run time that the triggerer cannot render (an object, not a template).
     assert not sensor(deferrable=True, staging_root=SimpleNamespace()).start_from_trigger
-    assert sensor(deferrable=True, staging_root="{{ ti.xcom_pull(key='staging_root') }}").start_from_trigger
+    # An XCom pull the triggerer cannot answer (a sequence slice: it would hang rendering there).
+    assert not sensor(
+        deferrable=True, staging_root="{{ ti.xcom_pull(key='staging_root') }}"
+    ).start_from_trigger
+    pulled = "{{ ti.xcom_pull(task_ids='w', key='staging_root', map_indexes=-1) or '' }}"
+    assert sensor(deferrable=True, staging_root=pulled).start_from_trigger

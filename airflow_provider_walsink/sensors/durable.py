@@ -51,9 +51,13 @@ class CheckpointDurableSensor(BaseSensorOperator):
     defer or to finish. That needs what the trigger is built from to be known
     when the DAG is parsed: ``pipeline``, ``checkpoint_key`` and
     ``staging_root`` plain strings or Jinja templates (``None`` for the key: the
-    run's data interval, taken in the triggerer by the same rule). Otherwise
-    (an ``XComArg`` or other object in one of them, ``start_from_trigger=False``,
-    or an Airflow without ``StartTriggerArgs``) the deferrable sensor behaves as
+    run's data interval, taken in the triggerer by the same rule); a template
+    that pulls an XCom must say ``map_indexes=-1`` (Airflow 3.3's triggerer
+    answers one XCom read, not the sequence an ``xcom_pull`` without it asks
+    for, and would never finish rendering). Otherwise (an ``XComArg`` or other
+    object in one of them, an ``xcom_pull`` without ``map_indexes``,
+    ``start_from_trigger=False``, or an Airflow without ``StartTriggerArgs``) the
+    deferrable sensor behaves as
     before: it starts on a worker, checks once there (``check_before_defer``)
     and defers. ``deferrable=False`` pokes on a worker (``mode="poke"`` or
     ``"reschedule"``). On timeout the error names what is missing (started from
@@ -123,7 +127,11 @@ class CheckpointDurableSensor(BaseSensorOperator):
         if not self.deferrable or StartTriggerArgs is None:
             return False
         fields = (self.pipeline, self.checkpoint_key, self.staging_root)
-        return isinstance(self.pipeline, str) and all(v is None or isinstance(v, str) for v in fields)
+        if not isinstance(self.pipeline, str) or not all(v is None or isinstance(v, str) for v in fields):
+            return False
+        # Airflow 3.3's triggerer answers one XCom read (GetXCom) but not the sequence slice an
+        # xcom_pull without map_indexes asks for: rendering such a template there never returns.
+        return not any(v and "xcom_pull" in v and "map_indexes" not in v for v in fields)
 
     def _start_trigger_kwargs(self) -> dict[str, Any]:
         """The trigger's kwargs as the scheduler stores them: the templated fields unrendered (the

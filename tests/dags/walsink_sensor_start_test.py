@@ -62,6 +62,7 @@ with DAG(
         writer.add_files([rel], rows={rel: 2}, writer="stage")
         writer.seal(file_format="csv")
         os.rename(path, path.with_name(HELD))  # sealed, not durable: the sensor has to wait
+        context["ti"].xcom_push(key="staging_root", value=str(layout.root))
         return key
 
     @task
@@ -72,7 +73,13 @@ with DAG(
 
     key = stage()
     durable = CheckpointDurableSensor(
-        task_id="durable", pipeline=PIPELINE, deferrable=True, poke_interval=1, timeout=600
+        task_id="durable",
+        pipeline=PIPELINE,
+        deferrable=True,
+        poke_interval=1,
+        timeout=600,
+        # Rendered in the triggerer (one XCom read), as walsink_pipeline passes the write task's root.
+        staging_root="{{ ti.xcom_pull(task_ids='stage', key='staging_root', map_indexes=-1) or '' }}",
     )
     key >> durable
     land(key)
