@@ -11,12 +11,13 @@ Two targets, each beside its baselines, interleaved in one run:
   the ``DataFile`` metrics).
 
 Every measured operation runs in a **fresh child process** that does only that
-operation and reports its wall and CPU time and its peak resident set
-(``ru_maxrss``). The staging (files written, manifest sealed and recorded, the
-checkpoint made durable, the Iceberg table created) is done before, by the
-parent; the child reads the sealed manifest from disk, as a commit task does.
-So the peak memory printed is the commit's (plus the interpreter and its
-imports, which the baseline child pays too: compare the two columns).
+operation and reports its wall and CPU time, its resident set just before the
+operation (interpreter and imports) and its high-water mark during it
+(``VmHWM``, reset just before through ``/proc/self/clear_refs``; ``ru_maxrss``
+would include the parent's resident set at the fork). The staging (files
+written, manifest sealed and recorded, the checkpoint made durable, the
+Iceberg table created) is done before, by the parent; the child reads the
+sealed manifest from disk, as a commit task does.
 
 The goal (issue 24): per-file cost at 100,000 no higher than at 10,000. Every
 figure is checked: all files published (file target: in the target, staging
@@ -231,7 +232,8 @@ def measure(scratch: Path, sizes: list[int], repeats: int) -> dict[tuple[str, in
                     results.setdefault((kind, n), []).append(result)
                     remove(d)
                     print(
-                        f"  {kind:18} {n:>7,} files: {fmt_s(result['wall'])}, peak {result['peak_mib']:.0f} MiB",
+                        f"  {kind:18} {n:>7,} files: {fmt_s(result['wall'])}, RSS {result['rss_before_mib']:.0f} MiB before, "
+                        f"peak {result['peak_mib']:.0f} MiB",
                         flush=True,
                     )
     return results
