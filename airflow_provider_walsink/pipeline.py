@@ -134,9 +134,13 @@ def walsink_pipeline(
         commit_kwargs.update(kafka_source=kafka_source, kafka_conn_id=kafka_conn_id)
     with TaskGroup(group_id, **group_kwargs) as group:
         # Where the write task staged (its own root, the target's, or the connection's),
-        # so the durability and commit tasks look in the same place.
+        # so the durability and commit tasks look in the same place. map_indexes=-1: one XCom
+        # read, which the triggerer can answer when it renders the sensor started there
+        # (without it Airflow 3.3 asks for a sequence slice, which the triggerer cannot).
         staged_at = staging_root or (
-            "{{ ti.xcom_pull(task_ids='" + group.child_id("write") + "', key='staging_root') or '' }}"
+            "{{ ti.xcom_pull(task_ids='"
+            + group.child_id("write")
+            + "', key='staging_root', map_indexes=-1) or '' }}"
         )
         write = WalWriteOperator(
             task_id="write",

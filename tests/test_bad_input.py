@@ -64,8 +64,8 @@ CASES = {
         "not valid JSON",
     ),
     "unknown schema version": (
-        lambda s, lay, r, t: edit_manifest(s, lay, r, lambda d: d.update(schema_version=4)),
-        "unknown schema_version 4",
+        lambda s, lay, r, t: edit_manifest(s, lay, r, lambda d: d.update(schema_version=5)),
+        "unknown schema_version 5",
     ),
     "committable outside the staging root": (break_with_outside_path, "'..'"),
     "symlink escaping the staging root": (break_with_symlink, "symlink"),

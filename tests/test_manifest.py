@@ -47,7 +47,7 @@ def test_round_trip_keeps_every_field_and_orders_committables(tmp_path):
     assert back == m
     assert [c.path for c in back.committables] == sorted(c.path for c in m.committables)
     doc = json.loads(path.read_bytes())
-    assert doc["schema_version"] == 3
+    assert doc["schema_version"] == 4
     assert doc["file_schema"] is None
     assert doc["attempt_id"] == "a" * 32
     assert doc["checkpoint"] == {"key": "20260101T000000Z", "sequence": 3}

@@ -186,3 +186,64 @@ def test_check_before_defer_can_be_turned_off(env, how):
     assert store.require("events", KEY).state is S.SEALED
     assert sensor(deferrable=True).execute(context()) is None  # default: checked first, no deferral
     assert store.require("events", KEY).state is S.DURABLE
+
+
+# --------------------------------------------------------------------------- started in the triggerer
+
+
+def _first(trigger: CheckpointDurableTrigger):
+    async def one():
+        async for event in trigger.run():
+            return event
+
+    return asyncio.run(one())
+
+
+def test_a_deferrable_sensor_starts_in_the_triggerer_and_ends_there(env):
+    """What the scheduler stores (``start_trigger_args``) re-creates a trigger that, given only the
+    task instance the triggerer attaches, finds the run's checkpoint, marks it DURABLE in the task's
+    name and ends the task itself (no worker resumes it). The real scheduler: test_e2e_sensor_start.py."""
+    from datetime import UTC, datetime
+
+    from airflow.triggers.base import TaskFailedEvent, TaskSuccessEvent
+
+    store, layout = env
+    stage_checkpoint(store, layout, "events", KEY, FILES, durable=False)
+    s = CheckpointDurableSensor(task_id="durable", pipeline="events", deferrable=True, poke_interval=0.1)
+    assert s.start_from_trigger
+    args = s.start_trigger_args
+    assert args.trigger_cls == "airflow_provider_walsink.triggers.durable.CheckpointDurableTrigger"
+    assert args.next_method == "execute_complete" and args.timeout.total_seconds() > s.timeout
+    json.dumps(args.trigger_kwargs)  # plain JSON values, no callable
+    assert args.trigger_kwargs["checkpoint_key"] is None  # taken in the triggerer, from the run
+    module, _, name = args.trigger_cls.rpartition(".")
+    trigger = getattr(importlib.import_module(module), name)(**args.trigger_kwargs)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    ti = SimpleNamespace(dag_id="d", task_id="durable", run_id="r1", try_number=1, map_index=-1, id=None)
+    ti.get_template_context = lambda: {
+        "ti": ti, "logical_date": start, "data_interval_start": start, "data_interval_end": start
+    }  # fmt: skip
+    trigger.task_instance = ti
+    assert isinstance(_first(trigger), TaskSuccessEvent)
+    assert store.require("events", KEY).state is S.DURABLE
+    last = store.history("events", KEY)[-1]
+    assert (last.to_state, last.task_id, last.run_id) == ("DURABLE", "durable", "r1")
+
+    # Not durable by its deadline: the task fails from the triggerer too.
+    late = CheckpointDurableTrigger(
+        pipeline="events", checkpoint_key="20260109T000000Z", timeout=0.0, end_from_trigger=True
+    )
+    assert isinstance(_first(late), TaskFailedEvent)
+
+
+def test_the_sensor_starts_on_a_worker_where_it_cannot_start_in_the_triggerer():
+    assert not sensor(deferrable=False).start_from_trigger  # poke / reschedule: today's worker path
+    assert not sensor(deferrable=True, start_from_trigger=False).start_from_trigger
+    # A value only known at run time that the triggerer cannot render (an object, not a template).
+    assert not sensor(deferrable=True, staging_root=SimpleNamespace()).start_from_trigger
+    # An XCom pull the triggerer cannot answer (a sequence slice: it would hang rendering there).
+    assert not sensor(
+        deferrable=True, staging_root="{{ ti.xcom_pull(key='staging_root') }}"
+    ).start_from_trigger
+    pulled = "{{ ti.xcom_pull(task_ids='w', key='staging_root', map_indexes=-1) or '' }}"
+    assert sensor(deferrable=True, staging_root=pulled).start_from_trigger

@@ -27,11 +27,11 @@ from typing import Any
 from .errors import InvalidIdentifierError, ManifestError
 from .identifiers import validate_identifier, validate_partition
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Versions this walsink reads. Version 1 had no ``attempt_id`` and no
 #: ``partition_columns``; its attempts are identified as ``v1-a<attempt>``.
-#: Version 2 had no ``file_schema``.
-READABLE_VERSIONS = (1, 2, 3)
+#: Version 2 had no ``file_schema``. Version 3 had no committable ``stats``.
+READABLE_VERSIONS = (1, 2, 3, 4)
 MANIFEST_NAME = "_manifest.json"
 #: A manifest larger than this is refused before it is parsed.
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
@@ -40,8 +40,50 @@ CHECKSUM_ALGORITHMS = ("sha256", "crc32")
 #: A recorded file schema (base64 of an Arrow IPC schema message) larger than this is refused.
 MAX_FILE_SCHEMA_CHARS = 1024 * 1024
 FILE_FORMATS = ("parquet", "orc", "json", "csv", "text", "avro")
+#: Column statistics of one committable: at most this many columns, bound strings of at most
+#: this many characters (the writer truncates to 32, :mod:`.file_stats`).
+MAX_STATS_COLUMNS = 4096
+MAX_STATS_STRING_CHARS = 256
 
 JsonObject = dict[str, Any]
+#: A bound as the manifest records it: an integer, a boolean or a string (strings, dates
+#: ``YYYY-MM-DD`` and UTC timestamps ``YYYY-MM-DDTHH:MM:SS.ffffffZ``; :mod:`.file_stats`).
+StatValue = int | bool | str
+
+
+@dataclass(frozen=True)
+class FileStats:
+    """One staged file's column statistics, as its writer read them from the file's footer.
+
+    Per top-level column: ``nulls`` (its null count), ``lower`` and ``upper``
+    (bounds every value of the column in the file lies within; absent where
+    bounds are not kept for the type, :mod:`.file_stats`). Pairs sorted by
+    column name (hashable, and one order for the manifest's bytes). The row
+    count is the committable's ``rows``. Iceberg's ``DataFile`` metrics and
+    Delta's add-action ``stats`` are built from these, so readers skip files on
+    non-partition columns.
+    """
+
+    nulls: tuple[tuple[str, int], ...] = ()
+    lower: tuple[tuple[str, StatValue], ...] = ()
+    upper: tuple[tuple[str, StatValue], ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        nulls: Mapping[str, int] | None = None,
+        lower: Mapping[str, StatValue] | None = None,
+        upper: Mapping[str, StatValue] | None = None,
+    ) -> FileStats:
+        return cls(
+            tuple(sorted((nulls or {}).items())),
+            tuple(sorted((lower or {}).items())),
+            tuple(sorted((upper or {}).items())),
+        )
+
+    def to_json(self) -> JsonObject:
+        return {"nulls": dict(self.nulls), "min": dict(self.lower), "max": dict(self.upper)}
 
 
 @dataclass(frozen=True)
@@ -59,6 +101,8 @@ class Committable:
     rows: int | None
     checksum: str | None = None
     writer: str | None = None
+    #: Column statistics from the writer (manifest version 4; ``None``: not recorded).
+    stats: FileStats | None = None
 
     # Cached: validation, planning and publishing each ask for it, for every committable.
     @functools.cached_property
@@ -71,13 +115,16 @@ class Committable:
         return "/".join(f"{c}={v}" for c, v in self.partition)
 
     def to_json(self) -> JsonObject:
-        return {
+        doc: JsonObject = {
             "path": self.path,
             "size": self.size,
             "rows": self.rows,
             "checksum": self.checksum,
             "writer": self.writer,
         }
+        if self.stats is not None:  # optional (version 4): absent, not null, keeps manifests small
+            doc["stats"] = self.stats.to_json()
+        return doc
 
 
 @dataclass(frozen=True)
@@ -326,6 +373,8 @@ def _validate(m: Manifest) -> None:
                 raise _fail(src, f"{what} checksum {c.checksum!r} is not '<sha256|crc32>:<hex>'")
         if c.writer is not None and (not isinstance(c.writer, str) or len(c.writer) > 256):
             raise _fail(src, f"{what} writer must be a string of at most 256 characters")
+        if c.stats is not None:
+            _validate_stats(c, m, src, what)
     for p in m.partitions:
         try:
             _check_relative_path(p + "/x", src, "partition")
@@ -358,6 +407,41 @@ def _validate_file_schema(m: Manifest, src: str) -> None:
         raise _fail(src, "file_schema.arrow is not base64") from None
     if not all(isinstance(c, str) and c for c in fs.int96):
         raise _fail(src, "file_schema.int96 must list column names")
+
+
+def _validate_stats(c: Committable, m: Manifest, src: str, what: str) -> None:
+    stats = c.stats
+    assert stats is not None
+    if m.schema_version < 4:
+        raise _fail(src, f"{what} stats need schema_version 4, the manifest has {m.schema_version}")
+    if m.file_format != "parquet":
+        raise _fail(src, f"{what} stats are only recorded for parquet files, the format is {m.file_format!r}")
+    for part, pairs in (("nulls", stats.nulls), ("min", stats.lower), ("max", stats.upper)):
+        if len(pairs) > MAX_STATS_COLUMNS:
+            raise _fail(src, f"{what} stats.{part} names more than {MAX_STATS_COLUMNS} columns")
+        for column, value in pairs:
+            if not isinstance(column, str) or not column:
+                raise _fail(src, f"{what} stats.{part} has a column name that is not a non-empty string")
+            if part == "nulls":
+                ok = _is_int(value) and value >= 0 and (c.rows is None or value <= c.rows)
+                if not ok:
+                    raise _fail(
+                        src,
+                        f"{what} stats.nulls[{column!r}] must be an integer from 0 to the rows, got {value!r}",
+                    )
+            elif not isinstance(value, (int, str)) or (
+                isinstance(value, str) and len(value) > MAX_STATS_STRING_CHARS
+            ):
+                raise _fail(
+                    src,
+                    f"{what} stats.{part}[{column!r}] must be an integer, a boolean or a string of at most "
+                    f"{MAX_STATS_STRING_CHARS} characters",
+                )
+    lower, upper = dict(stats.lower), dict(stats.upper)
+    for column in lower.keys() & upper.keys():
+        low, high = lower[column], upper[column]
+        if type(low) is not type(high) or low > high:  # type: ignore[operator]
+            raise _fail(src, f"{what} stats of {column!r}: min {low!r} is not at most max {high!r}")
 
 
 _ATTEMPT_ID = re.compile(r"[0-9a-f]{32}|v1-a[0-9]{1,9}")
@@ -429,7 +513,7 @@ def parse_manifest(data: bytes, *, source: str = "manifest") -> Manifest:
     for i, rc in enumerate(raw_committables):
         if not isinstance(rc, dict):
             raise _fail(source, f"committable {i} is not an object")
-        extra = sorted(set(rc) - {"path", "size", "rows", "checksum", "writer"})
+        extra = sorted(set(rc) - _COMMITTABLE_FIELDS[version >= 4])
         if extra:
             raise _fail(source, f"committable {i} has unknown fields {extra}")
         committables.append(
@@ -439,6 +523,7 @@ def parse_manifest(data: bytes, *, source: str = "manifest") -> Manifest:
                 rows=_expect(rc, "rows", (int, type(None)), source),
                 checksum=_expect(rc, "checksum", (str, type(None)), source),
                 writer=_expect(rc, "writer", (str, type(None)), source),
+                stats=_parse_stats(rc["stats"], source, i) if "stats" in rc else None,
             )
         )
     try:
@@ -470,6 +555,26 @@ def parse_manifest(data: bytes, *, source: str = "manifest") -> Manifest:
     if totals != want:
         raise _fail(source, f"totals {totals} do not match the committables ({want})")
     return manifest
+
+
+_COMMITTABLE_FIELDS = {
+    False: frozenset({"path", "size", "rows", "checksum", "writer"}),
+    True: frozenset({"path", "size", "rows", "checksum", "writer", "stats"}),  # version 4
+}
+
+
+def _parse_stats(raw: object, source: str, i: int) -> FileStats:
+    """A committable's ``stats`` object (present only when the writer recorded them)."""
+    if not isinstance(raw, dict):
+        raise _fail(source, f"committable {i} stats must be an object")
+    extra = sorted(set(raw) - {"nulls", "min", "max"})
+    if extra:
+        raise _fail(source, f"committable {i} stats have unknown fields {extra}")
+    parts = {}
+    for part in ("nulls", "min", "max"):
+        value = _expect(raw, part, dict, source)
+        parts[part] = value
+    return FileStats.of(nulls=parts["nulls"], lower=parts["min"], upper=parts["max"])
 
 
 def _parse_file_schema(raw: object, source: str) -> FileSchema | None:

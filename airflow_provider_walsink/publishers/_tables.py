@@ -26,7 +26,7 @@ from airflow_provider_walsink.protocol.errors import (
     SupersedeError,
     WalsinkError,
 )
-from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, Manifest, parse_manifest
+from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, FileStats, Manifest, parse_manifest
 from airflow_provider_walsink.protocol.staging_store import StagingStore
 
 from .base import PublisherContext, StagedAttempt
@@ -56,6 +56,9 @@ class StagedFile:
     #: Columns stored as Parquet INT96 timestamps.
     int96: tuple[str, ...]
     rows: int
+    #: Its column statistics (from the manifest, or from its footer when that was read);
+    #: ``None``: unknown, the table gets none for this file.
+    stats: FileStats | None = None
 
 
 class TableCommitConflict(WalsinkError):
@@ -457,20 +460,32 @@ class Storage:
         return problems
 
     def describe(self, manifest: Manifest, locations: Sequence[str]) -> list[StagedFile]:
-        """Schema, INT96 columns and row count of each staged file; raise if any file does not fit.
+        """Schema, INT96 columns, row count and column statistics of each staged file; raise if
+        any file does not fit.
 
         With the manifest's ``file_schema`` and every row count recorded (what the
         write job seals), each file gets one ``stat`` (size) and only
         :data:`SCHEMA_SAMPLE` footers are read, to confirm the recorded schema
         (a mismatch raises, table unchanged); the job itself read every footer and
-        recorded the schema only because all of them hold it. Otherwise every
-        footer is read (older manifests, other writers).
+        recorded the schema only because all of them hold it. Column statistics
+        are then the manifest's (version 4); if a sampled footer's statistics
+        differ from what the manifest records for that file, none are used for the
+        attempt (a warning: a file without statistics is read, never wrongly
+        skipped). Otherwise every footer is read (older manifests, other writers),
+        and the statistics come from those footers.
         """
+        from airflow_provider_walsink.protocol.file_stats import file_stats_of
+
         files = [(loc, c.size) for loc, c in zip(locations, manifest.committables, strict=True)]
         recorded = manifest.file_schema
         if recorded is None or any(c.rows is None for c in manifest.committables):
             return [
-                StagedFile(meta.schema.to_arrow_schema(), tuple(int96_columns(meta)), meta.num_rows)
+                StagedFile(
+                    meta.schema.to_arrow_schema(),
+                    tuple(int96_columns(meta)),
+                    meta.num_rows,
+                    file_stats_of(meta),
+                )
                 for meta in self.footers(files)
             ]
         from airflow_provider_walsink.protocol.file_schema import arrow_schema, file_schema_of
@@ -490,7 +505,17 @@ class Storage:
                     f"{' (INT96: ' + str(list(recorded.int96)) + ')' if recorded.int96 else ''}; "
                     "table left unchanged"
                 )
-        return [StagedFile(schema, recorded.int96, c.rows) for c in manifest.committables]  # type: ignore[arg-type]
+            recorded_stats = manifest.committables[i].stats
+            if recorded_stats is not None and file_stats_of(meta) != recorded_stats:
+                log.warning(
+                    "staged file %s of %s/%s: its footer's column statistics differ from those its manifest "
+                    "records; the attempt is published without column statistics",
+                    manifest.committables[i].path,
+                    manifest.pipeline,
+                    manifest.checkpoint_key,
+                )
+                return [StagedFile(schema, recorded.int96, c.rows) for c in manifest.committables]  # type: ignore[arg-type]
+        return [StagedFile(schema, recorded.int96, c.rows, c.stats) for c in manifest.committables]  # type: ignore[arg-type]
 
     def remove_unreferenced_attempts(
         self,

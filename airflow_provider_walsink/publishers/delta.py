@@ -49,6 +49,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, ClassVar
 from urllib.parse import quote, unquote, urlsplit
@@ -59,7 +60,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from airflow_provider_walsink.protocol.errors import LayoutError, OrderError, WalsinkError
-from airflow_provider_walsink.protocol.manifest import Manifest
+from airflow_provider_walsink.protocol.manifest import FileStats, Manifest
 
 from ._tables import (
     STAGING_DIR,
@@ -633,15 +634,21 @@ class DeltaPublisher:
                     "table unchanged"
                 )
 
-    def _add_actions(self, manifest: Manifest, base: str, staged: list[StagedFile]) -> list[AddAction]:
+    def _add_actions(
+        self, manifest: Manifest, base: str, staged: list[StagedFile], stats_columns: Mapping[str, str]
+    ) -> list[AddAction]:
         """One add action per staged file: its path relative to the table, size, partition values
-        and ``numRecords`` (the only statistic walsink writes; see docs/targets.md)."""
+        and ``stats``: ``numRecords`` plus, where the file's column statistics are known, each
+        of ``stats_columns``' ``nullCount``, ``minValues`` and ``maxValues`` (:func:`delta_stats`)."""
         now = int(time.time() * 1000)
         prefix = self._relative(base) + "/"
         adds = []
         for c, f in zip(manifest.committables, staged, strict=True):
             values = {k: (None if v == HIVE_NULL else v) for k, v in c.partition}
-            stats = '{"numRecords": %d}' % f.rows  # noqa: UP031 (json.dumps per file costs more)
+            if f.stats is None or not stats_columns:
+                stats = '{"numRecords": %d}' % f.rows  # noqa: UP031 (json.dumps per file costs more)
+            else:
+                stats = delta_stats(f.rows, f.stats, stats_columns)
             adds.append(AddAction(prefix + quote(c.path, safe=_PATH_SAFE), c.size, values, now, True, stats))
         return adds
 
@@ -651,8 +658,10 @@ class DeltaPublisher:
         import pyarrow as pa
 
         columns = {f.name: f.type for f in pa.schema(dt.schema().to_arrow())}
-        self._check(columns, dt.metadata().partition_columns, manifest, staged)
-        return self._add_actions(manifest, base, staged)
+        metadata = dt.metadata()
+        self._check(columns, metadata.partition_columns, manifest, staged)
+        stats_columns = delta_stats_columns(columns, metadata.partition_columns, metadata.configuration)
+        return self._add_actions(manifest, base, staged, stats_columns)
 
     def _adds_for_new_table(
         self, manifest: Manifest, base: str, staged: list[StagedFile]
@@ -675,8 +684,10 @@ class DeltaPublisher:
             pa.field(c, pa.string()) for c in partition_by if c not in file_schema.names
         ]
         schema = pa.schema(fields)
-        self._check({f.name: f.type for f in schema}, partition_by, manifest, staged)
-        return self._add_actions(manifest, base, staged), DeltaSchema.from_arrow(schema), partition_by
+        columns = {f.name: f.type for f in schema}
+        self._check(columns, partition_by, manifest, staged)
+        adds = self._add_actions(manifest, base, staged, delta_stats_columns(columns, partition_by, {}))
+        return adds, DeltaSchema.from_arrow(schema), partition_by
 
     def _removes(
         self, dt: DeltaTable, manifest: Manifest, marker: Marker | None, base: str, supersedes: str | None
@@ -841,6 +852,107 @@ class DeltaPublisher:
         return staging_storage(self.storage, layout).remove_unreferenced_attempts(
             checkpoint_location(local_path(root), manifest), manifest, held_now, fence=fence
         )
+
+
+#: Delta's default number of leading data columns that get statistics (``delta.dataSkippingNumIndexedCols``).
+DEFAULT_INDEXED_COLUMNS = 32
+
+
+def delta_stats_columns(
+    columns: Mapping[str, Any], partition_by: Sequence[str], configuration: Mapping[str, Any]
+) -> dict[str, str]:
+    """The table's columns that get statistics, each with how its bounds are written (:func:`delta_stats`).
+
+    As Delta's own writers choose them: the columns named by ``delta.dataSkippingStatsColumns``,
+    else the first ``delta.dataSkippingNumIndexedCols`` (default 32, ``-1``: all) data columns
+    (partition columns excluded) in schema order. None under column mapping (the log would need
+    the physical names). The kind is ``""`` for a column that gets a null count but no bounds
+    (types whose bounds are ill-defined: :mod:`~airflow_provider_walsink.protocol.file_stats`).
+    """
+    if str(configuration.get("delta.columnMapping.mode") or "none").lower() != "none":
+        return {}
+    data = [c for c in columns if c not in set(partition_by)]
+    named = configuration.get("delta.dataSkippingStatsColumns")
+    if named:
+        wanted = {c.strip().strip("`") for c in str(named).split(",")}
+        data = [c for c in data if c in wanted]
+    else:
+        try:
+            limit = int(configuration.get("delta.dataSkippingNumIndexedCols", DEFAULT_INDEXED_COLUMNS))
+        except ValueError:
+            limit = DEFAULT_INDEXED_COLUMNS
+        data = data if limit < 0 else data[:limit]
+    return {c: _delta_bound_kind(columns[c]) for c in data}
+
+
+def _delta_bound_kind(arrow_type: Any) -> str:
+    import pyarrow as pa
+
+    t = pa.types
+    if t.is_integer(arrow_type):
+        return "int"
+    if t.is_boolean(arrow_type):
+        return "bool"
+    if t.is_date32(arrow_type) or t.is_date64(arrow_type):
+        return "date"
+    if t.is_string(arrow_type) or t.is_large_string(arrow_type):
+        return "string"
+    if t.is_timestamp(arrow_type) and arrow_type.tz is not None:
+        return "timestamp"
+    if t.is_nested(arrow_type):
+        return "nested"  # no statistics at all (Delta nests them per field; walsink keeps none)
+    return ""
+
+
+def _delta_bound(kind: str, value: Any, *, upper: bool) -> Any:
+    """A manifest bound as Delta's stats JSON writes it for a column of ``kind``, or ``None``.
+
+    Timestamps: Delta's stats hold milliseconds, so a lower bound rounds down and an upper
+    bound up (``.999999`` is ``+1 ms``): both still bound the file, whatever the reader adds.
+    """
+    if kind == "int":
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if kind == "bool":
+        return value if isinstance(value, bool) else None
+    if kind in ("date", "string"):
+        return value if isinstance(value, str) else None
+    if kind == "timestamp" and isinstance(value, str) and value.endswith("Z"):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        extra = moment.microsecond % 1000
+        if extra:
+            moment -= timedelta(microseconds=extra)
+            if upper:
+                try:
+                    moment += timedelta(milliseconds=1)
+                except OverflowError:
+                    return None
+        return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return None
+
+
+def delta_stats(rows: int, stats: FileStats, columns: Mapping[str, str]) -> str:
+    """An add action's ``stats`` JSON: ``numRecords`` and, for ``columns`` (name -> kind, from
+    :func:`delta_stats_columns`), the file's ``nullCount``, ``minValues`` and ``maxValues``."""
+    doc: dict[str, Any] = {"numRecords": rows}
+    nulls = {c: n for c, n in stats.nulls if columns.get(c, "nested") != "nested"}
+    lower = {}
+    upper = {}
+    for found, side, is_upper in ((lower, stats.lower, False), (upper, stats.upper, True)):
+        for column, value in side:
+            kind = columns.get(column)
+            bound = _delta_bound(kind, value, upper=is_upper) if kind else None
+            if bound is not None:
+                found[column] = bound
+    if lower:
+        doc["minValues"] = lower
+    if upper:
+        doc["maxValues"] = upper
+    if nulls:
+        doc["nullCount"] = nulls
+    return json.dumps(doc, separators=(",", ":"))
 
 
 def _held_version(version: int | None) -> bool:

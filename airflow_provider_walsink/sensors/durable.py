@@ -1,4 +1,4 @@
-"""The durability gate as a sensor: poke, reschedule or deferrable."""
+"""The durability gate as a sensor: poke, reschedule, deferrable, or started in the triggerer."""
 
 from __future__ import annotations
 
@@ -22,6 +22,13 @@ try:
 except ImportError:  # pragma: no cover
     from airflow.exceptions import AirflowException, AirflowSensorTimeout  # type: ignore[no-redef]
     from airflow.sensors.base import BaseSensorOperator  # type: ignore[no-redef]
+try:  # Airflow 2.10+/3: a task can start in the triggerer
+    from airflow.triggers.base import StartTriggerArgs
+except ImportError:  # pragma: no cover
+    StartTriggerArgs = None  # type: ignore[assignment,misc]
+
+#: The trigger's class path, as the scheduler records it for a task started from the trigger.
+TRIGGER_CLASSPATH = f"{CheckpointDurableTrigger.__module__}.{CheckpointDurableTrigger.__qualname__}"
 
 
 class CheckpointDurableSensor(BaseSensorOperator):
@@ -37,8 +44,24 @@ class CheckpointDurableSensor(BaseSensorOperator):
     the staging area; an audit verdict is the audit task's to report).
 
     With ``deferrable=True`` the wait happens in the triggerer
-    (:class:`~airflow_provider_walsink.triggers.durable.CheckpointDurableTrigger`)
-    and frees the worker slot. On timeout the error names what is missing.
+    (:class:`~airflow_provider_walsink.triggers.durable.CheckpointDurableTrigger`).
+    It **starts there** (``start_from_trigger``): the scheduler hands the task
+    straight to the triggerer, which renders the templated fields, waits, and
+    ends the task itself, so the sensor never takes a worker slot, not even to
+    defer or to finish. That needs what the trigger is built from to be known
+    when the DAG is parsed: ``pipeline``, ``checkpoint_key`` and
+    ``staging_root`` plain strings or Jinja templates (``None`` for the key: the
+    run's data interval, taken in the triggerer by the same rule); a template
+    that pulls an XCom must say ``map_indexes=-1`` (Airflow 3.3's triggerer
+    answers one XCom read, not the sequence an ``xcom_pull`` without it asks
+    for, and would never finish rendering). Otherwise (an ``XComArg`` or other
+    object in one of them, an ``xcom_pull`` without ``map_indexes``,
+    ``start_from_trigger=False``, or an Airflow without ``StartTriggerArgs``) the
+    deferrable sensor behaves as
+    before: it starts on a worker, checks once there (``check_before_defer``)
+    and defers. ``deferrable=False`` pokes on a worker (``mode="poke"`` or
+    ``"reschedule"``). On timeout the error names what is missing (started from
+    the trigger: in the triggerer's part of the task log).
 
     :param pipeline: pipeline id (templated).
     :param checkpoint_key: templated; defaults to the run's data interval start.
@@ -50,7 +73,9 @@ class CheckpointDurableSensor(BaseSensorOperator):
         names (its extra ``staging_conn_id``), here or, deferred, in the triggerer.
     :param verify_checksums: recompute each committable's checksum too.
     :param deferrable: wait in the triggerer instead of a worker.
-    :param check_before_defer: with ``deferrable``, check once in the worker first and
+    :param start_from_trigger: with ``deferrable``, start in the triggerer when the fields allow it
+        (above); ``False``: start on a worker and defer from there.
+    :param check_before_defer: when the sensor starts on a worker and defers, check once there first and
         finish at once when already durable (the common case), skipping the trip to the
         triggerer. A run's conf key ``walsink_check_before_defer`` (``true``/``false``)
         overrides it for that run, e.g. ``airflow backfill create ... --dag-run-conf
@@ -71,6 +96,7 @@ class CheckpointDurableSensor(BaseSensorOperator):
         verify_checksums: bool = False,
         deferrable: bool = False,
         check_before_defer: bool = True,
+        start_from_trigger: bool = True,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", 5)
@@ -84,6 +110,42 @@ class CheckpointDurableSensor(BaseSensorOperator):
         self.deferrable = deferrable
         self.check_before_defer = check_before_defer
         self._last: DurabilityStatus | None = None
+        self.start_from_trigger = bool(start_from_trigger and self._can_start_from_trigger())
+        if self.start_from_trigger:
+            # Set on the instance: start_trigger_args is a class attribute of BaseOperator.
+            self.start_trigger_args = StartTriggerArgs(
+                trigger_cls=TRIGGER_CLASSPATH,
+                next_method="execute_complete",
+                trigger_kwargs=self._start_trigger_kwargs(),
+                # A backstop: the trigger ends the task at its own timeout first, with the reason.
+                timeout=timedelta(seconds=self.timeout + max(60.0, 3 * float(self.poke_interval))),
+            )
+
+    def _can_start_from_trigger(self) -> bool:
+        """Whether this sensor can start in the triggerer (class docstring): deferrable, an Airflow
+        that supports it, and templated fields that are strings (rendered there) or ``None``."""
+        if not self.deferrable or StartTriggerArgs is None:
+            return False
+        fields = (self.pipeline, self.checkpoint_key, self.staging_root)
+        if not isinstance(self.pipeline, str) or not all(v is None or isinstance(v, str) for v in fields):
+            return False
+        # Airflow 3.3's triggerer answers one XCom read (GetXCom) but not the sequence slice an
+        # xcom_pull without map_indexes asks for: rendering such a template there never returns.
+        return not any(v and "xcom_pull" in v and "map_indexes" not in v for v in fields)
+
+    def _start_trigger_kwargs(self) -> dict[str, Any]:
+        """The trigger's kwargs as the scheduler stores them: the templated fields unrendered (the
+        triggerer renders them), the rest plain values; actor and key come from the task instance."""
+        return {
+            "pipeline": self.pipeline,
+            "checkpoint_key": self.checkpoint_key,
+            "walsink_conn_id": self.walsink_conn_id,
+            "staging_root": self.staging_root,
+            "verify_checksums": self.verify_checksums,
+            "poke_interval": float(self.poke_interval),
+            "timeout": float(self.timeout),
+            "end_from_trigger": True,
+        }
 
     def _key(self, context: Any) -> str:
         return checkpoint_key_from_context(context, self.checkpoint_key)

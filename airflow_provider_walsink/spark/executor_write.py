@@ -8,7 +8,9 @@ each Hive partition's rows of the task to one file named for the task attempt
 staging store (a local directory or an object store, through ``pyarrow.fs``),
 and yields one row per file it wrote (:data:`WRITTEN`): path, partition,
 rows, bytes, checksum (computed over the bytes as they are written, so the
-file is never read again) and the footer's schema.
+file is never read again), the footer's schema and its column statistics
+(:mod:`~airflow_provider_walsink.protocol.file_stats`, from the footer pyarrow
+hands back when the file closes: no read either).
 
 The driver builds the committables from exactly the rows Spark returns, one
 set per partition from the one task attempt Spark counted: files of a failed
@@ -18,6 +20,7 @@ prefix and go with it).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -25,11 +28,12 @@ from typing import Any
 from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.checksum import Hasher
 from airflow_provider_walsink.protocol.identifiers import validate_partition
+from airflow_provider_walsink.protocol.manifest import FileStats
 
 #: The rows the writer yields, as a Spark DDL schema (one row per file written).
 WRITTEN = (
     "path string, partition string, rows long, bytes long, checksum string, "
-    "arrow_schema string, int96 array<string>, task int, task_attempt long"
+    "arrow_schema string, int96 array<string>, task int, task_attempt long, stats string"
 )
 #: Rows buffered per file before they are written as one row group: Spark hands
 #: the function batches of 10,000 rows; one row group per batch would make
@@ -112,6 +116,7 @@ def executor_writer(
         from pyspark import TaskContext
 
         from airflow_provider_walsink.protocol.file_schema import file_schema_of
+        from airflow_provider_walsink.protocol.file_stats import file_stats_of
 
         ctx = TaskContext.get()
         task, task_attempt = ctx.partitionId(), ctx.taskAttemptId()
@@ -190,6 +195,7 @@ def executor_writer(
                         "int96": list(schema.int96),
                         "task": task,
                         "task_attempt": task_attempt,
+                        "stats": json.dumps(file_stats_of(meta).to_json()),
                     }
                 )
                 if first_try:
@@ -221,8 +227,17 @@ def _written_schema() -> Any:
             ("int96", pa.list_(pa.string())),
             ("task", pa.int32()),
             ("task_attempt", pa.int64()),
+            ("stats", pa.string()),
         ]
     )
+
+
+def stats_from_row(raw: str | None) -> FileStats | None:
+    """The :class:`FileStats` an executor reported for one file (JSON in :data:`WRITTEN`), or ``None``."""
+    if raw is None:
+        return None
+    doc = json.loads(raw)
+    return FileStats.of(nulls=doc["nulls"], lower=doc["min"], upper=doc["max"])
 
 
 def _dictionary_columns(sample: Any) -> list[str]:

@@ -42,6 +42,10 @@ How committables are described by the ``spark`` writer, without re-reading the d
   target checks the schema against its table without re-reading every footer
   at commit time (docs/targets.md, "What it costs"). Files with different
   schemas: no ``file_schema``, the commit reads every footer.
+* **column statistics**: for Parquet, the same footer gives each file's null
+  counts and column bounds (:mod:`~airflow_provider_walsink.protocol.file_stats`),
+  sealed per committable so table targets publish them without reading the
+  footers again.
 * **row counts**: the total comes from Spark's own write, an
   :class:`~pyspark.sql.Observation` (``count(1)``) attached to the DataFrame
   and filled in by the same job that writes it, with no extra pass. Per-file
@@ -79,12 +83,14 @@ from airflow_provider_walsink.faults import crashpoint
 from airflow_provider_walsink.protocol.checksum import file_checksum
 from airflow_provider_walsink.protocol.errors import WalsinkError
 from airflow_provider_walsink.protocol.file_schema import common_file_schema, file_schema_of
+from airflow_provider_walsink.protocol.file_stats import file_stats_of
 from airflow_provider_walsink.protocol.identifiers import validate_partition
 from airflow_provider_walsink.protocol.manifest import (
     FILE_FORMATS,
     MANIFEST_NAME,
     Committable,
     FileSchema,
+    FileStats,
     Manifest,
     build_manifest,
 )
@@ -92,7 +98,7 @@ from airflow_provider_walsink.protocol.staging_store import StagingStore
 
 from .args import ProtocolArgs, storage_options_from_env
 from .executor_write import OPTIONS as EXECUTOR_OPTIONS
-from .executor_write import WRITTEN, executor_writer
+from .executor_write import WRITTEN, executor_writer, stats_from_row
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -153,18 +159,18 @@ def hadoop_uri(path: str | os.PathLike[str]) -> str:
     return "file://" + os.path.abspath(path)
 
 
-def read_footer(path: Path, file_format: str) -> tuple[int | None, FileSchema | None]:
-    """Row count and (Parquet) :class:`FileSchema` from one footer read (metadata only)."""
+def read_footer(path: Path, file_format: str) -> tuple[int | None, FileSchema | None, FileStats | None]:
+    """Row count and (Parquet) :class:`FileSchema` and :class:`FileStats` from one footer read."""
     if file_format == "parquet":
         import pyarrow.parquet as pq
 
         meta = pq.read_metadata(path)
-        return int(meta.num_rows), file_schema_of(meta)
+        return int(meta.num_rows), file_schema_of(meta), file_stats_of(meta)
     if file_format == "orc":
         import pyarrow.orc as orc
 
-        return int(orc.ORCFile(path).nrows), None
-    return None, None
+        return int(orc.ORCFile(path).nrows), None, None
+    return None, None, None
 
 
 class CheckpointJob:
@@ -359,13 +365,14 @@ class CheckpointJob:
         def one(item: tuple[str, Path]) -> tuple[Committable, FileSchema | None]:
             rel, path = item
             match = _TASK_OF_FILE.match(path.name)
-            rows, schema = read_footer(path, fmt)
+            rows, schema, stats = read_footer(path, fmt)
             return Committable(
                 path=rel,
                 size=os.stat(path).st_size,
                 rows=rows,
                 checksum=file_checksum(path, algorithm) if algorithm else None,
                 writer=f"{app_id}/task-{match.group(1)}" if match else app_id,
+                stats=stats,
             ), schema
 
         with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
@@ -441,6 +448,7 @@ class CheckpointJob:
                     rows=int(row["rows"]),
                     checksum=row["checksum"],
                     writer=f"{app_id}/task-{row['task']}",
+                    stats=stats_from_row(row["stats"]),
                 )
             )
             schemas.append(FileSchema(row["arrow_schema"], tuple(row["int96"] or ())))

@@ -10,7 +10,11 @@ recorded at sealing, and then marks the checkpoint DURABLE.
 :class:`CheckpointDurableTrigger` runs it in a thread (``asyncio.to_thread``:
 it does blocking file and database I/O) every ``poke_interval`` seconds in the
 triggerer, and fires when the checkpoint is durable, or when its own deadline
-passes with a message naming what is still missing.
+passes with a message naming what is still missing. Started by the sensor's
+``execute`` (``defer``), it hands the event back to the sensor on a worker;
+started by the scheduler (the sensor's ``start_from_trigger``), it ends the
+task itself (``TaskSuccessEvent`` / ``TaskFailedEvent``), so the sensor never
+occupies a worker.
 """
 
 from __future__ import annotations
@@ -32,9 +36,14 @@ from airflow_provider_walsink.protocol.staging_store import StagingStore
 from airflow_provider_walsink.protocol.states import VERIFIED_DURABLE, CheckpointState
 
 try:
-    from airflow.triggers.base import BaseTrigger, TriggerEvent
+    from airflow.triggers.base import BaseTrigger, TaskFailedEvent, TaskSuccessEvent, TriggerEvent
 except ImportError:  # pragma: no cover
-    from airflow.sdk.bases.trigger import BaseTrigger, TriggerEvent  # type: ignore[no-redef]
+    from airflow.sdk.bases.trigger import (  # type: ignore[no-redef]
+        BaseTrigger,
+        TaskFailedEvent,
+        TaskSuccessEvent,
+        TriggerEvent,
+    )
 
 S = CheckpointState
 #: States in which the checkpoint was verified durable already (audited or rejected included).
@@ -181,9 +190,14 @@ class CheckpointDurableTrigger(BaseTrigger):
 
     Events: ``{"status": "durable", ...}`` or, once ``timeout_at`` (epoch
     seconds) has passed, ``{"status": "timeout", "message": <what is missing>}``.
+    With ``end_from_trigger``, a ``TaskSuccessEvent`` or ``TaskFailedEvent``
+    instead, which ends the task in the triggerer (the timeout's reason is in
+    the trigger's log, which the task's log shows).
 
     :param pipeline: pipeline id.
-    :param checkpoint_key: the checkpoint.
+    :param checkpoint_key: the checkpoint; ``None``: the run's, from the task instance the
+        triggerer attaches (started from the trigger: :func:`checkpoint_key_from_context`, the
+        one rule the other tasks use).
     :param walsink_conn_id: connection to the committer database.
     :param staging_root: staging root of a checkpoint whose row records none (written before
         walsink recorded roots), or ``None`` for the connection's; a recorded root always wins.
@@ -193,7 +207,11 @@ class CheckpointDurableTrigger(BaseTrigger):
     :param verify_checksums: also recompute every committable's checksum.
     :param poke_interval: seconds between checks.
     :param timeout_at: epoch seconds after which the trigger gives up, or ``None``.
-    :param actor: who marks the checkpoint DURABLE (``Actor`` fields).
+    :param timeout: seconds after its first check after which the trigger gives up (when
+        ``timeout_at`` is not known: started from the trigger), or ``None``.
+    :param actor: who marks the checkpoint DURABLE (``Actor`` fields); ``None``: the task
+        instance the triggerer attaches (its dag, run, task and try), else ``walsink-triggerer``.
+    :param end_from_trigger: end the task from the triggerer instead of resuming it on a worker.
     """
 
     def __init__(
@@ -207,6 +225,8 @@ class CheckpointDurableTrigger(BaseTrigger):
         poke_interval: float = 5.0,
         timeout_at: float | None = None,
         actor: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        end_from_trigger: bool = False,
     ) -> None:
         super().__init__()
         self.pipeline = pipeline
@@ -216,7 +236,9 @@ class CheckpointDurableTrigger(BaseTrigger):
         self.verify_checksums = verify_checksums
         self.poke_interval = poke_interval
         self.timeout_at = timeout_at
-        self.actor = dict(actor) if actor else {"name": "walsink-triggerer"}
+        self.actor = dict(actor) if actor else None
+        self.timeout = timeout
+        self.end_from_trigger = end_from_trigger
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -230,36 +252,85 @@ class CheckpointDurableTrigger(BaseTrigger):
                 "poke_interval": self.poke_interval,
                 "timeout_at": self.timeout_at,
                 "actor": self.actor,
+                "timeout": self.timeout,
+                "end_from_trigger": self.end_from_trigger,
             },
         )
 
-    def _check(self) -> DurabilityStatus:
+    def _resolve(self) -> tuple[str, Actor]:
+        """The checkpoint key and the actor: given, else from the task instance the triggerer attached.
+
+        Raises ``RunIntervalError`` (the run has no interval walsink can take as its own).
+        """
+        from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
+
+        ti = self.task_instance
+        key = self.checkpoint_key
+        if not key:
+            get_context = getattr(ti, "get_template_context", None)
+            if get_context is None:
+                raise ValueError(
+                    "the durability trigger has no checkpoint key and no task instance to take it from"
+                )
+            key = checkpoint_key_from_context(get_context())
+        if self.actor:
+            actor = Actor(**self.actor)
+        elif ti is not None and getattr(ti, "run_id", None):
+            actor = actor_from_context({"ti": ti})
+        else:
+            actor = Actor(name="walsink-triggerer")
+        return key, actor
+
+    def _check(self, key: str, actor: Actor) -> DurabilityStatus:
         from airflow_provider_walsink.hooks.walsink import WalsinkHook
 
         # Credentials of an object-store root are read here, in the triggerer, from the
         # connections: the trigger's kwargs (stored in Airflow's database) hold only ids.
         return evaluate_with_hook(
             WalsinkHook(self.walsink_conn_id),
-            self.staging_root,
+            self.staging_root or None,  # "" when rendered from a write task that pushed no root
             self.pipeline,
-            self.checkpoint_key,
-            actor=Actor(**self.actor),
+            key,
+            actor=actor,
             verify_checksums=self.verify_checksums,
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            key, actor = await asyncio.to_thread(self._resolve)
+        except Exception as e:  # noqa: BLE001 - no interval walsink can take: nothing to wait for
+            self.log.error("cannot tell which checkpoint to wait for: %s", e)
+            yield (
+                TaskFailedEvent()
+                if self.end_from_trigger
+                else TriggerEvent({"status": "error", "message": str(e)})
+            )
+            return
+        deadline = self.timeout_at
+        if deadline is None and self.timeout is not None:
+            deadline = time.time() + self.timeout
         while True:
             try:
-                status = await asyncio.to_thread(self._check)
+                status = await asyncio.to_thread(self._check, key, actor)
             except Exception as e:  # noqa: BLE001 - e.g. database down: report, and try again
                 status = DurabilityStatus(False, None, f"durability check failed: {e}")
                 self.log.warning("%s", status.message)
             if status.durable:
                 self.log.info("%s", status.message)
-                yield TriggerEvent({"status": "durable", **status.to_dict()})
+                yield (
+                    TaskSuccessEvent()
+                    if self.end_from_trigger
+                    else TriggerEvent({"status": "durable", **status.to_dict()})
+                )
                 return
             self.log.info("not durable yet: %s", status.message)
-            if self.timeout_at is not None and time.time() >= self.timeout_at:
-                yield TriggerEvent({"status": "timeout", **status.to_dict()})
+            if deadline is not None and time.time() >= deadline:
+                if self.end_from_trigger:
+                    self.log.error(
+                        "checkpoint not durable after %.0fs: %s", self.timeout or 0, status.message
+                    )
+                    yield TaskFailedEvent()
+                else:
+                    yield TriggerEvent({"status": "timeout", **status.to_dict()})
                 return
             await asyncio.sleep(self.poke_interval)
