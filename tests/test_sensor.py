@@ -209,7 +209,9 @@ def test_a_deferrable_sensor_starts_in_the_triggerer_and_ends_there(env):
 
     store, layout = env
     stage_checkpoint(store, layout, "events", KEY, FILES, durable=False)
-    s = CheckpointDurableSensor(task_id="durable", pipeline="events", deferrable=True, poke_interval=0.1)
+    s = CheckpointDurableSensor(
+        task_id="durable", pipeline="events", deferrable=True, start_from_trigger=True, poke_interval=0.1
+    )
     assert s.start_from_trigger
     args = s.start_trigger_args
     assert args.trigger_cls == "airflow_provider_walsink.triggers.durable.CheckpointDurableTrigger"
@@ -237,13 +239,15 @@ def test_a_deferrable_sensor_starts_in_the_triggerer_and_ends_there(env):
 
 
 def test_the_sensor_starts_on_a_worker_where_it_cannot_start_in_the_triggerer():
-    assert not sensor(deferrable=False).start_from_trigger  # poke / reschedule: today's worker path
-    assert not sensor(deferrable=True, start_from_trigger=False).start_from_trigger
+    assert not sensor(deferrable=False, start_from_trigger=True).start_from_trigger  # poke / reschedule
+    assert not sensor(deferrable=True).start_from_trigger  # off by default (the class docstring says why)
     # A value only known at run time that the triggerer cannot render (an object, not a template).
-    assert not sensor(deferrable=True, staging_root=SimpleNamespace()).start_from_trigger
+    assert not sensor(
+        deferrable=True, start_from_trigger=True, staging_root=SimpleNamespace()
+    ).start_from_trigger
     # An XCom pull the triggerer cannot answer (a sequence slice: it would hang rendering there).
     assert not sensor(
-        deferrable=True, staging_root="{{ ti.xcom_pull(key='staging_root') }}"
+        deferrable=True, start_from_trigger=True, staging_root="{{ ti.xcom_pull(key='staging_root') }}"
     ).start_from_trigger
     pulled = "{{ ti.xcom_pull(task_ids='w', key='staging_root', map_indexes=-1) or '' }}"
-    assert sensor(deferrable=True, staging_root=pulled).start_from_trigger
+    assert sensor(deferrable=True, start_from_trigger=True, staging_root=pulled).start_from_trigger

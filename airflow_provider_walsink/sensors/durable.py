@@ -45,7 +45,7 @@ class CheckpointDurableSensor(BaseSensorOperator):
 
     With ``deferrable=True`` the wait happens in the triggerer
     (:class:`~airflow_provider_walsink.triggers.durable.CheckpointDurableTrigger`).
-    It **starts there** (``start_from_trigger``): the scheduler hands the task
+    With ``start_from_trigger=True`` it also **starts there**: the scheduler hands the task
     straight to the triggerer, which renders the templated fields, waits, and
     ends the task itself, so the sensor never takes a worker slot, not even to
     defer or to finish. That needs what the trigger is built from to be known
@@ -59,7 +59,15 @@ class CheckpointDurableSensor(BaseSensorOperator):
     ``start_from_trigger=False``, or an Airflow without ``StartTriggerArgs``) the
     deferrable sensor behaves as
     before: it starts on a worker, checks once there (``check_before_defer``)
-    and defers. ``deferrable=False`` pokes on a worker (``mode="poke"`` or
+    and defers.
+
+    ``start_from_trigger`` is **off by default**, for correctness of the runs around it:
+    sensors ending in the triggerer end together, so the commit tasks of a parallel
+    backfill start and finish together, and Airflow 3.3's api-server then fails one
+    of them while it records the asset-alias event (a unique-key race on
+    ``asset_alias_asset``; the task is set to failed without a retry and its DAG run
+    fails: seen in ``tests/test_e2e_backfill.py``). Turn it on where one pipeline's
+    commits do not run in parallel, or with ``emit_asset_events=False`` on the commit. ``deferrable=False`` pokes on a worker (``mode="poke"`` or
     ``"reschedule"``). On timeout the error names what is missing (started from
     the trigger: in the triggerer's part of the task log).
 
@@ -74,7 +82,7 @@ class CheckpointDurableSensor(BaseSensorOperator):
     :param verify_checksums: recompute each committable's checksum too.
     :param deferrable: wait in the triggerer instead of a worker.
     :param start_from_trigger: with ``deferrable``, start in the triggerer when the fields allow it
-        (above); ``False``: start on a worker and defer from there.
+        (above; off by default, see why there); ``False``: start on a worker and defer from there.
     :param check_before_defer: when the sensor starts on a worker and defers, check once there first and
         finish at once when already durable (the common case), skipping the trip to the
         triggerer. A run's conf key ``walsink_check_before_defer`` (``true``/``false``)
@@ -96,7 +104,7 @@ class CheckpointDurableSensor(BaseSensorOperator):
         verify_checksums: bool = False,
         deferrable: bool = False,
         check_before_defer: bool = True,
-        start_from_trigger: bool = True,
+        start_from_trigger: bool = False,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", 5)

@@ -76,6 +76,7 @@ with DAG(
         task_id="durable",
         pipeline=PIPELINE,
         deferrable=True,
+        start_from_trigger=True,
         poke_interval=1,
         timeout=600,
         # Rendered in the triggerer (one XCom read), as walsink_pipeline passes the write task's root.
