@@ -12,6 +12,11 @@ fork server, so a kill is a real SIGKILL at a named crash point
 :meth:`World.check` compares what the target holds (read back with its own
 library) and what the committer table says with :class:`Model`, a reference
 of what must be visible, and returns the violations found.
+
+``Config(staging="s3")`` puts an Iceberg or Delta table and its staging in a
+bucket of moto's S3 server: the same steps then stage, seal, check, commit,
+abort and clean up through a :class:`StagingStore`, and the target is read back
+on S3 (see :class:`Config`).
 """
 
 from __future__ import annotations
