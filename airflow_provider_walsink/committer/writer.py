@@ -5,6 +5,13 @@ staging directory, collects committables and seals: writes the manifest
 atomically and records its digest in the committer table. The Spark job API
 (``airflow_provider_walsink.spark``) is a thin layer over it; tests and
 non-Spark writers use it directly.
+
+On an object store (a :class:`StagingStore` that is not local) the same steps
+go through the store: ``begin`` records the store's root on the checkpoint and
+returns the attempt's :class:`AttemptLocation` (the caller writes each file to
+``store.committable(location, relative)`` through ``store.filesystem``),
+``add_files`` takes sizes from the store's metadata, and ``seal`` is the
+store's conditional put.
 """
 
 from __future__ import annotations
@@ -24,23 +31,32 @@ from airflow_provider_walsink.protocol.manifest import (
     write_manifest,
 )
 from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.staging_store import AttemptLocation, StagingStore, StagingStoreError
 
 from .store import Actor, CheckpointRecord, CommitterStore
 
 
 class CheckpointWriter:
-    """One write attempt of one checkpoint: ``begin`` → stage files → ``add`` → ``seal``."""
+    """One write attempt of one checkpoint: ``begin`` → stage files → ``add`` → ``seal``.
+
+    ``layout``: a local :class:`StagingLayout`, or a :class:`StagingStore` (a local
+    store is its layout; an object store is written through, see the module docstring).
+    """
 
     def __init__(
         self,
         store: CommitterStore,
-        layout: StagingLayout,
+        layout: StagingLayout | StagingStore,
         pipeline: str,
         checkpoint_key: str,
         *,
         actor: Actor,
         partition_columns: tuple[str, ...] | list[str] = (),
     ) -> None:
+        if isinstance(layout, StagingStore) and layout.layout is not None:
+            layout = layout.layout  # a local store is its layout
+        #: The object store staged on; None for a local root.
+        self.objects = layout if isinstance(layout, StagingStore) else None
         self.store, self.layout, self.actor = store, layout, actor
         self.partition_columns = tuple(partition_columns)
         self.pipeline, self.checkpoint_key = pipeline, checkpoint_key
@@ -48,12 +64,32 @@ class CheckpointWriter:
         self.committables: list[Committable] = []
         self.partitions: list[str] = []
 
-    def begin(self, *, start_offsets: Mapping[str, Any] | None = None) -> Path:
-        """Start a new attempt (superseding any earlier one) and return its empty staging directory."""
+    def begin(self, *, start_offsets: Mapping[str, Any] | None = None) -> Path | AttemptLocation:
+        """Start a new attempt (superseding any earlier one) and return where to stage it: its
+        empty directory on a local root, its :class:`AttemptLocation` on an object store."""
+        objects = self.objects
         self.record = self.store.start_attempt(
-            self.pipeline, self.checkpoint_key, actor=self.actor, start_offsets=start_offsets
+            self.pipeline,
+            self.checkpoint_key,
+            actor=self.actor,
+            start_offsets=start_offsets,
+            **({"staging_root": objects.root_uri} if objects is not None else {}),
         )
+        if objects is not None:
+            recorded = (self.record.staging_root or "").rstrip("/")
+            if recorded != objects.root_uri.rstrip("/"):
+                # The recorded root wins (attempts never split across roots): staging here would
+                # leave this attempt where no durability check or commit looks for it.
+                raise StagingStoreError(
+                    f"checkpoint {self.pipeline}/{self.checkpoint_key} is staged under {recorded or 'no root'}, "
+                    f"not {objects.root_uri}; stage every attempt of a checkpoint under its recorded root"
+                )
         crashpoint("write.before_staging")
+        if objects is not None:
+            location = self.location
+            if objects.list_attempt(location):  # left by a crashed attempt with the same name
+                objects.remove_attempt(location)
+            return location
         path = self.attempt_dir
         if path.exists():  # left by a crashed attempt with the same number: never reuse its files
             self.layout.remove_attempt(
@@ -71,9 +107,18 @@ class CheckpointWriter:
     @property
     def attempt_dir(self) -> Path:
         assert self.record is not None
+        if self.objects is not None:
+            raise RuntimeError(f"{self.objects!r} is an object store: use location, not attempt_dir")
         return self.layout.attempt_dir(
             self.pipeline, self.checkpoint_key, self.attempt, self.record.attempt_id
         )
+
+    @property
+    def location(self) -> AttemptLocation:
+        """The attempt's place in the object store (object stores only; see :attr:`attempt_dir`)."""
+        if self.objects is None:
+            raise RuntimeError("a local staging root: use attempt_dir, not location")
+        return self.objects.attempt(self.pipeline, self.checkpoint_key, self.attempt, self.record.attempt_id)
 
     def add(self, committables: Iterable[Committable]) -> None:
         self.committables.extend(committables)
@@ -86,17 +131,22 @@ class CheckpointWriter:
         checksum: str | None = "sha256",
         writer: str | None = None,
     ) -> None:
-        """Describe staged files by ``stat`` (and a checksum, unless ``checksum=None``)."""
+        """Describe staged files by ``stat`` (an object store: its metadata) and a checksum, unless
+        ``checksum=None``."""
+        objects = self.objects
         for rel in relative_paths:
-            path = self.layout.committable_path(self.attempt_dir, rel)
+            if objects is not None:
+                location = self.location
+                size = objects.describe(location, rel)
+                if size is None:
+                    raise FileNotFoundError(f"{location.uri}/{rel}: not staged")
+                digest = objects.checksum(location, rel, checksum) if checksum else None
+            else:
+                path = self.layout.committable_path(self.attempt_dir, rel)
+                size = os.stat(path).st_size
+                digest = file_checksum(path, checksum) if checksum else None
             self.committables.append(
-                Committable(
-                    path=rel,
-                    size=os.stat(path).st_size,
-                    rows=(rows or {}).get(rel),
-                    checksum=file_checksum(path, checksum) if checksum else None,
-                    writer=writer,
-                )
+                Committable(path=rel, size=size, rows=(rows or {}).get(rel), checksum=digest, writer=writer)
             )
 
     def declare_partition(self, partition: str) -> None:
@@ -111,7 +161,8 @@ class CheckpointWriter:
         end_offsets: Mapping[str, Any] | None = None,
         job: str | None = None,
     ) -> tuple[Manifest, str]:
-        """Write the manifest atomically and record it; returns the manifest and its digest."""
+        """Write the manifest atomically (an object store: once, by a conditional put) and record it;
+        returns the manifest and its digest."""
         if self.record is None:
             raise RuntimeError("call begin() first")
         crashpoint("write.after_staging")
@@ -131,11 +182,17 @@ class CheckpointWriter:
             end_offsets=end_offsets,
             job=job,
         )
-        path = self.attempt_dir / MANIFEST_NAME
-        digest = write_manifest(path, manifest)
+        if self.objects is not None:
+            location = self.location
+            digest = self.objects.seal(location, manifest)  # a conditional put: written once
+            manifest_uri = f"{location.uri}/{MANIFEST_NAME}"
+        else:
+            path = self.attempt_dir / MANIFEST_NAME
+            digest = write_manifest(path, manifest)
+            manifest_uri = path.as_uri()
         crashpoint("seal.after_manifest")
         self.record = self.store.seal_manifest(
-            manifest, manifest_uri=path.as_uri(), manifest_digest=digest, actor=self.actor
+            manifest, manifest_uri=manifest_uri, manifest_digest=digest, actor=self.actor
         )
         crashpoint("seal.after")
         return manifest, digest

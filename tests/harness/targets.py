@@ -22,6 +22,13 @@ with other rows, committed under the same random kill or zombie): it must
 hold the new version's rows once and none of the old (SQL ``append`` refuses
 a reprocess, so its schedules skip this step). After each schedule the target is read back with its own library
 and checked row by row: every checkpoint exactly once, nothing else.
+
+With ``s3_endpoint`` (Iceberg and Delta) the tables and their staging live in a
+bucket of that S3 server (moto's, on loopback): attempts are staged and sealed
+through a :class:`StagingStore`, the committer reads and cleans them there, and
+the tables are read back through their libraries on S3. The file campaign
+(:mod:`.runner`) has no S3 dimension: a directory-of-files target publishes by
+rename from a local or mounted staging root only, and refuses an object-store one.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from airflow_provider_walsink.committer.store import Actor, CommitterStore, Leas
 from airflow_provider_walsink.committer.writer import CheckpointWriter
 from airflow_provider_walsink.protocol.manifest import Manifest
 from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.staging_store import StagingStore
 from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
 
 LEASE_TTL = timedelta(milliseconds=800)
@@ -94,11 +102,34 @@ class TargetResult:
 
 @dataclass
 class TargetEnv:
-    """How to reach one target kind: its URI per pipeline, its connections, how to read it back."""
+    """How to reach one target kind: its URI per pipeline, its connections, how to read it back.
+
+    ``s3_endpoint`` (Iceberg and Delta): the tables and their staging live under ``prefix`` in the
+    ``walsink`` bucket of that S3 server (moto's); staging is a :class:`StagingStore` there, each
+    attempt sealed by conditional put, and the tables are read back through their libraries on S3.
+    """
 
     kind: str
     work: Path
     sql_url: str | None = None
+    s3_endpoint: str | None = None
+    prefix: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    def __post_init__(self) -> None:
+        if self.s3_endpoint and self.kind not in ("iceberg", "delta"):
+            raise ValueError(f"S3 staging takes the iceberg and delta targets only, not {self.kind}")
+
+    @property
+    def s3(self) -> Any:
+        from tests.table_fixtures import S3Server
+
+        return S3Server(self.s3_endpoint or "", "walsink")
+
+    def store_options(self) -> dict[str, str]:
+        from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY
+
+        return {"endpoint_url": self.s3.endpoint, "access_key": ACCESS_KEY, "secret_key": SECRET_KEY,
+                "region": REGION}  # fmt: skip
 
     @property
     def sql_schema(self) -> str | None:
@@ -109,34 +140,45 @@ class TargetEnv:
         table = pipeline.replace("-", "_")
         if self.kind == "iceberg":
             return f"iceberg://harness/h.{table}?create_table=true"
+        if self.kind == "delta" and self.s3_endpoint:
+            return f"delta+s3://walsink/{self.prefix}/delta/{table}?create_table=true"
         if self.kind == "delta":
             return f"delta://{self.work}/delta/{table}?create_table=true"
         return f"sql://harness_sql/{self.sql_schema + '.' if self.sql_schema else ''}{table}"
 
     def connections(self, conn_id: str) -> dict[str, Any]:
         if conn_id == "harness":
-            return {
-                "conn_type": "iceberg",
-                "extra": {
-                    "type": "sql",
-                    "uri": f"sqlite:///{self.work}/catalog.db",
-                    "warehouse": f"file://{self.work}/warehouse",
-                },
-            }
+            extra = {"type": "sql", "uri": f"sqlite:///{self.work}/catalog.db"}
+            if self.s3_endpoint:
+                extra |= {
+                    "warehouse": f"s3://walsink/{self.prefix}/warehouse",
+                    **self.s3.iceberg_properties(),
+                }
+            else:
+                extra["warehouse"] = f"file://{self.work}/warehouse"
+            return {"conn_type": "iceberg", "extra": extra}
         raise KeyError(conn_id)
 
-    def publisher(self, pipeline: str, mode: str, layout: StagingLayout) -> Any:
+    def publisher(self, pipeline: str, mode: str, layout: StagingLayout | StagingStore | None) -> Any:
         # A stopped SQL committer holds the marker row's lock: others give up after 2 s, not 60.
-        extra = {"url": self.sql_url, "lock_timeout": 2} if self.kind == "sql" else {}
+        extra: dict[str, Any] = {"url": self.sql_url, "lock_timeout": 2} if self.kind == "sql" else {}
+        if self.s3_endpoint:
+            if self.kind == "delta":
+                extra["storage_options"] = self.s3.delta_options()
+            layout = None  # as the commit operator builds it for a checkpoint staged on an object store
         options = TargetOptions(
             mode=mode, layout=layout, partition_by=("dt",), connections=self.connections, extra=extra
         )
         return resolve_target(self.uri(pipeline), options)
 
-    def layout(self, pipeline: str, mode: str) -> StagingLayout:
+    def layout(self, pipeline: str, mode: str) -> StagingLayout | StagingStore:
         probe = self.publisher(pipeline, mode, StagingLayout(self.work / "staging"))
         own = getattr(probe, "staging_root", None)
         root = own() if callable(own) else None
+        if self.s3_endpoint:
+            if not root or not root.startswith(f"s3://walsink/{self.prefix}/"):
+                raise RuntimeError(f"{self.kind} on S3 stages at {root!r}, not under the campaign's prefix")
+            return StagingStore.open(root, self.store_options())
         return StagingLayout((root or str(self.work / "staging")).removeprefix("file://"))
 
     def rows(self, pipeline: str, mode: str) -> list[tuple[str, str]]:
@@ -196,8 +238,13 @@ def _write(
             buf = io.BytesIO()
             pq.write_table(pa.table({"id": pa.array(chunk, pa.string())}), buf)  # dt is the directory
             rel = f"dt={dt}/part-{i:05d}.parquet"
-            (attempt_dir / f"dt={dt}").mkdir(parents=True, exist_ok=True)
-            (attempt_dir / rel).write_bytes(buf.getvalue())
+            if isinstance(attempt_dir, Path):
+                (attempt_dir / f"dt={dt}").mkdir(parents=True, exist_ok=True)
+                (attempt_dir / rel).write_bytes(buf.getvalue())
+            else:  # an object store: one object per file, as the executors write
+                objects = writer.objects
+                with objects.filesystem.open_output_stream(objects.committable(attempt_dir, rel)) as out:
+                    out.write(buf.getvalue())
             files[rel] = len(chunk)
     writer.add_files(list(files), rows=files, checksum="crc32", writer="targets")
     manifest, _digest = writer.seal(file_format="parquet", job="targets")
@@ -369,14 +416,16 @@ def run_target_schedule(store: CommitterStore, env: TargetEnv, rng: random.Rando
 
 
 def run_target_campaign(kind: str, *, seed: int, schedules: int, workdir: Path, db_url: str,
-                        sql_url: str | None = None) -> TargetResult:  # fmt: skip
+                        sql_url: str | None = None, s3_endpoint: str | None = None) -> TargetResult:  # fmt: skip
     """Run ``schedules`` crash schedules against one target kind (see the module docstring);
-    ``sql_url`` (PostgreSQL or MySQL/MariaDB) is the SQL target's database."""
-    env = TargetEnv(kind, Path(workdir), sql_url)
+    ``sql_url`` (PostgreSQL or MySQL/MariaDB) is the SQL target's database; ``s3_endpoint``
+    (Iceberg, Delta): tables and staging in the ``walsink`` bucket of that S3 server."""
+    env = TargetEnv(kind, Path(workdir), sql_url, s3_endpoint)
     store = CommitterStore.from_url(db_url)
     # The SQL target's label names its database (``sql (mysql)``): the campaign runs on both.
-    result = TargetResult(f"{kind} ({sql_url.split(':', 1)[0].split('+')[0]})" if sql_url else kind)
-    rng = random.Random(f"{seed}:{kind}")
+    label = f"{kind} ({sql_url.split(':', 1)[0].split('+')[0]})" if sql_url else kind
+    result = TargetResult(f"{label} (S3 staging)" if s3_endpoint else label)
+    rng = random.Random(f"{seed}:{kind}" + (":s3" if s3_endpoint else ""))
     try:
         for i in range(schedules):
             run_target_schedule(store, env, rng, i, result)

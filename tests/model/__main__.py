@@ -1,4 +1,7 @@
-"""``python -m tests.model --seed S --schedules N [--targets files,delta,...]`` or ``--replay FILE``.
+"""``python -m tests.model --seed S --schedules N [--targets files,delta,...] [--staging local,s3]`` or ``--replay FILE``.
+
+``--staging s3`` runs the Iceberg and Delta combinations with the tables and their staging
+in a bucket of moto's S3 API server, which it starts on a loopback port (and stops).
 
 Runs the model checker over every target combination asked for (kind x mode x
 fencing), ``N`` schedules in all, and prints its figures and every violation
@@ -20,7 +23,7 @@ import uuid
 from collections.abc import Callable
 
 from .machine import Combo, Figures, load_schedule, minimize, run_machine
-from .world import Config, replay, schedule_text
+from .world import BUCKET, S3_KINDS, Config, replay
 
 TARGETS = ("files", "iceberg", "delta", "sql-postgresql", "sql-mysql")
 PG_ADMIN = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
@@ -49,17 +52,42 @@ def sql_database(backend: str) -> tuple[str, Callable[[], None]]:
     return make_url(admin_url).set(database=name).render_as_string(hide_password=False), drop
 
 
+def s3_server() -> tuple[str, Callable[[], None]]:
+    """moto's S3 API server on a free loopback port with the bucket created: (endpoint, stop)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
+                 region_name=REGION).create_bucket(Bucket=BUCKET)  # fmt: skip
+    return endpoint, server.stop
+
+
 def combos_for(
-    targets: list[str], modes: list[str], fencings: list[str], sql_urls: dict[str, str]
+    targets: list[str],
+    modes: list[str],
+    fencings: list[str],
+    sql_urls: dict[str, str],
+    stagings: tuple[str, ...] = ("local",),
+    s3_endpoint: str | None = None,
 ) -> list[Combo]:
     out = []
-    for target in targets:
-        kind = target.split("-")[0]
-        for mode in modes:
-            for fencing in fencings:
-                if fencing == "table" and kind not in ("iceberg", "delta"):
-                    continue  # table fencing: Iceberg and Delta only
-                out.append(Combo(kind, mode, fencing, sql_urls.get(target)))
+    for staging in stagings:
+        for target in targets:
+            kind = target.split("-")[0]
+            if staging == "s3" and kind not in S3_KINDS:
+                continue  # only the table targets commit a checkpoint staged on an object store
+            for mode in modes:
+                for fencing in fencings:
+                    if fencing == "table" and kind not in ("iceberg", "delta"):
+                        continue  # table fencing: Iceberg and Delta only
+                    out.append(Combo(kind, mode, fencing, sql_urls.get(target), staging,
+                                     s3_endpoint if staging == "s3" else None))  # fmt: skip
     return out
 
 
@@ -71,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
     p.add_argument("--modes", default="append,overwrite")
     p.add_argument("--fencing", default="lease,table")
+    p.add_argument(
+        "--staging",
+        default="local",
+        help="comma-separated, of local, s3 (s3: Iceberg and Delta only; starts its own moto S3 server on loopback)",
+    )
     p.add_argument(
         "--replay", metavar="FILE", help="run one schedule (JSON, as printed) and check every step"
     )
@@ -93,12 +126,17 @@ def main(argv: list[str] | None = None) -> int:
             if text.startswith("schedule:"):
                 text = text.removeprefix("schedule:").strip()
             config, steps = load_schedule(text)
-            sql_url = None
+            sql_url = endpoint = None
             if config["kind"] == "sql":
                 sql_url, drop = sql_database(config.get("sql", "postgresql"))
                 drops.append(drop)
+            staging = config.get("staging", "local")
+            if staging == "s3":
+                endpoint, stop = s3_server()
+                drops.append(stop)
             cfg = Config(config["kind"], config["mode"], config["fencing"], workdir, f"sqlite:///{workdir}/c.db",
-                         sql_url, pipeline=f"m{uuid.uuid4().hex[:10]}")  # fmt: skip
+                         sql_url, pipeline=f"m{uuid.uuid4().hex[:10]}", staging=staging,
+                         s3_endpoint=endpoint)  # fmt: skip
             found = replay(cfg, steps, verbose=True)
             print(f"{len(found)} violation(s)")
             for v in found:
@@ -110,7 +148,18 @@ def main(argv: list[str] | None = None) -> int:
             if t.startswith("sql-"):
                 sql_urls[t], drop = sql_database(t.split("-", 1)[1])
                 drops.append(drop)
-        combos = combos_for(targets, args.modes.split(","), args.fencing.split(","), sql_urls)
+        stagings = tuple(x.strip() for x in args.staging.split(",") if x.strip())
+        if set(stagings) - {"local", "s3"}:
+            p.error(f"--staging: local and/or s3, not {args.staging!r}")
+        endpoint = None
+        if "s3" in stagings:
+            endpoint, stop = s3_server()
+            drops.append(stop)
+        combos = combos_for(
+            targets, args.modes.split(","), args.fencing.split(","), sql_urls, stagings, endpoint
+        )
+        if not combos:
+            p.error("no combination: S3 staging takes the iceberg and delta targets only")
         per = max(1, args.schedules // len(combos))
         figures = Figures()
         started = time.monotonic()
@@ -126,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
                     label, problems, schedule = figures.violations[j]
                     if schedule:
                         config, steps = load_schedule(schedule)
-                        cfg = Config(combo.kind, combo.mode, combo.fencing, workdir, "sqlite", combo.sql_url)
                         steps, again = minimize(combo, steps, workdir)
-                        figures.violations[j] = (label, again or problems, schedule_text(cfg, steps))
+                        text = json.dumps({"config": config, "steps": steps})
+                        figures.violations[j] = (label, again or problems, text)
             print(f"{combo.label:32s} schedules {figures.schedules - before[0]:4d}  "
                   f"{time.monotonic() - t0:6.1f}s  violations {found}", flush=True)  # fmt: skip
             for label, problems, schedule in figures.violations[before[1] :]:

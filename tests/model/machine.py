@@ -28,17 +28,27 @@ from .world import KEYS, KILL_POINTS, PAUSE_POINTS, Config, World, schedule_text
 
 @dataclass(frozen=True)
 class Combo:
-    """One target combination: kind, mode, fencing (and the SQL database's URL)."""
+    """One target combination: kind, mode, fencing (and the SQL database's URL), and where it
+    stages: ``local``, or ``s3`` (tables and staging in the bucket of the S3 server at ``s3_endpoint``)."""
 
     kind: str
     mode: str
     fencing: str
     sql_url: str | None = None
+    staging: str = "local"
+    s3_endpoint: str | None = None
 
     @property
     def label(self) -> str:
         sql = f"-{self.sql_url.split(':', 1)[0].split('+')[0]}" if self.sql_url else ""
-        return f"{self.kind}{sql}/{self.mode}/{self.fencing}"
+        return f"{self.kind}{sql}/{self.mode}/{self.fencing}" + ("/s3" if self.staging == "s3" else "")
+
+    def config(self, work: str, db_url: str) -> Config:
+        """A fresh pipeline of this combination in ``work`` (its S3 prefix derived from both)."""
+        url = db_url if db_url != "sqlite" else f"sqlite:///{work}/committer.db"
+        return Config(self.kind, self.mode, self.fencing, work, url, self.sql_url,
+                      pipeline=f"m{uuid.uuid4().hex[:10]}", staging=self.staging,
+                      s3_endpoint=self.s3_endpoint)  # fmt: skip
 
 
 @dataclass
@@ -84,11 +94,7 @@ def machine_for(
 
         @initialize(combo=st.sampled_from(combos))
         def start(self, combo: Combo) -> None:
-            work = tempfile.mkdtemp(prefix="s-", dir=workdir)
-            url = db_url if db_url != "sqlite" else f"sqlite:///{work}/committer.db"
-            cfg = Config(combo.kind, combo.mode, combo.fencing, work, url, combo.sql_url,
-                         pipeline=f"m{uuid.uuid4().hex[:10]}")  # fmt: skip
-            self.world = World(cfg)
+            self.world = World(combo.config(tempfile.mkdtemp(prefix="s-", dir=workdir), db_url))
             figures.schedules += 1
 
         def _do(self, step: dict[str, Any]) -> None:
@@ -110,6 +116,8 @@ def machine_for(
                 parts = data.draw(st.sampled_from([[0], [1], [0, 1]]), label="parts")
                 nulls = data.draw(st.booleans(), label="nulls")
                 self._do({"op": op, "key": key, "n": n, "parts": parts, "nulls": nulls})
+            elif op == "symlink" and self.world.cfg.staging == "s3":
+                return  # an object store has no symlinks: nothing to swap a staged object for
             elif op in ("durable", "commit", "recommit", "race", "abort", "abort_race", "symlink"):
                 self._do({"op": op, "key": key})
             elif op == "crash":
@@ -223,9 +231,7 @@ def minimize(
     def fails(candidate: list[dict[str, Any]]) -> bool:
         nonlocal found
         work = tempfile.mkdtemp(prefix="min-", dir=workdir)
-        url = db_url if db_url != "sqlite" else f"sqlite:///{work}/committer.db"
-        cfg = Config(combo.kind, combo.mode, combo.fencing, work, url, combo.sql_url,
-                     pipeline=f"m{uuid.uuid4().hex[:10]}")  # fmt: skip
+        cfg = combo.config(work, db_url)
         try:
             problems = replay(cfg, candidate, verbose=False)
             if problems:

@@ -12,10 +12,16 @@ fork server, so a kill is a real SIGKILL at a named crash point
 :meth:`World.check` compares what the target holds (read back with its own
 library) and what the committer table says with :class:`Model`, a reference
 of what must be visible, and returns the violations found.
+
+``Config(staging="s3")`` puts an Iceberg or Delta table and its staging in a
+bucket of moto's S3 server: the same steps then stage, seal, check, commit,
+abort and clean up through a :class:`StagingStore`, and the target is read back
+on S3 (see :class:`Config`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -41,6 +47,7 @@ from airflow_provider_walsink.committer.store import Actor, CommitterStore, Leas
 from airflow_provider_walsink.committer.writer import CheckpointWriter
 from airflow_provider_walsink.protocol.errors import WalsinkError
 from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.protocol.staging_store import StagingStore
 from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
 
 LEASE_TTL = timedelta(milliseconds=800)
@@ -67,9 +74,21 @@ PAUSE_POINTS = {
 MAX_TRIES = 12
 
 
+#: The bucket of the S3 staging dimension (moto's real S3 API server on loopback).
+BUCKET = "walsink"
+#: Target kinds that can take a checkpoint staged on an object store (they commit by reference).
+S3_KINDS = ("iceberg", "delta")
+
+
 @dataclass(frozen=True)
 class Config:
-    """What one schedule runs against (picklable: the fork server's children rebuild from it)."""
+    """What one schedule runs against (picklable: the fork server's children rebuild from it).
+
+    ``staging="s3"``: the table (Delta's log and data, Iceberg's warehouse; the catalog stays an
+    SQLite file) and its staging live under a prefix of :data:`BUCKET` on the S3 server at
+    ``s3_endpoint``; every step reaches staging through a :class:`StagingStore`, and the target is
+    read back through its library on S3.
+    """
 
     kind: str  # files | iceberg | delta | sql
     mode: str  # append | overwrite
@@ -78,11 +97,36 @@ class Config:
     db_url: str
     sql_url: str | None = None
     pipeline: str = "p"
+    staging: str = "local"  # local | s3
+    s3_endpoint: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.staging == "s3" and (self.kind not in S3_KINDS or not self.s3_endpoint):
+            raise ValueError(f"S3 staging needs an S3 endpoint and a target of {S3_KINDS}, not {self.kind}")
 
     @property
     def label(self) -> str:
         sql = f"-{self.sql_url.split(':', 1)[0].split('+')[0]}" if self.sql_url else ""
-        return f"{self.kind}{sql}/{self.mode}/{self.fencing}"
+        return f"{self.kind}{sql}/{self.mode}/{self.fencing}" + ("/s3" if self.staging == "s3" else "")
+
+    @property
+    def s3(self) -> Any:
+        """The S3 server's settings (``tests.table_fixtures.S3Server``: credentials, library options)."""
+        from tests.table_fixtures import S3Server
+
+        return S3Server(self.s3_endpoint or "", BUCKET)
+
+    @property
+    def prefix(self) -> str:
+        """This schedule's prefix in the bucket (the same in every child: derived, not drawn)."""
+        return hashlib.sha256(f"{self.work}/{self.pipeline}".encode()).hexdigest()[:16]
+
+    def store_options(self) -> dict[str, str]:
+        """:meth:`StagingStore.open` options for the S3 server."""
+        from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY
+
+        return {"endpoint_url": self.s3.endpoint, "access_key": ACCESS_KEY, "secret_key": SECRET_KEY,
+                "region": REGION}  # fmt: skip
 
     @property
     def table(self) -> str:
@@ -97,38 +141,69 @@ class Config:
             return f"{self.work}/target"
         if self.kind == "iceberg":
             return f"iceberg://model/m.{self.table}?create_table=true"
+        if self.kind == "delta" and self.staging == "s3":
+            return f"delta+s3://{BUCKET}/{self.prefix}/delta/{self.table}?create_table=true"
         if self.kind == "delta":
             return f"delta://{self.work}/delta/{self.table}?create_table=true"
         return f"sql://model_sql/{self.sql_schema + '.' if self.sql_schema else ''}{self.table}"
 
     def connections(self, conn_id: str) -> dict[str, Any]:
         if conn_id == "model":
-            return {
-                "conn_type": "iceberg",
-                "extra": {
-                    "type": "sql",
-                    "uri": f"sqlite:///{self.work}/catalog.db",
-                    "warehouse": f"file://{self.work}/warehouse",
-                },
-            }
+            extra = {"type": "sql", "uri": f"sqlite:///{self.work}/catalog.db"}
+            if self.staging == "s3":
+                extra |= {
+                    "warehouse": f"s3://{BUCKET}/{self.prefix}/warehouse",
+                    **self.s3.iceberg_properties(),
+                }
+            else:
+                extra["warehouse"] = f"file://{self.work}/warehouse"
+            return {"conn_type": "iceberg", "extra": extra}
         raise KeyError(conn_id)
 
-    def publisher(self, layout: StagingLayout | None = None) -> Any:
-        extra = {"url": self.sql_url, "lock_timeout": 2} if self.kind == "sql" else {}
+    def publisher(self, layout: StagingLayout | StagingStore | None = None) -> Any:
+        extra: dict[str, Any] = {"url": self.sql_url, "lock_timeout": 2} if self.kind == "sql" else {}
+        if self.staging == "s3":
+            if self.kind == "delta":
+                extra["storage_options"] = self.s3.delta_options()
+            # As the commit operator builds it for a checkpoint staged on an object store: no local
+            # layout; the publisher reads the attempt through the store the committer hands it.
+            staged: Any = None
+        else:
+            staged = layout or StagingLayout(f"{self.work}/staging")
         options = TargetOptions(
-            mode=self.mode,
-            layout=layout or StagingLayout(f"{self.work}/staging"),
-            partition_by=("dt",),
-            connections=self.connections,
-            extra=extra,
+            mode=self.mode, layout=staged, partition_by=("dt",), connections=self.connections, extra=extra
         )
         return resolve_target(self.uri(), options)
 
-    def layout(self) -> StagingLayout:
+    def layout(self) -> StagingLayout | StagingStore:
+        """Where attempts are staged: the target's own staging root (tables), else ``<work>/staging``;
+        on S3 the :class:`StagingStore` of the table's root in the bucket."""
         probe = self.publisher()
         own = getattr(probe, "staging_root", None)
         root = own() if callable(own) else None
+        if self.staging == "s3":
+            if not root or not root.startswith(f"s3://{BUCKET}/{self.prefix}/"):
+                raise RuntimeError(
+                    f"{self.label}: the target stages at {root!r}, not in the schedule's prefix"
+                )
+            return StagingStore.open(root, self.store_options())
         return StagingLayout((root or f"{self.work}/staging").removeprefix("file://"))
+
+
+def delete_prefix(cfg: Config) -> int:
+    """Delete every object under the schedule's prefix in the bucket; how many."""
+    import boto3
+
+    o = cfg.store_options()
+    s3 = boto3.client("s3", endpoint_url=o["endpoint_url"], aws_access_key_id=o["access_key"],
+                      aws_secret_access_key=o["secret_key"], region_name=o["region"])  # fmt: skip
+    keys = [obj["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{cfg.prefix}/")
+            for obj in page.get("Contents", [])]  # fmt: skip
+    for i in range(0, len(keys), 1000):
+        s3.delete_objects(
+            Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True}
+        )
+    return len(keys)
 
 
 def actor(step: str, key: str, n: int) -> Actor:
@@ -248,6 +323,11 @@ class World:
 
     def close(self) -> None:
         self.store.dispose()
+        if self.cfg.staging == "s3":  # the schedule's prefix: the server keeps every object in memory
+            try:
+                delete_prefix(self.cfg)
+            except Exception:  # noqa: BLE001,S110 - best effort; the prefix is this schedule's alone
+                pass
 
     # ------------------------------------------------------------------ steps
 
@@ -321,8 +401,13 @@ class World:
                     pa.table({"id": pa.array([r[1] for r in chunk], pa.string()),
                               "v": pa.array([r[2] for r in chunk], pa.int64())}), buf)  # fmt: skip
                 rel = f"dt={dt}/part-{self._next():05d}.parquet"
-                (attempt_dir / f"dt={dt}").mkdir(parents=True, exist_ok=True)
-                (attempt_dir / rel).write_bytes(buf.getvalue())
+                if isinstance(attempt_dir, Path):
+                    (attempt_dir / f"dt={dt}").mkdir(parents=True, exist_ok=True)
+                    (attempt_dir / rel).write_bytes(buf.getvalue())
+                else:  # an object store: as the executors write, one object per file
+                    objects = writer.objects
+                    with objects.filesystem.open_output_stream(objects.committable(attempt_dir, rel)) as out:
+                        out.write(buf.getvalue())
                 files[rel] = len(chunk)
         writer.add_files(list(files), rows=files, checksum="crc32", writer="model")
         offsets = {"start_offsets": {"src": start}, "end_offsets": {"src": end}} if start is not None else {}
@@ -520,19 +605,23 @@ class World:
     def op_gc(self) -> str:
         from airflow_provider_walsink.gc import collect_staging
 
-        report = collect_staging(self.store, self.layout, retention=timedelta(0))
+        if isinstance(self.layout, StagingStore):
+            # The connection's (local) root holds nothing; the checkpoints' recorded s3:// root is
+            # walked through the store, opened with the S3 server's options.
+            options = self.cfg.store_options()
+            report = collect_staging(self.store, StagingLayout(f"{self.cfg.work}/staging"), retention=timedelta(0),
+                                     stores=lambda root: StagingStore.open(root, options))  # fmt: skip
+        else:
+            report = collect_staging(self.store, self.layout, retention=timedelta(0))
         return report.describe()[:200]
 
     def op_maintain(self, action: str) -> str:
         """Table maintenance between runs (Delta: compact/checkpoint/cleanup/vacuum; Iceberg: rewrite/expire)."""
         kind = self.cfg.kind
         if kind == "delta":
-            from deltalake import DeltaTable
-
-            path = f"{self.cfg.work}/delta/{self.cfg.table}"
-            if not os.path.exists(f"{path}/_delta_log"):
+            table = self.cfg.publisher(self.layout).load_table()  # on S3: through its storage options
+            if table is None:
                 return "skipped: no table"
-            table = DeltaTable(path)
             if action == "compact":
                 return str(table.optimize.compact())[:120]
             if action == "checkpoint":
@@ -566,6 +655,8 @@ class World:
 
     def op_symlink(self, key: str) -> str:
         """Hostile: a staged file of the sealed attempt becomes a symlink to a same-content file outside staging."""
+        if self.cfg.staging == "s3":
+            return "skipped: an object store has no symlinks"  # not drawn for S3 (machine.py); replays
         rec = self.store.get(self.cfg.pipeline, key)
         if rec is None or not rec.is_committed:
             self._ensure_durable(key)  # a sealed, verified attempt to tamper with
@@ -628,6 +719,21 @@ class World:
             zip(arrow["dt"].to_pylist(), arrow["id"].to_pylist(), arrow["v"].to_pylist(), strict=True),
             key=repr,
         )
+
+    def data_files(self) -> list[str]:
+        """The URIs of the data files the table's current state references."""
+        t = self.cfg.publisher(self.layout).load_table()
+        if t is None:
+            return []
+        if self.cfg.kind == "iceberg":
+            return [task.file.file_path for task in t.scan().plan_files()]
+        return list(t.file_uris())
+
+    def _outside_the_prefix(self) -> list[str]:
+        """S3: a table committed by reference references only objects under the schedule's prefix."""
+        inside = f"s3://{BUCKET}/{self.cfg.prefix}/"
+        outside = [f for f in self.data_files() if not f.startswith(inside)]
+        return [f"the table references data files outside {inside}: {outside[:3]}"] if outside else []
 
     # ------------------------------------------------------------------ the check
 
@@ -736,6 +842,8 @@ class World:
             expected = [r for p, a in m.owners.items() for r in m.attempts[a].rows if r[0] == p]
         try:
             got = self.rows()
+            if cfg.staging == "s3":
+                problems += self._outside_the_prefix()
         except Exception as exc:  # noqa: BLE001 - an unreadable target is a violation
             return [*problems, f"the target cannot be read: {type(exc).__name__}: {str(exc)[:300]}"]
         tolerated = Counter(r for a in m.in_flight.values() for r in m.attempts[a].rows)
@@ -773,6 +881,8 @@ class World:
 def schedule_text(cfg: Config, steps: list[dict[str, Any]]) -> str:
     """The replayable form of a schedule: ``python -m tests.model --replay FILE``."""
     c = {k: v for k, v in asdict(cfg).items() if k in ("kind", "mode", "fencing")}
+    if cfg.staging != "local":
+        c["staging"] = cfg.staging
     if cfg.sql_url:
         c["sql"] = cfg.sql_url.split(":", 1)[0].split("+")[0]
     return json.dumps({"config": c, "steps": steps}, indent=None)
@@ -793,4 +903,14 @@ def replay(cfg: Config, steps: list[dict[str, Any]], *, verbose: bool = True) ->
     return found
 
 
-__all__ = ["Config", "World", "Model", "KEYS", "KILL_POINTS", "PAUSE_POINTS", "LeaseHeldError", "replay"]
+__all__ = [
+    "Config",
+    "World",
+    "Model",
+    "KEYS",
+    "KILL_POINTS",
+    "PAUSE_POINTS",
+    "S3_KINDS",
+    "LeaseHeldError",
+    "replay",
+]
