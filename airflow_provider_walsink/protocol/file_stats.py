@@ -75,7 +75,7 @@ def truncate_upper(value: str, length: int = STRING_PREFIX_CHARS) -> str | None:
     return None
 
 
-def _bound_kind(arrow_type: Any) -> str | None:
+def bound_kind(arrow_type: Any) -> str | None:
     """How a column of this Arrow type is bounded (module docstring), or ``None``: no bounds."""
     import pyarrow as pa
 
@@ -137,7 +137,7 @@ def file_stats_of(parquet_metadata: Any) -> FileStats:
         if name not in top_level or column.max_repetition_level != 0:
             continue  # a field inside a struct, list or map
         arrow_type = arrow.field(name).type
-        kind = None if column.physical_type == "INT96" else _bound_kind(arrow_type)
+        kind = None if column.physical_type == "INT96" else bound_kind(arrow_type)
         columns.append((i, name, kind, arrow_type))
     nulls: dict[str, int] = {}
     lower: dict[str, Any] = {}

@@ -60,6 +60,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from airflow_provider_walsink.protocol.errors import LayoutError, OrderError, WalsinkError
+from airflow_provider_walsink.protocol.file_stats import bound_kind
 from airflow_provider_walsink.protocol.manifest import FileStats, Manifest
 
 from ._tables import (
@@ -886,22 +887,14 @@ def delta_stats_columns(
 
 
 def _delta_bound_kind(arrow_type: Any) -> str:
+    """The writer's bound kind (:func:`~airflow_provider_walsink.protocol.file_stats.bound_kind`), else
+    ``"nested"`` (no statistics at all: Delta nests them per field; walsink keeps none) or ``""``."""
     import pyarrow as pa
 
-    t = pa.types
-    if t.is_integer(arrow_type):
-        return "int"
-    if t.is_boolean(arrow_type):
-        return "bool"
-    if t.is_date32(arrow_type) or t.is_date64(arrow_type):
-        return "date"
-    if t.is_string(arrow_type) or t.is_large_string(arrow_type):
-        return "string"
-    if t.is_timestamp(arrow_type) and arrow_type.tz is not None:
-        return "timestamp"
-    if t.is_nested(arrow_type):
-        return "nested"  # no statistics at all (Delta nests them per field; walsink keeps none)
-    return ""
+    kind = bound_kind(arrow_type)
+    if kind is not None:
+        return kind
+    return "nested" if pa.types.is_nested(arrow_type) else ""
 
 
 def _delta_bound(kind: str, value: Any, *, upper: bool) -> Any:

@@ -10,6 +10,9 @@ test passes to its backfill.
 Spark settings, and why:
 * ``cores.max=2`` and ``minRegisteredResourcesRatio=1``: a job starts once it has an
   executor on each worker (one core each), so its write tasks are spread over both;
+* ``locality.wait=0s``: the workers are different hosts, and with Spark's default wait
+  every short task whose shuffle input sits on one executor would queue for it, so the
+  other worker would write nothing;
 * ``task.maxFailures=1``: an executor killed mid-write fails the Spark job, so the
   write attempt fails and Airflow retries the task (a new attempt), which is the
   case the test is about;
@@ -70,6 +73,9 @@ with DAG(
             "spark.scheduler.minRegisteredResourcesRatio": "1.0",
             "spark.scheduler.maxRegisteredResourcesWaitingTime": "300s",
             "spark.task.maxFailures": "1",
+            # Each worker is its own host: short tasks whose input sits on one executor (shuffle
+            # output) would otherwise all wait for it (locality) and the other worker write nothing.
+            "spark.locality.wait": "0s",
             "spark.sql.shuffle.partitions": "4",
             "spark.eventLog.enabled": "true",
             "spark.eventLog.dir": "{{ " + CONF + "['event_log_dir'] }}",
