@@ -444,3 +444,37 @@ def test_retracting_files_from_several_manifests_survives_threads_sharing_an_eva
     assert [r.getMessage() for r in caplog.records if "conflicted" in r.getMessage()] == []
     assert result.files_rolled_back == 1 and len(target.snapshots()) == 12
     assert [r for r in target.rows() if r[0] == "2026-01-01"] == V2_ROWS
+
+
+def test_a_namespace_created_meanwhile_still_gives_the_table_location_as_staging_root(tmp_path):
+    """Two write tasks of a new table race to create its namespace (pyiceberg checks, then
+    inserts); the loser's insert fails on the catalog's unique key. Its staging root must still be
+    the table's location, never "none" (the attempt would silently stage under the connection's root:
+    seen in the fresh-clone run of tests/test_s3_cluster_e2e.py). The race is injected at the
+    catalog's boundary: the namespace appears, then the losing insert's error is raised."""
+    import sqlalchemy.exc
+    from pyiceberg.catalog import load_catalog
+
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}/wh"}
+    publisher = IcebergPublisher("race.events", "overwrite", catalog_properties=props, create_table=True)
+    catalog = publisher.catalog
+
+    def lost_the_race(namespace, properties=None):
+        load_catalog(catalog.name, **props).create_namespace("race")  # the winner, another process
+        raise sqlalchemy.exc.IntegrityError(
+            "INSERT INTO iceberg_namespace_properties", {}, Exception("unique")
+        )
+
+    catalog.create_namespace_if_not_exists = lost_the_race
+    root = publisher.staging_root()
+    assert root == f"file://{tmp_path}/wh/race/events/_walsink_staging", root
+
+    # An error that leaves the namespace missing is raised, not turned into "no staging root".
+    other = IcebergPublisher("gone.events", "overwrite", catalog_properties=props, create_table=True)
+
+    def refused(namespace, properties=None):
+        raise PermissionError("not allowed to create namespaces")
+
+    other.catalog.create_namespace_if_not_exists = refused
+    with pytest.raises(PermissionError):
+        other.staging_root()

@@ -408,14 +408,35 @@ class IcebergPublisher:
         if table is not None:
             location = table.location()
         else:
+            if self.create_table:  # the table will be created here: its namespace may be created now
+                self._create_namespace()
             try:
-                if self.create_table:  # the table will be created here: its namespace may be created now
-                    self.catalog.create_namespace_if_not_exists(self.namespace)
                 name = self.identifier.rpartition(".")[2]
                 location = self.catalog._resolve_table_location(None, self.namespace, name)
-            except Exception:  # namespace missing, or a catalog that cannot say before the table exists
+            except (NoSuchNamespaceError, NotImplementedError, ValueError) as exc:
+                # Namespace missing, or a catalog that cannot say before the table exists: the
+                # attempt stages under the connection's root (said here, since it is a choice).
+                log.warning(
+                    "%s cannot say where its table will be (%s): staging elsewhere", self.identifier, exc
+                )
                 return None
         return f"{location.rstrip('/')}/{STAGING_DIR}"
+
+    def _create_namespace(self) -> None:
+        """Create the table's namespace if it is missing; an error that leaves it missing propagates.
+
+        pyiceberg checks, then creates: two write tasks of one new table (a backfill's first
+        intervals) race, and the loser's insert fails on the catalog's unique key. The namespace
+        then exists, which is all that is needed. Any failure that leaves it missing is raised,
+        never turned into "no staging root" (which would stage the attempt somewhere else)."""
+        try:
+            self.catalog.create_namespace_if_not_exists(self.namespace)
+        except Exception:
+            if not self.catalog.namespace_exists(self.namespace):
+                raise
+            log.info(
+                "Namespace %s of %s was created meanwhile by another task", self.namespace, self.identifier
+            )
 
     # ------------------------------------------------------------------ marker
 
