@@ -233,7 +233,7 @@ def test_the_deferrable_trigger_reads_the_recorded_root(staged_under_a_then_move
 
     store, *_ = staged_under_a_then_moved
     trigger = CheckpointDurableTrigger(pipeline="events", checkpoint_key=KEY)
-    status = trigger._check()
+    status = trigger._check(*trigger._resolve())
     assert status.durable, status.message
     assert store.require("events", KEY).state is S.DURABLE
 
