@@ -134,10 +134,13 @@ class CheckpointWriter:
         """Describe staged files by ``stat`` (an object store: its metadata) and a checksum, unless
         ``checksum=None``."""
         objects = self.objects
+        # An object store: every size from one listing of the attempt, not a HEAD per file.
+        sizes = objects.list_attempt(self.location) if objects is not None else {}
         for rel in relative_paths:
             if objects is not None:
                 location = self.location
-                size = objects.describe(location, rel)
+                objects.committable(location, rel)  # confined (lexically) before it is named
+                size = sizes.get(rel)
                 if size is None:
                     raise FileNotFoundError(f"{location.uri}/{rel}: not staged")
                 digest = objects.checksum(location, rel, checksum) if checksum else None
