@@ -291,3 +291,24 @@ def pytest_sessionfinish(session, exitstatus):
         store.dispose()
     if _CREATED_HERE:
         shutil.rmtree(SESSION_TMP, ignore_errors=True)
+
+
+#: Each test's wall time (setup + call + teardown), appended as the session goes: the suite's
+#: budget is trimmed from this file, and it is there even for a run that was stopped early.
+DURATIONS_LOG = REPO / "test-artifacts" / f"durations-{SESSION_ID}.tsv"
+
+
+def pytest_runtest_logreport(report):
+    if not _CREATED_HERE:
+        return
+    if report.when == "setup":
+        _TEST_SECONDS[report.nodeid] = report.duration
+        return
+    _TEST_SECONDS[report.nodeid] = _TEST_SECONDS.get(report.nodeid, 0.0) + report.duration
+    if report.when == "teardown":
+        DURATIONS_LOG.parent.mkdir(exist_ok=True)
+        with DURATIONS_LOG.open("a", encoding="utf-8") as f:
+            f.write(f"{_TEST_SECONDS.pop(report.nodeid):.2f}\t{report.nodeid}\n")
+
+
+_TEST_SECONDS: dict[str, float] = {}
