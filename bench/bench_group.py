@@ -142,7 +142,8 @@ def commit_task(
                 break
             except LeaseHeldError:
                 record = store.get(PIPELINE, key)
-                if record is None or not is_group_owner(record.lease_owner):
+                # No holder any more: the group finished meanwhile; ask again (an answered no-op).
+                if record is None or (record.lease_owner and not is_group_owner(record.lease_owner)):
                     failures.append(f"{key}: held by {record.lease_owner if record else None}")
                     break
                 time.sleep(0.05)

@@ -285,7 +285,8 @@ def _commit_own(kind: str, spec: dict, url: str, staging: str, key: str, barrier
                 break
             except LeaseHeldError:
                 record = store.require(PIPELINE, key)
-                assert is_group_owner(record.lease_owner) or record.lease_owner, record
+                # Only a group holds another task's checkpoint (or held it: finished meanwhile).
+                assert record.lease_owner is None or is_group_owner(record.lease_owner), record
                 assert time.monotonic() < deadline, f"{key}: still held"
                 time.sleep(0.2)
         out.put((key, "ok", summary.already_committed, len(summary.group)))
@@ -320,3 +321,37 @@ def test_sixteen_concurrent_commit_processes_into_one_table_all_commit_rows_once
     assert table_rows(kind, spec) == Counter(r for i in range(16) for r in rows_of(i))  # each row once
     assert group_commits(store, keys) >= 2  # at least one group of two or more took part
     store.dispose()
+
+
+def test_a_commit_task_waits_while_a_group_holds_its_checkpoint_then_takes_it_over(tmp_path, sqlite_store):
+    """The member's own commit task (``WalCommitOperator``) finds its checkpoint held by a group
+    commit's leader (here one that died: its lease just runs out): it waits instead of failing,
+    then takes the lease over and commits."""
+    from airflow_provider_walsink.operators.commit import WalCommitOperator
+
+    store = sqlite_store
+    spec = local_table_spec("delta", tmp_path)
+    layout = StagingLayout(make_publisher("delta", spec).staging_root())
+    stage(store, layout, key_of(0), rows_of(0))
+    store.acquire_lease(
+        PIPELINE,
+        key_of(0),
+        owner="group:dead-leader",
+        ttl=timedelta(seconds=2),
+        actor=ACTOR,
+        mode="overwrite",
+    )
+    op = WalCommitOperator(
+        task_id="commit",
+        pipeline=PIPELINE,
+        target=f"delta://{spec['uri']}",
+        group_commit=4,
+        group_poll=timedelta(seconds=0.2),
+        lease_ttl=timedelta(seconds=30),
+        emit_asset_events=False,
+    )
+    actor = Actor(name="dag.commit@own", dag_id="dag", run_id="own", task_id="commit", try_number=1)
+    summary = op._commit_waiting_for_group(committer(store, layout, "delta", spec), store, key_of(0), actor)
+    assert summary.lease_taken_over_from == "group:dead-leader"
+    assert store.require(PIPELINE, key_of(0)).state is S.COMMITTED
+    assert table_rows("delta", spec) == Counter(rows_of(0))

@@ -339,7 +339,8 @@ class WalCommitOperator(BaseOperator):
                 return committer.commit(self.pipeline, key, actor=actor)
             except LeaseHeldError:
                 record = store.get(self.pipeline, key)
-                if record is None or not is_group_owner(record.lease_owner):
+                # Re-read after the refusal: a group may have finished meanwhile (no holder now: ask again).
+                if record is None or (record.lease_owner and not is_group_owner(record.lease_owner)):
                     raise
                 now = time.monotonic()
                 # A live leader finishes well within its lease; a dead one's lease runs out.
