@@ -106,6 +106,9 @@ def publish_group(pub: DeltaPublisher, members: list[GroupMember]) -> list[Publi
             pub._create_empty(schema, partition_by)
             continue  # the data goes in a normal (put-if-absent) commit on the new table
         version = dt.version() + 1
+        # Every member's removes read the same table state: list its files once, not once per member.
+        listed_files = dt.get_add_actions(flatten=True)
+        dt.get_add_actions = lambda flatten=True, _files=listed_files: _files  # type: ignore[method-assign]
         actions: list[Any] = []
         transactions: list[Transaction] = []
         listed: list[dict[str, Any]] = []
