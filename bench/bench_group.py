@@ -12,7 +12,7 @@ directory) from one writer, one append commit per checkpoint, serially: pyiceber
 
 The figure is checkpoints per second (200 / wall time, staging excluded for both); the goal is
 all 200 committed, 0 failures, >= 0.8x the baseline's rate. Both tables are read back: every
-row exactly once. Run: ``python -m bench.bench_group [--checkpoints 200] [--tasks 16] [--kinds iceberg,delta]``.
+row exactly once. Run: ``python -m bench.bench_group [--checkpoints 200] [--tasks 16] [--kinds iceberg,delta] [--poll 0.05]``.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def stage_all(store: Any, layout: Any, n: int) -> list[tuple[str, str]]:
 
 
 def commit_task(
-    kind: str, spec: dict, url: str, staging: str, keys: list[str], barrier: Any, out: Any
+    kind: str, spec: dict, url: str, staging: str, keys: list[str], barrier: Any, out: Any, poll: float = 0.05
 ) -> None:
     """One worker slot: its commit tasks, one after another; a group's hold is waited out, anything else fails."""
     from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
@@ -146,7 +146,7 @@ def commit_task(
                 if record is None or (record.lease_owner and not is_group_owner(record.lease_owner)):
                     failures.append(f"{key}: held by {record.lease_owner if record else None}")
                     break
-                time.sleep(0.05)
+                time.sleep(poll)
             except Exception:  # noqa: BLE001 - a failed task, reported
                 failures.append(f"{key}: {traceback.format_exc()[-600:]}")
                 break
@@ -155,13 +155,14 @@ def commit_task(
 
 
 def walsink_run(
-    kind: str, spec: dict, url: str, staging: str, keys: list[str], tasks: int
+    kind: str, spec: dict, url: str, staging: str, keys: list[str], tasks: int, poll: float = 0.05
 ) -> tuple[float, list, int]:
     ctx = multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(tasks + 1), ctx.Queue()
     shares = [keys[i::tasks] for i in range(tasks)]
     procs = [
-        ctx.Process(target=commit_task, args=(kind, spec, url, staging, s, barrier, out)) for s in shares
+        ctx.Process(target=commit_task, args=(kind, spec, url, staging, s, barrier, out, poll))
+        for s in shares
     ]
     for p in procs:
         p.start()
@@ -221,6 +222,9 @@ def main() -> None:
     p.add_argument("--checkpoints", type=int, default=200)
     p.add_argument("--tasks", type=int, default=16)
     p.add_argument("--kinds", default="iceberg,delta")
+    p.add_argument(
+        "--poll", type=float, default=0.05, help="seconds between a waiting task's looks (operator: 2)"
+    )
     args = p.parse_args()
     from airflow_provider_walsink.committer import CommitterStore
     from airflow_provider_walsink.protocol.staging import StagingLayout
@@ -251,7 +255,7 @@ def main() -> None:
             staged = stage_all(store, StagingLayout(staging), args.checkpoints)
             keys = [k for k, _ in staged]
             load_before = os.getloadavg()[0]
-            wall, failures, grouped = walsink_run(kind, spec, url, staging, keys, args.tasks)
+            wall, failures, grouped = walsink_run(kind, spec, url, staging, keys, args.tasks, args.poll)
             states = Counter(store.require(PIPELINE, k).state.value for k in keys)
             once = rows_once(kind, spec, args.checkpoints)
             copies = work / f"base_{kind}"
