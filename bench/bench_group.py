@@ -12,7 +12,7 @@ directory) from one writer, one append commit per checkpoint, serially: pyiceber
 
 The figure is checkpoints per second (200 / wall time, staging excluded for both); the goal is
 all 200 committed, 0 failures, >= 0.8x the baseline's rate. Both tables are read back: every
-row exactly once. Run: ``python -m bench.bench_group [--checkpoints 200] [--tasks 16] [--kinds iceberg,delta] [--poll 0.05]``.
+row exactly once. Run: ``python -m bench.bench_group [--checkpoints 200] [--tasks 16] [--kinds iceberg,delta] [--poll 0.5]``.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=16)
     p.add_argument("--kinds", default="iceberg,delta")
     p.add_argument(
-        "--poll", type=float, default=0.05, help="seconds between a waiting task's looks (operator: 2)"
+        "--poll", type=float, default=0.5, help="seconds between a waiting task's looks (operator: 2)"
     )
     args = p.parse_args()
     from airflow_provider_walsink.committer import CommitterStore
