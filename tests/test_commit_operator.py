@@ -169,6 +169,57 @@ def test_a_table_commit_reconciled_by_the_retry_is_announced_once(airflow_db, wa
         assert session.query(AssetEvent).count() == before
 
 
+def test_a_checkpoint_committed_by_a_group_is_announced_once_by_its_own_task(
+    airflow_db, walsink_conn, tmp_path
+):
+    """Issue 24: another task's group commit published this interval's checkpoint with its own. The
+    interval's own commit task is an answered no-op that says so and adds the checkpoint's asset
+    event (the leader announces only its own); a run of it again adds none."""
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+
+    from airflow_provider_walsink.committer import Actor, CheckpointCommitter
+    from tests.test_group_commit import make_publisher, stage, table_rows
+
+    store, _ = walsink_conn
+    spec = {"uri": str(tmp_path / "events_table")}
+    publisher = make_publisher("delta", spec)
+    layout = StagingLayout(publisher.staging_root())
+    other = "20260228T000000Z"
+    stage(store, layout, other, [("2026-02-28", 1, "a")])
+    stage(store, layout, KEY, [("2026-03-01", 2, "b"), ("2026-03-01", 3, "c")])
+    leader = Actor(
+        name="dag.commit@other", dag_id="other_dag", run_id="other", task_id="commit", try_number=1
+    )
+    summary = CheckpointCommitter(store, layout, publisher, mode="overwrite", group_commit=8).commit(
+        "events", other, actor=leader
+    )
+    assert summary.group == [other, KEY]
+    assert store.require("events", KEY).state is S.COMMITTED
+
+    def dag():
+        return build_dag(f"delta://{spec['uri']}", partition_by=["dt"], group_commit=8)
+
+    states, first = run(dag())
+    assert states == {"commit": "success"}
+    [event] = asset_events(first)
+    record = store.require("events", KEY)
+    assert (event["checkpoint_key"], event["attempt_id"]) == (KEY, record.sealed_attempt_id)
+    assert table_rows("delta", spec) == {
+        ("2026-02-28", 1, "a"): 1,
+        ("2026-03-01", 2, "b"): 1,
+        ("2026-03-01", 3, "c"): 1,
+    }
+
+    with create_session() as session:
+        before = session.query(AssetEvent).count()
+    states, again = run(dag())  # the interval's commit task once more (a clear): no second event
+    assert states == {"commit": "success"}
+    assert asset_events(again) == []
+    with create_session() as session:
+        assert session.query(AssetEvent).count() == before
+
+
 def test_openlineage_facets_of_an_executed_commit_name_the_target_and_the_checkpoint(walsink_conn, tmp_path):
     """Issue 15: the lineage the OpenLineage provider asks the commit operator for, after a real commit.
 

@@ -85,6 +85,8 @@ class CommitSummary:
     lease_taken_over_from: str | None = None
     end_offsets: dict[str, Any] | None = None
     seconds: float = 0.0
+    #: A group commit: its leader's checkpoint key, then every member published with it.
+    group: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -258,6 +260,7 @@ class CheckpointCommitter:
         lease_ttl: timedelta = timedelta(minutes=10),
         require_audit: bool = False,
         fencing: str = "lease",
+        group_commit: int = 0,
     ) -> None:
         from .tablefence import require_table_fence, validate_fencing
 
@@ -274,6 +277,9 @@ class CheckpointCommitter:
         self.lease_ttl = lease_ttl
         #: The pipeline declares an audit: only an AUDITED sealed attempt is published.
         self.require_audit = require_audit
+        #: Up to this many other durable checkpoints of the pipeline are published in the same
+        #: table transaction (:mod:`.group`); 0: every commit alone (the default).
+        self.group_commit = group_commit
 
     def commit(self, pipeline: str, checkpoint_key: str, *, actor: Actor) -> CommitSummary:
         if self.fencing == "table":
@@ -323,6 +329,17 @@ class CheckpointCommitter:
             crashpoint("lease.after_takeover")
         record = lease.record or self.store.require(pipeline, checkpoint_key)
         assert record.sealed_attempt is not None and record.manifest_digest is not None
+        from .group import can_lead_group, commit_as_leader
+
+        if can_lead_group(self, record):
+            return commit_as_leader(self, lease, record, actor=actor, asked=asked, started=started)
+        return self._publish_alone(lease, record, actor=actor, asked=asked, started=started)
+
+    def _publish_alone(
+        self, lease: Lease, record: CheckpointRecord, *, actor: Actor, asked: float, started: float
+    ) -> CommitSummary:
+        """Publish the leased checkpoint by itself, record COMMITTED, clean up (:meth:`commit`)."""
+        pipeline, checkpoint_key = record.pipeline, record.checkpoint_key
         ctx = FencingContext(
             self.store,
             lease,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, timedelta
 from typing import Any
@@ -10,7 +11,13 @@ from airflow.sdk import AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_walsink.committer.commit import CheckpointCommitter, CommitSummary
-from airflow_provider_walsink.committer.errors import AuditRejectedError, OffsetsError, OrderingError
+from airflow_provider_walsink.committer.errors import (
+    AuditRejectedError,
+    LeaseHeldError,
+    OffsetsError,
+    OrderingError,
+)
+from airflow_provider_walsink.committer.group import committed_by_group, is_group_owner
 from airflow_provider_walsink.committer.records import Actor
 from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.connections import airflow_connection_fields
@@ -140,6 +147,13 @@ class WalCommitOperator(BaseOperator):
         consumer group after the target commit, for lag tools; never ahead of the committer
         table, caught up by the next commit or a re-run (docs/kafka.md).
     :param kafka_conn_id: the ``kafka`` connection of that source.
+    :param group_commit: publish up to this many other durable checkpoints of the pipeline
+        with this one, in one table transaction, each with its own marker (Iceberg and Delta,
+        ``overwrite``, lease fencing; other targets and modes commit alone; 0, the default:
+        always alone). A checkpoint that another task's group commit is publishing makes its
+        own commit task wait (poll every ``group_poll``) instead of failing; one it committed
+        is an answered no-op whose asset event this task adds, once (docs/backfill.md).
+    :param group_poll: how often a commit task waiting for a group commit looks again.
     """
 
     operator_extra_links = (WalsinkCheckpointLink(),)
@@ -165,6 +179,8 @@ class WalCommitOperator(BaseOperator):
         fencing: str = "lease",
         kafka_source: Any = None,
         kafka_conn_id: str = "kafka_default",
+        group_commit: int = 0,
+        group_poll: timedelta = timedelta(seconds=2),
         **kwargs: Any,
     ) -> None:
         self.kafka_source = kafka_source
@@ -201,6 +217,12 @@ class WalCommitOperator(BaseOperator):
         if fencing not in ("lease", "table"):
             raise ValueError(f"fencing must be 'lease' or 'table', got {fencing!r}")
         self.fencing = fencing
+        if group_commit < 0:
+            raise ValueError(
+                f"group_commit must be 0 (off) or the most checkpoints to add, got {group_commit}"
+            )
+        self.group_commit = group_commit
+        self.group_poll = group_poll
 
     def get_publisher(self, layout: StagingLayout | None) -> Publisher:
         """The target's publisher: the object given, or one built from the target URI.
@@ -246,9 +268,10 @@ class WalCommitOperator(BaseOperator):
             lease_ttl=self.lease_ttl,
             require_audit=self.require_audit,
             fencing=self.fencing,
+            group_commit=self.group_commit,
         )
         try:
-            summary = committer.commit(self.pipeline, key, actor=actor)
+            summary = self._commit_waiting_for_group(committer, store, key, actor)
         except AuditRejectedError as exc:
             raise AirflowFailException(str(exc)) from None  # retrying cannot help
         except OrderingError as exc:
@@ -259,9 +282,30 @@ class WalCommitOperator(BaseOperator):
         self._summary = summary.to_dict()
         if self.kafka_source is not None:
             self._commit_kafka_group(store)
+        if summary.group:
+            self.log.info(
+                "Checkpoint %s/%s led a group commit: %d checkpoints in one table commit (%s)",
+                self.pipeline,
+                key,
+                len(summary.group),
+                ", ".join(summary.group),
+            )
         if not summary.already_committed:
             if self.asset_alias is not None:
                 self._add_asset_event(context, key, summary)
+        elif (group := self._group_commit_of(committer, key)) is not None:
+            self.log.info(
+                "Checkpoint %s/%s was committed by another task's group commit: %s", self.pipeline, key, group
+            )
+            if self.asset_alias is not None and self._unannounced(context, key, summary, group_at=group):
+                self.log.info(
+                    "Adding the asset event of %s/%s, which its group commit's leader does not add",
+                    self.pipeline,
+                    key,
+                )
+                self._add_asset_event(context, key, summary)
+            elif self.asset_alias is not None:
+                self.log.info("The asset event of %s/%s was already added; adding none", self.pipeline, key)
         elif self.asset_alias is not None and self._commit_unannounced(
             context, committer, key, summary, actor
         ):
@@ -279,6 +323,48 @@ class WalCommitOperator(BaseOperator):
                 key,
             )
         return self._summary
+
+    def _commit_waiting_for_group(
+        self, committer: CheckpointCommitter, store: Any, key: str, actor: Actor
+    ) -> CommitSummary:
+        """Commit; while another task's group commit holds the checkpoint, wait for it instead of failing.
+
+        The group's leader either records COMMITTED (then this is an answered no-op) or dies, and
+        its lease expires on the database's clock (then this task takes it over and reconciles
+        from the table's marker). Any other live holder fails the try, as always.
+        """
+        deadline: float | None = None
+        while True:
+            try:
+                return committer.commit(self.pipeline, key, actor=actor)
+            except LeaseHeldError:
+                record = store.get(self.pipeline, key)
+                # Re-read after the refusal: a group may have finished meanwhile (no holder now: ask again).
+                if record is None or (record.lease_owner and not is_group_owner(record.lease_owner)):
+                    raise
+                now = time.monotonic()
+                # A live leader finishes well within its lease; a dead one's lease runs out.
+                deadline = deadline or now + 2 * self.lease_ttl.total_seconds() + 60
+                if now > deadline:
+                    raise
+                self.log.info(
+                    "Checkpoint %s/%s is being published by a group commit (%s); waiting for it",
+                    self.pipeline,
+                    key,
+                    record.lease_owner,
+                )
+                time.sleep(self.group_poll.total_seconds())
+
+    def _group_commit_of(self, committer: CheckpointCommitter, key: str) -> Any:
+        """The COMMITTED transition of the committed version if another task's group commit recorded it."""
+        committed = [
+            h
+            for h in committer.store.history(self.pipeline, key)
+            if h.to_state == "COMMITTED" and h.from_state != "COMMITTED"
+        ]
+        if committed and committed_by_group(committed[-1].detail):
+            return committed[-1]
+        return None
 
     def _commit_kafka_group(self, store: Any) -> None:
         """The Kafka group follows the committer table: only after COMMITTED (Flink's
@@ -370,9 +456,18 @@ class WalCommitOperator(BaseOperator):
             return False
         if last.try_number > actor.try_number:
             return False
+        return self._unannounced(context, key, summary, group_at=last)
+
+    def _unannounced(self, context: Any, key: str, summary: CommitSummary, *, group_at: Any) -> bool:
+        """No event of the alias since the COMMITTED transition ``group_at`` names this commit.
+
+        A checkpoint committed by another task's group commit is this task's to announce (the
+        leader announces its own checkpoint only); a run of this task again finds the event and
+        adds none. When the events cannot be read, none is added (see :meth:`_commit_unannounced`).
+        """
         try:
             # The events were added at or after COMMITTED; an hour covers the clocks' skew.
-            since = last.at.replace(tzinfo=UTC) - timedelta(hours=1)
+            since = group_at.at.replace(tzinfo=UTC) - timedelta(hours=1)
             events = list(context["inlet_events"][self.asset_alias].after(since.isoformat()))
         except Exception as exc:  # noqa: BLE001 - any failure to read: add nothing (see above)
             self.log.warning("Could not read the asset events of %s (%s); adding none", self.asset_alias, exc)

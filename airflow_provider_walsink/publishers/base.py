@@ -317,3 +317,68 @@ def check_partition_order(
         "is refused (pass allow_older_overwrite=True to the commit task to roll the partition back on "
         "purpose); target left unchanged"
     )
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """One checkpoint of a group commit: its sealed manifest, where it is staged, and its own lease's context."""
+
+    manifest: Manifest
+    attempt: StagedAttempt
+    ctx: PublisherContext
+
+
+@runtime_checkable
+class GroupPublisher(Protocol):
+    """A target that publishes several checkpoints in one table transaction (Flink's
+    ``IcebergFilesCommitter`` committing every pending checkpoint in one snapshot).
+
+    ``publish_group(members)`` answers each member in its slot of the returned list, in
+    order: a :class:`PublishResult` (published by this call's one transaction, or
+    already held, by the member's own marker) or the exception a single ``publish`` of
+    that member would have raised (bad input, layout, order, schema, ``FencedError``).
+    A member that fails its checks is left out of the transaction and never fails the
+    others. Every member is checked by the marker rule on the table state the one
+    commit is based on, exactly as a single ``publish``; the commit carries each
+    member's own marker (attempt id, fencing token, file count, partition holders) as
+    a single commit writes it, so every later ``publish``, ``published_attempt`` and
+    reconcile of a member reads it as if it had been committed alone. ``ctx.fence()``
+    of every member is asked before the commit; a member fenced out is left out.
+    Callers pass ``overwrite`` members with disjoint partitions and no reprocess
+    (``ctx.supersedes`` unset); anything else raises ``ValueError`` before the table is
+    read. A commit that conflicts is retried with back-off and jitter on the reloaded
+    table (members found published meanwhile become already held); a table that
+    keeps changing raises :class:`~._tables.TableCommitConflict`, nothing published.
+    ``members[0].ctx.event`` marks ``table.before_group_commit`` and
+    ``table.after_group_commit``. Repeating the call is safe.
+    """
+
+    def publish_group(self, members: list[GroupMember]) -> list[PublishResult | Exception]: ...
+
+
+def check_group(members: list[GroupMember], mode: str) -> None:
+    """The caller's side of :class:`GroupPublisher`: ``overwrite``, no reprocess, disjoint partitions
+    (``ValueError`` naming the problem; nothing read or changed)."""
+    if mode != "overwrite":
+        raise ValueError(f"a group commit publishes overwrite checkpoints only, not {mode}")
+    seen: dict[str, str] = {}
+    for m in members:
+        if getattr(m.ctx, "supersedes", None):
+            raise ValueError(
+                f"{m.manifest.pipeline}/{m.manifest.checkpoint_key} is a reprocess: commit it alone"
+            )
+        for partition in m.manifest.replaced_partitions():
+            if partition in seen:
+                raise ValueError(
+                    f"{m.manifest.checkpoint_key} and {seen[partition]} both replace partition {partition!r}: "
+                    "commit them one after the other"
+                )
+            seen[partition] = m.manifest.checkpoint_key
+
+
+def conflict_backoff(attempt: int, *, base: float = 0.02, cap: float = 1.0) -> float:
+    """Seconds to wait before retry ``attempt`` (0-based) of a conflicting table commit: full jitter
+    over an exponential bound, so committers that collided do not collide again in step."""
+    import random
+
+    return random.uniform(0, min(cap, base * 2**attempt))

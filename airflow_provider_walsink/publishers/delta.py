@@ -313,13 +313,16 @@ class DeltaPublisher:
                 yield info
 
     def _attempt_in_history(self, dt: DeltaTable, manifest: Manifest, version: int) -> str | None:
+        from .delta_group import commit_holders
+
         for commit in self._history(dt):
-            if (
-                commit.get("walsink.pipeline") == manifest.pipeline
-                and commit.get("walsink.checkpoint") == manifest.checkpoint_key
-                and str(commit.get("walsink.epoch")) == str(version)
-            ):
-                return commit.get("walsink.attempt-id")
+            for held in commit_holders(commit):  # a group commit lists several checkpoints
+                if (
+                    held.get("pipeline") == manifest.pipeline
+                    and held.get("checkpoint") == manifest.checkpoint_key
+                    and str(held.get("epoch")) == str(version)
+                ):
+                    return held.get("attempt_id")
         return None
 
     def published_marker(self, manifest: Manifest, *, need_id: bool = True) -> Marker | None:
@@ -537,6 +540,12 @@ class DeltaPublisher:
             f"Delta table {self.table_uri} changed under each of {MAX_COMMIT_ATTEMPTS} commit attempts of "
             f"{manifest.pipeline}/{manifest.checkpoint_key}; nothing was published, retry the commit"
         )
+
+    def publish_group(self, members: list[Any]) -> list[PublishResult | Exception]:
+        """Several checkpoints in one log version, each with its own marker (:class:`~.base.GroupPublisher`)."""
+        from .delta_group import publish_group
+
+        return publish_group(self, members)
 
     def _already(
         self, manifest: Manifest, marker: Marker | None, locations: list[str], dt: Any
@@ -800,11 +809,18 @@ class DeltaPublisher:
                     "commit is refused (pass allow_older_overwrite=True to the commit task to replace it on "
                     "purpose); target left unchanged"
                 )
+            from .delta_group import commit_holders
+
+            holders = commit_holders(info)
+            # A group commit names the member that replaced this partition; a single commit, itself.
+            holder = next(
+                (h for h in holders if h.get("partitions") is None or partition in h["partitions"]), {}
+            )
             check_partition_order(
                 manifest,
                 partition,
-                info.get("walsink.pipeline"),
-                info.get("walsink.checkpoint"),
+                holder.get("pipeline"),
+                holder.get("checkpoint"),
                 allow_older=False,
                 target=target,
             )

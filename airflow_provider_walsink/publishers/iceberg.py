@@ -679,6 +679,12 @@ class IcebergPublisher:
             "retry the commit"
         )
 
+    def publish_group(self, members: list[Any]) -> list[PublishResult | Exception]:
+        """Several checkpoints in one snapshot, each with its own marker (:class:`~.base.GroupPublisher`)."""
+        from .iceberg_group import publish_group
+
+        return publish_group(self, members)
+
     def _already(self, manifest: Manifest, marker: Marker | None, locations: list[str]) -> PublishResult:
         return PublishResult(
             outcome=PublishOutcome.ALREADY_PUBLISHED,

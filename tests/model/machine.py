@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, initialize, invariant, rule
 
-from .world import KEYS, KILL_POINTS, PAUSE_POINTS, Config, World, schedule_text
+from .world import GROUP_KILL_POINTS, KEYS, KILL_POINTS, PAUSE_POINTS, Config, World, schedule_text
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,7 @@ WEIGHTED = (
     ["run"] * 6 + ["write"] * 2 + ["durable"] * 2 + ["commit"] * 2 + ["crash"] * 5 + ["pause"] * 3
     + ["race", "recommit", "abort", "abort", "abort_race", "reprocess", "reprocess", "retention", "gc", "maintain", "maintain",
        "maintain", "symlink"]
+    + ["group"] * 3  # issue 24: skipped (a no-op step) where the combination cannot group
 )  # fmt: skip
 
 
@@ -120,6 +121,9 @@ def machine_for(
                 return  # an object store has no symlinks: nothing to swap a staged object for
             elif op in ("durable", "commit", "recommit", "race", "abort", "abort_race", "symlink"):
                 self._do({"op": op, "key": key})
+            elif op == "group":
+                point = data.draw(st.sampled_from([None, None, *GROUP_KILL_POINTS]), label="point")
+                self._do({"op": op, "key": key, "point": point})
             elif op == "crash":
                 points = KILL_POINTS[self.kind]
                 point = data.draw(st.sampled_from(points), label="point")

@@ -72,6 +72,16 @@ PAUSE_POINTS = {
     "sql": ("sql.loaded", "commit.after_committed"),
 }
 MAX_TRIES = 12
+#: Group commit (issue 24, table targets, ``overwrite``, lease fencing): where its leader is killed:
+#: before and after its one table commit, before recording COMMITTED, after it (before clean-up).
+GROUP_KILL_POINTS = (
+    "table.before_group_commit",
+    "table.after_group_commit",
+    "group.before_committed",
+    "group.after_committed",
+)
+#: The most other checkpoints a group commit's leader adds to its own.
+GROUP_SIZE = 8
 
 
 #: The bucket of the S3 staging dimension (moto's real S3 API server on loopback).
@@ -249,6 +259,34 @@ def _child_commit(cfg: Config, key: str, n: int, point: str | None, stop: bool, 
         a = actor("commit", key, n)
         summary = committer(cfg, store, a.name).commit(cfg.pipeline, key, actor=a)
         result = {"ok": True, "already": summary.already_committed, "attempt_id": summary.attempt_id}
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        result = {"ok": False, "error": type(exc).__name__, "text": traceback.format_exc()[-1500:]}
+    Path(out).write_text(json.dumps(result))
+    os._exit(0)
+
+
+def _child_group_commit(cfg: Config, key: str, n: int, point: str | None, out: str) -> None:
+    """One commit try leading a group commit; writes ``{"ok", "already", "group": {key: attempt id}}``."""
+    result: dict[str, Any] = {}
+    logging.disable(logging.ERROR)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        if point:
+            os.environ[faults.ENV] = f"{point}:1"
+            os.environ[faults.SIGNAL_ENV] = "KILL"
+        store = CommitterStore.from_url(cfg.db_url, migrate=False)
+        a = actor("group", key, n)
+        c = committer(cfg, store, a.name)
+        c.group_commit = GROUP_SIZE
+        summary = c.commit(cfg.pipeline, key, actor=a)
+        keys = summary.group or [key]
+        group = {k: store.require(cfg.pipeline, k).sealed_attempt_id for k in keys}
+        result = {
+            "ok": True,
+            "already": summary.already_committed,
+            "attempt_id": summary.attempt_id,
+            "group": group,
+        }
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         result = {"ok": False, "error": type(exc).__name__, "text": traceback.format_exc()[-1500:]}
     Path(out).write_text(json.dumps(result))
@@ -504,6 +542,39 @@ class World:
             time.sleep(LEASE_TTL.total_seconds() * 1.1)
         retried = json.dumps(self._commit_until_done(key)) if retry else "no retry"
         return f"{first_write}try 1 {'killed' if killed else json.dumps(first)}; retry {retried}"
+
+    def op_group(self, key: str, point: str | None = None) -> str:
+        """A committer leading a group commit over whatever checkpoints are durable (issue 24), in a
+        child process, SIGKILLed at ``point`` if it gets there; then every checkpoint left COMMITTING
+        is committed by its own task (after the dead leader's leases expire: takeover, reconcile)."""
+        if (
+            self.cfg.kind not in ("iceberg", "delta")
+            or self.cfg.mode != "overwrite"
+            or self.cfg.fencing != "lease"
+        ):
+            return "skipped: group commit is for table targets, overwrite, lease fencing"
+        first_write = self._ensure_durable(key)
+        out = f"{self.cfg.work}/{uuid.uuid4().hex}.out"
+        proc = _CHILDREN.Process(target=_child_group_commit, args=(self.cfg, key, self._next(), point, out))
+        proc.start()
+        proc.join(300)
+        killed = proc.exitcode == -signal.SIGKILL
+        result = self._result(out)
+        if result.get("ok") and not result.get("already"):
+            for aid in result.get("group", {}).values():
+                self.model.new_commits[aid] += 1
+            self.counts["group.members"] += len(result.get("group", {}))
+        if killed:
+            self.counts["kills"] += 1
+            self.counts[f"kill@{point}"] += 1
+            time.sleep(LEASE_TTL.total_seconds() * 1.1)
+        own = {}
+        for k in KEYS:  # the members' own commit tasks
+            rec = self.store.get(self.cfg.pipeline, k)
+            if rec is not None and rec.state.value == "COMMITTING":
+                own[k] = self._commit_until_done(k)
+        told = "killed" if killed else json.dumps({k: v for k, v in result.items() if k != "text"})
+        return f"{first_write}leader {told}; own tasks {json.dumps(own)}"
 
     def op_race(self, key: str) -> str:
         """Two commit tasks of one checkpoint at once (real processes)."""

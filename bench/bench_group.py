@@ -1,0 +1,296 @@
+"""Benchmark 7 (issue 24): 16 concurrent commit tasks, 200 overwrite checkpoints, one table.
+
+walsink: 16 processes (Airflow's worker slots), each committing its share of the 200 durable
+checkpoints one after another with ``group_commit=16`` (the leader of a group publishes every
+durable checkpoint it can take in one snapshot / log version; a task whose checkpoint a group
+holds waits for it). The committer table and the Iceberg catalog are on PostgreSQL (a private
+database, dropped at the end). Any error other than that wait counts as a failed task.
+
+Baseline: the same library appending the same files (copies in the baseline table's own
+directory) from one writer, one append commit per checkpoint, serially: pyiceberg
+``Table.add_files``, deltalake ``create_write_transaction`` of add actions.
+
+The figure is checkpoints per second (200 / wall time, staging excluded for both); the goal is
+all 200 committed, 0 failures, >= 0.8x the baseline's rate. Both tables are read back: every
+row exactly once. Run: ``python -m bench.bench_group [--checkpoints 200] [--tasks 16] [--kinds iceberg,delta] [--poll 0.5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+import traceback
+import uuid
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+PIPELINE = "backfill"
+PG_ADMIN = os.environ.get("WALSINK_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
+
+
+def pg_database() -> tuple[str, Any]:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"walsink_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))  # generated: hex digits only
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"), {"d": name}
+            )
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+        admin.dispose()
+
+    return make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False), drop
+
+
+def make_publisher(kind: str, spec: dict[str, Any]) -> Any:
+    if kind == "iceberg":
+        from airflow_provider_walsink.publishers.iceberg import IcebergPublisher
+
+        return IcebergPublisher(
+            spec["identifier"],
+            "overwrite",
+            catalog_properties=spec["props"],
+            partition_by=["dt"],
+            create_table=True,
+        )
+    from airflow_provider_walsink.publishers.delta import DeltaPublisher
+
+    return DeltaPublisher(spec["uri"], "overwrite", partition_by=["dt"], create_table=True)
+
+
+def key_of(i: int) -> str:
+    return f"2025{1 + i // 28:02d}{1 + i % 28:02d}T000000Z"
+
+
+def day_of(i: int) -> str:
+    return f"2025-{1 + i // 28:02d}-{1 + i % 28:02d}"
+
+
+def parquet(i: int, rows: int = 50) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(
+        pa.table({"id": pa.array(range(i * rows, (i + 1) * rows), pa.int64()), "name": [f"r{i}"] * rows}), buf
+    )
+    return buf.getvalue()
+
+
+def stage_all(store: Any, layout: Any, n: int) -> list[tuple[str, str]]:
+    """Stage and mark DURABLE ``n`` one-file overwrite checkpoints; return (key, staged file) pairs."""
+    from airflow_provider_walsink.committer import Actor, CheckpointWriter
+
+    actor = Actor(name="bench", dag_id="bench", run_id="stage", task_id="write", try_number=1)
+    staged = []
+    for i in range(n):
+        key = key_of(i)
+        store.register(PIPELINE, key, mode="overwrite", actor=actor, target="table")
+        writer = CheckpointWriter(store, layout, PIPELINE, key, actor=actor, partition_columns=("dt",))
+        attempt_dir = writer.begin()
+        rel = f"dt={day_of(i)}/part-0.parquet"
+        data = parquet(i)
+        (attempt_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (attempt_dir / rel).write_bytes(data)
+        writer.add_files({rel: data}, rows={rel: 50})
+        writer.seal()
+        store.mark_durable(PIPELINE, key, attempt=writer.attempt, actor=actor)
+        staged.append((key, str(attempt_dir / rel)))
+    return staged
+
+
+def commit_task(
+    kind: str, spec: dict, url: str, staging: str, keys: list[str], barrier: Any, out: Any, poll: float = 0.05
+) -> None:
+    """One worker slot: its commit tasks, one after another; a group's hold is waited out, anything else fails."""
+    from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
+    from airflow_provider_walsink.committer.errors import LeaseHeldError
+    from airflow_provider_walsink.committer.group import is_group_owner
+    from airflow_provider_walsink.protocol.staging import StagingLayout
+
+    store = CommitterStore.from_url(url, migrate=False)
+    layout = StagingLayout(staging)
+    committer = CheckpointCommitter(
+        store,
+        layout,
+        make_publisher(kind, spec),
+        mode="overwrite",
+        group_commit=16,
+        lease_ttl=timedelta(minutes=2),
+    )
+    failures, grouped = [], 0
+    barrier.wait(300)
+    for key in keys:
+        actor = Actor(name=f"bench.commit@{key}", dag_id="bench", run_id=key, task_id="commit", try_number=1)
+        while True:
+            try:
+                summary = committer.commit(PIPELINE, key, actor=actor)
+                grouped += len(summary.group)
+                break
+            except LeaseHeldError:
+                record = store.get(PIPELINE, key)
+                # No holder any more: the group finished meanwhile; ask again (an answered no-op).
+                if record is None or (record.lease_owner and not is_group_owner(record.lease_owner)):
+                    failures.append(f"{key}: held by {record.lease_owner if record else None}")
+                    break
+                time.sleep(poll)
+            except Exception:  # noqa: BLE001 - a failed task, reported
+                failures.append(f"{key}: {traceback.format_exc()[-600:]}")
+                break
+    out.put((time.time(), failures, grouped))
+    store.dispose()
+
+
+def walsink_run(
+    kind: str, spec: dict, url: str, staging: str, keys: list[str], tasks: int, poll: float = 0.05
+) -> tuple[float, list, int]:
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(tasks + 1), ctx.Queue()
+    shares = [keys[i::tasks] for i in range(tasks)]
+    procs = [
+        ctx.Process(target=commit_task, args=(kind, spec, url, staging, s, barrier, out, poll))
+        for s in shares
+    ]
+    for p in procs:
+        p.start()
+    barrier.wait(300)  # every process imported and connected: the clock starts
+    started = time.time()
+    done = [out.get(timeout=3600) for _ in procs]
+    for p in procs:
+        p.join(60)
+    failures = [f for _, fs, _ in done for f in fs]
+    return max(t for t, _, _ in done) - started, failures, sum(g for _, _, g in done)
+
+
+def baseline_run(kind: str, spec: dict, files: list[str]) -> float:
+    """One writer appending each checkpoint's file (a copy inside its own table) in its own commit."""
+    if kind == "iceberg":
+        from pyiceberg.catalog import load_catalog
+        from pyiceberg.partitioning import PartitionField, PartitionSpec
+        from pyiceberg.transforms import IdentityTransform
+
+        catalog = load_catalog("baseline", **spec["props"])
+        catalog.create_namespace_if_not_exists("base")
+        schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
+        table = catalog.create_table(f"base.t{uuid.uuid4().hex[:6]}", schema=schema)
+        del PartitionField, PartitionSpec, IdentityTransform  # unpartitioned: add_files needs no path values
+        started = time.perf_counter()
+        for path in files:
+            table.add_files([path])
+        return time.perf_counter() - started
+    from deltalake import DeltaTable, write_deltalake
+    from deltalake.transaction import AddAction
+
+    root = Path(spec["uri"])
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
+    write_deltalake(str(root), schema.empty_table(), mode="overwrite")
+    dt = DeltaTable(str(root))
+    rels = []
+    for i, path in enumerate(files):
+        rel = f"part-{i}.parquet"
+        os.link(path, root / rel)
+        rels.append((rel, os.path.getsize(root / rel)))
+    started = time.perf_counter()
+    for rel, size in rels:
+        add = AddAction(rel, size, {}, int(time.time() * 1000), True, '{"numRecords": 50}')
+        dt.create_write_transaction([add], "append", dt.schema(), partition_by=[])
+    return time.perf_counter() - started
+
+
+def rows_once(kind: str, spec: dict, n: int) -> bool:
+    table = make_publisher(kind, spec).load_table()
+    arrow = table.scan().to_arrow() if kind == "iceberg" else table.to_pyarrow_table()
+    ids = Counter(arrow.column("id").to_pylist())
+    return len(ids) == n * 50 and set(ids.values()) == {1}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoints", type=int, default=200)
+    p.add_argument("--tasks", type=int, default=16)
+    p.add_argument("--kinds", default="iceberg,delta")
+    p.add_argument(
+        "--poll", type=float, default=0.5, help="seconds between a waiting task's looks (operator: 2)"
+    )
+    args = p.parse_args()
+    from airflow_provider_walsink.committer import CommitterStore
+    from airflow_provider_walsink.protocol.staging import StagingLayout
+
+    work = Path(tempfile.mkdtemp(prefix="walsink-bench-group-"))
+    url, drop = pg_database()
+    lines = []
+    try:
+        for kind in args.kinds.split(","):
+            store = CommitterStore.from_url(url)
+            with store.engine.begin() as conn:  # a fresh committer table per kind
+                from sqlalchemy import text
+
+                for t in (
+                    "walsink_transition",
+                    "walsink_checkpoint_version",
+                    "walsink_checkpoint",
+                    "walsink_pipeline",
+                ):
+                    conn.execute(text(f"DELETE FROM {t}"))  # noqa: S608 - our own table names
+            props = {"type": "sql", "uri": url, "warehouse": f"file://{work}/warehouse"}
+            spec = (
+                {"identifier": f"ns.group_{uuid.uuid4().hex[:6]}", "props": props}
+                if kind == "iceberg"
+                else {"uri": str(work / f"delta_{uuid.uuid4().hex[:6]}")}
+            )
+            staging = make_publisher(kind, spec).staging_root()
+            staged = stage_all(store, StagingLayout(staging), args.checkpoints)
+            keys = [k for k, _ in staged]
+            load_before = os.getloadavg()[0]
+            wall, failures, grouped = walsink_run(kind, spec, url, staging, keys, args.tasks, args.poll)
+            states = Counter(store.require(PIPELINE, k).state.value for k in keys)
+            once = rows_once(kind, spec, args.checkpoints)
+            copies = work / f"base_{kind}"
+            copies.mkdir()
+            files = []
+            for i, (_, path) in enumerate(staged):
+                shutil.copyfile(path, copies / f"f{i}.parquet")
+                files.append(str(copies / f"f{i}.parquet"))
+            base_spec = (
+                {"props": {**props, "warehouse": f"file://{work}/base_warehouse"}}
+                if kind == "iceberg"
+                else {"uri": str(work / f"base_delta_{uuid.uuid4().hex[:6]}")}
+            )
+            base = baseline_run(kind, base_spec, files)
+            load_after = os.getloadavg()[0]
+            n = args.checkpoints
+            lines.append(
+                f"| {kind} | {n} | {args.tasks} | {n / wall:.1f}/s ({wall:.1f} s) | {n / base:.1f}/s ({base:.1f} s) | "
+                f"{(n / wall) / (n / base):.2f}x | {states.get('COMMITTED', 0)}/{n} | {len(failures)} | "
+                f"{grouped} | {'yes' if once else 'NO'} | {load_before:.1f} / {load_after:.1f} |"
+            )
+            print(lines[-1], flush=True)
+            for f in failures[:5]:
+                print("  failure:", f)
+            store.dispose()
+    finally:
+        drop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(
+        "| target | checkpoints | tasks | walsink (group commit) | library, one writer, serial | ratio | "
+        "COMMITTED | failed tasks | checkpoints in groups (counted by leaders) | rows once | load avg before / after |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
