@@ -282,11 +282,6 @@ def _dump(out: IO[str], data: Any) -> None:
 # -- commands ------------------------------------------------------------------------------
 
 
-def _newest(store: Any, pipeline: str, limit: int) -> list[Any]:
-    """The pipeline's ``limit`` newest checkpoints, oldest first (a status shows the recent ones)."""
-    return list(reversed(store.checkpoints(pipeline, limit=limit, descending=True)))
-
-
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -321,6 +316,11 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
         summaries = store.pipeline_summaries([r["name"] for r in rows])
         pipelines = [{**r, "counts": summaries[r["name"]]["counts"]} for r in rows]
         waits = _waits(store, [p["name"] for p in pipelines])
+        # The newest ``limit`` of every pipeline shown, oldest first, read for the page at once.
+        newest = {
+            name: list(reversed(records))
+            for name, records in store.newest_checkpoints([p["name"] for p in pipelines], limit).items()
+        }
         hint = (
             f"... more pipelines after {rows[-1]['name']!r}, not shown (--pipelines {args.pipelines}): "
             f"walsink status --after {_shell_word(rows[-1]['name'])} for the next page, "
@@ -337,7 +337,7 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
                         "mode": p["mode"],
                         "target": p["target"],
                         "counts": p["counts"],
-                        "checkpoints": [_record_dict(c, waits) for c in _newest(store, p["name"], limit)],
+                        "checkpoints": [_record_dict(c, waits) for c in newest[p["name"]]],
                     }
                     for p in pipelines
                 ],
@@ -360,7 +360,7 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
                 f"  {'seq':>4}  {'checkpoint':<20} {'state':<11} {'att':>3} {'rows':>10} {'bytes':>10}  error",
                 file=out,
             )
-            shown = _newest(store, p["name"], limit)
+            shown = newest[p["name"]]
             hidden = sum(p["counts"].values()) - len(shown)
             if hidden > 0:
                 print(f"  ... {hidden} earlier checkpoints not shown (--limit {limit})", file=out)

@@ -120,6 +120,17 @@ def test_batched_summaries_writers_and_blockers_agree_with_plain_counts(store):
     assert any(len(w) == 2 for w in writers.values()), "no pipeline with two writers was exercised"
 
 
+def test_newest_checkpoints_of_a_page_match_the_keyset_query_also_after_retention(store):
+    names = _fill(store, 16)
+    with store.engine.begin() as conn:  # retention removed some of p007's newest rows
+        conn.execute(ckpt.delete().where(ckpt.c.pipeline == "p007", ckpt.c.sequence == 2))
+    for limit in (1, 2, 5):
+        newest = store.newest_checkpoints(names, limit)
+        for name in names:
+            expected = [r.sequence for r in store.checkpoints(name, limit=limit, descending=True)]
+            assert [r.sequence for r in newest[name]] == expected, (name, limit)
+
+
 def test_uncommitted_keyset_pages_cover_every_open_checkpoint_once(store):
     _fill(store, 30)
     with store.engine.connect() as conn:

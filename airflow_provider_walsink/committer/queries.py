@@ -120,47 +120,42 @@ class CheckpointQueries:
     def wait_heads(self, pipelines: list[str]) -> dict[str, tuple[str | None, CheckpointRecord | None]]:
         """Per pipeline its mode and, for an ``append`` one, its :meth:`first_open` checkpoint
         (``None`` for others): what tells a blocked checkpoint from a moving one, for a whole
-        page in two statements (a ``min(sequence)`` index probe per open state and pipeline,
-        then those rows). An unknown pipeline maps to ``(None, None)``."""
+        page in two statements (an "oldest first, limit 1" index probe per open state and
+        pipeline, then those rows by primary key). An unknown pipeline maps to ``(None, None)``."""
         names = sorted(set(pipelines))
         out: dict[str, tuple[str | None, CheckpointRecord | None]] = dict.fromkeys(names, (None, None))
         if not names:
             return out
 
         def earliest(state: str) -> Any:
+            # A correlated "oldest first, limit 1" probe of the (pipeline, state, sequence) index.
             return (
-                select(func.min(ckpt.c.sequence))
+                select(ckpt.c.id)
                 .where(ckpt.c.pipeline == pipe.c.name, ckpt.c.state == state)
+                .order_by(ckpt.c.sequence)
+                .limit(1)
                 .scalar_subquery()
             )
 
         query = select(
             pipe.c.name, pipe.c.mode, *[earliest(s).label(f"s{i}") for i, s in enumerate(_BLOCKING_STATES)]
         ).where(pipe.c.name.in_(names))
-        heads: dict[str, int] = {}
+        ids: list[int] = []
         with self.engine.connect() as conn:
             for row in conn.execute(query).mappings():
                 if row["name"] not in out:
                     continue  # a case-insensitive match (MySQL/MariaDB collation)
                 out[row["name"]] = (row["mode"], None)
-                found = [row[f"s{i}"] for i in range(len(_BLOCKING_STATES)) if row[f"s{i}"] is not None]
-                if row["mode"] == "append" and found:
-                    heads[row["name"]] = min(found)
-            rows = (
-                conn.execute(
-                    select(ckpt).where(
-                        or_(*(and_(ckpt.c.pipeline == p, ckpt.c.sequence == q) for p, q in heads.items()))
-                    )
-                )
-                .mappings()
-                .all()
-                if heads
-                else []
-            )
+                if row["mode"] == "append":
+                    ids += [row[f"s{i}"] for i in range(len(_BLOCKING_STATES)) if row[f"s{i}"] is not None]
+            rows = conn.execute(select(ckpt).where(ckpt.c.id.in_(ids))).mappings().all() if ids else []
         for row in rows:
             record = CheckpointRecord.from_row(row)
-            if record.state.value in _BLOCKING_STATES:  # else it moved on meanwhile: not blocking
-                out[record.pipeline] = (out[record.pipeline][0], record)
+            if record.state.value not in _BLOCKING_STATES:
+                continue  # moved on between the two statements: not blocking
+            mode, head = out[record.pipeline]
+            if head is None or record.sequence < head.sequence:
+                out[record.pipeline] = (mode, record)
         return out
 
     @retrying
@@ -193,6 +188,43 @@ class CheckpointQueries:
         with self.engine.connect() as conn:
             rows = conn.execute(query.order_by(order).limit(limit)).mappings().all()
         return [CheckpointRecord.from_row(r) for r in rows]
+
+    @retrying
+    def newest_checkpoints(self, pipelines: list[str], limit: int) -> dict[str, list[CheckpointRecord]]:
+        """The ``limit`` newest checkpoints of each of ``pipelines``, newest first, in one
+        statement for all of them plus one per pipeline whose newest sequence numbers
+        retention has thinned.
+
+        Sequence numbers are allocated without gaps, so a pipeline's ``limit`` newest
+        checkpoints are those from ``next_sequence - limit`` on: one bounded range of the
+        (pipeline, sequence) index each, joined to the pipeline's row. Where that range
+        holds fewer rows (retention removed some), the keyset query of :meth:`checkpoints`
+        answers for that pipeline.
+        """
+        names = sorted(set(pipelines))
+        if not names:
+            return {}
+        query = (
+            select(ckpt)
+            .join(pipe, pipe.c.name == ckpt.c.pipeline)
+            .where(pipe.c.name.in_(names), ckpt.c.sequence >= pipe.c.next_sequence - limit)
+        )
+        out: dict[str, list[CheckpointRecord]] = {name: [] for name in names}
+        with self.engine.connect() as conn:
+            ranges = conn.execute(
+                select(pipe.c.name, pipe.c.next_sequence).where(pipe.c.name.in_(names))
+            ).all()
+            for row in conn.execute(query).mappings():
+                if row["pipeline"] in out:
+                    out[row["pipeline"]].append(CheckpointRecord.from_row(row))
+        for name, next_sequence in ranges:
+            if name not in out:
+                continue
+            records = sorted(out[name], key=lambda r: r.sequence, reverse=True)[:limit]
+            if len(records) < min(limit, (next_sequence or 1) - 1):
+                records = self.checkpoints(name, limit=limit, descending=True)  # gaps: ask the index
+            out[name] = records
+        return out
 
     @retrying
     def uncommitted(
@@ -289,9 +321,8 @@ class CheckpointQueries:
         (``next_sequence - 1``) minus the retired rows and the others. The others are
         counted on their own ranges of the (pipeline, state, sequence) index, which
         hold what is open or failed, not the committed history. The latest committed
-        and latest error checkpoints are ``max(sequence)`` per (pipeline, state): one
-        index probe each (every backend turns a max on an index prefix into a
-        "newest first, limit 1" probe), then their rows by primary key.
+        and latest error checkpoints are a "newest first, limit 1" probe of that index
+        per (pipeline, state), then their rows by primary key.
         """
         names = sorted(set(pipelines))
         out: dict[str, dict[str, Any]] = {
@@ -310,9 +341,12 @@ class CheckpointQueries:
             )
 
         def newest(state: str) -> Any:
+            # A correlated "newest first, limit 1" probe of the (pipeline, state, sequence) index.
             return (
-                select(func.max(ckpt.c.sequence))
+                select(ckpt.c.id)
                 .where(ckpt.c.pipeline == pipe.c.name, ckpt.c.state == state)
+                .order_by(ckpt.c.sequence.desc())
+                .limit(1)
                 .scalar_subquery()
             )
 
@@ -323,7 +357,7 @@ class CheckpointQueries:
             *[count(s).label(f"n{i}") for i, s in enumerate(others)],
             *[newest(s).label(f"m{i}") for i, s in enumerate(latest_states)],
         ).where(pipe.c.name.in_(names))
-        wanted: dict[tuple[str, int], tuple[str, str]] = {}  # (pipeline, sequence) -> (kind, state)
+        ids: list[int] = []
         with self.engine.connect() as conn:
             for row in conn.execute(query).mappings():
                 name = row["name"]
@@ -340,30 +374,20 @@ class CheckpointQueries:
                     counts[S.COMMITTED.value] = committed
                 out[name]["counts"] = counts
                 out[name]["retired"] = retired
-                for i, state in enumerate(latest_states):
-                    if row[f"m{i}"] is not None:
-                        kind = "latest_committed" if state == S.COMMITTED.value else "last_error"
-                        wanted[(name, row[f"m{i}"])] = (kind, state)
-            if wanted:
-                rows = (
-                    conn.execute(
-                        select(ckpt).where(
-                            or_(*(and_(ckpt.c.pipeline == p, ckpt.c.sequence == q) for p, q in wanted))
-                        )
-                    )
-                    .mappings()
-                    .all()
-                )
-            else:
-                rows = []
+                ids += [row[f"m{i}"] for i in range(len(latest_states)) if row[f"m{i}"] is not None]
+            rows = conn.execute(select(ckpt).where(ckpt.c.id.in_(ids))).mappings().all() if ids else []
+        errors = {s.value for s in ERROR_STATES}
         for row in rows:
-            found = wanted.get((row["pipeline"], row["sequence"]))
-            if found is None or row["state"] != found[1]:
-                continue  # moved on between the two statements: the next read shows it
             record = CheckpointRecord.from_row(row)
-            current = out[record.pipeline][found[0]]
+            if record.state.value == S.COMMITTED.value:
+                kind = "latest_committed"
+            elif record.state.value in errors:
+                kind = "last_error"
+            else:
+                continue  # moved on between the two statements: the next read shows it
+            current = out[record.pipeline][kind]
             if current is None or current.sequence < record.sequence:
-                out[record.pipeline][found[0]] = record  # the newest of the error states
+                out[record.pipeline][kind] = record  # the newest of the error states
         return out
 
     @retrying
