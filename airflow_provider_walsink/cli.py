@@ -449,7 +449,14 @@ def cmd_checkpoints(args: argparse.Namespace, out: IO[str]) -> int:
     store = open_store(target)
     try:
         _known_pipelines(store, args.pipeline)
-        names = args.pipeline or [p["name"] for p in store.pipelines(with_counts=False)]
+        if args.pipeline:
+            names = args.pipeline
+        elif CheckpointState.COMMITTED.value in states:
+            names = [p["name"] for p in store.pipelines(with_counts=False)]
+        else:
+            # Only the pipelines with a checkpoint in those states (few, found on the state
+            # index), not one query per pipeline of thousands.
+            names = store.pipelines_in_states(states)
         now = utcnow()
         found = []
         for name in names:

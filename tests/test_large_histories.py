@@ -131,6 +131,14 @@ def test_newest_checkpoints_of_a_page_match_the_keyset_query_also_after_retentio
             assert [r.sequence for r in newest[name]] == expected, (name, limit)
 
 
+def test_pipelines_in_states_are_those_with_such_a_checkpoint(store):
+    _fill(store, 20)
+    with store.engine.connect() as conn:
+        rows = conn.execute(select(ckpt.c.pipeline, ckpt.c.state)).all()
+    for states in (["FAILED"], ["WRITING", "DURABLE"], ["COMMITTED"], []):
+        assert store.pipelines_in_states(states) == sorted({p for p, s in rows if s in states}), states
+
+
 def test_uncommitted_keyset_pages_cover_every_open_checkpoint_once(store):
     _fill(store, 30)
     with store.engine.connect() as conn:

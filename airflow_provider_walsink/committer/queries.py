@@ -227,6 +227,17 @@ class CheckpointQueries:
         return out
 
     @retrying
+    def pipelines_in_states(self, states: list[str]) -> list[str]:
+        """The pipelines having a checkpoint in one of ``states``, sorted: where a listing
+        by state needs to look. Reads those states' ranges of the (state, created_at) index,
+        so it is cheap for the open and failed states and as long as the history for COMMITTED."""
+        if not states:
+            return []
+        with self.engine.connect() as conn:
+            names = conn.execute(select(ckpt.c.pipeline).where(ckpt.c.state.in_(states)).distinct()).scalars()
+            return sorted(names)
+
+    @retrying
     def uncommitted(
         self,
         pipelines: list[str] | None,
