@@ -197,26 +197,36 @@ class CheckpointQueries:
 
         Sequence numbers are allocated without gaps, so a pipeline's ``limit`` newest
         checkpoints are those from ``next_sequence - limit`` on: one bounded range of the
-        (pipeline, sequence) index each, joined to the pipeline's row. Where that range
+        (pipeline, sequence) index each, read in one statement. Where that range
         holds fewer rows (retention removed some), the keyset query of :meth:`checkpoints`
         answers for that pipeline.
         """
         names = sorted(set(pipelines))
         if not names:
             return {}
-        query = (
-            select(ckpt)
-            .join(pipe, pipe.c.name == ckpt.c.pipeline)
-            .where(pipe.c.name.in_(names), ckpt.c.sequence >= pipe.c.next_sequence - limit)
-        )
         out: dict[str, list[CheckpointRecord]] = {name: [] for name in names}
         with self.engine.connect() as conn:
-            ranges = conn.execute(
-                select(pipe.c.name, pipe.c.next_sequence).where(pipe.c.name.in_(names))
-            ).all()
-            for row in conn.execute(query).mappings():
-                if row["pipeline"] in out:
-                    out[row["pipeline"]].append(CheckpointRecord.from_row(row))
+            ranges = [
+                (name, next_sequence)
+                for name, next_sequence in conn.execute(
+                    select(pipe.c.name, pipe.c.next_sequence).where(pipe.c.name.in_(names))
+                )
+                if name in out  # not a case-insensitive match (MySQL/MariaDB collation)
+            ]
+            if ranges:
+                # One explicit range per pipeline: the planner sees each bound (a join on
+                # ``next_sequence - limit`` left it guessing, and it chose to scan the table).
+                query = select(ckpt).where(
+                    or_(
+                        *(
+                            and_(ckpt.c.pipeline == name, ckpt.c.sequence >= (next_sequence or 1) - limit)
+                            for name, next_sequence in ranges
+                        )
+                    )
+                )
+                for row in conn.execute(query).mappings():
+                    if row["pipeline"] in out:
+                        out[row["pipeline"]].append(CheckpointRecord.from_row(row))
         for name, next_sequence in ranges:
             if name not in out:
                 continue
