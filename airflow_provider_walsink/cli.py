@@ -194,9 +194,9 @@ def open_store(target: Target, *, create: bool = False) -> Any:
 def _known_pipelines(store: Any, wanted: Sequence[str] | None) -> None:
     if not wanted:
         return
-    known = [p["name"] for p in store.pipelines(with_counts=False)]
-    unknown = [p for p in wanted if p not in known]
+    unknown = [p for p in wanted if store.get_pipeline(p) is None]
     if unknown:
+        known = [p["name"] for p in store.pipeline_page(limit=21)]  # a hint, not every pipeline
         listing = ", ".join(known[:20]) + (", ..." if len(known) > 20 else "") if known else "none"
         raise CliError(f"unknown pipeline {', '.join(map(repr, unknown))} (known: {listing})")
 
@@ -282,11 +282,6 @@ def _dump(out: IO[str], data: Any) -> None:
 # -- commands ------------------------------------------------------------------------------
 
 
-def _newest(store: Any, pipeline: str, limit: int) -> list[Any]:
-    """The pipeline's ``limit`` newest checkpoints, oldest first (a status shows the recent ones)."""
-    return list(reversed(store.checkpoints(pipeline, limit=limit, descending=True)))
-
-
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -297,6 +292,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
+#: The all-pipelines view of ``walsink status``: pipelines per page and newest checkpoints each.
+STATUS_PIPELINES = 20
+STATUS_LIMIT_ALL = 10
+STATUS_LIMIT_ONE = 1000
+
+
 def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
     from airflow_provider_walsink.protocol.states import CheckpointState
 
@@ -304,8 +305,29 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
     store = open_store(target)
     try:
         _known_pipelines(store, [args.pipeline] if args.pipeline else None)
-        pipelines = [p for p in store.pipelines() if not args.pipeline or p["name"] == args.pipeline]
+        if args.pipeline:
+            rows, more = [store.get_pipeline(args.pipeline)], False
+        else:
+            # A keyset page of pipelines by name: bounded at any number of pipelines.
+            rows = store.pipeline_page(after=args.after, limit=args.pipelines + 1)
+            more = len(rows) > args.pipelines
+            rows = rows[: args.pipelines]
+        limit = args.limit or (STATUS_LIMIT_ONE if args.pipeline else STATUS_LIMIT_ALL)
+        summaries = store.pipeline_summaries([r["name"] for r in rows])
+        pipelines = [{**r, "counts": summaries[r["name"]]["counts"]} for r in rows]
         waits = _waits(store, [p["name"] for p in pipelines])
+        # The newest ``limit`` of every pipeline shown, oldest first, read for the page at once.
+        newest = {
+            name: list(reversed(records))
+            for name, records in store.newest_checkpoints([p["name"] for p in pipelines], limit).items()
+        }
+        hint = (
+            f"... more pipelines after {rows[-1]['name']!r}, not shown (--pipelines {args.pipelines}): "
+            f"walsink status --after {_shell_word(rows[-1]['name'])} for the next page, "
+            "or --pipeline NAME for one"
+            if more
+            else None
+        )
         if args.json:
             _dump(
                 out,
@@ -315,16 +337,17 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
                         "mode": p["mode"],
                         "target": p["target"],
                         "counts": p["counts"],
-                        "checkpoints": [
-                            _record_dict(c, waits) for c in _newest(store, p["name"], args.limit)
-                        ],
+                        "checkpoints": [_record_dict(c, waits) for c in newest[p["name"]]],
                     }
                     for p in pipelines
                 ],
             )
+            if hint:
+                print(hint, file=sys.stderr)  # stdout holds the JSON only
             return 0
         if not pipelines:
-            print(f"no pipelines in the committer table ({target.display})", file=out)
+            after = f" after {args.after!r}" if args.after else ""
+            print(f"no pipelines{after} in the committer table ({target.display})", file=out)
             return 0
         order = [s.value for s in CheckpointState]
         for p in pipelines:
@@ -337,10 +360,10 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
                 f"  {'seq':>4}  {'checkpoint':<20} {'state':<11} {'att':>3} {'rows':>10} {'bytes':>10}  error",
                 file=out,
             )
-            shown = _newest(store, p["name"], args.limit)
+            shown = newest[p["name"]]
             hidden = sum(p["counts"].values()) - len(shown)
             if hidden > 0:
-                print(f"  ... {hidden} earlier checkpoints not shown (--limit {args.limit})", file=out)
+                print(f"  ... {hidden} earlier checkpoints not shown (--limit {limit})", file=out)
             for c in shown:
                 print(
                     f"  {c.sequence:>4}  {c.checkpoint_key:<20} {c.state.value:<11} {c.attempt:>3} "
@@ -348,19 +371,23 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
                     f"{_why(c, waits, 120)}",
                     file=out,
                 )
+        if hint:
+            print(hint, file=out)
         return 0
     finally:
         store.dispose()
 
 
+def _shell_word(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
 def _waits(store: Any, pipelines: Sequence[str]) -> dict[str, tuple[str | None, Any]]:
-    """Per pipeline its mode and earliest open checkpoint: what blocks a later ``append`` one."""
-    out: dict[str, tuple[str | None, Any]] = {}
-    for name in set(pipelines):
-        row = store.get_pipeline(name)
-        mode = row["mode"] if row else None
-        out[name] = (mode, store.first_open(name) if mode == "append" else None)
-    return out
+    """Per pipeline its mode and earliest open checkpoint: what blocks a later ``append`` one
+    (two statements for all of them)."""
+    return store.wait_heads(list(pipelines))
 
 
 def _waiting(c: Any, waits: dict[str, tuple[str | None, Any]] | None) -> dict[str, Any] | None:
@@ -422,7 +449,14 @@ def cmd_checkpoints(args: argparse.Namespace, out: IO[str]) -> int:
     store = open_store(target)
     try:
         _known_pipelines(store, args.pipeline)
-        names = args.pipeline or [p["name"] for p in store.pipelines(with_counts=False)]
+        if args.pipeline:
+            names = args.pipeline
+        elif CheckpointState.COMMITTED.value in states:
+            names = [p["name"] for p in store.pipelines(with_counts=False)]
+        else:
+            # Only the pipelines with a checkpoint in those states (few, found on the state
+            # index), not one query per pipeline of thousands.
+            names = store.pipelines_in_states(states)
         now = utcnow()
         found = []
         for name in names:
@@ -798,8 +832,19 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--limit",
         type=_positive_int,
-        default=1000,
-        help="newest checkpoints shown per pipeline (default 1000)",
+        default=None,
+        help=f"newest checkpoints shown per pipeline (default {STATUS_LIMIT_ONE} with --pipeline, "
+        f"{STATUS_LIMIT_ALL} for every pipeline)",
+    )
+    status.add_argument(
+        "--pipelines",
+        type=_positive_int,
+        default=STATUS_PIPELINES,
+        help=f"without --pipeline: pipelines shown per page, in name order (default {STATUS_PIPELINES}); "
+        "a last line says how to see the next page",
+    )
+    status.add_argument(
+        "--after", metavar="NAME", help="without --pipeline: only pipelines whose name sorts after NAME"
     )
     status.set_defaults(func=cmd_status)
 

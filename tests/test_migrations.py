@@ -216,3 +216,53 @@ def test_0006_adds_source_plan_to_existing_rows_and_downgrades_keeping_them(db_u
     with engine.connect() as conn:
         assert conn.execute(select(ckpt.c.source_plan).where(ckpt.c.id == cid)).scalar_one() is None
     engine.dispose()
+
+
+def _checkpoint_indexes(engine) -> dict[str, list[str]]:
+    return {ix["name"]: ix["column_names"] for ix in inspect(engine).get_indexes("walsink_checkpoint")}
+
+
+def test_0007_adds_the_open_state_index_and_downgrades_keeping_rows(db_url):
+    """Issue 24: 0007 adds the (state, created_at) index that finds open checkpoints of every
+    pipeline without reading the history; a downgrade drops only that index, rows stay."""
+    from datetime import datetime
+
+    from sqlalchemy import func, insert, select
+
+    from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
+    from airflow_provider_walsink.committer.models import pipeline_table as pipe
+
+    name = "ix_walsink_checkpoint_state_created_at"
+    engine = create_committer_engine(db_url)
+    _drop_all(engine)
+    upgrade(engine, "0006")
+    assert name not in _checkpoint_indexes(engine)
+    now = datetime(2026, 11, 1)
+    with engine.begin() as conn:
+        conn.execute(insert(pipe).values(name="p", mode="append", next_sequence=2, created_at=now))
+        conn.execute(
+            insert(ckpt).values(
+                pipeline="p",
+                checkpoint_key="k",
+                sequence=1,
+                state="WRITING",
+                attempt=1,
+                created_at=now,
+                updated_at=now,
+            )  # fmt: skip
+        )
+
+    upgrade(engine)
+    assert _checkpoint_indexes(engine)[name] == ["state", "created_at"]
+    with engine.connect() as conn:
+        assert current_revision(conn) == head_revision() == "0007"
+
+    _downgrade(engine, "0006")
+    assert name not in _checkpoint_indexes(engine)
+    with engine.connect() as conn:
+        assert current_revision(conn) == "0006"
+        assert conn.execute(select(func.count()).select_from(ckpt)).scalar_one() == 1
+
+    upgrade(engine)  # and up again
+    assert _checkpoint_indexes(engine)[name] == ["state", "created_at"]
+    engine.dispose()

@@ -201,7 +201,18 @@ def test_api_benchmark_runs(tmp_path):
     env.pop("AIRFLOW_HOME", None)
     env["WALSINK_BENCH_PG_URL"] = pg_admin_url
     result = subprocess.run(
-        [sys.executable, "-m", "bench.bench_api", "--rows", "2000", "--requests", "3"],
+        [
+            sys.executable,
+            "-m",
+            "bench.bench_api",
+            "--rows",
+            "2000",
+            "--pipelines",
+            "50",
+            "--requests",
+            "3",
+            "--explain",
+        ],
         cwd=repo,
         env=env,
         capture_output=True,
@@ -213,8 +224,14 @@ def test_api_benchmark_runs(tmp_path):
 
         missing_prerequisite("PostgreSQL is unreachable")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Commit-state API latency, 2,000 checkpoints" in result.stdout
-    for row in ("list API, deep keyset page", "baseline: raw indexed SQL", "pipelines overview API"):
+    assert "50 pipelines, 2,000 checkpoints" in result.stdout
+    assert "EXPLAIN walsink status" in result.stdout  # plans only: on 2,000 rows a Seq Scan is right
+    for row in (
+        "list API, deep keyset page",
+        "baseline: raw indexed SQL",
+        "pipelines overview API",
+        "walsink status",
+    ):
         assert row in result.stdout, result.stdout
 
 

@@ -74,6 +74,9 @@ class Checkpoint(Base):
         Index("ix_walsink_checkpoint_dag_id_run_id", "dag_id", "run_id"),
         # The UI's access check: which DAGs write each pipeline (an index-only scan).
         Index("ix_walsink_checkpoint_pipeline_dag_id", "pipeline", "dag_id"),
+        # Open checkpoints of every pipeline, oldest registration first ("what is stuck"), and
+        # COMMITTING ones with their leases: ranges of the few open states, not the history.
+        Index("ix_walsink_checkpoint_state_created_at", "state", "created_at"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

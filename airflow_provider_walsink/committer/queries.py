@@ -117,6 +117,48 @@ class CheckpointQueries:
         return min(found, key=lambda r: r.sequence) if found else None
 
     @retrying
+    def wait_heads(self, pipelines: list[str]) -> dict[str, tuple[str | None, CheckpointRecord | None]]:
+        """Per pipeline its mode and, for an ``append`` one, its :meth:`first_open` checkpoint
+        (``None`` for others): what tells a blocked checkpoint from a moving one, for a whole
+        page in two statements (an "oldest first, limit 1" index probe per open state and
+        pipeline, then those rows by primary key). An unknown pipeline maps to ``(None, None)``."""
+        names = sorted(set(pipelines))
+        out: dict[str, tuple[str | None, CheckpointRecord | None]] = dict.fromkeys(names, (None, None))
+        if not names:
+            return out
+
+        def earliest(state: str) -> Any:
+            # A correlated "oldest first, limit 1" probe of the (pipeline, state, sequence) index.
+            return (
+                select(ckpt.c.id)
+                .where(ckpt.c.pipeline == pipe.c.name, ckpt.c.state == state)
+                .order_by(ckpt.c.sequence)
+                .limit(1)
+                .scalar_subquery()
+            )
+
+        query = select(
+            pipe.c.name, pipe.c.mode, *[earliest(s).label(f"s{i}") for i, s in enumerate(_BLOCKING_STATES)]
+        ).where(pipe.c.name.in_(names))
+        ids: list[int] = []
+        with self.engine.connect() as conn:
+            for row in conn.execute(query).mappings():
+                if row["name"] not in out:
+                    continue  # a case-insensitive match (MySQL/MariaDB collation)
+                out[row["name"]] = (row["mode"], None)
+                if row["mode"] == "append":
+                    ids += [row[f"s{i}"] for i in range(len(_BLOCKING_STATES)) if row[f"s{i}"] is not None]
+            rows = conn.execute(select(ckpt).where(ckpt.c.id.in_(ids))).mappings().all() if ids else []
+        for row in rows:
+            record = CheckpointRecord.from_row(row)
+            if record.state.value not in _BLOCKING_STATES:
+                continue  # moved on between the two statements: not blocking
+            mode, head = out[record.pipeline]
+            if head is None or record.sequence < head.sequence:
+                out[record.pipeline] = (mode, record)
+        return out
+
+    @retrying
     def checkpoints(
         self,
         pipeline: str,
@@ -148,16 +190,97 @@ class CheckpointQueries:
         return [CheckpointRecord.from_row(r) for r in rows]
 
     @retrying
-    def uncommitted(
-        self, pipelines: list[str], *, registered_before: datetime | None = None, limit: int = 500
-    ) -> list[CheckpointRecord]:
-        """Checkpoints of ``pipelines`` neither COMMITTED nor ABORTED (registered before
-        ``registered_before``, naive UTC, if given), oldest registration first: what is stuck."""
-        if not pipelines:
+    def newest_checkpoints(self, pipelines: list[str], limit: int) -> dict[str, list[CheckpointRecord]]:
+        """The ``limit`` newest checkpoints of each of ``pipelines``, newest first, in one
+        statement for all of them plus one per pipeline whose newest sequence numbers
+        retention has thinned.
+
+        Sequence numbers are allocated without gaps, so a pipeline's ``limit`` newest
+        checkpoints are those from ``next_sequence - limit`` on: one bounded range of the
+        (pipeline, sequence) index each, read in one statement. Where that range
+        holds fewer rows (retention removed some), the keyset query of :meth:`checkpoints`
+        answers for that pipeline.
+        """
+        names = sorted(set(pipelines))
+        if not names:
+            return {}
+        out: dict[str, list[CheckpointRecord]] = {name: [] for name in names}
+        with self.engine.connect() as conn:
+            ranges = [
+                (name, next_sequence)
+                for name, next_sequence in conn.execute(
+                    select(pipe.c.name, pipe.c.next_sequence).where(pipe.c.name.in_(names))
+                )
+                if name in out  # not a case-insensitive match (MySQL/MariaDB collation)
+            ]
+            if ranges:
+                # One explicit range per pipeline: the planner sees each bound (a join on
+                # ``next_sequence - limit`` left it guessing, and it chose to scan the table).
+                query = select(ckpt).where(
+                    or_(
+                        *(
+                            and_(ckpt.c.pipeline == name, ckpt.c.sequence >= (next_sequence or 1) - limit)
+                            for name, next_sequence in ranges
+                        )
+                    )
+                )
+                for row in conn.execute(query).mappings():
+                    if row["pipeline"] in out:
+                        out[row["pipeline"]].append(CheckpointRecord.from_row(row))
+        for name, next_sequence in ranges:
+            if name not in out:
+                continue
+            records = sorted(out[name], key=lambda r: r.sequence, reverse=True)[:limit]
+            if len(records) < min(limit, (next_sequence or 1) - 1):
+                records = self.checkpoints(name, limit=limit, descending=True)  # gaps: ask the index
+            out[name] = records
+        return out
+
+    @retrying
+    def pipelines_in_states(self, states: list[str]) -> list[str]:
+        """The pipelines having a checkpoint in one of ``states``, sorted: where a listing
+        by state needs to look. Reads those states' ranges of the (state, created_at) index,
+        so it is cheap for the open and failed states and as long as the history for COMMITTED."""
+        if not states:
             return []
-        query = select(ckpt).where(ckpt.c.pipeline.in_(pipelines), ckpt.c.state.in_(_BLOCKING_STATES))
+        with self.engine.connect() as conn:
+            names = conn.execute(select(ckpt.c.pipeline).where(ckpt.c.state.in_(states)).distinct()).scalars()
+            return sorted(names)
+
+    @retrying
+    def uncommitted(
+        self,
+        pipelines: list[str] | None,
+        *,
+        registered_before: datetime | None = None,
+        limit: int = 500,
+        after: tuple[datetime, str, int] | None = None,
+    ) -> list[CheckpointRecord]:
+        """Checkpoints of ``pipelines`` (``None``: of every pipeline) neither COMMITTED nor
+        ABORTED (registered before ``registered_before``, naive UTC, if given), oldest
+        registration first: what is stuck.
+
+        Keyset-paginated on ``(created_at, pipeline, sequence)``: ``after`` is that triple of
+        the last row of the previous page. Reads the open states' ranges of the
+        (state, created_at) index, not the committed history.
+        """
+        if pipelines is not None and not pipelines:
+            return []
+        query = select(ckpt).where(ckpt.c.state.in_(_BLOCKING_STATES))
+        if pipelines is not None:
+            query = query.where(ckpt.c.pipeline.in_(pipelines))
         if registered_before is not None:
             query = query.where(ckpt.c.created_at <= registered_before)
+        if after is not None:
+            at, name, sequence = after
+            query = query.where(
+                ckpt.c.created_at >= at,
+                or_(
+                    ckpt.c.created_at > at,
+                    ckpt.c.pipeline > name,
+                    and_(ckpt.c.pipeline == name, ckpt.c.sequence > sequence),
+                ),
+            )
         query = query.order_by(ckpt.c.created_at, ckpt.c.pipeline, ckpt.c.sequence).limit(limit)
         with self.engine.connect() as conn:
             rows = conn.execute(query).mappings().all()
@@ -199,82 +322,168 @@ class CheckpointQueries:
             row = conn.execute(select(pipe).where(pipe.c.name == name)).mappings().first()
         return dict(row) if row is not None else None
 
-    @retrying
     def pipeline_summary(self, pipeline: str) -> dict[str, Any]:
         """Counts per state, the latest committed and the latest failed/aborted/rejected checkpoint.
 
-        Cost does not grow with the pipeline's history: ``register()`` allocates
+        ``{"counts": {state: n}, "retired": n, "latest_committed": record | None,
+        "last_error": record | None}``; see :meth:`pipeline_summaries`.
+        """
+        return self.pipeline_summaries([pipeline])[pipeline]
+
+    @retrying
+    def pipeline_summaries(self, pipelines: list[str]) -> dict[str, dict[str, Any]]:
+        """:meth:`pipeline_summary` of each of ``pipelines`` in two statements, whatever
+        the length of their histories (an unknown pipeline gets an empty summary).
+
+        Counts are exact without counting the history: ``register()`` allocates
         sequence numbers without gaps in the same transaction as the row, and only
         retention deletes rows (counting them in ``retired``, same transaction), so
         the number of COMMITTED checkpoints is the number allocated
-        (``next_sequence - 1``) minus the retired rows and the others, which are
-        counted on their own (few) ranges of the (pipeline, state, sequence) index.
-        The latest committed/failed checkpoints are "newest first, limit 1" probes
-        on it. ``retired`` is returned too (rows retention removed, any state).
+        (``next_sequence - 1``) minus the retired rows and the others. The others are
+        counted on their own ranges of the (pipeline, state, sequence) index, which
+        hold what is open or failed, not the committed history. The latest committed
+        and latest error checkpoints are a "newest first, limit 1" probe of that index
+        per (pipeline, state), then their rows by primary key.
         """
-        latest = {}
-        others = [s.value for s in S if s is not S.COMMITTED]
-        with self.engine.connect() as conn:
-            allocated = conn.execute(
-                select(pipe.c.next_sequence, pipe.c.retired).where(pipe.c.name == pipeline)
-            ).first()
-            next_sequence, retired = allocated if allocated is not None else (1, 0)
-            counts = dict(
-                conn.execute(
-                    select(ckpt.c.state, func.count())
-                    .where(ckpt.c.pipeline == pipeline, ckpt.c.state.in_(others))
-                    .group_by(ckpt.c.state)
-                ).all()
-            )
-            committed = (next_sequence or 1) - 1 - (retired or 0) - sum(counts.values())
-            if committed < 0:  # rows written around register(): count them exactly instead
-                committed = conn.execute(
-                    select(func.count()).where(ckpt.c.pipeline == pipeline, ckpt.c.state == S.COMMITTED.value)
-                ).scalar_one()
-            if committed:
-                counts[S.COMMITTED.value] = committed
-            for name, states in (
-                ("committed", [S.COMMITTED.value]),
-                ("error", sorted(s.value for s in ERROR_STATES)),
-            ):
-                # One indexed "newest first, limit 1" probe per state, then the newer of them.
-                found = []
-                for state in states:
-                    row = (
-                        conn.execute(
-                            select(ckpt)
-                            .where(ckpt.c.pipeline == pipeline, ckpt.c.state == state)
-                            .order_by(ckpt.c.sequence.desc())
-                            .limit(1)
-                        )
-                        .mappings()
-                        .first()
-                    )
-                    if row is not None:
-                        found.append(CheckpointRecord.from_row(row))
-                latest[name] = max(found, key=lambda r: r.sequence) if found else None
-        return {
-            "counts": counts,
-            "retired": retired or 0,
-            "latest_committed": latest["committed"],
-            "last_error": latest["error"],
+        names = sorted(set(pipelines))
+        out: dict[str, dict[str, Any]] = {
+            name: {"counts": {}, "retired": 0, "latest_committed": None, "last_error": None} for name in names
         }
+        if not names:
+            return out
+        others = [s.value for s in S if s is not S.COMMITTED]
+        latest_states = [S.COMMITTED.value, *sorted(s.value for s in ERROR_STATES)]
+
+        def count(state: str) -> Any:
+            return (
+                select(func.count())
+                .where(ckpt.c.pipeline == pipe.c.name, ckpt.c.state == state)
+                .scalar_subquery()
+            )
+
+        def newest(state: str) -> Any:
+            # A correlated "newest first, limit 1" probe of the (pipeline, state, sequence) index.
+            return (
+                select(ckpt.c.id)
+                .where(ckpt.c.pipeline == pipe.c.name, ckpt.c.state == state)
+                .order_by(ckpt.c.sequence.desc())
+                .limit(1)
+                .scalar_subquery()
+            )
+
+        query = select(
+            pipe.c.name,
+            pipe.c.next_sequence,
+            pipe.c.retired,
+            *[count(s).label(f"n{i}") for i, s in enumerate(others)],
+            *[newest(s).label(f"m{i}") for i, s in enumerate(latest_states)],
+        ).where(pipe.c.name.in_(names))
+        ids: list[int] = []
+        with self.engine.connect() as conn:
+            for row in conn.execute(query).mappings():
+                name = row["name"]
+                if name not in out:
+                    continue  # a case-insensitive match (MySQL/MariaDB collation): not this pipeline
+                counts = {s: row[f"n{i}"] for i, s in enumerate(others) if row[f"n{i}"]}
+                retired = row["retired"] or 0
+                committed = (row["next_sequence"] or 1) - 1 - retired - sum(counts.values())
+                if committed < 0:  # rows written around register(): count them exactly instead
+                    committed = conn.execute(
+                        select(func.count()).where(ckpt.c.pipeline == name, ckpt.c.state == S.COMMITTED.value)
+                    ).scalar_one()
+                if committed:
+                    counts[S.COMMITTED.value] = committed
+                out[name]["counts"] = counts
+                out[name]["retired"] = retired
+                ids += [row[f"m{i}"] for i in range(len(latest_states)) if row[f"m{i}"] is not None]
+            rows = conn.execute(select(ckpt).where(ckpt.c.id.in_(ids))).mappings().all() if ids else []
+        errors = {s.value for s in ERROR_STATES}
+        for row in rows:
+            record = CheckpointRecord.from_row(row)
+            if record.state.value == S.COMMITTED.value:
+                kind = "latest_committed"
+            elif record.state.value in errors:
+                kind = "last_error"
+            else:
+                continue  # moved on between the two statements: the next read shows it
+            current = out[record.pipeline][kind]
+            if current is None or current.sequence < record.sequence:
+                out[record.pipeline][kind] = record  # the newest of the error states
+        return out
 
     @retrying
     def pipelines(self, *, with_counts: bool = True) -> list[dict[str, Any]]:
-        """Every pipeline with its mode, target and (unless ``with_counts=False``, which
-        skips a scan of the whole checkpoint table) checkpoint count per state."""
+        """Every pipeline with its mode, target and (unless ``with_counts=False``) checkpoint
+        count per state, counted as :meth:`pipeline_summaries` does (never over the history).
+
+        For a bounded view of many pipelines use :meth:`pipeline_page`.
+        """
         with self.engine.connect() as conn:
             prows = conn.execute(select(pipe).order_by(pipe.c.name)).mappings().all()
-            if not with_counts:
-                return [dict(p) for p in prows]
-            counts = conn.execute(
-                select(ckpt.c.pipeline, ckpt.c.state, func.count()).group_by(ckpt.c.pipeline, ckpt.c.state)
+        if not with_counts:
+            return [dict(p) for p in prows]
+        out = []
+        for start in range(0, len(prows), PIPELINE_BATCH):
+            batch = prows[start : start + PIPELINE_BATCH]
+            summaries = self.pipeline_summaries([p["name"] for p in batch])
+            out += [{**dict(p), "counts": summaries[p["name"]]["counts"]} for p in batch]
+        return out
+
+    @retrying
+    def pipeline_page(self, *, after: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """At most ``limit`` pipeline rows in name order, those after ``after`` (exclusive):
+        keyset pagination on the primary key, so a page costs the same at any depth and a
+        pipeline added meanwhile is neither repeated nor skipped by the pages after it.
+
+        Raises ``ValueError`` for a ``limit`` below 1.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        query = select(pipe)
+        if after is not None:
+            query = query.where(pipe.c.name > after)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(pipe.c.name).limit(limit)).mappings().all()
+        # MySQL/MariaDB: the binary collation of the name column orders by bytes, as Python does.
+        return [dict(r) for r in rows]
+
+    @retrying
+    def pipeline_writers(self, pipelines: list[str]) -> dict[str, set[str]]:
+        """Pipeline -> the DAG ids that write it: the DAG that registered the pipeline and
+        every DAG that registered one of its checkpoints.
+
+        A skip scan of the (pipeline, dag_id) index: per pipeline its smallest and
+        largest DAG id in one statement (two index probes each), then, only where
+        they differ, one probe per further DAG id. The cost follows the number of
+        pipelines and writers, never the number of checkpoints.
+        """
+        names = sorted(set(pipelines))
+        if not names:
+            return {}
+
+        def bound(agg: Any) -> Any:
+            return select(agg(ckpt.c.dag_id)).where(ckpt.c.pipeline == pipe.c.name).scalar_subquery()
+
+        out: dict[str, set[str]] = {}
+        with self.engine.connect() as conn:
+            spans = conn.execute(
+                select(pipe.c.name, pipe.c.dag_id, bound(func.min), bound(func.max)).where(
+                    pipe.c.name.in_(names)
+                )
             ).all()
-        by_pipeline: dict[str, dict[str, int]] = {}
-        for name, state, count in counts:
-            by_pipeline.setdefault(name, {})[state] = count
-        return [{**dict(p), "counts": by_pipeline.get(p["name"], {})} for p in prows]
+            for name, dag_id, low, high in spans:
+                writers = {d for d in (dag_id, low, high) if d}
+                current = low
+                while current is not None and current != high:
+                    current = conn.execute(
+                        select(func.min(ckpt.c.dag_id)).where(
+                            ckpt.c.pipeline == name, ckpt.c.dag_id > current
+                        )
+                    ).scalar()
+                    if current is not None:
+                        writers.add(current)
+                out[name] = writers
+        return out
 
     @retrying
     def history(self, pipeline: str, checkpoint_key: str) -> list[TransitionRecord]:
@@ -340,6 +549,9 @@ class CheckpointQueries:
         return [CheckpointRecord.from_row(r) for r in rows]
 
 
+#: Pipelines summarised per statement by :meth:`CheckpointQueries.pipelines` (bound parameters
+#: stay far below every backend's limit).
+PIPELINE_BATCH = 500
 #: States of an earlier ``append`` checkpoint that block the later ones.
 _BLOCKING_STATES = [s.value for s in S if s not in (S.COMMITTED, S.ABORTED, S.SUPERSEDED)]
 #: States in which an ``append`` checkpoint waits for its predecessors (to write, or to commit).

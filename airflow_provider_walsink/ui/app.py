@@ -46,6 +46,8 @@ STATIC_DIR = HERE / "static"
 _STATIC_TYPES = {".css": "text/css", ".svg": "image/svg+xml", ".png": "image/png"}
 _STATIC_NAME = re.compile(r"[A-Za-z0-9_-]+\.(css|svg|png)")
 MAX_PAGE = 500
+#: Pipelines per overview page (API and page), unless ``limit`` says otherwise.
+PIPELINE_PAGE = 100
 #: States whose checkpoint an editor may abort (COMMITTED data is in the target; ABORTED is done).
 ABORTABLE = frozenset(s for s in views.STATE_ORDER if s not in ("COMMITTED", "ABORTED", "SUPERSEDED"))
 MAX_REASON = 2000
@@ -242,10 +244,27 @@ def _page(
 def _uncommitted(
     store: CommitterStore, user: Any, not_committed_for: str | None, limit: int
 ) -> list[dict[str, Any]]:
+    """The oldest ``limit`` checkpoints not committed of the pipelines the user may read.
+
+    Reads the open checkpoints of every pipeline oldest first, page by page (keyset), and
+    decides access only for the pipelines those pages hold: the cost follows what is open,
+    not the number of pipelines or the history.
+    """
     cutoff = _registered_before(not_committed_for)
-    allowed = sorted(visible(user, views.pipeline_writers(store)))
-    records = store.uncommitted(allowed, registered_before=cutoff, limit=limit)
-    return views.checkpoint_dicts(store, _uncommitted_since(store, records, cutoff))
+    found: list[Any] = []
+    decided: dict[str, bool] = {}
+    cursor = None
+    while len(found) < limit:
+        batch = store.uncommitted(None, registered_before=cutoff, limit=limit, after=cursor)
+        undecided = sorted({r.pipeline for r in batch} - decided.keys())
+        if undecided:
+            allowed = visible(user, views.pipeline_writers(store, undecided))
+            decided.update({name: name in allowed for name in undecided})
+        found += [r for r in batch if decided[r.pipeline]]
+        if len(batch) < limit:
+            break
+        cursor = (batch[-1].created_at, batch[-1].pipeline, batch[-1].sequence)
+    return views.checkpoint_dicts(store, _uncommitted_since(store, found[:limit], cutoff))
 
 
 def _uncommitted_since(store: CommitterStore, records: list[Any], cutoff: datetime | None) -> list[Any]:
@@ -258,10 +277,37 @@ def _uncommitted_since(store: CommitterStore, records: list[Any], cutoff: dateti
     return [r for r in records if starts.get(r.id, r.created_at) <= cutoff]
 
 
-def _visible_pipelines(store: CommitterStore, user: Any) -> list[dict[str, Any]]:
-    rows = store.pipelines(with_counts=False)  # counted per visible pipeline below, not all
-    allowed = visible(user, views.pipeline_writers(store))
-    return [views.pipeline_dict(store, r) for r in rows if r["name"] in allowed]
+def _visible_pipelines(
+    store: CommitterStore, user: Any, *, after: str | None = None, limit: int = PIPELINE_PAGE
+) -> tuple[list[dict[str, Any]], str | None]:
+    """One keyset page of the pipelines the user may read, in name order after ``after``,
+    and the cursor of the next page (``None`` on the last one).
+
+    Reads pipeline rows in batches by primary key and decides access per batch, so a page
+    costs the same at any depth and with any number of pipelines the user may not see;
+    only the page's pipelines are summarised.
+    """
+    shown: list[dict[str, Any]] = []
+    cursor = after
+    more = False
+    while True:
+        batch = store.pipeline_page(after=cursor, limit=limit + 1)
+        if not batch:
+            break
+        allowed = visible(user, views.pipeline_writers(store, [r["name"] for r in batch]))
+        for row in batch:
+            if row["name"] not in allowed:
+                cursor = row["name"]
+                continue
+            if len(shown) == limit:
+                more = True  # a further readable pipeline exists: there is a next page
+                break
+            shown.append(row)
+            cursor = row["name"]
+        if more or len(batch) <= limit:
+            break
+    next_after = shown[-1]["name"] if more and shown else None
+    return views.pipeline_dicts(store, shown), next_after
 
 
 def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, key: str) -> dict[str, Any]:
@@ -409,10 +455,18 @@ def create_app() -> FastAPI:
     # ------------------------------------------------------------------ JSON API
 
     @app.get("/api/pipelines")
-    def api_pipelines(user: GetUserDep, store: StoreDep) -> JSONResponse:
-        """Pipelines the user may read, with counts per state, latest commit and last error."""
-        items = _visible_pipelines(store, user)
-        return _json({"pipelines": items, "total_entries": len(items)})
+    def api_pipelines(
+        user: GetUserDep,
+        store: StoreDep,
+        after: Annotated[
+            str | None, Query(description="Only pipelines whose name sorts after this (the next page)")
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = PIPELINE_PAGE,
+    ) -> JSONResponse:
+        """A page of the pipelines the user may read, in name order, with counts per state,
+        latest commit and last error; ``next_after`` is the next page's cursor (null: last)."""
+        items, next_after = _visible_pipelines(store, user, after=after, limit=limit)
+        return _json({"pipelines": items, "total_entries": len(items), "next_after": next_after})
 
     @app.get("/api/pipelines/{pipeline}")
     def api_pipeline(pipeline: str, user: GetUserDep, store: StoreDep) -> JSONResponse:
@@ -502,12 +556,24 @@ def create_app() -> FastAPI:
 
     @app.get("/", response_class=HTMLResponse)
     def page_overview(
-        request: Request, user: GetUserDep, store: StoreDep, not_committed_for: AgeFilter = None
+        request: Request,
+        user: GetUserDep,
+        store: StoreDep,
+        not_committed_for: AgeFilter = None,
+        after: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = PIPELINE_PAGE,
     ) -> HTMLResponse:
+        pipelines, next_after = _visible_pipelines(store, user, after=after, limit=limit)
+        keep = [("not_committed_for", not_committed_for)] if not_committed_for else []
+        if limit != PIPELINE_PAGE:
+            keep.append(("limit", str(limit)))
         return render(
             request,
             "overview.html",
-            pipelines=_visible_pipelines(store, user),
+            pipelines=pipelines,
+            # Keyset pages of pipelines: the next one, and back to the first.
+            more_pipelines=urlencode([*keep, ("after", next_after)]) if next_after else None,
+            first_pipelines=urlencode(keep) if after else None,
             uncommitted=_uncommitted(store, user, not_committed_for, MAX_PAGE),
             not_committed_for=not_committed_for or "",
             age_choices=views.AGE_CHOICES,

@@ -15,11 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
-from sqlalchemy import select
-
 from airflow_provider_walsink.audit import AuditReport
-from airflow_provider_walsink.committer.models import checkpoint_table as _ckpt
-from airflow_provider_walsink.committer.models import pipeline_table as _pipe
 from airflow_provider_walsink.committer.queries import wait_status
 from airflow_provider_walsink.committer.records import VersionRecord
 from airflow_provider_walsink.committer.store import (
@@ -184,14 +180,9 @@ WaitContext = dict[str, tuple[str | None, CheckpointRecord | None]]
 
 
 def wait_context(store: CommitterStore, pipelines: set[str] | list[str]) -> WaitContext:
-    """What :func:`checkpoint_dict` needs to tell a blocked checkpoint from a writing one:
-    a few indexed probes per ``append`` pipeline, none for ``overwrite`` ones."""
-    out: WaitContext = {}
-    for name in set(pipelines):
-        row = store.get_pipeline(name)
-        mode = row["mode"] if row else None
-        out[name] = (mode, store.first_open(name) if mode == "append" else None)
-    return out
+    """What :func:`checkpoint_dict` needs to tell a blocked checkpoint from a writing one,
+    for every pipeline of a page in two statements (:meth:`~CommitterStore.wait_heads`)."""
+    return store.wait_heads(list(pipelines))
 
 
 def checkpoint_dict(
@@ -377,9 +368,12 @@ def audit_results(record: CheckpointRecord, history: list[dict[str, Any]]) -> di
     return None
 
 
-def pipeline_dict(store: CommitterStore, row: dict[str, Any]) -> dict[str, Any]:
-    """A pipeline with counts per state, latest committed checkpoint and last error."""
-    summary = store.pipeline_summary(row["name"])
+def pipeline_dict(
+    store: CommitterStore, row: dict[str, Any], summary: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A pipeline with counts per state, latest committed checkpoint and last error
+    (``summary``: its :meth:`~CommitterStore.pipeline_summary`, read here if not given)."""
+    summary = summary if summary is not None else store.pipeline_summary(row["name"])
     counts = {state: summary["counts"].get(state, 0) for state in STATE_ORDER}
     committed = summary["latest_committed"]
     failed = summary["last_error"]
@@ -408,23 +402,23 @@ def pipeline_dict(store: CommitterStore, row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def pipeline_dicts(store: CommitterStore, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`pipeline_dict` for a page of pipelines, summarised in two statements."""
+    summaries = store.pipeline_summaries([r["name"] for r in rows])
+    return [pipeline_dict(store, r, summaries[r["name"]]) for r in rows]
+
+
 def pipeline_writers(store: CommitterStore, names: list[str] | None = None) -> dict[str, set[str]]:
     """Pipeline -> the DAG ids that write it: the DAG that registered the pipeline
     and every DAG that registered one of its checkpoints (all pipelines, or ``names``).
 
-    One query over the checkpoint table's ``(pipeline, dag_id)`` pairs: access is
-    decided per pipeline on the page, never per row.
+    Access is decided per pipeline on the page, never per row; the store reads the
+    writers by a skip scan of the ``(pipeline, dag_id)`` index
+    (:meth:`~CommitterStore.pipeline_writers`), not by reading every checkpoint.
     """
-    pq = select(_pipe.c.name, _pipe.c.dag_id)
-    cq = select(_ckpt.c.pipeline, _ckpt.c.dag_id).where(_ckpt.c.dag_id.is_not(None)).distinct()
-    if names is not None:
-        pq = pq.where(_pipe.c.name.in_(names))
-        cq = cq.where(_ckpt.c.pipeline.in_(names))
-    with store.engine.connect() as conn:
-        out: dict[str, set[str]] = {name: ({dag} if dag else set()) for name, dag in conn.execute(pq)}
-        for name, dag in conn.execute(cq):
-            out.setdefault(name, set()).add(dag)
-    return out
+    if names is None:
+        names = [p["name"] for p in store.pipelines(with_counts=False)]
+    return store.pipeline_writers(list(names))
 
 
 def committables(record: CheckpointRecord, layout: StagingLayout) -> dict[str, Any]:
