@@ -467,20 +467,23 @@ def read_range(
     """
     import time
 
-    import pyarrow as pa
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     schema = arrow_schema()
     if begin >= end:
         return
-    consumer = (consumer_factory or Consumer)(consumer_config(config))
+    settings = consumer_config(config)
+    # librdkafka prefetches up to 100,000 messages per partition past where the reader is: a
+    # split ending before its partition's end would fetch records that another split reads.
+    settings.setdefault("queued.min.messages", max(1, min(100_000, end - begin)))
+    consumer = (consumer_factory or Consumer)(settings)
     where = f"Kafka topic {topic!r} partition {partition}"
-    columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+    #: Messages of the next batch: one list append per record here, the columns built at once.
+    pending: list[Any] = []
 
     def flush() -> pa.RecordBatch:
-        batch = pa.RecordBatch.from_pydict(columns, schema=schema)
-        for values in columns.values():
-            values.clear()
+        batch = _record_batch(pending, topic, partition, schema)
+        pending.clear()
         return batch
 
     try:
@@ -530,27 +533,41 @@ def read_range(
                     break
                 if offset < next_offset:
                     continue  # a re-delivery after a reconnect: already read
-                ts_type, ts = msg.timestamp()
-                headers = msg.headers()
-                columns["key"].append(msg.key())
-                columns["value"].append(msg.value())
-                columns["topic"].append(topic)
-                columns["partition"].append(partition)
-                columns["offset"].append(offset)
-                columns["timestamp"].append(ts * 1000 if ts_type and ts >= 0 else None)
-                columns["timestampType"].append(_TIMESTAMP_TYPE.get(ts_type, -1))
-                columns["headers"].append(
-                    [{"key": k, "value": v} for k, v in headers] if headers is not None else None
-                )
+                pending.append(msg)
                 next_offset = offset + 1
-                if len(columns["offset"]) >= batch_rows:
-                    yield flush()
-                    crashpoint("kafka.read.after_batch")
-        if columns["offset"]:
+            if len(pending) >= batch_rows:
+                yield flush()
+                crashpoint("kafka.read.after_batch")
+        if pending:
             yield flush()
             crashpoint("kafka.read.after_batch")
     finally:
         consumer.close()
+
+
+def _record_batch(messages: Sequence[Any], topic: str, partition: int, schema: pa.Schema) -> pa.RecordBatch:
+    """Spark's Kafka columns of ``messages`` (one partition's, in offset order), built column by column."""
+    import pyarrow as pa
+
+    n = len(messages)
+    stamps = [m.timestamp() for m in messages]
+    headers = [m.headers() for m in messages]
+    columns = [
+        pa.array([m.key() for m in messages], pa.binary()),
+        pa.array([m.value() for m in messages], pa.binary()),
+        pa.array([topic] * n, pa.string()),
+        pa.array([partition] * n, pa.int32()),
+        pa.array([m.offset() for m in messages], pa.int64()),
+        pa.array(
+            [ts * 1000 if kind and ts >= 0 else None for kind, ts in stamps], schema.field("timestamp").type
+        ),
+        pa.array([_TIMESTAMP_TYPE.get(kind, -1) for kind, _ in stamps], pa.int32()),
+        pa.array(
+            [None if h is None else [{"key": k, "value": v} for k, v in h] for h in headers],
+            schema.field("headers").type,
+        ),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def executor_reader(
