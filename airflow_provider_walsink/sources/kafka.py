@@ -530,7 +530,9 @@ def read_range(
         next_offset = begin
         idle_since = time.monotonic()
         while next_offset < end:
-            messages = consumer.consume(min(batch_rows, 1000), 1.0)
+            # Never more than the range still needs: consume() waits for as many as it is asked
+            # (until its timeout), so asking 1,000 near a partition's end cost a second per split.
+            messages = consumer.consume(max(1, min(batch_rows, 1000, end - next_offset)), 1.0)
             if not messages:
                 if time.monotonic() - idle_since > timeout:
                     raise KafkaSourceError(
