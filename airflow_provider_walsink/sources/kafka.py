@@ -511,11 +511,7 @@ def read_range(
     schema = arrow_schema()
     if begin >= end:
         return
-    settings = consumer_config(config)
-    # librdkafka prefetches up to 100,000 messages per partition past where the reader is: a
-    # split ending before its partition's end would fetch records that another split reads.
-    settings.setdefault("queued.min.messages", max(1, min(100_000, end - begin)))
-    consumer = (consumer_factory or Consumer)(settings)
+    consumer = (consumer_factory or Consumer)(consumer_config(config))
     where = f"Kafka topic {topic!r} partition {partition}"
     #: Messages of the next batch: one list append per record here, the columns built at once.
     pending: list[Any] = []
