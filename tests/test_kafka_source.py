@@ -239,3 +239,58 @@ def test_real_retention_gap_on_the_mock_cluster_fails_naming_the_range(kafka):
         list(read_range(kafka.config, topic, 0, 0, high, timeout=60))
     read = [b for b in read_range(kafka.config, topic, 0, low, high, timeout=60)]
     assert sum(b.num_rows for b in read) == high - low
+
+
+class _TimeIndex:
+    """FAULT INJECTED at the planner's cluster boundary: the real cluster's partitions and
+    watermarks, and timestamp look-ups answered from the timestamps the test produced (the mock
+    cluster answers every ``offsets_for_times`` with -1: it keeps no time index)."""
+
+    def __init__(self, real: ConsumerMetadata, stamps: dict[int, list[tuple[int, int]]]):
+        self.real, self.stamps = real, stamps  # partition -> [(offset, timestamp ms)]
+
+    def partitions(self, topic):
+        return self.real.partitions(topic)
+
+    def watermarks(self, topic, partition):
+        return self.real.watermarks(topic, partition)
+
+    def offset_for_time(self, topic, partition, timestamp):
+        return next((o for o, ts in sorted(self.stamps.get(partition, [])) if ts >= timestamp), None)
+
+
+def test_fault_injected_time_index_first_checkpoint_starts_at_a_timestamp(kafka):
+    """``starting_timestamp``: per partition, the first record at or after it (the end when none),
+    resolved once as the first checkpoint's start; a later checkpoint ignores it; the records read
+    from that start are exactly those at or after the timestamp."""
+    topic = "by-time"
+    base = 1_767_225_600_000  # 2026-01-01T00:00:00Z, in ms
+    records = [{"key": f"k{i}".encode(), "value": b"v", "partition": i % 2, "timestamp": base + i * 1000}
+               for i in range(10)]  # fmt: skip
+    acked = kafka.produce(topic, records)
+    stamps: dict[int, list[tuple[int, int]]] = {}
+    for (p, o), r in zip(acked, records, strict=True):
+        stamps.setdefault(p, []).append((o, r["timestamp"]))
+    spec = KafkaSourceSpec(topics=[topic], starting="earliest", starting_timestamp=base + 5000)
+    with ConsumerMetadata(kafka.config) as real:
+        # What the mock itself answers: no time index, so every partition would start at its end.
+        assert real.offset_for_time(topic, 0, base + 5000) is None
+        plan = plan_offsets(_TimeIndex(real, stamps), spec, start=None)
+        assert plan.start == {topic: {"0": 3, "1": 2, "2": 0, "3": 0}}  # records 6, 8 | 5, 7, 9
+        assert plan.end == {topic: {"0": 5, "1": 5, "2": 0, "3": 0}}
+        later = plan_offsets(_TimeIndex(real, stamps), spec, start={topic: {"0": 1, "1": 1, "2": 0, "3": 0}})
+        assert later.start == {
+            topic: {"0": 1, "1": 1, "2": 0, "3": 0}
+        }  # a later checkpoint: the committed end
+        after_all = KafkaSourceSpec(topics=[topic], starting_timestamp=base + 60_000)
+        assert plan_offsets(_TimeIndex(real, stamps), after_all, start=None).start[topic] == {
+            "0": 5, "1": 5, "2": 0, "3": 0}  # fmt: skip
+    read = [
+        (r["partition"], r["offset"], r["timestamp"])
+        for t, p, b, e in plan.ranges()
+        for batch in read_range(kafka.config, t, p, b, e)
+        for r in batch.to_pylist()
+    ]
+    assert sorted(int(ts.timestamp() * 1000) for _, _, ts in read) == [base + i * 1000 for i in range(5, 10)]
+    with pytest.raises(Exception, match="starting_timestamp must be milliseconds"):
+        KafkaSourceSpec(topics=[topic], starting_timestamp=-1)

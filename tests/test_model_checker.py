@@ -355,3 +355,128 @@ def test_group_commits_under_the_model_checker(kind, tmp_path):
                           workdir=str(tmp_path / "random"), shrink=False)  # fmt: skip
     print(figures.describe())
     assert not figures.violations, figures.violations
+
+
+# ----------------------------------------------------------------------------- the Kafka source (issue 28)
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster():
+    """librdkafka's mock Kafka cluster in a child process (a missing confluent-kafka: a missing prerequisite)."""
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        from tests.helpers import missing_prerequisite
+
+        missing_prerequisite('confluent-kafka is not installed (pip install ".[kafka]")')
+    from tests.kafka_mock import MockKafka
+
+    cluster = MockKafka()
+    yield cluster.bootstrap
+    cluster.stop()
+
+
+#: Every Kafka operation once: a commit killed between the target commit and the group commit (no
+#: retry), a write killed mid-read and retried after more records, the group caught up by the next
+#: commit, a replace reprocess, retention, and runs while producers append.
+KAFKA_STEPS = [
+    {"op": "run", "key": K1, "n": 5, "parts": [0], "nulls": True},
+    {"op": "crash", "key": K2, "point": "commit.before_group_offsets", "retry": False},
+    {"op": "crash", "key": K3, "point": "kafka.read.after_batch", "retry": True},
+    {"op": "commit", "key": K2},
+    {"op": "reprocess", "key": K1, "n": 2},
+    {"op": "durable", "key": K1},
+    {"op": "commit", "key": K1},
+    {"op": "retention"},
+    {"op": "run", "key": K2, "n": 3},
+]  # fmt: skip
+
+
+def _kafka_world(tmp_path, bootstrap: str, kind: str = "files", fencing: str = "lease") -> Config:
+    return Config(kind, "append", fencing, str(tmp_path / "w"), f"sqlite:///{tmp_path}/c.db", pipeline="kafka",
+                  kafka=bootstrap)  # fmt: skip
+
+
+def test_kafka_source_every_operation_replays_clean(kafka_cluster, tmp_path):
+    """The fixed schedule above through the real Kafka source path, checked after every step."""
+    world = World(_kafka_world(tmp_path, kafka_cluster))
+    found = []
+    try:
+        for i, step in enumerate(KAFKA_STEPS):
+            world.run(step)
+            found += [f"after step {i} {step['op']}: {p}" for p in world.check()]
+        log = "\n".join(world.log)
+        assert not found, "\n".join(found) + "\n" + log
+        c = world.counts
+        assert c["kill@commit.before_group_offsets"] == 1 and c["kill@kafka.read.after_batch"] == 1, (
+            f"{dict(c)}\n{log}"
+        )
+        assert "retry sealed" in world.log[2], log  # the killed write's retry read its recorded range
+        assert world.kafka.records and world.rows()
+    finally:
+        world.close()
+
+
+@pytest.mark.parametrize(("kind", "fencing"), [("files", "lease"), ("delta", "table")])
+def test_model_checker_finds_no_violation_reading_kafka(kind, fencing, kafka_cluster, tmp_path):
+    """Random schedules with the Kafka source (fixed seed), kills at the Kafka points included."""
+    combo = Combo(kind, "append", fencing, kafka=kafka_cluster)
+    figures = run_machine([combo], seed_value=SEED * 100 + 70 + (kind == "delta"), schedules=4, steps=STEPS,
+                          workdir=str(tmp_path), shrink=False)  # fmt: skip
+    print(figures.describe())
+    assert not figures.violations, "\n".join(
+        f"{label}: {problems}\nschedule: {schedule}" for label, problems, schedule in figures.violations
+    )
+    assert figures.counts["run"] > 0, figures.describe()
+
+
+def test_kafka_checker_catches_a_group_committed_ahead(kafka_cluster, tmp_path, monkeypatch):
+    """A commit task that commits the topic's high watermarks to the group (ahead of the table)."""
+    from airflow_provider_walsink.hooks import kafka as hooks_kafka
+    from airflow_provider_walsink.sources.kafka import commit_group_offsets
+
+    def ahead(store, pipeline, spec, config):
+        offsets = {t: {str(p): 10_000 for p in range(3)} for t in spec.topics}
+        commit_group_offsets(config, spec.group_id, offsets)
+        return offsets
+
+    monkeypatch.setattr(hooks_kafka, "commit_group", ahead)
+    found = replay(_kafka_world(tmp_path, kafka_cluster), [{"op": "run", "key": K1, "n": 3}], verbose=False)
+    assert any("ahead of the committed end offsets" in v for v in found), found
+
+
+def test_kafka_checker_catches_a_retry_that_replans(kafka_cluster, tmp_path, monkeypatch):
+    """A planner that never matches the recorded plan and a plan store where the latest plan wins:
+    a write retried after more records arrived reads past the range its killed first attempt was given."""
+    from airflow_provider_walsink.committer.store import CommitterStore
+    from airflow_provider_walsink.hooks import kafka as hooks_kafka
+
+    original = CommitterStore.fix_source_plan
+
+    def latest_wins(self, pipeline, checkpoint_key, plan, *, actor, detail, replace=False):
+        return original(self, pipeline, checkpoint_key, plan, actor=actor, detail=detail, replace=True)
+
+    monkeypatch.setattr(CommitterStore, "fix_source_plan", latest_wins)
+    monkeypatch.setattr(hooks_kafka, "_same", lambda a, b: False)
+    steps = [
+        {"op": "run", "key": K1, "n": 2},
+        {"op": "crash", "key": K2, "point": "kafka.read.after_batch", "retry": True},
+    ]
+    found = replay(_kafka_world(tmp_path, kafka_cluster), steps, verbose=False)
+    assert any("not its recorded plan's end" in v for v in found), found
+
+
+def test_kafka_checker_catches_a_reprocess_reading_newer_records(kafka_cluster, tmp_path, monkeypatch):
+    """A reprocess that plans to the high watermarks instead of the end of the version it replaces."""
+    from airflow_provider_walsink.hooks import kafka as hooks_kafka
+
+    original = hooks_kafka.attempt_range
+
+    def to_the_end(store, pipeline, existing, **kwargs):
+        got = original(store, pipeline, existing, **kwargs)
+        return (got[0], None) if got is not None else None
+
+    monkeypatch.setattr(hooks_kafka, "attempt_range", to_the_end)
+    steps = [{"op": "run", "key": K1, "n": 3}, {"op": "reprocess", "key": K1, "n": 2}]
+    found = replay(_kafka_world(tmp_path, kafka_cluster), steps, verbose=False)
+    assert any("the replace reprocess read" in v for v in found), found

@@ -75,6 +75,130 @@ def as_spec(source: KafkaSourceSpec | Mapping[str, Any]) -> KafkaSourceSpec:
     return source if isinstance(source, KafkaSourceSpec) else KafkaSourceSpec.from_dict(source)
 
 
+class OffsetPlanner:
+    """Plans of one write task, each asked of the cluster once (:func:`plan_offsets`, memoized).
+
+    The write task checks its checkpoint's ranges *before* it records anything
+    (:func:`check_before_recording`) and records the same plan afterwards
+    (:func:`plan_attempt`): the memo makes both the same plan, with no window
+    between them in which the log could move. The cluster connection opens on
+    the first plan not in the memo; :meth:`close` closes it and keeps the memo.
+    """
+
+    def __init__(self, config: Mapping[str, Any], meta: KafkaMetadata | None = None) -> None:
+        self.config = dict(config)
+        self._meta = meta
+        self._owned: ConsumerMetadata | None = None
+        self._plans: dict[str, OffsetPlan] = {}
+
+    @property
+    def meta(self) -> KafkaMetadata:
+        if self._meta is None:
+            self._owned = ConsumerMetadata(self.config)
+            self._meta = self._owned
+        return self._meta
+
+    def plan(
+        self, spec: KafkaSourceSpec, *, start: Mapping[str, Any] | None, end: Mapping[str, Any] | None = None
+    ) -> OffsetPlan:
+        """:func:`plan_offsets` of these arguments (the memoized plan when asked before)."""
+        memo = json.dumps([spec.to_dict(), start, end], sort_keys=True)
+        if memo not in self._plans:
+            self._plans[memo] = plan_offsets(self.meta, spec, start=start, end=end)
+        return self._plans[memo]
+
+    def close(self) -> None:
+        """Close the connection this planner opened (an injected ``meta`` is the caller's)."""
+        if self._owned is not None:
+            self._owned.close()
+            self._owned = None
+            self._meta = None
+
+
+def attempt_range(
+    store: Any,
+    pipeline: str,
+    existing: CheckpointRecord | None,
+    *,
+    initial_offsets: Mapping[str, Any] | None,
+    replacing: bool,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None] | None:
+    """``(start_offsets, until_offsets)`` the write task's next attempt of ``existing`` will read,
+    from the committer table only (reads, records nothing); ``None`` when no attempt will start
+    (a COMMITTED checkpoint the run skips, an earlier checkpoint still open: the task fails on
+    the ordering rule instead).
+
+    ``replacing``: the run starts a new version of a COMMITTED ``existing`` (a ``replace``
+    reprocess). The write operator computes the same offsets after it registers the checkpoint.
+    """
+    if existing is not None and existing.is_committed:
+        if not replacing:
+            return None
+        return existing.start_offsets, existing.end_offsets  # the version it will replace
+    if existing is not None and existing.supersedes_attempt_id is not None:
+        return existing.start_offsets, store.versions(pipeline, existing.checkpoint_key)[-1].end_offsets
+    sequence = existing.sequence if existing is not None else None
+    if any(sequence is None or r.sequence < sequence for r in store.pending(pipeline)):
+        return None
+    start = store.last_committed_offsets(pipeline)
+    return (start if start is not None else initial_offsets), None
+
+
+def check_before_recording(
+    store: Any,
+    pipeline: str,
+    existing: CheckpointRecord | None,
+    spec: KafkaSourceSpec,
+    planner: OffsetPlanner,
+    *,
+    start_offsets: Mapping[str, Any] | None,
+    until_offsets: Mapping[str, Any] | None,
+) -> OffsetPlan:
+    """Plan the next attempt of ``existing`` (``None``: a checkpoint not registered yet) as
+    :func:`plan_attempt` will, recording nothing: a refusal (missing topic or partition,
+    offsets gone backwards, a retention gap not accepted) is raised while the committer
+    table is unchanged. Raises what :func:`plan_offsets` raises.
+    """
+    version = existing.version if existing is not None else 1
+    key = existing.checkpoint_key if existing is not None else None
+    plan, _ = _planned(
+        store, pipeline, key, version, spec, planner, start_offsets=start_offsets, until_offsets=until_offsets
+    )
+    return plan
+
+
+def _planned(
+    store: Any,
+    pipeline: str,
+    checkpoint_key: str | None,
+    version: int,
+    spec: KafkaSourceSpec,
+    planner: OffsetPlanner,
+    *,
+    start_offsets: Mapping[str, Any] | None,
+    until_offsets: Mapping[str, Any] | None,
+) -> tuple[OffsetPlan, str]:
+    """The plan and how it is to be recorded: ``reprocess`` (only its gaps), ``fixed`` (the
+    recorded plan, re-checked against the log) or ``new`` (recorded unless one is already)."""
+    if until_offsets is not None:
+        return planner.plan(spec, start=start_offsets, end=until_offsets), "reprocess"
+    recorded = store.source_plan(pipeline, checkpoint_key) if checkpoint_key is not None else None
+    if (
+        recorded is not None
+        and recorded.get("version") == version
+        and (start_offsets is None or _same(recorded.get("start"), start_offsets))
+    ):
+        fixed = OffsetPlan.from_dict(recorded)
+        # Re-checked against the log now (retention may have moved on), never re-planned.
+        plan = planner.plan(spec, start=fixed.start, end=fixed.end)
+        known = set(fixed.gaps)
+        if set(plan.gaps) - known:
+            gaps = tuple(sorted(known | set(plan.gaps), key=_gap_key))
+            return OffsetPlan(plan.start, plan.end, plan.read_from, gaps), "fixed"
+        return OffsetPlan(fixed.start, fixed.end, fixed.read_from, fixed.gaps), "fixed"
+    return planner.plan(spec, start=start_offsets), "new"
+
+
 def plan_attempt(
     store: Any,
     record: CheckpointRecord,
@@ -85,6 +209,7 @@ def plan_attempt(
     until_offsets: Mapping[str, Any] | None,
     actor: Actor,
     meta: KafkaMetadata | None = None,
+    planner: OffsetPlanner | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The write task's plan of the next attempt: ``(start_offsets, until_offsets, extra)``.
 
@@ -93,50 +218,32 @@ def plan_attempt(
       (a retried write reads the same records); else the ranges are planned now (end: the high
       watermarks; a first checkpoint's start: ``spec.starting``) and recorded.
 
+    ``planner`` (the one :func:`check_before_recording` used) gives back the plan it checked.
     An accepted retention gap is recorded as a history row naming it (``walsink status``
     and the UI show it). Raises the :mod:`~airflow_provider_walsink.sources.kafka` errors
     (missing topic, retention gap, offsets gone backwards) before anything is recorded.
     """
-    owned = meta is None
-    meta = meta or ConsumerMetadata(config)
+    planner = planner or OffsetPlanner(config, meta)
     try:
-        if until_offsets is not None:
-            plan = plan_offsets(meta, spec, start=start_offsets, end=until_offsets)
+        plan, how = _planned(
+            store,
+            record.pipeline,
+            record.checkpoint_key,
+            record.version,
+            spec,
+            planner,
+            start_offsets=start_offsets,
+            until_offsets=until_offsets,
+        )
+        if how == "reprocess":
             _record_gaps(store, record, plan, actor)
+        elif how == "fixed":
+            _store_plan(store, record, plan, actor, replace=True, why="a retry keeps the end fixed before")
         else:
-            recorded = store.source_plan(record.pipeline, record.checkpoint_key)
-            fixed: OffsetPlan | None = None
-            if (
-                recorded is not None
-                and recorded.get("version") == record.version
-                and (start_offsets is None or _same(recorded.get("start"), start_offsets))
-            ):
-                fixed = OffsetPlan.from_dict(recorded)
-            if fixed is not None:
-                # Re-checked against the log now (retention may have moved on), never re-planned.
-                plan = plan_offsets(meta, spec, start=fixed.start, end=fixed.end)
-                known = set(fixed.gaps)
-                if set(plan.gaps) - known:
-                    plan = OffsetPlan(
-                        plan.start,
-                        plan.end,
-                        plan.read_from,
-                        tuple(sorted(known | set(plan.gaps), key=_gap_key)),
-                    )
-                else:
-                    plan = OffsetPlan(fixed.start, fixed.end, fixed.read_from, fixed.gaps)
-                _store_plan(
-                    store, record, plan, actor, replace=True, why="a retry keeps the end fixed before"
-                )
-            else:
-                plan = plan_offsets(meta, spec, start=start_offsets)
-                held = _store_plan(
-                    store, record, plan, actor, replace=False, why="fixed by the first attempt"
-                )
-                plan = OffsetPlan.from_dict(held)
+            held = _store_plan(store, record, plan, actor, replace=False, why="fixed by the first attempt")
+            plan = OffsetPlan.from_dict(held)
     finally:
-        if owned:
-            meta.close()  # type: ignore[attr-defined]
+        planner.close()
     log.info("Kafka source of %s/%s: %s", record.pipeline, record.checkpoint_key, plan_summary(plan))
     extra = {PLAN_KEY: {"spec": spec.to_dict(), "plan": plan.to_dict()}}
     return plan.start, plan.end, extra

@@ -400,9 +400,11 @@ class WalWriteOperator(BaseOperator):
         if not is_object_store_root(root):
             root = str(StagingLayout(root).root)  # recorded as an absolute path, as every reader expects
         store = hook.get_store()
-        kafka_config = self._check_kafka_source()  # a missing topic is refused before anything is recorded
+        existing = store.get(self.pipeline, key)
+        # A Kafka plan the source refuses is refused here, before anything is recorded.
+        kafka_config, kafka_planner = self._check_kafka_source(store, existing, context)
         # A checkpoint staged before keeps its recorded root (docs/protocol.md, "Staging root").
-        root = self._recorded_root(store.get(self.pipeline, key), root)
+        root = self._recorded_root(existing, root)
         self._staging_root = root
         # Before anything is recorded: a cluster master needs a staging root every node sees.
         self.log.info("Staging placement: %s", check_operator_placement(self, hook, root))
@@ -453,6 +455,7 @@ class WalWriteOperator(BaseOperator):
                 start_offsets=start_offsets,
                 until_offsets=until_offsets,
                 actor=actor,
+                planner=kafka_planner,
             )
         try:
             record = store.start_attempt(
@@ -530,19 +533,49 @@ class WalWriteOperator(BaseOperator):
             raise
         return self._result(context, record, skipped=False)
 
-    def _check_kafka_source(self) -> dict[str, Any] | None:
-        """The Kafka connection's client configuration, once every topic is found (else ``None``:
-        no Kafka source). A missing topic fails here, before the committer table is touched."""
+    def _check_kafka_source(
+        self, store: Any, existing: CheckpointRecord | None, context: Any
+    ) -> tuple[Any, Any]:
+        """``(client configuration, planner)`` of the Kafka source (``(None, None)``: none), once the
+        checkpoint's next attempt is planned as it will be after the checkpoint is registered: a
+        missing topic or partition, offsets gone backwards or a retention gap not accepted fail
+        here, with the committer table unchanged (docs/kafka.md, "The offset rule")."""
         if self.kafka_source is None:
-            return None
-        from airflow_provider_walsink.hooks.kafka import as_spec, kafka_client_config
-        from airflow_provider_walsink.sources.kafka import ConsumerMetadata
+            return None, None
+        from airflow_provider_walsink.hooks.kafka import (
+            OffsetPlanner,
+            as_spec,
+            attempt_range,
+            check_before_recording,
+            kafka_client_config,
+        )
 
         config = kafka_client_config(self.kafka_conn_id)
-        with ConsumerMetadata(config) as meta:
-            for topic in as_spec(self.kafka_source).topics:
-                meta.partitions(topic)
-        return config
+        spec = as_spec(self.kafka_source)
+        replacing = False
+        if existing is not None and existing.is_committed:
+            decision, _ = reprocess_decision(context, self.reprocess)
+            replacing = decision == "replace" and existing.version_token != version_token(context)
+        planner = OffsetPlanner(config)
+        try:
+            for topic in spec.topics:
+                planner.meta.partitions(topic)
+            offsets = attempt_range(
+                store, self.pipeline, existing, initial_offsets=self.initial_offsets, replacing=replacing
+            )
+            if offsets is not None:
+                check_before_recording(
+                    store,
+                    self.pipeline,
+                    existing,
+                    spec,
+                    planner,
+                    start_offsets=offsets[0],
+                    until_offsets=offsets[1],
+                )
+        finally:
+            planner.close()  # the memo stays: the plan recorded later is the one checked here
+        return config, planner
 
     def _recorded_root(self, record: CheckpointRecord | None, configured: str) -> str:
         """The staging root this attempt stages under: the checkpoint's recorded root, if it has one.

@@ -140,6 +140,12 @@ class KafkaSourceSpec:
     :param group_id: consumer group the commit task commits the committed end offsets to,
         for lag monitoring (``None``: none). Never read back by walsink.
     :param max_records_per_split: longest offset range one Spark task reads.
+    :param starting_timestamp: milliseconds since the epoch: the **first** checkpoint starts,
+        in each partition, at the first record whose timestamp is at or after it (the
+        cluster's ``ListOffsets`` by time, ``offsets_for_times``), or at the partition's end
+        when it holds none. Takes precedence over ``starting`` (as Spark's
+        ``startingTimestamp`` does over ``startingOffsets``); resolved once, recorded as that
+        checkpoint's start.
     :param read_timeout: seconds a reader waits for the next record of its range before
         failing (the range is below the high watermark, so records are there).
     """
@@ -150,6 +156,7 @@ class KafkaSourceSpec:
     group_id: str | None = None
     max_records_per_split: int = 200_000
     read_timeout: float = 120.0
+    starting_timestamp: int | None = None
 
     def __post_init__(self) -> None:
         topics = (self.topics,) if isinstance(self.topics, str) else tuple(self.topics)
@@ -166,6 +173,11 @@ class KafkaSourceSpec:
             unknown = sorted(set(self.starting) - set(topics))  # type: ignore[arg-type]
             if unknown:
                 raise KafkaSourceError(f"starting offsets name topics {unknown} that are not read ({topics})")
+        ts = self.starting_timestamp
+        if ts is not None and (isinstance(ts, bool) or not isinstance(ts, int) or ts < 0):
+            raise KafkaSourceError(
+                f"starting_timestamp must be milliseconds since the epoch (a non-negative integer), got {ts!r}"
+            )
         if int(self.max_records_per_split) < 1:
             raise KafkaSourceError(
                 f"max_records_per_split must be positive, got {self.max_records_per_split}"
@@ -179,6 +191,7 @@ class KafkaSourceSpec:
             "group_id": self.group_id,
             "max_records_per_split": self.max_records_per_split,
             "read_timeout": self.read_timeout,
+            "starting_timestamp": self.starting_timestamp,
         }
 
     @classmethod
@@ -223,6 +236,10 @@ class KafkaMetadata(Protocol):
     def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         """``(low, high)``: the first offset the log holds and the next offset it will write."""
 
+    def offset_for_time(self, topic: str, partition: int, timestamp: int) -> int | None:
+        """The first offset whose record's timestamp is at or after ``timestamp`` (ms), or
+        ``None`` when the partition holds no such record. Asked only for ``starting_timestamp``."""
+
 
 def consumer_config(config: Mapping[str, Any], *, group_id: str | None = None) -> dict[str, Any]:
     """The client settings of a walsink reader (or group committer) built from a connection's."""
@@ -257,6 +274,19 @@ class ConsumerMetadata:
             TopicPartition(topic, partition), timeout=self.timeout, cached=False
         )
         return int(low), int(high)
+
+    def offset_for_time(self, topic: str, partition: int, timestamp: int) -> int | None:
+        from confluent_kafka import TopicPartition
+
+        found = self._consumer.offsets_for_times(
+            [TopicPartition(topic, partition, timestamp)], timeout=self.timeout
+        )
+        if found[0].error is not None:
+            raise KafkaSourceError(
+                f"Kafka topic {topic!r} partition {partition}: looking up the offset of timestamp {timestamp} "
+                f"failed: {found[0].error}"
+            )
+        return int(found[0].offset) if found[0].offset >= 0 else None
 
     def close(self) -> None:
         self._consumer.close()
@@ -358,7 +388,16 @@ def plan_offsets(
             if fixed_end is not None and p not in fixed_end.get(topic, {}):
                 continue  # appeared after the end was fixed: the next checkpoint reads it
             low, high = meta.watermarks(topic, partition)
-            if first:
+            if first and spec.starting_timestamp is not None:
+                at = meta.offset_for_time(topic, partition, spec.starting_timestamp)
+                s = high if at is None else at
+                if not low <= s <= high:
+                    raise KafkaSourceError(
+                        f"Kafka topic {topic!r} partition {partition}: the offset of timestamp "
+                        f"{spec.starting_timestamp} is {s}, outside the log [{low}, {high})"
+                    )
+                recorded_start.setdefault(topic, {})[p] = s
+            elif first:
                 s = _starting(spec, topic, p, low, high)
                 recorded_start.setdefault(topic, {})[p] = s
             elif p in start_offsets.get(topic, {}):
@@ -467,7 +506,6 @@ def read_range(
     """
     import time
 
-    import pyarrow as pa
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     schema = arrow_schema()
@@ -475,12 +513,12 @@ def read_range(
         return
     consumer = (consumer_factory or Consumer)(consumer_config(config))
     where = f"Kafka topic {topic!r} partition {partition}"
-    columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+    #: Messages of the next batch: one list append per record here, the columns built at once.
+    pending: list[Any] = []
 
     def flush() -> pa.RecordBatch:
-        batch = pa.RecordBatch.from_pydict(columns, schema=schema)
-        for values in columns.values():
-            values.clear()
+        batch = _record_batch(pending, topic, partition, schema)
+        pending.clear()
         return batch
 
     try:
@@ -488,7 +526,9 @@ def read_range(
         next_offset = begin
         idle_since = time.monotonic()
         while next_offset < end:
-            messages = consumer.consume(min(batch_rows, 1000), 1.0)
+            # Never more than the range still needs: consume() waits for as many as it is asked
+            # (until its timeout), so asking 1,000 near a partition's end cost a second per split.
+            messages = consumer.consume(max(1, min(batch_rows, 1000, end - next_offset)), 1.0)
             if not messages:
                 if time.monotonic() - idle_since > timeout:
                     raise KafkaSourceError(
@@ -530,27 +570,41 @@ def read_range(
                     break
                 if offset < next_offset:
                     continue  # a re-delivery after a reconnect: already read
-                ts_type, ts = msg.timestamp()
-                headers = msg.headers()
-                columns["key"].append(msg.key())
-                columns["value"].append(msg.value())
-                columns["topic"].append(topic)
-                columns["partition"].append(partition)
-                columns["offset"].append(offset)
-                columns["timestamp"].append(ts * 1000 if ts_type and ts >= 0 else None)
-                columns["timestampType"].append(_TIMESTAMP_TYPE.get(ts_type, -1))
-                columns["headers"].append(
-                    [{"key": k, "value": v} for k, v in headers] if headers is not None else None
-                )
+                pending.append(msg)
                 next_offset = offset + 1
-                if len(columns["offset"]) >= batch_rows:
-                    yield flush()
-                    crashpoint("kafka.read.after_batch")
-        if columns["offset"]:
+            if len(pending) >= batch_rows:
+                yield flush()
+                crashpoint("kafka.read.after_batch")
+        if pending:
             yield flush()
             crashpoint("kafka.read.after_batch")
     finally:
         consumer.close()
+
+
+def _record_batch(messages: Sequence[Any], topic: str, partition: int, schema: pa.Schema) -> pa.RecordBatch:
+    """Spark's Kafka columns of ``messages`` (one partition's, in offset order), built column by column."""
+    import pyarrow as pa
+
+    n = len(messages)
+    stamps = [m.timestamp() for m in messages]
+    headers = [m.headers() for m in messages]
+    columns = [
+        pa.array([m.key() for m in messages], pa.binary()),
+        pa.array([m.value() for m in messages], pa.binary()),
+        pa.array([topic] * n, pa.string()),
+        pa.array([partition] * n, pa.int32()),
+        pa.array([m.offset() for m in messages], pa.int64()),
+        pa.array(
+            [ts * 1000 if kind and ts >= 0 else None for kind, ts in stamps], schema.field("timestamp").type
+        ),
+        pa.array([_TIMESTAMP_TYPE.get(kind, -1) for kind, _ in stamps], pa.int32()),
+        pa.array(
+            [None if h is None else [{"key": k, "value": v} for k, v in h] for h in headers],
+            schema.field("headers").type,
+        ),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def executor_reader(

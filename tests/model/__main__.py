@@ -1,5 +1,10 @@
 """``python -m tests.model --seed S --schedules N [--targets files,delta,...] [--staging local,s3]`` or ``--replay FILE``.
 
+``--source kafka`` makes every pipeline read a topic of librdkafka's mock Kafka cluster (started in
+a child process on loopback, and stopped) through the real Kafka source path, ``append`` only, with
+producers appending between steps, SIGKILLs between the target commit and the group commit and
+mid-read, and the Kafka invariants checked after every step (``tests/model/kafka.py``).
+
 ``--staging s3`` runs the Iceberg and Delta combinations with the tables and their staging
 in a bucket of moto's S3 API server, which it starts on a loopback port (and stops).
 
@@ -68,6 +73,15 @@ def s3_server() -> tuple[str, Callable[[], None]]:
     return endpoint, server.stop
 
 
+def kafka_cluster(drops: list[Callable[[], None]]) -> str:
+    """librdkafka's mock cluster in a child process (stopped by ``drops``): its bootstrap address."""
+    from tests.kafka_mock import MockKafka
+
+    cluster = MockKafka()
+    drops.append(cluster.stop)
+    return cluster.bootstrap
+
+
 def combos_for(
     targets: list[str],
     modes: list[str],
@@ -75,6 +89,7 @@ def combos_for(
     sql_urls: dict[str, str],
     stagings: tuple[str, ...] = ("local",),
     s3_endpoint: str | None = None,
+    kafka: str | None = None,
 ) -> list[Combo]:
     out = []
     for staging in stagings:
@@ -87,7 +102,7 @@ def combos_for(
                     if fencing == "table" and kind not in ("iceberg", "delta"):
                         continue  # table fencing: Iceberg and Delta only
                     out.append(Combo(kind, mode, fencing, sql_urls.get(target), staging,
-                                     s3_endpoint if staging == "s3" else None))  # fmt: skip
+                                     s3_endpoint if staging == "s3" else None, kafka))  # fmt: skip
     return out
 
 
@@ -103,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         "--staging",
         default="local",
         help="comma-separated, of local, s3 (s3: Iceberg and Delta only; starts its own moto S3 server on loopback)",
+    )
+    p.add_argument(
+        "--source",
+        default="files",
+        choices=("files", "kafka"),
+        help="kafka: read a topic of librdkafka's mock cluster (started on loopback; append mode only)",
     )
     p.add_argument(
         "--replay", metavar="FILE", help="run one schedule (JSON, as printed) and check every step"
@@ -134,9 +155,10 @@ def main(argv: list[str] | None = None) -> int:
             if staging == "s3":
                 endpoint, stop = s3_server()
                 drops.append(stop)
+            bootstrap = kafka_cluster(drops) if config.get("source") == "kafka" else None
             cfg = Config(config["kind"], config["mode"], config["fencing"], workdir, f"sqlite:///{workdir}/c.db",
                          sql_url, pipeline=f"m{uuid.uuid4().hex[:10]}", staging=staging,
-                         s3_endpoint=endpoint)  # fmt: skip
+                         s3_endpoint=endpoint, kafka=bootstrap)  # fmt: skip
             found = replay(cfg, steps, verbose=True)
             print(f"{len(found)} violation(s)")
             for v in found:
@@ -155,9 +177,14 @@ def main(argv: list[str] | None = None) -> int:
         if "s3" in stagings:
             endpoint, stop = s3_server()
             drops.append(stop)
-        combos = combos_for(
-            targets, args.modes.split(","), args.fencing.split(","), sql_urls, stagings, endpoint
-        )
+        modes = args.modes.split(",")
+        bootstrap = None
+        if args.source == "kafka":
+            if "append" not in modes:
+                p.error("--source kafka reads in append mode only")
+            modes = ["append"]  # a Kafka source's offsets advance only when a checkpoint commits
+            bootstrap = kafka_cluster(drops)
+        combos = combos_for(targets, modes, args.fencing.split(","), sql_urls, stagings, endpoint, bootstrap)
         if not combos:
             p.error("no combination: S3 staging takes the iceberg and delta targets only")
         per = max(1, args.schedules // len(combos))

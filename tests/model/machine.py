@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, initialize, invariant, rule
 
+from .kafka import KAFKA_KILL_POINTS
 from .world import GROUP_KILL_POINTS, KEYS, KILL_POINTS, PAUSE_POINTS, Config, World, schedule_text
 
 
@@ -37,18 +38,21 @@ class Combo:
     sql_url: str | None = None
     staging: str = "local"
     s3_endpoint: str | None = None
+    #: The mock Kafka cluster's bootstrap address: the pipeline reads a topic (``--source kafka``).
+    kafka: str | None = None
 
     @property
     def label(self) -> str:
         sql = f"-{self.sql_url.split(':', 1)[0].split('+')[0]}" if self.sql_url else ""
-        return f"{self.kind}{sql}/{self.mode}/{self.fencing}" + ("/s3" if self.staging == "s3" else "")
+        return (f"{self.kind}{sql}/{self.mode}/{self.fencing}" + ("/s3" if self.staging == "s3" else "")
+                + ("/kafka" if self.kafka else ""))  # fmt: skip
 
     def config(self, work: str, db_url: str) -> Config:
         """A fresh pipeline of this combination in ``work`` (its S3 prefix derived from both)."""
         url = db_url if db_url != "sqlite" else f"sqlite:///{work}/committer.db"
         return Config(self.kind, self.mode, self.fencing, work, url, self.sql_url,
                       pipeline=f"m{uuid.uuid4().hex[:10]}", staging=self.staging,
-                      s3_endpoint=self.s3_endpoint)  # fmt: skip
+                      s3_endpoint=self.s3_endpoint, kafka=self.kafka)  # fmt: skip
 
 
 @dataclass
@@ -125,7 +129,7 @@ def machine_for(
                 point = data.draw(st.sampled_from([None, None, *GROUP_KILL_POINTS]), label="point")
                 self._do({"op": op, "key": key, "point": point})
             elif op == "crash":
-                points = KILL_POINTS[self.kind]
+                points = KILL_POINTS[self.kind] + (KAFKA_KILL_POINTS if self.world.cfg.kafka else ())
                 point = data.draw(st.sampled_from(points), label="point")
                 retry = data.draw(st.sampled_from([True, True, False]), label="retry")
                 self._do({"op": op, "key": key, "point": point, "retry": retry})

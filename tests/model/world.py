@@ -17,6 +17,11 @@ of what must be visible, and returns the violations found.
 bucket of moto's S3 server: the same steps then stage, seal, check, commit,
 abort and clean up through a :class:`StagingStore`, and the target is read back
 on S3 (see :class:`Config`).
+
+``Config(kafka="HOST:PORT")`` reads a topic of librdkafka's mock cluster through the
+real Kafka source path, with producers appending between steps, SIGKILLs between the
+target commit and the group commit and mid-read, and the Kafka invariants checked after
+every step (:mod:`tests.model.kafka`).
 """
 
 from __future__ import annotations
@@ -109,15 +114,20 @@ class Config:
     pipeline: str = "p"
     staging: str = "local"  # local | s3
     s3_endpoint: str | None = None
+    #: The mock Kafka cluster's bootstrap address: the pipeline reads a topic (tests/model/kafka.py).
+    kafka: str | None = None
 
     def __post_init__(self) -> None:
         if self.staging == "s3" and (self.kind not in S3_KINDS or not self.s3_endpoint):
             raise ValueError(f"S3 staging needs an S3 endpoint and a target of {S3_KINDS}, not {self.kind}")
+        if self.kafka and self.mode != "append":
+            raise ValueError("a Kafka source reads in append mode only")
 
     @property
     def label(self) -> str:
         sql = f"-{self.sql_url.split(':', 1)[0].split('+')[0]}" if self.sql_url else ""
-        return f"{self.kind}{sql}/{self.mode}/{self.fencing}" + ("/s3" if self.staging == "s3" else "")
+        return (f"{self.kind}{sql}/{self.mode}/{self.fencing}" + ("/s3" if self.staging == "s3" else "")
+                + ("/kafka" if self.kafka else ""))  # fmt: skip
 
     @property
     def s3(self) -> Any:
@@ -259,6 +269,10 @@ def _child_commit(cfg: Config, key: str, n: int, point: str | None, stop: bool, 
         a = actor("commit", key, n)
         summary = committer(cfg, store, a.name).commit(cfg.pipeline, key, actor=a)
         result = {"ok": True, "already": summary.already_committed, "attempt_id": summary.attempt_id}
+        if cfg.kafka:
+            from . import kafka
+
+            kafka.group_commit(cfg, store)  # the commit task's last step (crash point before it)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         result = {"ok": False, "error": type(exc).__name__, "text": traceback.format_exc()[-1500:]}
     Path(out).write_text(json.dumps(result))
@@ -316,6 +330,9 @@ class Attempt:
     end: int | None = None
     durable: bool = False
     poisoned: bool = False  # a staged file was swapped for a symlink: must never be published
+    #: Kafka mode: the start and end offsets per partition of the schedule's topic.
+    kstart: dict[str, int] = field(default_factory=dict)
+    kend: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -354,6 +371,12 @@ class World:
         self.notes: list[str] = []  # step-level violations
         self.log: list[str] = []
         self._n = 0
+        self.kafka: Any = None
+        if cfg.kafka:
+            from .kafka import Producer
+
+            self.kafka = Producer(cfg)
+            self.kafka.produce(2)  # the topic exists from the first step on
         for key in KEYS:  # registered in key order: sequences follow the keys
             self.store.register(
                 cfg.pipeline, key, mode=cfg.mode, actor=actor("register", key, 1), target=cfg.uri()
@@ -361,6 +384,8 @@ class World:
 
     def close(self) -> None:
         self.store.dispose()
+        if self.kafka is not None:
+            self.kafka.close()
         if self.cfg.staging == "s3":  # the schedule's prefix: the server keeps every object in memory
             try:
                 delete_prefix(self.cfg)
@@ -372,6 +397,8 @@ class World:
     def run(self, step: dict[str, Any]) -> None:
         op = step["op"]
         self.counts[op] += 1
+        if self.kafka is not None:
+            self.kafka.produce(len(self.log) % 3)  # a producer keeps appending between steps
         before = self.rows()
         try:
             outcome = getattr(self, f"op_{op}")(**{k: v for k, v in step.items() if k != "op"})
@@ -392,6 +419,10 @@ class World:
     def op_write(self, key: str, n: int, parts: list[int] | None = None, nulls: bool = True) -> str:
         """A write task: a new attempt, staged Parquet, sealed (not yet durable)."""
         cfg, store = self.cfg, self.store
+        if cfg.kafka:
+            from . import kafka
+
+            return kafka.op_write(self, key, n)
         a = actor("write", key, self._next())
         # The write task registers its checkpoint (again, after retention trimmed its row).
         record = store.register(cfg.pipeline, key, mode=cfg.mode, actor=a, target=cfg.uri())
@@ -484,6 +515,10 @@ class World:
             return {"ok": False, "error": type(exc).__name__, "text": str(exc)[:200]}
         result = {"ok": True, "already": s.already_committed, "attempt_id": s.attempt_id}
         self._note_commit(result)
+        if self.cfg.kafka:
+            from . import kafka
+
+            kafka.after_commit(self)
         return result
 
     def _commit_until_done(self, key: str) -> dict[str, Any]:
@@ -527,6 +562,10 @@ class World:
     def op_crash(self, key: str, point: str, retry: bool = True) -> str:
         """A commit try SIGKILLed at ``point`` (if it gets there), then Airflow's retries (unless
         ``retry`` is false: the task is left failed, others act before any retry)."""
+        if self.cfg.kafka and point == "kafka.read.after_batch":
+            from . import kafka
+
+            return kafka.op_crash_write(self, key, retry)
         first_write = self._ensure_durable(key)
         rec = self.store.get(self.cfg.pipeline, key)
         proc, out = self._spawn(key, point, stop=False)
@@ -890,8 +929,12 @@ class World:
             rec = present.get(key)
             if rec is None or rec.is_committed or rec.state.value == "ABORTED" or aid in m.aborted:
                 del m.in_flight[key]
+        if cfg.kafka:
+            from . import kafka
+
+            problems += kafka.check(self)
         # Offsets contiguous: each committed append checkpoint starts where the previous one ended.
-        if cfg.mode == "append":
+        elif cfg.mode == "append":
             live = [m.attempts[a] for a in [*m.committed.values(), *m.retired]]
             at = 0
             for att in sorted(live, key=lambda a: (a.start, a.end)):
@@ -954,6 +997,8 @@ def schedule_text(cfg: Config, steps: list[dict[str, Any]]) -> str:
     c = {k: v for k, v in asdict(cfg).items() if k in ("kind", "mode", "fencing")}
     if cfg.staging != "local":
         c["staging"] = cfg.staging
+    if cfg.kafka:
+        c["source"] = "kafka"
     if cfg.sql_url:
         c["sql"] = cfg.sql_url.split(":", 1)[0].split("+")[0]
     return json.dumps({"config": c, "steps": steps}, indent=None)
