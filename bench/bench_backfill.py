@@ -23,7 +23,7 @@ tables are checked afterwards: every day's partition holds exactly that day's ro
 Goal: walsink wall time ≤ 1.10× the baseline; worker slots held by sensors: 0.
 
     .venv/bin/python -m bench.bench_backfill                       # 30 days, --max-active-runs 4
-    .venv/bin/python -m bench.bench_backfill --days 4 --repeats 1  # a quick look (what the smoke run uses)
+    .venv/bin/python -m bench.bench_backfill --days 4 --repeats 1  # a quick look (about 5 minutes)
 """
 
 from __future__ import annotations
