@@ -183,6 +183,20 @@ HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _SECRET_KEYS = ("secret", "password", "token", "credential", "key-id")
 
 
+def without_library_retries(table: Table) -> Table:
+    """``table`` with pyiceberg's own commit retries off: a conflict must come back to walsink,
+    which re-checks its marker and fence on the new state before it tries again."""
+    return Table(
+        table._identifier,
+        table.metadata.model_copy(
+            update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}}
+        ),
+        table.metadata_location,
+        table.io,
+        table.catalog,
+    )
+
+
 class IcebergTargetError(WalsinkError):
     """The Iceberg target cannot be used as configured; the message says why (table unchanged)."""
 
@@ -547,18 +561,7 @@ class IcebergPublisher:
             new = set(attempt_ids) - known - already
             if not new:
                 return None
-            view = Table(
-                table._identifier,
-                table.metadata.model_copy(
-                    update={
-                        "properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
-                    }
-                ),
-                table.metadata_location,
-                table.io,
-                table.catalog,
-            )
-            tx = view.transaction()
+            tx = without_library_retries(table).transaction()
             summary = {
                 "walsink.pipeline": ref.pipeline,
                 "walsink.checkpoint": ref.checkpoint_key,
@@ -706,16 +709,7 @@ class IcebergPublisher:
     ) -> int:
         """One transaction, library retries off: snapshot + marker (+ the holder of each replaced
         partition), or ``CommitFailedException``."""
-        view = Table(
-            table._identifier,
-            table.metadata.model_copy(
-                update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}}
-            ),
-            table.metadata_location,
-            table.io,
-            table.catalog,
-        )
-        tx = view.transaction()
+        tx = without_library_retries(table).transaction()
         summary = {
             "walsink.pipeline": manifest.pipeline,
             "walsink.checkpoint": manifest.checkpoint_key,

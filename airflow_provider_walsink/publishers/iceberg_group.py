@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
-from pyiceberg.table import Table, TableProperties
+from pyiceberg.table import TableProperties
 
 from airflow_provider_walsink.protocol.errors import WalsinkError
 
@@ -37,7 +37,12 @@ GROUP_COMMIT_ATTEMPTS = 40
 
 def publish_group(pub: IcebergPublisher, members: list[GroupMember]) -> list[PublishResult | Exception]:
     """:class:`~.base.GroupPublisher` for :class:`~.iceberg.IcebergPublisher` (its contract)."""
-    from .iceberg import _one_manifest_evaluator_per_manifest, marker_property, partition_property
+    from .iceberg import (
+        _one_manifest_evaluator_per_manifest,
+        marker_property,
+        partition_property,
+        without_library_retries,
+    )
 
     check_group(members, pub.mode)
     results: list[PublishResult | Exception | None] = [None] * len(members)
@@ -90,16 +95,7 @@ def publish_group(pub: IcebergPublisher, members: list[GroupMember]) -> list[Pub
             prepared.append((i, marker, data_files, deletes, replaced))
         if not prepared:
             break
-        view = Table(
-            table._identifier,
-            table.metadata.model_copy(
-                update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}}
-            ),
-            table.metadata_location,
-            table.io,
-            table.catalog,
-        )
-        tx = view.transaction()
+        tx = without_library_retries(table).transaction()
         summary = {"walsink.group": str(len(prepared))}
         for i, *_ in prepared:
             m = members[i]
