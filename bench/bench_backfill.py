@@ -34,7 +34,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from datetime import date, datetime, timedelta
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     __package__ = "bench"
 
+from bench.bench_orchestration import _ts  # noqa: E402
 from bench.common import PG_ADMIN_URL, REPO, Table, fmt_s, machine, median, private_pg_database, remove  # noqa: E402
 
 FIRST_DAY = date(2026, 3, 1)
@@ -97,10 +98,6 @@ with DAG(dag_id={dag_id!r}, schedule="@daily", start_date=START, catchup=False,
         durable_kwargs={{"start_from_trigger": {sft!r}}},
     )
 """
-
-
-def _ts(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
 
 def write_dags(dags: Path, data: Path, max_active_runs: int, start_from_trigger: bool) -> list[str]:
