@@ -211,8 +211,14 @@ def run(days: int, max_active_runs: int, repeats: int, start_from_trigger: bool,
                 }
             ),
         }
+        # The task and component logs outlive the scratch directory: a failed run can be read afterwards.
+        artifacts = REPO / "test-artifacts" / f"bench-backfill-{time.strftime('%Y%m%dT%H%M%S')}"
         stack = AirflowStack.create(
-            scratch / "stack", postgres_admin_url=PG_ADMIN_URL, dags_folder=scratch / "dags", env=env
+            scratch / "stack",
+            postgres_admin_url=PG_ADMIN_URL,
+            dags_folder=scratch / "dags",
+            env=env,
+            artifacts_dir=artifacts,
         )
         with stack:
             for dag_id in dag_ids:
@@ -259,6 +265,7 @@ def run(days: int, max_active_runs: int, repeats: int, start_from_trigger: bool,
                 "-" if dag_id == PLAIN else fmt_s(sum(r["sensor_worker_s"] for r in rs)),
             ]
         )
+    t.notes.append(f"Task and component logs kept in {artifacts}.")
     t.notes.append(
         f"{repeats} repeat(s), order alternating; every table checked afterwards: each day's partition "
         "holds exactly that day's source rows. Walsink's committer table on PostgreSQL; stack: "
