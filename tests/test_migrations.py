@@ -255,7 +255,7 @@ def test_0007_adds_the_open_state_index_and_downgrades_keeping_rows(db_url):
     upgrade(engine)
     assert _checkpoint_indexes(engine)[name] == ["state", "created_at"]
     with engine.connect() as conn:
-        assert current_revision(conn) == head_revision() == "0007"
+        assert current_revision(conn) == head_revision()
 
     _downgrade(engine, "0006")
     assert name not in _checkpoint_indexes(engine)
@@ -265,4 +265,57 @@ def test_0007_adds_the_open_state_index_and_downgrades_keeping_rows(db_url):
 
     upgrade(engine)  # and up again
     assert _checkpoint_indexes(engine)[name] == ["state", "created_at"]
+    engine.dispose()
+
+
+def test_0008_adds_the_first_event_claim_and_downgrades_keeping_rows(db_url):
+    """0008 adds the pipeline's first-event claim (two nullable columns); a downgrade drops only
+    them: on SQLite the pipeline table is altered in place, so no checkpoint row cascades away."""
+    from datetime import datetime
+
+    from sqlalchemy import func, insert, inspect, select
+
+    from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
+    from airflow_provider_walsink.committer.models import pipeline_table as pipe
+
+    def columns() -> set[str]:
+        return {c["name"] for c in inspect(engine).get_columns("walsink_pipeline")}
+
+    claim = {"first_event_holder", "first_event_claimed_at"}
+    engine = create_committer_engine(db_url)
+    _drop_all(engine)
+    upgrade(engine, "0007")
+    assert not claim & columns()
+    now = datetime(2026, 11, 1)
+    with engine.begin() as conn:
+        # Only the columns 0007 has (the model's table already lists 0008's).
+        conn.execute(
+            pipe.insert().values(name="p", mode="append", next_sequence=2, created_at=now),
+        )
+        conn.execute(
+            insert(ckpt).values(
+                pipeline="p",
+                checkpoint_key="k",
+                sequence=1,
+                state="WRITING",
+                attempt=1,
+                created_at=now,
+                updated_at=now,
+            )  # fmt: skip
+        )
+
+    upgrade(engine)
+    assert claim <= columns()
+    with engine.connect() as conn:
+        assert current_revision(conn) == head_revision() == "0008"
+        assert conn.execute(select(pipe.c.first_event_holder)).scalar_one() is None
+
+    _downgrade(engine, "0007")
+    assert not claim & columns()
+    with engine.connect() as conn:
+        assert current_revision(conn) == "0007"
+        assert conn.execute(select(func.count()).select_from(ckpt)).scalar_one() == 1
+        assert conn.execute(select(func.count()).select_from(pipe)).scalar_one() == 1
+    upgrade(engine)
+    assert claim <= columns()
     engine.dispose()

@@ -60,6 +60,10 @@ class Pipeline(Base):
     #: ``next_sequence`` subtract them, since those rows are gone.
     retired: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(Timestamp)
+    #: The commit task allowed to add the first asset event of the pipeline's target, and
+    #: since when (migration 0008, :mod:`.first_event`).
+    first_event_holder: Mapped[str | None] = mapped_column(String(255))
+    first_event_claimed_at: Mapped[datetime | None] = mapped_column(Timestamp)
 
 
 class Checkpoint(Base):

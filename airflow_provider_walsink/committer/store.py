@@ -27,7 +27,8 @@ The store is composed of parts, one concern each, over the locked-row
 plumbing and the history of :mod:`.transitions`: the life cycle up to
 durable and the ``append`` order (:mod:`.lifecycle`), the audit verdicts
 (:mod:`.verdicts`), the leases and what is recorded under them
-(:mod:`.leases`), the store's side of an abort (:mod:`.abort_transitions`; the abort *orchestration* is :mod:`.abort`).
+(:mod:`.leases`), the store's side of an abort (:mod:`.abort_transitions`; the abort *orchestration* is :mod:`.abort`),
+the source plans (:mod:`.source_plans`) and the first asset event's claim (:mod:`.first_event`).
 
 The read model lives in :mod:`.queries`, the PostgreSQL one-statement
 transitions in :mod:`.fastpath`, the retry policy in :mod:`.retry`.
@@ -57,6 +58,7 @@ from .errors import (
     StoreError,
     TransitionError,
 )
+from .first_event import FirstEventClaims
 from .leases import CheckpointLeases, next_epoch
 from .lifecycle import MODES, CheckpointLifecycle
 from .migrate import upgrade
@@ -97,7 +99,13 @@ __all__ = [
 
 
 class CommitterStore(
-    CheckpointLifecycle, AuditVerdicts, CheckpointLeases, AbortTransitions, SourcePlans, CheckpointQueries
+    CheckpointLifecycle,
+    AuditVerdicts,
+    CheckpointLeases,
+    AbortTransitions,
+    SourcePlans,
+    FirstEventClaims,
+    CheckpointQueries,
 ):
     """The committer table's API. Thread-safe; share one per process and engine.
 

@@ -292,7 +292,7 @@ class WalCommitOperator(BaseOperator):
             )
         if not summary.already_committed:
             if self.asset_alias is not None:
-                self._add_asset_event(context, key, summary)
+                self._add_asset_event(context, store, key, summary)
         elif (group := self._group_commit_of(committer, key)) is not None:
             self.log.info(
                 "Checkpoint %s/%s was committed by another task's group commit: %s", self.pipeline, key, group
@@ -303,7 +303,7 @@ class WalCommitOperator(BaseOperator):
                     self.pipeline,
                     key,
                 )
-                self._add_asset_event(context, key, summary)
+                self._add_asset_event(context, store, key, summary)
             elif self.asset_alias is not None:
                 self.log.info("The asset event of %s/%s was already added; adding none", self.pipeline, key)
         elif self.asset_alias is not None and self._commit_unannounced(
@@ -315,7 +315,7 @@ class WalCommitOperator(BaseOperator):
                 self.pipeline,
                 key,
             )
-            self._add_asset_event(context, key, summary)
+            self._add_asset_event(context, store, key, summary)
         else:
             self.log.info(
                 "Checkpoint %s/%s was already committed; nothing changed and no asset event",
@@ -405,8 +405,15 @@ class WalCommitOperator(BaseOperator):
                 publisher = self.get_publisher(layout)
         return layout, publisher
 
-    def _add_asset_event(self, context: Any, key: str, summary: CommitSummary) -> None:
+    #: How long a first-event claim holds before another commit task takes it over: its holder
+    #: returns right after claiming, so only a holder that died before its success lets it age.
+    first_event_stale_after = timedelta(minutes=2)
+    #: How often a commit task waiting for the pipeline's first event looks for it.
+    first_event_poll = 1.0
+
+    def _add_asset_event(self, context: Any, store: Any, key: str, summary: CommitSummary) -> None:
         assert self.asset_alias is not None
+        self._await_first_event(context, store)
         context["outlet_events"][self.asset_alias].add(
             target_asset(self.pipeline, self.target),
             extra={
@@ -419,6 +426,65 @@ class WalCommitOperator(BaseOperator):
                 "published": summary.published,
             },
         )
+
+    def _await_first_event(self, context: Any, store: Any) -> None:
+        """Return when this task may add an event through the pipeline's alias.
+
+        Airflow 3.3 links the alias to the target's asset with the first event through
+        the alias, and when two such first events are recorded at once, one task fails
+        on the link's unique key ("Error updating Task Instance state"), its commit done
+        but its run failed. So while no event of the target has gone through the alias,
+        one commit task at a time claims the first event in the committer table
+        (:mod:`~airflow_provider_walsink.committer.first_event`) and the others wait
+        until an event shows up. Once one has, this costs one read of the alias's
+        newest event. Events that cannot be read do not hold the commit back.
+        """
+        if self._target_announced(context):
+            return
+        ti = context["ti"]
+        holder = f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{getattr(ti, 'map_index', -1)}"
+        # A claim taken over is how a dead holder is skipped; past twice that, something
+        # else keeps the event from showing (say, events not readable here): go on.
+        deadline = time.monotonic() + 2 * self.first_event_stale_after.total_seconds()
+        waited = False
+        while True:
+            if store.claim_first_event(self.pipeline, holder, stale_after=self.first_event_stale_after):
+                if waited:
+                    self.log.info("Adding the first asset event of pipeline %s (claim taken)", self.pipeline)
+                return
+            if not waited:
+                self.log.info(
+                    "Another commit task of pipeline %s is adding its first asset event; waiting for it "
+                    "(Airflow fails one of two first events through an alias recorded at once)",
+                    self.pipeline,
+                )
+                waited = True
+            time.sleep(self.first_event_poll)
+            if self._target_announced(context):
+                self.log.info("The first asset event of pipeline %s is recorded; adding this one", self.pipeline)
+                return
+            if time.monotonic() > deadline:
+                self.log.warning(
+                    "No asset event of pipeline %s showed up within %s and the claim was not released; "
+                    "adding this one anyway",
+                    self.pipeline,
+                    2 * self.first_event_stale_after,
+                )
+                return
+
+    def _target_announced(self, context: Any) -> bool:
+        """Has an event of the target's asset gone through the alias (so Airflow linked them)?
+        ``True`` also when the events cannot be read: then nothing here can serialize them."""
+        try:
+            newest = list(context["inlet_events"][self.asset_alias].ascending(False).limit(1))
+        except Exception as exc:  # noqa: BLE001 - unreadable: add the event as before (see above)
+            self.log.warning("Could not read the asset events of %s (%s)", self.asset_alias, exc)
+            return True
+        if not newest:
+            return False
+        asset = target_asset(self.pipeline, self.target)
+        event_asset = newest[0].asset
+        return (event_asset.name, event_asset.uri) == (asset.name, asset.uri)
 
     def _commit_unannounced(
         self, context: Any, committer: CheckpointCommitter, key: str, summary: CommitSummary, actor: Actor
