@@ -11,8 +11,9 @@ PostgreSQL metadata database), two DAGs in the same stack and the same run:
   Spark's ``mode("overwrite")`` (no exactly-once);
 * **walsink**: ``bench_walsink_daily``, ``walsink_pipeline`` (write → deferrable
   durability sensor → commit) over the example's own job, committer table on
-  PostgreSQL. ``--start-from-trigger`` adds a third DAG whose sensor starts in the
-  triggerer (``start_from_trigger=True``, opt-in: docs/backfill.md says why).
+  PostgreSQL, its sensor starting in a worker (``start_from_trigger=False``).
+  ``--start-from-trigger`` adds a third DAG whose sensor starts in the triggerer
+  (``start_from_trigger=True``, the sensor's default).
 
 Measured per backfill: wall time (first run's start to last run's end), runs
 failed, task tries that failed, and what the sensors cost the workers: how many

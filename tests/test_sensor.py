@@ -240,7 +240,7 @@ def test_a_deferrable_sensor_starts_in_the_triggerer_and_ends_there(env):
 
 def test_the_sensor_starts_on_a_worker_where_it_cannot_start_in_the_triggerer():
     assert not sensor(deferrable=False, start_from_trigger=True).start_from_trigger  # poke / reschedule
-    assert not sensor(deferrable=True).start_from_trigger  # off by default (the class docstring says why)
+    assert sensor(deferrable=True).start_from_trigger  # on by default wherever it can be
     # A value only known at run time that the triggerer cannot render (an object, not a template).
     assert not sensor(
         deferrable=True, start_from_trigger=True, staging_root=SimpleNamespace()

@@ -61,13 +61,12 @@ class CheckpointDurableSensor(BaseSensorOperator):
     before: it starts on a worker, checks once there (``check_before_defer``)
     and defers.
 
-    ``start_from_trigger`` is **off by default**, for correctness of the runs around it:
-    sensors ending in the triggerer end together, so the commit tasks of a parallel
-    backfill start and finish together, and Airflow 3.3's api-server then fails one
-    of them while it records the asset-alias event (a unique-key race on
-    ``asset_alias_asset``; the task is set to failed without a retry and its DAG run
-    fails: seen in ``tests/test_e2e_backfill.py``). Turn it on where one pipeline's
-    commits do not run in parallel, or with ``emit_asset_events=False`` on the commit. ``deferrable=False`` pokes on a worker (``mode="poke"`` or
+    ``start_from_trigger`` is **on by default** (it matters only with ``deferrable``).
+    Sensors ending in the triggerer end together, so the commit tasks of a parallel
+    backfill start and finish together; the commit task serializes a new pipeline's
+    first asset event, which Airflow 3.3 would otherwise fail one of on a unique key
+    (:meth:`~airflow_provider_walsink.operators.commit.WalCommitOperator._await_first_event`).
+    ``deferrable=False`` pokes on a worker (``mode="poke"`` or
     ``"reschedule"``). On timeout the error names what is missing (started from
     the trigger: in the triggerer's part of the task log).
 
@@ -82,7 +81,7 @@ class CheckpointDurableSensor(BaseSensorOperator):
     :param verify_checksums: recompute each committable's checksum too.
     :param deferrable: wait in the triggerer instead of a worker.
     :param start_from_trigger: with ``deferrable``, start in the triggerer when the fields allow it
-        (above; off by default, see why there); ``False``: start on a worker and defer from there.
+        (above; the default); ``False``: start on a worker and defer from there.
     :param check_before_defer: when the sensor starts on a worker and defers, check once there first and
         finish at once when already durable (the common case), skipping the trip to the
         triggerer. A run's conf key ``walsink_check_before_defer`` (``true``/``false``)
@@ -104,7 +103,7 @@ class CheckpointDurableSensor(BaseSensorOperator):
         verify_checksums: bool = False,
         deferrable: bool = False,
         check_before_defer: bool = True,
-        start_from_trigger: bool = False,
+        start_from_trigger: bool = True,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", 5)
