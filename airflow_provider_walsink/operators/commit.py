@@ -461,7 +461,9 @@ class WalCommitOperator(BaseOperator):
                 waited = True
             time.sleep(self.first_event_poll)
             if self._target_announced(context):
-                self.log.info("The first asset event of pipeline %s is recorded; adding this one", self.pipeline)
+                self.log.info(
+                    "The first asset event of pipeline %s is recorded; adding this one", self.pipeline
+                )
                 return
             if time.monotonic() > deadline:
                 self.log.warning(
