@@ -158,7 +158,12 @@ def _lock_waiters(url: str) -> int:
                     "AND wait_event_type = 'Lock'"
                 )
             else:
-                query = "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+                # Row-lock waits, and metadata-lock waits (DDL on a table an open transaction
+                # touched), which innodb_trx does not list.
+                query = (
+                    "SELECT (SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT')"
+                    " + (SELECT COUNT(*) FROM information_schema.processlist WHERE state LIKE 'Waiting for%lock%')"
+                )
             return int(conn.execute(sa.text(query)).scalar())
     finally:
         engine.dispose()
