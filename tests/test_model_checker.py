@@ -351,6 +351,25 @@ def test_group_commits_under_the_model_checker(kind, tmp_path):
         assert '"ok": true' in world.log[4] and "already" in world.log[4], log
     finally:
         world.close()
+
+    # Three checkpoints durable at once; one leads a group while another's own commit task runs
+    # at the same moment (a parallel backfill's commit tasks starting together).
+    cfg = Config(
+        kind, "overwrite", "lease", str(tmp_path / "w2"), f"sqlite:///{tmp_path}/c2.db", pipeline="grp2"
+    )
+    world = World(cfg)
+    try:
+        world.run({"op": "group", "key": K1, "point": None, "also": [K2, K3], "race": True})
+        for key in (K2, K3):  # whichever member was neither grouped nor the rival: its own task
+            world.run({"op": "commit", "key": key})
+        log = "\n".join(world.log)
+        assert not world.check(), "\n".join(world.check()) + "\n" + log
+        assert [world.store.require(cfg.pipeline, k).state.value for k in (K1, K2, K3)] == [
+            "COMMITTED"
+        ] * 3, log
+        assert world.counts["group.members"] >= 2 and world.counts["group.rivals"] == 1, (world.counts, log)
+    finally:
+        world.close()
     figures = run_machine([Combo(kind, "overwrite", "lease")], seed_value=SEED * 100 + 90, schedules=3, steps=STEPS,
                           workdir=str(tmp_path / "random"), shrink=False)  # fmt: skip
     print(figures.describe())

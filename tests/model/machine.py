@@ -127,7 +127,9 @@ def machine_for(
                 self._do({"op": op, "key": key})
             elif op == "group":
                 point = data.draw(st.sampled_from([None, None, *GROUP_KILL_POINTS]), label="point")
-                self._do({"op": op, "key": key, "point": point})
+                also = data.draw(st.lists(KEY, max_size=2, unique=True), label="also")
+                race = data.draw(st.booleans(), label="race")
+                self._do({"op": op, "key": key, "point": point, "also": also, "race": race})
             elif op == "crash":
                 points = KILL_POINTS[self.kind] + (KAFKA_KILL_POINTS if self.world.cfg.kafka else ())
                 point = data.draw(st.sampled_from(points), label="point")

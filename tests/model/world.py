@@ -550,13 +550,14 @@ class World:
     def _result(out: str) -> dict[str, Any]:
         return json.loads(Path(out).read_text()) if os.path.exists(out) else {"ok": False, "error": "killed"}
 
-    def _ensure_durable(self, key: str) -> str:
-        """Write and verify a new attempt first unless the checkpoint can be committed (or is COMMITTED)."""
+    def _ensure_durable(self, key: str, parts: list[int] | None = None) -> str:
+        """Write and verify a new attempt (of ``parts``, default both) first unless the checkpoint
+        can be committed (or is COMMITTED)."""
         rec = self.store.get(self.cfg.pipeline, key)
         if rec is not None and (rec.state.value in ("DURABLE", "COMMITTING", "COMMITTED")
                                 or (rec.state.value == "FAILED" and rec.durable_at)):  # fmt: skip
             return ""
-        wrote = self.op_write(key, 2, [0, 1])
+        wrote = self.op_write(key, 2, parts or [0, 1])
         return f"{wrote}; {self.op_durable(key)}; " if not wrote.startswith("skipped") else f"{wrote}; "
 
     def op_crash(self, key: str, point: str, retry: bool = True) -> str:
@@ -582,21 +583,38 @@ class World:
         retried = json.dumps(self._commit_until_done(key)) if retry else "no retry"
         return f"{first_write}try 1 {'killed' if killed else json.dumps(first)}; retry {retried}"
 
-    def op_group(self, key: str, point: str | None = None) -> str:
+    def op_group(
+        self, key: str, point: str | None = None, also: list[str] | None = None, race: bool = False
+    ) -> str:
         """A committer leading a group commit over whatever checkpoints are durable (issue 24), in a
         child process, SIGKILLed at ``point`` if it gets there; then every checkpoint left COMMITTING
-        is committed by its own task (after the dead leader's leases expire: takeover, reconcile)."""
+        is committed by its own task (after the dead leader's leases expire: takeover, reconcile).
+
+        ``also``: other checkpoints made durable first, so the group has members (a random
+        schedule seldom leaves several durable at once). ``race``: the first of them has its own
+        commit task running at the same time as the leader (a real process), as in a parallel
+        backfill whose commit tasks start together."""
         if (
             self.cfg.kind not in ("iceberg", "delta")
             or self.cfg.mode != "overwrite"
             or self.cfg.fencing != "lease"
         ):
             return "skipped: group commit is for table targets, overwrite, lease fencing"
-        first_write = self._ensure_durable(key)
+        members = [k for k in dict.fromkeys(also or []) if k != key]
+        # The leader's partition apart from its members' (a group takes disjoint partitions only), so
+        # the leader and one member group whichever member the rival commits.
+        first_write = self._ensure_durable(key, [0]) + "".join(self._ensure_durable(k, [1]) for k in members)
         out = f"{self.cfg.work}/{uuid.uuid4().hex}.out"
         proc = _CHILDREN.Process(target=_child_group_commit, args=(self.cfg, key, self._next(), point, out))
         proc.start()
+        rival = self._spawn(members[0], None, stop=False) if race and members else None
         proc.join(300)
+        rival_result: dict[str, Any] | None = None
+        if rival is not None:
+            rival[0].join(300)
+            rival_result = self._result(rival[1])
+            self._note_commit(rival_result)
+            self.counts["group.rivals"] += 1
         killed = proc.exitcode == -signal.SIGKILL
         result = self._result(out)
         if result.get("ok") and not result.get("already"):
@@ -613,7 +631,8 @@ class World:
             if rec is not None and rec.state.value == "COMMITTING":
                 own[k] = self._commit_until_done(k)
         told = "killed" if killed else json.dumps({k: v for k, v in result.items() if k != "text"})
-        return f"{first_write}leader {told}; own tasks {json.dumps(own)}"
+        rival_told = f"; rival {json.dumps(rival_result)}" if rival_result is not None else ""
+        return f"{first_write}leader {told}{rival_told}; own tasks {json.dumps(own)}"
 
     def op_race(self, key: str) -> str:
         """Two commit tasks of one checkpoint at once (real processes)."""
