@@ -222,21 +222,16 @@ def _checkpoint_indexes(engine) -> dict[str, list[str]]:
     return {ix["name"]: ix["column_names"] for ix in inspect(engine).get_indexes("walsink_checkpoint")}
 
 
-def test_0007_adds_the_open_state_index_and_downgrades_keeping_rows(db_url):
-    """Issue 24: 0007 adds the (state, created_at) index that finds open checkpoints of every
-    pipeline without reading the history; a downgrade drops only that index, rows stay."""
+def _one_pipeline_with_a_checkpoint(engine) -> None:
+    """A pipeline row and one checkpoint row, naming only columns every revision since 0004 has
+    (SQLAlchemy inserts only the values given and the Python-side defaults)."""
     from datetime import datetime
 
-    from sqlalchemy import func, insert, select
+    from sqlalchemy import insert
 
     from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
     from airflow_provider_walsink.committer.models import pipeline_table as pipe
 
-    name = "ix_walsink_checkpoint_state_created_at"
-    engine = create_committer_engine(db_url)
-    _drop_all(engine)
-    upgrade(engine, "0006")
-    assert name not in _checkpoint_indexes(engine)
     now = datetime(2026, 11, 1)
     with engine.begin() as conn:
         conn.execute(insert(pipe).values(name="p", mode="append", next_sequence=2, created_at=now))
@@ -251,6 +246,22 @@ def test_0007_adds_the_open_state_index_and_downgrades_keeping_rows(db_url):
                 updated_at=now,
             )  # fmt: skip
         )
+
+
+def test_0007_adds_the_open_state_index_and_downgrades_keeping_rows(db_url):
+    """Issue 24: 0007 adds the (state, created_at) index that finds open checkpoints of every
+    pipeline without reading the history; a downgrade drops only that index, rows stay."""
+
+    from sqlalchemy import func, select
+
+    from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
+
+    name = "ix_walsink_checkpoint_state_created_at"
+    engine = create_committer_engine(db_url)
+    _drop_all(engine)
+    upgrade(engine, "0006")
+    assert name not in _checkpoint_indexes(engine)
+    _one_pipeline_with_a_checkpoint(engine)
 
     upgrade(engine)
     assert _checkpoint_indexes(engine)[name] == ["state", "created_at"]
@@ -271,9 +282,8 @@ def test_0007_adds_the_open_state_index_and_downgrades_keeping_rows(db_url):
 def test_0008_adds_the_first_event_claim_and_downgrades_keeping_rows(db_url):
     """0008 adds the pipeline's first-event claim (two nullable columns); a downgrade drops only
     them: on SQLite the pipeline table is altered in place, so no checkpoint row cascades away."""
-    from datetime import datetime
 
-    from sqlalchemy import func, insert, inspect, select
+    from sqlalchemy import func, inspect, select
 
     from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
     from airflow_provider_walsink.committer.models import pipeline_table as pipe
@@ -286,23 +296,7 @@ def test_0008_adds_the_first_event_claim_and_downgrades_keeping_rows(db_url):
     _drop_all(engine)
     upgrade(engine, "0007")
     assert not claim & columns()
-    now = datetime(2026, 11, 1)
-    with engine.begin() as conn:
-        # Only the columns 0007 has (the model's table already lists 0008's).
-        conn.execute(
-            pipe.insert().values(name="p", mode="append", next_sequence=2, created_at=now),
-        )
-        conn.execute(
-            insert(ckpt).values(
-                pipeline="p",
-                checkpoint_key="k",
-                sequence=1,
-                state="WRITING",
-                attempt=1,
-                created_at=now,
-                updated_at=now,
-            )  # fmt: skip
-        )
+    _one_pipeline_with_a_checkpoint(engine)
 
     upgrade(engine)
     assert claim <= columns()

@@ -24,10 +24,10 @@ sys.path.insert(0, str(DAGS))
 
 from walsink_example_common import home_template  # noqa: E402
 
-from airflow_provider_walsink.committer.writer import CheckpointWriter  # noqa: E402
 from airflow_provider_walsink.context import actor_from_context  # noqa: E402
 from airflow_provider_walsink.hooks.walsink import WalsinkHook  # noqa: E402
 from airflow_provider_walsink.operators.commit import WalCommitOperator  # noqa: E402
+from airflow_provider_walsink.testing.checkpoints import stage_csv_checkpoint  # noqa: E402
 
 PIPELINE = "first_event"
 COMMITS = 3
@@ -63,16 +63,11 @@ with DAG(
             context = get_current_context()
             hook = WalsinkHook()
             store, layout = hook.get_store(), hook.get_layout()
-            key, actor = f"{context['ts_nodash']}-{i}", actor_from_context(context)
-            store.register(PIPELINE, key, mode="overwrite", actor=actor)
-            writer = CheckpointWriter(store, layout, PIPELINE, key, actor=actor, partition_columns=["part"])
-            rel = f"part={i}/part-0.csv"
-            path = writer.begin() / rel
-            path.parent.mkdir(parents=True)
-            path.write_bytes(b"a\nb\n")
-            writer.add_files([rel], rows={rel: 2}, writer="stage")
-            writer.seal(file_format="csv")
-            store.mark_durable(PIPELINE, key, attempt=writer.attempt, actor=actor)
+            key = f"{context['ts_nodash']}-{i}"
+            stage_csv_checkpoint(
+                store, layout, PIPELINE, key, f"part={i}/part-0.csv",
+                actor=actor_from_context(context), partition_column="part",
+            )  # fmt: skip
             return key
 
         stage() >> CommitMeetingAtABarrier(

@@ -21,11 +21,11 @@ sys.path.insert(0, str(DAGS))
 
 from walsink_example_common import home_template  # noqa: E402
 
-from airflow_provider_walsink.committer.writer import CheckpointWriter  # noqa: E402
 from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context  # noqa: E402
 from airflow_provider_walsink.faults import ENV as CRASH_AT  # noqa: E402
 from airflow_provider_walsink.hooks.walsink import WalsinkHook  # noqa: E402
 from airflow_provider_walsink.operators.commit import WalCommitOperator  # noqa: E402
+from airflow_provider_walsink.testing.checkpoints import stage_csv_checkpoint  # noqa: E402
 
 PIPELINE = "lost_event"
 
@@ -53,16 +53,11 @@ with DAG(
         context = get_current_context()
         hook = WalsinkHook()
         store, layout = hook.get_store(), hook.get_layout()
-        key, actor = checkpoint_key_from_context(context), actor_from_context(context)
-        store.register(PIPELINE, key, mode="overwrite", actor=actor)
-        writer = CheckpointWriter(store, layout, PIPELINE, key, actor=actor, partition_columns=["dt"])
-        rel = f"dt={key[:8]}/part-0.csv"
-        path = writer.begin() / rel
-        path.parent.mkdir(parents=True)
-        path.write_bytes(b"a\nb\n")
-        writer.add_files([rel], rows={rel: 2}, writer="stage")
-        writer.seal(file_format="csv")
-        store.mark_durable(PIPELINE, key, attempt=writer.attempt, actor=actor)
+        key = checkpoint_key_from_context(context)
+        stage_csv_checkpoint(
+            store, layout, PIPELINE, key, f"dt={key[:8]}/part-0.csv",
+            actor=actor_from_context(context), partition_column="dt",
+        )  # fmt: skip
         return key
 
     stage() >> CommitKilledOnItsFirstTry(
