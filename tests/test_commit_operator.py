@@ -257,3 +257,35 @@ def test_openlineage_facets_of_an_executed_commit_name_the_target_and_the_checkp
     assert facet.attemptId == store.require("events", KEY).sealed_attempt_id
     # A re-run changes nothing and adds no asset event.
     assert task.execute(context)["already_committed"] and len(added) == 1
+
+
+def test_a_first_event_claim_left_by_a_dead_commit_task_is_taken_over(
+    airflow_db, walsink_conn, tmp_path, monkeypatch
+):
+    """A commit task that finds no event of its target through the alias yet, and the pipeline's
+    first-event claim held by another task (one that died before its success), waits until the
+    claim is stale, takes it over and adds its event (``committer/first_event.py``)."""
+    from datetime import timedelta
+
+    from sqlalchemy import select
+
+    from airflow_provider_walsink.committer.models import pipeline_table as pipe
+    from airflow_provider_walsink.operators.commit import WalCommitOperator
+
+    store, layout = walsink_conn
+    target = tmp_path / "target"  # a new asset: no event of it has gone through the alias
+    stage_checkpoint(store, layout, "events", KEY, FILES)
+    dead = "other_dag/manual__x/commit/-1"
+    assert store.claim_first_event("events", dead, stale_after=timedelta(minutes=2))
+    monkeypatch.setattr(WalCommitOperator, "first_event_stale_after", timedelta(seconds=2))
+    monkeypatch.setattr(WalCommitOperator, "first_event_poll", 0.2)
+
+    states, dag_run = run(build_dag(target))
+    assert states == {"commit": "success"}
+    [event] = asset_events(dag_run)
+    assert event["uri"] == f"file://{target}" and event["checkpoint_key"] == KEY
+    with store.engine.connect() as conn:
+        holder = conn.execute(select(pipe.c.first_event_holder).where(pipe.c.name == "events")).scalar_one()
+    assert (
+        holder == f"walsink_commit_operator_test/{dag_run.run_id}/commit/-1"
+    )  # taken over from the dead one
