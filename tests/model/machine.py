@@ -127,7 +127,7 @@ def machine_for(
                 self._do({"op": op, "key": key})
             elif op == "group":
                 point = data.draw(st.sampled_from([None, None, *GROUP_KILL_POINTS]), label="point")
-                also = data.draw(st.lists(KEY, max_size=2, unique=True), label="also")
+                also = data.draw(st.lists(KEY, max_size=3, unique=True), label="also")
                 race = data.draw(st.booleans(), label="race")
                 self._do({"op": op, "key": key, "point": point, "also": also, "race": race})
             elif op == "crash":

@@ -58,9 +58,10 @@ from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_
 LEASE_TTL = timedelta(milliseconds=800)
 #: An abort waits out a holder's trusted confirmation: min(TTL/3, 2 s) with this TTL, plus margin.
 ABORT_GRACE = timedelta(milliseconds=500)
-KEYS = ("20260101", "20260102", "20260103")
+KEYS = ("20260101", "20260102", "20260103", "20260104", "20260105")
 #: Overwrite checkpoints write into these partitions (shared by every key: the order matters).
-PARTITIONS = ("2026-01-01", "2026-01-02")
+#: Random writes use the first two; a group's members take one each of the others (disjoint).
+PARTITIONS = ("2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04", "2026-01-05")
 KILL_POINTS = {
     "files": ("publish.after_k", "publish.after_swap", "commit.after_publish", "commit.after_committed"),
     "iceberg": ("table.before_table_commit", "table.after_table_commit", "commit.after_publish",
@@ -550,6 +551,10 @@ class World:
     def _result(out: str) -> dict[str, Any]:
         return json.loads(Path(out).read_text()) if os.path.exists(out) else {"ok": False, "error": "killed"}
 
+    def _committed(self, key: str) -> bool:
+        rec = self.store.get(self.cfg.pipeline, key)
+        return rec is not None and rec.is_committed
+
     def _ensure_durable(self, key: str, parts: list[int] | None = None) -> str:
         """Write and verify a new attempt (of ``parts``, default both) first unless the checkpoint
         can be committed (or is COMMITTED)."""
@@ -600,10 +605,20 @@ class World:
             or self.cfg.fencing != "lease"
         ):
             return "skipped: group commit is for table targets, overwrite, lease fencing"
-        members = [k for k in dict.fromkeys(also or []) if k != key]
-        # The leader's partition apart from its members' (a group takes disjoint partitions only), so
-        # the leader and one member group whichever member the rival commits.
-        first_write = self._ensure_durable(key, [0]) + "".join(self._ensure_durable(k, [1]) for k in members)
+        # Of the keys named, those not committed yet (a committed one would only be an answered
+        # no-op): the first leads, the others are made durable to join it. Decided on the state,
+        # so a replay does the same.
+        named = list(dict.fromkeys([key, *(also or [])]))
+        open_keys = [k for k in named if not self._committed(k)]
+        if not open_keys:
+            return f"skipped: {', '.join(named)} committed already"
+        key, members = open_keys[0], open_keys[1:]
+        # Each in a partition of its own (a group takes disjoint partitions only), so the leader groups
+        # every member it can lease, whichever the rival commits. Checkpoints already durable keep
+        # what they staged, overlapping or not.
+        first_write = self._ensure_durable(key, [0]) + "".join(
+            self._ensure_durable(k, [i + 1]) for i, k in enumerate(members)
+        )
         out = f"{self.cfg.work}/{uuid.uuid4().hex}.out"
         proc = _CHILDREN.Process(target=_child_group_commit, args=(self.cfg, key, self._next(), point, out))
         proc.start()
@@ -798,11 +813,21 @@ class World:
         files = sorted(attempt_dir.rglob("*.parquet")) if attempt_dir.exists() else []
         if not files:
             return "skipped: no staged file"
+        # A table that already references the file (a commit killed after its table commit) read it
+        # in place and keeps reading it there, as it reads its own data files: changing it now is
+        # tampering with the table, which no staging check can stop. Only a file not yet in the
+        # target must never be published.
+        published = self.cfg.kind in ("iceberg", "delta") and files[0] in {
+            Path(f.removeprefix("file://")) for f in self.data_files()
+        }
         outside = Path(self.cfg.work) / "outside" / uuid.uuid4().hex
         outside.parent.mkdir(exist_ok=True)
         outside.write_bytes(files[0].read_bytes())
         files[0].unlink()
         files[0].symlink_to(outside)
+        if published:
+            self.counts["symlinks.after_table_commit"] += 1
+            return f"swapped {files[0].name}, which the table already references"
         if rec.sealed_attempt_id in self.model.attempts:
             self.model.attempts[rec.sealed_attempt_id].poisoned = True
         self.counts["symlinks"] += 1
