@@ -147,10 +147,10 @@ class WalCommitOperator(BaseOperator):
         consumer group after the target commit, for lag tools; never ahead of the committer
         table, caught up by the next commit or a re-run (docs/kafka.md).
     :param kafka_conn_id: the ``kafka`` connection of that source.
-    :param group_commit: publish up to this many other durable checkpoints of the pipeline
-        with this one, in one table transaction, each with its own marker (Iceberg and Delta,
-        ``overwrite``, lease fencing; other targets and modes commit alone; 0, the default:
-        always alone). A checkpoint that another task's group commit is publishing makes its
+    :param group_commit: publish up to this many (default 16) other durable checkpoints of
+        the pipeline with this one, in one table transaction, each with its own marker (Iceberg
+        and Delta, ``overwrite``, lease fencing; other targets and modes commit alone; 0: always
+        alone). A checkpoint that another task's group commit is publishing makes its
         own commit task wait (poll every ``group_poll``) instead of failing; one it committed
         is an answered no-op whose asset event this task adds, once (docs/backfill.md).
     :param group_poll: how often a commit task waiting for a group commit looks again.
@@ -179,7 +179,7 @@ class WalCommitOperator(BaseOperator):
         fencing: str = "lease",
         kafka_source: Any = None,
         kafka_conn_id: str = "kafka_default",
-        group_commit: int = 0,
+        group_commit: int = 16,
         group_poll: timedelta = timedelta(seconds=2),
         **kwargs: Any,
     ) -> None:
