@@ -289,3 +289,36 @@ def test_a_first_event_claim_left_by_a_dead_commit_task_is_taken_over(
     assert (
         holder == f"walsink_commit_operator_test/{dag_run.run_id}/commit/-1"
     )  # taken over from the dead one
+
+
+def test_asset_events_that_cannot_be_read_do_not_hold_the_commit_back(
+    airflow_db, walsink_conn, tmp_path, monkeypatch
+):
+    """When the alias's events cannot be read (an injected fault at the Task SDK's accessor), the
+    commit task neither fails nor waits on a claim another task holds: it adds its event as before
+    the claim existed, and leaves the claim alone."""
+    from datetime import timedelta
+
+    from airflow.sdk.execution_time.context import InletEventsAccessor
+    from sqlalchemy import select
+
+    from airflow_provider_walsink.committer.models import pipeline_table as pipe
+
+    def unreadable(self):
+        raise RuntimeError("injected: the execution API is unreachable")
+
+    store, layout = walsink_conn
+    target = tmp_path / "target"
+    stage_checkpoint(store, layout, "events", KEY, FILES)
+    other = "other_dag/manual__x/commit/-1"
+    assert store.claim_first_event("events", other, stale_after=timedelta(minutes=2))
+    monkeypatch.setattr(InletEventsAccessor, "_asset_events", property(unreadable))
+
+    states, dag_run = run(build_dag(target))
+    assert states == {"commit": "success"}
+    assert store.require("events", KEY).state is S.COMMITTED
+    [event] = asset_events(dag_run)
+    assert event["checkpoint_key"] == KEY
+    with store.engine.connect() as conn:
+        holder = conn.execute(select(pipe.c.first_event_holder).where(pipe.c.name == "events")).scalar_one()
+    assert holder == other  # not taken: nothing could tell whether the first event was recorded
