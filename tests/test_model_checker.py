@@ -47,6 +47,18 @@ def _param(case):
     return pytest.param(*case, marks=marks, id=f"{kind}-{mode}-{fencing}")
 
 
+def run_checked(world: World, steps: list[dict]) -> str:
+    """Run ``steps`` on ``world``, checking it against the model after every one (``check`` also
+    advances the model, so once per step); fails naming each violation; returns the world's log."""
+    found = []
+    for i, step in enumerate(steps):
+        world.run(step)
+        found += [f"after step {i} {step['op']}: {p}" for p in world.check()]
+    log = "\n".join(world.log)
+    assert not found, "\n".join(found) + "\n" + log
+    return log
+
+
 @pytest.mark.parametrize(("kind", "mode", "fencing"), [_param(c) for c in CASES])
 def test_model_checker_finds_no_violation(kind, mode, fencing, database_urls, tmp_path):
     sql_url = database_urls(kind.split("-", 1)[1]) if kind.startswith("sql-") else None
@@ -120,14 +132,9 @@ def test_every_operation_runs_through_the_store_on_s3(s3_server, tmp_path):  # n
     cfg = Config("delta", "overwrite", "lease", str(tmp_path / "w"), f"sqlite:///{tmp_path}/c.db", pipeline="every",
                  staging="s3", s3_endpoint=s3_server.endpoint)  # fmt: skip
     world = World(cfg)
-    found = []
     try:
-        for i, step in enumerate(steps):
-            world.run(step)
-            found += [f"after step {i} {step['op']}: {p}" for p in world.check()]
-        log = "\n".join(world.log)
+        log = run_checked(world, steps)
         c = world.counts
-        assert not found, "\n".join(found) + "\n" + log
         # The abort racing a commit may win or lose (either is fine: the checks above hold); the
         # abort while a committer is stopped always wins, and the late older key is refused unless
         # a lost race left a checkpoint uncommitted (then retention keeps K1's row: it is skipped).
@@ -327,13 +334,8 @@ def test_group_commits_under_the_model_checker(kind, tmp_path):
         kind, "overwrite", "lease", str(tmp_path / "w"), f"sqlite:///{tmp_path}/c.db", pipeline="grp"
     )
     world = World(cfg)
-    found = []
     try:
-        for i, step in enumerate(steps):
-            world.run(step)
-            found += [f"after step {i} {step['op']}: {p}" for p in world.check()]
-        log = "\n".join(world.log)
-        assert not found, "\n".join(found) + "\n" + log
+        log = run_checked(world, steps)
         assert world.counts["kills"] == 1, log
         assert [world.store.require(cfg.pipeline, k).state.value for k in (K1, K2, K3)] == [
             "COMMITTED"
@@ -359,11 +361,9 @@ def test_group_commits_under_the_model_checker(kind, tmp_path):
     )
     world = World(cfg)
     try:
-        world.run({"op": "group", "key": K1, "point": None, "also": [K2, K3], "race": True})
-        for key in (K2, K3):  # whichever member was neither grouped nor the rival: its own task
-            world.run({"op": "commit", "key": key})
-        log = "\n".join(world.log)
-        assert not world.check(), "\n".join(world.check()) + "\n" + log
+        # The members neither grouped nor the rival: committed by their own tasks.
+        steps = [{"op": "group", "key": K1, "point": None, "also": [K2, K3], "race": True}]
+        log = run_checked(world, steps + [{"op": "commit", "key": key} for key in (K2, K3)])
         assert [world.store.require(cfg.pipeline, k).state.value for k in (K1, K2, K3)] == [
             "COMMITTED"
         ] * 3, log
@@ -419,13 +419,8 @@ def _kafka_world(tmp_path, bootstrap: str, kind: str = "files", fencing: str = "
 def test_kafka_source_every_operation_replays_clean(kafka_cluster, tmp_path):
     """The fixed schedule above through the real Kafka source path, checked after every step."""
     world = World(_kafka_world(tmp_path, kafka_cluster))
-    found = []
     try:
-        for i, step in enumerate(KAFKA_STEPS):
-            world.run(step)
-            found += [f"after step {i} {step['op']}: {p}" for p in world.check()]
-        log = "\n".join(world.log)
-        assert not found, "\n".join(found) + "\n" + log
+        log = run_checked(world, KAFKA_STEPS)
         c = world.counts
         assert c["kill@commit.before_group_offsets"] == 1 and c["kill@kafka.read.after_batch"] == 1, (
             f"{dict(c)}\n{log}"
