@@ -46,7 +46,7 @@ def get_provider_info() -> dict:
             {"integration-name": INTEGRATION, "python-modules": ["airflow_provider_walsink.triggers.durable"]}
         ],
         "plugins": [{"name": "walsink", "plugin-class": "airflow_provider_walsink.ui.plugin.WalsinkPlugin"}],
-        "extra-links": ["airflow_provider_walsink.links.WalsinkCheckpointLink"],
+        "extra-links": ["airflow_provider_walsink.ui.links.WalsinkCheckpointLink"],
         "connection-types": [
             {
                 "hook-class-name": "airflow_provider_walsink.hooks.walsink.WalsinkHook",

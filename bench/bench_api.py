@@ -96,7 +96,7 @@ def load(url: str, rows: int, pipelines: int) -> dict[str, object]:
     """Generate the committer table server-side; return the sizes and what the load took."""
     from sqlalchemy import create_engine, text
 
-    from airflow_provider_walsink.committer import CommitterStore
+    from airflow_provider_walsink.core.store import CommitterStore
 
     CommitterStore.from_url(url).dispose()  # migrate
     per = sizes(rows, pipelines)
@@ -270,7 +270,7 @@ def measure(url: str, loaded: dict[str, object], requests: int, explain: bool) -
     from sqlalchemy import create_engine, event, text
     from sqlalchemy.engine import Engine
 
-    from airflow_provider_walsink import cli
+    from airflow_provider_walsink.cli import commands as cli
 
     per: list[int] = loaded["sizes"]  # type: ignore[assignment]
     rng = random.Random(5)

@@ -81,7 +81,7 @@ with DAG(dag_id={dag_id!r}, schedule="@daily", start_date=START, catchup=False,
 """
 
 _WALSINK_DAG = """\
-from airflow_provider_walsink.pipeline import walsink_pipeline
+from airflow_provider_walsink.operators.pipeline import walsink_pipeline
 
 with DAG(dag_id={dag_id!r}, schedule="@daily", start_date=START, catchup=False,
          max_active_runs={mar}, default_args=ARGS):
@@ -200,7 +200,7 @@ def run(days: int, max_active_runs: int, repeats: int, start_from_trigger: bool,
         ensure_daily_events(data / "raw", day)
     results: dict[str, list[dict[str, Any]]] = {d: [] for d in dag_ids}
     with private_pg_database() as committer_url:
-        from airflow_provider_walsink.committer import CommitterStore
+        from airflow_provider_walsink.core.store import CommitterStore
 
         CommitterStore.from_url(committer_url).dispose()  # migrated once, before tasks race to it
         env = {

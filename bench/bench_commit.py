@@ -18,9 +18,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CheckpointWriter, CommitterStore
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.publishers.files import FilePublisher
+from airflow_provider_walsink.core.commit import CheckpointCommitter, CheckpointWriter
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store import Actor, CommitterStore
+from airflow_provider_walsink.core.targets.files import FilePublisher
 
 from .common import Table, Timer, fmt_s, median, ratio, spread
 

@@ -54,9 +54,9 @@ def _bulk_durable(url: str, keys: list[str]) -> None:
     """Insert DURABLE checkpoints directly (setup, not timed): far faster than four calls each."""
     from sqlalchemy import func, select, update
 
-    from airflow_provider_walsink.committer import Actor, CommitterStore
-    from airflow_provider_walsink.committer.models import checkpoint_table, pipeline_table
-    from airflow_provider_walsink.committer.store import utcnow
+    from airflow_provider_walsink.core.store import Actor, CommitterStore
+    from airflow_provider_walsink.core.store.models import checkpoint_table, pipeline_table
+    from airflow_provider_walsink.core.store.store import utcnow
 
     store = CommitterStore.from_url(url)
     try:
@@ -101,7 +101,7 @@ def _bulk_durable(url: str, keys: list[str]) -> None:
 
 def _committer(url: str, keys: list[str], start: mp.Event, deadline_s: float, out: mp.Queue) -> None:
     """One committer process: commit its own checkpoints until the deadline (after ``start``)."""
-    from airflow_provider_walsink.committer import Actor, CommitterStore
+    from airflow_provider_walsink.core.store import Actor, CommitterStore
 
     store = CommitterStore.from_url(url, migrate=False, pool_size=1)
     actor = Actor.local("bench-committer")
@@ -125,13 +125,13 @@ def _committer(url: str, keys: list[str], start: mp.Event, deadline_s: float, ou
 
 def _table_committer(url: str, keys: list[str], start: mp.Event, deadline_s: float, out: mp.Queue) -> None:
     """One table-fenced committer process: ``commit()``'s database work with ``fencing="table"``."""
-    from airflow_provider_walsink.committer import Actor, CommitterStore
-    from airflow_provider_walsink.committer.tablefence import (
+    from airflow_provider_walsink.core.commit.tablefence import (
         committable,
         read_checkpoint,
         record_committed,
         table_token,
     )
+    from airflow_provider_walsink.core.store import Actor, CommitterStore
 
     store = CommitterStore.from_url(url, migrate=False, pool_size=1)
     actor = Actor.local("bench-committer")
@@ -167,8 +167,8 @@ def _floor_committer(url: str, keys: list[str], start: mp.Event, deadline_s: flo
     import psycopg2
     from sqlalchemy import create_engine
 
-    from airflow_provider_walsink.committer.fastpath import one_statement_transition
-    from airflow_provider_walsink.protocol.states import CheckpointState as S
+    from airflow_provider_walsink.core.protocol.states import CheckpointState as S
+    from airflow_provider_walsink.core.store.fastpath import one_statement_transition
 
     engine = create_engine(url)  # for its dialect only: statements compile the way the store's do
     steps = []
@@ -315,7 +315,7 @@ def run(clients: tuple[int, ...], seconds: float, repeats: int) -> Table:
     fl: dict[int, list[float]] = {c: [] for c in clients}
     tf: dict[int, list[float]] = {c: [] for c in clients}
     with private_pg_database() as pg_url, private_pg_database() as ws_url:
-        from airflow_provider_walsink.committer import CommitterStore
+        from airflow_provider_walsink.core.store import CommitterStore
 
         CommitterStore.from_url(ws_url).dispose()  # migrate once
         pgbench_init(pg_url)

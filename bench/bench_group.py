@@ -60,7 +60,7 @@ def pg_database() -> tuple[str, Any]:
 
 def make_publisher(kind: str, spec: dict[str, Any]) -> Any:
     if kind == "iceberg":
-        from airflow_provider_walsink.publishers.iceberg import IcebergPublisher
+        from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
 
         return IcebergPublisher(
             spec["identifier"],
@@ -69,7 +69,7 @@ def make_publisher(kind: str, spec: dict[str, Any]) -> Any:
             partition_by=["dt"],
             create_table=True,
         )
-    from airflow_provider_walsink.publishers.delta import DeltaPublisher
+    from airflow_provider_walsink.core.targets.delta import DeltaPublisher
 
     return DeltaPublisher(spec["uri"], "overwrite", partition_by=["dt"], create_table=True)
 
@@ -92,7 +92,8 @@ def parquet(i: int, rows: int = 50) -> bytes:
 
 def stage_all(store: Any, layout: Any, n: int) -> list[tuple[str, str]]:
     """Stage and mark DURABLE ``n`` one-file overwrite checkpoints; return (key, staged file) pairs."""
-    from airflow_provider_walsink.committer import Actor, CheckpointWriter
+    from airflow_provider_walsink.core.commit import CheckpointWriter
+    from airflow_provider_walsink.core.store import Actor
 
     actor = Actor(name="bench", dag_id="bench", run_id="stage", task_id="write", try_number=1)
     staged = []
@@ -116,10 +117,11 @@ def commit_task(
     kind: str, spec: dict, url: str, staging: str, keys: list[str], barrier: Any, out: Any, poll: float = 0.05
 ) -> None:
     """One worker slot: its commit tasks, one after another; a group's hold is waited out, anything else fails."""
-    from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
-    from airflow_provider_walsink.committer.errors import LeaseHeldError
-    from airflow_provider_walsink.committer.group import is_group_owner
-    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.commit.group import is_group_owner
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.store import Actor, CommitterStore
+    from airflow_provider_walsink.core.store.errors import LeaseHeldError
 
     store = CommitterStore.from_url(url, migrate=False)
     layout = StagingLayout(staging)
@@ -226,8 +228,8 @@ def main() -> None:
         "--poll", type=float, default=0.5, help="seconds between a waiting task's looks (operator: 2)"
     )
     args = p.parse_args()
-    from airflow_provider_walsink.committer import CommitterStore
-    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.store import CommitterStore
 
     work = Path(tempfile.mkdtemp(prefix="walsink-bench-group-"))
     url, drop = pg_database()

@@ -68,7 +68,7 @@ def plain_once(config: dict, plan) -> tuple[float, int, int]:
     """One consumer reads every range of the plan; returns (seconds, records, value bytes)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from airflow_provider_walsink.sources.kafka import consumer_config
+    from airflow_provider_walsink.core.sources.kafka import consumer_config
 
     consumer = Consumer(consumer_config(config))
     ends = {(t, p): e for t, p, b, e in plan.ranges() if b < e}
@@ -94,7 +94,7 @@ def plain_once(config: dict, plan) -> tuple[float, int, int]:
 def walsink_once(spark, config: dict, plan, split: int) -> tuple[float, int, int]:
     from pyspark.sql import functions as F
 
-    from airflow_provider_walsink.sources.kafka import kafka_dataframe
+    from airflow_provider_walsink.core.sources.kafka import kafka_dataframe
 
     with stopwatch() as elapsed:
         df = kafka_dataframe(spark, config, plan, max_records_per_split=split)
@@ -103,7 +103,7 @@ def walsink_once(spark, config: dict, plan, split: int) -> tuple[float, int, int
 
 
 def run(records: int, repeats: int, split: int, value_bytes: int) -> Table:
-    from airflow_provider_walsink.sources.kafka import (
+    from airflow_provider_walsink.core.sources.kafka import (
         ConsumerMetadata,
         KafkaSourceSpec,
         plan_offsets,

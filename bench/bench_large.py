@@ -87,9 +87,10 @@ def _child(kind: str, scratch: Path, n: int) -> dict[str, Any]:
 
         return _measure(rename)
     if kind == "files":
-        from airflow_provider_walsink.committer import CheckpointCommitter, CommitterStore
-        from airflow_provider_walsink.protocol.staging import StagingLayout
-        from airflow_provider_walsink.publishers.files import FilePublisher
+        from airflow_provider_walsink.core.commit import CheckpointCommitter
+        from airflow_provider_walsink.core.staging.layout import StagingLayout
+        from airflow_provider_walsink.core.store import CommitterStore
+        from airflow_provider_walsink.core.targets.files import FilePublisher
 
         from .bench_commit import ACTOR
 
@@ -104,8 +105,8 @@ def _child(kind: str, scratch: Path, n: int) -> dict[str, Any]:
     publisher = _iceberg(scratch)
     attempt_dir = scratch / "staging" / "bench" / "k" / "attempt-1"
     if kind == "iceberg-walsink":
-        from airflow_provider_walsink.protocol.manifest import read_manifest
-        from airflow_provider_walsink.publishers.base import StaticContext
+        from airflow_provider_walsink.core.protocol.manifest import read_manifest
+        from airflow_provider_walsink.core.targets.base import StaticContext
 
         def publish() -> None:
             manifest = read_manifest(attempt_dir / "_manifest.json")
@@ -160,8 +161,9 @@ def _check_rename(scratch: Path, n: int) -> None:
 
 
 def _stage_files(scratch: Path, n: int) -> None:
-    from airflow_provider_walsink.committer import CheckpointWriter, CommitterStore
-    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from airflow_provider_walsink.core.commit import CheckpointWriter
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.store import CommitterStore
 
     from .bench_commit import ACTOR, _write_files
 
@@ -186,7 +188,7 @@ def _check_files(scratch: Path, n: int) -> None:
 
 
 def _stage_iceberg(scratch: Path, n: int) -> None:
-    from airflow_provider_walsink.protocol.manifest import write_manifest
+    from airflow_provider_walsink.core.protocol.manifest import write_manifest
 
     from .bench_tables import _iceberg, _iceberg_create, _stage
 

@@ -82,9 +82,9 @@ def plain_once(spark, rows: int, endpoint: str, run: str) -> float:
 
 
 def walsink_once(spark, rows: int, store, staging, key: str) -> float:
-    from airflow_provider_walsink.committer import Actor
-    from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME
-    from airflow_provider_walsink.spark import CheckpointJob, ProtocolArgs
+    from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME
+    from airflow_provider_walsink.core.spark import CheckpointJob, ProtocolArgs
+    from airflow_provider_walsink.core.store import Actor
     from airflow_provider_walsink.triggers.durable import evaluate_durability
 
     actor = Actor(name="bench-s3-stage")
@@ -119,7 +119,7 @@ class _Staging:
     """The staging store and the options it was opened with (the job gets them as the operator passes them)."""
 
     def __init__(self, endpoint: str) -> None:
-        from airflow_provider_walsink.protocol.staging_store import StagingStore
+        from airflow_provider_walsink.core.staging.object_store import StagingStore
 
         self.options = _options(endpoint)
         self.root_uri = f"s3://{BUCKET}/staging"
@@ -130,7 +130,7 @@ def run(sizes: tuple[int, ...], repeats: int, scratch: Path) -> Table:
     import boto3
     from moto.server import ThreadedMotoServer
 
-    from airflow_provider_walsink.committer import CommitterStore
+    from airflow_provider_walsink.core.store import CommitterStore
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this venv's pyarrow
     logging.getLogger("airflow_provider_walsink").setLevel(logging.WARNING)

@@ -103,8 +103,8 @@ def events(n: int, offset: int) -> pa.Table:
 
 def stage(scratch: Path, rows: int):
     """Stage one checkpoint of ``rows`` rows as FILES Parquet files; return (layout, manifest, dir, csv)."""
-    from airflow_provider_walsink.protocol.manifest import Committable, build_manifest
-    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from airflow_provider_walsink.core.protocol.manifest import Committable, build_manifest
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
 
     layout = StagingLayout(scratch / "staging")
     attempt_dir = layout.attempt_dir("bench_sql", DAY, 1)
@@ -189,8 +189,8 @@ def _plain_mysql(url: str, table: str, columns: list[str], csv_path: str) -> Tim
 
 
 def _walsink(url: str, layout, manifest, attempt_dir: Path) -> Timer:
-    from airflow_provider_walsink.publishers.base import PublishOutcome, StaticContext
-    from airflow_provider_walsink.publishers.sql import SqlPublisher
+    from airflow_provider_walsink.core.targets.base import PublishOutcome, StaticContext
+    from airflow_provider_walsink.core.targets.sql import SqlPublisher
 
     publisher = SqlPublisher(url, "bench_events", mode="append", layout=layout, partition_by=("dt",))
     try:

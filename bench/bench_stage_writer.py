@@ -28,8 +28,8 @@ from .common import Table, fmt_s, machine, median, ratio, spread
 
 
 def run(sizes: tuple[int, ...], repeats: int, scratch: Path) -> Table:
-    from airflow_provider_walsink.committer import CommitterStore
-    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.store import CommitterStore
 
     # The executors' writer runs pyarrow and walsink in the Python workers: this interpreter.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -53,9 +53,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_walsink.protocol.file_schema import file_schema_of
-from airflow_provider_walsink.protocol.manifest import Committable, build_manifest
-from airflow_provider_walsink.publishers.base import StaticContext
+from airflow_provider_walsink.core.protocol.file_schema import file_schema_of
+from airflow_provider_walsink.core.protocol.manifest import Committable, build_manifest
+from airflow_provider_walsink.core.targets.base import StaticContext
 
 from .common import Table, Timer, fmt_s, machine, median, ratio, remove, spread, work_dir
 
@@ -89,7 +89,7 @@ def _stage(attempt_dir: Path, n: int, key: str, attempt: int = 1):
 
 
 def _iceberg(base: Path, mode: str = "append"):
-    from airflow_provider_walsink.publishers.iceberg import IcebergPublisher
+    from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
 
     props = {"type": "sql", "uri": f"sqlite:///{base}/catalog.db", "warehouse": f"file://{base}/wh"}
     return IcebergPublisher("bench.t", mode, catalog_properties=props, create_table=True)
@@ -126,7 +126,7 @@ def delta_commit(base: Path, n: int, walsink: bool) -> float:
     from deltalake import DeltaTable
     from deltalake.transaction import AddAction
 
-    from airflow_provider_walsink.publishers.delta import DeltaPublisher
+    from airflow_provider_walsink.core.targets.delta import DeltaPublisher
 
     uri = str(base / "delta")
     publisher = DeltaPublisher(uri, "append", create_table=True)
@@ -187,7 +187,7 @@ def iceberg_history(base: Path, h: int, *, snapshots: bool = True, markers: bool
     import json
     import random
 
-    from airflow_provider_walsink.publishers.iceberg import MARKER_PREFIX
+    from airflow_provider_walsink.core.targets.iceberg import MARKER_PREFIX
 
     template = _iceberg(base)
     if template.load_table() is None:
@@ -277,7 +277,7 @@ def delta_history(base: Path, h: int, *, markers: bool = True) -> tuple[str, int
 
     from deltalake import DeltaTable
 
-    from airflow_provider_walsink.publishers.delta import DeltaPublisher
+    from airflow_provider_walsink.core.targets.delta import DeltaPublisher
 
     uri = str(base / f"delta-h{h}{'' if markers else 'n'}")
     publisher = DeltaPublisher(uri, "append", create_table=True)
@@ -327,7 +327,7 @@ def history_cost(base: Path, kind: str, h: int, samples: int = 7) -> dict[str, f
     """
     from deltalake import DeltaTable
 
-    from airflow_provider_walsink.publishers.delta import DeltaPublisher
+    from airflow_provider_walsink.core.targets.delta import DeltaPublisher
 
     probe = _stage(base / "probe" / "none", 0, "probe")
     out: dict[str, float] = {}

@@ -89,10 +89,11 @@ def _timed(obj: object, method: str) -> list[float]:
 def walsink_once(
     spark, rows: int, store, layout, target: Path, key: str, phases: dict, writer: str | None = None
 ) -> float:
-    from airflow_provider_walsink.committer import Actor, CheckpointCommitter
-    from airflow_provider_walsink.protocol.manifest import read_manifest
-    from airflow_provider_walsink.publishers.files import FilePublisher
-    from airflow_provider_walsink.spark import CheckpointJob, ProtocolArgs
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.protocol.manifest import read_manifest
+    from airflow_provider_walsink.core.spark import CheckpointJob, ProtocolArgs
+    from airflow_provider_walsink.core.store import Actor
+    from airflow_provider_walsink.core.targets.files import FilePublisher
     from airflow_provider_walsink.triggers.durable import evaluate_durability
 
     actor = Actor(name="bench-write")
@@ -158,8 +159,8 @@ def walsink_once(
 
 
 def run(sizes: tuple[int, ...], repeats: int, scratch: Path, event_log_dir: str | None = None) -> Table:
-    from airflow_provider_walsink.committer import CommitterStore
-    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.store import CommitterStore
 
     scratch.mkdir(parents=True, exist_ok=True)
     logging.getLogger("airflow_provider_walsink").setLevel(logging.WARNING)  # one line per run is enough

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from airflow_provider_walsink.protocol.checksum import file_checksum
-from airflow_provider_walsink.spark import CheckpointJob, ProtocolArgs
+from airflow_provider_walsink.core.protocol.checksum import file_checksum
+from airflow_provider_walsink.core.spark import CheckpointJob, ProtocolArgs
 
 
 def timed(fn) -> float:

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_commit(size: Size, repeats: int, args: argparse.Namespace, scratch: Path) -> Table:
-    from airflow_provider_walsink.committer import CommitterStore
+    from airflow_provider_walsink.core.store import CommitterStore
     from bench import bench_commit
     from bench.common import private_pg_database
 

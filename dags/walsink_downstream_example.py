@@ -30,7 +30,7 @@ from typing import Any
 from airflow.sdk import DAG, task
 from walsink_example_common import default_example_home
 
-from airflow_provider_walsink.lineage import target_asset
+from airflow_provider_walsink.operators.lineage import target_asset
 
 PIPELINE = "daily_events"
 #: What walsink_daily_overwrite commits into (its ``target``, with the example home resolved).

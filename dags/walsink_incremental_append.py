@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from airflow.sdk import DAG, task
 from walsink_example_common import JOBS_DIR, home_template, land_arrivals, spark_conn_id
 
-from airflow_provider_walsink.pipeline import walsink_pipeline
+from airflow_provider_walsink.operators.pipeline import walsink_pipeline
 
 HOME = home_template()
 

@@ -45,7 +45,7 @@ from typing import Any
 from airflow.sdk import DAG
 from walsink_example_common import JOBS_DIR, spark_conn_id
 
-from airflow_provider_walsink.pipeline import walsink_pipeline
+from airflow_provider_walsink.operators.pipeline import walsink_pipeline
 
 #: The amazon provider's default connection: staging and the Delta table use it.
 AWS_CONN_ID = "aws_default"

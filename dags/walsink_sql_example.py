@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 from airflow.sdk import DAG
 from walsink_example_common import JOBS_DIR, home_template
 
-from airflow_provider_walsink.pipeline import walsink_pipeline
+from airflow_provider_walsink.operators.pipeline import walsink_pipeline
 
 HOME = home_template()
 TARGET_CONN_ID = "walsink_sql_target"

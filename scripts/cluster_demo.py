@@ -45,11 +45,11 @@ sys.path.insert(0, str(REPO / "tests"))  # the stack and cluster runners the e2e
 sys.path.insert(0, str(REPO))
 
 from airflow_stack import AirflowStack, StackUser, create_postgres_database  # noqa: E402
+from demo import Progress, say, trigger  # noqa: E402
 from spark_cluster import SparkCluster  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from airflow_provider_walsink.committer.store import CommitterStore  # noqa: E402
-from airflow_provider_walsink.demo import Progress, say, trigger  # noqa: E402
+from airflow_provider_walsink.core.store.store import CommitterStore  # noqa: E402
 
 DAILY = "walsink_daily_overwrite"
 INCREMENTAL = "walsink_incremental_append"
@@ -125,7 +125,7 @@ def run(argv: list[str] | None = None) -> int:
                 print(f"  connection {conn_id}: {conn['conn_type']}")
             stack.airflow("variables", "set", "walsink_s3_example_root", s3.root)
         result = subprocess.run(
-            [sys.executable, "-m", "airflow_provider_walsink.cli", "db", "upgrade"],
+            [sys.executable, "-m", "airflow_provider_walsink.cli.commands", "db", "upgrade"],
             env={**stack.env, "WALSINK_DATABASE_URL": committer_url},
             capture_output=True,
             text=True,
@@ -177,7 +177,7 @@ def run(argv: list[str] | None = None) -> int:
 
         say("walsink status")
         subprocess.run(
-            [sys.executable, "-m", "airflow_provider_walsink.cli", "status"],
+            [sys.executable, "-m", "airflow_provider_walsink.cli.commands", "status"],
             env={**stack.env, "WALSINK_DATABASE_URL": committer_url},
         )
         store = CommitterStore.from_url(committer_url, migrate=False)

@@ -8,4 +8,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export WALSINK_DEMO_HOME=${WALSINK_DEMO_HOME:-$PWD/var/demo}
-exec .venv/bin/python -m airflow_provider_walsink.demo "$@"
+exec .venv/bin/python scripts/demo.py "$@"

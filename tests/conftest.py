@@ -150,7 +150,7 @@ _STORES: dict = {}
 
 
 def _migrated_store(url: str):
-    from airflow_provider_walsink.committer.store import CommitterStore
+    from airflow_provider_walsink.core.store.store import CommitterStore
 
     if url not in _STORES:
         _STORES[url] = CommitterStore.from_url(url)
@@ -158,7 +158,7 @@ def _migrated_store(url: str):
 
 
 def _empty(store) -> None:
-    from airflow_provider_walsink.committer.models import (
+    from airflow_provider_walsink.core.store.models import (
         checkpoint_table,
         pipeline_table,
         transition_table,
@@ -191,7 +191,7 @@ def pg_url(database_urls) -> str:
 
 @pytest.fixture
 def layout(tmp_path):
-    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
 
     return StagingLayout(tmp_path / "staging")
 

@@ -8,8 +8,9 @@ from typing import NoReturn
 
 import pytest
 
-from airflow_provider_walsink.committer import Actor, CheckpointWriter, CommitterStore
-from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.core.commit import CheckpointWriter
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store import Actor, CommitterStore
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -102,7 +103,7 @@ def forget_checkpoint(store: CommitterStore, pipeline: str, key: str) -> None:
     """What retention does to a checkpoint's committer rows (its pipeline row too)."""
     from sqlalchemy import delete
 
-    from airflow_provider_walsink.committer.models import (
+    from airflow_provider_walsink.core.store.models import (
         checkpoint_table,
         pipeline_table,
         transition_table,

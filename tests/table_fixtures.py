@@ -23,11 +23,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_walsink.protocol.file_schema import common_file_schema, file_schema_of
-from airflow_provider_walsink.protocol.manifest import Committable, Manifest, build_manifest
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.publishers._tables import S3Settings, Storage
-from airflow_provider_walsink.publishers.base import StaticContext
+from airflow_provider_walsink.core.protocol.file_schema import common_file_schema, file_schema_of
+from airflow_provider_walsink.core.protocol.manifest import Committable, Manifest, build_manifest
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.targets._tables import S3Settings, Storage
+from airflow_provider_walsink.core.targets.base import StaticContext
 
 ACCESS_KEY = "walsink-test-key"
 SECRET_KEY = "walsink-test-secret"

@@ -20,13 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_walsink import faults
-from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
-from airflow_provider_walsink.committer.abort import AbortRefusedError, CheckpointAborter
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.publishers import FilePublisher
-from airflow_provider_walsink.publishers import files as files_module
-from airflow_provider_walsink.publishers.base import StaticContext
+from airflow_provider_walsink.core import faults
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.commit.abort import AbortRefusedError, CheckpointAborter
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.store import Actor, CommitterStore
+from airflow_provider_walsink.core.targets import FilePublisher
+from airflow_provider_walsink.core.targets import files as files_module
+from airflow_provider_walsink.core.targets.base import StaticContext
 from tests.helpers import ACTOR, REPO, stage_checkpoint, target_files
 
 DAY = {f"dt=2026-01-01/part-{i}.csv": f"2026-01-01,{i}\n".encode() * (i + 1) for i in range(4)}
@@ -69,7 +70,7 @@ def walsink(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
     full_env.pop("WALSINK_DATABASE_URL", None)
     return subprocess.run(
-        [sys.executable, "-m", "airflow_provider_walsink.cli", *args],
+        [sys.executable, "-m", "airflow_provider_walsink.cli.commands", *args],
         capture_output=True,
         text=True,
         env=full_env,
@@ -84,9 +85,10 @@ COMMITTER = textwrap.dedent("""
     import sys
     from datetime import timedelta
     sys.path.insert(0, {repo!r})
-    from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
-    from airflow_provider_walsink.protocol.staging import StagingLayout
-    from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+    from airflow_provider_walsink.core.store import Actor, CommitterStore
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
     url, staging, target, mode, pipeline = sys.argv[1:6]
     store = CommitterStore.from_url(url)
     layout = StagingLayout(staging)
@@ -210,9 +212,9 @@ def test_abort_of_a_table_checkpoint_its_stopped_committer_published_is_refused(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from airflow_provider_walsink.committer import CheckpointWriter
-    from airflow_provider_walsink.protocol.staging import StagingLayout
-    from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+    from airflow_provider_walsink.core.commit import CheckpointWriter
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
 
     store, home = sqlite_store, tmp_path / "iceberg"
     env = {"WALSINK_ICEBERG_HOME": str(home)}

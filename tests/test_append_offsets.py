@@ -17,12 +17,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow_provider_walsink.committer import CheckpointCommitter, CommitterStore, OrderingError
-from airflow_provider_walsink.committer.abort import CheckpointAborter
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.commit.abort import CheckpointAborter
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store import CommitterStore, OrderingError
+from airflow_provider_walsink.core.targets import FilePublisher
 from airflow_provider_walsink.operators.write import WalWriteOperator
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.publishers import FilePublisher
 from tests.helpers import ACTOR, stage_checkpoint, target_files
 
 PIPELINE = "events"
@@ -121,7 +122,7 @@ def test_an_append_interval_left_stuck_behind_a_later_commit_is_refused_by_its_c
     )
     from sqlalchemy import update
 
-    from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
+    from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
 
     with store.engine.begin() as conn:  # the start offsets that write task gave it
         conn.execute(

@@ -8,7 +8,8 @@ import os
 import pyarrow as pa
 import pytest
 
-from airflow_provider_walsink.audit import (
+from airflow_provider_walsink.core.commit import CheckpointCommitter, CheckpointWriter
+from airflow_provider_walsink.core.commit.audit import (
     AuditError,
     CallableCheck,
     CheckResult,
@@ -20,16 +21,11 @@ from airflow_provider_walsink.audit import (
     audit_checkpoint,
     run_checks,
 )
-from airflow_provider_walsink.committer import (
-    AuditRejectedError,
-    CheckpointCommitter,
-    CheckpointWriter,
-    NotAuditedError,
-)
-from airflow_provider_walsink.committer.commit import read_sealed_manifest
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol.errors import NotDurableError, PathEscapeError
-from airflow_provider_walsink.publishers import FilePublisher
+from airflow_provider_walsink.core.commit.commit import read_sealed_manifest
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol.errors import NotDurableError, PathEscapeError
+from airflow_provider_walsink.core.store import AuditRejectedError, NotAuditedError
+from airflow_provider_walsink.core.targets import FilePublisher
 from tests.helpers import ACTOR, stage_tables, target_files
 
 NULL_ROWS = (10, 500, 990)
@@ -326,7 +322,7 @@ def test_the_audit_core_does_not_import_airflow():
         "        if name == 'airflow' or name.startswith('airflow.'):\n"
         "            raise ImportError('blocked ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import airflow_provider_walsink.audit\n"
+        "import airflow_provider_walsink.core.commit.audit\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -15,10 +15,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from airflow_provider_walsink.audit import NotNullCheck, RowCountCheck
-from airflow_provider_walsink.committer import CommitterStore
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol import StagingLayout
+from airflow_provider_walsink.core.commit.audit import NotNullCheck, RowCountCheck
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.staging import StagingLayout
+from airflow_provider_walsink.core.store import CommitterStore
 from tests.helpers import ACTOR, stage_tables
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ def snapshot(root: Path) -> dict[str, str]:
 def test_the_pipeline_inserts_the_audit_between_durable_and_commit():
     from airflow_provider_walsink.operators.audit import WalAuditOperator
     from airflow_provider_walsink.operators.commit import WalCommitOperator
-    from airflow_provider_walsink.pipeline import walsink_pipeline
+    from airflow_provider_walsink.operators.pipeline import walsink_pipeline
 
     module = audit_test_dag()
     dag = module.dag
@@ -148,8 +148,8 @@ def _good(n=10):
 def test_the_audit_task_passes_then_is_a_noop_then_skips_once_committed(audit_env, tmp_path):
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from airflow_provider_walsink.committer import CheckpointCommitter
-    from airflow_provider_walsink.publishers import FilePublisher
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.targets import FilePublisher
 
     store, layout = audit_env.store, audit_env.layout
     stage_tables(store, layout, "events", KEY, _good(), partition_columns=("dt",))
@@ -198,7 +198,7 @@ def test_an_audit_that_cannot_run_fails_the_task_and_leaves_the_checkpoint_durab
 
 def test_the_durability_gate_passes_audited_and_rejected_checkpoints_at_once(audit_env):
     """A cleared durability sensor must not wait for a checkpoint the audit already judged."""
-    from airflow_provider_walsink.audit import audit_checkpoint
+    from airflow_provider_walsink.core.commit.audit import audit_checkpoint
     from airflow_provider_walsink.triggers.durable import evaluate_durability
 
     store, layout = audit_env.store, audit_env.layout

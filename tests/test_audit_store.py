@@ -7,14 +7,14 @@ from datetime import timedelta
 
 import pytest
 
-from airflow_provider_walsink.committer import (
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol.states import TRANSITIONS
+from airflow_provider_walsink.core.store import (
     AuditRejectedError,
     NotAuditedError,
     StaleAttemptError,
     TransitionError,
 )
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol.states import TRANSITIONS
 from tests.test_store import TTL, A, seal, to_durable
 
 DETAIL = json.dumps({"audit": {"attempt_id": "x", "checks": []}})

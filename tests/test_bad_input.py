@@ -9,11 +9,11 @@ import os
 import pytest
 from sqlalchemy import update
 
-from airflow_provider_walsink.committer import CheckpointCommitter
-from airflow_provider_walsink.committer.models import checkpoint_table as t
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol import WalsinkError, digest_of
-from airflow_provider_walsink.publishers import FilePublisher
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol import WalsinkError, digest_of
+from airflow_provider_walsink.core.store.models import checkpoint_table as t
+from airflow_provider_walsink.core.targets import FilePublisher
 from tests.helpers import ACTOR, stage_checkpoint, target_files
 
 FILES = {f"dt=2026-01-01/part-{i}.csv": f"row {i}\n".encode() * 3 for i in range(3)}

@@ -29,17 +29,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import event, func, select, update
 
-from airflow_provider_walsink.committer import CheckpointCommitter
-from airflow_provider_walsink.committer.commit import BAD_INPUT
-from airflow_provider_walsink.committer.models import checkpoint_table, pipeline_table, transition_table
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol import digest_of
-from airflow_provider_walsink.protocol.durability import check_attempt
-from airflow_provider_walsink.protocol.errors import InvalidIdentifierError, ManifestError
-from airflow_provider_walsink.protocol.identifiers import validate_identifier
-from airflow_provider_walsink.protocol.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.publishers import FilePublisher
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.commit.commit import BAD_INPUT
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol import digest_of
+from airflow_provider_walsink.core.protocol.errors import InvalidIdentifierError, ManifestError
+from airflow_provider_walsink.core.protocol.identifiers import validate_identifier
+from airflow_provider_walsink.core.protocol.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from airflow_provider_walsink.core.staging.durability import check_attempt
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store.models import checkpoint_table, pipeline_table, transition_table
+from airflow_provider_walsink.core.targets import FilePublisher
 from tests.helpers import ACTOR, stage_checkpoint, target_files
 
 settings.register_profile(
@@ -112,7 +112,7 @@ json_values = st.recursive(
 
 
 def _valid_bytes() -> bytes:
-    from airflow_provider_walsink.protocol.manifest import Committable, build_manifest
+    from airflow_provider_walsink.core.protocol.manifest import Committable, build_manifest
 
     committables = [
         Committable(path=p, size=len(d), rows=3, checksum=None, writer="w0") for p, d in FILES.items()

@@ -21,12 +21,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from airflow_stack import free_port
 from sqlalchemy import update
 
 from airflow_provider_walsink import __version__
-from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
-from airflow_provider_walsink.committer.store import CommitterStore, utcnow
-from airflow_provider_walsink.testing.stack import free_port
+from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
+from airflow_provider_walsink.core.store.store import CommitterStore, utcnow
 from tests.helpers import ACTOR, REPO
 
 
@@ -35,7 +35,9 @@ def walsink(
 ) -> subprocess.CompletedProcess:
     """Run the installed ``walsink`` console script (this checkout's code via PYTHONPATH)."""
     script = Path(sys.executable).with_name("walsink")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "airflow_provider_walsink.cli"]
+    command = (
+        [str(script)] if script.exists() else [sys.executable, "-m", "airflow_provider_walsink.cli.commands"]
+    )
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
     full_env.pop("WALSINK_DATABASE_URL", None)
@@ -369,7 +371,7 @@ def test_checkpoints_are_listed_in_sequence_order_not_by_time(filled):
 
 def test_history_shows_one_checkpoints_transitions(filled):
     """What the UI's checkpoint page shows, from a shell: from, to, when (UTC), who, detail."""
-    from airflow_provider_walsink.committer import Actor
+    from airflow_provider_walsink.core.store import Actor
 
     url = str(filled.engine.url)
     oncall = Actor(name="oncall@host (walsink abort)")  # no Airflow task: named by the actor

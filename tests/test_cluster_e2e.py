@@ -36,8 +36,8 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import make_url
 
-from airflow_provider_walsink.committer.store import CommitterStore
-from airflow_provider_walsink.protocol.manifest import digest_of
+from airflow_provider_walsink.core.protocol.manifest import digest_of
+from airflow_provider_walsink.core.store.store import CommitterStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
 

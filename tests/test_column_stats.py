@@ -29,14 +29,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_walsink.protocol.errors import ManifestError
-from airflow_provider_walsink.protocol.file_stats import (
+from airflow_provider_walsink.core.protocol.errors import ManifestError
+from airflow_provider_walsink.core.protocol.file_stats import (
     STRING_PREFIX_CHARS,
     file_stats_of,
     truncate_lower,
     truncate_upper,
 )
-from airflow_provider_walsink.protocol.manifest import (
+from airflow_provider_walsink.core.protocol.manifest import (
     Committable,
     FileStats,
     build_manifest,
@@ -44,10 +44,10 @@ from airflow_provider_walsink.protocol.manifest import (
     parse_manifest,
     read_manifest,
 )
-from airflow_provider_walsink.publishers.base import PublishOutcome
-from airflow_provider_walsink.publishers.delta import DeltaPublisher, delta_stats, delta_stats_columns
-from airflow_provider_walsink.publishers.iceberg import IcebergPublisher
-from airflow_provider_walsink.spark import CheckpointJob, ProtocolArgs
+from airflow_provider_walsink.core.spark import CheckpointJob, ProtocolArgs
+from airflow_provider_walsink.core.targets.base import PublishOutcome
+from airflow_provider_walsink.core.targets.delta import DeltaPublisher, delta_stats, delta_stats_columns
+from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
 from tests.table_fixtures import ctx
 
 FILES = 4

@@ -11,10 +11,11 @@ from datetime import timedelta
 
 import pytest
 
-from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol import NotDurableError
-from airflow_provider_walsink.publishers import FilePublisher
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol import NotDurableError
+from airflow_provider_walsink.core.store import Actor, CommitterStore
+from airflow_provider_walsink.core.targets import FilePublisher
 from tests.helpers import ACTOR, REPO, stage_checkpoint, target_files
 
 DAY1 = {f"dt=2026-01-01/part-{i}.csv": f"2026-01-01,{i}\n".encode() * (i + 1) for i in range(4)}
@@ -99,9 +100,10 @@ def test_only_the_sealed_attempt_is_published(sqlite_store, layout, tmp_path):
 KILL_AFTER = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {repo!r})
-    from airflow_provider_walsink.committer import CheckpointCommitter, CommitterStore, Actor
-    from airflow_provider_walsink.protocol.staging import StagingLayout
-    from airflow_provider_walsink.publishers import FilePublisher, files
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.store import CommitterStore, Actor
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.targets import FilePublisher, files
     url, staging, target, mode, kill_after = sys.argv[1:6]
     moved = [0]
     real_move = files._move
@@ -174,9 +176,10 @@ def test_commit_killed_mid_publish_then_rerun_has_no_duplicate_and_no_loss(
 RACER = textwrap.dedent("""
     import json, sys, time
     sys.path.insert(0, {repo!r})
-    from airflow_provider_walsink.committer import CheckpointCommitter, CommitterStore, Actor
-    from airflow_provider_walsink.protocol.staging import StagingLayout
-    from airflow_provider_walsink.publishers import FilePublisher
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.store import CommitterStore, Actor
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.targets import FilePublisher
     url, staging, target, mode, name, start_at = sys.argv[1:7]
     store = CommitterStore.from_url(url)
     layout = StagingLayout(staging)

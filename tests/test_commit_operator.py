@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from airflow_provider_walsink.committer import CommitterStore
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol import StagingLayout
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.staging import StagingLayout
+from airflow_provider_walsink.core.store import CommitterStore
 from tests.helpers import stage_checkpoint, target_files
 
 FILES = {f"dt=2026-03-0{d}/part-0.csv": f"2026-03-0{d},x\n".encode() * d for d in (1,)}
@@ -129,7 +129,7 @@ def test_a_table_commit_reconciled_by_the_retry_is_announced_once(airflow_db, wa
     reconciles attempt 1 from the table (it records COMMITTED, as already committed) and adds the
     event, once: a run of it again finds the event and adds none.
     """
-    from airflow_provider_walsink.committer.tablefence import TableFenceContext
+    from airflow_provider_walsink.core.commit.tablefence import TableFenceContext
     from tests.test_table_fence import DAY, DAY_NEW, make_publisher, stage, staging_of, table_rows
 
     store, _ = walsink_conn
@@ -178,7 +178,8 @@ def test_a_checkpoint_committed_by_a_group_is_announced_once_by_its_own_task(
     from airflow.models.asset import AssetEvent
     from airflow.utils.session import create_session
 
-    from airflow_provider_walsink.committer import Actor, CheckpointCommitter
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.store import Actor
     from tests.test_group_commit import make_publisher, stage, table_rows
 
     store, _ = walsink_conn
@@ -269,7 +270,7 @@ def test_a_first_event_claim_left_by_a_dead_commit_task_is_taken_over(
 
     from sqlalchemy import select
 
-    from airflow_provider_walsink.committer.models import pipeline_table as pipe
+    from airflow_provider_walsink.core.store.models import pipeline_table as pipe
     from airflow_provider_walsink.operators.commit import WalCommitOperator
 
     store, layout = walsink_conn
@@ -302,7 +303,7 @@ def test_asset_events_that_cannot_be_read_do_not_hold_the_commit_back(
     from airflow.sdk.execution_time.context import InletEventsAccessor
     from sqlalchemy import select
 
-    from airflow_provider_walsink.committer.models import pipeline_table as pipe
+    from airflow_provider_walsink.core.store.models import pipeline_table as pipe
 
     def unreadable(self):
         raise RuntimeError("injected: the execution API is unreachable")

@@ -20,21 +20,20 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_walsink.committer import (
+from airflow_provider_walsink.core.commit import CheckpointCommitter, CheckpointWriter
+from airflow_provider_walsink.core.protocol.errors import NotDurableError
+from airflow_provider_walsink.core.staging.durability import check_attempt
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store import (
     Actor,
-    CheckpointCommitter,
-    CheckpointWriter,
     CommitterStore,
     LeaseHeldError,
     OrderingError,
     StaleAttemptError,
     TransitionError,
 )
-from airflow_provider_walsink.committer.engine import create_committer_engine
-from airflow_provider_walsink.protocol.durability import check_attempt
-from airflow_provider_walsink.protocol.errors import NotDurableError
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.publishers import FilePublisher
+from airflow_provider_walsink.core.store.engine import create_committer_engine
+from airflow_provider_walsink.core.targets import FilePublisher
 from tests.helpers import stage_checkpoint
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_walsink.protocol.errors import PathEscapeError
-from airflow_provider_walsink.protocol.staging import Confiner, StagingLayout, confine
+from airflow_provider_walsink.core.protocol.errors import PathEscapeError
+from airflow_provider_walsink.core.staging.layout import Confiner, StagingLayout, confine
 
 
 @pytest.fixture
@@ -131,7 +131,7 @@ def test_target_suffixes_are_pathlibs(path):
     """The publisher's string-based suffixes (target names) equal ``PurePosixPath.suffixes``."""
     from pathlib import PurePosixPath
 
-    from airflow_provider_walsink.publishers.files import _suffixes
+    from airflow_provider_walsink.core.targets.files import _suffixes
 
     assert _suffixes(path) == PurePosixPath(path).suffixes
 
@@ -157,9 +157,9 @@ def test_partition_of_splits_like_pathlib(path):
     """``partition_of`` splits strings (fast path) and answers what the ``PurePosixPath`` version did."""
     from pathlib import PurePosixPath
 
-    from airflow_provider_walsink.protocol.errors import InvalidIdentifierError
-    from airflow_provider_walsink.protocol.identifiers import validate_partition
-    from airflow_provider_walsink.protocol.manifest import partition_of
+    from airflow_provider_walsink.core.protocol.errors import InvalidIdentifierError
+    from airflow_provider_walsink.core.protocol.identifiers import validate_partition
+    from airflow_provider_walsink.core.protocol.manifest import partition_of
 
     def reference(p):
         pairs = []
@@ -186,8 +186,8 @@ def test_partition_of_splits_like_pathlib(path):
 )  # fmt: skip
 def test_manifest_path_check_answers_what_the_segment_rules_answer(path):
     """The manifest's substring fast path accepts exactly the paths the per-segment rules accept."""
-    from airflow_provider_walsink.protocol.errors import ManifestError
-    from airflow_provider_walsink.protocol.manifest import _check_relative_path
+    from airflow_provider_walsink.core.protocol.errors import ManifestError
+    from airflow_provider_walsink.core.protocol.manifest import _check_relative_path
 
     parts = path.split("/")
     if any(p in ("..", ".", "") for p in parts):

@@ -21,13 +21,13 @@ from sqlalchemy import create_engine, event, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from airflow_provider_walsink.committer import retry as retry_module
-from airflow_provider_walsink.committer.commit import CheckpointCommitter
-from airflow_provider_walsink.committer.engine import create_committer_engine
-from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
-from airflow_provider_walsink.committer.store import CommitterStore
-from airflow_provider_walsink.protocol.states import CheckpointState as S
-from airflow_provider_walsink.publishers import FilePublisher
+from airflow_provider_walsink.core.commit.commit import CheckpointCommitter
+from airflow_provider_walsink.core.protocol.states import CheckpointState as S
+from airflow_provider_walsink.core.store import retry as retry_module
+from airflow_provider_walsink.core.store.engine import create_committer_engine
+from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
+from airflow_provider_walsink.core.store.store import CommitterStore
+from airflow_provider_walsink.core.targets import FilePublisher
 from tests.helpers import ACTOR, stage_checkpoint, target_files
 
 FILES = {f"dt=d1/part-{i}.csv": f"d1,{i}\n".encode() for i in range(4)}
@@ -157,7 +157,7 @@ def test_connection_cut_mid_commit_is_retried_with_backoff_and_publishes_once(
         threading.Timer(0.3, proxy.restore).start()
 
     fired = on_commit_statement(store.engine, cut_then_heal)
-    caplog.set_level(logging.WARNING, logger="airflow_provider_walsink.committer.store")
+    caplog.set_level(logging.WARNING, logger="airflow_provider_walsink.core.store.store")
 
     summary = committer_for(store, layout, tmp_path / "target").commit("p", "d1", actor=ACTOR)
 
@@ -210,7 +210,7 @@ def test_committer_backend_terminated_mid_commit_is_retried(pg_url, layout, tmp_
             terminated.append(a.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar())
 
     on_commit_statement(store.engine, terminate)
-    caplog.set_level(logging.WARNING, logger="airflow_provider_walsink.committer.store")
+    caplog.set_level(logging.WARNING, logger="airflow_provider_walsink.core.store.store")
 
     summary = committer_for(store, layout, tmp_path / "target").commit("p", "d1", actor=ACTOR)
 
@@ -281,7 +281,7 @@ def test_deadlock_is_retried_and_the_commit_completes(pg_url, layout, tmp_path, 
     thread.start()
     have_x.wait(30)
     _InterferingStore.hook, _InterferingStore.calls = staticmethod(lock_other_first), 0
-    caplog.set_level(logging.WARNING, logger="airflow_provider_walsink.committer.store")
+    caplog.set_level(logging.WARNING, logger="airflow_provider_walsink.core.store.store")
     try:
         summary = committer_for(store, layout, tmp_path / "target").commit("p", "d1", actor=ACTOR)
     finally:
@@ -310,7 +310,7 @@ def test_serialization_failure_is_retried_and_the_commit_completes(pg_url, layou
             c.execute(update(ckpt).where(ckpt.c.checkpoint_key == "d1").values(updated_at=ckpt.c.updated_at))
 
     _InterferingStore.hook, _InterferingStore.calls = staticmethod(snapshot_then_concurrent_update), 0
-    caplog.set_level(logging.WARNING, logger="airflow_provider_walsink.committer.store")
+    caplog.set_level(logging.WARNING, logger="airflow_provider_walsink.core.store.store")
     try:
         summary = committer_for(store, layout, tmp_path / "target").commit("p", "d1", actor=ACTOR)
     finally:

@@ -15,12 +15,12 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from airflow_provider_walsink.protocol.errors import CommittableError, FencedError
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.publishers._tables import SCHEMA_SAMPLE, Storage
-from airflow_provider_walsink.publishers.base import PublishOutcome
-from airflow_provider_walsink.publishers.delta import DeltaPublisher, DeltaTargetError, app_id
-from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+from airflow_provider_walsink.core.protocol.errors import CommittableError, FencedError
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.targets._tables import SCHEMA_SAMPLE, Storage
+from airflow_provider_walsink.core.targets.base import PublishOutcome
+from airflow_provider_walsink.core.targets.delta import DeltaPublisher, DeltaTargetError, app_id
+from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
 from tests.table_fixtures import ctx, layout_for, place, s3_server, stage_attempt  # noqa: F401
 
 ROWS_A = [("2026-01-01", 1, "a"), ("2026-01-01", 2, "b"), ("2026-01-02", 3, "c")]
@@ -318,7 +318,7 @@ def test_resolved_from_uris(tmp_path):
 
 
 def test_an_empty_overwrite_checkpoint_still_replaces_its_partition_once(target):
-    from airflow_provider_walsink.protocol.manifest import build_manifest
+    from airflow_provider_walsink.core.protocol.manifest import build_manifest
 
     first, first_dir = target.stage("2026-01-01", ROWS_A)
     target.publisher("overwrite").publish(first, first_dir, ctx(first))
@@ -342,7 +342,7 @@ def test_committer_killed_after_the_table_commit_then_rerun_commits_once(tmp_pat
 
     import pyarrow.parquet as pq
 
-    from airflow_provider_walsink.committer import CheckpointCommitter
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
     from tests.helpers import ACTOR, stage_checkpoint
     from tests.table_fixtures import Place, events_table
 

@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from airflow_provider_walsink.demo import write_env_sh
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # the demo lives in scripts/
+
+from demo import write_env_sh  # noqa: E402
 
 
 def test_env_sh_puts_walsink_and_airflow_on_the_path(tmp_path):

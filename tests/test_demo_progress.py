@@ -9,7 +9,12 @@ WRITING when the demo stopped Airflow). A stand-in for the stack's REST answers,
 
 from __future__ import annotations
 
-from airflow_provider_walsink.demo import Progress
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # the demo lives in scripts/
+
+from demo import Progress  # noqa: E402
 
 
 class Answers:
@@ -31,7 +36,7 @@ class Answers:
 
 
 def test_wait_returns_only_when_every_dags_run_with_the_shared_run_id_has_finished(monkeypatch):
-    monkeypatch.setattr("airflow_provider_walsink.demo.time.sleep", lambda s: None)
+    monkeypatch.setattr("demo.time.sleep", lambda s: None)
     # DAG "a" is still queued and running while DAG "b" (same run id) has finished.
     answers = Answers({"a": ["queued", "running", "running", "success"], "b": ["success"]})
     Progress(answers).wait(["a", "b"], {("a", "demo__2026-01-01"), ("b", "demo__2026-01-01")})

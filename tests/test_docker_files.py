@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from airflow_provider_walsink.spark.placement import (
+from airflow_provider_walsink.operators.placement import (
     StagingPlacementError,
     check_staging_placement,
     spark_master_of,
@@ -79,7 +79,7 @@ def test_init_migrates_both_databases(compose):
         }
     # `walsink db upgrade` exists as the compose file spells it.
     result = subprocess.run(
-        [sys.executable, "-m", "airflow_provider_walsink.cli", "db", "upgrade", "--help"],
+        [sys.executable, "-m", "airflow_provider_walsink.cli.commands", "db", "upgrade", "--help"],
         capture_output=True,
         text=True,
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_walsink.committer.store import CommitterStore
+from airflow_provider_walsink.core.store.store import CommitterStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ from datetime import date
 
 import pytest
 
-from airflow_provider_walsink.committer.store import CommitterStore
+from airflow_provider_walsink.core.store.store import CommitterStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_walsink.committer.store import CommitterStore
-from airflow_provider_walsink.lineage import asset_alias_name
+from airflow_provider_walsink.core.store.store import CommitterStore
+from airflow_provider_walsink.operators.lineage import asset_alias_name
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -19,7 +19,7 @@ from collections import Counter
 
 import pytest
 
-from airflow_provider_walsink.committer.store import CommitterStore
+from airflow_provider_walsink.core.store.store import CommitterStore
 
 try:
     import confluent_kafka  # noqa: F401

@@ -43,10 +43,10 @@ import time
 from pathlib import Path
 
 import pytest
+from airflow_stack import AirflowStack
 from markdown_it import MarkdownIt
 
-from airflow_provider_walsink.committer.store import CommitterStore
-from airflow_provider_walsink.testing.stack import AirflowStack
+from airflow_provider_walsink.core.store.store import CommitterStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
 

@@ -15,8 +15,8 @@ import json
 
 import pytest
 
-from airflow_provider_walsink.committer.store import CommitterStore
-from airflow_provider_walsink.protocol.states import CheckpointState
+from airflow_provider_walsink.core.protocol.states import CheckpointState
+from airflow_provider_walsink.core.store.store import CommitterStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

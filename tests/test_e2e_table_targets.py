@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from airflow_provider_walsink.committer.store import CommitterStore
+from airflow_provider_walsink.core.store.store import CommitterStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
 
@@ -125,7 +125,7 @@ def test_table_and_sql_examples_run_through_the_scheduler_and_a_cleared_run_chan
 ):
     from deltalake import DeltaTable
 
-    from airflow_provider_walsink.publishers.iceberg import IcebergPublisher
+    from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
 
     stack = airflow_stack
     # The stack's metadata database is on PostgreSQL, so PostgreSQL is here for the SQL target too.

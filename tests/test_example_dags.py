@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 
-from airflow_provider_walsink.committer.store import CommitterStore
+from airflow_provider_walsink.core.store.store import CommitterStore
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "dags"))
@@ -98,7 +98,7 @@ def test_example_dags_are_three_task_pipelines_built_by_the_helper():
 def test_kafka_example_dag_reads_kafka_in_append_mode_into_delta():
     """Shape only (no Spark, no broker): the Kafka example (docs/kafka.md) gives both the write and
     the commit task the same source; its run through the scheduler is tests/test_e2e_kafka.py."""
-    from airflow_provider_walsink.sources.kafka import KafkaSourceSpec
+    from airflow_provider_walsink.core.sources.kafka import KafkaSourceSpec
 
     dag = importlib.import_module("walsink_kafka_append").dag
     assert dag.max_active_runs == 1

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_walsink import faults
+from airflow_provider_walsink.core import faults
 from tests.harness import run_harness
 from tests.harness.runner import POINTS_BY_STEP, all_combos, make_schedule
 from tests.helpers import REPO
@@ -80,7 +80,7 @@ def test_every_crash_point_is_placed_in_the_code_and_scheduled():
 
 def test_harness_detects_a_duplicate(tmp_path, monkeypatch):
     """The checker can fail: a publisher that publishes every file twice is caught."""
-    from airflow_provider_walsink.publishers import files
+    from airflow_provider_walsink.core.targets import files
 
     real = files._move
 

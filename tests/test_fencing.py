@@ -21,26 +21,27 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import delete
 
-from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
-from airflow_provider_walsink.committer import abort_transitions as abort_transitions_module
-from airflow_provider_walsink.committer import leases as leases_module
-from airflow_provider_walsink.committer import lifecycle as lifecycle_module
-from airflow_provider_walsink.committer import records as records_module
-from airflow_provider_walsink.committer import store as store_module
-from airflow_provider_walsink.committer import transitions as transitions_module
-from airflow_provider_walsink.committer import verdicts as verdicts_module
-from airflow_provider_walsink.committer.models import checkpoint_table, pipeline_table, transition_table
-from airflow_provider_walsink.committer.store import LeaseHeldError
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol.errors import (
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol.errors import (
     FencedError,
     InvalidIdentifierError,
     LayoutError,
     OrderError,
     SymlinkRefusedError,
 )
-from airflow_provider_walsink.publishers import FilePublisher
-from airflow_provider_walsink.publishers import files as files_module
+from airflow_provider_walsink.core.store import Actor, CommitterStore
+from airflow_provider_walsink.core.store import abort_transitions as abort_transitions_module
+from airflow_provider_walsink.core.store import leases as leases_module
+from airflow_provider_walsink.core.store import lifecycle as lifecycle_module
+from airflow_provider_walsink.core.store import records as records_module
+from airflow_provider_walsink.core.store import store as store_module
+from airflow_provider_walsink.core.store import transitions as transitions_module
+from airflow_provider_walsink.core.store import verdicts as verdicts_module
+from airflow_provider_walsink.core.store.models import checkpoint_table, pipeline_table, transition_table
+from airflow_provider_walsink.core.store.store import LeaseHeldError
+from airflow_provider_walsink.core.targets import FilePublisher
+from airflow_provider_walsink.core.targets import files as files_module
 from tests.helpers import ACTOR, REPO, stage_checkpoint, target_files
 
 DAY1 = {f"dt=2026-01-01/part-{i}.csv": f"2026-01-01,{i}\n".encode() * (i + 1) for i in range(4)}
@@ -70,9 +71,10 @@ STOPPING_COMMITTER = textwrap.dedent("""
     import os, signal, sys
     from datetime import timedelta
     sys.path.insert(0, {repo!r})
-    from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
-    from airflow_provider_walsink.protocol.staging import StagingLayout
-    from airflow_provider_walsink.publishers import FilePublisher, files
+    from airflow_provider_walsink.core.store import Actor, CommitterStore
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.targets import FilePublisher, files
     url, staging, target, mode, stop_after, ttl = sys.argv[1:7]
     moved = [0]
     real_move = files._move

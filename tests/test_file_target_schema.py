@@ -18,11 +18,11 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_walsink.committer import CheckpointCommitter
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol.errors import LayoutError
-from airflow_provider_walsink.publishers.files import FilePublisher
-from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol.errors import LayoutError
+from airflow_provider_walsink.core.targets.files import FilePublisher
+from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
 from tests.helpers import ACTOR, stage_tables
 
 DAY1, DAY2, DAY3 = "20260101T000000Z", "20260102T000000Z", "20260103T000000Z"
@@ -153,7 +153,7 @@ def test_two_first_publishes_of_different_schemas_racing_on_an_empty_target_publ
     """A's check finds an empty target; before A records its schema, B publishes a long ``amount``
     (run from A's first fence, the last point before A changes anything). A must be checked again
     against what B recorded, and refused, not publish a string ``amount`` beside it."""
-    from airflow_provider_walsink.publishers.base import StaticContext
+    from airflow_provider_walsink.core.targets.base import StaticContext
 
     target = tmp_path / "target"
     _, text_manifest, text_dir = stage_tables(

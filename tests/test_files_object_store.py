@@ -11,9 +11,9 @@ import os
 
 import pytest
 
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.protocol.staging_store import StagingStore
-from airflow_provider_walsink.publishers.files import (
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.targets.files import (
     FilePublisher,
     ObjectStoreFileTargetError,
     refuse_object_store,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
-from airflow_provider_walsink.committer import CommitterStore
-from airflow_provider_walsink.committer.records import utcnow
+from airflow_provider_walsink.core.store import CommitterStore
+from airflow_provider_walsink.core.store.records import utcnow
 from tests.helpers import ACTOR
 
 STALE = timedelta(minutes=2)

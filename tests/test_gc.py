@@ -17,13 +17,18 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import update
 
-from airflow_provider_walsink.cli import main as walsink_cli
-from airflow_provider_walsink.committer import CheckpointCommitter, CheckpointWriter
-from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
-from airflow_provider_walsink.committer.store import utcnow
-from airflow_provider_walsink.gc import collect_garbage, collect_staging, parse_duration, trim_committer_table
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.publishers import FilePublisher
+from airflow_provider_walsink.cli.commands import main as walsink_cli
+from airflow_provider_walsink.core.commit import CheckpointCommitter, CheckpointWriter
+from airflow_provider_walsink.core.commit.gc import (
+    collect_garbage,
+    collect_staging,
+    parse_duration,
+    trim_committer_table,
+)
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
+from airflow_provider_walsink.core.store.store import utcnow
+from airflow_provider_walsink.core.targets import FilePublisher
 from tests.helpers import ACTOR, stage_checkpoint, target_files
 
 DAY = timedelta(days=1)
@@ -215,8 +220,8 @@ def test_retention_trims_old_committed_rows_but_keeps_what_later_commits_need(st
 
 
 def test_walsink_gc_command(db_url, tmp_path, capsys):
-    from airflow_provider_walsink.committer.store import CommitterStore
-    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.store.store import CommitterStore
 
     store = CommitterStore.from_url(db_url)
     layout = StagingLayout(tmp_path / "staging")
@@ -256,8 +261,8 @@ def test_parse_duration():
 def test_gc_operator_in_a_real_airflow_run(airflow_db, sqlite_store, tmp_path, monkeypatch):
     from airflow.sdk import DAG
 
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
     from airflow_provider_walsink.operators.gc import WalGarbageCollectOperator
-    from airflow_provider_walsink.protocol.staging import StagingLayout
 
     url = str(sqlite_store.engine.url)
     layout = StagingLayout(tmp_path / "staging")
@@ -299,7 +304,7 @@ def test_collect_garbage_never_removes_attempts_of_a_checkpoint_being_committed(
 
 def test_gc_of_an_aborted_checkpoint_keeps_the_attempt_a_later_run_started(store, layout):
     """ABORTED -> WRITING: GC that read the row while ABORTED removes only the aborted attempts."""
-    from airflow_provider_walsink.gc import GcReport, _collect_checkpoint
+    from airflow_provider_walsink.core.commit.gc import GcReport, _collect_checkpoint
 
     stage_checkpoint(store, layout, "p", "a1", files("a1"), durable=False)
     aborted = store.abort("p", "a1", reason="bad interval", actor=ACTOR)
@@ -348,7 +353,7 @@ def test_gc_with_a_staging_root_one_level_too_high_removes_nothing(store, tmp_pa
     """``--staging-root`` given one level above the real one: the reviewer's run removed the
     committed target files and an Iceberg warehouse. GC only removes what walsink staged: under
     pipelines the committer table knows, checkpoint directories made of attempt directories."""
-    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
 
     data = tmp_path / "data"
     real = StagingLayout(data / "staging")
@@ -393,7 +398,7 @@ def test_gc_with_a_staging_root_one_level_too_high_removes_nothing(store, tmp_pa
 def test_gc_removes_an_unknown_checkpoint_attempt_by_attempt(sqlite_store, layout, monkeypatch):
     """A checkpoint the table no longer knows (rows trimmed) is removed attempt by attempt: an
     attempt a new life of it starts while GC works is kept, and so is the directory."""
-    import airflow_provider_walsink.gc as gc
+    import airflow_provider_walsink.core.commit.gc as gc
 
     stage_checkpoint(sqlite_store, layout, "p", "k0", files("k0"))  # registers pipeline p
     orphan = layout.root / "p" / "gone"

@@ -16,19 +16,19 @@ from datetime import timedelta
 
 import pytest
 
-from airflow_provider_walsink.committer.abort import CheckpointAborter
-from airflow_provider_walsink.committer.commit import committed_fence
-from airflow_provider_walsink.committer.store import utcnow
-from airflow_provider_walsink.gc import collect_staging
-from airflow_provider_walsink.protocol.cleanup import (
+from airflow_provider_walsink.core.commit.abort import CheckpointAborter
+from airflow_provider_walsink.core.commit.commit import committed_fence
+from airflow_provider_walsink.core.commit.gc import collect_staging
+from airflow_provider_walsink.core.protocol.errors import PathEscapeError
+from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, Committable, build_manifest
+from airflow_provider_walsink.core.staging.cleanup import (
     CleanupFencedError,
     open_object_store,
     remove_staged_attempts,
 )
-from airflow_provider_walsink.protocol.errors import PathEscapeError
-from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, Committable, build_manifest
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.protocol.staging_store import AttemptLocation, StagingStore
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.staging.object_store import AttemptLocation, StagingStore
+from airflow_provider_walsink.core.store.store import utcnow
 from tests.helpers import ACTOR
 from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, s3_server  # noqa: F401
 
@@ -73,7 +73,7 @@ def keys(server, prefix: str) -> list[str]:
 
 
 def attempt_names(sstore: StagingStore, pipeline: str, key: str) -> list[str]:
-    from airflow_provider_walsink.protocol.cleanup import store_attempts
+    from airflow_provider_walsink.core.staging.cleanup import store_attempts
 
     return [loc.path.rsplit("/", 1)[-1] for loc in store_attempts(sstore, pipeline, key)]
 
@@ -216,7 +216,7 @@ def test_gc_on_an_s3_root_removes_only_walsink_attempts_after_retention(store, s
 
 def test_gc_on_an_s3_root_is_fenced_by_the_row_it_read(store, s3, monkeypatch):
     """A reprocess that begins while GC works on a committed checkpoint stops it: nothing more goes."""
-    import airflow_provider_walsink.gc as gc
+    import airflow_provider_walsink.core.commit.gc as gc
 
     sstore, stores, _prefix = s3
     stage(store, sstore, "p", "c1")
@@ -345,7 +345,7 @@ def test_post_commit_cleanup_on_s3_is_fenced(store, s3, s3_server):  # noqa: F81
 
 
 def test_abort_of_a_checkpoint_staged_on_s3_removes_its_attempts_only(store, s3, s3_server, tmp_path):  # noqa: F811
-    from airflow_provider_walsink.aborts import aborter_for
+    from airflow_provider_walsink.hooks.aborts import aborter_for
 
     sstore, stores, prefix = s3
     stage(store, sstore, "p", "k1")
@@ -373,7 +373,7 @@ def test_abort_of_a_checkpoint_staged_on_s3_removes_its_attempts_only(store, s3,
 
 def test_abort_refuses_a_recorded_root_with_dot_dot(store, s3, s3_server, tmp_path):  # noqa: F811
     """A row whose recorded root names ``..``: the abort is recorded, its staging is not touched."""
-    from airflow_provider_walsink.aborts import aborter_for
+    from airflow_provider_walsink.hooks.aborts import aborter_for
 
     sstore, stores, prefix = s3
     sneaky = f"s3://{s3_server.bucket}/{prefix}/staging/../victim"
@@ -388,7 +388,7 @@ def test_abort_refuses_a_recorded_root_with_dot_dot(store, s3, s3_server, tmp_pa
 def test_abort_cleanup_on_s3_stops_when_a_new_run_takes_the_checkpoint(store, s3, s3_server, monkeypatch):  # noqa: F811
     """The abort's clean-up is fenced by its token on an object store too: a new run that reaches
     COMMITTING before the first delete stops it, and nothing is deleted."""
-    import airflow_provider_walsink.protocol.cleanup as cleanup
+    import airflow_provider_walsink.core.staging.cleanup as cleanup
 
     sstore, stores, prefix = s3
     stage(store, sstore, "p", "k1")
@@ -401,7 +401,7 @@ def test_abort_cleanup_on_s3_stops_when_a_new_run_takes_the_checkpoint(store, s3
             store.acquire_lease("p", "k1", owner="try-2", ttl=timedelta(minutes=5), actor=ACTOR)
 
     monkeypatch.setattr(cleanup, "crashpoint", a_new_run_commits_first)
-    from airflow_provider_walsink.aborts import aborter_for
+    from airflow_provider_walsink.hooks.aborts import aborter_for
 
     aborter = aborter_for(store, "p", staging_root="/nonexistent", checkpoint_key="k1", stores=stores)
     outcome = aborter.abort("p", "k1", reason="bad interval", actor=ACTOR)

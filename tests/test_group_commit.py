@@ -26,12 +26,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_walsink import faults
-from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CheckpointWriter, CommitterStore
-from airflow_provider_walsink.committer.errors import LeaseHeldError
-from airflow_provider_walsink.committer.group import committed_by_group, is_group_owner
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.core import faults
+from airflow_provider_walsink.core.commit import CheckpointCommitter, CheckpointWriter
+from airflow_provider_walsink.core.commit.group import committed_by_group, is_group_owner
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store import Actor, CommitterStore
+from airflow_provider_walsink.core.store.errors import LeaseHeldError
 from tests.helpers import ACTOR, REPO
 from tests.table_fixtures import local_table_spec
 
@@ -42,12 +43,12 @@ PIPELINE = "events"
 
 def make_publisher(kind: str, spec: dict, mode: str = "overwrite"):
     if kind == "iceberg":
-        from airflow_provider_walsink.publishers.iceberg import IcebergPublisher
+        from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
 
         return IcebergPublisher(
             spec["identifier"], mode, catalog_properties=spec["props"], partition_by=["dt"], create_table=True
         )
-    from airflow_provider_walsink.publishers.delta import DeltaPublisher
+    from airflow_provider_walsink.core.targets.delta import DeltaPublisher
 
     return DeltaPublisher(spec["uri"], mode, partition_by=["dt"], create_table=True)
 
@@ -139,7 +140,7 @@ def test_one_commit_publishes_every_durable_checkpoint_in_one_table_commit(kind,
     for i, key in enumerate(keys):
         stage(store, layout, key, rows_of(i))
 
-    from airflow_provider_walsink.committer.commit import read_sealed_attempt
+    from airflow_provider_walsink.core.commit.commit import read_sealed_attempt
 
     manifests = [read_sealed_attempt(layout, store.require(PIPELINE, k))[0] for k in keys]
 
@@ -204,8 +205,9 @@ KILLED_LEADER = textwrap.dedent("""
     from datetime import timedelta
     sys.path.insert(0, {repo!r})
     from tests.test_group_commit import make_publisher, PIPELINE
-    from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
-    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from airflow_provider_walsink.core.store import Actor, CommitterStore
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
     kind, spec, url, staging, key = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     store = CommitterStore.from_url(url, migrate=False)
     committer = CheckpointCommitter(store, StagingLayout(staging), make_publisher(kind, spec), mode="overwrite",

@@ -17,7 +17,7 @@ import uuid
 import pytest
 from sqlalchemy import create_engine, text
 
-from airflow_provider_walsink.committer.migrate import VERSION_TABLE, head_revision
+from airflow_provider_walsink.core.store.migrate import VERSION_TABLE, head_revision
 from airflow_provider_walsink.get_provider_info import get_provider_info
 from airflow_provider_walsink.hooks.form import CONN_FIELDS, UI_FIELD_BEHAVIOUR
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
@@ -201,7 +201,7 @@ def test_a_connection_of_another_type_is_refused_naming_it(monkeypatch, conn_typ
 def test_a_committer_database_that_does_not_exist_says_what_to_do(monkeypatch, tmp_path, scheme, port, user):
     """A task's first use of the store (hook.get_store) and the form's Test button name the
     fix: create the database, then `walsink db upgrade`; no driver exception chained."""
-    from airflow_provider_walsink.committer.errors import CommitterDatabaseError
+    from airflow_provider_walsink.core.store.errors import CommitterDatabaseError
 
     name = f"walsink_absent_{uuid.uuid4().hex[:8]}"
     url = f"{scheme}://{user}@127.0.0.1:{port}/{name}"

@@ -13,11 +13,15 @@ import uuid
 import pyarrow as pa
 import pytest
 
-from airflow_provider_walsink.protocol.errors import CommittableError, FencedError
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.publishers.base import PublishOutcome
-from airflow_provider_walsink.publishers.iceberg import IcebergPublisher, IcebergTargetError, marker_property
-from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+from airflow_provider_walsink.core.protocol.errors import CommittableError, FencedError
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.targets.base import PublishOutcome
+from airflow_provider_walsink.core.targets.iceberg import (
+    IcebergPublisher,
+    IcebergTargetError,
+    marker_property,
+)
+from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
 from tests.table_fixtures import ctx, layout_for, place, s3_server, stage_attempt  # noqa: F401
 
 pytest.importorskip("pyiceberg")
@@ -246,8 +250,8 @@ def test_files_staged_by_spark_are_committed_and_int96_is_refused_clearly(spark,
     """Spark's partitionBy output (no dt column in the files) with TIMESTAMP_MICROS; INT96 gets a clear error."""
     import datetime as dt
 
-    from airflow_provider_walsink.protocol.manifest import Committable, build_manifest
-    from airflow_provider_walsink.spark.job import hadoop_uri
+    from airflow_provider_walsink.core.protocol.manifest import Committable, build_manifest
+    from airflow_provider_walsink.core.spark.job import hadoop_uri
 
     props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}/wh"}
     publisher = IcebergPublisher("ns.spark_events", "overwrite", catalog_properties=props, create_table=True)
@@ -282,7 +286,7 @@ def test_files_staged_by_spark_are_committed_and_int96_is_refused_clearly(spark,
 
 
 def test_an_empty_overwrite_checkpoint_still_replaces_its_partition_once(target):
-    from airflow_provider_walsink.protocol.manifest import build_manifest
+    from airflow_provider_walsink.core.protocol.manifest import build_manifest
 
     first, first_dir = target.stage("2026-01-01", ROWS_A)
     target.publisher("overwrite").publish(first, first_dir, ctx(first))
@@ -306,8 +310,8 @@ def test_committer_killed_after_the_table_commit_then_rerun_commits_once(tmp_pat
 
     import pyarrow.parquet as pq
 
-    from airflow_provider_walsink.committer import CheckpointCommitter
-    from airflow_provider_walsink.publishers._tables import local_path
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.targets._tables import local_path
     from tests.helpers import ACTOR, stage_checkpoint
     from tests.table_fixtures import Place, events_table
 
@@ -439,7 +443,7 @@ def test_retracting_files_from_several_manifests_survives_threads_sharing_an_eva
         target.publisher().publish(other, other_dir, ctx(other, epoch=1))
     monkeypatch.setattr(visitors._ManifestEvalVisitor, "eval", eval_with_pauses)
     v2, v2_dir = target.stage("2026-01-01", V2_ROWS, attempt=2)
-    with caplog.at_level(logging.INFO, logger="airflow_provider_walsink.publishers.iceberg"):
+    with caplog.at_level(logging.INFO, logger="airflow_provider_walsink.core.targets.iceberg"):
         result = target.publisher().publish(v2, v2_dir, ctx(v2, epoch=2, supersedes=v1.attempt_id))
     assert [r.getMessage() for r in caplog.records if "conflicted" in r.getMessage()] == []
     assert result.files_rolled_back == 1 and len(target.snapshots()) == 12

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_walsink.committer import CommitterStore, OrderingError
+from airflow_provider_walsink.core.store import CommitterStore, OrderingError
 from airflow_provider_walsink.operators.write import WalWriteOperator
 from tests.helpers import ACTOR
 

@@ -29,11 +29,11 @@ except ImportError:  # the kafka extra; CI installs it, so there a missing one f
 
     missing_prerequisite('confluent-kafka is not installed (pip install ".[kafka]")')
 
+from airflow_provider_walsink.core.protocol import CheckpointState as S  # noqa: E402
+from airflow_provider_walsink.core.sources.kafka import TopicNotFoundError  # noqa: E402
 from airflow_provider_walsink.operators.commit import WalCommitOperator  # noqa: E402
 from airflow_provider_walsink.operators.write import WalWriteOperator  # noqa: E402
-from airflow_provider_walsink.protocol import CheckpointState as S  # noqa: E402
 from airflow_provider_walsink.sensors.durable import CheckpointDurableSensor  # noqa: E402
-from airflow_provider_walsink.sources.kafka import TopicNotFoundError  # noqa: E402
 from tests.kafka_mock import MockKafka  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,8 +51,8 @@ JOB = textwrap.dedent(
 
     from pyspark.sql import SparkSession
 
-    from airflow_provider_walsink.sources.kafka import KafkaSource
-    from airflow_provider_walsink.spark import CheckpointJob
+    from airflow_provider_walsink.core.sources.kafka import KafkaSource
+    from airflow_provider_walsink.core.spark import CheckpointJob
 
     spark = SparkSession.builder.getOrCreate()
     with CheckpointJob.from_argv(spark) as job:

@@ -32,15 +32,16 @@ except ImportError:  # the kafka extra; CI installs it, so there a missing one f
 
     missing_prerequisite('confluent-kafka is not installed (pip install ".[kafka]")')
 
-from airflow_provider_walsink.committer import CheckpointCommitter, CommitterStore  # noqa: E402
-from airflow_provider_walsink.operators.write import WalWriteOperator  # noqa: E402
-from airflow_provider_walsink.protocol.staging import StagingLayout  # noqa: E402
-from airflow_provider_walsink.publishers import FilePublisher  # noqa: E402
-from airflow_provider_walsink.sources.kafka import (  # noqa: E402
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.sources.kafka import (  # noqa: E402
     ConsumerMetadata,
     OffsetsWentBackwardsError,
     RetentionGapError,
 )
+from airflow_provider_walsink.core.staging.layout import StagingLayout  # noqa: E402
+from airflow_provider_walsink.core.store import CommitterStore  # noqa: E402
+from airflow_provider_walsink.core.targets import FilePublisher  # noqa: E402
+from airflow_provider_walsink.operators.write import WalWriteOperator  # noqa: E402
 from tests.helpers import ACTOR, stage_checkpoint  # noqa: E402
 from tests.kafka_mock import MockKafka  # noqa: E402
 

@@ -3,7 +3,7 @@
 The cluster runs in a child process (``tests/kafka_mock.py``) and Spark's executors read
 from it as from a real broker. What the mock cannot do (retention deleting records, a
 topic gaining partitions) is a fault injected at the planner's cluster boundary
-(:class:`~airflow_provider_walsink.sources.kafka.KafkaMetadata`), named so in each test.
+(:class:`~airflow_provider_walsink.core.sources.kafka.KafkaMetadata`), named so in each test.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ except ImportError:  # the kafka extra; CI installs it, so there a missing one f
 
     missing_prerequisite('confluent-kafka is not installed (pip install ".[kafka]")')
 
-from airflow_provider_walsink.sources.kafka import (  # noqa: E402
+from airflow_provider_walsink.core.sources.kafka import (  # noqa: E402
     ConsumerMetadata,
     KafkaSourceSpec,
     OffsetsWentBackwardsError,

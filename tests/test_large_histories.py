@@ -16,9 +16,9 @@ import pytest
 from helpers import ACTOR
 from sqlalchemy import func, select, update
 
-from airflow_provider_walsink.committer import Actor
-from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
-from airflow_provider_walsink.protocol.states import ERROR_STATES
+from airflow_provider_walsink.core.protocol.states import ERROR_STATES
+from airflow_provider_walsink.core.store import Actor
+from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
 
 #: The states the fill cycles through (every kind: committed, open, error).
 STATES = ["COMMITTED", "FAILED", "WRITING", "DURABLE", "ABORTED", "REGISTERED", "SEALED", "REJECTED"]
@@ -43,8 +43,8 @@ def _fill(store, count: int, *, prefix: str = "p") -> list[str]:
                     .values(state=state, dag_id=dag)
                 )
         if i % 4 == 0:  # a pipeline with no checkpoint yet still has its row
-            from airflow_provider_walsink.committer.models import pipeline_table as pipe
-            from airflow_provider_walsink.committer.store import utcnow
+            from airflow_provider_walsink.core.store.models import pipeline_table as pipe
+            from airflow_provider_walsink.core.store.store import utcnow
 
             with store.engine.begin() as conn:
                 conn.execute(pipe.insert().values(name=name, mode=mode, next_sequence=1, created_at=utcnow()))
@@ -160,7 +160,7 @@ def test_uncommitted_keyset_pages_cover_every_open_checkpoint_once(store):
 
 
 def test_status_of_many_pipelines_is_paged_with_a_hint_and_complete(store, capsys):
-    from airflow_provider_walsink import cli
+    from airflow_provider_walsink.cli import commands as cli
 
     names = _fill(store, 45)
     url = store.engine.url.render_as_string(hide_password=False)
@@ -257,7 +257,7 @@ def test_page_queries_use_indexes_not_a_scan_of_the_history_on_postgresql(pg_url
     planner would choose one if a statement needed the history. A plan shape, not a timing."""
     from sqlalchemy import event, text
 
-    from airflow_provider_walsink.committer import CommitterStore
+    from airflow_provider_walsink.core.store import CommitterStore
 
     store = CommitterStore.from_url(pg_url)
     with store.engine.begin() as conn:

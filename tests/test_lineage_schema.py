@@ -15,8 +15,8 @@ from tests.helpers import REPO
 
 pytest.importorskip("openlineage.client")
 
-from airflow_provider_walsink.lineage import WalsinkCheckpointRunFacet, operator_lineage  # noqa: E402
-from airflow_provider_walsink.protocol.states import CheckpointState  # noqa: E402
+from airflow_provider_walsink.core.protocol.states import CheckpointState  # noqa: E402
+from airflow_provider_walsink.operators.lineage import WalsinkCheckpointRunFacet, operator_lineage  # noqa: E402
 
 _JSON_TYPES = {str: "string", int: "integer", type(None): "null"}
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from airflow_provider_walsink.protocol import (
+from airflow_provider_walsink.core.protocol import (
     Committable,
     ManifestError,
     build_manifest,
@@ -16,7 +16,7 @@ from airflow_provider_walsink.protocol import (
     read_manifest,
     write_manifest,
 )
-from airflow_provider_walsink.protocol.manifest import MAX_MANIFEST_BYTES
+from airflow_provider_walsink.core.protocol.manifest import MAX_MANIFEST_BYTES
 
 
 def manifest(**overrides):
@@ -140,7 +140,7 @@ def _file_schema(table):
 
     import pyarrow.parquet as pq
 
-    from airflow_provider_walsink.protocol.file_schema import file_schema_of
+    from airflow_provider_walsink.core.protocol.file_schema import file_schema_of
 
     buf = io.BytesIO()
     pq.write_table(table, buf)
@@ -150,7 +150,7 @@ def _file_schema(table):
 def test_file_schema_round_trips_and_decodes_to_the_files_arrow_schema(tmp_path):
     import pyarrow as pa
 
-    from airflow_provider_walsink.protocol.file_schema import arrow_schema
+    from airflow_provider_walsink.core.protocol.file_schema import arrow_schema
 
     table = pa.table({"id": pa.array([1], pa.int64()), "ts": pa.array([1], pa.timestamp("us"))})
     recorded = _file_schema(table)
@@ -169,7 +169,7 @@ def test_int96_columns_are_recorded():
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from airflow_provider_walsink.protocol.file_schema import file_schema_of
+    from airflow_provider_walsink.core.protocol.file_schema import file_schema_of
 
     buf = io.BytesIO()
     pq.write_table(
@@ -181,7 +181,7 @@ def test_int96_columns_are_recorded():
 def test_common_file_schema_is_none_unless_every_file_has_the_same_one():
     import pyarrow as pa
 
-    from airflow_provider_walsink.protocol.file_schema import common_file_schema
+    from airflow_provider_walsink.core.protocol.file_schema import common_file_schema
 
     a = _file_schema(pa.table({"id": pa.array([1], pa.int64())}))
     b = _file_schema(pa.table({"id": pa.array(["x"])}))
@@ -224,8 +224,8 @@ def test_invalid_file_schemas_are_rejected(mutate, message):
 def test_a_file_schema_that_is_not_an_arrow_schema_is_refused_when_decoded():
     import base64
 
-    from airflow_provider_walsink.protocol.file_schema import arrow_schema
-    from airflow_provider_walsink.protocol.manifest import FileSchema
+    from airflow_provider_walsink.core.protocol.file_schema import arrow_schema
+    from airflow_provider_walsink.core.protocol.manifest import FileSchema
 
     with pytest.raises(ManifestError, match="not an Arrow schema"):
         arrow_schema(FileSchema(base64.b64encode(b"garbage").decode()))

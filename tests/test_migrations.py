@@ -11,9 +11,14 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
-from airflow_provider_walsink.committer.engine import create_committer_engine
-from airflow_provider_walsink.committer.migrate import VERSION_TABLE, current_revision, head_revision, upgrade
-from airflow_provider_walsink.committer.models import Base
+from airflow_provider_walsink.core.store.engine import create_committer_engine
+from airflow_provider_walsink.core.store.migrate import (
+    VERSION_TABLE,
+    current_revision,
+    head_revision,
+    upgrade,
+)
+from airflow_provider_walsink.core.store.models import Base
 from tests.helpers import REPO
 
 TABLES = {"walsink_pipeline", "walsink_checkpoint", "walsink_transition", VERSION_TABLE}
@@ -86,7 +91,7 @@ def test_concurrent_upgrades_from_empty_are_safe(db_url):
 def _downgrade(engine, revision: str) -> None:
     from alembic import command
 
-    from airflow_provider_walsink.committer.migrate import alembic_config
+    from airflow_provider_walsink.core.store.migrate import alembic_config
 
     cfg = alembic_config()
     with engine.connect() as conn:
@@ -106,10 +111,10 @@ def test_0005_adds_staging_root_to_existing_rows_and_downgrades_keeping_them(db_
 
     from sqlalchemy import func, insert, select
 
-    from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
-    from airflow_provider_walsink.committer.models import pipeline_table as pipe
-    from airflow_provider_walsink.committer.models import transition_table as trans
-    from airflow_provider_walsink.committer.models import version_table as vers
+    from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
+    from airflow_provider_walsink.core.store.models import pipeline_table as pipe
+    from airflow_provider_walsink.core.store.models import transition_table as trans
+    from airflow_provider_walsink.core.store.models import version_table as vers
 
     engine = create_committer_engine(db_url)
     _drop_all(engine)
@@ -163,10 +168,10 @@ def test_0006_adds_source_plan_to_existing_rows_and_downgrades_keeping_them(db_u
 
     from sqlalchemy import func, insert, select
 
-    from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
-    from airflow_provider_walsink.committer.models import pipeline_table as pipe
-    from airflow_provider_walsink.committer.models import transition_table as trans
-    from airflow_provider_walsink.committer.models import version_table as vers
+    from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
+    from airflow_provider_walsink.core.store.models import pipeline_table as pipe
+    from airflow_provider_walsink.core.store.models import transition_table as trans
+    from airflow_provider_walsink.core.store.models import version_table as vers
 
     engine = create_committer_engine(db_url)
     _drop_all(engine)
@@ -229,8 +234,8 @@ def _one_pipeline_with_a_checkpoint(engine) -> None:
 
     from sqlalchemy import insert
 
-    from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
-    from airflow_provider_walsink.committer.models import pipeline_table as pipe
+    from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
+    from airflow_provider_walsink.core.store.models import pipeline_table as pipe
 
     now = datetime(2026, 11, 1)
     with engine.begin() as conn:
@@ -254,7 +259,7 @@ def test_0007_adds_the_open_state_index_and_downgrades_keeping_rows(db_url):
 
     from sqlalchemy import func, select
 
-    from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
+    from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
 
     name = "ix_walsink_checkpoint_state_created_at"
     engine = create_committer_engine(db_url)
@@ -285,8 +290,8 @@ def test_0008_adds_the_first_event_claim_and_downgrades_keeping_rows(db_url):
 
     from sqlalchemy import func, inspect, select
 
-    from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
-    from airflow_provider_walsink.committer.models import pipeline_table as pipe
+    from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
+    from airflow_provider_walsink.core.store.models import pipeline_table as pipe
 
     def columns() -> set[str]:
         return {c["name"] for c in inspect(engine).get_columns("walsink_pipeline")}

@@ -202,7 +202,7 @@ def test_checker_catches_a_publisher_that_publishes_twice(tmp_path, monkeypatch)
     """A files publisher that publishes every committable a second time: rows shown twice."""
     import shutil
 
-    from airflow_provider_walsink.publishers.files import FilePublisher
+    from airflow_provider_walsink.core.targets.files import FilePublisher
 
     original = FilePublisher.publish
 
@@ -229,7 +229,7 @@ def test_checker_catches_a_publisher_that_publishes_twice(tmp_path, monkeypatch)
 
 def test_checker_catches_a_publisher_that_skips_the_order_check(tmp_path, monkeypatch):
     """Overwrite without invariant 10: an older checkpoint replaces a newer one's partition."""
-    from airflow_provider_walsink.publishers.files import FilePublisher
+    from airflow_provider_walsink.core.targets.files import FilePublisher
 
     monkeypatch.setattr(FilePublisher, "_check_order", lambda self, manifest, partition, marker: None)
     steps = [{"op": "run", "key": K3, "n": 2, "parts": [0]}, {"op": "run", "key": K1, "n": 1, "parts": [0]}]
@@ -446,8 +446,8 @@ def test_model_checker_finds_no_violation_reading_kafka(kind, fencing, kafka_clu
 
 def test_kafka_checker_catches_a_group_committed_ahead(kafka_cluster, tmp_path, monkeypatch):
     """A commit task that commits the topic's high watermarks to the group (ahead of the table)."""
+    from airflow_provider_walsink.core.sources.kafka import commit_group_offsets
     from airflow_provider_walsink.hooks import kafka as hooks_kafka
-    from airflow_provider_walsink.sources.kafka import commit_group_offsets
 
     def ahead(store, pipeline, spec, config):
         offsets = {t: {str(p): 10_000 for p in range(3)} for t in spec.topics}
@@ -462,7 +462,7 @@ def test_kafka_checker_catches_a_group_committed_ahead(kafka_cluster, tmp_path, 
 def test_kafka_checker_catches_a_retry_that_replans(kafka_cluster, tmp_path, monkeypatch):
     """A planner that never matches the recorded plan and a plan store where the latest plan wins:
     a write retried after more records arrived reads past the range its killed first attempt was given."""
-    from airflow_provider_walsink.committer.store import CommitterStore
+    from airflow_provider_walsink.core.store.store import CommitterStore
     from airflow_provider_walsink.hooks import kafka as hooks_kafka
 
     original = CommitterStore.fix_source_plan

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from airflow_provider_walsink.spark.placement import (
+from airflow_provider_walsink.operators.placement import (
     StagingPlacementError,
     check_operator_placement,
     check_staging_placement,

@@ -137,7 +137,7 @@ def test_a_built_wheel_carries_the_migrations_and_they_run(tmp_path):
     script = (
         "import airflow_provider_walsink as w, sys;"
         f"assert w.__file__.startswith({str(site)!r}), w.__file__;"
-        "from airflow_provider_walsink.committer import CommitterStore;"
+        "from airflow_provider_walsink.core.commit import CommitterStore;"
         f"s = CommitterStore.from_url('sqlite:///{tmp_path}/c.db');"
         "print(sorted(s.engine.dialect.get_table_names(s.engine.connect())))"
     )

@@ -11,11 +11,11 @@ from datetime import timedelta
 
 import pytest
 
-from airflow_provider_walsink.committer import CheckpointCommitter
-from airflow_provider_walsink.committer.errors import TransitionError
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.publishers import FilePublisher
-from airflow_provider_walsink.publishers.base import StaticContext
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.store.errors import TransitionError
+from airflow_provider_walsink.core.targets import FilePublisher
+from airflow_provider_walsink.core.targets.base import StaticContext
 from tests.helpers import ACTOR, stage_checkpoint, target_files
 
 V1 = {
@@ -123,7 +123,7 @@ def test_a_failed_new_version_leaves_the_committed_one_published(sqlite_store, l
 
 @pytest.mark.parametrize("mode", ["overwrite", "append"])
 def test_aborting_a_new_version_before_it_publishes_restores_the_committed_one(store, layout, tmp_path, mode):
-    from airflow_provider_walsink.committer.abort import CheckpointAborter
+    from airflow_provider_walsink.core.commit.abort import CheckpointAborter
 
     target = tmp_path / "target"
     c = committer(store, layout, target, mode)
@@ -159,7 +159,7 @@ def test_aborting_a_new_version_before_it_publishes_restores_the_committed_one(s
 
 
 def test_a_new_version_that_began_publishing_cannot_be_aborted(sqlite_store, layout, tmp_path):
-    from airflow_provider_walsink.committer.abort import CheckpointAborter
+    from airflow_provider_walsink.core.commit.abort import CheckpointAborter
 
     store, target = sqlite_store, tmp_path / "target"
     c = committer(store, layout, target, "append")

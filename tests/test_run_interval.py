@@ -29,7 +29,7 @@ DAG_ID = "walsink_run_interval_test"
 JOB = textwrap.dedent(
     """
     import json, sys
-    from airflow_provider_walsink.spark import ProtocolArgs
+    from airflow_provider_walsink.core.spark import ProtocolArgs
 
     protocol, args = ProtocolArgs.from_argv(sys.argv[1:])
     with open(args[0], "a") as f:

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from airflow_provider_walsink.committer.store import CommitterStore
+from airflow_provider_walsink.core.store.store import CommitterStore
 from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, s3_server  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]

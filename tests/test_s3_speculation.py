@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_walsink.protocol.durability import check_stored_attempt
-from airflow_provider_walsink.protocol.staging_store import StagingStore
+from airflow_provider_walsink.core.staging.durability import check_stored_attempt
+from airflow_provider_walsink.core.staging.object_store import StagingStore
 from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, s3_server  # noqa: F401
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -41,7 +41,7 @@ _JOB = textwrap.dedent(
     """
     import json, sys
     from pyspark.sql import SparkSession
-    from airflow_provider_walsink.spark import CheckpointJob, ProtocolArgs
+    from airflow_provider_walsink.core.spark import CheckpointJob, ProtocolArgs
 
     master, root, options, events, crash_log = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4], sys.argv[5]
     spark = (

@@ -31,13 +31,13 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME
+from airflow_provider_walsink.core.spark.args import storage_env, storage_options_from_env
 from airflow_provider_walsink.hooks.staging import StagingConnectionError, s3_options_from_connection
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.operators.write import WalWriteOperator
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME
 from airflow_provider_walsink.sensors.durable import CheckpointDurableSensor
-from airflow_provider_walsink.spark.args import storage_env, storage_options_from_env
 from airflow_provider_walsink.triggers.durable import CheckpointDurableTrigger
 from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, s3_server  # noqa: F401
 
@@ -232,7 +232,7 @@ JOB = textwrap.dedent(
 
     from pyspark.sql import SparkSession
 
-    from airflow_provider_walsink.spark import CheckpointJob
+    from airflow_provider_walsink.core.spark import CheckpointJob
 
     spark = SparkSession.builder.getOrCreate()
     with CheckpointJob.from_argv(spark) as job:

@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_walsink.aborts import aborter_for
-from airflow_provider_walsink.committer import Actor
-from airflow_provider_walsink.committer.abort import CheckpointAborter
+from airflow_provider_walsink.core.commit.abort import CheckpointAborter
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.store import Actor
+from airflow_provider_walsink.hooks.aborts import aborter_for
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.operators.commit import WalCommitOperator
 from airflow_provider_walsink.operators.write import WalWriteOperator
-from airflow_provider_walsink.protocol import CheckpointState as S
 from airflow_provider_walsink.sensors.durable import CheckpointDurableSensor
 from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, s3_server  # noqa: F401
 
@@ -39,7 +39,7 @@ JOB = textwrap.dedent(
     f"""
     from pyspark.sql import SparkSession
 
-    from airflow_provider_walsink.spark import CheckpointJob
+    from airflow_provider_walsink.core.spark import CheckpointJob
 
     spark = SparkSession.builder.getOrCreate()
     with CheckpointJob.from_argv(spark) as job:
@@ -169,10 +169,10 @@ def test_abort_of_a_durable_checkpoint_staged_on_s3_tombstones_the_delta_table_a
     s3_server,  # noqa: F811
     tmp_path,
 ):
-    from airflow_provider_walsink.committer.commit import read_sealed_attempt
-    from airflow_provider_walsink.committer.tablefence import TableFenceContext
-    from airflow_provider_walsink.publishers._tables import AbortedInTableError
-    from airflow_provider_walsink.publishers.delta import app_id
+    from airflow_provider_walsink.core.commit.commit import read_sealed_attempt
+    from airflow_provider_walsink.core.commit.tablefence import TableFenceContext
+    from airflow_provider_walsink.core.targets._tables import AbortedInTableError
+    from airflow_provider_walsink.core.targets.delta import app_id
 
     connections(monkeypatch, s3_server, database_urls("sqlite"))
     p = Pipeline(s3_server, tmp_path)
@@ -235,14 +235,14 @@ def test_the_audit_task_reads_a_checkpoint_staged_on_s3_through_the_store(
     connection's staging credentials and DuckDB reads the staged Parquet through the store (partition
     columns from the directories). Passing checks record AUDITED; the same data judged by a check it
     fails counts exactly the failing rows (the data really was read, not its manifest)."""
-    from airflow_provider_walsink.audit import (
+    from airflow_provider_walsink.core.commit.audit import (
         NotNullCheck,
         RowCountCheck,
         SqlPredicateCheck,
         StagedData,
         run_checks,
     )
-    from airflow_provider_walsink.committer.commit import read_sealed_attempt
+    from airflow_provider_walsink.core.commit.commit import read_sealed_attempt
     from airflow_provider_walsink.operators.audit import WalAuditOperator
 
     connections(monkeypatch, s3_server, database_urls("sqlite"))
@@ -272,7 +272,7 @@ def test_the_audit_task_reads_a_checkpoint_staged_on_s3_through_the_store(
 def test_the_audit_without_a_way_to_open_an_object_store_refuses_clearly(sqlite_store):
     """Called without ``stores=`` (outside the audit task), a recorded s3:// root is an AuditError naming
     it (the task fails without retrying, nothing recorded), not a ValueError about a path."""
-    from airflow_provider_walsink.audit import AuditError, RowCountCheck, audit_checkpoint
+    from airflow_provider_walsink.core.commit.audit import AuditError, RowCountCheck, audit_checkpoint
     from tests.helpers import ACTOR
 
     root = "s3://walsink/audit/staging"

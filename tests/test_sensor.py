@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowSensorTimeout, TaskDeferred
 
-from airflow_provider_walsink.committer import CommitterStore
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol import StagingLayout
-from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME
+from airflow_provider_walsink.core.staging import StagingLayout
+from airflow_provider_walsink.core.store import CommitterStore
 from airflow_provider_walsink.sensors.durable import CheckpointDurableSensor
 from airflow_provider_walsink.triggers.durable import CheckpointDurableTrigger
 from tests.helpers import stage_checkpoint
@@ -116,8 +116,8 @@ def test_not_yet_written_and_already_committed(env):
     assert s.poke(context()) is False
     assert "is WRITING at attempt 1, no sealed manifest yet" in s._last.message
 
-    from airflow_provider_walsink.committer import CheckpointCommitter
-    from airflow_provider_walsink.publishers import FilePublisher
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.targets import FilePublisher
 
     stage_checkpoint(store, layout, "events", KEY, FILES)
     publisher = FilePublisher(layout.root.parent / "target", "overwrite", layout=layout)

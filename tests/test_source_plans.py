@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_provider_walsink.committer import CommitterStore
+from airflow_provider_walsink.core.store import CommitterStore
 from tests.helpers import ACTOR
 
 START = {"events": {"0": 5}}
@@ -42,8 +42,8 @@ def test_the_write_tasks_plan_records_an_accepted_gap_and_refuses_an_unaccepted_
     records): the write task's planning (``hooks.kafka.plan_attempt``) against the real store."""
     import pytest
 
+    from airflow_provider_walsink.core.sources.kafka import KafkaSourceSpec, RetentionGapError
     from airflow_provider_walsink.hooks.kafka import plan_attempt
-    from airflow_provider_walsink.sources.kafka import KafkaSourceSpec, RetentionGapError
 
     class Retention:
         def partitions(self, topic):

@@ -25,12 +25,12 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_walsink.protocol.checksum import Hasher
-from airflow_provider_walsink.protocol.durability import check_stored_attempt
-from airflow_provider_walsink.protocol.file_schema import arrow_schema, file_schema_of
-from airflow_provider_walsink.protocol.manifest import Committable, digest_of
-from airflow_provider_walsink.protocol.staging_store import AlreadySealedError, StagingStore
-from airflow_provider_walsink.spark import CheckpointJob, ProtocolArgs, StagingError
+from airflow_provider_walsink.core.protocol.checksum import Hasher
+from airflow_provider_walsink.core.protocol.file_schema import arrow_schema, file_schema_of
+from airflow_provider_walsink.core.protocol.manifest import Committable, digest_of
+from airflow_provider_walsink.core.spark import CheckpointJob, ProtocolArgs, StagingError
+from airflow_provider_walsink.core.staging.durability import check_stored_attempt
+from airflow_provider_walsink.core.staging.object_store import AlreadySealedError, StagingStore
 from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, s3_server  # noqa: F401
 
 pytestmark = pytest.mark.spark
@@ -194,7 +194,7 @@ _LOST_EXECUTOR_JOB = textwrap.dedent(
     """
     import json, sys
     from pyspark.sql import SparkSession
-    from airflow_provider_walsink.spark import CheckpointJob, ProtocolArgs
+    from airflow_provider_walsink.core.spark import CheckpointJob, ProtocolArgs
 
     root, options = sys.argv[1], json.loads(sys.argv[2])
     spark = (
@@ -255,7 +255,7 @@ def test_a_killed_task_attempts_file_never_reaches_the_manifest(s3_server, tmp_p
 
 
 def test_dictionary_encoding_only_where_at_most_half_the_values_are_distinct():
-    from airflow_provider_walsink.spark.executor_write import _dictionary_columns
+    from airflow_provider_walsink.core.spark.executor_write import _dictionary_columns
 
     sample = pa.table(
         {
@@ -270,7 +270,7 @@ def test_dictionary_encoding_only_where_at_most_half_the_values_are_distinct():
 
 
 def test_the_durability_gate_checks_a_checkpoint_staged_on_s3(spark, s3_server, sqlite_store):  # noqa: F811
-    from airflow_provider_walsink.protocol.states import CheckpointState
+    from airflow_provider_walsink.core.protocol.states import CheckpointState
     from airflow_provider_walsink.triggers.durable import evaluate_durability
     from tests.helpers import ACTOR
 

@@ -1,4 +1,4 @@
-"""The job-side API (``airflow_provider_walsink.spark``) on a real local Spark session.
+"""The job-side API (``airflow_provider_walsink.core.spark``) on a real local Spark session.
 
 These run the job API in-process on the session ``spark`` fixture (no
 spark-submit): staging, committable description without re-reading, manifest
@@ -12,10 +12,10 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_walsink.protocol.checksum import file_checksum
-from airflow_provider_walsink.protocol.file_schema import arrow_schema, file_schema_of
-from airflow_provider_walsink.protocol.manifest import digest_of, read_manifest
-from airflow_provider_walsink.spark import (
+from airflow_provider_walsink.core.protocol.checksum import file_checksum
+from airflow_provider_walsink.core.protocol.file_schema import arrow_schema, file_schema_of
+from airflow_provider_walsink.core.protocol.manifest import digest_of, read_manifest
+from airflow_provider_walsink.core.spark import (
     CheckpointJob,
     ProtocolArgs,
     ProtocolArgumentError,

@@ -23,9 +23,9 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
-from airflow_provider_walsink.committer import CheckpointCommitter
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.publishers.sql import SqlPublisher, SqlTargetError
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.targets.sql import SqlPublisher, SqlTargetError
 from tests.helpers import ACTOR, REPO, forget_checkpoint, stage_checkpoint
 
 KEY = "20260101T000000Z"
@@ -67,9 +67,10 @@ KILLED_COMMIT = textwrap.dedent("""
     import sys
     from datetime import timedelta
     sys.path.insert(0, {repo!r})
-    from airflow_provider_walsink.committer import CheckpointCommitter, CommitterStore
-    from airflow_provider_walsink.protocol.staging import StagingLayout
-    from airflow_provider_walsink.publishers.sql import SqlPublisher
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.store import CommitterStore
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.targets.sql import SqlPublisher
     from tests.helpers import ACTOR
     store_url, staging, url, table, mode, key = sys.argv[1:7]
     layout = StagingLayout(staging)
@@ -245,9 +246,10 @@ KILLED_PIPELINE_COMMIT = textwrap.dedent("""
     import sys
     from datetime import timedelta
     sys.path.insert(0, {repo!r})
-    from airflow_provider_walsink.committer import CheckpointCommitter, CommitterStore
-    from airflow_provider_walsink.protocol.staging import StagingLayout
-    from airflow_provider_walsink.publishers.sql import SqlPublisher
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.store import CommitterStore
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.targets.sql import SqlPublisher
     from tests.helpers import ACTOR
     store_url, staging, url, table, markers, mode, pipeline, key = sys.argv[1:9]
     layout = StagingLayout(staging)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from airflow_provider_walsink.committer.store import CommitterStore
+from airflow_provider_walsink.core.store.store import CommitterStore
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "dags"))

@@ -23,12 +23,17 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
-from airflow_provider_walsink.protocol.errors import FencedError, WalsinkError
-from airflow_provider_walsink.protocol.manifest import Committable, Manifest, build_manifest, write_manifest
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.publishers.base import PublishOutcome, StaticContext
-from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
-from airflow_provider_walsink.publishers.sql import SchemaMismatchError, SqlPublisher, SqlTargetError
+from airflow_provider_walsink.core.protocol.errors import FencedError, WalsinkError
+from airflow_provider_walsink.core.protocol.manifest import (
+    Committable,
+    Manifest,
+    build_manifest,
+    write_manifest,
+)
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.targets.base import PublishOutcome, StaticContext
+from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
+from airflow_provider_walsink.core.targets.sql import SchemaMismatchError, SqlPublisher, SqlTargetError
 
 BACKENDS = ["postgresql", "mysql"]
 DAY1, DAY2 = "2026-01-01", "2026-01-02"
@@ -567,8 +572,8 @@ def test_a_value_the_column_cannot_hold_rolls_the_whole_load_back(url, names, la
 
 def test_a_conversion_error_in_a_worker_thread_reaches_the_load(tmp_path):
     """The CSV converter threads hand their errors to the consumer (the load then rolls back)."""
-    from airflow_provider_walsink.publishers._sqlload import csv_chunks
-    from airflow_provider_walsink.publishers._sqlplan import LoadPlan
+    from airflow_provider_walsink.core.targets._sqlload import csv_chunks
+    from airflow_provider_walsink.core.targets._sqlplan import LoadPlan
 
     good = tmp_path / "good.parquet"
     pq.write_table(pa.table({"id": list(range(10))}), good)
@@ -709,7 +714,7 @@ def test_a_missing_driver_names_the_extra_to_install(monkeypatch):
 
 def test_a_new_version_by_a_data_key_replaces_every_key_value_the_old_one_wrote(url, names, layout):
     """The marker row records v1's key values; v2 must cover them all, or nothing is written."""
-    from airflow_provider_walsink.protocol.errors import SupersedeError
+    from airflow_provider_walsink.core.protocol.errors import SupersedeError
 
     table, pipeline = names
     pub = lambda: publisher(url, table, layout, "replace", replace_key="day", partition_by=())  # noqa: E731
@@ -845,7 +850,7 @@ def test_a_marker_table_of_an_older_walsink_gets_its_new_column(url, names, layo
 
     Their rows record no key values, so a new version of such a checkpoint is refused, not guessed.
     """
-    from airflow_provider_walsink.protocol.errors import SupersedeError
+    from airflow_provider_walsink.core.protocol.errors import SupersedeError
 
     table, pipeline = names
     marker_table = f"m_{table}"

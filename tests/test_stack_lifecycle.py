@@ -28,7 +28,7 @@ PARENT = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from airflow_provider_walsink.testing.stack import AirflowStack
+    from airflow_stack import AirflowStack
 
     stack = AirflowStack(Path(sys.argv[1]), components=("api-server", "scheduler"), dags_folder=Path(sys.argv[2]))
     stack.start(timeout=900)

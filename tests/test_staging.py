@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from airflow_provider_walsink.protocol import InvalidIdentifierError, PathEscapeError, StagingLayout, confine
+from airflow_provider_walsink.core.protocol import InvalidIdentifierError, PathEscapeError
+from airflow_provider_walsink.core.staging import StagingLayout, confine
 
 
 def test_layout_places_attempts_under_pipeline_and_checkpoint(tmp_path):

@@ -22,17 +22,17 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_walsink.committer import CommitterStore
-from airflow_provider_walsink.operators.write import WalWriteOperator
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol import StagingLayout
-from airflow_provider_walsink.protocol.manifest import (
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol.manifest import (
     MANIFEST_NAME,
     Committable,
     build_manifest,
     write_manifest,
 )
-from airflow_provider_walsink.spark.args import ProtocolArgs
+from airflow_provider_walsink.core.spark.args import ProtocolArgs
+from airflow_provider_walsink.core.staging import StagingLayout
+from airflow_provider_walsink.core.store import CommitterStore
+from airflow_provider_walsink.operators.write import WalWriteOperator
 from tests.helpers import ACTOR, stage_checkpoint, target_files
 
 INTERVAL_START = datetime(2026, 4, 1, tzinfo=UTC)
@@ -239,7 +239,7 @@ def test_the_deferrable_trigger_reads_the_recorded_root(staged_under_a_then_move
 
 
 def test_gc_walks_the_recorded_root(staged_under_a_then_moved):
-    from airflow_provider_walsink.gc import collect_garbage
+    from airflow_provider_walsink.core.commit.gc import collect_garbage
 
     store, a, b, _url = staged_under_a_then_moved
     record = store.require("events", KEY)
@@ -252,7 +252,7 @@ def test_gc_walks_the_recorded_root(staged_under_a_then_moved):
 
 
 def test_abort_reads_the_recorded_root(staged_under_a_then_moved):
-    from airflow_provider_walsink.aborts import aborter_for
+    from airflow_provider_walsink.hooks.aborts import aborter_for
 
     store, a, b, _url = staged_under_a_then_moved
     aborter = aborter_for(store, "events", staging_root=str(b.root), checkpoint_key=KEY)
@@ -264,7 +264,7 @@ def test_abort_reads_the_recorded_root(staged_under_a_then_moved):
 
 
 def test_the_cli_abort_reads_the_recorded_root(staged_under_a_then_moved, capsys):
-    from airflow_provider_walsink.cli import main
+    from airflow_provider_walsink.cli.commands import main
 
     store, a, b, url = staged_under_a_then_moved
     code = main(["--url", url, "abort", "events", KEY, "--reason", "bad", "--staging-root", str(b.root)])
@@ -285,7 +285,7 @@ def test_a_row_without_a_root_is_read_where_it_was_staged_before(sqlite_store, t
 
 
 def test_the_audit_reads_the_recorded_root(staged_under_a_then_moved):
-    from airflow_provider_walsink.audit import as_checks, audit_checkpoint
+    from airflow_provider_walsink.core.commit.audit import as_checks, audit_checkpoint
 
     store, _a, b, _url = staged_under_a_then_moved
     store.mark_durable("events", KEY, attempt=2, actor=ACTOR)

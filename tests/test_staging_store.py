@@ -13,11 +13,11 @@ import uuid
 
 import pytest
 
-from airflow_provider_walsink.protocol.checksum import file_checksum
-from airflow_provider_walsink.protocol.errors import ManifestError, PathEscapeError, SymlinkRefusedError
-from airflow_provider_walsink.protocol.manifest import Committable, build_manifest, digest_of
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.protocol.staging_store import (
+from airflow_provider_walsink.core.protocol.checksum import file_checksum
+from airflow_provider_walsink.core.protocol.errors import ManifestError, PathEscapeError, SymlinkRefusedError
+from airflow_provider_walsink.core.protocol.manifest import Committable, build_manifest, digest_of
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.staging.object_store import (
     AlreadySealedError,
     StagingStore,
     StagingStoreError,
@@ -236,7 +236,7 @@ def test_a_local_file_checksum_matches_the_protocols(tmp_path):
 
 
 def test_durability_on_any_store_detects_missing_resized_and_escaping_files(store):
-    from airflow_provider_walsink.protocol.durability import check_stored_attempt
+    from airflow_provider_walsink.core.staging.durability import check_stored_attempt
 
     location = store.attempt("events", "k1", 1, ATTEMPT_ID)
     files = {

@@ -7,7 +7,9 @@ from datetime import timedelta
 
 import pytest
 
-from airflow_provider_walsink.committer import (
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol import InvalidIdentifierError
+from airflow_provider_walsink.core.store import (
     Actor,
     CommitterStore,
     LeaseHeldError,
@@ -16,9 +18,7 @@ from airflow_provider_walsink.committer import (
     StaleAttemptError,
     TransitionError,
 )
-from airflow_provider_walsink.committer.store import utcnow
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol import InvalidIdentifierError
+from airflow_provider_walsink.core.store.store import utcnow
 
 A = Actor(name="tester", dag_id="d", run_id="r", task_id="t", try_number=2)
 TTL = timedelta(minutes=5)
@@ -319,7 +319,7 @@ def test_transient_errors_are_recognised_from_either_postgresql_driver():
     from psycopg import errors  # a test dependency (setup.cfg [test]): no skip when missing
     from sqlalchemy.exc import IntegrityError, OperationalError
 
-    from airflow_provider_walsink.committer.store import is_transient
+    from airflow_provider_walsink.core.store.store import is_transient
 
     assert is_transient(OperationalError("UPDATE", {}, errors.DeadlockDetected("deadlock detected")))
     assert is_transient(OperationalError("UPDATE", {}, errors.SerializationFailure("could not serialize")))

@@ -11,7 +11,7 @@ from datetime import date
 
 import pytest
 
-from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.core.staging.layout import StagingLayout
 from tests.test_example_dags import committer_url, examples, load_dag, run_dag, walsink_env  # noqa: F401
 
 pytestmark = [pytest.mark.spark, pytest.mark.airflow, pytest.mark.slow]
@@ -29,7 +29,7 @@ def _check_rows(rows: list[dict], day: date) -> None:
 def test_iceberg_example_dag(airflow_db, walsink_env, committer_url, monkeypatch, tmp_path):  # noqa: F811
     import json
 
-    from airflow_provider_walsink.publishers.iceberg import IcebergPublisher
+    from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
 
     # The example's catalog is the connection walsink_iceberg (a name with none is refused).
     catalog = {

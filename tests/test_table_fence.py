@@ -35,15 +35,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_walsink import faults
-from airflow_provider_walsink.committer import CheckpointCommitter, CheckpointWriter, CommitterStore
-from airflow_provider_walsink.committer.abort import AbortRefusedError, CheckpointAborter
-from airflow_provider_walsink.committer.tablefence import TableFenceUnsupportedError
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol.errors import FencedError
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.publishers import FilePublisher
-from airflow_provider_walsink.publishers._tables import AbortedInTableError
+from airflow_provider_walsink.core import faults
+from airflow_provider_walsink.core.commit import CheckpointCommitter, CheckpointWriter
+from airflow_provider_walsink.core.commit.abort import AbortRefusedError, CheckpointAborter
+from airflow_provider_walsink.core.commit.tablefence import TableFenceUnsupportedError
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol.errors import FencedError
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store import CommitterStore
+from airflow_provider_walsink.core.targets import FilePublisher
+from airflow_provider_walsink.core.targets._tables import AbortedInTableError
 from tests.helpers import ACTOR, REPO, forget_checkpoint
 from tests.table_fixtures import local_table_spec
 
@@ -61,12 +62,12 @@ REASON = "INC-9: wrong source"
 def make_publisher(kind: str, spec: dict, mode: str):
     """The publisher of one test table; ``spec`` is picklable (spawned processes build the same)."""
     if kind == "iceberg":
-        from airflow_provider_walsink.publishers.iceberg import IcebergPublisher
+        from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
 
         return IcebergPublisher(
             spec["identifier"], mode, catalog_properties=spec["props"], partition_by=["dt"], create_table=True
         )
-    from airflow_provider_walsink.publishers.delta import DeltaPublisher
+    from airflow_provider_walsink.core.targets.delta import DeltaPublisher
 
     return DeltaPublisher(spec["uri"], mode, partition_by=["dt"], create_table=True)
 
@@ -174,8 +175,9 @@ STOPPED_COMMITTER = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {repo!r})
     from tests.test_table_fence import make_publisher
-    from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
-    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from airflow_provider_walsink.core.store import Actor, CommitterStore
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
     kind, spec, mode, url, staging = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     store = CommitterStore.from_url(url, migrate=False)
     committer = CheckpointCommitter(
@@ -246,7 +248,7 @@ def test_files_and_sql_targets_refuse_table_fencing(sqlite_store, tmp_path):
             mode="overwrite",
             fencing="table",
         )
-    from airflow_provider_walsink.publishers.sql import SqlPublisher
+    from airflow_provider_walsink.core.targets.sql import SqlPublisher
 
     assert not SqlPublisher.capabilities.table_fence
     with pytest.raises(ValueError, match="fencing must be one of"):
@@ -341,7 +343,7 @@ def test_a_crash_then_a_new_write_attempt_is_reconciled_to_the_published_one(kin
     layout = staging_of(kind, spec)
     first = stage(store, layout, DAY)
     publisher = make_publisher(kind, spec, "overwrite")
-    from airflow_provider_walsink.committer.tablefence import TableFenceContext
+    from airflow_provider_walsink.core.commit.tablefence import TableFenceContext
 
     manifest_dir = layout.attempt_dir("events", KEY, first.attempt, first.attempt_id)
     publisher.publish(
@@ -386,7 +388,7 @@ def test_abort_tombstone_lands_before_a_stopped_committer_which_then_changes_not
         make_publisher(kind, spec, mode).publish(
             first,
             layout.attempt_dir("events", KEY, first.attempt, first.attempt_id),
-            __import__("airflow_provider_walsink.committer.tablefence", fromlist=["x"]).TableFenceContext(
+            __import__("airflow_provider_walsink.core.commit.tablefence", fromlist=["x"]).TableFenceContext(
                 "events", KEY, attempt_id=first.attempt_id, epoch=int(time.time() * 1000), supersedes=None
             ),
         )
@@ -429,7 +431,7 @@ def test_a_stale_committer_of_an_older_attempt_is_refused_after_an_abort(kind, s
     CheckpointAborter(store, layout, make_publisher(kind, spec, "overwrite"), sleep=lambda s: None).abort(
         "events", KEY, reason=REASON, actor=ACTOR
     )
-    from airflow_provider_walsink.committer.tablefence import TableFenceContext
+    from airflow_provider_walsink.core.commit.tablefence import TableFenceContext
 
     with pytest.raises(FencedError):
         make_publisher(kind, spec, "overwrite").publish(
@@ -453,7 +455,7 @@ def test_a_reprocess_under_table_fencing_replaces_the_version_once(kind, spec, s
     versions = store.versions("events", KEY)
     assert [(v.state, v.attempt_id) for v in versions] == [("SUPERSEDED", first.attempt_id)]
     # A v1 committer waking up now publishes nothing: the table holds version 2.
-    from airflow_provider_walsink.committer.tablefence import TableFenceContext
+    from airflow_provider_walsink.core.commit.tablefence import TableFenceContext
 
     with pytest.raises(FencedError):
         make_publisher(kind, spec, "overwrite").publish(
@@ -591,9 +593,9 @@ def test_an_append_rerun_after_retention_is_refused_not_recorded_with_the_reruns
     commit with the re-run's offsets (they would jump past rows nobody published)."""
     from datetime import timedelta
 
-    from airflow_provider_walsink.committer.errors import OrderingError
-    from airflow_provider_walsink.committer.records import utcnow
-    from airflow_provider_walsink.gc import trim_committer_table
+    from airflow_provider_walsink.core.commit.gc import trim_committer_table
+    from airflow_provider_walsink.core.store.errors import OrderingError
+    from airflow_provider_walsink.core.store.records import utcnow
 
     store = CommitterStore.from_url(url, migrate=False)
     layout = staging_of(kind, spec)
@@ -654,9 +656,9 @@ def test_an_append_rerun_is_refused_when_the_table_cannot_say_which_offsets_it_h
 ):
     from datetime import timedelta
 
-    from airflow_provider_walsink.committer.errors import OrderingError
-    from airflow_provider_walsink.committer.records import utcnow
-    from airflow_provider_walsink.gc import trim_committer_table
+    from airflow_provider_walsink.core.commit.gc import trim_committer_table
+    from airflow_provider_walsink.core.store.errors import OrderingError
+    from airflow_provider_walsink.core.store.records import utcnow
 
     store = sqlite_store
     layout = staging_of(kind, spec)
@@ -697,7 +699,7 @@ def test_an_aborted_append_interval_taken_over_by_a_later_commit_is_refused_unde
 ):
     """Issue 22, symptom 8, on a table target: abort k2, k3 reads on from k1's end and commits
     (table-fenced), the re-run of k2 is refused before it writes, with the reason recorded."""
-    from airflow_provider_walsink.committer.errors import OrderingError
+    from airflow_provider_walsink.core.store.errors import OrderingError
 
     store = sqlite_store
     layout = staging_of(kind, spec)

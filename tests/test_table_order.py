@@ -29,11 +29,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_walsink import faults
-from airflow_provider_walsink.committer import CheckpointCommitter, CheckpointWriter, CommitterStore
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol.errors import OrderError, SupersedeError
-from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.core import faults
+from airflow_provider_walsink.core.commit import CheckpointCommitter, CheckpointWriter
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol.errors import OrderError, SupersedeError
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store import CommitterStore
 from tests.helpers import ACTOR, REPO
 from tests.table_fixtures import local_table_spec
 from tests.test_table_fence import _state_of, make_publisher, resume
@@ -163,8 +164,9 @@ ORDER_RACE = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {repo!r})
     from tests.test_table_fence import make_publisher
-    from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
-    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from airflow_provider_walsink.core.store import Actor, CommitterStore
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
     kind, spec, url, staging, key, fencing = sys.argv[1], json.loads(sys.argv[2]), *sys.argv[3:]
     store = CommitterStore.from_url(url, migrate=False)
     committer = CheckpointCommitter(
@@ -316,7 +318,7 @@ def test_sql_replace_of_an_older_checkpoint_is_refused_naming_the_newer_one(
 
 def test_the_commit_tasks_override_reaches_every_target(tmp_path):
     """``allow_older_overwrite`` (the commit task's, via TargetOptions) is what each target's rule reads."""
-    from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+    from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
 
     catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}/w"}
     targets = {

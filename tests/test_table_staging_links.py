@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_walsink.protocol.errors import CommittableError
+from airflow_provider_walsink.core.protocol.errors import CommittableError
 from tests.table_fixtures import Place, ctx, local_table_spec, stage_attempt
 
 ROWS = [("2026-01-01", i, f"r{i}") for i in range(4)] + [("2026-01-02", i, f"s{i}") for i in range(4, 8)]
@@ -21,12 +21,12 @@ ROWS = [("2026-01-01", i, f"r{i}") for i in range(4)] + [("2026-01-02", i, f"s{i
 
 def _publisher(kind: str, spec: dict):
     if kind == "iceberg":
-        from airflow_provider_walsink.publishers.iceberg import IcebergPublisher
+        from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
 
         return IcebergPublisher(
             spec["identifier"], "append", catalog_properties=spec["props"], create_table=True
         )
-    from airflow_provider_walsink.publishers.delta import DeltaPublisher
+    from airflow_provider_walsink.core.targets.delta import DeltaPublisher
 
     return DeltaPublisher(spec["uri"], "append", create_table=True)
 

@@ -16,15 +16,15 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from airflow_provider_walsink.committer import CheckpointCommitter
-from airflow_provider_walsink.committer import commit as commit_module
-from airflow_provider_walsink.committer import tablefence as tablefence_module
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol.errors import CommittableError, PathEscapeError
-from airflow_provider_walsink.protocol.manifest import Committable
-from airflow_provider_walsink.protocol.staging_store import StagingStore
-from airflow_provider_walsink.publishers.base import StagedAttempt, StaticContext
-from airflow_provider_walsink.spark import CheckpointJob, ProtocolArgs
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.commit import commit as commit_module
+from airflow_provider_walsink.core.commit import tablefence as tablefence_module
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol.errors import CommittableError, PathEscapeError
+from airflow_provider_walsink.core.protocol.manifest import Committable
+from airflow_provider_walsink.core.spark import CheckpointJob, ProtocolArgs
+from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.targets.base import StagedAttempt, StaticContext
 from airflow_provider_walsink.triggers.durable import evaluate_durability
 from tests.helpers import ACTOR, forget_checkpoint
 from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, s3_server  # noqa: F401
@@ -45,7 +45,7 @@ def _store_options(server) -> dict[str, str]:
 
 def _publisher(kind: str, server, tmp_path: Path, prefix: str, mode: str):
     if kind == "iceberg":
-        from airflow_provider_walsink.publishers.iceberg import IcebergPublisher
+        from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
 
         props = {
             "type": "sql",
@@ -56,7 +56,7 @@ def _publisher(kind: str, server, tmp_path: Path, prefix: str, mode: str):
         return IcebergPublisher(
             "ns.events", mode, catalog_properties=props, partition_by=["dt"], create_table=True
         )
-    from airflow_provider_walsink.publishers.delta import DeltaPublisher
+    from airflow_provider_walsink.core.targets.delta import DeltaPublisher
 
     return DeltaPublisher(
         f"s3://{server.bucket}/{prefix}/events",

@@ -19,11 +19,11 @@ from datetime import timedelta
 
 import pytest
 
-from airflow_provider_walsink.committer.errors import LeaseHeldError
-from airflow_provider_walsink.gc import collect_staging
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol.errors import FencedError, SupersedeError
-from airflow_provider_walsink.publishers.base import StaticContext
+from airflow_provider_walsink.core.commit.gc import collect_staging
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol.errors import FencedError, SupersedeError
+from airflow_provider_walsink.core.store.errors import LeaseHeldError
+from airflow_provider_walsink.core.targets.base import StaticContext
 from tests.harness.targets import LEASE_TTL, ZOMBIE_POINT, TargetEnv, _child, _commit, _state, _write
 from tests.helpers import ACTOR
 

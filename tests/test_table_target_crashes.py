@@ -37,14 +37,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_walsink import faults
-from airflow_provider_walsink.committer import CheckpointCommitter, CommitterStore
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol.errors import CommittableError
-from airflow_provider_walsink.protocol.manifest import Manifest
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.publishers._tables import local_path
-from airflow_provider_walsink.publishers.base import PublishOutcome
+from airflow_provider_walsink.core import faults
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol.errors import CommittableError
+from airflow_provider_walsink.core.protocol.manifest import Manifest
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store import CommitterStore
+from airflow_provider_walsink.core.targets._tables import local_path
+from airflow_provider_walsink.core.targets.base import PublishOutcome
 from tests.helpers import ACTOR, forget_checkpoint, stage_checkpoint
 from tests.table_fixtures import ctx, place, s3_server, stage_attempt  # noqa: F401
 
@@ -59,12 +60,12 @@ KILL_POINT = "table.after_table_commit"
 def make_publisher(kind: str, spec: dict, mode: str):
     """The publisher of one test table; ``spec`` is picklable, so a spawned process builds the same."""
     if kind == "iceberg":
-        from airflow_provider_walsink.publishers.iceberg import IcebergPublisher
+        from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
 
         return IcebergPublisher(
             spec["identifier"], mode, catalog_properties=spec["props"], partition_by=["dt"], create_table=True
         )
-    from airflow_provider_walsink.publishers.delta import DeltaPublisher
+    from airflow_provider_walsink.core.targets.delta import DeltaPublisher
 
     return DeltaPublisher(
         spec["uri"], mode, storage_options=spec["options"], partition_by=["dt"], create_table=True
@@ -251,7 +252,7 @@ def test_an_abort_tombstone_lands_before_a_stopped_publish_which_then_adds_nothi
     transaction at -1) committed while a publish of the attempt is stopped just before its table
     commit: resumed, the publish meets the tombstone (the catalog's compare-and-swap, or the
     Delta log's put-if-absent on S3) and adds nothing, on a local warehouse and on S3."""
-    from airflow_provider_walsink.publishers._tables import AbortedInTableError, CheckpointRef
+    from airflow_provider_walsink.core.targets._tables import AbortedInTableError, CheckpointRef
 
     spec = table_spec(kind, place, tmp_path)
     staging = make_publisher(kind, spec, mode).staging_root()

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_walsink.core.staging import StagingLayout
+from airflow_provider_walsink.core.targets.registry import TargetError, TargetOptions, resolve_target
 from airflow_provider_walsink.hooks.connections import airflow_connection_fields
-from airflow_provider_walsink.protocol import StagingLayout
-from airflow_provider_walsink.publishers.registry import TargetError, TargetOptions, resolve_target
 from tests.helpers import REPO
 
 DAY = datetime(2026, 5, 4, tzinfo=UTC)
@@ -190,13 +190,13 @@ def test_iceberg_catalog_comes_only_from_what_is_configured(monkeypatch, home, t
     publisher = resolve_target("iceberg://lake/sales.orders", _options(tmp_path))
     assert publisher.catalog_properties["uri"] == f"sqlite:///{tmp_path}/c.db"
     # The documented embedded catalog is chosen by its name only, and said so.
-    with module_log("airflow_provider_walsink.publishers.iceberg") as records:
+    with module_log("airflow_provider_walsink.core.targets.iceberg") as records:
         publisher = resolve_target("iceberg://walsink/sales.orders", _options(tmp_path))
     where = home / ".walsink" / "iceberg"
     assert publisher.catalog_properties["uri"] == f"sqlite:///{where / 'catalog.db'}"
     assert any("embedded" in r.getMessage() and str(where) in r.getMessage() for r in records)
     with pytest.raises(TargetError, match="catalog_properties"):
-        from airflow_provider_walsink.publishers.iceberg import IcebergPublisher
+        from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
 
         IcebergPublisher("sales.orders", "append", catalog_name="lake")
 
@@ -221,7 +221,7 @@ def test_delta_connection_must_exist_and_be_looked_up(tmp_path):
     with pytest.raises(TargetError, match="no connection lookup"):
         resolve_target("delta+s3://bucket/t", no_lookup)
     # Nothing configured for S3: deltalake's own credential chain, named in the log.
-    with module_log("airflow_provider_walsink.publishers.delta") as records:
+    with module_log("airflow_provider_walsink.core.targets.delta") as records:
         resolve_target("delta+s3://bucket/t", _options(tmp_path))
     assert any("credentials from the environment" in r.getMessage() for r in records)
 
@@ -259,7 +259,7 @@ def test_the_pipeline_gives_the_write_task_the_commit_tasks_target_options():
     commit task only (``commit_kwargs``) reach it too, and two different ones are refused."""
     from airflow.sdk import DAG
 
-    from airflow_provider_walsink.pipeline import walsink_pipeline
+    from airflow_provider_walsink.operators.pipeline import walsink_pipeline
 
     catalog = {"catalog": {"type": "sql", "uri": "sqlite:///c.db", "warehouse": "file:///w"}}
     with DAG("walsink_pipeline_options", schedule=None, start_date=DAY) as dag:
@@ -344,8 +344,8 @@ def test_check_writable_on_a_read_only_directory():
         code = textwrap.dedent(
             f"""
             import os, tempfile
-            from airflow_provider_walsink.protocol import StagingLayout
-            from airflow_provider_walsink.publishers.files import FilePublisher, TargetNotWritableError
+            from airflow_provider_walsink.core.staging import StagingLayout
+            from airflow_provider_walsink.core.targets.files import FilePublisher, TargetNotWritableError
             publisher = FilePublisher({str(target)!r}, "append", layout=StagingLayout({str(base / "staging")!r}))
             {{drop}}
             try:

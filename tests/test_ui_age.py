@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import update
 from ui_fixtures import XSS, build_world
 
-from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
-from airflow_provider_walsink.committer.store import utcnow
+from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
+from airflow_provider_walsink.core.store.store import utcnow
 
 pytestmark = pytest.mark.airflow
 
@@ -94,7 +94,7 @@ def test_overview_lists_what_is_not_committed_with_the_filter(world):
 
 
 def test_a_checkpoint_links_to_the_failing_task_trys_log(world):
-    from airflow_provider_walsink.links import task_log_link
+    from airflow_provider_walsink.ui.links import task_log_link
 
     expected = f"/dags/ui_dag_a/runs/{quote('manual__' + XSS, safe='')}/tasks/write?try_number=2"
     assert task_log_link("ui_dag_a", f"manual__{XSS}", "write", 2) == expected

@@ -139,7 +139,7 @@ def test_pages_render_with_the_browser_cookie(world):
 
 
 def test_extra_link_resolves_to_the_checkpoint_detail(world):
-    from airflow_provider_walsink.links import WalsinkCheckpointLink, checkpoint_link
+    from airflow_provider_walsink.ui.links import WalsinkCheckpointLink, checkpoint_link
 
     url = checkpoint_link(DAG_A, "run-3", "sales_a")
     response = world.client.get(url, headers=world.headers("admin"), follow_redirects=False)
@@ -334,7 +334,7 @@ def test_a_committed_checkpoint_shows_what_it_published(world, monkeypatch):
     """With the committer's ``publication`` record set, the page lists the files or the snapshot."""
     import dataclasses
 
-    from airflow_provider_walsink.committer.store import CommitterStore
+    from airflow_provider_walsink.core.store.store import CommitterStore
 
     with_publication = dataclasses.replace
     # A real commit records what it published (the fixture's day 3 went through the committer).
@@ -381,7 +381,7 @@ def test_a_committed_checkpoint_shows_what_it_published(world, monkeypatch):
 
 
 def test_extra_link_is_relative_whatever_base_url_says(monkeypatch):
-    from airflow_provider_walsink.links import WalsinkCheckpointLink
+    from airflow_provider_walsink.ui.links import WalsinkCheckpointLink
 
     class Op:
         pipeline = "sales_a"

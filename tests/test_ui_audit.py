@@ -14,8 +14,13 @@ import pyarrow as pa
 import pytest
 from ui_fixtures import DAG_A, XSS, build_world
 
-from airflow_provider_walsink.audit import CallableCheck, NotNullCheck, RowCountCheck, audit_checkpoint
-from airflow_provider_walsink.committer import Actor
+from airflow_provider_walsink.core.commit.audit import (
+    CallableCheck,
+    NotNullCheck,
+    RowCountCheck,
+    audit_checkpoint,
+)
+from airflow_provider_walsink.core.store import Actor
 from tests.helpers import stage_tables
 from tests.test_cli import walsink
 

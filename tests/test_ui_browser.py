@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import pytest
 
-from airflow_provider_walsink.committer.store import CommitterStore
+from airflow_provider_walsink.core.store.store import CommitterStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.spark, pytest.mark.slow]
 
@@ -410,8 +410,8 @@ def test_abort_in_the_browser(airflow_stack, browser, tmp_path):
 
     from playwright.sync_api import expect
 
-    from airflow_provider_walsink.committer import Actor
-    from airflow_provider_walsink.protocol.staging import StagingLayout
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.store import Actor
     from tests.helpers import stage_checkpoint
 
     stack = airflow_stack

@@ -12,9 +12,10 @@ from __future__ import annotations
 import pytest
 from ui_fixtures import DAG_A, DAG_B, build_world
 
-from airflow_provider_walsink.committer import Actor, CheckpointCommitter, StaleAttemptError
-from airflow_provider_walsink.committer.writer import CheckpointWriter
-from airflow_provider_walsink.publishers import FilePublisher
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.commit.writer import CheckpointWriter
+from airflow_provider_walsink.core.store import Actor, StaleAttemptError
+from airflow_provider_walsink.core.targets import FilePublisher
 from tests.test_cli import walsink
 
 pytestmark = pytest.mark.airflow

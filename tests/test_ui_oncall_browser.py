@@ -24,8 +24,8 @@ from test_ui_version_phases import add_reprocessed
 from test_ui_waiting import add_waiting_checkpoints
 from ui_fixtures import build_world, serve_on_loopback
 
-from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
-from airflow_provider_walsink.committer.store import utcnow
+from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
+from airflow_provider_walsink.core.store.store import utcnow
 
 pytestmark = [pytest.mark.airflow, pytest.mark.browser]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from ui_fixtures import DAG_A, build_world
 
-from airflow_provider_walsink.committer import CheckpointCommitter
-from airflow_provider_walsink.committer.store import Actor
-from airflow_provider_walsink.publishers import FilePublisher
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.store.store import Actor
+from airflow_provider_walsink.core.targets import FilePublisher
 from tests.helpers import stage_checkpoint
 
 pytestmark = pytest.mark.airflow

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from ui_fixtures import build_world
 
-from airflow_provider_walsink.committer import Actor
-from airflow_provider_walsink.protocol.staging import StagingLayout
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store import Actor
 from tests.helpers import stage_checkpoint
 from tests.table_fixtures import local_table_spec
 from tests.test_table_fence import make_publisher

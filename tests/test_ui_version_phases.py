@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import select, update
 from ui_fixtures import DAG_A, build_world
 
-from airflow_provider_walsink.committer import Actor
-from airflow_provider_walsink.committer.models import checkpoint_table as ckpt
-from airflow_provider_walsink.committer.models import transition_table as trans
+from airflow_provider_walsink.core.store import Actor
+from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
+from airflow_provider_walsink.core.store.models import transition_table as trans
 from tests.helpers import stage_checkpoint
 
 pytestmark = pytest.mark.airflow

@@ -15,9 +15,10 @@ from types import SimpleNamespace
 import pytest
 from ui_fixtures import DAG_A, build_world
 
-from airflow_provider_walsink.committer import Actor, CheckpointCommitter, OffsetsError, OrderingError
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.store import Actor, OffsetsError, OrderingError
+from airflow_provider_walsink.core.targets import FilePublisher
 from airflow_provider_walsink.operators.write import WalWriteOperator
-from airflow_provider_walsink.publishers import FilePublisher
 from tests.helpers import stage_checkpoint
 from tests.test_cli import walsink
 

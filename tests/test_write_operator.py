@@ -9,12 +9,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from airflow_provider_walsink.committer import CheckpointCommitter, CommitterStore
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol import read_manifest
+from airflow_provider_walsink.core.protocol.manifest import digest_of
+from airflow_provider_walsink.core.staging import StagingLayout
+from airflow_provider_walsink.core.store import CommitterStore
+from airflow_provider_walsink.core.targets import FilePublisher
 from airflow_provider_walsink.operators.write import WalWriteOperator
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol import StagingLayout, read_manifest
-from airflow_provider_walsink.protocol.manifest import digest_of
-from airflow_provider_walsink.publishers import FilePublisher
 from tests.helpers import ACTOR
 
 INTERVAL_START = datetime(2026, 4, 1, tzinfo=UTC)
@@ -26,7 +28,7 @@ KEY = "20260401T000000Z"
 JOB = textwrap.dedent(
     """
     import sys
-    from airflow_provider_walsink.spark import CheckpointJob, ProtocolArgs
+    from airflow_provider_walsink.core.spark import CheckpointJob, ProtocolArgs
 
     protocol, args = ProtocolArgs.from_argv(sys.argv[1:])
     assert args == ["--rows", "42"], args

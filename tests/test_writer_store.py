@@ -13,11 +13,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_walsink.committer.writer import CheckpointWriter
-from airflow_provider_walsink.protocol import CheckpointState as S
-from airflow_provider_walsink.protocol.checksum import Hasher
-from airflow_provider_walsink.protocol.manifest import digest_of
-from airflow_provider_walsink.protocol.staging_store import AttemptLocation, StagingStore, StagingStoreError
+from airflow_provider_walsink.core.commit.writer import CheckpointWriter
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol.checksum import Hasher
+from airflow_provider_walsink.core.protocol.manifest import digest_of
+from airflow_provider_walsink.core.staging.object_store import (
+    AttemptLocation,
+    StagingStore,
+    StagingStoreError,
+)
 from airflow_provider_walsink.triggers.durable import evaluate_durability
 from tests.helpers import ACTOR
 from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, s3_server  # noqa: F401

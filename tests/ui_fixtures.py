@@ -24,9 +24,10 @@ from pathlib import Path
 
 from helpers import stage_checkpoint
 
-from airflow_provider_walsink.committer import Actor, CheckpointCommitter, CommitterStore
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.publishers import FilePublisher
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store import Actor, CommitterStore
+from airflow_provider_walsink.core.targets import FilePublisher
 
 DAG_A, DAG_B = "ui_dag_a", "ui_dag_b"
 XSS = "<script>alert('walsink')</script>"

@@ -1,11 +1,11 @@
 """The Airflow face of the Kafka source: the ``kafka`` connection, the write task's plan, the
-group commit after the target commit (core: :mod:`airflow_provider_walsink.sources.kafka`).
+group commit after the target commit (core: :mod:`airflow_provider_walsink.core.sources.kafka`).
 
 The connection is the official ``apache-airflow-providers-apache-kafka`` type
 (``kafka``): its extra is the librdkafka client configuration as JSON
 (``bootstrap.servers``, ``security.protocol``, ``sasl.*``, ``ssl.*``...). It
 reaches the Spark job as JSON in spark-submit's environment
-(:data:`~airflow_provider_walsink.sources.kafka.CONFIG_ENV`), the way the S3
+(:data:`~airflow_provider_walsink.core.sources.kafka.CONFIG_ENV`), the way the S3
 staging credentials do (``hooks/staging.py``): never on a command line, never
 in a log line.
 """
@@ -17,8 +17,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from airflow_provider_walsink.committer.store import Actor, CheckpointRecord
-from airflow_provider_walsink.sources.kafka import (
+from airflow_provider_walsink.core.sources.kafka import (
     CONFIG_ENV,
     PLAN_KEY,
     ConsumerMetadata,
@@ -30,6 +29,7 @@ from airflow_provider_walsink.sources.kafka import (
     plan_offsets,
     plan_summary,
 )
+from airflow_provider_walsink.core.store.store import Actor, CheckpointRecord
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ def plan_attempt(
 
     ``planner`` (the one :func:`check_before_recording` used) gives back the plan it checked.
     An accepted retention gap is recorded as a history row naming it (``walsink status``
-    and the UI show it). Raises the :mod:`~airflow_provider_walsink.sources.kafka` errors
+    and the UI show it). Raises the :mod:`~airflow_provider_walsink.core.sources.kafka` errors
     (missing topic, retention gap, offsets gone backwards) before anything is recorded.
     """
     planner = planner or OffsetPlanner(config, meta)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from airflow_provider_walsink.protocol.errors import WalsinkError
+from airflow_provider_walsink.core.protocol.errors import WalsinkError
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,11 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from airflow_provider_walsink.committer.engine import missing_database_hint
-from airflow_provider_walsink.committer.errors import CommitterDatabaseError
-from airflow_provider_walsink.committer.store import CommitterStore
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.store.engine import missing_database_hint
+from airflow_provider_walsink.core.store.errors import CommitterDatabaseError
+from airflow_provider_walsink.core.store.store import CommitterStore
 from airflow_provider_walsink.hooks.form import CONN_TYPE, HOOK_NAME, UI_FIELD_BEHAVIOUR
 from airflow_provider_walsink.hooks.staging import (
     DEFAULT_AWS_CONN_ID,
@@ -21,8 +23,6 @@ from airflow_provider_walsink.hooks.staging import (
     is_s3_root,
     s3_options_from_connection,
 )
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.protocol.staging_store import StagingStore
 
 try:
     from airflow.sdk import BaseHook
@@ -313,7 +313,7 @@ def _check_database(url: str) -> tuple[bool, str]:
     from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
 
-    from airflow_provider_walsink.committer.migrate import current_revision, head_revision
+    from airflow_provider_walsink.core.store.migrate import current_revision, head_revision
 
     try:
         parsed = make_url(url)

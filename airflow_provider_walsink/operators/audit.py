@@ -8,11 +8,11 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from airflow_provider_walsink.audit import AuditCheck, AuditError, as_checks, audit_checkpoint
-from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
+from airflow_provider_walsink.core.commit.audit import AuditCheck, AuditError, as_checks, audit_checkpoint
+from airflow_provider_walsink.hooks.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
-from airflow_provider_walsink.links import WalsinkCheckpointLink
 from airflow_provider_walsink.operators.commit import validate_static_identifier
+from airflow_provider_walsink.ui.links import WalsinkCheckpointLink
 
 
 class WalAuditOperator(BaseOperator):
@@ -20,7 +20,7 @@ class WalAuditOperator(BaseOperator):
 
     Reads the sealed manifest from the staging layout (as the commit task
     does), runs every check on the staged files (see
-    :mod:`airflow_provider_walsink.audit`) and records the verdict in the
+    :mod:`airflow_provider_walsink.core.commit.audit`) and records the verdict in the
     committer table. Put it between the durability sensor and a commit task
     built with ``require_audit=True`` (``walsink_pipeline(..., audit=[...])``
     does both).
@@ -39,7 +39,7 @@ class WalAuditOperator(BaseOperator):
       with the recorded reason. COMMITTING or COMMITTED: skipped.
 
     :param pipeline: pipeline id (templated).
-    :param checks: the audit: :class:`~airflow_provider_walsink.audit.AuditCheck`
+    :param checks: the audit: :class:`~airflow_provider_walsink.core.commit.audit.AuditCheck`
         objects (``RowCountCheck``, ``NotNullCheck``, ``SqlPredicateCheck``,
         ``CallableCheck``) or plain callables ``fn(staged)``.
     :param checkpoint_key: templated; defaults to the run's data interval start.

@@ -10,29 +10,34 @@ from typing import Any
 from airflow.sdk import AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_provider_walsink.committer.commit import CheckpointCommitter, CommitSummary
-from airflow_provider_walsink.committer.errors import (
+from airflow_provider_walsink.core.commit.commit import CheckpointCommitter, CommitSummary
+from airflow_provider_walsink.core.commit.group import committed_by_group, is_group_owner
+from airflow_provider_walsink.core.protocol.identifiers import validate_identifier
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.store.errors import (
     AuditRejectedError,
     LeaseHeldError,
     OffsetsError,
     OrderingError,
 )
-from airflow_provider_walsink.committer.group import committed_by_group, is_group_owner
-from airflow_provider_walsink.committer.records import Actor
-from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
-from airflow_provider_walsink.hooks.connections import airflow_connection_fields
-from airflow_provider_walsink.hooks.staging import is_object_store_root
-from airflow_provider_walsink.hooks.walsink import WalsinkHook
-from airflow_provider_walsink.lineage import asset_alias_name, operator_lineage, target_asset, target_uri
-from airflow_provider_walsink.links import WalsinkCheckpointLink
-from airflow_provider_walsink.protocol.identifiers import validate_identifier
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.protocol.staging_store import StagingStore
-from airflow_provider_walsink.publishers.base import Publisher
-from airflow_provider_walsink.publishers.registry import (
+from airflow_provider_walsink.core.store.records import Actor
+from airflow_provider_walsink.core.targets.base import Publisher
+from airflow_provider_walsink.core.targets.registry import (
     TargetOptions,
     resolve_target,
 )
+from airflow_provider_walsink.hooks.connections import airflow_connection_fields
+from airflow_provider_walsink.hooks.context import actor_from_context, checkpoint_key_from_context
+from airflow_provider_walsink.hooks.staging import is_object_store_root
+from airflow_provider_walsink.hooks.walsink import WalsinkHook
+from airflow_provider_walsink.operators.lineage import (
+    asset_alias_name,
+    operator_lineage,
+    target_asset,
+    target_uri,
+)
+from airflow_provider_walsink.ui.links import WalsinkCheckpointLink
 
 MODES = ("append", "overwrite")
 
@@ -369,7 +374,7 @@ class WalCommitOperator(BaseOperator):
     def _commit_kafka_group(self, store: Any) -> None:
         """The Kafka group follows the committer table: only after COMMITTED (Flink's
         ``notifyCheckpointComplete``), with the newest committed end offsets."""
-        from airflow_provider_walsink.faults import crashpoint
+        from airflow_provider_walsink.core.faults import crashpoint
         from airflow_provider_walsink.hooks.kafka import as_spec, commit_group, kafka_client_config
 
         spec = as_spec(self.kafka_source)
@@ -435,7 +440,7 @@ class WalCommitOperator(BaseOperator):
         on the link's unique key ("Error updating Task Instance state"), its commit done
         but its run failed. So while no event of the target has gone through the alias,
         one commit task at a time claims the first event in the committer table
-        (:mod:`~airflow_provider_walsink.committer.first_event`) and the others wait
+        (:mod:`~airflow_provider_walsink.core.store.first_event`) and the others wait
         until an event shows up. Once one has, this costs one read of the alias's
         newest event. Events that cannot be read do not hold the commit back.
         """

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from airflow_provider_walsink.gc import collect_garbage
+from airflow_provider_walsink.core.commit.gc import collect_garbage
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 
 try:
@@ -16,7 +16,7 @@ except ImportError:  # pragma: no cover
 
 
 class WalGarbageCollectOperator(BaseOperator):
-    """Remove orphaned staged attempts and old committer rows (see :mod:`airflow_provider_walsink.gc`).
+    """Remove orphaned staged attempts and old committer rows (see :mod:`airflow_provider_walsink.core.commit.gc`).
 
     Staging: attempts of COMMITTED and ABORTED checkpoints, superseded
     attempts of uncommitted ones (never their current or sealed attempt) and

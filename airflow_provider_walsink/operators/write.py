@@ -12,8 +12,19 @@ from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import DEFAULT_SPARK_BINARY, SparkSubmitHook
 
-from airflow_provider_walsink.committer.store import CheckpointRecord, OrderingError, TransitionError
-from airflow_provider_walsink.context import (
+from airflow_provider_walsink.core.protocol.errors import ManifestError
+from airflow_provider_walsink.core.protocol.manifest import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    digest_of,
+    parse_manifest,
+)
+from airflow_provider_walsink.core.spark.args import S3_OPTION_ENV, SECRET_OPTIONS, ProtocolArgs, storage_env
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.store.store import CheckpointRecord, OrderingError, TransitionError
+from airflow_provider_walsink.core.targets.registry import target_scheme
+from airflow_provider_walsink.hooks.context import (
     REPROCESS_CONF_KEY,
     REPROCESS_POLICIES,
     actor_from_context,
@@ -23,21 +34,10 @@ from airflow_provider_walsink.context import (
 )
 from airflow_provider_walsink.hooks.staging import is_object_store_root
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
-from airflow_provider_walsink.lineage import operator_lineage, target_uri
-from airflow_provider_walsink.links import WalsinkCheckpointLink
 from airflow_provider_walsink.operators.commit import target_staging_root, validate_static_identifier
-from airflow_provider_walsink.protocol.errors import ManifestError
-from airflow_provider_walsink.protocol.manifest import (
-    MANIFEST_NAME,
-    MAX_MANIFEST_BYTES,
-    digest_of,
-    parse_manifest,
-)
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.protocol.staging_store import StagingStore
-from airflow_provider_walsink.publishers.registry import target_scheme
-from airflow_provider_walsink.spark.args import S3_OPTION_ENV, SECRET_OPTIONS, ProtocolArgs, storage_env
-from airflow_provider_walsink.spark.placement import check_operator_placement
+from airflow_provider_walsink.operators.lineage import operator_lineage, target_uri
+from airflow_provider_walsink.operators.placement import check_operator_placement
+from airflow_provider_walsink.ui.links import WalsinkCheckpointLink
 
 try:
     from airflow.sdk import BaseHook, BaseOperator
@@ -140,9 +140,9 @@ class WalWriteOperator(BaseOperator):
        would read its input a second time.
     2. Submits ``application`` through the Spark provider's ``SparkSubmitHook``
        with the protocol arguments (``--walsink-protocol <json>``, see
-       :class:`~airflow_provider_walsink.spark.args.ProtocolArgs`) ahead of
+       :class:`~airflow_provider_walsink.core.spark.args.ProtocolArgs`) ahead of
        ``application_args``. The job stages its output with
-       :class:`~airflow_provider_walsink.spark.job.CheckpointJob` and writes
+       :class:`~airflow_provider_walsink.core.spark.job.CheckpointJob` and writes
        the manifest.
     3. Reads and validates the manifest and records the seal (digest, counts,
        offsets) in the committer table. Pushes ``manifest_uri`` and
@@ -209,7 +209,7 @@ class WalWriteOperator(BaseOperator):
     :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments
         (``py_files``, ``driver_memory``, ``packages``...).
     :param kafka_source: an ``append`` pipeline reading Kafka (docs/kafka.md): a
-        :class:`~airflow_provider_walsink.sources.kafka.KafkaSourceSpec` or its dict. The task
+        :class:`~airflow_provider_walsink.core.sources.kafka.KafkaSourceSpec` or its dict. The task
         plans the checkpoint's ranges before it submits the job (start: the last committed end
         offsets; end: the high watermarks), records them on the first attempt and reuses them
         on every retry; the job reads them with ``KafkaSource.from_job(job)``.

@@ -7,14 +7,14 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
+from airflow_provider_walsink.hooks.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
-from airflow_provider_walsink.links import WalsinkCheckpointLink
 from airflow_provider_walsink.triggers.durable import (
     CheckpointDurableTrigger,
     DurabilityStatus,
     evaluate_with_hook,
 )
+from airflow_provider_walsink.ui.links import WalsinkCheckpointLink
 
 try:
     from airflow.sdk import BaseSensorOperator

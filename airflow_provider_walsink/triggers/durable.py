@@ -3,7 +3,7 @@
 :func:`evaluate_durability` is the one implementation: it reads the
 checkpoint's row, and for a SEALED checkpoint reads the sealed manifest
 (digest-checked against the committer table), checks every committable with
-:func:`~airflow_provider_walsink.protocol.durability.check_attempt` (size, and
+:func:`~airflow_provider_walsink.core.staging.durability.check_attempt` (size, and
 checksum when asked), checks the manifest's totals against the counts
 recorded at sealing, and then marks the checkpoint DURABLE.
 
@@ -25,15 +25,15 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from airflow_provider_walsink.committer.store import Actor, CommitterStore, StaleAttemptError
-from airflow_provider_walsink.faults import crashpoint
+from airflow_provider_walsink.core.faults import crashpoint
+from airflow_provider_walsink.core.protocol.errors import ManifestError
+from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, read_manifest
+from airflow_provider_walsink.core.protocol.states import VERIFIED_DURABLE, CheckpointState
+from airflow_provider_walsink.core.staging.durability import check_attempt, check_stored_attempt
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.store.store import Actor, CommitterStore, StaleAttemptError
 from airflow_provider_walsink.hooks.staging import is_object_store_root
-from airflow_provider_walsink.protocol.durability import check_attempt, check_stored_attempt
-from airflow_provider_walsink.protocol.errors import ManifestError
-from airflow_provider_walsink.protocol.manifest import MANIFEST_NAME, read_manifest
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.protocol.staging_store import StagingStore
-from airflow_provider_walsink.protocol.states import VERIFIED_DURABLE, CheckpointState
 
 try:
     from airflow.triggers.base import BaseTrigger, TaskFailedEvent, TaskSuccessEvent, TriggerEvent
@@ -262,7 +262,7 @@ class CheckpointDurableTrigger(BaseTrigger):
 
         Raises ``RunIntervalError`` (the run has no interval walsink can take as its own).
         """
-        from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context
+        from airflow_provider_walsink.hooks.context import actor_from_context, checkpoint_key_from_context
 
         ti = self.task_instance
         key = self.checkpoint_key

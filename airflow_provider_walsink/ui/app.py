@@ -2,7 +2,7 @@
 
 JSON API (``/walsink/api/...``) and server-rendered pages (Jinja2, autoescape
 on, no JavaScript, no CDN) over the committer table, read through the same
-:class:`~airflow_provider_walsink.committer.store.CommitterStore` the tasks use
+:class:`~airflow_provider_walsink.core.store.store.CommitterStore` the tasks use
 (``WalsinkHook(conn_id).get_store()``; the connection id is
 ``[walsink] ui_conn_id``, default ``walsink_default``).
 
@@ -31,12 +31,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import BaseModel, Field
 
-from airflow_provider_walsink.committer.abort import AbortOutcome, AbortRefusedError
-from airflow_provider_walsink.committer.records import Actor
-from airflow_provider_walsink.committer.store import CommitterStore, utcnow
+from airflow_provider_walsink.core.commit.abort import AbortOutcome, AbortRefusedError
+from airflow_provider_walsink.core.protocol.errors import WalsinkError
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store.records import Actor
+from airflow_provider_walsink.core.store.store import CommitterStore, utcnow
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
-from airflow_provider_walsink.protocol.errors import WalsinkError
-from airflow_provider_walsink.protocol.staging import StagingLayout
 
 from . import views
 from .access import may_edit, require_edit, require_pipeline, visible
@@ -375,7 +375,7 @@ def _abort_checkpoint(
     the checkpoint moved on since the caller looked, or refused: the target
     holds the attempt), 422 (no reason).
     """
-    from airflow_provider_walsink.aborts import aborter_for, audit_extra, record_audit_log
+    from airflow_provider_walsink.hooks.aborts import aborter_for, audit_extra, record_audit_log
 
     _pipeline_or_404(store, user, pipeline)
     require_edit(user, pipeline, views.pipeline_writers(store, [pipeline]).get(pipeline, set()))

@@ -15,20 +15,20 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
-from airflow_provider_walsink.audit import AuditReport
-from airflow_provider_walsink.committer.queries import wait_status
-from airflow_provider_walsink.committer.records import VersionRecord
-from airflow_provider_walsink.committer.store import (
+from airflow_provider_walsink.core.commit.audit import AuditReport
+from airflow_provider_walsink.core.protocol.errors import WalsinkError
+from airflow_provider_walsink.core.protocol.manifest import read_manifest
+from airflow_provider_walsink.core.protocol.states import AUDIT_VERDICTS, ERROR_STATES, CheckpointState
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store.queries import wait_status
+from airflow_provider_walsink.core.store.records import VersionRecord
+from airflow_provider_walsink.core.store.store import (
     CheckpointRecord,
     CommitterStore,
     TransitionRecord,
     utcnow,
 )
-from airflow_provider_walsink.links import task_log_link
-from airflow_provider_walsink.protocol.errors import WalsinkError
-from airflow_provider_walsink.protocol.manifest import read_manifest
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.protocol.states import AUDIT_VERDICTS, ERROR_STATES, CheckpointState
+from airflow_provider_walsink.ui.links import task_log_link
 
 S = CheckpointState
 #: Display order of a checkpoint row's states (life-cycle order, then the dead ends).

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType  # noqa: E402
 from walsink_example_common import ensure_daily_events  # noqa: E402
 
-from airflow_provider_walsink.spark import CheckpointJob, hadoop_uri  # noqa: E402
+from airflow_provider_walsink.core.spark import CheckpointJob, hadoop_uri  # noqa: E402
 
 RAW_SCHEMA = StructType(
     [

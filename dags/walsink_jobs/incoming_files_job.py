@@ -27,7 +27,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType  # noqa: E402
 from walsink_example_common import files_after  # noqa: E402
 
-from airflow_provider_walsink.spark import CheckpointJob, hadoop_uri  # noqa: E402
+from airflow_provider_walsink.core.spark import CheckpointJob, hadoop_uri  # noqa: E402
 
 SCHEMA = StructType(
     [

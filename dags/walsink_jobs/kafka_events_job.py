@@ -15,8 +15,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
-from airflow_provider_walsink.sources.kafka import KafkaSource
-from airflow_provider_walsink.spark import CheckpointJob
+from airflow_provider_walsink.core.sources.kafka import KafkaSource
+from airflow_provider_walsink.core.spark import CheckpointJob
 
 EVENT = StructType(
     [

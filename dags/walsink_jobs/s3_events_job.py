@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from walsink_example_common import DAILY_EVENTS_DDL, daily_events  # noqa: E402
 
-from airflow_provider_walsink.spark import CheckpointJob  # noqa: E402
+from airflow_provider_walsink.core.spark import CheckpointJob  # noqa: E402
 
 
 def main() -> None:

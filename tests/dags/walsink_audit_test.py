@@ -15,8 +15,8 @@ from pathlib import Path
 
 from airflow.sdk import DAG
 
-from airflow_provider_walsink.audit import NotNullCheck, RowCountCheck, SqlPredicateCheck
-from airflow_provider_walsink.pipeline import walsink_pipeline
+from airflow_provider_walsink.core.commit.audit import NotNullCheck, RowCountCheck, SqlPredicateCheck
+from airflow_provider_walsink.operators.pipeline import walsink_pipeline
 
 DAG_ID = "walsink_audit_test"
 PIPELINE = "audited_events"

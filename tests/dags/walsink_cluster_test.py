@@ -29,7 +29,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG
 
-from airflow_provider_walsink.pipeline import walsink_pipeline
+from airflow_provider_walsink.operators.pipeline import walsink_pipeline
 
 DAG_ID = "walsink_cluster_e2e"
 PIPELINE = "cluster_events"

@@ -20,7 +20,7 @@ sys.path.insert(0, str(DAGS))
 
 from walsink_example_common import home_template, land_arrivals  # noqa: E402
 
-from airflow_provider_walsink.pipeline import walsink_pipeline  # noqa: E402
+from airflow_provider_walsink.operators.pipeline import walsink_pipeline  # noqa: E402
 
 HOME = home_template()
 INCOMING = f"{HOME}/raw/reprocess_incoming"

@@ -19,14 +19,15 @@ from airflow.sdk import DAG, get_current_context, task
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 sys.path.insert(0, str(DAGS))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the test tooling
 
+from checkpoints import stage_csv_checkpoint  # noqa: E402
 from walsink_example_common import home_template  # noqa: E402
 
-from airflow_provider_walsink.context import actor_from_context, checkpoint_key_from_context  # noqa: E402
+from airflow_provider_walsink.hooks.context import actor_from_context, checkpoint_key_from_context  # noqa: E402
 from airflow_provider_walsink.hooks.walsink import WalsinkHook  # noqa: E402
 from airflow_provider_walsink.operators.commit import WalCommitOperator  # noqa: E402
 from airflow_provider_walsink.sensors.durable import CheckpointDurableSensor  # noqa: E402
-from airflow_provider_walsink.testing.checkpoints import stage_csv_checkpoint  # noqa: E402
 
 PIPELINE = "sensor_start"
 HELD = ".held-back"

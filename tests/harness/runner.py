@@ -59,13 +59,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from airflow_provider_walsink import faults
-from airflow_provider_walsink.committer.commit import CheckpointCommitter
-from airflow_provider_walsink.committer.store import Actor, CommitterStore, LeaseHeldError
-from airflow_provider_walsink.committer.writer import CheckpointWriter
-from airflow_provider_walsink.gc import collect_garbage
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.publishers.files import BOOKKEEPING_DIR, FilePublisher
+from airflow_provider_walsink.core import faults
+from airflow_provider_walsink.core.commit.commit import CheckpointCommitter
+from airflow_provider_walsink.core.commit.gc import collect_garbage
+from airflow_provider_walsink.core.commit.writer import CheckpointWriter
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store.store import Actor, CommitterStore, LeaseHeldError
+from airflow_provider_walsink.core.targets.files import BOOKKEEPING_DIR, FilePublisher
 
 STEPS = ("write", "durable", "commit")
 POINTS_BY_STEP: dict[str, tuple[str, ...]] = {
@@ -364,8 +364,8 @@ def task_write_spark(
     crash_log: str,
 ) -> tuple[int, str]:
     """The write task as WalWriteOperator runs it: start the attempt, spark-submit, record the seal."""
+    from airflow_provider_walsink.core.spark.args import ProtocolArgs
     from airflow_provider_walsink.operators.write import WalWriteOperator, default_spark_binary
-    from airflow_provider_walsink.spark.args import ProtocolArgs
 
     actor = _actor("write", spec.key, try_number)
     layout = env.layout()
@@ -473,7 +473,7 @@ def _skew_client_clock(skew: timedelta) -> None:
     """Make this process's wall clock (as Python reads it) run ``skew`` ahead."""
     import datetime as dt
 
-    from airflow_provider_walsink.committer import records, store
+    from airflow_provider_walsink.core.store import records, store
 
     class Skewed(dt.datetime):
         @classmethod
@@ -831,7 +831,7 @@ def rerun_after_retention(
     """Trim one committed checkpoint's rows (as retention does), re-run its interval with new rows."""
     from sqlalchemy import delete
 
-    from airflow_provider_walsink.committer.models import checkpoint_table, transition_table
+    from airflow_provider_walsink.core.store.models import checkpoint_table, transition_table
 
     spec = sched.checkpoints[ci]
     record = store.require(sched.pipeline, spec.key)

@@ -12,7 +12,7 @@ import json
 
 from pyspark.sql import SparkSession
 
-from airflow_provider_walsink.spark import CheckpointJob
+from airflow_provider_walsink.core.spark import CheckpointJob
 
 
 def main() -> None:

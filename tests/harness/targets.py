@@ -52,15 +52,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy import delete
 
-from airflow_provider_walsink import faults
-from airflow_provider_walsink.committer.commit import CheckpointCommitter
-from airflow_provider_walsink.committer.models import checkpoint_table, transition_table
-from airflow_provider_walsink.committer.store import Actor, CommitterStore, LeaseHeldError
-from airflow_provider_walsink.committer.writer import CheckpointWriter
-from airflow_provider_walsink.protocol.manifest import Manifest
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.protocol.staging_store import StagingStore
-from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+from airflow_provider_walsink.core import faults
+from airflow_provider_walsink.core.commit.commit import CheckpointCommitter
+from airflow_provider_walsink.core.commit.writer import CheckpointWriter
+from airflow_provider_walsink.core.protocol.manifest import Manifest
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.store.models import checkpoint_table, transition_table
+from airflow_provider_walsink.core.store.store import Actor, CommitterStore, LeaseHeldError
+from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
 
 LEASE_TTL = timedelta(milliseconds=800)
 KILL_POINTS = {

@@ -12,7 +12,7 @@ process, ``tests/kafka_mock.py``), and
   :func:`~airflow_provider_walsink.hooks.kafka.check_before_recording` before anything is
   recorded, :func:`~airflow_provider_walsink.hooks.kafka.plan_attempt` recording the plan once
   per version), then each split read by the executors' reader
-  (:func:`~airflow_provider_walsink.sources.kafka.read_range`, in this process instead of a
+  (:func:`~airflow_provider_walsink.core.sources.kafka.read_range`, in this process instead of a
   Spark task, two records per batch), staged and sealed with ``CheckpointWriter`` as the
   other sources of the checker are;
 * **a commit step** commits as the commit task does: the core commit, then crash point
@@ -47,9 +47,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_walsink import faults
-from airflow_provider_walsink.committer.store import CommitterStore
-from airflow_provider_walsink.committer.writer import CheckpointWriter
+from airflow_provider_walsink.core import faults
+from airflow_provider_walsink.core.commit.writer import CheckpointWriter
+from airflow_provider_walsink.core.store.store import CommitterStore
 
 if TYPE_CHECKING:
     from .world import Config, World
@@ -71,7 +71,7 @@ def client_config(cfg: Config) -> dict[str, Any]:
 
 
 def spec(cfg: Config) -> Any:
-    from airflow_provider_walsink.sources.kafka import KafkaSourceSpec
+    from airflow_provider_walsink.core.sources.kafka import KafkaSourceSpec
 
     # Three offsets per split: a range of a partition is read by several readers.
     return KafkaSourceSpec(topics=[topic(cfg)], group_id=f"model-{cfg.pipeline}", max_records_per_split=3,
@@ -139,7 +139,7 @@ def group_offsets(cfg: Config) -> dict[str, int]:
 
 def group_commit(cfg: Config, store: CommitterStore) -> dict[str, Any] | None:
     """What the commit task does after the core commit (``operators/commit.py``)."""
-    from airflow_provider_walsink.faults import crashpoint
+    from airflow_provider_walsink.core.faults import crashpoint
     from airflow_provider_walsink.hooks.kafka import commit_group
 
     crashpoint("commit.before_group_offsets")
@@ -153,13 +153,13 @@ def write(cfg: Config, store: CommitterStore, layout: Any, key: str, a: Any) -> 
     recorded (once per version), then the attempt started; each split read by the reader the
     executors run; staged and sealed with the plan's start and end offsets.
     """
+    from airflow_provider_walsink.core.sources.kafka import OffsetPlan, read_range, split_ranges
     from airflow_provider_walsink.hooks.kafka import (
         OffsetPlanner,
         attempt_range,
         check_before_recording,
         plan_attempt,
     )
-    from airflow_provider_walsink.sources.kafka import OffsetPlan, read_range, split_ranges
 
     existing = store.require(cfg.pipeline, key)
     if existing.is_committed:

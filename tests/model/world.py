@@ -45,15 +45,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_walsink import faults
-from airflow_provider_walsink.committer.abort import CheckpointAborter
-from airflow_provider_walsink.committer.commit import CheckpointCommitter
-from airflow_provider_walsink.committer.store import Actor, CommitterStore, LeaseHeldError
-from airflow_provider_walsink.committer.writer import CheckpointWriter
-from airflow_provider_walsink.protocol.errors import WalsinkError
-from airflow_provider_walsink.protocol.staging import StagingLayout
-from airflow_provider_walsink.protocol.staging_store import StagingStore
-from airflow_provider_walsink.publishers.registry import TargetOptions, resolve_target
+from airflow_provider_walsink.core import faults
+from airflow_provider_walsink.core.commit.abort import CheckpointAborter
+from airflow_provider_walsink.core.commit.commit import CheckpointCommitter
+from airflow_provider_walsink.core.commit.writer import CheckpointWriter
+from airflow_provider_walsink.core.protocol.errors import WalsinkError
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.store.store import Actor, CommitterStore, LeaseHeldError
+from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
 
 LEASE_TTL = timedelta(milliseconds=800)
 #: An abort waits out a holder's trusted confirmation: min(TTL/3, 2 s) with this TTL, plus margin.
@@ -741,13 +741,13 @@ class World:
         return "new version; " + self.op_write(key, n, parts=[0, 1])
 
     def op_retention(self) -> str:
-        from airflow_provider_walsink.gc import trim_committer_table
+        from airflow_provider_walsink.core.commit.gc import trim_committer_table
 
         report = trim_committer_table(self.store, retention=timedelta(0))
         return f"rows deleted {report.rows_deleted}"
 
     def op_gc(self) -> str:
-        from airflow_provider_walsink.gc import collect_staging
+        from airflow_provider_walsink.core.commit.gc import collect_staging
 
         if isinstance(self.layout, StagingStore):
             # The connection's (local) root holds nothing; the checkpoints' recorded s3:// root is

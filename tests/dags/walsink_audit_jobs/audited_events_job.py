@@ -12,7 +12,7 @@ from datetime import datetime
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from airflow_provider_walsink.spark import CheckpointJob
+from airflow_provider_walsink.core.spark import CheckpointJob
 
 ROWS = 1000
 NULL_IDS = (10, 500, 990)

@@ -1,0 +1,929 @@
+"""Garbage collection and retention for staging areas and the committer table.
+
+Airflow-free (the operator and the ``walsink gc`` command are thin faces).
+
+**Staging** (the write-ahead log). A commit deletes its checkpoint's staging
+directory, but crashes, superseded attempts and aborted checkpoints leave
+directories behind. :func:`collect_staging` removes, once older than the
+retention period:
+
+* every attempt of a COMMITTED checkpoint up to the attempt of the row GC read
+  (the commit is recorded; a newer attempt, or one of that number with another
+  attempt id, belongs to a reprocess that began a new version meanwhile), and
+  every attempt of an ABORTED one up to the aborted attempt (a newer attempt
+  belongs to a later run that started the checkpoint again);
+* attempts of an uncommitted checkpoint that are neither its current attempt
+  nor its sealed attempt and are *older* than the current attempt (a newer
+  attempt number may belong to a writer that just started, so it is kept);
+* checkpoint directories the committer table does not know at all (rows
+  trimmed by retention), but only if every entry in them is an attempt
+  directory by name (``attempt-<n>`` or ``attempt-<n>-<32 hex>``).
+
+GC only ever removes what walsink staged. It walks ``<root>/<pipeline>/`` only
+for pipelines the committer table knows (pipeline rows are never deleted, not
+even by retention), so a staging root given one level too high, or pointing
+anywhere else, removes nothing: unknown pipeline directories, and unknown
+checkpoint directories holding anything but attempt directories, are reported
+in ``skipped`` and left alone. It removes attempt by attempt, then the
+emptied checkpoint directory (an attempt that appears meanwhile stays, and
+so does its directory). It never touches the current or sealed attempt of an
+uncommitted checkpoint, never follows a symlink, and only walks names that
+are valid identifiers under the staging root.
+
+**Object stores** (a recorded ``s3://``, ``gs://``... root): the same rules
+by prefix, through :class:`~.protocol.staging_store.StagingStore`. A
+"directory" is a prefix, an attempt's age is its newest object's last
+modification time, and an attempt is deleted by
+:meth:`~.protocol.staging_store.StagingStore.remove_attempt` (only a
+location the store builds from validated names); objects under the root
+that are not in walsink's layout are skipped, as on a local root.
+
+**Table targets** (Iceberg, Delta) add the staged files to the table by path:
+the staging directory of a committed attempt *is* table data. For pipelines
+whose target keeps staged files (``references_staged_files`` of its
+publisher, or a target kind that cannot be loaded here), GC removes nothing:
+an attempt directory may be referenced by a snapshot even when the committer
+table no longer knows it (rows trimmed by retention, a restore); the table's
+own maintenance (remove orphan files, VACUUM) decides about files no snapshot
+references (docs/targets.md).
+
+**Committer table** (Spark's ``_spark_metadata`` log grew without bound; this
+one does not). :func:`trim_committer_table` deletes COMMITTED checkpoint rows
+(with their history) whose commit is older than the retention period, except
+
+* the latest committed checkpoint of each pipeline (its end offsets are where
+  the next incremental run starts, and append ordering checks against it);
+* for each uncommitted checkpoint, the latest committed checkpoint before it
+  (its offset-continuity check reads that row);
+* rows of ``append`` pipelines without source offsets: for them the row is
+  the only memory that the interval was published, so deleting it would let
+  a re-run publish the interval again. Only their history is compacted.
+
+Deleting an ``overwrite`` row is safe because re-running that interval
+replaces its partitions instead of adding to them; deleting an ``append`` row
+with offsets is safe because a re-run starts from the kept latest end offsets
+and the store refuses a checkpoint that does not continue them. For every
+kept committed row older than the retention period, the history is compacted
+to its COMMITTED transition. ABORTED rows are deleted after the retention
+period.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import and_, delete, func, select, update
+
+from airflow_provider_walsink.core.protocol.errors import InvalidIdentifierError, WalsinkError
+from airflow_provider_walsink.core.protocol.identifiers import validate_identifier
+from airflow_provider_walsink.core.protocol.states import CheckpointState
+from airflow_provider_walsink.core.staging.cleanup import (
+    CleanupFencedError,
+    StoreOpener,
+    is_object_store,
+    never_referenced,
+    open_object_store,
+    remove_attempts_fenced,
+)
+from airflow_provider_walsink.core.staging.layout import StagingLayout, attempt_of
+from airflow_provider_walsink.core.staging.object_store import AttemptLocation, StagingStore
+from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
+from airflow_provider_walsink.core.store.models import pipeline_table as pipe
+from airflow_provider_walsink.core.store.models import transition_table as trans
+from airflow_provider_walsink.core.store.models import version_table as vers
+from airflow_provider_walsink.core.store.store import CheckpointRecord, CommitterStore, utcnow
+
+log = logging.getLogger(__name__)
+S = CheckpointState
+
+#: Rows deleted per statement, so one GC never holds long locks on a busy table.
+BATCH = 500
+
+
+@dataclass
+class GcReport:
+    """What a garbage collection removed (or, with ``dry_run``, would remove)."""
+
+    dry_run: bool = False
+    attempts_removed: list[str] = field(default_factory=list)
+    checkpoint_dirs_removed: list[str] = field(default_factory=list)
+    kept_recent: int = 0
+    #: Each staged item left in place and why ("p/k: COMMITTED 2h ago, retention 7d"), so a
+    #: dry run answers "why is this still here?" without reading the code.
+    kept: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    rows_deleted: int = 0
+    transitions_deleted: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        verb = "would remove" if self.dry_run else "removed"
+        return (
+            f"{verb} {len(self.attempts_removed)} orphaned attempts and "
+            f"{len(self.checkpoint_dirs_removed)} checkpoint directories; kept {self.kept_recent} "
+            f"younger than the retention period; {verb} {self.rows_deleted} committer rows and "
+            f"{self.transitions_deleted} history entries"
+            + (f"; skipped {len(self.skipped)}: {'; '.join(self.skipped[:3])}" if self.skipped else "")
+        )
+
+
+def span(delta: timedelta | float) -> str:
+    """A duration as people read it and ``parse_duration`` takes it: ``90s``, ``2h05m``, ``7d``."""
+    seconds = max(0, int(delta.total_seconds() if isinstance(delta, timedelta) else delta))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h" if hours else f"{days}d"
+    if hours:
+        return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
+    if minutes:
+        return f"{minutes}m{seconds:02d}s" if seconds else f"{minutes}m"
+    return f"{seconds}s"
+
+
+def _keep(report: GcReport, item: str, reason: str, *, recent: bool = False) -> None:
+    report.kept.append(f"{item}: {reason}")
+    if recent:
+        report.kept_recent += 1
+
+
+def _mtime_age(path: Path) -> str:
+    try:
+        return span(time.time() - os.lstat(path).st_mtime)
+    except OSError:
+        return "?"
+
+
+def _age_ok(path: Path, cutoff_ts: float) -> bool:
+    """True when ``path`` (a real directory, not a symlink) was last modified before the cutoff."""
+    st = os.lstat(path)
+    return stat.S_ISDIR(st.st_mode) and st.st_mtime <= cutoff_ts
+
+
+def _rmtree(path: Path, report: GcReport, dry_run: bool) -> bool:
+    if os.path.islink(path):
+        report.skipped.append(f"{path} is a symlink; not followed")
+        return False
+    if not dry_run:
+        shutil.rmtree(path)
+    return True
+
+
+def _subdirs(path: Path) -> Iterable[Path]:
+    try:
+        entries = sorted(os.scandir(path), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+
+
+#: One staged attempt as GC sees it: (number, attempt id or None, location), the location being
+#: its path on its root (a local path, or ``bucket/prefix/<pipeline>/<key>/attempt-...``).
+Staged = tuple[int, "str | None", str]
+
+
+class _LocalRoot:
+    """A staging root on a local or mounted file system: directories, ``lstat`` ages, no links."""
+
+    def __init__(self, layout: StagingLayout) -> None:
+        self.layout = layout
+        self.label = str(layout.root)
+
+    def pipelines(self) -> list[tuple[str, str]]:
+        """(name, display) of each real directory directly under the root."""
+        return [(p.name, str(p)) for p in _subdirs(self.layout.root)]
+
+    def checkpoints(self, pipeline: str) -> list[tuple[str, str]]:
+        return [(c.name, str(c)) for c in _subdirs(self.layout.root / pipeline)]
+
+    def checkpoint(self, pipeline: str, key: str) -> str:
+        return str(self.layout.checkpoint_dir(pipeline, key))
+
+    def entries(self, pipeline: str, key: str) -> tuple[list[Staged], list[str]]:
+        attempts, strays = _attempt_entries(self.layout.checkpoint_dir(pipeline, key))
+        return [(n, i, str(p)) for n, i, p in attempts], strays
+
+    def staged(self, pipeline: str, key: str) -> list[Staged]:
+        return [(n, i, str(p)) for n, i, p in self.layout.staged_attempts(pipeline, key)]
+
+    def old(self, location: str, cutoff_ts: float) -> bool:
+        return _age_ok(Path(location), cutoff_ts)
+
+    def age(self, location: str) -> str:
+        return _mtime_age(Path(location))
+
+    def delete(self, location: str, report: GcReport, dry_run: bool) -> bool:
+        return _rmtree(Path(location), report, dry_run)
+
+    def drop_checkpoint(self, pipeline: str, key: str, dry_run: bool, removed: list[str]) -> bool:
+        """Remove the emptied checkpoint directory; False if something is (again) in it.
+
+        A dry run removed nothing: True when the directory holds nothing but ``removed``."""
+        if dry_run:
+            _attempts, strays = self.entries(pipeline, key)
+            gone = {_name(p) for p in removed}
+            return not strays and all(_name(p) in gone for _n, _i, p in _attempts)
+        try:
+            self.layout.checkpoint_dir(pipeline, key).rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:  # not empty: something new was put there meanwhile
+            return False
+        return True
+
+
+class _StoreRoot:
+    """A staging root on an object store, read through :class:`StagingStore`.
+
+    Listed by prefix: one level at a time for pipelines and checkpoints, one
+    recursive listing per checkpoint for its attempts and ages (an attempt's
+    age is its newest object's; a prefix has no time of its own). Deletes
+    only through :meth:`StagingStore.remove_attempt`, which deletes nothing
+    but a location it builds itself from validated names.
+    """
+
+    def __init__(self, store: StagingStore) -> None:
+        self.store = store
+        self.label = store.root_uri.rstrip("/")
+        self._trees: dict[tuple[str, str], list[tuple[str, float]]] = {}
+        self._locations: dict[str, AttemptLocation] = {}
+
+    def _dirs(self, relative: str) -> list[tuple[str, str]]:
+        import pyarrow.fs as pafs
+
+        path = f"{self.store.base}/{relative}" if relative else self.store.base
+        infos = self.store.filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        shown = f"{self.label}/{relative}/" if relative else f"{self.label}/"
+        return sorted((i.base_name, shown + i.base_name) for i in infos if i.type == pafs.FileType.Directory)
+
+    def pipelines(self) -> list[tuple[str, str]]:
+        return self._dirs("")
+
+    def checkpoints(self, pipeline: str) -> list[tuple[str, str]]:
+        return self._dirs(pipeline)
+
+    def checkpoint(self, pipeline: str, key: str) -> str:
+        validate_identifier(pipeline, "pipeline id")
+        validate_identifier(key, "checkpoint key")
+        return f"{self.store.base}/{pipeline}/{key}"
+
+    def _tree(self, pipeline: str, key: str) -> list[tuple[str, float]]:
+        """Every object under the checkpoint: (path relative to it, modification time)."""
+        import pyarrow.fs as pafs
+
+        if (pipeline, key) not in self._trees:
+            cdir = self.checkpoint(pipeline, key)
+            selector = pafs.FileSelector(cdir, recursive=True, allow_not_found=True)
+            self._trees[(pipeline, key)] = [
+                (i.path[len(cdir) + 1 :], i.mtime.timestamp() if i.mtime else 0.0)
+                for i in self.store.filesystem.get_file_info(selector)
+                if i.type == pafs.FileType.File and i.path.startswith(cdir + "/")
+            ]
+        return self._trees[(pipeline, key)]
+
+    def _locate(self, pipeline: str, key: str, name: str, named: tuple[int, str | None]) -> Staged:
+        path = f"{self.checkpoint(pipeline, key)}/{name}"
+        self._locations[path] = AttemptLocation(
+            pipeline, key, named[0], named[1], path, f"{self.label}/{pipeline}/{key}/{name}"
+        )
+        return (*named, path)
+
+    def entries(self, pipeline: str, key: str) -> tuple[list[Staged], list[str]]:
+        attempts: dict[str, Staged] = {}
+        strays: set[str] = set()
+        for relative, _mtime in self._tree(pipeline, key):
+            first, slash, _rest = relative.partition("/")
+            named = attempt_of(first) if slash else None  # an object named like an attempt is a stray
+            if named is not None and named[0] >= 1:
+                attempts.setdefault(first, self._locate(pipeline, key, first, named))
+            else:
+                strays.add(first)
+        return [attempts[n] for n in sorted(attempts)], sorted(strays)
+
+    def staged(self, pipeline: str, key: str) -> list[Staged]:
+        attempts, _strays = self.entries(pipeline, key)
+        return sorted(attempts, key=lambda t: (t[0], t[1] or ""))
+
+    def _newest(self, location: str) -> float | None:
+        relative = location[len(self.store.base) + 1 :]
+        pipeline, key, *rest = relative.split("/")
+        inside = "/".join(rest)
+        times = [
+            mtime
+            for rel, mtime in self._tree(pipeline, key)
+            if not inside or rel == inside or rel.startswith(inside + "/")
+        ]
+        return max(times) if times else None
+
+    def old(self, location: str, cutoff_ts: float) -> bool:
+        newest = self._newest(location)
+        return newest is None or newest <= cutoff_ts
+
+    def age(self, location: str) -> str:
+        newest = self._newest(location)
+        return "?" if newest is None else span(time.time() - newest)
+
+    def delete(self, location: str, report: GcReport, dry_run: bool) -> bool:
+        attempt = self._locations[location]
+        if dry_run:
+            return True
+        try:
+            return self.store.remove_attempt(attempt)
+        except (WalsinkError, OSError) as exc:  # a refusal (not a location the store builds), a failure
+            report.skipped.append(f"{attempt.uri}: not removed ({exc})")
+            return False
+
+    def drop_checkpoint(self, pipeline: str, key: str, dry_run: bool, removed: list[str]) -> bool:
+        """A prefix has nothing to remove once empty: whether nothing is (again) under it.
+
+        A dry run removed nothing: True when the prefix holds nothing but ``removed``. Nothing
+        removed: False (a prefix holding only empty "directory" marker objects, which another
+        tool left, would otherwise be reported removed on every run)."""
+        if not removed:
+            return False
+        if dry_run:
+            attempts, strays = self.entries(pipeline, key)
+            return not strays and all(p in removed for _n, _i, p in attempts)
+        self._trees.pop((pipeline, key), None)
+        return not self._tree(pipeline, key)
+
+
+_Root = _LocalRoot | _StoreRoot
+
+
+def _open_store_root(root: str, stores: StoreOpener | None, report: GcReport) -> _StoreRoot | None:
+    try:
+        return _StoreRoot(open_object_store(root, stores))
+    except (WalsinkError, OSError, ValueError, TypeError) as exc:
+        report.skipped.append(f"staging root {root}: cannot be opened ({exc}); nothing under it removed")
+        return None
+
+
+def collect_staging(
+    store: CommitterStore,
+    layout: StagingLayout,
+    *,
+    retention: timedelta,
+    pipelines: Iterable[str] | None = None,
+    dry_run: bool = False,
+    clock: Callable[[], datetime] = utcnow,
+    stores: StoreOpener | None = None,
+) -> GcReport:
+    """Remove orphaned attempts and finished checkpoints' staging (see the module docstring).
+
+    Walks ``layout`` (the connection's staging root, where checkpoints whose
+    rows record no root were staged) and every staging root recorded on a
+    checkpoint row of the pipelines asked for, each once, with the same rules.
+    A recorded object-store root (``s3://``, ``gs://``, ``abfs://``...) is
+    walked through :class:`StagingStore`, opened by ``stores(root_uri)`` (the
+    caller's storage options and credentials; default: no options, the
+    store's default credential chain); ages there are the objects' last
+    modification times. A root that cannot be opened, or that is not a
+    bucket and a plain prefix (``..``, ``.`` or empty segments), is reported
+    in ``skipped`` and nothing under it is touched.
+    """
+    report = GcReport(dry_run=dry_run)
+    now = clock()
+    cutoff = now - timedelta(seconds=retention.total_seconds())
+    # Directory ages come from the file system clock; row ages from the store's clock.
+    cutoff_ts = _epoch(cutoff)
+    wanted = set(pipelines) if pipelines is not None else None
+    roots: dict[str, _Root] = {str(layout.root): _LocalRoot(layout)}
+    for recorded in store.staging_roots(sorted(wanted) if wanted is not None else None):
+        if is_object_store(recorded):
+            key = recorded.rstrip("/")
+            if key not in roots:
+                opened = _open_store_root(recorded, stores, report)
+                if opened is not None:
+                    roots[key] = opened
+            continue
+        try:
+            other = StagingLayout(recorded)
+        except ValueError as exc:
+            report.skipped.append(f"staging root {recorded}: {exc}")
+            continue
+        roots.setdefault(str(other.root), _LocalRoot(other))
+    for each in roots.values():
+        _collect_root(store, each, wanted, cutoff, cutoff_ts, report, dry_run, retention)
+    return report
+
+
+def _collect_root(
+    store: CommitterStore,
+    root: _Root,
+    wanted: set[str] | None,
+    cutoff: datetime,
+    cutoff_ts: float,
+    report: GcReport,
+    dry_run: bool,
+    retention: timedelta,
+) -> None:
+    """:func:`collect_staging` under one staging root."""
+    for name, shown in root.pipelines():
+        try:
+            pipeline = validate_identifier(name, "pipeline id")
+        except InvalidIdentifierError:
+            report.skipped.append(f"{shown}: not a pipeline id")
+            continue
+        if wanted is not None and pipeline not in wanted:
+            continue
+        registered = store.get_pipeline(pipeline)
+        if registered is None:
+            # Not walsink's staging (a staging root given one level too high, a neighbour's
+            # directory): pipeline rows are never deleted, so staging of a pipeline walsink ever
+            # ran has one. Nothing under an unknown pipeline is touched.
+            report.skipped.append(
+                f"{shown}: no pipeline {pipeline!r} in the committer table (not walsink staging?); left alone"
+            )
+            continue
+        keeps_staged = _target_keeps_staged_files(registered)
+        for cname, cshown in root.checkpoints(pipeline):
+            try:
+                key = validate_identifier(cname, "checkpoint key")
+            except InvalidIdentifierError:
+                report.skipped.append(f"{cshown}: not a checkpoint key")
+                continue
+            if keeps_staged:
+                # Staged files are table data once committed, also those of a checkpoint whose
+                # rows retention trimmed: the table's own maintenance removes what it dropped.
+                report.skipped.append(f"{pipeline}/{key}: staging of a table target, left to the table")
+                continue
+            record = store.get(pipeline, key)
+            fence = _row_fence(store, pipeline, key, record)
+            try:
+                _collect_checkpoint(
+                    root,
+                    pipeline,
+                    key,
+                    record,
+                    cutoff,
+                    cutoff_ts,
+                    report,
+                    dry_run,
+                    fence,
+                    retention=retention,
+                )
+            except CleanupFencedError as exc:
+                report.skipped.append(str(exc))
+
+
+def _target_keeps_staged_files(row: dict[str, Any]) -> bool:
+    """Whether the pipeline (its row) has a target that references staged files in place (tables)."""
+    from airflow_provider_walsink.core.targets.registry import TargetError, publisher_class, target_scheme
+
+    target = row.get("target")
+    if not target:
+        return False  # registered without a target: the directory-of-files default
+    try:
+        return bool(getattr(publisher_class(target_scheme(target)), "references_staged_files", False))
+    except TargetError:
+        return True  # a kind this process cannot load: assume its files are referenced
+
+
+def _row_fence(
+    store: CommitterStore, pipeline: str, key: str, record: CheckpointRecord | None
+) -> Callable[[], None]:
+    """GC's fence (:mod:`.protocol.cleanup`): the checkpoint's row is still the one GC decided from.
+
+    Asked before every deletion: a reprocess, a new run of an aborted
+    checkpoint or a new life of a trimmed one that began since GC read the
+    row stops the collection of that checkpoint.
+    """
+
+    def identity(r: CheckpointRecord | None) -> tuple[Any, ...] | None:
+        if r is None:
+            return None
+        return (r.state, r.attempt, r.attempt_id, r.sealed_attempt_id, r.lease_epoch, r.version)
+
+    read = identity(record)
+
+    def fence() -> None:
+        if identity(store.get(pipeline, key)) != read:
+            raise CleanupFencedError(
+                f"gc of {pipeline}/{key} stopped: the checkpoint changed since gc read it; nothing more removed"
+            )
+
+    return fence
+
+
+def _collect_checkpoint(
+    root: _Root | StagingLayout,
+    pipeline: str,
+    key: str,
+    record: CheckpointRecord | None,
+    cutoff: datetime,
+    cutoff_ts: float,
+    report: GcReport,
+    dry_run: bool,
+    fence: Callable[[], None] = lambda: None,
+    *,
+    retention: timedelta | None = None,
+) -> None:
+    if isinstance(root, StagingLayout):
+        root = _LocalRoot(root)
+    cdir = root.checkpoint(pipeline, key)
+    now = utcnow()
+    kept_for = f"retention {span(retention if retention is not None else now - cutoff)}"
+    if record is None:
+        # A checkpoint the committer table does not know (its row trimmed by retention after a
+        # crash left staging behind): removed only if it is made of attempt directories alone,
+        # i.e. looks like what walsink stages; anything else there is not walsink's to delete.
+        attempts, strays = root.entries(pipeline, key)
+        if strays:
+            report.skipped.append(
+                f"{pipeline}/{key}: unknown to the committer table and holds {strays[0]!r}, "
+                "not an attempt directory; left alone"
+            )
+            return
+        if not root.old(cdir, cutoff_ts):
+            _keep(
+                report,
+                f"{pipeline}/{key}",
+                f"unknown to the committer table, changed {root.age(cdir)} ago, {kept_for}",
+                recent=True,
+            )
+            return
+        _remove_attempts(
+            root,
+            pipeline,
+            key,
+            attempts,
+            lambda _a, _i: True,
+            cutoff_ts,
+            report,
+            dry_run,
+            fence,
+            kept_for=kept_for,
+        )
+        return
+    if record.state is S.ABORTED:
+        # Its attempts up to the aborted one; a newer one belongs to a run that started it again.
+        if record.updated_at > cutoff:
+            _keep(
+                report,
+                f"{pipeline}/{key}",
+                f"ABORTED {span(now - record.updated_at)} ago, {kept_for}",
+                recent=True,
+            )
+            return
+        _remove_attempts(
+            root,
+            pipeline,
+            key,
+            root.staged(pipeline, key),
+            lambda a, _i: a <= record.attempt,
+            None,
+            report,
+            dry_run,
+            fence,
+            kept_for=kept_for,
+            unwanted=f"newer than the aborted attempt {record.attempt}: a later run started the checkpoint again",
+        )
+        return
+    if record.state is S.COMMITTED:
+        # The attempts of the version GC read, never the whole directory: a reprocess
+        # (begin_version) may have started a newer attempt since the row was read.
+        finished_at = record.committed_at or record.updated_at
+        if finished_at > cutoff:
+            _keep(
+                report,
+                f"{pipeline}/{key}",
+                f"COMMITTED {span(now - finished_at)} ago, {kept_for}",
+                recent=True,
+            )
+            return
+        known_ids = {i for i in (record.attempt_id, record.sealed_attempt_id) if i}
+
+        def read_version(attempt: int, attempt_id: str | None) -> bool:
+            if attempt > record.attempt:
+                return False  # started after GC read the row
+            if attempt == record.attempt and attempt_id and known_ids and attempt_id not in known_ids:
+                return False  # same number, another id: not the attempt the row names
+            return True
+
+        _remove_attempts(
+            root,
+            pipeline,
+            key,
+            root.staged(pipeline, key),
+            read_version,
+            cutoff_ts,
+            report,
+            dry_run,
+            fence,
+            kept_for=kept_for,
+            unwanted=f"not the committed attempt {record.attempt}: a reprocess started it after gc read the row",
+        )
+        return
+    # Uncommitted: only attempts older than the current one and not sealed are garbage. An
+    # attempt is known by its number and id (numbers repeat across lives of a checkpoint).
+    keep = {(record.attempt, record.attempt_id), (record.sealed_attempt, record.sealed_attempt_id)}
+    garbage = []
+    state = record.state.value
+    for attempt, attempt_id, path in root.staged(pipeline, key):
+        item = f"{pipeline}/{key}/{_name(path)}"
+        if (attempt, attempt_id) in keep or (attempt_id is None and attempt in {a for a, _ in keep}):
+            which = "sealed" if attempt == record.sealed_attempt and attempt != record.attempt else "current"
+            _keep(report, item, f"the {which} attempt of a {state} checkpoint (never collected)")
+            continue
+        if attempt > record.attempt:
+            _keep(
+                report,
+                item,
+                f"newer than the {state} checkpoint's attempt {record.attempt} (a write just started)",
+            )
+            continue
+        if attempt < 1:
+            report.skipped.append(f"{item}: not an attempt number walsink uses")
+            continue
+        if not root.old(path, cutoff_ts):
+            _keep(
+                report,
+                item,
+                f"an old attempt of a {state} checkpoint, changed {root.age(path)} ago, {kept_for}",
+                recent=True,
+            )
+            continue
+        garbage.append((attempt, attempt_id, path))
+    removed = remove_attempts_fenced(
+        garbage,
+        up_to=record.attempt,
+        fence=fence,
+        referenced=never_referenced,
+        delete=lambda location: root.delete(location, report, dry_run),
+    )
+    report.attempts_removed += [f"{pipeline}/{key}/{_name(p)}" for p in removed]
+
+
+def _name(location: str) -> str:
+    """The last segment of a local path or an object-store path."""
+    return location.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _attempt_entries(cdir: Path) -> tuple[list[tuple[int, str | None, Path]], list[str]]:
+    """A checkpoint directory's attempt directories (number, id, path) and its other entries' names.
+
+    Only real directories named ``attempt-<n>`` or ``attempt-<n>-<32 hex>`` (n >= 1) are attempts;
+    a file, a symlink or any other name is a stray.
+    """
+    attempts: list[tuple[int, str | None, Path]] = []
+    strays: list[str] = []
+    try:
+        entries = sorted(os.scandir(cdir), key=lambda e: e.name)
+    except FileNotFoundError:
+        return [], []
+    for entry in entries:
+        named = attempt_of(entry.name)
+        if named is not None and named[0] >= 1 and entry.is_dir(follow_symlinks=False):
+            attempts.append((*named, Path(entry.path)))
+        else:
+            strays.append(entry.name)
+    return attempts, strays
+
+
+def _remove_attempts(
+    root: _Root,
+    pipeline: str,
+    key: str,
+    attempts: list[Staged],
+    wanted: Callable[[int, str | None], bool],
+    cutoff_ts: float | None,
+    report: GcReport,
+    dry_run: bool,
+    fence: Callable[[], None] = lambda: None,
+    *,
+    kept_for: str = "the retention period",
+    unwanted: str = "not this gc's to remove",
+) -> None:
+    """Remove the ``wanted`` attempts one by one (each older than the cutoff, if one is given),
+    then the checkpoint directory if that emptied it.
+
+    Never the whole directory at once: an attempt started after GC listed it (a reprocess, a
+    later run of an aborted checkpoint, a new life of a trimmed one) stays, and so does the
+    directory holding it.
+    """
+    candidates = []
+    kept = 0
+    for attempt, attempt_id, path in attempts:
+        if not wanted(attempt, attempt_id):
+            _keep(report, f"{pipeline}/{key}/{_name(path)}", unwanted)
+            kept += 1
+            continue
+        if cutoff_ts is not None and not root.old(path, cutoff_ts):
+            _keep(
+                report,
+                f"{pipeline}/{key}/{_name(path)}",
+                f"changed {root.age(path)} ago, {kept_for}",
+                recent=True,
+            )
+            kept += 1
+            continue
+        candidates.append((attempt, attempt_id, path))
+    # Each deletion fenced by the row GC read (protocol/cleanup.py); staging GC removes is
+    # never table data (table targets are skipped above), so nothing is referenced.
+    removed = remove_attempts_fenced(
+        candidates,
+        up_to=max((a for a, _i, _p in candidates), default=0),
+        fence=fence,
+        referenced=never_referenced,
+        delete=lambda location: root.delete(location, report, dry_run),
+    )
+    kept += len(candidates) - len(removed)
+    whole = kept == 0 and root.drop_checkpoint(pipeline, key, dry_run, removed)
+    if whole:
+        report.checkpoint_dirs_removed.append(f"{pipeline}/{key}")
+    else:
+        report.attempts_removed += [f"{pipeline}/{key}/{_name(p)}" for p in removed]
+    if removed:
+        log.info(
+            "gc: %s %d attempts of %s/%s",
+            "would remove" if dry_run else "removed",
+            len(removed),
+            pipeline,
+            key,
+        )
+
+
+def _epoch(naive_utc: datetime) -> float:
+    from datetime import UTC
+
+    return naive_utc.replace(tzinfo=UTC).timestamp()
+
+
+def trim_committer_table(
+    store: CommitterStore,
+    *,
+    retention: timedelta,
+    pipelines: Iterable[str] | None = None,
+    dry_run: bool = False,
+    clock: Callable[[], datetime] = utcnow,
+) -> GcReport:
+    """Delete old COMMITTED/ABORTED rows and compact history (see the module docstring)."""
+    report = GcReport(dry_run=dry_run)
+    cutoff = clock() - retention
+    with store.engine.connect() as conn:
+        modes = dict(conn.execute(select(pipe.c.name, pipe.c.mode)).all())
+    names = sorted(modes if pipelines is None else set(pipelines) & set(modes))
+    for name in names:
+        _trim_pipeline(store, name, modes[name], cutoff, report, dry_run)
+    return report
+
+
+def _trim_pipeline(
+    store: CommitterStore, pipeline: str, mode: str, cutoff: datetime, report: GcReport, dry_run: bool
+) -> None:
+    # One transaction per pipeline, holding the pipeline row's lock so no
+    # checkpoint is registered while the protected set is computed.
+    with store._tx() as conn:  # noqa: SLF001 - same package family; the store's write transaction
+        conn.execute(select(pipe.c.name).where(pipe.c.name == pipeline).with_for_update())
+        committed = ckpt.c.state == S.COMMITTED.value
+        protected: set[int] = set()
+        latest = conn.execute(
+            select(ckpt.c.id).where(ckpt.c.pipeline == pipeline, committed).order_by(ckpt.c.sequence.desc())
+        ).first()
+        if latest is not None:
+            protected.add(latest.id)
+        open_sequences = conn.execute(
+            select(ckpt.c.sequence).where(
+                ckpt.c.pipeline == pipeline,
+                ckpt.c.state.notin_([S.COMMITTED.value, S.ABORTED.value]),
+            )
+        ).scalars()
+        for seq in open_sequences:
+            before = conn.execute(
+                select(ckpt.c.id)
+                .where(ckpt.c.pipeline == pipeline, committed, ckpt.c.sequence < seq)
+                .order_by(ckpt.c.sequence.desc())
+                .limit(1)
+            ).first()
+            if before is not None:
+                protected.add(before.id)
+        old_committed = and_(ckpt.c.pipeline == pipeline, committed, ckpt.c.committed_at <= cutoff)
+        deletable = old_committed
+        if mode == "append":
+            # Without offsets the row is the only record that the interval was published.
+            deletable = and_(deletable, ckpt.c.end_offsets.is_not(None))
+        old_aborted = and_(
+            ckpt.c.pipeline == pipeline, ckpt.c.state == S.ABORTED.value, ckpt.c.updated_at <= cutoff
+        )
+        doomed = [
+            i for i in conn.execute(select(ckpt.c.id).where(deletable)).scalars() if i not in protected
+        ] + list(conn.execute(select(ckpt.c.id).where(old_aborted)).scalars())
+        # Kept old committed rows: compact their history to the COMMITTED transition.
+        kept_old = [
+            i for i in conn.execute(select(ckpt.c.id).where(old_committed)).scalars() if i not in doomed
+        ]
+        for chunk in _chunks(kept_old):
+            keep_ids = (
+                select(func.max(trans.c.id))
+                .where(trans.c.checkpoint_id.in_(chunk), trans.c.to_state == S.COMMITTED.value)
+                .group_by(trans.c.checkpoint_id)
+            )
+            keep = set(conn.execute(keep_ids).scalars())
+            victims = [
+                t
+                for t in conn.execute(select(trans.c.id).where(trans.c.checkpoint_id.in_(chunk))).scalars()
+                if t not in keep
+            ]
+            report.transitions_deleted += len(victims)
+            if not dry_run:
+                for vchunk in _chunks(victims):
+                    conn.execute(delete(trans).where(trans.c.id.in_(vchunk)))
+        for chunk in _chunks(doomed):
+            n = conn.execute(select(func.count()).select_from(trans).where(trans.c.checkpoint_id.in_(chunk)))
+            report.transitions_deleted += n.scalar_one()
+            report.rows_deleted += len(chunk)
+            if not dry_run:
+                conn.execute(delete(trans).where(trans.c.checkpoint_id.in_(chunk)))
+                conn.execute(delete(vers).where(vers.c.checkpoint_id.in_(chunk)))
+                conn.execute(delete(ckpt).where(ckpt.c.id.in_(chunk)))
+        if doomed and not dry_run:
+            # The summary derives counts from allocated sequence numbers: say how many rows are gone.
+            conn.execute(
+                update(pipe).where(pipe.c.name == pipeline).values(retired=pipe.c.retired + len(doomed))
+            )
+
+
+def _chunks(ids: list[int]) -> Iterable[list[int]]:
+    for i in range(0, len(ids), BATCH):
+        yield ids[i : i + BATCH]
+
+
+def collect_garbage(
+    store: CommitterStore,
+    layout: StagingLayout,
+    *,
+    retention: timedelta,
+    history_retention: timedelta | None = None,
+    pipelines: Iterable[str] | None = None,
+    dry_run: bool = False,
+    clock: Callable[[], datetime] = utcnow,
+    stores: StoreOpener | None = None,
+) -> GcReport:
+    """Staging GC, then (if ``history_retention`` is given) committer-table retention.
+
+    ``stores`` opens object-store staging roots with the caller's storage options
+    (:func:`collect_staging`)."""
+    pipelines = list(pipelines) if pipelines is not None else None
+    report = collect_staging(
+        store, layout, retention=retention, pipelines=pipelines, dry_run=dry_run, clock=clock, stores=stores
+    )
+    if history_retention is not None:
+        table = trim_committer_table(
+            store, retention=history_retention, pipelines=pipelines, dry_run=dry_run, clock=clock
+        )
+        report.rows_deleted, report.transitions_deleted = table.rows_deleted, table.transitions_deleted
+    return report
+
+
+#: The longest duration accepted (a century): longer ones mean "forever", and a cutoff that far
+#: back (``now - duration``) would leave the range of dates the database and Python can hold.
+MAX_DURATION = timedelta(days=36500)
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``15m``, ``12h``, ``7d`` or ``2w`` → timedelta.
+
+    Refuses (``ValueError`` naming the value) what is not a duration, a number without a
+    unit (is ``1`` a second or a day? a retention read in the wrong unit removes too much),
+    and negative, infinite,
+    NaN or absurdly large ones (over :data:`MAX_DURATION`): a negative retention would put the
+    cutoff in the future and make everything look old enough to remove.
+    """
+    raw = text
+    text = text.strip()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    hint = "use e.g. 90s, 15m, 12h, 7d or 2w"
+    if not text or text[-1] not in units:
+        try:
+            float(text)
+        except ValueError:
+            raise ValueError(f"invalid duration {raw!r}: {hint}") from None
+        raise ValueError(
+            f"invalid duration {raw!r}: give a unit, s (seconds), m (minutes), h (hours), d (days) "
+            f"or w (weeks); {hint}"
+        )
+    try:
+        seconds = float(text[:-1]) * units[text[-1]]
+    except ValueError:
+        raise ValueError(f"invalid duration {raw!r}: {hint}") from None
+    if math.isnan(seconds):
+        raise ValueError(f"invalid duration {raw!r}: not a number; {hint}")
+    if seconds < 0:
+        raise ValueError(f"invalid duration {raw!r}: must not be negative; {hint}")
+    if not math.isfinite(seconds) or seconds > MAX_DURATION.total_seconds():
+        raise ValueError(f"invalid duration {raw!r}: longer than {MAX_DURATION.days}d; {hint}")
+    return timedelta(seconds=seconds)

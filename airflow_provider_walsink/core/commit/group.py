@@ -1,0 +1,264 @@
+"""Group commit: a committer publishes other durable checkpoints of its pipeline with its own, in
+one table transaction (Flink's ``IcebergFilesCommitter`` commits every pending checkpoint in one
+snapshot), checkpoint by checkpoint exactly-once.
+
+Many commit tasks of a backfill committing into one Iceberg or Delta table at once conflict
+(optimistic concurrency) and retry; one that runs out of retries fails. Here the committer that
+holds its checkpoint's lease (the *leader*) also takes, by the same compare-and-set every commit
+uses, the lease of other checkpoints of its pipeline that are DURABLE (AUDITED where the
+pipeline requires its audit) and not held, verifies each as a single commit would (sealed
+manifest, digest, identity; the publisher checks staged files, layout, order and the marker) and
+publishes them all in one table transaction, each carrying its own marker
+(:class:`~..publishers.base.GroupPublisher`). Then COMMITTED is recorded for each member under its
+own lease, the history naming the group.
+
+What keeps it exactly-once, member by member:
+
+* each member is published under its own lease's fencing token, checked before the commit
+  (``ctx.fence()``) and in the table (the marker rule, on the state the commit is based on):
+  a member whose lease was taken over is left out, never published by the leader;
+* a member that fails verification is recorded FAILED with its own error, as a single commit
+  records it, and is left out; the others go on;
+* a leader killed after the table commit leaves its members COMMITTING under leases that
+  expire; each member's own commit task (or any committer) then takes the lease over, finds
+  its marker in the table (already published) and records COMMITTED, as after any crash;
+* only ``overwrite`` pipelines group, and only checkpoints replacing disjoint partitions,
+  first versions only (no reprocess): two checkpoints of one partition commit one after the
+  other, so the partition ends as two sequential commits leave it. ``append`` pipelines (their
+  offsets commit in sequence order) and ``fencing="table"`` commit alone.
+
+Members' leases are taken under the owner ``group:<leader's owner>``, so a member's own commit
+task can tell its checkpoint is being published by a group and wait for it instead of failing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from airflow_provider_walsink.core.commit.commit import (
+    CheckpointCommitter,
+    CommitSummary,
+    FencingContext,
+    _describe,
+    publish_argument,
+    read_sealed_attempt,
+)
+from airflow_provider_walsink.core.faults import crashpoint
+from airflow_provider_walsink.core.protocol.errors import FencedError
+from airflow_provider_walsink.core.protocol.states import CheckpointState
+from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord, Lease
+from airflow_provider_walsink.core.targets.base import GroupMember, PublishResult
+
+log = logging.getLogger(__name__)
+S = CheckpointState
+
+#: Lease owners of checkpoints a group commit holds start with this (then the leader's owner).
+GROUP_OWNER_PREFIX = "group:"
+#: The history detail of a checkpoint COMMITTED by a group commit starts with this.
+GROUP_DETAIL_PREFIX = "group commit led by "
+#: Member keys named in one history detail (the rest are counted).
+DETAIL_KEYS = 50
+
+
+def is_group_owner(owner: str | None) -> bool:
+    """Whether a lease owner is a group commit's leader holding a member's lease."""
+    return bool(owner) and owner.startswith(GROUP_OWNER_PREFIX)  # type: ignore[union-attr]
+
+
+def committed_by_group(detail: str | None) -> bool:
+    """Whether a COMMITTED transition's detail says a group commit recorded it."""
+    return bool(detail) and detail.startswith(GROUP_DETAIL_PREFIX)  # type: ignore[union-attr]
+
+
+def can_lead_group(committer: CheckpointCommitter, record: CheckpointRecord) -> bool:
+    """A committer leads a group when asked to, its publisher offers it, and the checkpoint may group."""
+    return (
+        committer.group_commit > 0
+        and committer.fencing == "lease"
+        and committer.mode == "overwrite"
+        and callable(getattr(committer.publisher, "publish_group", None))
+        and getattr(committer.publisher, "takes_staged_attempt", False)
+        and not record.supersedes_attempt_id
+    )
+
+
+def commit_as_leader(
+    committer: CheckpointCommitter,
+    lease: Lease,
+    record: CheckpointRecord,
+    *,
+    actor: Actor,
+    asked: float,
+    started: float,
+) -> CommitSummary:
+    """Commit the leased checkpoint with up to ``committer.group_commit`` others (module docstring).
+
+    Raises what :meth:`CheckpointCommitter.commit` raises for the leader's own checkpoint;
+    a member's error is recorded on that member and never raised here.
+    """
+    store, pipeline = committer.store, record.pipeline
+    try:
+        manifest, attempt = read_sealed_attempt(committer.layout, record)
+    except Exception:  # noqa: BLE001 - the single commit reads it again and records the error
+        return committer._publish_alone(lease, record, actor=actor, asked=asked, started=started)
+    leader_ctx = _context(committer, lease, record, asked)
+    leader_ctx.attempt_id = manifest.attempt_id
+    taken: dict[str, str] = {p: record.checkpoint_key for p in manifest.replaced_partitions()}
+    members: list[tuple[CheckpointRecord, Lease, Any, Any, FencingContext]] = []
+    owner = (GROUP_OWNER_PREFIX + (committer.owner or actor.lease_owner))[:255]
+    states = [S.AUDITED.value] if committer.require_audit else [S.DURABLE.value, S.AUDITED.value]
+    for candidate in store.checkpoints(
+        pipeline, states=states, limit=committer.group_commit * 2 + 1, descending=False
+    ):
+        if len(members) >= committer.group_commit:
+            break
+        if (
+            candidate.checkpoint_key == record.checkpoint_key
+            or candidate.supersedes_attempt_id
+            or (candidate.staging_root or None) != (record.staging_root or None)
+        ):
+            continue
+        # Read first (no lease needed to read): a checkpoint that cannot join is left untouched.
+        try:
+            member_manifest, member_attempt = read_sealed_attempt(committer.layout, candidate)
+            unreadable: Exception | None = None
+            if any(p in taken for p in member_manifest.replaced_partitions()):
+                continue  # sequential commits of one partition: it waits for its own turn
+        except Exception as exc:  # noqa: BLE001 - recorded on it below, as its single commit would
+            unreadable = exc
+        member_asked = time.monotonic()
+        try:
+            member_lease = store.acquire_lease(
+                pipeline,
+                candidate.checkpoint_key,
+                owner=owner,
+                ttl=committer.lease_ttl,
+                actor=actor,
+                mode=committer.mode,
+                require_audit=committer.require_audit,
+            )
+        except Exception as exc:  # noqa: BLE001 - taken by another, committed meanwhile...: not ours
+            log.debug("not grouping %s/%s: %s", pipeline, candidate.checkpoint_key, exc)
+            continue
+        member = member_lease.record or store.require(pipeline, candidate.checkpoint_key)
+        if (member.sealed_attempt_id, member.manifest_digest, member.supersedes_attempt_id) != (
+            candidate.sealed_attempt_id,
+            candidate.manifest_digest,
+            None,
+        ):
+            # A new attempt was sealed since it was read: not what was checked, so not grouped.
+            _release(store, member_lease, actor, "not grouped: its sealed attempt changed while it was read")
+            continue
+        if unreadable is not None:
+            log.error("checkpoint %s/%s cannot be committed: %s", pipeline, member.checkpoint_key, unreadable)
+            committer._record_failure(
+                pipeline, member.checkpoint_key, _describe(unreadable), actor, member_lease
+            )
+            continue
+        for p in member_manifest.replaced_partitions():
+            taken[p] = member.checkpoint_key
+        ctx = _context(committer, member_lease, member, member_asked)
+        ctx.attempt_id = member_manifest.attempt_id
+        members.append((member, member_lease, member_manifest, member_attempt, ctx))
+    if not members:
+        return committer._publish_alone(lease, record, actor=actor, asked=asked, started=started)
+
+    everyone = [(record, lease, manifest, attempt, leader_ctx), *members]
+    group = [
+        GroupMember(m, publish_argument(committer.publisher, a), ctx)  # type: ignore[arg-type]
+        for _r, _l, m, a, ctx in everyone
+    ]
+    try:
+        results = committer.publisher.publish_group(group)  # type: ignore[attr-defined]
+    except Exception as exc:
+        # Nothing published (a table that kept changing, a database error): members go back, unheld,
+        # to be committed by their own tasks; the leader's error is recorded as a single commit's.
+        for _member, member_lease, *_ in members:
+            _release(store, member_lease, actor, f"group commit of {record.checkpoint_key} failed: {exc}")
+        log.error("checkpoint %s/%s cannot be committed: %s", pipeline, record.checkpoint_key, exc)
+        committer._record_failure(pipeline, record.checkpoint_key, _describe(exc), actor, leader_ctx.lease)
+        raise
+    keys = [
+        r.checkpoint_key
+        for (r, *_), res in zip(everyone, results, strict=True)
+        if isinstance(res, PublishResult)
+    ]
+    detail = _detail(record, actor, keys)
+    summaries: dict[str, CommitSummary] = {}
+    leader_error: Exception | None = None
+    crashpoint("group.before_committed")
+    for (member, _lease, member_manifest, _attempt, ctx), result in zip(everyone, results, strict=True):
+        key = member.checkpoint_key
+        if isinstance(result, PublishResult):
+            try:
+                done = store.mark_committed(
+                    ctx.lease,
+                    actor=actor,
+                    end_offsets=member_manifest.end_offsets,
+                    detail=f"{detail}; published {result.published}, already there {result.already}",
+                    publication=committer._publication(result),
+                )
+            except FencedError as exc:
+                log.error("stopped committing %s/%s: %s", pipeline, key, exc)
+                committer._record_failure(pipeline, key, f"fenced out: {exc}", actor, ctx.lease)
+                if key == record.checkpoint_key:
+                    leader_error = exc
+                continue
+            summary = committer._summary(done, already=False, started=started)
+            summary.published, summary.already_published = result.published, result.already
+            summary.partitions_replaced = result.partitions_replaced
+            summaries[key] = summary
+            continue
+        # Left out of the group: recorded on the member as its own commit would record it.
+        why = f"fenced out: {result}" if isinstance(result, FencedError) else _describe(result)
+        log.error("checkpoint %s/%s cannot be committed: %s", pipeline, key, result)
+        committer._record_failure(pipeline, key, why, actor, ctx.lease)
+        if key == record.checkpoint_key:
+            leader_error = result
+    crashpoint("group.after_committed")
+    for member, _l, member_manifest, *_rest in everyone:
+        if member.checkpoint_key in summaries:
+            committer._finish(member_manifest)
+    log.info(
+        "group commit of %s/%s: %d checkpoints committed together (%s)",
+        pipeline,
+        record.checkpoint_key,
+        len(summaries),
+        ", ".join(summaries),
+    )
+    if leader_error is not None:
+        raise leader_error
+    summary = summaries[record.checkpoint_key]
+    summary.lease_taken_over_from = lease.taken_over_from
+    summary.group = [record.checkpoint_key, *(k for k in summaries if k != record.checkpoint_key)]
+    return summary
+
+
+def _context(
+    committer: CheckpointCommitter, lease: Lease, record: CheckpointRecord, asked: float
+) -> FencingContext:
+    return FencingContext(
+        committer.store,
+        lease,
+        committer.lease_ttl,
+        attempt_id=record.sealed_attempt_id or "",
+        confirmed_at=asked,
+        supersedes=record.supersedes_attempt_id,
+    )
+
+
+def _detail(leader: CheckpointRecord, actor: Actor, keys: list[str]) -> str:
+    shown = ", ".join(keys[:DETAIL_KEYS]) + (
+        f" (+{len(keys) - DETAIL_KEYS} more)" if len(keys) > DETAIL_KEYS else ""
+    )
+    who = f"{actor.dag_id}/{actor.run_id}/{actor.task_id}" if actor.dag_id else actor.name
+    return f"{GROUP_DETAIL_PREFIX}{leader.checkpoint_key} ({who}): {len(keys)} checkpoints in one table commit [{shown}]"
+
+
+def _release(store: Any, lease: Lease, actor: Actor, reason: str) -> None:
+    try:
+        store.release_lease(lease, actor=actor, reason=reason[:1000])
+    except Exception as exc:  # noqa: BLE001 - its lease expires; its own task takes it over
+        log.warning("could not release %s/%s: %s", lease.pipeline, lease.checkpoint_key, exc)

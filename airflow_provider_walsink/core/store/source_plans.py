@@ -1,0 +1,81 @@
+"""Source plans: the input ranges a checkpoint's write phase fixes once and every retry reuses.
+
+A source read by offsets (Kafka) must give a retried write attempt exactly the
+records its first attempt was given, or the staged data would depend on when
+the retry ran. The write task plans the ranges (start and end offsets per
+partition, any accepted retention gap) before it submits the job, and records
+the plan on the checkpoint's row (``source_plan``, migration 0006) in one
+transaction with a history row; the **first recorded plan wins** for the
+checkpoint's version as long as it starts where the attempt starts. A new
+version (reprocess) reads up to the end of the version it replaces instead and
+never reuses a plan of an older version.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select, update
+
+from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
+from airflow_provider_walsink.core.store.records import Actor
+from airflow_provider_walsink.core.store.retry import retrying
+from airflow_provider_walsink.core.store.transitions import CheckpointTransitions
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+class SourcePlans(CheckpointTransitions):
+    """Record and read source plans; mixed into :class:`~.store.CommitterStore`."""
+
+    @retrying
+    def fix_source_plan(
+        self,
+        pipeline: str,
+        checkpoint_key: str,
+        plan: Mapping[str, Any],
+        *,
+        actor: Actor,
+        detail: str,
+        replace: bool = False,
+    ) -> dict[str, Any]:
+        """Record ``plan`` unless the row holds one for this version with the same ``start``;
+        return the plan that holds (the recorded one wins, unless ``replace``).
+
+        ``plan`` is JSON-able and has a ``start`` key. ``replace=True`` records ``plan``
+        over a matching one (a retry that found a larger accepted gap). A history row with
+        ``detail`` is written when something is recorded. Raises
+        :class:`~.errors.CheckpointNotFoundError`. Safe to repeat.
+        """
+        with self._tx() as conn:
+            row = self._lock(conn, pipeline, checkpoint_key)
+            recorded = json.loads(row["source_plan"]) if row["source_plan"] else None
+            if (
+                recorded is not None
+                and recorded.get("version") == row["version"]
+                and _same(recorded.get("start"), plan.get("start"))
+            ):
+                if not replace or _same({**recorded, "version": None}, {**plan, "version": None}):
+                    return recorded
+            value = {**plan, "version": row["version"]}
+            conn.execute(
+                update(ckpt)
+                .where(ckpt.c.id == row["id"])
+                .values(source_plan=json.dumps(value, sort_keys=True), updated_at=row["_now"])
+            )
+            self._event(conn, row, actor, detail)
+            return value
+
+    def source_plan(self, pipeline: str, checkpoint_key: str) -> dict[str, Any] | None:
+        """The plan recorded on the checkpoint (any version), or ``None``."""
+        with self.engine.connect() as conn:
+            text = conn.execute(
+                select(ckpt.c.source_plan).where(
+                    ckpt.c.pipeline == pipeline, ckpt.c.checkpoint_key == checkpoint_key
+                )
+            ).scalar_one_or_none()
+        return json.loads(text) if text else None

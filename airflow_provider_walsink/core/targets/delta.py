@@ -1,0 +1,968 @@
+"""A Delta Lake table as a walsink target (deltalake), exactly once through the table's own commit.
+
+``delta:///abs/path`` (local) or ``delta+s3://bucket/path`` (S3-compatible:
+``TargetOptions.extra["storage_options"]`` as deltalake takes them, or
+``extra["conn_id"]``, a connection whose login/password are the access key
+pair and whose extra may hold ``endpoint_url`` and ``region_name``).
+
+**Commit = one table version.** The write phase stages Parquet files inside
+the table directory (:meth:`DeltaPublisher.staging_root`:
+``<table>/_walsink_staging``, skipped by readers and by ``VACUUM``'s orphan
+scan because of the leading underscore). ``publish`` adds them by path (no
+copy, no rename) in one commit; in ``overwrite`` the same commit removes the
+files of the interval's partitions.
+
+**The marker.** The commit carries two application transactions: app id
+``walsink/<pipeline>/<key>`` and ``walsink/<pipeline>/<key>/<attempt id>``, both
+at version = the fencing token (``ctx.epoch``: strictly increasing per lease
+take of the checkpoint, so a later holder always commits a higher version),
+plus commit metadata naming pipeline, checkpoint, attempt id and token. Both
+lookups are ``transaction_version(app_id)``, answered from the table state the
+library loads anyway (flat as history grows). deltalake does **not** enforce
+transaction versions (committing the same or a lower version succeeds), so
+walsink refuses itself: the checkpoint's version >= ours with another attempt
+-> ``FencedError``; our attempt's version equal to the checkpoint's -> already
+published. With ``ctx.supersedes`` (a reprocess) the marker may name the superseded
+attempt (its own application transaction holds the checkpoint's version):
+the same commit then removes its files (those staged under the checkpoint's
+directory by another attempt) and adds the new ones.
+A concurrent commit of the same app id is refused by the table's
+conflict check (``CommitFailedError``): walsink then reloads and checks again,
+and finds the winner's marker.
+
+**Order and retraction by identity.** ``walsink-files/<pipeline>/<key>/<attempt id>``
+holds the number of files the attempt added: a reprocess in ``append``
+retracts the superseded version only if all of them are still live
+(``OPTIMIZE`` moved its rows into files with no attempt identity: refused,
+:func:`._tables.check_retractable`). In ``overwrite`` each replaced partition
+gets ``walsink-partition/<pipeline>/<partition>`` (and ``...#<key>``) at the
+commit's own table version: a later commit of an older key over it is refused
+(:func:`.base.check_partition_order`, invariant 10, holder read from that
+version's ``commitInfo``), and a reprocess replaces every partition its
+checkpoint holds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any, ClassVar
+from urllib.parse import quote, unquote, urlsplit
+
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import Schema as DeltaSchema
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
+
+from airflow_provider_walsink.core.protocol.errors import LayoutError, OrderError, WalsinkError
+from airflow_provider_walsink.core.protocol.file_stats import bound_kind
+from airflow_provider_walsink.core.protocol.manifest import FileStats, Manifest
+from airflow_provider_walsink.core.targets._tables import (
+    STAGING_DIR,
+    CheckpointRef,
+    Marker,
+    S3Settings,
+    StagedFile,
+    Storage,
+    TableCommitConflict,
+    TableFenceState,
+    call_with_events,
+    check_retractable,
+    checkpoint_location,
+    decide,
+    layout_root,
+    local_path,
+    offsets_of,
+    offsets_value,
+    partition_of_path,
+    schema_problems,
+    staged_locations,
+    staging_storage,
+    superseded_attempt,
+    table_fenced,
+    uri_flags,
+)
+from airflow_provider_walsink.core.targets.base import (
+    PublisherContext,
+    PublishOutcome,
+    PublishResult,
+    StagedAttempt,
+    TargetCapabilities,
+    check_partition_order,
+)
+from airflow_provider_walsink.core.targets.registry import connection_missing, lookup_connection
+
+log = logging.getLogger(__name__)
+
+MODES = ("append", "overwrite")
+MAX_COMMIT_ATTEMPTS = 20
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+#: Characters a staged file's path keeps as they are in the Delta log (the rest is %-encoded).
+_PATH_SAFE = "/=:@+-_."
+#: How far back ``published_attempt`` looks for the id of another attempt (a rare, reconciling path).
+HISTORY_SCAN_LIMIT = 10_000
+#: The application-transaction version of an attempt an abort tombstoned: never a fencing token
+#: (tokens are positive), so such an attempt never holds the checkpoint's version.
+ABORTED_TXN = -1
+
+
+def _append_commit(dt: DeltaTable, actions: list[AddAction | RemoveAction], commit: CommitProperties) -> None:
+    """One put-if-absent log version on ``dt`` as loaded: ``actions`` (data, or none for a
+    tombstone) and ``commit``'s application transactions; ``CommitFailedError`` if the log moved
+    in a conflicting way since the load."""
+    dt.create_write_transaction(
+        actions, "append", dt.schema(), partition_by=dt.metadata().partition_columns, commit_properties=commit
+    )
+
+
+class DeltaTargetError(WalsinkError):
+    """The Delta target cannot be used as configured; the message says why (table unchanged)."""
+
+
+def app_id(manifest: Manifest | CheckpointRef, attempt_id: str | None = None) -> str:
+    base = f"walsink/{manifest.pipeline}/{manifest.checkpoint_key}"
+    return f"{base}/{attempt_id}" if attempt_id else base
+
+
+def files_app_id(manifest: Manifest | CheckpointRef, attempt_id: str) -> str:
+    """App id whose version is the number of data files the attempt's commit added."""
+    return f"walsink-files/{manifest.pipeline}/{manifest.checkpoint_key}/{attempt_id}"
+
+
+def partition_app_id(pipeline: str, partition: str, checkpoint_key: str | None = None) -> str:
+    """App id of an ``overwrite`` partition: its version is the table version of the commit that last
+    replaced it; with ``checkpoint_key``, the same version when that commit was this checkpoint's.
+    (Hive escapes ``#`` in partition values, and a key has no ``#``.)"""
+    base = f"walsink-partition/{pipeline}/{partition}"
+    return f"{base}#{checkpoint_key}" if checkpoint_key else base
+
+
+def storage_options_from_connection(conn: Mapping[str, Any]) -> dict[str, str]:
+    extra = conn.get("extra") or {}
+    if isinstance(extra, str):
+        extra = json.loads(extra) if extra.strip() else {}
+    opts: dict[str, str] = {}
+    if conn.get("login"):
+        opts["AWS_ACCESS_KEY_ID"] = str(conn["login"])
+        opts["AWS_SECRET_ACCESS_KEY"] = str(conn.get("password") or "")
+    endpoint = extra.get("endpoint_url") or extra.get("endpoint")
+    if endpoint:
+        opts["AWS_ENDPOINT_URL"] = str(endpoint)
+        if str(endpoint).startswith("http://"):
+            opts["AWS_ALLOW_HTTP"] = "true"
+    if extra.get("region_name"):
+        opts["AWS_REGION"] = str(extra["region_name"])
+    opts.update({str(k): str(v) for k, v in (extra.get("storage_options") or {}).items()})
+    return opts
+
+
+class DeltaPublisher:
+    """Publishes checkpoint attempts into one Delta table (module docstring)."""
+
+    kind: ClassVar[str] = "delta"
+    capabilities: ClassVar[TargetCapabilities] = TargetCapabilities(
+        atomic=True, needs_rename=False, remembers_commits=True, fenced_by_target=True, table_fence=True
+    )
+    #: Snapshots reference the staged files in place: GC never removes a committed attempt.
+    references_staged_files: ClassVar[bool] = True
+    #: ``publish`` takes a :class:`~.base.StagedAttempt`: local roots and object stores alike.
+    takes_staged_attempt: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        table_uri: str,
+        mode: str,
+        *,
+        storage_options: Mapping[str, str] | None = None,
+        partition_by: Sequence[str] = (),
+        create_table: bool = False,
+        allow_older_overwrite: bool = False,
+    ) -> None:
+        if mode not in MODES:
+            raise DeltaTargetError(f"mode must be one of {MODES}, got {mode!r}")
+        if "://" not in table_uri and not os.path.isabs(table_uri):
+            raise DeltaTargetError(f"Delta table {table_uri!r} must be an absolute path or an s3:// URI")
+        self.table_uri = table_uri.rstrip("/")
+        self.mode = mode
+        self.storage_options = dict(storage_options or {})
+        self.partition_by = tuple(partition_by)
+        self.create_table = create_table
+        self.allow_older_overwrite = allow_older_overwrite
+        self.storage = Storage(self._s3_settings())
+
+    @classmethod
+    def from_uri(cls, uri: str, options: Any) -> DeltaPublisher:
+        """``delta:///abs/path`` or ``delta+s3://bucket/path`` (``?create_table=true``) with :class:`~.registry.TargetOptions`."""
+        parts = urlsplit(uri)
+        extra = dict(options.extra or {})
+        if parts.scheme == "delta":
+            if parts.netloc or not parts.path.startswith("/"):
+                raise DeltaTargetError(f"Delta target {uri!r} must be delta:///absolute/path (three slashes)")
+            table_uri = parts.path
+        elif parts.scheme in ("delta+s3", "delta+s3a"):
+            if not parts.netloc or not parts.path.strip("/"):
+                raise DeltaTargetError(f"Delta target {uri!r} must be delta+s3://bucket/path")
+            table_uri = f"s3://{parts.netloc}{parts.path}"
+        else:
+            raise DeltaTargetError(f"Delta target {uri!r}: use delta:///path or delta+s3://bucket/path")
+        opts: dict[str, str] = {}
+        if extra.get("conn_id"):
+            conn_id = str(extra["conn_id"])
+            fields = lookup_connection(options, conn_id, needed_by=f"Delta target {uri!r}")
+            if fields is None:
+                raise connection_missing(
+                    conn_id,
+                    needed_by=f"Delta target {uri!r}",
+                    how="with the access key pair as login/password and endpoint_url/region_name in its extra",
+                )
+            opts.update(storage_options_from_connection(fields))
+        opts.update({str(k): str(v) for k, v in (extra.get("storage_options") or {}).items()})
+        if table_uri.startswith("s3://") and not opts:
+            # deltalake's documented default, not walsink's: said so, since nothing was configured.
+            log.info(
+                "Delta target %s names no conn_id and no storage_options: deltalake takes S3 credentials "
+                "from the environment (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, an instance role)",
+                uri,
+            )
+        flags = uri_flags(parts.query, ("create_table",), uri)
+        return cls(
+            table_uri,
+            options.mode,
+            storage_options=opts,
+            partition_by=tuple(options.partition_by or ()),
+            create_table=flags.get("create_table", bool(extra.get("create_table", False))),
+            allow_older_overwrite=bool(getattr(options, "allow_older_overwrite", False)),
+        )
+
+    def _s3_settings(self) -> S3Settings:
+        o = {k.upper(): v for k, v in self.storage_options.items()}
+        return S3Settings(
+            endpoint=o.get("AWS_ENDPOINT_URL") or o.get("AWS_ENDPOINT"),
+            access_key=o.get("AWS_ACCESS_KEY_ID"),
+            secret_key=o.get("AWS_SECRET_ACCESS_KEY"),
+            session_token=o.get("AWS_SESSION_TOKEN"),
+            region=o.get("AWS_REGION") or o.get("AWS_DEFAULT_REGION"),
+        )
+
+    # ------------------------------------------------------------------ table
+
+    def load_table(self) -> DeltaTable | None:
+        try:
+            return DeltaTable(self.table_uri, storage_options=self.storage_options or None)
+        except TableNotFoundError:
+            return None
+
+    def describe(self) -> str:
+        endpoint = self._s3_settings().endpoint
+        where = f" at {endpoint}" if endpoint else ""
+        return f"Delta table {self.table_uri}{where}, {self.mode}"
+
+    def staging_root(self) -> str | None:
+        """Where the write phase stages attempts: inside the table directory, unreferenced until committed."""
+        return f"{self.table_uri}/{STAGING_DIR}"
+
+    # ------------------------------------------------------------------ marker
+
+    def marker_of(
+        self,
+        dt: DeltaTable,
+        manifest: Manifest,
+        *,
+        need_id: bool = False,
+        candidates: Sequence[str | None] = (),
+    ) -> Marker | None:
+        """The checkpoint's marker: which attempt's application transaction holds the checkpoint's version.
+
+        The manifest's attempt and each of ``candidates`` (the attempt a reprocess supersedes)
+        are recognised by two lookups each; another attempt's id is looked up in the history
+        only with ``need_id``.
+        """
+        version = dt.transaction_version(app_id(manifest))
+        if version is None:
+            return None
+        # Each lease take raises the token, so only the attempt that committed under the
+        # checkpoint's current version holds that same version.
+        for attempt in (manifest.attempt_id, *candidates):
+            if (
+                attempt
+                and version != ABORTED_TXN
+                and dt.transaction_version(app_id(manifest, attempt)) == version
+            ):
+                return Marker(attempt, version)
+        other = self._attempt_in_history(dt, manifest, version) if need_id else None
+        return Marker(other or "another attempt", version)
+
+    def _history(self, dt: DeltaTable) -> Iterator[dict[str, Any]]:
+        """The ``commitInfo`` of the newest :data:`HISTORY_SCAN_LIMIT` versions, newest first, read
+        one log entry at a time (and only until the caller finds what it looks for).
+
+        Not ``DeltaTable.history()``: that reads every entry up front, and stalls against an S3 API
+        without a listing it expects (moto's server), so a reconcile of a table on S3 hung there.
+        Versions the log no longer keeps (log retention) are skipped, as ``history()`` skips them.
+        """
+        latest = dt.version()
+        for version in range(latest, max(-1, latest - HISTORY_SCAN_LIMIT), -1):
+            info = self._commit_info(version)
+            if info is not None:
+                yield info
+
+    def _attempt_in_history(self, dt: DeltaTable, manifest: Manifest, version: int) -> str | None:
+        from airflow_provider_walsink.core.targets.delta_group import commit_holders
+
+        for commit in self._history(dt):
+            for held in commit_holders(commit):  # a group commit lists several checkpoints
+                if (
+                    held.get("pipeline") == manifest.pipeline
+                    and held.get("checkpoint") == manifest.checkpoint_key
+                    and str(held.get("epoch")) == str(version)
+                ):
+                    return held.get("attempt_id")
+        return None
+
+    def published_marker(self, manifest: Manifest, *, need_id: bool = True) -> Marker | None:
+        """The table's marker for the manifest's checkpoint (attempt id, fencing token), or ``None``.
+
+        Lets a committer whose rows were trimmed take its next lease above the token the table
+        holds. With ``need_id=False`` the id of an attempt other than the manifest's is not
+        looked up in the history (the token alone, two lookups).
+        """
+        dt = self.load_table()
+        return self.marker_of(dt, manifest, need_id=need_id) if dt is not None else None
+
+    def published_attempt(self, manifest: Manifest) -> str | None:
+        marker = self.published_marker(manifest)
+        return marker.attempt_id if marker else None
+
+    def published_offsets(self, manifest: Manifest, attempt_id: str) -> tuple[Any, Any] | None:
+        """The source offsets ``(start, end)`` of ``attempt_id`` if the table holds it, from its commit's
+        metadata; ``None`` (unknown) when that commit left the history the table keeps (log retention)
+        or predates the metadata."""
+        dt = self.load_table()
+        marker = self.marker_of(dt, manifest, need_id=True) if dt is not None else None
+        if dt is None or marker is None or marker.attempt_id != attempt_id:
+            return None
+        for commit in self._history(dt):
+            if (
+                commit.get("walsink.pipeline") == manifest.pipeline
+                and commit.get("walsink.checkpoint") == manifest.checkpoint_key
+                and commit.get("walsink.attempt-id") == attempt_id
+                and str(commit.get("walsink.epoch")) == str(marker.epoch)
+            ):
+                raw = commit.get("walsink.offsets")
+                try:
+                    return offsets_of(json.loads(raw)) if isinstance(raw, str) else None
+                except ValueError:
+                    return None
+        return None
+
+    def holds_attempt(self, manifest: Manifest) -> bool:
+        """Whether a table version holds or held the manifest's attempt (it references its staged files)."""
+        dt = self.load_table()
+        return dt is not None and _held_version(dt.transaction_version(app_id(manifest, manifest.attempt_id)))
+
+    @staticmethod
+    def _aborted(dt: DeltaTable, ref: Manifest | CheckpointRef, attempts: Sequence[str]) -> frozenset[str]:
+        return frozenset(a for a in attempts if a and dt.transaction_version(app_id(ref, a)) == ABORTED_TXN)
+
+    def fence_state(self, ref: CheckpointRef, candidates: Sequence[str] = ()) -> TableFenceState:
+        """The attempt the table holds for the checkpoint, and which of ``candidates`` are aborted / held."""
+        dt = self.load_table()
+        if dt is None:
+            return TableFenceState(None)
+        marker = self.marker_of(dt, ref, need_id=True, candidates=tuple(candidates))  # type: ignore[arg-type]
+        attempts = [a for a in (ref.attempt_id, *candidates) if a]
+        known = frozenset(a for a in attempts if _held_version(dt.transaction_version(app_id(ref, a))))
+        return TableFenceState(marker.attempt_id if marker else None, self._aborted(dt, ref, attempts), known)
+
+    def tombstone(
+        self,
+        ref: CheckpointRef,
+        attempt_ids: frozenset[str],
+        *,
+        superseded: str | None = None,
+        create_from: tuple[Manifest, StagedAttempt | str] | None = None,
+    ) -> str | None:
+        """Commit an abort's tombstone for ``attempt_ids``, or return the attempt that makes it refuse.
+
+        One table version with no data action carrying, for each attempt id,
+        the application transaction ``walsink/<pipeline>/<key>/<attempt id>``
+        at version :data:`ABORTED_TXN`: the same app id a publish of that
+        attempt carries, so whichever of the two commits second is refused by
+        the log's conflict check and checks the table again. If the table
+        holds *any* attempt of the checkpoint but ``superseded`` (the committed
+        version a reprocess replaces; checked in the version the commit is
+        based on), nothing is written and that attempt's id is returned. Ids the table holds or
+        held are never tombstoned. A missing table is created (with the
+        tombstone in the commit after its empty first version) from ``create_from`` (a sealed manifest
+        and its attempt: a local directory, or a :class:`StagedAttempt` on any store) when the target
+        may create it; otherwise :class:`DeltaTargetError`.
+        """
+        for _ in range(MAX_COMMIT_ATTEMPTS):
+            dt = self.load_table()
+            candidates = sorted(attempt_ids | ({superseded} if superseded else set()))
+            if dt is not None:
+                marker = self.marker_of(dt, ref, need_id=True, candidates=tuple(candidates))  # type: ignore[arg-type]
+                if marker is not None and marker.attempt_id != superseded:
+                    return marker.attempt_id
+                new = {a for a in attempt_ids if dt.transaction_version(app_id(ref, a)) is None}
+            else:
+                new = set(attempt_ids)
+            if not new:
+                return None
+            commit = CommitProperties(
+                custom_metadata={
+                    "walsink.pipeline": ref.pipeline,
+                    "walsink.checkpoint": ref.checkpoint_key,
+                    "walsink.aborted": ",".join(sorted(new)),
+                },
+                app_transactions=[Transaction(app_id(ref, a), ABORTED_TXN) for a in sorted(new)],
+            )
+            try:
+                if dt is None:
+                    if create_from is None or not self.create_table:
+                        raise DeltaTargetError(
+                            f"Delta table {self.table_uri} does not exist, so it cannot carry the abort's "
+                            f"tombstone for {ref.pipeline}/{ref.checkpoint_key}; create it (or set create_table) "
+                            "and abort again"
+                        )
+                    manifest, attempt_dir = create_from
+                    base, locations = staged_locations(attempt_dir, manifest)
+                    staged = staging_storage(self.storage, attempt_dir).describe(manifest, locations)
+                    _, schema, partition_by = self._adds_for_new_table(manifest, base, staged)
+                    self._create_empty(schema, partition_by)
+                    continue  # the tombstone goes in a normal (put-if-absent) commit on the new table
+                _append_commit(dt, [], commit)
+            except CommitFailedError as e:
+                log.info(
+                    "Delta tombstone of %s/%s conflicted (%s); checking again",
+                    ref.pipeline,
+                    ref.checkpoint_key,
+                    e,
+                )
+                continue
+            return None
+        raise TableCommitConflict(
+            f"Delta table {self.table_uri} changed under each of {MAX_COMMIT_ATTEMPTS} tombstone commits of "
+            f"{ref.pipeline}/{ref.checkpoint_key}; nothing was written, abort again"
+        )
+
+    def _create_empty(self, schema: DeltaSchema, partition_by: Sequence[str]) -> None:
+        """Create the missing table as version 0 with no data, marker or tombstone.
+
+        deltalake's create is not atomic on every store: two processes creating
+        the same table at once both succeed, the later version 0 replacing the
+        earlier (seen on local files). So version 0 never carries anything a
+        racing creator could erase: data, markers and tombstones go in a
+        normal commit after it, which the log writes put-if-absent (a racing
+        commit gets ``CommitFailedError``). Two racing creators of this empty
+        version write the same thing; an existing table is left as it is.
+        """
+        create_table_with_add_actions(
+            self.table_uri,
+            schema,
+            [],
+            mode="ignore",
+            partition_by=list(partition_by),
+            storage_options=self.storage_options or None,
+        )
+
+    # ------------------------------------------------------------------ publish
+
+    def publish(
+        self, manifest: Manifest, attempt_dir: StagedAttempt | str | os.PathLike[str], ctx: PublisherContext
+    ) -> PublishResult:
+        """Add the attempt's staged files in one Delta commit, or find it already there.
+
+        Raises ``FencedError``, ``CommittableError`` / ``LayoutError`` /
+        :class:`DeltaTargetError` (table unchanged), :class:`TableCommitConflict`.
+        Safe to repeat.
+        """
+        supersedes = superseded_attempt(ctx, manifest)
+        base, locations = staged_locations(attempt_dir, manifest)
+        storage = staging_storage(self.storage, attempt_dir)
+        staged: list[StagedFile] | None = None
+        for _ in range(MAX_COMMIT_ATTEMPTS):
+            dt = self.load_table()
+            marker = self.marker_of(dt, manifest, candidates=(supersedes,)) if dt is not None else None
+            aborted = self._aborted(dt, manifest, [manifest.attempt_id]) if dt is not None else frozenset()
+            if decide(marker, manifest, ctx, self.mode, aborted):
+                return self._already(manifest, marker, locations, dt)
+            if dt is not None:
+                self._check_order(dt, manifest)
+            if staged is None:
+                staged = storage.describe(manifest, locations)
+            token = ctx.epoch
+            if table_fenced(ctx) and marker is not None:
+                # No lease orders the tokens: keep ours above the version the checkpoint holds, so only
+                # the attempt that holds it shares its version (marker_of stays unambiguous).
+                token = max(token, marker.epoch + 1)
+            try:
+                if dt is None:
+                    _, schema, partition_by = self._adds_for_new_table(manifest, base, staged)
+                    self._create_empty(schema, partition_by)
+                    continue  # the data goes in a normal (put-if-absent) commit on the new table
+                adds = self._adds(dt, manifest, base, staged)
+                removes, replaced = self._removes(dt, manifest, marker, base, supersedes)
+                commit = self._commit_properties(manifest, ctx, token, len(adds), replaced, dt.version() + 1)
+                actions: list[AddAction | RemoveAction] = [*removes, *adds]
+                call_with_events(
+                    ctx,
+                    "table_commit",
+                    partial(_append_commit, dt, actions, commit),
+                )
+            except CommitFailedError as e:
+                log.info(
+                    "Delta commit of %s/%s conflicted (%s); checking again",
+                    manifest.pipeline,
+                    manifest.checkpoint_key,
+                    e,
+                )
+                continue
+            dt.update_incremental()  # the log entries since the load: our commit's version
+            result = PublishResult(
+                outcome=PublishOutcome.PUBLISHED,
+                published=len(adds),
+                target_files=locations,
+                snapshot=str(dt.version()),
+                rows=manifest.total_rows,
+            )
+            result.files_rolled_back = len(removes)
+            if self.mode == "overwrite":
+                result.partitions_replaced = manifest.replaced_partitions()
+            return result
+        raise TableCommitConflict(
+            f"Delta table {self.table_uri} changed under each of {MAX_COMMIT_ATTEMPTS} commit attempts of "
+            f"{manifest.pipeline}/{manifest.checkpoint_key}; nothing was published, retry the commit"
+        )
+
+    def publish_group(self, members: list[Any]) -> list[PublishResult | Exception]:
+        """Several checkpoints in one log version, each with its own marker (:class:`~.base.GroupPublisher`)."""
+        from airflow_provider_walsink.core.targets.delta_group import publish_group
+
+        return publish_group(self, members)
+
+    def _already(
+        self, manifest: Manifest, marker: Marker | None, locations: list[str], dt: Any
+    ) -> PublishResult:
+        return PublishResult(
+            outcome=PublishOutcome.ALREADY_PUBLISHED,
+            already=manifest.expected_count,
+            target_files=locations,
+            snapshot=str(dt.version()) if dt is not None else None,
+            rows=manifest.total_rows,
+        )
+
+    @staticmethod
+    def _commit_properties(
+        manifest: Manifest,
+        ctx: PublisherContext,
+        token: int,
+        files: int,
+        replaced: Sequence[str],
+        version: int,
+    ) -> CommitProperties:
+        """The commit's metadata and application transactions: the checkpoint's marker, the number
+        of files the attempt adds, and for each replaced partition its holder at ``version`` (the
+        version this commit must get: library retries are then off, so it never lands elsewhere)."""
+        holders = [
+            Transaction(app, version)
+            for partition in replaced
+            for app in (
+                partition_app_id(manifest.pipeline, partition),
+                partition_app_id(manifest.pipeline, partition, manifest.checkpoint_key),
+            )
+        ]
+        metadata = {
+            "walsink.pipeline": manifest.pipeline,
+            "walsink.checkpoint": manifest.checkpoint_key,
+            "walsink.sequence": str(manifest.sequence),
+            "walsink.attempt-id": manifest.attempt_id,
+            "walsink.epoch": str(token),
+        }
+        offsets = offsets_value(manifest)
+        if offsets is not None:
+            metadata["walsink.offsets"] = json.dumps(offsets, sort_keys=True)
+        return CommitProperties(
+            custom_metadata=metadata,
+            app_transactions=[
+                Transaction(app_id(manifest), token),
+                Transaction(app_id(manifest, manifest.attempt_id), token),
+                Transaction(files_app_id(manifest, manifest.attempt_id), files),
+                *holders,
+            ],
+            max_commit_retries=0 if holders else None,
+            # The library's retries only rebase onto commits its conflict check
+            # accepts; a commit carrying our app id is refused, and then walsink
+            # reloads and checks the marker itself.
+        )
+
+    # ------------------------------------------------------------------ actions
+
+    def _relative(self, location: str) -> str:
+        """The path of a staged file as the Delta log records it (relative to the table, URI-encoded)."""
+        root = self.table_uri + "/"
+        if location.startswith(root):
+            return quote(location[len(root) :], safe=_PATH_SAFE)
+        raise LayoutError(
+            f"staged file {location} is outside the Delta table {self.table_uri}: stage into "
+            f"{self.staging_root()} (files are added by path, never copied)"
+        )
+
+    def _check(
+        self,
+        columns: Mapping[str, Any],
+        partition_by: Sequence[str],
+        manifest: Manifest,
+        staged: list[StagedFile],
+    ) -> None:
+        """Raise naming the first staged file whose columns (file + path) or partitioning do not fit.
+
+        Files sharing one schema and one set of partition columns (all of them, when the
+        manifest records the schema) are checked once.
+        """
+        checked: set[tuple[int, tuple[str, ...], tuple[str, ...]]] = set()
+        for c, f in zip(manifest.committables, staged, strict=True):
+            pairs = dict(c.partition)
+            key = (id(f.schema), f.int96, tuple(pairs))
+            if key in checked:
+                continue
+            checked.add(key)
+            problems = schema_problems(columns, f.schema, pairs, int96=f.int96)
+            if tuple(pairs) != tuple(partition_by):
+                problems.append(
+                    f"partition directories {list(pairs)}, the table is partitioned by {list(partition_by)}"
+                )
+            if problems:
+                raise DeltaTargetError(
+                    f"staged file {c.path} does not match Delta table {self.table_uri}: {'; '.join(problems)}; "
+                    "table unchanged"
+                )
+
+    def _add_actions(
+        self, manifest: Manifest, base: str, staged: list[StagedFile], stats_columns: Mapping[str, str]
+    ) -> list[AddAction]:
+        """One add action per staged file: its path relative to the table, size, partition values
+        and ``stats``: ``numRecords`` plus, where the file's column statistics are known, each
+        of ``stats_columns``' ``nullCount``, ``minValues`` and ``maxValues`` (:func:`delta_stats`)."""
+        now = int(time.time() * 1000)
+        prefix = self._relative(base) + "/"
+        adds = []
+        for c, f in zip(manifest.committables, staged, strict=True):
+            values = {k: (None if v == HIVE_NULL else v) for k, v in c.partition}
+            if f.stats is None or not stats_columns:
+                stats = '{"numRecords": %d}' % f.rows  # noqa: UP031 (json.dumps per file costs more)
+            else:
+                stats = delta_stats(f.rows, f.stats, stats_columns)
+            adds.append(AddAction(prefix + quote(c.path, safe=_PATH_SAFE), c.size, values, now, True, stats))
+        return adds
+
+    def _adds(
+        self, dt: DeltaTable, manifest: Manifest, base: str, staged: list[StagedFile]
+    ) -> list[AddAction]:
+        import pyarrow as pa
+
+        columns = {f.name: f.type for f in pa.schema(dt.schema().to_arrow())}
+        metadata = dt.metadata()
+        self._check(columns, metadata.partition_columns, manifest, staged)
+        stats_columns = delta_stats_columns(columns, metadata.partition_columns, metadata.configuration)
+        return self._add_actions(manifest, base, staged, stats_columns)
+
+    def _adds_for_new_table(
+        self, manifest: Manifest, base: str, staged: list[StagedFile]
+    ) -> tuple[list[AddAction], DeltaSchema, Sequence[str]]:
+        if not self.create_table:
+            raise DeltaTargetError(
+                f"Delta table {self.table_uri} does not exist; create it, or set "
+                'extra={"create_table": True} to create it from the staged files on the first commit'
+            )
+        if not staged:
+            raise DeltaTargetError(
+                f"Delta table {self.table_uri} does not exist and {manifest.pipeline}/{manifest.checkpoint_key} "
+                "staged no file to take its schema from"
+            )
+        import pyarrow as pa
+
+        partition_by = tuple(self.partition_by or manifest.partition_columns)
+        file_schema = staged[0].schema
+        fields = list(file_schema) + [
+            pa.field(c, pa.string()) for c in partition_by if c not in file_schema.names
+        ]
+        schema = pa.schema(fields)
+        columns = {f.name: f.type for f in schema}
+        self._check(columns, partition_by, manifest, staged)
+        adds = self._add_actions(manifest, base, staged, delta_stats_columns(columns, partition_by, {}))
+        return adds, DeltaSchema.from_arrow(schema), partition_by
+
+    def _removes(
+        self, dt: DeltaTable, manifest: Manifest, marker: Marker | None, base: str, supersedes: str | None
+    ) -> tuple[list[RemoveAction], list[str]]:
+        """The files this commit removes, and the partitions it replaces (``overwrite``).
+
+        ``overwrite`` replaces the interval's partitions and, for a reprocess, every partition
+        the checkpoint holds (:meth:`_holder_is`): whatever files maintenance put there, they
+        hold only this checkpoint's rows. An older attempt's files of this checkpoint (a retry,
+        or the committed version a reprocess supersedes) are the live ones staged under this
+        checkpoint's directory by another attempt (Delta adds files by path, never copied or
+        moved); for a reprocess with no partition to replace (``append``),
+        :func:`check_retractable` first makes sure all of them are still live.
+        """
+        import pyarrow as pa
+
+        retract = bool(supersedes) or (marker is not None and marker.attempt_id != manifest.attempt_id)
+        if self.mode != "overwrite" and not retract:
+            return [], []
+        files = pa.table(dt.get_add_actions(flatten=True))
+        partition_by = dt.metadata().partition_columns
+        columns = (
+            {name: files.column(f"partition.{name}").to_pylist() for name in partition_by}
+            if files.num_rows
+            else {}
+        )
+        paths = files.column("path").to_pylist() if files.num_rows else []
+        values_of = [
+            tuple(None if columns[c][i] is None else str(columns[c][i]) for c in partition_by)
+            for i in range(len(paths))
+        ]
+        replaced_paths: list[str] = []
+        if self.mode == "overwrite":
+            replaced_paths = list(manifest.replaced_partitions())
+            for partition in replaced_paths:
+                pairs = partition_of_path(partition + "/x")
+                if [c for c, _ in pairs] != list(partition_by):
+                    raise LayoutError(
+                        f"partition {partition!r} does not name the partition columns {list(partition_by)} of "
+                        f"Delta table {self.table_uri}; table unchanged"
+                    )
+            if supersedes:
+                for values in sorted(set(values_of), key=str):
+                    partition = "/".join(
+                        f"{c}={HIVE_NULL if v is None else v}"
+                        for c, v in zip(partition_by, values, strict=True)
+                    )
+                    if partition not in replaced_paths and self._holder_is(dt, manifest, partition):
+                        replaced_paths.append(partition)
+        replaced = {
+            tuple(None if v == HIVE_NULL else v for _, v in partition_of_path(p + "/x"))
+            for p in replaced_paths
+        }
+        checkpoint_prefix = self._relative(base.rsplit("/", 1)[0]) + "/"
+        ours = self._relative(base) + "/"
+        sizes = files.column("size_bytes").to_pylist() if paths else []
+        now = int(time.time() * 1000)
+        removes = []
+        older = 0
+        for i, path in enumerate(paths):
+            values = values_of[i]
+            encoded = quote(unquote(path), safe=_PATH_SAFE)
+            old = retract and encoded.startswith(checkpoint_prefix) and not encoded.startswith(ours)
+            older += old
+            if values in replaced or old:
+                removes.append(
+                    RemoveAction(path, True, now, sizes[i], dict(zip(partition_by, values, strict=True)))
+                )
+        if supersedes and marker is not None and marker.attempt_id == supersedes:
+            recorded = dt.transaction_version(files_app_id(manifest, supersedes))
+            # overwrite: the partitions the checkpoint holds are replaced whole (above), so only a
+            # version committed before walsink recorded holders and file counts needs the check.
+            if self.mode == "append" or recorded is None:
+                check_retractable(manifest, supersedes, recorded, older, f"Delta table {self.table_uri}")
+        return removes, replaced_paths
+
+    # ------------------------------------------------------------------ order
+
+    @staticmethod
+    def _holder_is(dt: DeltaTable, manifest: Manifest, partition: str) -> bool:
+        """Whether the commit that last replaced ``partition`` was one of the manifest's checkpoint."""
+        version = dt.transaction_version(partition_app_id(manifest.pipeline, partition))
+        return version is not None and version == dt.transaction_version(
+            partition_app_id(manifest.pipeline, partition, manifest.checkpoint_key)
+        )
+
+    def _check_order(self, dt: DeltaTable, manifest: Manifest) -> None:
+        """Invariant 10 on the table version the commit is based on (``OrderError``).
+
+        Each ``overwrite`` commit carries, per partition it replaces, an application transaction
+        at its own table version: two racing commits of one partition carry the same app id and
+        the log's conflict check refuses the second, which reloads and checks again. The holder's
+        key is read from that version's commit record; if log cleanup removed it, the holder cannot
+        be told and the commit is refused (unless rolling back is allowed).
+        """
+        if self.mode != "overwrite":
+            return
+        target = f"Delta table {self.table_uri}"
+        for partition in manifest.replaced_partitions():
+            version = dt.transaction_version(partition_app_id(manifest.pipeline, partition))
+            if version is None or self._holder_is(dt, manifest, partition) or self.allow_older_overwrite:
+                continue
+            info = self._commit_info(version)
+            if info is None:
+                raise OrderError(
+                    f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key} would replace partition "
+                    f"{partition!r} of {target}, last replaced by another checkpoint in table version {version}, "
+                    "whose commit record log cleanup removed: walsink cannot tell whether it is newer, so the "
+                    "commit is refused (pass allow_older_overwrite=True to the commit task to replace it on "
+                    "purpose); target left unchanged"
+                )
+            from airflow_provider_walsink.core.targets.delta_group import commit_holders
+
+            holders = commit_holders(info)
+            # A group commit names the member that replaced this partition; a single commit, itself.
+            holder = next(
+                (h for h in holders if h.get("partitions") is None or partition in h["partitions"]), {}
+            )
+            check_partition_order(
+                manifest,
+                partition,
+                holder.get("pipeline"),
+                holder.get("checkpoint"),
+                allow_older=False,
+                target=target,
+            )
+
+    def _commit_info(self, version: int) -> dict[str, Any] | None:
+        """The ``commitInfo`` of one table version, read from its log entry (``None``: gone or unreadable)."""
+        fs, path = self.storage.fs_and_path(f"{self.table_uri}/_delta_log/{version:020d}.json")
+        try:
+            with fs.open_input_stream(path) as f:
+                text = f.read().decode()
+        except (OSError, FileNotFoundError):
+            return None
+        for line in text.splitlines():
+            if line.strip().startswith('{"commitInfo"'):
+                return json.loads(line)["commitInfo"]
+        for line in text.splitlines():
+            if line.strip():
+                found = json.loads(line).get("commitInfo")
+                if found is not None:
+                    return found
+        return None
+
+    # ------------------------------------------------------------------ finish
+
+    def finish(
+        self, manifest: Manifest, layout: Any = None, *, fence: Callable[[], None] | None = None
+    ) -> list[str]:
+        """Drop the attempt's manifest and the version's attempts the table never held; best effort.
+
+        ``fence``: raises once the committer row no longer names this attempt
+        (asked before every deletion). Never deletes a file a table version
+        references: before each deletion the table is loaded again and an
+        attempt is removed only if it has no application transaction in it.
+        """
+        dt = self.load_table()
+        marker = self.marker_of(dt, manifest) if dt is not None else None
+        if dt is None or marker is None or marker.attempt_id != manifest.attempt_id:
+            return []
+        root = layout_root(layout) or self.staging_root()
+        assert root is not None
+
+        def held_now(attempt_id: str) -> bool:
+            now = self.load_table()
+            return now is None or _held_version(now.transaction_version(app_id(manifest, attempt_id)))
+
+        return staging_storage(self.storage, layout).remove_unreferenced_attempts(
+            checkpoint_location(local_path(root), manifest), manifest, held_now, fence=fence
+        )
+
+
+#: Delta's default number of leading data columns that get statistics (``delta.dataSkippingNumIndexedCols``).
+DEFAULT_INDEXED_COLUMNS = 32
+
+
+def delta_stats_columns(
+    columns: Mapping[str, Any], partition_by: Sequence[str], configuration: Mapping[str, Any]
+) -> dict[str, str]:
+    """The table's columns that get statistics, each with how its bounds are written (:func:`delta_stats`).
+
+    As Delta's own writers choose them: the columns named by ``delta.dataSkippingStatsColumns``,
+    else the first ``delta.dataSkippingNumIndexedCols`` (default 32, ``-1``: all) data columns
+    (partition columns excluded) in schema order. None under column mapping (the log would need
+    the physical names). The kind is ``""`` for a column that gets a null count but no bounds
+    (types whose bounds are ill-defined: :mod:`~airflow_provider_walsink.core.protocol.file_stats`).
+    """
+    if str(configuration.get("delta.columnMapping.mode") or "none").lower() != "none":
+        return {}
+    data = [c for c in columns if c not in set(partition_by)]
+    named = configuration.get("delta.dataSkippingStatsColumns")
+    if named:
+        wanted = {c.strip().strip("`") for c in str(named).split(",")}
+        data = [c for c in data if c in wanted]
+    else:
+        try:
+            limit = int(configuration.get("delta.dataSkippingNumIndexedCols", DEFAULT_INDEXED_COLUMNS))
+        except ValueError:
+            limit = DEFAULT_INDEXED_COLUMNS
+        data = data if limit < 0 else data[:limit]
+    return {c: _delta_bound_kind(columns[c]) for c in data}
+
+
+def _delta_bound_kind(arrow_type: Any) -> str:
+    """The writer's bound kind (:func:`~airflow_provider_walsink.core.protocol.file_stats.bound_kind`), else
+    ``"nested"`` (no statistics at all: Delta nests them per field; walsink keeps none) or ``""``."""
+    import pyarrow as pa
+
+    kind = bound_kind(arrow_type)
+    if kind is not None:
+        return kind
+    return "nested" if pa.types.is_nested(arrow_type) else ""
+
+
+def _delta_bound(kind: str, value: Any, *, upper: bool) -> Any:
+    """A manifest bound as Delta's stats JSON writes it for a column of ``kind``, or ``None``.
+
+    Timestamps: Delta's stats hold milliseconds, so a lower bound rounds down and an upper
+    bound up (``.999999`` is ``+1 ms``): both still bound the file, whatever the reader adds.
+    """
+    if kind == "int":
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if kind == "bool":
+        return value if isinstance(value, bool) else None
+    if kind in ("date", "string"):
+        return value if isinstance(value, str) else None
+    if kind == "timestamp" and isinstance(value, str) and value.endswith("Z"):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        extra = moment.microsecond % 1000
+        if extra:
+            moment -= timedelta(microseconds=extra)
+            if upper:
+                try:
+                    moment += timedelta(milliseconds=1)
+                except OverflowError:
+                    return None
+        return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return None
+
+
+def delta_stats(rows: int, stats: FileStats, columns: Mapping[str, str]) -> str:
+    """An add action's ``stats`` JSON: ``numRecords`` and, for ``columns`` (name -> kind, from
+    :func:`delta_stats_columns`), the file's ``nullCount``, ``minValues`` and ``maxValues``."""
+    doc: dict[str, Any] = {"numRecords": rows}
+    nulls = {c: n for c, n in stats.nulls if columns.get(c, "nested") != "nested"}
+    lower = {}
+    upper = {}
+    for found, side, is_upper in ((lower, stats.lower, False), (upper, stats.upper, True)):
+        for column, value in side:
+            kind = columns.get(column)
+            bound = _delta_bound(kind, value, upper=is_upper) if kind else None
+            if bound is not None:
+                found[column] = bound
+    if lower:
+        doc["minValues"] = lower
+    if upper:
+        doc["maxValues"] = upper
+    if nulls:
+        doc["nullCount"] = nulls
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def _held_version(version: int | None) -> bool:
+    """An attempt's application transaction says a table version held it (not: none, or a tombstone)."""
+    return version is not None and version != ABORTED_TXN

@@ -1,0 +1,163 @@
+"""Target URI → publisher, as pyiceberg picks a catalog and fsspec a file system.
+
+``resolve_target(target, ...)`` accepts a publisher object (returned as is) or
+a URI whose scheme names the target kind:
+
+=====================================  ==========================================
+``/data/t``, ``file:///data/t``         a directory of files (:mod:`.files`)
+``iceberg://<catalog>/<ns>.<table>``    an Apache Iceberg table (:mod:`.iceberg`)
+``delta:///data/t``, ``delta+s3://b/t`` a Delta Lake table (:mod:`.delta`)
+``sql://<conn_id>/<schema>.<table>``    a PostgreSQL/MySQL table (:mod:`.sql`)
+=====================================  ==========================================
+
+Each kind is one module with one class that implements
+:class:`~airflow_provider_walsink.core.targets.base.Publisher` and a
+``from_uri(uri, options)`` class method. Modules load lazily, so a missing
+optional library costs nothing until its kind is used, and then the error
+names the extra to install. Third parties add a kind without touching
+walsink: an entry point in the ``walsink.targets`` group (``scheme =
+"package.module:Class"``) or :func:`register_target`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+from urllib.parse import urlsplit
+
+from airflow_provider_walsink.core.protocol.errors import WalsinkError
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.targets.base import Publisher
+
+ENTRY_POINT_GROUP = "walsink.targets"
+
+#: scheme → ("module:Class", extra that installs its libraries or None)
+KNOWN_TARGETS: dict[str, tuple[str, str | None]] = {
+    "file": ("airflow_provider_walsink.core.targets.files:FilePublisher", None),
+    "iceberg": ("airflow_provider_walsink.core.targets.iceberg:IcebergPublisher", "iceberg"),
+    "delta": ("airflow_provider_walsink.core.targets.delta:DeltaPublisher", "delta"),
+    "sql": ("airflow_provider_walsink.core.targets.sql:SqlPublisher", "postgres"),
+}
+
+#: Looks up a named connection (an Airflow connection id in the Airflow faces)
+#: and returns its fields: ``conn_type``, ``host``, ``port``, ``login``,
+#: ``password``, ``schema``, ``extra`` (a dict), or ``None`` (or raises
+#: ``LookupError``) when no such connection exists. Any other exception is a
+#: failed lookup and propagates: it never means "not configured". The core
+#: never imports Airflow.
+ConnectionResolver = Callable[[str], Mapping[str, Any] | None]
+
+
+class TargetError(WalsinkError):
+    """A target URI cannot be resolved to a publisher; the message says why."""
+
+
+class TargetNotConfiguredError(TargetError, ValueError):
+    """A target names something (a catalog, a connection) that is not configured.
+
+    Raised instead of falling back to a default: the message names what is
+    missing and how to configure it.
+    """
+
+
+def lookup_connection(options: TargetOptions, conn_id: str, *, needed_by: str) -> Mapping[str, Any] | None:
+    """The fields of connection ``conn_id``, or ``None`` if it does not exist.
+
+    Raises:
+        TargetNotConfiguredError: ``options`` has no connection lookup (outside
+            Airflow), so a named connection cannot be honoured.
+        Exception: whatever a failing lookup raises (a secrets backend down...),
+            never read as "no such connection".
+    """
+    if options.connections is None:
+        raise TargetNotConfiguredError(
+            f"{needed_by} names connection {conn_id!r}, but there is no connection lookup here "
+            "(outside Airflow): pass its settings in the target options instead (docs/targets.md)"
+        )
+    try:
+        fields = options.connections(conn_id)
+    except LookupError:
+        return None
+    return fields or None
+
+
+def connection_missing(conn_id: str, *, needed_by: str, how: str) -> TargetNotConfiguredError:
+    """The error for a named connection that does not exist, saying how to create it."""
+    return TargetNotConfiguredError(
+        f"{needed_by}: connection {conn_id!r} does not exist. Create it (Admin > Connections, "
+        f"`airflow connections add {conn_id} ...`, or the environment variable "
+        f"AIRFLOW_CONN_{conn_id.upper()}) {how}; walsink never falls back to a default (docs/targets.md)"
+    )
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """What every publisher is built with, besides its URI."""
+
+    mode: str
+    layout: StagingLayout
+    #: Declared partition columns (``()``: none declared).
+    partition_by: Sequence[str] = ()
+    verify_checksums: bool = False
+    #: Allow an ``overwrite`` commit to replace a partition last written by a
+    #: newer checkpoint key (off: such a late retry is refused, invariant 10).
+    allow_older_overwrite: bool = False
+    connections: ConnectionResolver | None = None
+    #: Kind-specific settings (catalog properties, create-table flags...).
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def register_target(scheme: str, implementation: str | type, *, extra: str | None = None) -> None:
+    """Add (or replace) a target kind: ``implementation`` is a class or ``"module:Class"``."""
+    if isinstance(implementation, type):
+        implementation = f"{implementation.__module__}:{implementation.__qualname__}"
+    KNOWN_TARGETS[scheme] = (implementation, extra)
+
+
+def target_scheme(target: str) -> str:
+    """The kind named by a target URI; a bare absolute path is ``file``."""
+    if os.path.isabs(target):
+        return "file"
+    scheme = urlsplit(target).scheme.lower()
+    if not scheme:
+        raise TargetError(
+            f"target {target!r} is neither an absolute path nor a URI (file:///..., iceberg://..., "
+            "delta:///..., sql://...)"
+        )
+    return scheme.split("+", 1)[0]
+
+
+def publisher_class(scheme: str) -> type:
+    """Load the class of a target kind, naming the extra to install when its library is missing."""
+    spec = KNOWN_TARGETS.get(scheme)
+    if spec is None:
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name == scheme:
+                spec = (ep.value, None)
+                break
+    if spec is None:
+        known = ", ".join(sorted(KNOWN_TARGETS))
+        raise TargetError(
+            f"no target kind {scheme!r}: known kinds are {known} (add one with the "
+            f"{ENTRY_POINT_GROUP!r} entry point group or register_target())"
+        )
+    path, extra = spec
+    module_name, _, class_name = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = f'pip install "airflow-provider-walsink[{extra}]"' if extra else "install its package"
+        raise TargetError(f"target kind {scheme!r} needs {exc.name or exc}: {hint}") from exc
+    return getattr(module, class_name)
+
+
+def resolve_target(target: str | Publisher, options: TargetOptions) -> Publisher:
+    """A publisher for ``target``: a publisher object as is, or one built from a URI."""
+    if not isinstance(target, str):
+        return target
+    cls = publisher_class(target_scheme(target))
+    return cls.from_uri(target, options)
