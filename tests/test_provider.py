@@ -117,6 +117,18 @@ def test_a_built_wheel_carries_the_migrations_and_they_run(tmp_path):
         capture_output=True,
         timeout=300,
     )
+    # The wheel is the provider alone: no test or demo tooling, and a root of two modules.
+    import zipfile
+
+    [wheel] = wheels.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    package = [n for n in names if n.startswith("airflow_provider_walsink/")]
+    assert not [n for n in package if "/testing/" in n or n.endswith(("/demo.py", "/stack.py", "/guard.py"))]
+    assert sorted(n for n in package if n.count("/") == 1) == [
+        "airflow_provider_walsink/__init__.py",
+        "airflow_provider_walsink/get_provider_info.py",
+    ]
+    assert not [n for n in names if n.startswith(("tests/", "scripts/", "bench/", "dags/"))]
     site = tmp_path / "site"
     subprocess.run(
         [
@@ -137,7 +149,7 @@ def test_a_built_wheel_carries_the_migrations_and_they_run(tmp_path):
     script = (
         "import airflow_provider_walsink as w, sys;"
         f"assert w.__file__.startswith({str(site)!r}), w.__file__;"
-        "from airflow_provider_walsink.core.commit import CommitterStore;"
+        "from airflow_provider_walsink.core.store import CommitterStore;"
         f"s = CommitterStore.from_url('sqlite:///{tmp_path}/c.db');"
         "print(sorted(s.engine.dialect.get_table_names(s.engine.connect())))"
     )
