@@ -19,7 +19,7 @@ code per call. It is what this commit protocol costs the database and the
 driver, so walsink / floor is the cost of walsink's own code, and floor /
 pgbench the cost of a commit being two durable transactions instead of one.
 
-**Table fencing** (``fencing="table"``, ``committer/tablefence.py``): the
+**Table fencing** (``fencing="table"``, ``core/commit/tablefence.py``): the
 same committer processes, doing the database work ``commit()`` does per
 checkpoint in that mode: read the row (no lock), then one transaction that
 records COMMITTED by compare-and-set on the sealed attempt (one statement on
@@ -125,7 +125,7 @@ def _committer(url: str, keys: list[str], start: mp.Event, deadline_s: float, ou
 
 def _table_committer(url: str, keys: list[str], start: mp.Event, deadline_s: float, out: mp.Queue) -> None:
     """One table-fenced committer process: ``commit()``'s database work with ``fencing="table"``."""
-    from airflow_provider_walsink.core.commit.tablefence import (
+    from airflow_provider_walsink.core.commit.tablerecord import (
         committable,
         read_checkpoint,
         record_committed,

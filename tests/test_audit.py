@@ -21,7 +21,7 @@ from airflow_provider_walsink.core.commit.audit import (
     audit_checkpoint,
     run_checks,
 )
-from airflow_provider_walsink.core.commit.commit import read_sealed_manifest
+from airflow_provider_walsink.core.commit.sealed import read_sealed_manifest
 from airflow_provider_walsink.core.protocol import CheckpointState as S
 from airflow_provider_walsink.core.protocol.errors import NotDurableError, PathEscapeError
 from airflow_provider_walsink.core.store import AuditRejectedError, NotAuditedError

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from sqlalchemy import event, func, select, update
 
 from airflow_provider_walsink.core.commit import CheckpointCommitter
-from airflow_provider_walsink.core.commit.commit import BAD_INPUT
+from airflow_provider_walsink.core.commit.refusals import BAD_INPUT
 from airflow_provider_walsink.core.protocol import CheckpointState as S
 from airflow_provider_walsink.core.protocol import digest_of
 from airflow_provider_walsink.core.protocol.errors import InvalidIdentifierError, ManifestError

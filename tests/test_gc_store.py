@@ -17,7 +17,7 @@ from datetime import timedelta
 import pytest
 
 from airflow_provider_walsink.core.commit.abort import CheckpointAborter
-from airflow_provider_walsink.core.commit.commit import committed_fence
+from airflow_provider_walsink.core.commit.aftercommit import committed_fence
 from airflow_provider_walsink.core.commit.gc import collect_staging
 from airflow_provider_walsink.core.protocol.errors import PathEscapeError
 from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, Committable, build_manifest

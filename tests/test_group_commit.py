@@ -140,7 +140,7 @@ def test_one_commit_publishes_every_durable_checkpoint_in_one_table_commit(kind,
     for i, key in enumerate(keys):
         stage(store, layout, key, rows_of(i))
 
-    from airflow_provider_walsink.core.commit.commit import read_sealed_attempt
+    from airflow_provider_walsink.core.commit.sealed import read_sealed_attempt
 
     manifests = [read_sealed_attempt(layout, store.require(PIPELINE, k))[0] for k in keys]
 

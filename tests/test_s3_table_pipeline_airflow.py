@@ -169,7 +169,7 @@ def test_abort_of_a_durable_checkpoint_staged_on_s3_tombstones_the_delta_table_a
     s3_server,  # noqa: F811
     tmp_path,
 ):
-    from airflow_provider_walsink.core.commit.commit import read_sealed_attempt
+    from airflow_provider_walsink.core.commit.sealed import read_sealed_attempt
     from airflow_provider_walsink.core.commit.tablefence import TableFenceContext
     from airflow_provider_walsink.core.targets._tables import AbortedInTableError
     from airflow_provider_walsink.core.targets.delta import app_id
@@ -242,7 +242,7 @@ def test_the_audit_task_reads_a_checkpoint_staged_on_s3_through_the_store(
         StagedData,
         run_checks,
     )
-    from airflow_provider_walsink.core.commit.commit import read_sealed_attempt
+    from airflow_provider_walsink.core.commit.sealed import read_sealed_attempt
     from airflow_provider_walsink.operators.audit import WalAuditOperator
 
     connections(monkeypatch, s3_server, database_urls("sqlite"))

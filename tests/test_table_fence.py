@@ -38,7 +38,7 @@ import pytest
 from airflow_provider_walsink.core import faults
 from airflow_provider_walsink.core.commit import CheckpointCommitter, CheckpointWriter
 from airflow_provider_walsink.core.commit.abort import AbortRefusedError, CheckpointAborter
-from airflow_provider_walsink.core.commit.tablefence import TableFenceUnsupportedError
+from airflow_provider_walsink.core.commit.fencing import TableFenceUnsupportedError
 from airflow_provider_walsink.core.protocol import CheckpointState as S
 from airflow_provider_walsink.core.protocol.errors import FencedError
 from airflow_provider_walsink.core.staging.layout import StagingLayout

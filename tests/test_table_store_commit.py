@@ -18,7 +18,6 @@ import pytest
 
 from airflow_provider_walsink.core.commit import CheckpointCommitter
 from airflow_provider_walsink.core.commit import commit as commit_module
-from airflow_provider_walsink.core.commit import tablefence as tablefence_module
 from airflow_provider_walsink.core.protocol import CheckpointState as S
 from airflow_provider_walsink.core.protocol.errors import CommittableError, PathEscapeError
 from airflow_provider_walsink.core.protocol.manifest import Committable
@@ -293,7 +292,8 @@ def test_with_table_fencing_the_tables_marker_decides_after_a_crash_and_lost_com
         if name == "commit.after_publish":
             raise RuntimeError("killed after the table commit")
 
-    monkeypatch.setattr(tablefence_module, "crashpoint", crash_after_publish)
+    # The step is the commit sequence's, whichever fencing (core/commit/commit.py).
+    monkeypatch.setattr(commit_module, "crashpoint", crash_after_publish)
     committer = CheckpointCommitter(sqlite_store, staging, publisher, mode=mode, fencing="table")
     with pytest.raises(RuntimeError, match="killed after the table commit"):
         committer.commit("events", "k1", actor=ACTOR)

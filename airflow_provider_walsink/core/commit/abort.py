@@ -9,7 +9,7 @@ repeat, and running the abort again finishes one that crashed):
    abort. The committer that held it (alive, stalled or SIGSTOPped) is refused
    at its next check, and no commit try can take the checkpoint meanwhile.
 2. **Wait out the holder's trust.** A committer trusts a confirmed lease for
-   at most :attr:`~.commit.FencingContext.MAX_TRUST` without asking the
+   at most :attr:`~.lease.FencingContext.MAX_TRUST` without asking the
    database again; the abort waits that long (plus a margin) when a committer
    held the lease *as the fencing transaction saw it* (the row read before
    the abort began is never trusted for this or any later decision: a
@@ -30,7 +30,7 @@ repeat, and running the abort again finishes one that crashed):
    For a target that can carry a tombstone (``capabilities.table_fence``:
    Iceberg, Delta), the check is the table's own atomic commit: the abort
    commits a tombstone naming every attempt of the checkpoint a committer
-   could still publish (:func:`.tablefence.tombstone_for_abort`), checked
+   could still publish (:func:`.tombstone.tombstone_for_abort`), checked
    against the marker in the state it commits over (any attempt held
    refuses), and every publish checks the tombstone the same way. Either the publish lands first (the abort is
    refused: published) or the tombstone does (the publish is refused). This is
@@ -67,8 +67,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_walsink.core.commit.commit import FencingContext
-from airflow_provider_walsink.core.commit.tablefence import tombstone_for_abort
+from airflow_provider_walsink.core.commit.lease import FencingContext
+from airflow_provider_walsink.core.commit.tombstone import tombstone_for_abort
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, Manifest, read_manifest
 from airflow_provider_walsink.core.protocol.states import CheckpointState

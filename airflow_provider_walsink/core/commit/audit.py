@@ -42,11 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from airflow_provider_walsink.core.commit.commit import (
-    explain_not_committable,
-    read_sealed_attempt,
-    read_sealed_manifest,
-)
+from airflow_provider_walsink.core.commit.refusals import explain_not_committable
+from airflow_provider_walsink.core.commit.sealed import read_sealed_attempt, read_sealed_manifest
 from airflow_provider_walsink.core.protocol.errors import NotDurableError, WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.protocol.states import CheckpointState

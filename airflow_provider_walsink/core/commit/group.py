@@ -9,7 +9,7 @@ uses, the lease of other checkpoints of its pipeline that are DURABLE (AUDITED w
 pipeline requires its audit) and not held, verifies each as a single commit would (sealed
 manifest, digest, identity; the publisher checks staged files, layout, order and the marker) and
 publishes them all in one table transaction, each carrying its own marker
-(:class:`~..publishers.base.GroupPublisher`). Then COMMITTED is recorded for each member under its
+(``publish_group`` on the publisher: the one thing the target contributes). Then COMMITTED is recorded for each member under its
 own lease, the history naming the group.
 
 What keeps it exactly-once, member by member:
@@ -27,6 +27,9 @@ What keeps it exactly-once, member by member:
   other, so the partition ends as two sequential commits leave it. ``append`` pipelines (their
   offsets commit in sequence order) and ``fencing="table"`` commit alone.
 
+The loop is the commit sequence of :class:`~.commit.CheckpointCommitter` over several checkpoints
+(lease fencing only): read each sealed attempt, take each lease, publish all, record each.
+
 Members' leases are taken under the owner ``group:<leader's owner>``, so a member's own commit
 task can tell its checkpoint is being published by a group and wait for it instead of failing.
 """
@@ -35,16 +38,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
-from airflow_provider_walsink.core.commit.commit import (
-    CheckpointCommitter,
-    CommitSummary,
-    FencingContext,
-    _describe,
-    publish_argument,
-    read_sealed_attempt,
-)
+from airflow_provider_walsink.core.commit.fencing import Committing, Hold
+from airflow_provider_walsink.core.commit.lease import FencingContext, lease_context, record_failure
+from airflow_provider_walsink.core.commit.refusals import describe_error
+from airflow_provider_walsink.core.commit.sealed import publish_argument, read_sealed_attempt
+from airflow_provider_walsink.core.commit.summary import CommitSummary, publication, summarize, with_result
 from airflow_provider_walsink.core.faults import crashpoint
 from airflow_provider_walsink.core.protocol.errors import FencedError
 from airflow_provider_walsink.core.protocol.states import CheckpointState
@@ -72,7 +73,7 @@ def committed_by_group(detail: str | None) -> bool:
     return bool(detail) and detail.startswith(GROUP_DETAIL_PREFIX)  # type: ignore[union-attr]
 
 
-def can_lead_group(committer: CheckpointCommitter, record: CheckpointRecord) -> bool:
+def can_lead_group(committer: Committing, record: CheckpointRecord) -> bool:
     """A committer leads a group when asked to, its publisher offers it, and the checkpoint may group."""
     return (
         committer.group_commit > 0
@@ -85,25 +86,27 @@ def can_lead_group(committer: CheckpointCommitter, record: CheckpointRecord) -> 
 
 
 def commit_as_leader(
-    committer: CheckpointCommitter,
-    lease: Lease,
-    record: CheckpointRecord,
+    committer: Committing,
+    hold: Hold,
     *,
     actor: Actor,
-    asked: float,
     started: float,
+    alone: Callable[[], CommitSummary],
 ) -> CommitSummary:
     """Commit the leased checkpoint with up to ``committer.group_commit`` others (module docstring).
 
-    Raises what :meth:`CheckpointCommitter.commit` raises for the leader's own checkpoint;
-    a member's error is recorded on that member and never raised here.
+    ``hold`` is the leader's lease (:class:`~.lease.LeaseFencing`); ``alone`` commits it by
+    itself (the sequence's single publish), when nothing can join it. Raises what
+    :meth:`CheckpointCommitter.commit` raises for the leader's own checkpoint; a member's
+    error is recorded on that member and never raised here.
     """
-    store, pipeline = committer.store, record.pipeline
+    store, record = committer.store, hold.record
+    pipeline = record.pipeline
     try:
         manifest, attempt = read_sealed_attempt(committer.layout, record)
     except Exception:  # noqa: BLE001 - the single commit reads it again and records the error
-        return committer._publish_alone(lease, record, actor=actor, asked=asked, started=started)
-    leader_ctx = _context(committer, lease, record, asked)
+        return alone()
+    leader_ctx: FencingContext = hold.ctx
     leader_ctx.attempt_id = manifest.attempt_id
     taken: dict[str, str] = {p: record.checkpoint_key for p in manifest.replaced_partitions()}
     members: list[tuple[CheckpointRecord, Lease, Any, Any, FencingContext]] = []
@@ -153,19 +156,19 @@ def commit_as_leader(
             continue
         if unreadable is not None:
             log.error("checkpoint %s/%s cannot be committed: %s", pipeline, member.checkpoint_key, unreadable)
-            committer._record_failure(
-                pipeline, member.checkpoint_key, _describe(unreadable), actor, member_lease
+            record_failure(
+                store, pipeline, member.checkpoint_key, describe_error(unreadable), actor, member_lease
             )
             continue
         for p in member_manifest.replaced_partitions():
             taken[p] = member.checkpoint_key
-        ctx = _context(committer, member_lease, member, member_asked)
+        ctx = lease_context(store, member_lease, committer.lease_ttl, member, member_asked)
         ctx.attempt_id = member_manifest.attempt_id
         members.append((member, member_lease, member_manifest, member_attempt, ctx))
     if not members:
-        return committer._publish_alone(lease, record, actor=actor, asked=asked, started=started)
+        return alone()
 
-    everyone = [(record, lease, manifest, attempt, leader_ctx), *members]
+    everyone = [(record, hold.ctx.lease, manifest, attempt, leader_ctx), *members]
     group = [
         GroupMember(m, publish_argument(committer.publisher, a), ctx)  # type: ignore[arg-type]
         for _r, _l, m, a, ctx in everyone
@@ -178,7 +181,7 @@ def commit_as_leader(
         for _member, member_lease, *_ in members:
             _release(store, member_lease, actor, f"group commit of {record.checkpoint_key} failed: {exc}")
         log.error("checkpoint %s/%s cannot be committed: %s", pipeline, record.checkpoint_key, exc)
-        committer._record_failure(pipeline, record.checkpoint_key, _describe(exc), actor, leader_ctx.lease)
+        record_failure(store, pipeline, record.checkpoint_key, describe_error(exc), actor, leader_ctx.lease)
         raise
     keys = [
         r.checkpoint_key
@@ -198,29 +201,26 @@ def commit_as_leader(
                     actor=actor,
                     end_offsets=member_manifest.end_offsets,
                     detail=f"{detail}; published {result.published}, already there {result.already}",
-                    publication=committer._publication(result),
+                    publication=publication(committer.publisher, result),
                 )
             except FencedError as exc:
                 log.error("stopped committing %s/%s: %s", pipeline, key, exc)
-                committer._record_failure(pipeline, key, f"fenced out: {exc}", actor, ctx.lease)
+                record_failure(store, pipeline, key, f"fenced out: {exc}", actor, ctx.lease)
                 if key == record.checkpoint_key:
                     leader_error = exc
                 continue
-            summary = committer._summary(done, already=False, started=started)
-            summary.published, summary.already_published = result.published, result.already
-            summary.partitions_replaced = result.partitions_replaced
-            summaries[key] = summary
+            summaries[key] = with_result(summarize(done, already=False, started=started), result)
             continue
         # Left out of the group: recorded on the member as its own commit would record it.
-        why = f"fenced out: {result}" if isinstance(result, FencedError) else _describe(result)
+        why = f"fenced out: {result}" if isinstance(result, FencedError) else describe_error(result)
         log.error("checkpoint %s/%s cannot be committed: %s", pipeline, key, result)
-        committer._record_failure(pipeline, key, why, actor, ctx.lease)
+        record_failure(store, pipeline, key, why, actor, ctx.lease)
         if key == record.checkpoint_key:
             leader_error = result
     crashpoint("group.after_committed")
     for member, _l, member_manifest, *_rest in everyone:
         if member.checkpoint_key in summaries:
-            committer._finish(member_manifest)
+            committer.finish(member_manifest)
     log.info(
         "group commit of %s/%s: %d checkpoints committed together (%s)",
         pipeline,
@@ -231,22 +231,9 @@ def commit_as_leader(
     if leader_error is not None:
         raise leader_error
     summary = summaries[record.checkpoint_key]
-    summary.lease_taken_over_from = lease.taken_over_from
+    summary.lease_taken_over_from = hold.taken_over_from
     summary.group = [record.checkpoint_key, *(k for k in summaries if k != record.checkpoint_key)]
     return summary
-
-
-def _context(
-    committer: CheckpointCommitter, lease: Lease, record: CheckpointRecord, asked: float
-) -> FencingContext:
-    return FencingContext(
-        committer.store,
-        lease,
-        committer.lease_ttl,
-        attempt_id=record.sealed_attempt_id or "",
-        confirmed_at=asked,
-        supersedes=record.supersedes_attempt_id,
-    )
 
 
 def _detail(leader: CheckpointRecord, actor: Actor, keys: list[str]) -> str:
