@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_provider_walsink.core.commit.write_phase import CheckpointSkipped
+from airflow_provider_walsink.core.commit.write_phase import CheckpointSkipped, WritePhase
 from airflow_provider_walsink.core.runners import JobRunner, runner_class
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.store.store import CheckpointRecord
@@ -217,14 +217,27 @@ class WalWriteOperator(BaseOperator):
         # First: a run walsink cannot place is refused before anything is recorded or submitted.
         interval = run_interval(context, self.checkpoint_key)
         hook = WalsinkHook(self.walsink_conn_id)
+        phase = self._write_phase(context, hook, interval)
+        try:
+            record = phase.run(lambda: actor_from_context(context))
+        except CheckpointSkipped as skipped:
+            self._staging_root = phase.staging_root
+            # The task ends skipped (no return value): the outcome is pushed as XCom "reprocess".
+            result = self._result(context, skipped.record, skipped=True)
+            context["ti"].xcom_push(key="reprocess", value={**result, "decision": "skip", "why": skipped.why})
+            raise AirflowSkipException(str(skipped)) from None
+        self._staging_root = phase.staging_root
+        return self._result(context, record, skipped=False)
+
+    def _write_phase(self, context: Any, hook: WalsinkHook, interval: Any) -> WritePhase:
+        """The core write phase of this run, built through the walsink hook."""
         root = self._configured_root(hook)
         self._runner = self.get_runner()
         has_source = self.kafka_source is not None
-        source = hook.get_source("kafka" if has_source else None, self.kafka_source, self.kafka_conn_id)
-        phase = hook.get_write_phase(
+        return hook.get_write_phase(
             staging_root=root,
             runner=self._runner,
-            source=source,
+            source=hook.get_source("kafka" if has_source else None, self.kafka_source, self.kafka_conn_id),
             pipeline=self.pipeline,
             checkpoint_key=interval.key,
             mode=self.mode,
@@ -242,16 +255,6 @@ class WalWriteOperator(BaseOperator):
             initial_offsets=self.initial_offsets,
             log=self.log,
         )
-        try:
-            record = phase.run(lambda: actor_from_context(context))
-        except CheckpointSkipped as skipped:
-            self._staging_root = phase.staging_root
-            # The task ends skipped (no return value): the outcome is pushed as XCom "reprocess".
-            result = self._result(context, skipped.record, skipped=True)
-            context["ti"].xcom_push(key="reprocess", value={**result, "decision": "skip", "why": skipped.why})
-            raise AirflowSkipException(str(skipped)) from None
-        self._staging_root = phase.staging_root
-        return self._result(context, record, skipped=False)
 
     def _configured_root(self, hook: WalsinkHook) -> str:
         """The staging root the task is configured with: ``staging_root``, else the target's own,
