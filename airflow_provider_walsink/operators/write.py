@@ -55,6 +55,9 @@ class WalWriteOperator(BaseOperator):
 
     A retry starts a new attempt; only the newest sealed attempt ever counts.
     A failed job records the error on the checkpoint (FAILED, retryable).
+    These steps are the core's
+    :class:`~airflow_provider_walsink.core.commit.write_phase.WritePhase`; this task only
+    builds it (runner, source, staging) through :class:`WalsinkHook` and runs it.
 
     The staging root is a filesystem path that the Spark driver and executors
     and the Airflow workers all see at the same place (a local disk under the
