@@ -103,7 +103,7 @@ with DAG(dag_id={dag_id!r}, schedule="@daily", start_date=START, catchup=False,
 
 def write_dags(dags: Path, data: Path, max_active_runs: int, start_from_trigger: bool) -> list[str]:
     """The benchmark's DAG files in ``dags``; returns their ids in run order."""
-    from airflow_provider_walsink.operators.write import default_spark_binary
+    from airflow_provider_walsink.hooks.spark_submit_runner import default_spark_binary
 
     dags.mkdir(parents=True, exist_ok=True)
     header = _HEADER.format(y=FIRST_DAY.year, m=FIRST_DAY.month, d=FIRST_DAY.day)

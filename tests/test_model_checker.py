@@ -446,15 +446,15 @@ def test_model_checker_finds_no_violation_reading_kafka(kind, fencing, kafka_clu
 
 def test_kafka_checker_catches_a_group_committed_ahead(kafka_cluster, tmp_path, monkeypatch):
     """A commit task that commits the topic's high watermarks to the group (ahead of the table)."""
+    from airflow_provider_walsink.core.sources import kafka as core_kafka
     from airflow_provider_walsink.core.sources.kafka import commit_group_offsets
-    from airflow_provider_walsink.hooks import kafka as hooks_kafka
 
     def ahead(store, pipeline, spec, config):
         offsets = {t: {str(p): 10_000 for p in range(3)} for t in spec.topics}
         commit_group_offsets(config, spec.group_id, offsets)
         return offsets
 
-    monkeypatch.setattr(hooks_kafka, "commit_group", ahead)
+    monkeypatch.setattr(core_kafka, "commit_group", ahead)
     found = replay(_kafka_world(tmp_path, kafka_cluster), [{"op": "run", "key": K1, "n": 3}], verbose=False)
     assert any("ahead of the committed end offsets" in v for v in found), found
 
@@ -462,8 +462,8 @@ def test_kafka_checker_catches_a_group_committed_ahead(kafka_cluster, tmp_path, 
 def test_kafka_checker_catches_a_retry_that_replans(kafka_cluster, tmp_path, monkeypatch):
     """A planner that never matches the recorded plan and a plan store where the latest plan wins:
     a write retried after more records arrived reads past the range its killed first attempt was given."""
+    from airflow_provider_walsink.core.sources import kafka as core_kafka
     from airflow_provider_walsink.core.store.store import CommitterStore
-    from airflow_provider_walsink.hooks import kafka as hooks_kafka
 
     original = CommitterStore.fix_source_plan
 
@@ -471,7 +471,7 @@ def test_kafka_checker_catches_a_retry_that_replans(kafka_cluster, tmp_path, mon
         return original(self, pipeline, checkpoint_key, plan, actor=actor, detail=detail, replace=True)
 
     monkeypatch.setattr(CommitterStore, "fix_source_plan", latest_wins)
-    monkeypatch.setattr(hooks_kafka, "_same", lambda a, b: False)
+    monkeypatch.setattr(core_kafka, "_same", lambda a, b: False)
     steps = [
         {"op": "run", "key": K1, "n": 2},
         {"op": "crash", "key": K2, "point": "kafka.read.after_batch", "retry": True},
@@ -482,15 +482,15 @@ def test_kafka_checker_catches_a_retry_that_replans(kafka_cluster, tmp_path, mon
 
 def test_kafka_checker_catches_a_reprocess_reading_newer_records(kafka_cluster, tmp_path, monkeypatch):
     """A reprocess that plans to the high watermarks instead of the end of the version it replaces."""
-    from airflow_provider_walsink.hooks import kafka as hooks_kafka
+    from airflow_provider_walsink.core.commit import write_phase
 
-    original = hooks_kafka.attempt_range
+    original = write_phase.attempt_range
 
     def to_the_end(store, pipeline, existing, **kwargs):
         got = original(store, pipeline, existing, **kwargs)
         return (got[0], None) if got is not None else None
 
-    monkeypatch.setattr(hooks_kafka, "attempt_range", to_the_end)
+    monkeypatch.setattr(write_phase, "attempt_range", to_the_end)
     steps = [{"op": "run", "key": K1, "n": 3}, {"op": "reprocess", "key": K1, "n": 2}]
     found = replay(_kafka_world(tmp_path, kafka_cluster), steps, verbose=False)
     assert any("the replace reprocess read" in v for v in found), found

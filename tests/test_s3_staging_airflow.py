@@ -179,16 +179,16 @@ def test_which_connection_a_root_uses(monkeypatch, caplog, capfd, database_urls)
 def test_credentials_are_never_put_on_a_yarn_or_kubernetes_command_line(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN", json.dumps({"conn_type": "spark", "host": "yarn"}))
     op = WalWriteOperator(task_id="w", application="job.py", pipeline="p", spark_conn_id="spark_yarn")
-    op._staging_env = storage_env("s3://b/p", {"access_key": ACCESS_KEY, "secret_key": SECRET_KEY})
+    staging_env = storage_env("s3://b/p", {"access_key": ACCESS_KEY, "secret_key": SECRET_KEY})
     with pytest.raises(ValueError, match="would put AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY.*command line"):
-        op.build_spark_hook([])
+        op.get_runner().build_hook([], staging_env)
     # The same variable set differently in env_vars and by the connection: one place only.
     op = WalWriteOperator(
         task_id="w", application="job.py", pipeline="p", env_vars={"AWS_SECRET_ACCESS_KEY": "other"}
     )
-    op._staging_env = storage_env("s3://b/p", {"access_key": ACCESS_KEY, "secret_key": SECRET_KEY})
+    staging_env = storage_env("s3://b/p", {"access_key": ACCESS_KEY, "secret_key": SECRET_KEY})
     with pytest.raises(ValueError, match="give the staging credentials in one place"):
-        op.build_spark_hook([])
+        op.get_runner().build_hook([], staging_env)
 
 
 def test_a_file_target_is_refused_with_an_object_store_root_before_anything_runs(
@@ -198,7 +198,7 @@ def test_a_file_target_is_refused_with_an_object_store_root_before_anything_runs
     op = WalWriteOperator(
         task_id="w", application="job.py", pipeline="events", checkpoint_key=KEY, target=str(tmp_path / "t")
     )
-    op.build_spark_hook = lambda argv: pytest.fail("submitted")  # type: ignore[method-assign]
+    op.get_runner = lambda: pytest.fail("submitted")  # type: ignore[method-assign]
     with pytest.raises(ValueError, match="is a directory of files.*local or mounted staging root"):
         op.execute(context("write"))
     assert sqlite_store.get("events", KEY) is None  # nothing recorded

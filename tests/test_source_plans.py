@@ -39,11 +39,10 @@ def test_the_first_plan_of_a_version_wins_and_is_in_the_history(store: Committer
 
 def test_the_write_tasks_plan_records_an_accepted_gap_and_refuses_an_unaccepted_one(store: CommitterStore):
     """FAULT INJECTED at the planner's cluster boundary (retention; the mock cluster cannot delete
-    records): the write task's planning (``hooks.kafka.plan_attempt``) against the real store."""
+    records): the write task's planning (``core.sources.kafka.plan_attempt``) against the real store."""
     import pytest
 
-    from airflow_provider_walsink.core.sources.kafka import KafkaSourceSpec, RetentionGapError
-    from airflow_provider_walsink.hooks.kafka import plan_attempt
+    from airflow_provider_walsink.core.sources.kafka import KafkaSourceSpec, RetentionGapError, plan_attempt
 
     class Retention:
         def partitions(self, topic):

@@ -29,6 +29,7 @@ from airflow_provider_walsink.core.protocol.manifest import (
     build_manifest,
     write_manifest,
 )
+from airflow_provider_walsink.core.runners import JobRunner
 from airflow_provider_walsink.core.spark.args import ProtocolArgs
 from airflow_provider_walsink.core.staging import StagingLayout
 from airflow_provider_walsink.core.store import CommitterStore
@@ -57,15 +58,15 @@ def context(task_id: str, pushed: dict[str, Any] | None = None) -> dict[str, Any
             "data_interval_end": INTERVAL_START + timedelta(days=1)}  # fmt: skip
 
 
-class StandInJob:
+class StandInJob(JobRunner):
     """What ``spark-submit`` of a CheckpointJob does, without Spark: stage one file under the
     protocol's staging root and seal the manifest (``seal=False``: exit without sealing)."""
 
-    def __init__(self, argv: list[str], seal: bool) -> None:
-        self.argv, self.seal = argv, seal
+    def __init__(self, seal: bool) -> None:
+        self.seal = seal
 
-    def submit(self, application: str) -> None:
-        protocol, _ = ProtocolArgs.from_argv(self.argv)
+    def submit(self, application: str, arguments: Any, env: Any) -> None:
+        protocol, _ = ProtocolArgs.from_argv(list(arguments))
         layout = StagingLayout(protocol.staging_root)
         attempt_dir = layout.attempt_dir(
             protocol.pipeline, protocol.checkpoint_key, protocol.attempt, protocol.attempt_id
@@ -87,7 +88,10 @@ class StandInJob:
         )
         write_manifest(attempt_dir / MANIFEST_NAME, manifest)
 
-    def on_kill(self) -> None:
+    def wait(self) -> None:
+        pass
+
+    def cancel(self) -> None:
         pass
 
 
@@ -100,7 +104,7 @@ def write_task(*, seal: bool = True, **kwargs: Any) -> WalWriteOperator:
         partition_by=["dt"],
         **kwargs,
     )
-    op.build_spark_hook = lambda argv: StandInJob(argv, seal)  # type: ignore[method-assign]
+    op.get_runner = lambda: StandInJob(seal)  # type: ignore[method-assign]
     return op
 
 

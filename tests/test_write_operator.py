@@ -61,7 +61,7 @@ def test_default_master_is_local_and_chosen_explicitly(monkeypatch):
     # A spark_default pointing at YARN exists: walsink's default must not use it.
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", "yarn://")
     op = WalWriteOperator(task_id="w", application="job.py", pipeline="p")
-    hook = op.build_spark_hook(["--x"])
+    hook = op.get_runner().build_hook(["--x"], {})
     cmd = hook._build_spark_submit_command("job.py")
     assert cmd[cmd.index("--master") + 1] == "local[*]"
     assert "spark.driver.bindAddress=127.0.0.1" in cmd
@@ -69,7 +69,7 @@ def test_default_master_is_local_and_chosen_explicitly(monkeypatch):
     assert hook._env["PYSPARK_PYTHON"]
 
     op = WalWriteOperator(task_id="w", application="job.py", pipeline="p", master="local[2]")
-    cmd = op.build_spark_hook([])._build_spark_submit_command("job.py")
+    cmd = op.get_runner().build_hook([], {})._build_spark_submit_command("job.py")
     assert cmd[cmd.index("--master") + 1] == "local[2]"
 
 
@@ -78,12 +78,12 @@ def test_a_named_spark_connection_is_used_and_a_missing_one_is_an_error(monkeypa
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL", json.dumps({"conn_type": "spark", "host": "local[3]"}))
     op = WalWriteOperator(task_id="w", application="job.py", pipeline="p", spark_conn_id="spark_local")
-    cmd = op.build_spark_hook([])._build_spark_submit_command("job.py")
+    cmd = op.get_runner().build_hook([], {})._build_spark_submit_command("job.py")
     assert cmd[cmd.index("--master") + 1] == "local[3]"
 
     op = WalWriteOperator(task_id="w", application="job.py", pipeline="p", spark_conn_id="no_such_spark")
     with pytest.raises(AirflowNotFoundException, match="no_such_spark"):
-        op.build_spark_hook([])  # never a silent fallback to yarn
+        op.get_runner().build_hook([], {})  # never a silent fallback to yarn
 
 
 def build_dag(application: str):
@@ -186,24 +186,23 @@ def test_on_kill_stops_spark_submit(tmp_path):
     job = tmp_path / "sleepy.py"
     job.write_text("import time\ntime.sleep(600)\n")
     op = WalWriteOperator(task_id="w", application=str(job), pipeline="p", master="local[1]")
-    hook = op.build_spark_hook([])
-    op._spark_hook = hook
+    runner = op._runner = op.get_runner()
     errors: list[BaseException] = []
 
     def submit() -> None:
         try:
-            hook.submit(str(job))
+            runner.submit(str(job), [], {})
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
     thread = threading.Thread(target=submit)
     thread.start()
-    while hook._submit_sp is None and thread.is_alive():
+    while (runner.hook is None or runner.hook._submit_sp is None) and thread.is_alive():
         thread.join(0.05)
     op.on_kill()
     thread.join(120)
     assert not thread.is_alive()
-    assert hook._submit_sp.returncode not in (0, None)
+    assert runner.hook._submit_sp.returncode not in (0, None)
     assert errors and "Cannot execute" in str(errors[0])
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from airflow_provider_walsink.core.commit.write_phase import REPROCESS_CONF_KEY
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
 from airflow_provider_walsink.core.store.store import Actor, new_instance_id
 
@@ -134,8 +135,6 @@ def _run_name(context: Any) -> str:
 
 #: The pipeline policies for a re-run of a COMMITTED interval (docs/backfill.md).
 REPROCESS_POLICIES = ("skip", "replace")
-#: A run's conf key that asks for one policy for this run (``--run-conf`` of a backfill).
-REPROCESS_CONF_KEY = "walsink_reprocess"
 
 
 def reprocess_decision(context: Any, policy: str) -> tuple[str, str]:

@@ -9,6 +9,9 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
+from airflow_provider_walsink.core.commit.write_phase import WritePhase
+from airflow_provider_walsink.core.sources import Source, source_class
+from airflow_provider_walsink.core.spark.args import storage_env
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.store.engine import missing_database_hint
@@ -256,6 +259,26 @@ class WalsinkHook(BaseHook):
         if not is_object_store_root(root):
             return StagingStore.open(root)
         return StagingStore.open(root, self.get_staging_credentials(root).options)
+
+    def get_source(self, name: str | None = None, spec: Any = None, conn_id: str | None = None) -> Source:
+        """The source registered as ``name`` (default ``files``: the job finds its own input), reading
+        ``spec`` with the client settings of connection ``conn_id``."""
+        cls = source_class(name or "files")
+        if spec is None:
+            return cls()
+        return cls(spec, conn_id) if conn_id is not None else cls(spec)  # type: ignore[call-arg]
+
+    def get_write_phase(self, *, staging_root: str, **kwargs: Any) -> WritePhase:
+        """The write phase of one checkpoint on this connection's committer table, staging under
+        ``staging_root`` with this connection's staging credentials (passed to the job in its
+        environment by the runner, never on a command line)."""
+        return WritePhase(
+            store=self.get_store(),
+            staging_root=staging_root,
+            staging=self.get_staging_store,
+            credentials_env=lambda root: storage_env(root, self.get_staging_credentials(root).options),
+            **kwargs,
+        )
 
     def test_connection(self) -> tuple[bool, str]:
         """The connection form's "Test" button: is the committer usable from here?

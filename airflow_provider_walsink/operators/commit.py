@@ -286,7 +286,7 @@ class WalCommitOperator(BaseOperator):
             raise
         self._summary = summary.to_dict()
         if self.kafka_source is not None:
-            self._commit_kafka_group(store)
+            self._after_commit(hook, store)
         if summary.group:
             self.log.info(
                 "Checkpoint %s/%s led a group commit: %d checkpoints in one table commit (%s)",
@@ -371,18 +371,10 @@ class WalCommitOperator(BaseOperator):
             return committed[-1]
         return None
 
-    def _commit_kafka_group(self, store: Any) -> None:
-        """The Kafka group follows the committer table: only after COMMITTED (Flink's
-        ``notifyCheckpointComplete``), with the newest committed end offsets."""
-        from airflow_provider_walsink.core.faults import crashpoint
-        from airflow_provider_walsink.hooks.kafka import as_spec, commit_group, kafka_client_config
-
-        spec = as_spec(self.kafka_source)
-        if not spec.group_id:
-            return
-        crashpoint("commit.before_group_offsets")
-        offsets = commit_group(store, self.pipeline, spec, kafka_client_config(self.kafka_conn_id))
-        self._summary["kafka_group_offsets"] = offsets
+    def _after_commit(self, hook: WalsinkHook, store: Any) -> None:
+        """The source's step after COMMITTED (the consumer group's offsets follow the table)."""
+        source = hook.get_source("kafka", self.kafka_source, self.kafka_conn_id)
+        self._summary.update(source.after_commit(store, self.pipeline) or {})
 
     def _object_store_publisher(self, root: str) -> Publisher:
         """The publisher of a checkpoint staged on an object store; only a target that publishes a

@@ -2,36 +2,22 @@
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from airflow.providers.apache.spark.hooks.spark_submit import DEFAULT_SPARK_BINARY, SparkSubmitHook
-
-from airflow_provider_walsink.core.protocol.errors import ManifestError
-from airflow_provider_walsink.core.protocol.manifest import (
-    MANIFEST_NAME,
-    MAX_MANIFEST_BYTES,
-    digest_of,
-    parse_manifest,
-)
-from airflow_provider_walsink.core.spark.args import S3_OPTION_ENV, SECRET_OPTIONS, ProtocolArgs, storage_env
+from airflow_provider_walsink.core.commit.write_phase import CheckpointSkipped, WritePhase
+from airflow_provider_walsink.core.runners import JobRunner, runner_class
 from airflow_provider_walsink.core.staging.layout import StagingLayout
-from airflow_provider_walsink.core.staging.object_store import StagingStore
-from airflow_provider_walsink.core.store.store import CheckpointRecord, OrderingError, TransitionError
+from airflow_provider_walsink.core.store.store import CheckpointRecord
 from airflow_provider_walsink.core.targets.registry import target_scheme
 from airflow_provider_walsink.hooks.context import (
-    REPROCESS_CONF_KEY,
     REPROCESS_POLICIES,
     actor_from_context,
     reprocess_decision,
     run_interval,
     version_token,
 )
+from airflow_provider_walsink.hooks.spark_submit_runner import DEFAULT_MASTER
 from airflow_provider_walsink.hooks.staging import is_object_store_root
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.operators.commit import target_staging_root, validate_static_identifier
@@ -40,93 +26,11 @@ from airflow_provider_walsink.operators.placement import check_operator_placemen
 from airflow_provider_walsink.ui.links import WalsinkCheckpointLink
 
 try:
-    from airflow.sdk import BaseHook, BaseOperator
+    from airflow.sdk import BaseOperator
     from airflow.sdk.exceptions import AirflowSkipException
 except ImportError:  # pragma: no cover
     from airflow.exceptions import AirflowSkipException  # type: ignore[no-redef]
-    from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
     from airflow.models import BaseOperator  # type: ignore[no-redef]
-
-#: Master used when the operator names no Spark connection.
-DEFAULT_MASTER = "local[*]"
-#: Spark settings applied under the default local master unless the user sets them:
-#: keep the driver on loopback and skip the web UI (it binds every interface).
-LOCAL_DEFAULT_CONF = {
-    "spark.driver.host": "127.0.0.1",
-    "spark.driver.bindAddress": "127.0.0.1",
-    "spark.ui.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",  # progress bars garble the task log
-}
-
-
-def default_spark_binary() -> str:
-    """``spark-submit`` beside this interpreter (a virtualenv's ``bin/``), else on ``PATH``."""
-    candidate = os.path.join(os.path.dirname(sys.executable), DEFAULT_SPARK_BINARY)
-    if os.access(candidate, os.X_OK):
-        return candidate
-    return shutil.which(DEFAULT_SPARK_BINARY) or DEFAULT_SPARK_BINARY
-
-
-def same_root(a: str, b: str) -> bool:
-    """Whether two staging roots name the same place (local paths resolved, URIs as written)."""
-    if is_object_store_root(a) or is_object_store_root(b):
-        return a.rstrip("/") == b.rstrip("/")
-    return StagingLayout(a).root == StagingLayout(b).root
-
-
-#: The environment variables that carry secrets to the job (:data:`S3_OPTION_ENV`, and a Kafka
-#: source's client configuration, ``WALSINK_KAFKA_CONFIG``).
-SECRET_ENV = frozenset(name for option in SECRET_OPTIONS for name in S3_OPTION_ENV[option]) | {
-    "WALSINK_KAFKA_CONFIG"
-}
-
-
-_EXIT_CODE = re.compile(r"Error code is: (-?\d+)")
-
-
-def describe_failure(exc: BaseException) -> str:
-    """One line for the committer table's history: what failed, without the whole command line.
-
-    The Spark hook's error starts with the full spark-submit command and ends
-    with the tail of its log; the job's own exception is the last line of it.
-    """
-    text = str(exc).strip()
-    if not text:
-        return type(exc).__name__
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    code = _EXIT_CODE.search(lines[0])
-    if lines[0].startswith("Cannot execute:") and code:
-        tail = next((ln for ln in reversed(lines[1:]) if "Error" in ln or "Exception" in ln), None)
-        tail = tail or (lines[-1] if len(lines) > 1 else "no log output")
-        return f"spark-submit exited with code {code.group(1)}: {tail}"[:1000]
-    return lines[0][:1000]
-
-
-class ExplicitMasterSparkSubmitHook(SparkSubmitHook):
-    """A ``SparkSubmitHook`` whose master is given, not looked up in a connection.
-
-    The provider's hook falls back to ``yarn`` when its connection is missing;
-    walsink's default is chosen explicitly instead (``local[*]``), and nothing
-    is looked up.
-    """
-
-    def __init__(self, *, master: str, **kwargs: Any) -> None:
-        self._walsink_master = master
-        super().__init__(**kwargs)
-
-    def _resolve_connection(self) -> dict[str, Any]:
-        return {
-            "master": self._walsink_master,
-            "queue": None,
-            "deploy_mode": self._deploy_mode,
-            "spark_binary": self.spark_binary or DEFAULT_SPARK_BINARY,
-            "namespace": self._conf.get("spark.kubernetes.namespace"),
-            "principal": self._principal,
-            "keytab": self._keytab,
-            "rest_scheme": "http",
-            "rest_port": 6066,
-            "rest_endpoint": None,
-        }
 
 
 class WalWriteOperator(BaseOperator):
@@ -138,7 +42,8 @@ class WalWriteOperator(BaseOperator):
        checkpoint of the pipeline makes the task fail (retry it later): reading
        from the committed offsets while an earlier checkpoint is still open
        would read its input a second time.
-    2. Submits ``application`` through the Spark provider's ``SparkSubmitHook``
+    2. Submits ``application`` through the ``spark`` job runner (the Spark provider's
+       ``SparkSubmitHook``, :mod:`~airflow_provider_walsink.hooks.spark_submit_runner`)
        with the protocol arguments (``--walsink-protocol <json>``, see
        :class:`~airflow_provider_walsink.core.spark.args.ProtocolArgs`) ahead of
        ``application_args``. The job stages its output with
@@ -150,6 +55,9 @@ class WalWriteOperator(BaseOperator):
 
     A retry starts a new attempt; only the newest sealed attempt ever counts.
     A failed job records the error on the checkpoint (FAILED, retryable).
+    These steps are the core's
+    :class:`~airflow_provider_walsink.core.commit.write_phase.WritePhase`; this task only
+    builds it (runner, source, staging) through :class:`WalsinkHook` and runs it.
 
     The staging root is a filesystem path that the Spark driver and executors
     and the Airflow workers all see at the same place (a local disk under the
@@ -293,94 +201,67 @@ class WalWriteOperator(BaseOperator):
         self.staging_root = staging_root
         self.spark_binary = spark_binary
         self.spark_submit_kwargs = dict(spark_submit_kwargs or {})
-        self._spark_hook: SparkSubmitHook | None = None
-        #: The staging root's credentials as spark-submit's environment (set by ``execute``).
-        self._staging_env: dict[str, str] = {}
+        self._runner: JobRunner | None = None
 
-    # ------------------------------------------------------------------ Spark
-
-    def build_spark_hook(self, application_args: list[str]) -> SparkSubmitHook:
-        """The provider's hook, with the master chosen explicitly when no connection is named.
-
-        The staging root's credentials (set by :meth:`execute`) join ``env_vars``: the
-        environment of the spark-submit process, which a local or client-mode driver
-        inherits. They are never on the command line; a master that would put them there
-        (YARN and Kubernetes turn ``env_vars`` into ``--conf`` arguments) or cannot take
-        them (standalone cluster mode) is refused.
-        """
-        kwargs: dict[str, Any] = dict(
-            name=f"walsink-{self.pipeline}",
-            application_args=application_args,
+    def get_runner(self) -> JobRunner:
+        """The ``spark`` job runner (spark-submit) with this task's Spark arguments."""
+        return runner_class("spark")(  # type: ignore[call-arg]
+            job_name=f"walsink-{self.pipeline}",
+            spark_conn_id=self.spark_conn_id,
+            master=self.master,
+            conf=self.conf,
+            env_vars=self.env_vars,
             spark_binary=self.spark_binary,
-            **self.spark_submit_kwargs,
+            spark_submit_kwargs=self.spark_submit_kwargs,
+            log=self.log,
         )
-        staging_env = dict(self._staging_env)
-        if self.spark_conn_id is None:
-            self.log.info(
-                "No spark_conn_id: submitting to master %s (walsink's explicit default)", self.master
-            )
-            conf = {**LOCAL_DEFAULT_CONF, **self.conf} if self.master.startswith("local") else self.conf
-            env = self._spark_env(staging_env)
-            if self.master.startswith("local"):
-                env.setdefault("PYSPARK_PYTHON", sys.executable)
-                env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-            kwargs["spark_binary"] = self.spark_binary or default_spark_binary()
-            hook: SparkSubmitHook = ExplicitMasterSparkSubmitHook(
-                master=self.master, conf=conf, env_vars=env, **kwargs
-            )
-        else:
-            # Fail on a missing connection here: the provider would fall back to yarn.
-            BaseHook.get_connection(self.spark_conn_id)
-            hook = SparkSubmitHook(
-                conn_id=self.spark_conn_id,
-                conf=self.conf,
-                env_vars=self._spark_env(staging_env) or None,
-                **kwargs,
-            )
-        self._check_credentials_stay_off_the_command_line(hook, staging_env)
-        return hook
-
-    def _spark_env(self, staging_env: Mapping[str, str]) -> dict[str, str]:
-        """``env_vars`` plus the staging credentials; the same variable set twice differently is an error."""
-        env = dict(self.env_vars)
-        clash = sorted(k for k, v in staging_env.items() if k in env and str(env[k]) != v)
-        if clash:
-            raise ValueError(
-                f"env_vars sets {clash}, which the staging root's connection sets too: give the staging "
-                "credentials in one place (the walsink connection's staging_conn_id)"
-            )
-        env.update(staging_env)
-        return env
-
-    def _check_credentials_stay_off_the_command_line(
-        self, hook: SparkSubmitHook, staging_env: Mapping[str, str]
-    ) -> None:
-        secrets = sorted(k for k in SECRET_ENV if staging_env.get(k))
-        if not secrets:
-            return
-        master = hook._connection["master"]
-        if hook._is_yarn or hook._is_kubernetes:
-            raise ValueError(
-                f"staging credentials cannot reach a job on master {master}: the Spark provider passes "
-                f"env_vars to YARN and Kubernetes as --conf arguments, which would put {', '.join(secrets)} "
-                "on the spark-submit command line. Let the cluster's own identity reach the bucket (instance "
-                'profile, IRSA) and set the walsink connection extra "staging_conn_id": "" (the default '
-                "credential chain)"
-            )
-        if hook._connection["deploy_mode"] == "cluster":
-            raise ValueError(
-                f"staging credentials cannot reach a job in cluster deploy mode on {master}: its driver does "
-                "not inherit spark-submit's environment. Use client deploy mode, or the hosts' default "
-                'credential chain (walsink connection extra "staging_conn_id": "")'
-            )
-
-    # ------------------------------------------------------------------ execute
 
     def execute(self, context: Any) -> dict[str, Any]:
         # First: a run walsink cannot place is refused before anything is recorded or submitted.
         interval = run_interval(context, self.checkpoint_key)
-        key = interval.key
         hook = WalsinkHook(self.walsink_conn_id)
+        phase = self._write_phase(context, hook, interval)
+        try:
+            record = phase.run(lambda: actor_from_context(context))
+        except CheckpointSkipped as skipped:
+            self._staging_root = phase.staging_root
+            # The task ends skipped (no return value): the outcome is pushed as XCom "reprocess".
+            result = self._result(context, skipped.record, skipped=True)
+            context["ti"].xcom_push(key="reprocess", value={**result, "decision": "skip", "why": skipped.why})
+            raise AirflowSkipException(str(skipped)) from None
+        self._staging_root = phase.staging_root
+        return self._result(context, record, skipped=False)
+
+    def _write_phase(self, context: Any, hook: WalsinkHook, interval: Any) -> WritePhase:
+        """The core write phase of this run, built through the walsink hook."""
+        root = self._configured_root(hook)
+        self._runner = self.get_runner()
+        has_source = self.kafka_source is not None
+        return hook.get_write_phase(
+            staging_root=root,
+            runner=self._runner,
+            source=hook.get_source("kafka" if has_source else None, self.kafka_source, self.kafka_conn_id),
+            pipeline=self.pipeline,
+            checkpoint_key=interval.key,
+            mode=self.mode,
+            application=self.application,
+            application_args=self.application_args,
+            check_placement=lambda r: check_operator_placement(self, hook, r),
+            reprocess=lambda: reprocess_decision(context, self.reprocess),
+            version_token=lambda: version_token(context),
+            target=self.target,
+            interval_start=interval.start.isoformat() if interval.start else None,
+            interval_end=interval.end.isoformat() if interval.end else None,
+            file_format=self.file_format,
+            partition_by=self.partition_by,
+            checksum=self.checksum,
+            initial_offsets=self.initial_offsets,
+            log=self.log,
+        )
+
+    def _configured_root(self, hook: WalsinkHook) -> str:
+        """The staging root the task is configured with: ``staging_root``, else the target's own,
+        else the connection's; a target that cannot be published into is refused here."""
         root = self.staging_root or hook.staging_root
         if self.target is not None:
             self._refuse_unpublishable_staging(root)
@@ -399,207 +280,7 @@ class WalWriteOperator(BaseOperator):
                 root = own
         if not is_object_store_root(root):
             root = str(StagingLayout(root).root)  # recorded as an absolute path, as every reader expects
-        store = hook.get_store()
-        existing = store.get(self.pipeline, key)
-        # A Kafka plan the source refuses is refused here, before anything is recorded.
-        kafka_config, kafka_planner = self._check_kafka_source(store, existing, context)
-        # A checkpoint staged before keeps its recorded root (docs/protocol.md, "Staging root").
-        root = self._recorded_root(existing, root)
-        self._staging_root = root
-        # Before anything is recorded: a cluster master needs a staging root every node sees.
-        self.log.info("Staging placement: %s", check_operator_placement(self, hook, root))
-        actor = actor_from_context(context)
-
-        record = store.register(
-            self.pipeline,
-            key,
-            mode=self.mode,
-            actor=actor,
-            target=self.target,
-            staging_root=self._staging_root,
-        )
-        if record.is_committed:
-            record = self._reprocess_or_skip(context, store, record, actor)
-
-        start_offsets: dict[str, Any] | None = None
-        until_offsets: dict[str, Any] | None = None
-        if record.supersedes_attempt_id is not None and self.mode == "append":
-            # A new version re-reads exactly the input of the version it replaces.
-            start_offsets = record.start_offsets
-            until_offsets = store.versions(self.pipeline, key)[-1].end_offsets
-        elif self.mode == "append":
-            earlier = [r for r in store.pending(self.pipeline) if r.sequence < record.sequence]
-            if earlier:
-                first = earlier[0]
-                # Recorded on the checkpoint (its error, its history): the UI and the CLI show why it waits.
-                reason = store.record_blocked(self.pipeline, key, actor=actor)
-                raise OrderingError(
-                    reason
-                    or f"append checkpoint {self.pipeline}/{key} (sequence {record.sequence}) cannot start: "
-                    f"earlier checkpoint {first.checkpoint_key} (sequence {first.sequence}) is {first.state}; "
-                    "it must commit (or be aborted with `walsink`) first, or its input would be read twice"
-                )
-            start_offsets = store.last_committed_offsets(self.pipeline)
-            if start_offsets is None:
-                start_offsets = self.initial_offsets
-        source_extra: dict[str, Any] = {}
-        if kafka_config is not None:
-            from airflow_provider_walsink.hooks.kafka import as_spec, plan_attempt
-
-            # Fixed once per version and reused by every retry (docs/kafka.md, "The offset rule").
-            start_offsets, until_offsets, source_extra = plan_attempt(
-                store,
-                record,
-                as_spec(self.kafka_source),
-                kafka_config,
-                start_offsets=start_offsets,
-                until_offsets=until_offsets,
-                actor=actor,
-                planner=kafka_planner,
-            )
-        try:
-            record = store.start_attempt(
-                self.pipeline, key, actor=actor, start_offsets=start_offsets, staging_root=self._staging_root
-            )
-        except TransitionError as e:
-            raise TransitionError(f"{e}; the write task cannot start a new attempt now") from None
-        if record.staging_root and not same_root(record.staging_root, root):
-            # Another writer recorded a root between our read and this attempt: it wins.
-            root = self._recorded_root(record, root)
-            self._staging_root = root
-            self.log.info("Staging placement: %s", check_operator_placement(self, hook, root))
-        attempt = record.attempt
-        staging = hook.get_staging_store(root)
-        location = staging.attempt(self.pipeline, key, attempt, record.attempt_id)
-        if staging.is_local:
-            attempt_dir = Path(location.path)
-            if attempt_dir.exists():  # left by a crash with the same attempt number: never reuse its files
-                staging.remove_attempt(location)
-            attempt_dir.mkdir(parents=True)
-        elif staging.list_attempt(location):
-            # An object store has no directories to create; objects left under this attempt's
-            # prefix (a crash with the same attempt id) would mix with the job's.
-            staging.remove_attempt(location)
-        # Credentials reach the job in spark-submit's environment, never on its command line.
-        self._staging_env = storage_env(root, hook.get_staging_credentials(root).options)
-        if kafka_config is not None:
-            from airflow_provider_walsink.hooks.kafka import kafka_env
-
-            self._staging_env.update(kafka_env(kafka_config))
-
-        protocol = ProtocolArgs(
-            pipeline=self.pipeline,
-            checkpoint_key=key,
-            sequence=record.sequence,
-            attempt=attempt,
-            staging_root=root,
-            mode=self.mode,
-            file_format=self.file_format,
-            partition_by=tuple(self.partition_by),
-            start_offsets=start_offsets,
-            interval_start=interval.start.isoformat() if interval.start else None,
-            interval_end=interval.end.isoformat() if interval.end else None,
-            checksum=self.checksum,
-            attempt_id=record.attempt_id or "",
-            until_offsets=until_offsets,
-            extra=source_extra,
-        )
-        self.log.info(
-            "Checkpoint %s/%s sequence %d: attempt %d stages into %s (start offsets %s)",
-            self.pipeline,
-            key,
-            record.sequence,
-            attempt,
-            location.uri,
-            start_offsets,
-        )
-        try:
-            self._spark_hook = self.build_spark_hook([*protocol.to_argv(), *map(str, self.application_args)])
-            self._spark_hook.submit(self.application)
-            record = self._record_seal(store, staging, protocol, actor)
-        except BaseException as exc:
-            detail = describe_failure(exc)
-            try:
-                # Owned: fails this attempt only, never a checkpoint a newer try or a committer holds.
-                store.fail(
-                    self.pipeline,
-                    key,
-                    error=f"write attempt {attempt}: {detail}",
-                    actor=actor,
-                    attempt=attempt,
-                )
-            except Exception as fail_exc:  # noqa: BLE001 - keep the original error
-                self.log.warning("could not record the failure: %s", fail_exc)
-            raise
-        return self._result(context, record, skipped=False)
-
-    def _check_kafka_source(
-        self, store: Any, existing: CheckpointRecord | None, context: Any
-    ) -> tuple[Any, Any]:
-        """``(client configuration, planner)`` of the Kafka source (``(None, None)``: none), once the
-        checkpoint's next attempt is planned as it will be after the checkpoint is registered: a
-        missing topic or partition, offsets gone backwards or a retention gap not accepted fail
-        here, with the committer table unchanged (docs/kafka.md, "The offset rule")."""
-        if self.kafka_source is None:
-            return None, None
-        from airflow_provider_walsink.hooks.kafka import (
-            OffsetPlanner,
-            as_spec,
-            attempt_range,
-            check_before_recording,
-            kafka_client_config,
-        )
-
-        config = kafka_client_config(self.kafka_conn_id)
-        spec = as_spec(self.kafka_source)
-        replacing = False
-        if existing is not None and existing.is_committed:
-            decision, _ = reprocess_decision(context, self.reprocess)
-            replacing = decision == "replace" and existing.version_token != version_token(context)
-        planner = OffsetPlanner(config)
-        try:
-            for topic in spec.topics:
-                planner.meta.partitions(topic)
-            offsets = attempt_range(
-                store, self.pipeline, existing, initial_offsets=self.initial_offsets, replacing=replacing
-            )
-            if offsets is not None:
-                check_before_recording(
-                    store,
-                    self.pipeline,
-                    existing,
-                    spec,
-                    planner,
-                    start_offsets=offsets[0],
-                    until_offsets=offsets[1],
-                )
-        finally:
-            planner.close()  # the memo stays: the plan recorded later is the one checked here
-        return config, planner
-
-    def _recorded_root(self, record: CheckpointRecord | None, configured: str) -> str:
-        """The staging root this attempt stages under: the checkpoint's recorded root, if it has one.
-
-        A checkpoint's attempts (and its later versions) never split across
-        staging roots: the sensor, the commit, the UI, GC and abort all read
-        the recorded root. So when the connection, the target or
-        ``staging_root`` now name another place, the recorded root wins, and
-        the task log says so.
-        """
-        if record is None or not record.staging_root:
-            return configured
-        recorded = record.staging_root
-        if not same_root(recorded, configured):
-            self.log.warning(
-                "Checkpoint %s/%s is staged under %s (recorded when it was first written); this attempt "
-                "stages there too, not under the configured %s: a checkpoint's attempts never split "
-                'across staging roots (docs/protocol.md, "Staging root")',
-                record.pipeline,
-                record.checkpoint_key,
-                recorded,
-                configured,
-            )
-        return recorded
+        return root
 
     def _refuse_unpublishable_staging(self, root: str) -> None:
         """A file target publishes from a local or mounted staging root only: refuse an object-store
@@ -612,126 +293,6 @@ class WalWriteOperator(BaseOperator):
                 "files, which publishes from a local or mounted staging root only: give the write and commit "
                 "tasks a staging_root on a path every node mounts, or publish into a table target"
             )
-
-    def _record_seal(
-        self, store: Any, layout: StagingLayout | StagingStore, protocol: ProtocolArgs, actor: Any
-    ) -> CheckpointRecord:
-        if isinstance(layout, StagingStore) and not layout.is_local:
-            location = layout.attempt(
-                protocol.pipeline, protocol.checkpoint_key, protocol.attempt, protocol.attempt_id or None
-            )
-            path: Any = f"{location.uri}/{MANIFEST_NAME}"
-            manifest_uri = path
-            try:
-                with layout.filesystem.open_input_stream(location.manifest_path) as stream:
-                    data = stream.read(MAX_MANIFEST_BYTES + 1)
-            except FileNotFoundError:
-                raise ManifestError(
-                    f"the Spark job finished but sealed no manifest at {path}: does it stage through "
-                    "CheckpointJob and leave its `with` block (or call job.seal())?"
-                ) from None
-        else:
-            if isinstance(layout, StagingStore):
-                assert layout.layout is not None
-                layout = layout.layout
-            path = layout.manifest_path(
-                protocol.pipeline, protocol.checkpoint_key, protocol.attempt, protocol.attempt_id or None
-            )
-            manifest_uri = path.as_uri()
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            except FileNotFoundError:
-                raise ManifestError(
-                    f"the Spark job finished but sealed no manifest at {path}: does it stage through "
-                    "CheckpointJob and leave its `with` block (or call job.seal())?"
-                ) from None
-            with os.fdopen(fd, "rb") as f:
-                data = f.read()
-        manifest = parse_manifest(data, source=f"manifest {path}")
-        expected = (
-            protocol.pipeline,
-            protocol.checkpoint_key,
-            protocol.sequence,
-            protocol.attempt,
-            protocol.attempt_id,
-        )
-        found = (
-            manifest.pipeline,
-            manifest.checkpoint_key,
-            manifest.sequence,
-            manifest.attempt,
-            manifest.attempt_id,
-        )
-        if found != expected:
-            raise ManifestError(f"manifest {path} describes {found}, not {expected}")
-        if manifest.start_offsets != protocol.start_offsets:
-            raise ManifestError(
-                f"manifest {path} starts at offsets {manifest.start_offsets}, but the attempt was "
-                f"started at {protocol.start_offsets}"
-            )
-        if protocol.until_offsets is not None and manifest.end_offsets != protocol.until_offsets:
-            raise ManifestError(
-                f"manifest {path} ends at offsets {manifest.end_offsets}, but this reprocess must end "
-                f"where the version it replaces ended, {protocol.until_offsets} (read job.until_offsets): "
-                "otherwise later checkpoints would be read twice or skipped"
-            )
-        digest = digest_of(data)
-        record = store.seal_manifest(manifest, manifest_uri=manifest_uri, manifest_digest=digest, actor=actor)
-        self.log.info(
-            "Sealed %s/%s attempt %d: %d committables, %d rows, %d bytes, end offsets %s, digest %s",
-            protocol.pipeline,
-            protocol.checkpoint_key,
-            protocol.attempt,
-            manifest.expected_count,
-            manifest.total_rows,
-            manifest.total_bytes,
-            manifest.end_offsets,
-            digest,
-        )
-        return record
-
-    def _reprocess_or_skip(
-        self, context: Any, store: Any, record: CheckpointRecord, actor: Any
-    ) -> CheckpointRecord:
-        """A COMMITTED checkpoint: start a new version (reprocess ``replace``) or skip, loudly."""
-        name = f"{self.pipeline}/{record.checkpoint_key}"
-        decision, why = reprocess_decision(context, self.reprocess)
-        if decision == "replace":
-            token = version_token(context)
-            new = store.begin_version(
-                self.pipeline, record.checkpoint_key, token=token, actor=actor, reason=why
-            )
-            if new is not None:
-                self.log.warning(
-                    "Checkpoint %s is COMMITTED (version %d, attempt %s); REPROCESS: writing version %d, "
-                    "which will supersede it when it commits (%s)",
-                    name,
-                    record.version,
-                    record.sealed_attempt_id,
-                    new.version,
-                    why,
-                )
-                return new
-            why = f"this run ({token}) already wrote version {record.version}"
-        message = (
-            f"Checkpoint {name} is already COMMITTED (version {record.version}, attempt "
-            f"{record.sealed_attempt_id}, at {record.committed_at}): SKIPPED, nothing is rewritten ({why}). "
-            f"To rewrite it, reprocess with reprocess='replace' or the run conf "
-            f'{{"{REPROCESS_CONF_KEY}": "replace"}} (docs/backfill.md)'
-        )
-        self.log.warning("%s", message)
-        store.record_event(
-            self.pipeline,
-            record.checkpoint_key,
-            actor=actor,
-            detail=f"write skipped: the checkpoint is already COMMITTED ({why})",
-        )
-        # The task ends skipped (no return value): the outcome is pushed as XCom "reprocess".
-        context["ti"].xcom_push(
-            key="reprocess",
-            value={**self._result(context, record, skipped=True), "decision": "skip", "why": why},
-        )
-        raise AirflowSkipException(message)
 
     def _result(self, context: Any, record: CheckpointRecord, *, skipped: bool) -> dict[str, Any]:
         ti = context["ti"]
@@ -769,5 +330,5 @@ class WalWriteOperator(BaseOperator):
         )
 
     def on_kill(self) -> None:
-        if self._spark_hook is not None:
-            self._spark_hook.on_kill()
+        if self._runner is not None:
+            self._runner.cancel()

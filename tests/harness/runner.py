@@ -56,7 +56,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from airflow_provider_walsink.core import faults
@@ -364,8 +363,9 @@ def task_write_spark(
     crash_log: str,
 ) -> tuple[int, str]:
     """The write task as WalWriteOperator runs it: start the attempt, spark-submit, record the seal."""
+    from airflow_provider_walsink.core.commit.write_phase import record_seal
     from airflow_provider_walsink.core.spark.args import ProtocolArgs
-    from airflow_provider_walsink.operators.write import WalWriteOperator, default_spark_binary
+    from airflow_provider_walsink.hooks.spark_submit_runner import default_spark_binary
 
     actor = _actor("write", spec.key, try_number)
     layout = env.layout()
@@ -416,9 +416,7 @@ def task_write_spark(
     if proc.returncode != 0:
         return proc.returncode, proc.stderr[-2000:]
     # The operator's own seal recording (manifest identity and offsets checked, then store.seal).
-    WalWriteOperator._record_seal(
-        SimpleNamespace(log=logging.getLogger("harness")), store, layout, protocol, actor
-    )
+    record_seal(store, layout, protocol, actor, log=logging.getLogger("harness"))
     return 0, ""
 
 

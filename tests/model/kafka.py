@@ -8,16 +8,16 @@ process, ``tests/kafka_mock.py``), and
   three a tombstone, null value), and a ``write`` or ``run`` step produces its ``n`` more before
   it plans; every record's ``(partition, offset)`` is kept as the cluster acknowledged it;
 * **a write step reads through the real Kafka source path**: the write task's planning
-  (:func:`~airflow_provider_walsink.hooks.kafka.attempt_range`,
-  :func:`~airflow_provider_walsink.hooks.kafka.check_before_recording` before anything is
-  recorded, :func:`~airflow_provider_walsink.hooks.kafka.plan_attempt` recording the plan once
+  (:func:`~airflow_provider_walsink.core.commit.write_phase.attempt_range`,
+  :func:`~airflow_provider_walsink.core.sources.kafka.check_before_recording` before anything is
+  recorded, :func:`~airflow_provider_walsink.core.sources.kafka.plan_attempt` recording the plan once
   per version), then each split read by the executors' reader
   (:func:`~airflow_provider_walsink.core.sources.kafka.read_range`, in this process instead of a
   Spark task, two records per batch), staged and sealed with ``CheckpointWriter`` as the
   other sources of the checker are;
 * **a commit step** commits as the commit task does: the core commit, then crash point
   ``commit.before_group_offsets``, then the consumer group's offsets
-  (:func:`~airflow_provider_walsink.hooks.kafka.commit_group`);
+  (:func:`~airflow_provider_walsink.core.sources.kafka.commit_group`);
 * **kills**: a commit SIGKILLed between the target commit and the group commit
   (``commit.before_group_offsets``), and a write SIGKILLed mid-read (``kafka.read.after_batch``,
   the whole write task in a child process, after its reader handed over its first batch), then
@@ -140,7 +140,7 @@ def group_offsets(cfg: Config) -> dict[str, int]:
 def group_commit(cfg: Config, store: CommitterStore) -> dict[str, Any] | None:
     """What the commit task does after the core commit (``operators/commit.py``)."""
     from airflow_provider_walsink.core.faults import crashpoint
-    from airflow_provider_walsink.hooks.kafka import commit_group
+    from airflow_provider_walsink.core.sources.kafka import commit_group
 
     crashpoint("commit.before_group_offsets")
     return commit_group(store, cfg.pipeline, spec(cfg), client_config(cfg))
@@ -153,12 +153,14 @@ def write(cfg: Config, store: CommitterStore, layout: Any, key: str, a: Any) -> 
     recorded (once per version), then the attempt started; each split read by the reader the
     executors run; staged and sealed with the plan's start and end offsets.
     """
-    from airflow_provider_walsink.core.sources.kafka import OffsetPlan, read_range, split_ranges
-    from airflow_provider_walsink.hooks.kafka import (
+    from airflow_provider_walsink.core.commit.write_phase import attempt_range
+    from airflow_provider_walsink.core.sources.kafka import (
+        OffsetPlan,
         OffsetPlanner,
-        attempt_range,
         check_before_recording,
         plan_attempt,
+        read_range,
+        split_ranges,
     )
 
     existing = store.require(cfg.pipeline, key)

@@ -1,0 +1,33 @@
+"""Job runners: where the write phase's PySpark job runs (contract: :class:`.base.JobRunner`).
+
+One line per runner, ``name -> "module:Class"``, imported only when asked for: a runner
+that needs Airflow lives under ``airflow_provider_walsink.hooks``, which the core never
+imports.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from airflow_provider_walsink.core.runners.base import JobRunner
+
+#: Runner name (the Airflow connection type of where the job runs) -> ``"module:Class"``.
+RUNNERS: dict[str, str] = {
+    "spark": "airflow_provider_walsink.hooks.spark_submit_runner:SparkSubmitRunner",
+}
+
+
+def runner_class(name: str) -> type[JobRunner]:
+    """The runner registered as ``name`` (imported now)."""
+    try:
+        path = RUNNERS[name]
+    except KeyError:
+        raise ValueError(f"no job runner named {name!r}; known: {sorted(RUNNERS)}") from None
+    module, _, attr = path.partition(":")
+    cls = getattr(import_module(module), attr)
+    if not (isinstance(cls, type) and issubclass(cls, JobRunner)):
+        raise TypeError(f"{path} is not a JobRunner")
+    return cls
+
+
+__all__ = ["RUNNERS", "JobRunner", "runner_class"]

@@ -51,17 +51,23 @@ never reads them back.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from airflow_provider_walsink.core.faults import crashpoint
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
+from airflow_provider_walsink.core.sources.base import Source
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
+
+    from airflow_provider_walsink.core.store.store import Actor, CheckpointRecord
+
+log = logging.getLogger(__name__)
 
 #: Offsets of a Kafka source: ``{topic: {partition (a string, as JSON keys are): next offset}}``.
 Offsets = dict[str, dict[str, int]]
@@ -793,20 +799,320 @@ def plan_summary(plan: OffsetPlan) -> str:
     return f"{plan.records} offsets: {', '.join(parts) or 'no partitions'}{gaps}"
 
 
+# ---------------------------------------------------------------------- the write task's plan
+
+
+def as_spec(source: KafkaSourceSpec | Mapping[str, Any]) -> KafkaSourceSpec:
+    return source if isinstance(source, KafkaSourceSpec) else KafkaSourceSpec.from_dict(source)
+
+
+class OffsetPlanner:
+    """Plans of one write task, each asked of the cluster once (:func:`plan_offsets`, memoized).
+
+    The write task checks its checkpoint's ranges *before* it records anything
+    (:func:`check_before_recording`) and records the same plan afterwards
+    (:func:`plan_attempt`): the memo makes both the same plan, with no window
+    between them in which the log could move. The cluster connection opens on
+    the first plan not in the memo; :meth:`close` closes it and keeps the memo.
+    """
+
+    def __init__(self, config: Mapping[str, Any], meta: KafkaMetadata | None = None) -> None:
+        self.config = dict(config)
+        self._meta = meta
+        self._owned: ConsumerMetadata | None = None
+        self._plans: dict[str, OffsetPlan] = {}
+
+    @property
+    def meta(self) -> KafkaMetadata:
+        if self._meta is None:
+            self._owned = ConsumerMetadata(self.config)
+            self._meta = self._owned
+        return self._meta
+
+    def plan(
+        self, spec: KafkaSourceSpec, *, start: Mapping[str, Any] | None, end: Mapping[str, Any] | None = None
+    ) -> OffsetPlan:
+        """:func:`plan_offsets` of these arguments (the memoized plan when asked before)."""
+        memo = json.dumps([spec.to_dict(), start, end], sort_keys=True)
+        if memo not in self._plans:
+            self._plans[memo] = plan_offsets(self.meta, spec, start=start, end=end)
+        return self._plans[memo]
+
+    def close(self) -> None:
+        """Close the connection this planner opened (an injected ``meta`` is the caller's)."""
+        if self._owned is not None:
+            self._owned.close()
+            self._owned = None
+            self._meta = None
+
+
+def check_before_recording(
+    store: Any,
+    pipeline: str,
+    existing: CheckpointRecord | None,
+    spec: KafkaSourceSpec,
+    planner: OffsetPlanner,
+    *,
+    start_offsets: Mapping[str, Any] | None,
+    until_offsets: Mapping[str, Any] | None,
+) -> OffsetPlan:
+    """Plan the next attempt of ``existing`` (``None``: a checkpoint not registered yet) as
+    :func:`plan_attempt` will, recording nothing: a refusal (missing topic or partition,
+    offsets gone backwards, a retention gap not accepted) is raised while the committer
+    table is unchanged. Raises what :func:`plan_offsets` raises.
+    """
+    version = existing.version if existing is not None else 1
+    key = existing.checkpoint_key if existing is not None else None
+    plan, _ = _planned(
+        store, pipeline, key, version, spec, planner, start_offsets=start_offsets, until_offsets=until_offsets
+    )
+    return plan
+
+
+def _planned(
+    store: Any,
+    pipeline: str,
+    checkpoint_key: str | None,
+    version: int,
+    spec: KafkaSourceSpec,
+    planner: OffsetPlanner,
+    *,
+    start_offsets: Mapping[str, Any] | None,
+    until_offsets: Mapping[str, Any] | None,
+) -> tuple[OffsetPlan, str]:
+    """The plan and how it is to be recorded: ``reprocess`` (only its gaps), ``fixed`` (the
+    recorded plan, re-checked against the log) or ``new`` (recorded unless one is already)."""
+    if until_offsets is not None:
+        return planner.plan(spec, start=start_offsets, end=until_offsets), "reprocess"
+    recorded = store.source_plan(pipeline, checkpoint_key) if checkpoint_key is not None else None
+    if (
+        recorded is not None
+        and recorded.get("version") == version
+        and (start_offsets is None or _same(recorded.get("start"), start_offsets))
+    ):
+        fixed = OffsetPlan.from_dict(recorded)
+        # Re-checked against the log now (retention may have moved on), never re-planned.
+        plan = planner.plan(spec, start=fixed.start, end=fixed.end)
+        known = set(fixed.gaps)
+        if set(plan.gaps) - known:
+            gaps = tuple(sorted(known | set(plan.gaps), key=_gap_key))
+            return OffsetPlan(plan.start, plan.end, plan.read_from, gaps), "fixed"
+        return OffsetPlan(fixed.start, fixed.end, fixed.read_from, fixed.gaps), "fixed"
+    return planner.plan(spec, start=start_offsets), "new"
+
+
+def plan_attempt(
+    store: Any,
+    record: CheckpointRecord,
+    spec: KafkaSourceSpec,
+    config: Mapping[str, Any],
+    *,
+    start_offsets: Mapping[str, Any] | None,
+    until_offsets: Mapping[str, Any] | None,
+    actor: Actor,
+    meta: KafkaMetadata | None = None,
+    planner: OffsetPlanner | None = None,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The write task's plan of the next attempt: ``(start_offsets, until_offsets, extra)``.
+
+    * a reprocess (``until_offsets`` given) re-reads ``[its start, until)``;
+    * otherwise the plan recorded on the checkpoint wins when it starts at ``start_offsets``
+      (a retried write reads the same records); else the ranges are planned now (end: the high
+      watermarks; a first checkpoint's start: ``spec.starting``) and recorded.
+
+    ``planner`` (the one :func:`check_before_recording` used) gives back the plan it checked.
+    An accepted retention gap is recorded as a history row naming it (``walsink status``
+    and the UI show it). Raises the :mod:`~airflow_provider_walsink.core.sources.kafka` errors
+    (missing topic, retention gap, offsets gone backwards) before anything is recorded.
+    """
+    planner = planner or OffsetPlanner(config, meta)
+    try:
+        plan, how = _planned(
+            store,
+            record.pipeline,
+            record.checkpoint_key,
+            record.version,
+            spec,
+            planner,
+            start_offsets=start_offsets,
+            until_offsets=until_offsets,
+        )
+        if how == "reprocess":
+            _record_gaps(store, record, plan, actor)
+        elif how == "fixed":
+            _store_plan(store, record, plan, actor, replace=True, why="a retry keeps the end fixed before")
+        else:
+            held = _store_plan(store, record, plan, actor, replace=False, why="fixed by the first attempt")
+            plan = OffsetPlan.from_dict(held)
+    finally:
+        planner.close()
+    log.info("Kafka source of %s/%s: %s", record.pipeline, record.checkpoint_key, plan_summary(plan))
+    extra = {PLAN_KEY: {"spec": spec.to_dict(), "plan": plan.to_dict()}}
+    return plan.start, plan.end, extra
+
+
+def _gap_key(gap: Any) -> tuple[str, int, int]:
+    return gap.topic, gap.partition, gap.start
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _store_plan(
+    store: Any, record: CheckpointRecord, plan: OffsetPlan, actor: Actor, *, replace: bool, why: str
+) -> dict[str, Any]:
+    detail = f"Kafka source ranges {why}: {plan_summary(plan)}"
+    return store.fix_source_plan(
+        record.pipeline, record.checkpoint_key, plan.to_dict(), actor=actor, detail=detail, replace=replace
+    )
+
+
+def _record_gaps(store: Any, record: CheckpointRecord, plan: OffsetPlan, actor: Actor) -> None:
+    if plan.gaps:
+        store.record_event(
+            record.pipeline,
+            record.checkpoint_key,
+            actor=actor,
+            detail="DATA LOSS accepted (accept_data_loss): " + "; ".join(g.describe() for g in plan.gaps),
+        )
+
+
+def commit_group(
+    store: Any, pipeline: str, spec: KafkaSourceSpec, config: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """After the target commit: commit the pipeline's **last committed** end offsets to the group.
+
+    Never ahead of the committer table (only COMMITTED end offsets are sent), and a re-run or
+    the next commit sends the newest ones, so a crash between the target commit and this call
+    is caught up. Returns the offsets sent (``None``: no group configured or nothing committed).
+    """
+    if not spec.group_id:
+        return None
+    offsets = store.last_committed_offsets(pipeline)
+    if not offsets:
+        return None
+    commit_group_offsets(config, spec.group_id, offsets)
+    log.info("Kafka group %s now at the committed end offsets %s", spec.group_id, offsets)
+    return offsets
+
+
+class KafkaOffsetSource(Source):
+    """The Kafka source's contract (:class:`~airflow_provider_walsink.core.sources.base.Source`).
+
+    * plan: the ranges ``[start, high watermark)`` per partition, asked of the cluster once
+      per write task (:class:`OffsetPlanner`'s memo: the plan checked before anything is
+      recorded is the plan recorded); recorded on the checkpoint's row by the first attempt of
+      a version, reused (re-checked against the log, never re-planned) by every retry;
+    * read: :class:`KafkaSource` from the plan in the job's protocol arguments;
+    * after the commit: the consumer group's offsets follow the committer table.
+
+    :param spec: what is read (:class:`KafkaSourceSpec` or its dict).
+    :param config: the librdkafka client settings.
+    """
+
+    name: ClassVar[str] = "kafka"
+    plans_input: ClassVar[bool] = True
+
+    def __init__(
+        self, spec: KafkaSourceSpec | Mapping[str, Any], config: Mapping[str, Any] | None = None
+    ) -> None:
+        self._spec = spec
+        self._config = None if config is None else dict(config)
+        self._planner: OffsetPlanner | None = None
+
+    @property
+    def config(self) -> dict[str, Any]:
+        if self._config is None:
+            self._config = config_from_env()
+        return self._config
+
+    @property
+    def spec(self) -> KafkaSourceSpec:
+        return as_spec(self._spec)
+
+    def plan(
+        self,
+        store: Any,
+        pipeline: str,
+        checkpoint: CheckpointRecord | None,
+        offsets: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] | None,
+    ) -> None:
+        config, spec = self.config, self.spec
+        planner = self._planner = OffsetPlanner(config)
+        try:
+            for topic in spec.topics:
+                planner.meta.partitions(topic)
+            if offsets is not None:
+                check_before_recording(
+                    store,
+                    pipeline,
+                    checkpoint,
+                    spec,
+                    planner,
+                    start_offsets=offsets[0],
+                    until_offsets=offsets[1],
+                )
+        finally:
+            planner.close()  # the memo stays: the plan recorded later is the one checked here
+
+    def record(
+        self,
+        store: Any,
+        checkpoint: CheckpointRecord,
+        *,
+        start_offsets: Mapping[str, Any] | None,
+        until_offsets: Mapping[str, Any] | None,
+        actor: Actor,
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        return plan_attempt(
+            store,
+            checkpoint,
+            self.spec,
+            self.config,
+            start_offsets=start_offsets,
+            until_offsets=until_offsets,
+            actor=actor,
+            planner=self._planner,
+        )
+
+    def job_env(self) -> dict[str, str]:
+        """The client settings (secrets included) as JSON in :data:`CONFIG_ENV`."""
+        return {CONFIG_ENV: json.dumps(dict(self.config), sort_keys=True)}
+
+    def read(self, job: Any) -> KafkaSource:
+        return KafkaSource.from_job(job, config=self._config)
+
+    def after_commit(self, store: Any, pipeline: str) -> dict[str, Any] | None:
+        """The group follows the committer table: only after COMMITTED (Flink's
+        ``notifyCheckpointComplete``), with the newest committed end offsets."""
+        spec = self.spec
+        if not spec.group_id:
+            return None
+        crashpoint("commit.before_group_offsets")
+        return {"kafka_group_offsets": commit_group(store, pipeline, spec, self.config)}
+
+
 __all__: Sequence[str] = (
     "CONFIG_ENV",
     "ConsumerMetadata",
     "Gap",
     "KafkaMetadata",
+    "KafkaOffsetSource",
     "KafkaSource",
     "KafkaSourceError",
     "KafkaSourceSpec",
     "OffsetPlan",
+    "OffsetPlanner",
     "OffsetsWentBackwardsError",
     "RetentionGapError",
     "TopicNotFoundError",
+    "as_spec",
+    "check_before_recording",
+    "commit_group",
     "commit_group_offsets",
     "kafka_dataframe",
+    "plan_attempt",
     "plan_offsets",
     "read_range",
     "split_ranges",
