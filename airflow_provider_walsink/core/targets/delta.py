@@ -88,6 +88,7 @@ from airflow_provider_walsink.core.targets._tables import (
     uri_flags,
 )
 from airflow_provider_walsink.core.targets.base import (
+    Publisher,
     PublisherContext,
     PublishOutcome,
     PublishResult,
@@ -161,7 +162,7 @@ def storage_options_from_connection(conn: Mapping[str, Any]) -> dict[str, str]:
     return opts
 
 
-class DeltaPublisher:
+class DeltaPublisher(Publisher):
     """Publishes checkpoint attempts into one Delta table (module docstring)."""
 
     kind: ClassVar[str] = "delta"

@@ -155,6 +155,7 @@ from airflow_provider_walsink.core.targets._tables import (
     uri_flags,
 )
 from airflow_provider_walsink.core.targets.base import (
+    Publisher,
     PublisherContext,
     PublishOutcome,
     PublishResult,
@@ -292,7 +293,7 @@ def _is_secret(key: str) -> bool:
     return any(s in key.lower() for s in _SECRET_KEYS)
 
 
-class IcebergPublisher:
+class IcebergPublisher(Publisher):
     """Publishes checkpoint attempts into one Iceberg table (module docstring)."""
 
     kind: ClassVar[str] = "iceberg"

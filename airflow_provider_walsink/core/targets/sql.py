@@ -104,6 +104,7 @@ from airflow_provider_walsink.core.targets._sqltypes import (
 from airflow_provider_walsink.core.targets._sqltypes import SchemaMismatchError as SchemaMismatchError
 from airflow_provider_walsink.core.targets._tables import refuse_supersede, superseded_attempt
 from airflow_provider_walsink.core.targets.base import (
+    Publisher,
     PublisherContext,
     PublishOutcome,
     PublishResult,
@@ -141,7 +142,7 @@ _DRIVER_EXTRAS = {
 _RACE_RETRIES = 3
 
 
-class SqlPublisher:
+class SqlPublisher(Publisher):
     """Loads a sealed attempt's Parquet into one SQL table, exactly once (module docstring)."""
 
     kind: ClassVar[str] = "sql"
