@@ -683,7 +683,13 @@ class SqlPublisher(Publisher):
             columns += [sa.Column(c, exact_string(255), nullable=False) for c in plan.partition_columns]
             self._ensure_table(sa.Table(self.table, metadata, *columns, schema=self.schema))
         reflected = sa.inspect(self.engine).get_columns(self.table, schema=self.schema)
-        check_schema(plan, reflected, mysql=self.dialect_name == "mysql", target_name=self._target_name())
+        check_schema(
+            plan.schema,
+            plan.partition_columns,
+            reflected,
+            mysql=self.dialect_name == "mysql",
+            target_name=self._target_name(),
+        )
         return sa.Table(
             self.table,
             sa.MetaData(),
