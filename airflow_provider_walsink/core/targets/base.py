@@ -215,10 +215,12 @@ class Publisher:
     table); the registry builds it (:mod:`.registry`). Every capability a target may offer is
     declared here. A class attribute states a fact about the target; an **optional method is
     ``None`` here**, meaning "not offered": a target offers it by defining the method, and a
-    caller asks ``publisher.<name> is not None`` (never probes with ``getattr``). The committer
-    (:mod:`~airflow_provider_walsink.core.commit.commit`) calls, in this order, as Spark's
-    ``FileCommitProtocol`` numbers its calls:
+    caller asks ``publisher.<name> is not None`` (never probes with ``getattr``). walsink calls,
+    in this order, as Spark's ``FileCommitProtocol`` numbers its calls (the write task step 1,
+    the committer, :mod:`~airflow_provider_walsink.core.commit.commit`, steps 2-4):
 
+    0. **Build**: ``from_uri(uri, options)`` (a class method; the registry calls it with its
+       ``TargetOptions``), or the user passes a publisher object.
     1. **Plan and check**, before the write phase (the write task). ``check_writable()``
        (optional) refuses a target this process could not publish into, so the commit does not
        fail after the Spark job. ``staging_root()`` (optional) names where the write phase must
@@ -259,6 +261,13 @@ class Publisher:
        before each deletion). ``layout`` is the local :class:`StagingLayout`, or the
        ``StagingStore`` of an object-store root (deletions then go through that store only).
        Not offered (the default): the staging stays for garbage collection.
+    5. **Abort and retract**, instead of 3-4 (:mod:`~airflow_provider_walsink.core.commit.abort`):
+       ``retract_attempt(pipeline, checkpoint_key, attempt_id, ctx)`` (optional; a target
+       without an atomic commit) undoes what an aborted attempt published, ``ctx.fence()``
+       before each change, and returns the number of files removed;
+       ``tombstone(ref, attempt_ids, superseded=..., create_from=...)`` (optional; targets with
+       ``capabilities.table_fence``) commits an abort's tombstone in the table's own atomic
+       commit, or returns the attempt the table holds (then the abort is refused).
 
     **Ask the target** (reconcile after a crash, or after the committer table's rows were
     trimmed or lost; any time, changing nothing):
@@ -272,15 +281,6 @@ class Publisher:
     * ``fence_state(ref, ...)`` (optional): the attempt the table holds for a checkpoint
       (``_tables.CheckpointRef``) and which candidates it aborted or held
       (``_tables.TableFenceState``).
-
-    **Abort and retract** (:mod:`~airflow_provider_walsink.core.commit.abort`):
-
-    * ``retract_attempt(pipeline, checkpoint_key, attempt_id, ctx)`` (optional; a target
-      without an atomic commit): undo what an aborted attempt published, ``ctx.fence()``
-      before each change; returns the number of files removed;
-    * ``tombstone(ref, attempt_ids, superseded=..., create_from=...)`` (optional; targets with
-      ``capabilities.table_fence``): commit an abort's tombstone in the table's own atomic
-      commit, or return the attempt the table holds (then the abort is refused).
 
     Raises, for every method: ``FencedError`` (stop, do nothing more; safe to ignore for the
     target, which is consistent), a ``WalsinkError`` naming bad input or layout (the checkpoint
@@ -318,9 +318,9 @@ class Publisher:
     holds_attempt: Callable[[Manifest], bool] | None = None
     #: ``fence_state(ref, ...) -> TableFenceState``.
     fence_state: Callable[..., Any] | None = None
-    #: ``retract_attempt(pipeline, checkpoint_key, attempt_id, ctx) -> int`` (files removed).
+    #: 5. ``retract_attempt(pipeline, checkpoint_key, attempt_id, ctx) -> int`` (files removed).
     retract_attempt: Callable[[str, str, str, PublisherContext], int] | None = None
-    #: ``tombstone(ref, attempt_ids, *, superseded, create_from) -> str | None`` (the attempt held).
+    #: 5. ``tombstone(ref, attempt_ids, *, superseded, create_from) -> str | None`` (the attempt held).
     tombstone: Callable[..., str | None] | None = None
 
     @classmethod
