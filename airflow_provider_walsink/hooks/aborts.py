@@ -94,8 +94,7 @@ def aborter_for(
         return resolve_target(uri, TargetOptions(mode=row["mode"], layout=layout, connections=connections))  # type: ignore[arg-type]
 
     publisher = publisher_for(staging)
-    own = getattr(publisher, "staging_root", None)
-    own_root = own() if callable(own) and not recorded else None
+    own_root = publisher.staging_root() if publisher.staging_root is not None and not recorded else None
     if own_root:  # a table target stages inside its own location (rows that record no root)
         staging = _staging(own_root, stores)
         publisher = publisher_for(staging)

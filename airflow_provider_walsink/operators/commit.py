@@ -82,11 +82,9 @@ def target_staging_root(
             extra=dict(extra or {}),
         ),
     )
-    check_writable = getattr(publisher, "check_writable", None)
-    if callable(check_writable):
-        check_writable()  # before the write phase: a commit that cannot publish fails now, not after Spark
-    staging_root = getattr(publisher, "staging_root", None)
-    return staging_root() if callable(staging_root) else None
+    if publisher.check_writable is not None:
+        publisher.check_writable()  # before the write phase: a commit that cannot publish fails now, not after Spark
+    return publisher.staging_root() if publisher.staging_root is not None else None
 
 
 class WalCommitOperator(BaseOperator):
@@ -380,7 +378,7 @@ class WalCommitOperator(BaseOperator):
         """The publisher of a checkpoint staged on an object store; only a target that publishes a
         staged attempt by reference (Iceberg, Delta) can, so any other fails here, before the lease."""
         publisher = self.get_publisher(None)
-        if not getattr(publisher, "takes_staged_attempt", False):
+        if not publisher.takes_staged_attempt:
             raise AirflowFailException(
                 f"checkpoint of pipeline {self.pipeline} is staged on an object store ({root}), but target "
                 f"{target_uri(self.target)!r} publishes from a local or mounted staging root only; publish "
@@ -396,9 +394,9 @@ class WalCommitOperator(BaseOperator):
         layout = hook.get_layout(self.staging_root)
         publisher = self.get_publisher(layout)
         if not self.staging_root:
-            own = getattr(publisher, "staging_root", None)
-            if callable(own) and own():
-                layout = hook.get_layout(own())
+            own = publisher.staging_root() if publisher.staging_root is not None else None
+            if own:
+                layout = hook.get_layout(own)
                 publisher = self.get_publisher(layout)
         return layout, publisher
 

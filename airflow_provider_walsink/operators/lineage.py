@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 
 import attr
 
+from airflow_provider_walsink.core.targets.base import Publisher
+
 ALIAS_PREFIX = "walsink-"
 
 #: The ``walsink`` run facet's ``_schemaURL``: its JSON schema, shipped with walsink's docs
@@ -49,8 +51,9 @@ def target_uri(target: Any) -> str:
     """The target as a URI: a path becomes ``file://``; an object describes itself."""
     if isinstance(target, str):
         return f"file://{target}" if os.path.isabs(target) else target
-    describe = getattr(target, "describe", None)
-    return str(describe()).split(" ", 1)[0] if describe else repr(target)
+    if isinstance(target, Publisher):
+        return target.describe().split(" ", 1)[0]
+    return repr(target)
 
 
 def target_asset(pipeline: str, target: Any) -> Any:

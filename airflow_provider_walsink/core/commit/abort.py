@@ -78,6 +78,7 @@ from airflow_provider_walsink.core.staging.object_store import AttemptLocation, 
 from airflow_provider_walsink.core.store.errors import LeaseLostError, StoreError
 from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord
 from airflow_provider_walsink.core.store.store import CommitterStore
+from airflow_provider_walsink.core.targets.base import Publisher
 
 log = logging.getLogger(__name__)
 S = CheckpointState
@@ -169,7 +170,7 @@ class CheckpointAborter:
         self,
         store: CommitterStore,
         layout: StagingLayout | StagingStore,
-        publisher: Any | None,
+        publisher: Publisher | None,
         *,
         grace: timedelta = FencingContext.MAX_TRUST + TRUST_MARGIN,
         lease_ttl: timedelta = ABORT_LEASE_TTL,
@@ -240,8 +241,7 @@ class CheckpointAborter:
             # trusts; after this it asks and is refused.
             self._sleep(self.grace.total_seconds())
         manifest, unreadable = self._sealed_manifest(lease.record)
-        caps = getattr(self.publisher, "capabilities", None)
-        table_fence = self.publisher is not None and getattr(caps, "table_fence", False)
+        table_fence = self.publisher is not None and self.publisher.capabilities.table_fence
         if manifest is None and unreadable and published_before and not table_fence and not manifest_lost:
             # Only the manifest says whether the target holds the whole attempt (refuse) or a
             # part of it (roll back): never guess, a wrong staging root is the usual cause.
@@ -374,7 +374,7 @@ class CheckpointAborter:
         """
         if manifest is None or manifest.end_offsets is None or record.supersedes_attempt_id:
             return False
-        lookup = getattr(self.publisher, "published_offsets", None)
+        lookup = self.publisher.published_offsets if self.publisher is not None else None
         held_offsets = lookup(manifest, held) if lookup is not None else None
         last = self.store.last_committed_offsets(record.pipeline)
         if held_offsets is None or not isinstance(held_offsets[1], dict) or not isinstance(last, dict):
@@ -450,9 +450,9 @@ class CheckpointAborter:
         What was done (or left undone) goes into the checkpoint's history.
         """
         ctx = _AbortContext(self.store, record)
-        retract = getattr(self.publisher, "retract_attempt", None)
+        retract = self.publisher.retract_attempt if self.publisher is not None else None
         attempt_id = record.sealed_attempt_id
-        if callable(retract) and attempt_id:
+        if retract is not None and attempt_id:
             try:
                 outcome.files_rolled_back += retract(record.pipeline, record.checkpoint_key, attempt_id, ctx)
             except (WalsinkError, OSError) as exc:
@@ -503,7 +503,7 @@ class CheckpointAborter:
         is readable and which the table neither holds nor held).
         """
         ctx = ctx or _AbortContext(self.store, record)
-        references = bool(getattr(self.publisher, "references_staged_files", False))
+        references = self.publisher is not None and self.publisher.references_staged_files
         paths = {
             attempt_id: (number, path)
             for number, attempt_id, path in self._staged(record.pipeline, record.checkpoint_key)
@@ -544,9 +544,9 @@ class CheckpointAborter:
                 manifest = read_manifest(path / MANIFEST_NAME)
         except (WalsinkError, OSError):
             return False
-        holds = getattr(self.publisher, "holds_attempt", None)
-        if not callable(holds):
-            return False
+        holds = self.publisher.holds_attempt if self.publisher is not None else None
+        if holds is None:
+            return False  # a target that cannot say may reference it: keep it
         return not holds(manifest)
 
     @staticmethod

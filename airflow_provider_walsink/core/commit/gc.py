@@ -488,7 +488,7 @@ def _target_keeps_staged_files(row: dict[str, Any]) -> bool:
     if not target:
         return False  # registered without a target: the directory-of-files default
     try:
-        return bool(getattr(publisher_class(target_scheme(target)), "references_staged_files", False))
+        return publisher_class(target_scheme(target)).references_staged_files
     except TargetError:
         return True  # a kind this process cannot load: assume its files are referenced
 

@@ -14,7 +14,8 @@ The target's errors are defined here, the module every SQL module imports
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import sqlalchemy as sa
@@ -22,9 +23,6 @@ from sqlalchemy.dialects import mysql as mysql_types
 from sqlalchemy.sql import sqltypes
 
 from airflow_provider_walsink.core.protocol.errors import LayoutError, WalsinkError
-
-if TYPE_CHECKING:
-    from airflow_provider_walsink.core.targets._sqlplan import LoadPlan
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
@@ -164,14 +162,22 @@ def _accepts(sql_type: sa.types.TypeEngine) -> frozenset[str]:
     return frozenset()
 
 
-def check_schema(plan: LoadPlan, reflected: list[dict[str, Any]], *, mysql: bool, target_name: str) -> None:
-    """Raise, naming every column, unless the existing table (``reflected``) accepts the staged data."""
+def check_schema(
+    schema: pa.Schema,
+    partition_columns: Sequence[str],
+    reflected: list[dict[str, Any]],
+    *,
+    mysql: bool,
+    target_name: str,
+) -> None:
+    """Raise, naming every column, unless the existing table (``reflected``) accepts the staged data:
+    the data columns ``schema`` and the ``partition_columns`` read from the staged paths (a load plan's)."""
     # MySQL column names are case-insensitive.
     fold = (lambda s: s.lower()) if mysql else (lambda s: s)
     by_name = {fold(c["name"]): c for c in reflected}
     problems = []
-    staged = {fold(n) for n in plan.columns}
-    for f in plan.schema:
+    staged = {fold(n) for n in [*schema.names, *partition_columns]}
+    for f in schema:
         col = by_name.get(fold(f.name))
         if col is None:
             problems.append(f"column {f.name!r} ({f.type}) is not in the table")
@@ -179,7 +185,7 @@ def check_schema(plan: LoadPlan, reflected: list[dict[str, Any]], *, mysql: bool
             problems.append(
                 f"column {f.name!r} is {f.type} in the staged Parquet but {col['type']} in the table"
             )
-    for name in plan.partition_columns:
+    for name in partition_columns:
         col = by_name.get(fold(name))
         if col is None:
             problems.append(f"partition column {name!r} is not in the table")

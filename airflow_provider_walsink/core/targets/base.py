@@ -1,56 +1,9 @@
-"""The publisher contract (Flink's ``Committer.commit``), one per target kind.
+"""The publisher contract (Flink's ``Committer``), one subclass of :class:`Publisher` per target kind.
 
-A *publisher* makes one sealed attempt of one checkpoint visible in a target
-(a directory of files, an Iceberg or Delta table, a SQL table), exactly once.
-The committer (``committer/commit.py``) calls it in this order, as Spark's
-``FileCommitProtocol`` numbers its calls:
-
-1. ``publish(manifest, attempt, ctx)``, under the checkpoint's lease. ``attempt``
-   says where the sealed attempt is staged: a :class:`StagedAttempt` for
-   publishers that declare ``takes_staged_attempt`` (the table targets, on a
-   local or an object-store root), else the attempt's local directory (a
-   ``Path``: such a publisher cannot publish from an object store). It
-   may be called any number of times for the same sealed attempt, by the same
-   or another committer, after a crash at any point: every step already done
-   is recognised **by the attempt's identity** (``manifest.attempt_id``,
-   globally unique, plus checksums where the target keeps them), never by a
-   file's size or by ``(pipeline, key, attempt number)``, which repeat once
-   retention has trimmed the committer table. Before changing the target it
-   checks that everything can be published (committables staged with the
-   recorded size, the layout the pipeline declares, no symlink where a
-   directory must be); if not, it raises a
-   :class:`~airflow_provider_walsink.core.protocol.errors.WalsinkError` subclass
-   and the target is unchanged. **Before every side effect** (a rename, a
-   delete, a journal write, a table commit) it calls ``ctx.fence()``, which
-   raises :class:`~airflow_provider_walsink.core.protocol.errors.FencedError` once
-   the lease has moved on; a target with its own atomic commit also carries
-   ``ctx.epoch`` (the fencing token) into that commit and refuses a commit
-   whose token is lower than one the target already holds for the checkpoint.
-   A publish of a newer attempt of the same checkpoint first retracts what an
-   older attempt had published (ask ``ctx.fence()`` first).
-   **Reprocess**: when ``ctx.supersedes`` names an attempt id, this publish is
-   a new version of a checkpoint whose committed version is that attempt; the
-   publish also retracts that attempt's data, in the same atomic step where
-   the target has one, so the interval ends up holding the new version only.
-   A target that cannot do this for its mode raises
-   :class:`~airflow_provider_walsink.core.protocol.errors.SupersedeError` before
-   changing anything.
-2. The committer records COMMITTED in the committer table.
-3. ``finish(manifest, layout)``: drop the publisher's own bookkeeping and the
-   staging the target does not reference (best effort, after COMMITTED).
-   ``layout`` is the local :class:`StagingLayout`, or the ``StagingStore`` of an
-   object-store root (deletions then go through that store only).
-
-``published_attempt(manifest)`` answers, from the target alone, whether the
-target already holds an attempt of this checkpoint and which one: it lets a
-committer reconcile the committer table after a crash or after its rows were
-trimmed or lost. Targets that keep no such record return ``None``.
-
-Raises, for every method: ``FencedError`` (stop, do nothing more; safe to
-ignore for the target, which is consistent), a ``WalsinkError`` naming bad
-input or layout (the checkpoint is recorded FAILED with that message and can
-be retried after the cause is fixed), ``OSError`` and the table libraries'
-own errors (recorded the same way). Repeating any call is safe.
+The contract itself, with the numbered call sequence and every optional capability, is the
+docstring of :class:`Publisher`; this module also holds what publishers and committers exchange
+(:class:`StagedAttempt`, :class:`PublishResult`, :class:`GroupMember`, the contexts) and the rules
+every target applies the same way (:func:`check_partition_order`, :func:`check_group`).
 """
 
 from __future__ import annotations
@@ -255,30 +208,149 @@ class StaticContext:
         return cls(manifest.pipeline, manifest.checkpoint_key, manifest.attempt_id, **kwargs)
 
 
-class Publisher(Protocol):
-    """Makes a sealed attempt's committables visible in a target, exactly once (module docstring)."""
+class Publisher:
+    """Makes one sealed attempt of one checkpoint visible in a target, exactly once.
 
-    #: The URI scheme or name of the target kind (``file``, ``iceberg``, ``delta``, ``sql``).
+    One subclass per target kind (a directory of files, an Iceberg or Delta table, a SQL
+    table); the registry builds it (:mod:`.registry`). Every capability a target may offer is
+    declared here. A class attribute states a fact about the target; an **optional method is
+    ``None`` here**, meaning "not offered": a target offers it by defining the method, and a
+    caller asks ``publisher.<name> is not None`` (never probes with ``getattr``). walsink calls,
+    in this order, as Spark's ``FileCommitProtocol`` numbers its calls (the write task step 1,
+    the committer, :mod:`~airflow_provider_walsink.core.commit.commit`, steps 2-4):
+
+    0. **Build**: ``from_uri(uri, options)`` (a class method; the registry calls it with its
+       ``TargetOptions``), or the user passes a publisher object.
+    1. **Plan and check**, before the write phase (the write task). ``check_writable()``
+       (optional) refuses a target this process could not publish into, so the commit does not
+       fail after the Spark job. ``staging_root()`` (optional) names where the write phase must
+       stage, for a target that references staged files in place (a table stages inside its own
+       location); ``None`` or not offered: the connection's staging root.
+    2. **Publish**, under the checkpoint's lease: ``publish(manifest, attempt, ctx)``.
+       ``attempt`` says where the sealed attempt is staged: a :class:`StagedAttempt` when the
+       target declares ``takes_staged_attempt`` (the table targets, on a local or an
+       object-store root), else the attempt's local directory (a ``Path``: such a target cannot
+       publish from an object store). It may be called any number of times for the same sealed
+       attempt, by the same or another committer, after a crash at any point: every step
+       already done is recognised **by the attempt's identity** (``manifest.attempt_id``,
+       globally unique, plus checksums where the target keeps them), never by a file's size or
+       by ``(pipeline, key, attempt number)``, which repeat once retention has trimmed the
+       committer table. Before changing the target it checks that everything can be published
+       (committables staged with the recorded size, the layout the pipeline declares, no
+       symlink where a directory must be); if not, it raises a
+       :class:`~airflow_provider_walsink.core.protocol.errors.WalsinkError` subclass and the
+       target is unchanged. **Before every side effect** (a rename, a delete, a journal write, a
+       table commit) it calls ``ctx.fence()``, which raises
+       :class:`~airflow_provider_walsink.core.protocol.errors.FencedError` once the lease has
+       moved on; a target with its own atomic commit also carries ``ctx.epoch`` (the fencing
+       token) into that commit and refuses a commit whose token is lower than one the target
+       already holds for the checkpoint. A publish of a newer attempt of the same checkpoint
+       first retracts what an older attempt had published (asking ``ctx.fence()`` first).
+       **Reprocess**: when ``ctx.supersedes`` names an attempt id, this publish is a new version
+       of a checkpoint whose committed version is that attempt; it also retracts that attempt's
+       data, in the same atomic step where the target has one, so the interval ends up holding
+       the new version only. A target that cannot do this for its mode raises
+       :class:`~airflow_provider_walsink.core.protocol.errors.SupersedeError` before changing
+       anything.
+       ``publish_group(members)`` (optional, :class:`GroupPublisher` states its contract)
+       publishes several checkpoints in one table transaction, each as a single ``publish``
+       would (Flink's ``IcebergFilesCommitter`` committing every pending checkpoint at once).
+    3. The committer records COMMITTED in the committer table.
+    4. **Finish**: ``finish(manifest, layout, fence=...)`` drops the target's own bookkeeping
+       and the staging the target does not reference (best effort, after COMMITTED; ``fence()``
+       before each deletion). ``layout`` is the local :class:`StagingLayout`, or the
+       ``StagingStore`` of an object-store root (deletions then go through that store only).
+       Not offered (the default): the staging stays for garbage collection.
+    5. **Abort and retract**, instead of 3-4 (:mod:`~airflow_provider_walsink.core.commit.abort`):
+       ``retract_attempt(pipeline, checkpoint_key, attempt_id, ctx)`` (optional; a target
+       without an atomic commit) undoes what an aborted attempt published, ``ctx.fence()``
+       before each change, and returns the number of files removed;
+       ``tombstone(ref, attempt_ids, superseded=..., create_from=...)`` (optional; targets with
+       ``capabilities.table_fence``) commits an abort's tombstone in the table's own atomic
+       commit, or returns the attempt the table holds (then the abort is refused).
+
+    **Ask the target** (reconcile after a crash, or after the committer table's rows were
+    trimmed or lost; any time, changing nothing):
+
+    * ``published_attempt(manifest)``: which attempt of the checkpoint the target holds, or
+      ``None`` (none, or a target that keeps no such record: the default);
+    * ``published_offsets(manifest, attempt_id)`` (optional): the source offsets
+      ``(start, end)`` that attempt was published from, ``None`` when unknown;
+    * ``holds_attempt(manifest)`` (optional): whether the target holds or held the manifest's
+      attempt, i.e. may reference its staged files (not offered: assume it may);
+    * ``fence_state(ref, ...)`` (optional): the attempt the table holds for a checkpoint
+      (``_tables.CheckpointRef``) and which candidates it aborted or held
+      (``_tables.TableFenceState``).
+
+    Raises, for every method: ``FencedError`` (stop, do nothing more; safe to ignore for the
+    target, which is consistent), a ``WalsinkError`` naming bad input or layout (the checkpoint
+    is recorded FAILED with that message and can be retried after the cause is fixed),
+    ``OSError`` and the table libraries' own errors (recorded the same way). Repeating any call
+    is safe.
+
+    **A new kind**: one module with one subclass (setting ``kind`` and ``publish``, and
+    ``from_uri`` to be built from a URI) and one line in :data:`.registry.KNOWN_TARGETS`.
+    """
+
+    #: The URI scheme or name of the target kind (``file``, ``iceberg``, ``delta``, ``sql``); required.
     kind: ClassVar[str]
-    capabilities: ClassVar[TargetCapabilities]
-    #: The target references staged files in place (table targets): GC must never
-    #: remove a committed attempt's staging (``gc.py``).
-    references_staged_files: ClassVar[bool]
-
+    #: What the target guarantees on its own (default: nothing beyond this contract).
+    capabilities: ClassVar[TargetCapabilities] = TargetCapabilities(
+        atomic=False, needs_rename=False, remembers_commits=False, fenced_by_target=False
+    )
+    #: The target references staged files in place (table targets): GC must never remove a
+    #: committed attempt's staging (``gc.py``), an abort only what the target never held.
+    references_staged_files: ClassVar[bool] = False
     #: ``publish`` takes a :class:`StagedAttempt` (any store); without it, the attempt's local ``Path``.
-    takes_staged_attempt: ClassVar[bool]
+    takes_staged_attempt: ClassVar[bool] = False
+
+    # Optional capabilities: ``None`` is "not offered" (class docstring). Typed loosely where a
+    # signature names a type of ``._tables``, which imports this module.
+    #: 1. ``check_writable() -> None``: refuse, before the write phase, a target this process cannot publish into.
+    check_writable: Callable[..., None] | None = None
+    #: 1. ``staging_root() -> str | None``: where the write phase stages for this target (``None``: the connection's).
+    staging_root: Callable[[], str | None] | None = None
+    #: 2. ``publish_group(members) -> [PublishResult | Exception]``: :class:`GroupPublisher`.
+    publish_group: Callable[[list[GroupMember]], list[PublishResult | Exception]] | None = None
+    #: ``published_offsets(manifest, attempt_id) -> (start, end) | None``.
+    published_offsets: Callable[[Manifest, str], tuple[Any, Any] | None] | None = None
+    #: ``holds_attempt(manifest) -> bool``.
+    holds_attempt: Callable[[Manifest], bool] | None = None
+    #: ``fence_state(ref, ...) -> TableFenceState``.
+    fence_state: Callable[..., Any] | None = None
+    #: 5. ``retract_attempt(pipeline, checkpoint_key, attempt_id, ctx) -> int`` (files removed).
+    retract_attempt: Callable[[str, str, str, PublisherContext], int] | None = None
+    #: 5. ``tombstone(ref, attempt_ids, *, superseded, create_from) -> str | None`` (the attempt held).
+    tombstone: Callable[..., str | None] | None = None
+
+    @classmethod
+    def from_uri(cls, uri: str, options: Any) -> Publisher:
+        """0. Build the publisher of ``uri`` with the registry's ``TargetOptions`` (the registry calls it)."""
+        raise NotImplementedError(f"target kind {cls.__name__} cannot be built from a URI ({uri!r})")
 
     def publish(
         self, manifest: Manifest, attempt: StagedAttempt | Path, ctx: PublisherContext
-    ) -> PublishResult: ...
+    ) -> PublishResult:
+        """2. Make the sealed attempt visible in the target, exactly once (class docstring); required."""
+        raise NotImplementedError(f"{type(self).__name__} does not define publish()")
 
-    def published_attempt(self, manifest: Manifest) -> str | None: ...
+    def published_attempt(self, manifest: Manifest) -> str | None:
+        """The attempt of the manifest's checkpoint the target holds; ``None``: none, or not recorded."""
+        return None
 
-    def finish(self, manifest: Manifest, layout: StagingLayout | StagingStore) -> None: ...
+    def finish(
+        self,
+        manifest: Manifest,
+        layout: StagingLayout | StagingStore | None = None,
+        *,
+        fence: Callable[[], None] | None = None,
+    ) -> Any:
+        """4. After COMMITTED, best effort: drop bookkeeping and unreferenced staging (default: nothing)."""
+        return None
 
     def describe(self) -> str:
         """A one-line, credential-free description of the target for logs and the UI."""
-        ...
+        return f"{type(self).__name__} target"
 
 
 def check_partition_order(

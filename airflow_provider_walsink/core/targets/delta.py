@@ -48,8 +48,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, ClassVar
 from urllib.parse import quote, unquote, urlsplit
@@ -60,8 +59,22 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from airflow_provider_walsink.core.protocol.errors import LayoutError, OrderError, WalsinkError
-from airflow_provider_walsink.core.protocol.file_stats import bound_kind
-from airflow_provider_walsink.core.protocol.manifest import FileStats, Manifest
+from airflow_provider_walsink.core.protocol.manifest import Manifest
+from airflow_provider_walsink.core.targets._deltalog import (
+    ABORTED_TXN,
+    app_id,
+    append_commit,
+    commit_holders,
+    commit_info,
+    commit_properties,
+    delta_stats,
+    delta_stats_columns,
+    files_app_id,
+    held_version,
+    history,
+    marker_transactions,
+    partition_app_id,
+)
 from airflow_provider_walsink.core.targets._tables import (
     STAGING_DIR,
     CheckpointRef,
@@ -78,7 +91,6 @@ from airflow_provider_walsink.core.targets._tables import (
     layout_root,
     local_path,
     offsets_of,
-    offsets_value,
     partition_of_path,
     schema_problems,
     staged_locations,
@@ -88,12 +100,16 @@ from airflow_provider_walsink.core.targets._tables import (
     uri_flags,
 )
 from airflow_provider_walsink.core.targets.base import (
+    GroupMember,
+    Publisher,
     PublisherContext,
     PublishOutcome,
     PublishResult,
     StagedAttempt,
     TargetCapabilities,
+    check_group,
     check_partition_order,
+    conflict_backoff,
 )
 from airflow_provider_walsink.core.targets.registry import connection_missing, lookup_connection
 
@@ -101,45 +117,15 @@ log = logging.getLogger(__name__)
 
 MODES = ("append", "overwrite")
 MAX_COMMIT_ATTEMPTS = 20
+#: Check + commit attempts of one group before giving up on a table that keeps changing.
+GROUP_COMMIT_ATTEMPTS = 40
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 #: Characters a staged file's path keeps as they are in the Delta log (the rest is %-encoded).
 _PATH_SAFE = "/=:@+-_."
-#: How far back ``published_attempt`` looks for the id of another attempt (a rare, reconciling path).
-HISTORY_SCAN_LIMIT = 10_000
-#: The application-transaction version of an attempt an abort tombstoned: never a fencing token
-#: (tokens are positive), so such an attempt never holds the checkpoint's version.
-ABORTED_TXN = -1
-
-
-def _append_commit(dt: DeltaTable, actions: list[AddAction | RemoveAction], commit: CommitProperties) -> None:
-    """One put-if-absent log version on ``dt`` as loaded: ``actions`` (data, or none for a
-    tombstone) and ``commit``'s application transactions; ``CommitFailedError`` if the log moved
-    in a conflicting way since the load."""
-    dt.create_write_transaction(
-        actions, "append", dt.schema(), partition_by=dt.metadata().partition_columns, commit_properties=commit
-    )
 
 
 class DeltaTargetError(WalsinkError):
     """The Delta target cannot be used as configured; the message says why (table unchanged)."""
-
-
-def app_id(manifest: Manifest | CheckpointRef, attempt_id: str | None = None) -> str:
-    base = f"walsink/{manifest.pipeline}/{manifest.checkpoint_key}"
-    return f"{base}/{attempt_id}" if attempt_id else base
-
-
-def files_app_id(manifest: Manifest | CheckpointRef, attempt_id: str) -> str:
-    """App id whose version is the number of data files the attempt's commit added."""
-    return f"walsink-files/{manifest.pipeline}/{manifest.checkpoint_key}/{attempt_id}"
-
-
-def partition_app_id(pipeline: str, partition: str, checkpoint_key: str | None = None) -> str:
-    """App id of an ``overwrite`` partition: its version is the table version of the commit that last
-    replaced it; with ``checkpoint_key``, the same version when that commit was this checkpoint's.
-    (Hive escapes ``#`` in partition values, and a key has no ``#``.)"""
-    base = f"walsink-partition/{pipeline}/{partition}"
-    return f"{base}#{checkpoint_key}" if checkpoint_key else base
 
 
 def storage_options_from_connection(conn: Mapping[str, Any]) -> dict[str, str]:
@@ -161,7 +147,7 @@ def storage_options_from_connection(conn: Mapping[str, Any]) -> dict[str, str]:
     return opts
 
 
-class DeltaPublisher:
+class DeltaPublisher(Publisher):
     """Publishes checkpoint attempts into one Delta table (module docstring)."""
 
     kind: ClassVar[str] = "delta"
@@ -297,24 +283,8 @@ class DeltaPublisher:
         other = self._attempt_in_history(dt, manifest, version) if need_id else None
         return Marker(other or "another attempt", version)
 
-    def _history(self, dt: DeltaTable) -> Iterator[dict[str, Any]]:
-        """The ``commitInfo`` of the newest :data:`HISTORY_SCAN_LIMIT` versions, newest first, read
-        one log entry at a time (and only until the caller finds what it looks for).
-
-        Not ``DeltaTable.history()``: that reads every entry up front, and stalls against an S3 API
-        without a listing it expects (moto's server), so a reconcile of a table on S3 hung there.
-        Versions the log no longer keeps (log retention) are skipped, as ``history()`` skips them.
-        """
-        latest = dt.version()
-        for version in range(latest, max(-1, latest - HISTORY_SCAN_LIMIT), -1):
-            info = self._commit_info(version)
-            if info is not None:
-                yield info
-
     def _attempt_in_history(self, dt: DeltaTable, manifest: Manifest, version: int) -> str | None:
-        from airflow_provider_walsink.core.targets.delta_group import commit_holders
-
-        for commit in self._history(dt):
+        for commit in history(self.storage, self.table_uri, dt):
             for held in commit_holders(commit):  # a group commit lists several checkpoints
                 if (
                     held.get("pipeline") == manifest.pipeline
@@ -346,7 +316,7 @@ class DeltaPublisher:
         marker = self.marker_of(dt, manifest, need_id=True) if dt is not None else None
         if dt is None or marker is None or marker.attempt_id != attempt_id:
             return None
-        for commit in self._history(dt):
+        for commit in history(self.storage, self.table_uri, dt):
             if (
                 commit.get("walsink.pipeline") == manifest.pipeline
                 and commit.get("walsink.checkpoint") == manifest.checkpoint_key
@@ -363,7 +333,7 @@ class DeltaPublisher:
     def holds_attempt(self, manifest: Manifest) -> bool:
         """Whether a table version holds or held the manifest's attempt (it references its staged files)."""
         dt = self.load_table()
-        return dt is not None and _held_version(dt.transaction_version(app_id(manifest, manifest.attempt_id)))
+        return dt is not None and held_version(dt.transaction_version(app_id(manifest, manifest.attempt_id)))
 
     @staticmethod
     def _aborted(dt: DeltaTable, ref: Manifest | CheckpointRef, attempts: Sequence[str]) -> frozenset[str]:
@@ -376,7 +346,7 @@ class DeltaPublisher:
             return TableFenceState(None)
         marker = self.marker_of(dt, ref, need_id=True, candidates=tuple(candidates))  # type: ignore[arg-type]
         attempts = [a for a in (ref.attempt_id, *candidates) if a]
-        known = frozenset(a for a in attempts if _held_version(dt.transaction_version(app_id(ref, a))))
+        known = frozenset(a for a in attempts if held_version(dt.transaction_version(app_id(ref, a))))
         return TableFenceState(marker.attempt_id if marker else None, self._aborted(dt, ref, attempts), known)
 
     def tombstone(
@@ -436,7 +406,7 @@ class DeltaPublisher:
                     _, schema, partition_by = self._adds_for_new_table(manifest, base, staged)
                     self._create_empty(schema, partition_by)
                     continue  # the tombstone goes in a normal (put-if-absent) commit on the new table
-                _append_commit(dt, [], commit)
+                append_commit(dt, [], commit)
             except CommitFailedError as e:
                 log.info(
                     "Delta tombstone of %s/%s conflicted (%s); checking again",
@@ -508,12 +478,12 @@ class DeltaPublisher:
                     continue  # the data goes in a normal (put-if-absent) commit on the new table
                 adds = self._adds(dt, manifest, base, staged)
                 removes, replaced = self._removes(dt, manifest, marker, base, supersedes)
-                commit = self._commit_properties(manifest, ctx, token, len(adds), replaced, dt.version() + 1)
+                commit = commit_properties(manifest, token, len(adds), replaced, dt.version() + 1)
                 actions: list[AddAction | RemoveAction] = [*removes, *adds]
                 call_with_events(
                     ctx,
                     "table_commit",
-                    partial(_append_commit, dt, actions, commit),
+                    partial(append_commit, dt, actions, commit),
                 )
             except CommitFailedError as e:
                 log.info(
@@ -540,11 +510,133 @@ class DeltaPublisher:
             f"{manifest.pipeline}/{manifest.checkpoint_key}; nothing was published, retry the commit"
         )
 
-    def publish_group(self, members: list[Any]) -> list[PublishResult | Exception]:
-        """Several checkpoints in one log version, each with its own marker (:class:`~.base.GroupPublisher`)."""
-        from airflow_provider_walsink.core.targets.delta_group import publish_group
+    def publish_group(self, members: list[GroupMember]) -> list[PublishResult | Exception]:
+        """Several checkpoints in one log version, each with its own marker (:class:`~.base.GroupPublisher`).
 
-        return publish_group(self, members)
+        The one commit carries every member's add (and, in ``overwrite``, remove) actions and, per
+        member, exactly the application transactions a single commit carries
+        (:func:`._deltalog.marker_transactions`, at the member's own fencing token). Its
+        ``commitInfo`` has no single ``walsink.checkpoint``: ``walsink.group`` lists the members
+        (checkpoint, attempt id, token, partitions), read where a single commit's fields are read
+        (:func:`._deltalog.commit_holders`).
+        """
+        check_group(members, self.mode)
+        results: list[PublishResult | Exception | None] = [None] * len(members)
+        where: dict[int, tuple[str, list[str]]] = {}
+        staged: dict[int, list[Any]] = {}
+        for i, m in enumerate(members):
+            try:
+                where[i] = staged_locations(m.attempt, m.manifest)
+            except WalsinkError as exc:
+                results[i] = exc
+        for attempt in range(GROUP_COMMIT_ATTEMPTS):
+            dt = self.load_table()
+            live: list[tuple[int, Any]] = []
+            for i, m in enumerate(members):
+                if results[i] is not None:
+                    continue
+                try:
+                    marker = self.marker_of(dt, m.manifest) if dt is not None else None
+                    aborted = (
+                        self._aborted(dt, m.manifest, [m.manifest.attempt_id])
+                        if dt is not None
+                        else frozenset()
+                    )
+                    if decide(marker, m.manifest, m.ctx, self.mode, aborted):
+                        results[i] = self._already(m.manifest, marker, where[i][1], dt)
+                        continue
+                    if dt is not None:
+                        self._check_order(dt, m.manifest)
+                    if i not in staged:
+                        staged[i] = staging_storage(self.storage, m.attempt).describe(m.manifest, where[i][1])
+                    live.append((i, marker))
+                except WalsinkError as exc:
+                    results[i] = exc
+            if not live:
+                break
+            if dt is None:
+                first = live[0][0]
+                try:
+                    _, schema, partition_by = self._adds_for_new_table(
+                        members[first].manifest, where[first][0], staged[first]
+                    )
+                except WalsinkError as exc:
+                    results[first] = exc
+                    continue
+                self._create_empty(schema, partition_by)
+                continue  # the data goes in a normal (put-if-absent) commit on the new table
+            version = dt.version() + 1
+            # Every member's removes read the same table state: list its files once, not once per member.
+            listed_files = dt.get_add_actions(flatten=True)
+            dt.get_add_actions = lambda flatten=True, _files=listed_files: _files  # type: ignore[method-assign]
+            actions: list[Any] = []
+            transactions: list[Transaction] = []
+            listed: list[dict[str, Any]] = []
+            prepared = []
+            for i, marker in live:
+                m = members[i]
+                try:
+                    adds = self._adds(dt, m.manifest, where[i][0], staged[i])
+                    removes, replaced = self._removes(dt, m.manifest, marker, where[i][0], None)
+                    m.ctx.fence()  # the member's lease is still the leader's: else it is left out
+                except WalsinkError as exc:
+                    results[i] = exc
+                    continue
+                manifest, token = m.manifest, m.ctx.epoch
+                actions += [*removes, *adds]
+                transactions += marker_transactions(manifest, token, len(adds), replaced, version)
+                listed.append(
+                    {
+                        "pipeline": manifest.pipeline,
+                        "checkpoint": manifest.checkpoint_key,
+                        "attempt_id": manifest.attempt_id,
+                        "epoch": token,
+                        "sequence": manifest.sequence,
+                        "partitions": list(replaced),
+                    }
+                )
+                prepared.append((i, adds, removes, replaced))
+            if not prepared:
+                break
+            commit = CommitProperties(
+                custom_metadata={
+                    "walsink.pipeline": members[prepared[0][0]].manifest.pipeline,
+                    "walsink.group": json.dumps(listed, sort_keys=True),
+                },
+                app_transactions=transactions,
+                # Our own retries only: the partition holders name this exact version.
+                max_commit_retries=0,
+            )
+            leader = members[0].ctx
+            try:
+                leader.event("table.before_group_commit")
+                append_commit(dt, actions, commit)
+            except CommitFailedError as exc:
+                log.info(
+                    "Delta group commit of %d checkpoints conflicted (%s); checking again", len(prepared), exc
+                )
+                time.sleep(conflict_backoff(attempt))
+                continue
+            leader.event("table.after_group_commit")
+            dt.update_incremental()
+            for i, adds, removes, replaced in prepared:
+                result = PublishResult(
+                    outcome=PublishOutcome.PUBLISHED,
+                    published=len(adds),
+                    target_files=where[i][1],
+                    snapshot=str(dt.version()),
+                    rows=members[i].manifest.total_rows,
+                )
+                result.files_rolled_back = len(removes)
+                result.partitions_replaced = list(replaced)
+                results[i] = result
+            break
+        else:
+            raise TableCommitConflict(
+                f"Delta table {self.table_uri} changed under each of {GROUP_COMMIT_ATTEMPTS} group commit attempts; "
+                "nothing was published, retry the commit"
+            )
+        return [r if r is not None else WalsinkError("not published") for r in results]
 
     def _already(
         self, manifest: Manifest, marker: Marker | None, locations: list[str], dt: Any
@@ -555,50 +647,6 @@ class DeltaPublisher:
             target_files=locations,
             snapshot=str(dt.version()) if dt is not None else None,
             rows=manifest.total_rows,
-        )
-
-    @staticmethod
-    def _commit_properties(
-        manifest: Manifest,
-        ctx: PublisherContext,
-        token: int,
-        files: int,
-        replaced: Sequence[str],
-        version: int,
-    ) -> CommitProperties:
-        """The commit's metadata and application transactions: the checkpoint's marker, the number
-        of files the attempt adds, and for each replaced partition its holder at ``version`` (the
-        version this commit must get: library retries are then off, so it never lands elsewhere)."""
-        holders = [
-            Transaction(app, version)
-            for partition in replaced
-            for app in (
-                partition_app_id(manifest.pipeline, partition),
-                partition_app_id(manifest.pipeline, partition, manifest.checkpoint_key),
-            )
-        ]
-        metadata = {
-            "walsink.pipeline": manifest.pipeline,
-            "walsink.checkpoint": manifest.checkpoint_key,
-            "walsink.sequence": str(manifest.sequence),
-            "walsink.attempt-id": manifest.attempt_id,
-            "walsink.epoch": str(token),
-        }
-        offsets = offsets_value(manifest)
-        if offsets is not None:
-            metadata["walsink.offsets"] = json.dumps(offsets, sort_keys=True)
-        return CommitProperties(
-            custom_metadata=metadata,
-            app_transactions=[
-                Transaction(app_id(manifest), token),
-                Transaction(app_id(manifest, manifest.attempt_id), token),
-                Transaction(files_app_id(manifest, manifest.attempt_id), files),
-                *holders,
-            ],
-            max_commit_retries=0 if holders else None,
-            # The library's retries only rebase onto commits its conflict check
-            # accepts; a commit carrying our app id is refused, and then walsink
-            # reloads and checks the marker itself.
         )
 
     # ------------------------------------------------------------------ actions
@@ -799,7 +847,7 @@ class DeltaPublisher:
             version = dt.transaction_version(partition_app_id(manifest.pipeline, partition))
             if version is None or self._holder_is(dt, manifest, partition) or self.allow_older_overwrite:
                 continue
-            info = self._commit_info(version)
+            info = commit_info(self.storage, self.table_uri, version)
             if info is None:
                 raise OrderError(
                     f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key} would replace partition "
@@ -808,8 +856,6 @@ class DeltaPublisher:
                     "commit is refused (pass allow_older_overwrite=True to the commit task to replace it on "
                     "purpose); target left unchanged"
                 )
-            from airflow_provider_walsink.core.targets.delta_group import commit_holders
-
             holders = commit_holders(info)
             # A group commit names the member that replaced this partition; a single commit, itself.
             holder = next(
@@ -823,24 +869,6 @@ class DeltaPublisher:
                 allow_older=False,
                 target=target,
             )
-
-    def _commit_info(self, version: int) -> dict[str, Any] | None:
-        """The ``commitInfo`` of one table version, read from its log entry (``None``: gone or unreadable)."""
-        fs, path = self.storage.fs_and_path(f"{self.table_uri}/_delta_log/{version:020d}.json")
-        try:
-            with fs.open_input_stream(path) as f:
-                text = f.read().decode()
-        except (OSError, FileNotFoundError):
-            return None
-        for line in text.splitlines():
-            if line.strip().startswith('{"commitInfo"'):
-                return json.loads(line)["commitInfo"]
-        for line in text.splitlines():
-            if line.strip():
-                found = json.loads(line).get("commitInfo")
-                if found is not None:
-                    return found
-        return None
 
     # ------------------------------------------------------------------ finish
 
@@ -863,106 +891,8 @@ class DeltaPublisher:
 
         def held_now(attempt_id: str) -> bool:
             now = self.load_table()
-            return now is None or _held_version(now.transaction_version(app_id(manifest, attempt_id)))
+            return now is None or held_version(now.transaction_version(app_id(manifest, attempt_id)))
 
         return staging_storage(self.storage, layout).remove_unreferenced_attempts(
             checkpoint_location(local_path(root), manifest), manifest, held_now, fence=fence
         )
-
-
-#: Delta's default number of leading data columns that get statistics (``delta.dataSkippingNumIndexedCols``).
-DEFAULT_INDEXED_COLUMNS = 32
-
-
-def delta_stats_columns(
-    columns: Mapping[str, Any], partition_by: Sequence[str], configuration: Mapping[str, Any]
-) -> dict[str, str]:
-    """The table's columns that get statistics, each with how its bounds are written (:func:`delta_stats`).
-
-    As Delta's own writers choose them: the columns named by ``delta.dataSkippingStatsColumns``,
-    else the first ``delta.dataSkippingNumIndexedCols`` (default 32, ``-1``: all) data columns
-    (partition columns excluded) in schema order. None under column mapping (the log would need
-    the physical names). The kind is ``""`` for a column that gets a null count but no bounds
-    (types whose bounds are ill-defined: :mod:`~airflow_provider_walsink.core.protocol.file_stats`).
-    """
-    if str(configuration.get("delta.columnMapping.mode") or "none").lower() != "none":
-        return {}
-    data = [c for c in columns if c not in set(partition_by)]
-    named = configuration.get("delta.dataSkippingStatsColumns")
-    if named:
-        wanted = {c.strip().strip("`") for c in str(named).split(",")}
-        data = [c for c in data if c in wanted]
-    else:
-        try:
-            limit = int(configuration.get("delta.dataSkippingNumIndexedCols", DEFAULT_INDEXED_COLUMNS))
-        except ValueError:
-            limit = DEFAULT_INDEXED_COLUMNS
-        data = data if limit < 0 else data[:limit]
-    return {c: _delta_bound_kind(columns[c]) for c in data}
-
-
-def _delta_bound_kind(arrow_type: Any) -> str:
-    """The writer's bound kind (:func:`~airflow_provider_walsink.core.protocol.file_stats.bound_kind`), else
-    ``"nested"`` (no statistics at all: Delta nests them per field; walsink keeps none) or ``""``."""
-    import pyarrow as pa
-
-    kind = bound_kind(arrow_type)
-    if kind is not None:
-        return kind
-    return "nested" if pa.types.is_nested(arrow_type) else ""
-
-
-def _delta_bound(kind: str, value: Any, *, upper: bool) -> Any:
-    """A manifest bound as Delta's stats JSON writes it for a column of ``kind``, or ``None``.
-
-    Timestamps: Delta's stats hold milliseconds, so a lower bound rounds down and an upper
-    bound up (``.999999`` is ``+1 ms``): both still bound the file, whatever the reader adds.
-    """
-    if kind == "int":
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-    if kind == "bool":
-        return value if isinstance(value, bool) else None
-    if kind in ("date", "string"):
-        return value if isinstance(value, str) else None
-    if kind == "timestamp" and isinstance(value, str) and value.endswith("Z"):
-        try:
-            moment = datetime.fromisoformat(value)
-        except ValueError:
-            return None
-        extra = moment.microsecond % 1000
-        if extra:
-            moment -= timedelta(microseconds=extra)
-            if upper:
-                try:
-                    moment += timedelta(milliseconds=1)
-                except OverflowError:
-                    return None
-        return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return None
-
-
-def delta_stats(rows: int, stats: FileStats, columns: Mapping[str, str]) -> str:
-    """An add action's ``stats`` JSON: ``numRecords`` and, for ``columns`` (name -> kind, from
-    :func:`delta_stats_columns`), the file's ``nullCount``, ``minValues`` and ``maxValues``."""
-    doc: dict[str, Any] = {"numRecords": rows}
-    nulls = {c: n for c, n in stats.nulls if columns.get(c, "nested") != "nested"}
-    lower = {}
-    upper = {}
-    for found, side, is_upper in ((lower, stats.lower, False), (upper, stats.upper, True)):
-        for column, value in side:
-            kind = columns.get(column)
-            bound = _delta_bound(kind, value, upper=is_upper) if kind else None
-            if bound is not None:
-                found[column] = bound
-    if lower:
-        doc["minValues"] = lower
-    if upper:
-        doc["maxValues"] = upper
-    if nulls:
-        doc["nullCount"] = nulls
-    return json.dumps(doc, separators=(",", ":"))
-
-
-def _held_version(version: int | None) -> bool:
-    """An attempt's application transaction says a table version held it (not: none, or a tombstone)."""
-    return version is not None and version != ABORTED_TXN

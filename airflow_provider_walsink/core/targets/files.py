@@ -71,6 +71,7 @@ from airflow_provider_walsink.core.staging.cleanup import remove_staged_attempts
 from airflow_provider_walsink.core.staging.layout import Confiner, StagingLayout, confine
 from airflow_provider_walsink.core.targets._tables import normalise_type
 from airflow_provider_walsink.core.targets.base import (
+    Publisher,
     PublisherContext,
     PublishOutcome,
     PublishResult,
@@ -152,7 +153,7 @@ def refuse_object_store(target_root: Any = None, staging_root: Any = None) -> No
         )
 
 
-class FilePublisher:
+class FilePublisher(Publisher):
     """Publishes committables into ``target_root`` (see the module docstring)."""
 
     kind: ClassVar[str] = "file"

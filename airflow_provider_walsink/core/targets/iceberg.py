@@ -99,9 +99,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -113,23 +113,38 @@ from pyiceberg.exceptions import (
     ValidationException,
 )
 from pyiceberg.expressions import AlwaysTrue, And, EqualTo, Or
-from pyiceberg.io.pyarrow import (
-    UnsupportedPyArrowTypeException,
-    compute_statistics_plan,
-    data_file_statistics_from_parquet_metadata,
-    parquet_path_to_id_mapping,
-    schema_to_pyarrow,
-)
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.transforms import IdentityTransform
-from pyiceberg.typedef import Record
-from pyiceberg.types import BooleanType, DateType, IntegerType, LongType, StringType
-from pyiceberg.utils.datetime import date_str_to_days
 
 from airflow_provider_walsink.core.protocol.errors import LayoutError, WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
+from airflow_provider_walsink.core.targets._icebergcatalog import (
+    EMBEDDED_CATALOG,
+    catalog_properties_from_connection,
+    check_catalog_properties,
+    embedded_catalog_properties,
+    not_configured,
+    pyiceberg_configured,
+)
+from airflow_provider_walsink.core.targets._icebergfiles import (
+    IcebergTargetError,
+    from_path,
+    new_table_schema,
+)
+from airflow_provider_walsink.core.targets._icebergfiles import data_files as data_files_of
+from airflow_provider_walsink.core.targets._icebergmarkers import (
+    ABORTED_PREFIX,
+    aborted_of,
+    marker_of,
+    marker_properties,
+    partition_holder,
+    partitions_held,
+)
+
+# Named from here by tests and the benchmarks: the Iceberg target's public names.
+from airflow_provider_walsink.core.targets._icebergmarkers import MARKER_PREFIX as MARKER_PREFIX
+from airflow_provider_walsink.core.targets._icebergmarkers import marker_property as marker_property
 from airflow_provider_walsink.core.targets._tables import (
     STAGING_DIR,
     CheckpointRef,
@@ -143,43 +158,34 @@ from airflow_provider_walsink.core.targets._tables import (
     check_retractable,
     checkpoint_location,
     decide,
-    int96_columns,
     layout_root,
-    offsets_of,
-    offsets_value,
     partition_of_path,
-    schema_problems,
     staged_locations,
     staging_storage,
     superseded_attempt,
     uri_flags,
 )
 from airflow_provider_walsink.core.targets.base import (
+    GroupMember,
+    Publisher,
     PublisherContext,
     PublishOutcome,
     PublishResult,
     StagedAttempt,
     TargetCapabilities,
+    check_group,
     check_partition_order,
+    conflict_backoff,
 )
 from airflow_provider_walsink.core.targets.registry import TargetNotConfiguredError, lookup_connection
 
 log = logging.getLogger(__name__)
 
 MODES = ("append", "overwrite")
-MARKER_PREFIX = "walsink.marker."
-#: Table property listing the attempt ids an abort tombstoned (``walsink.aborted.<pipeline>/<key>``).
-ABORTED_PREFIX = "walsink.aborted."
-#: Table property naming the checkpoint whose data an ``overwrite`` partition holds
-#: (``walsink.partition.<pipeline>/<partition path>`` = ``{checkpoint, attempt_id}``): the
-#: ordering rule (invariant 10) reads it in the metadata the commit is based on, and a
-#: reprocess replaces the partitions its checkpoint holds, whatever files maintenance left.
-PARTITION_PREFIX = "walsink.partition."
 #: Check + commit attempts before giving up on a table that keeps changing.
 MAX_COMMIT_ATTEMPTS = 20
-HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-#: Catalog properties that are secrets: never described or logged.
-_SECRET_KEYS = ("secret", "password", "token", "credential", "key-id")
+#: Check + commit attempts of one group before giving up on a table that keeps changing.
+GROUP_COMMIT_ATTEMPTS = 40
 
 
 def without_library_retries(table: Table) -> Table:
@@ -196,103 +202,7 @@ def without_library_retries(table: Table) -> Table:
     )
 
 
-class IcebergTargetError(WalsinkError):
-    """The Iceberg target cannot be used as configured; the message says why (table unchanged)."""
-
-
-def marker_property(manifest: Manifest) -> str:
-    # "/" cannot occur in a pipeline id or checkpoint key, so the key is unambiguous.
-    return f"{MARKER_PREFIX}{manifest.pipeline}/{manifest.checkpoint_key}"
-
-
-def partition_property(pipeline: str, partition: str) -> str:
-    return f"{PARTITION_PREFIX}{pipeline}/{partition}"
-
-
-#: The one catalog name that needs no configuration: walsink's embedded SQL catalog.
-EMBEDDED_CATALOG = "walsink"
-#: Catalog types that cannot work without a ``uri`` property.
-_NEEDS_URI = ("sql", "rest")
-
-
-def default_catalog_properties() -> dict[str, str]:
-    """The embedded catalog: SQLite file and a local warehouse under ``$WALSINK_ICEBERG_HOME``."""
-    home = Path(os.environ.get("WALSINK_ICEBERG_HOME") or Path.home() / ".walsink" / "iceberg")
-    home.mkdir(parents=True, exist_ok=True)
-    return {
-        "type": "sql",
-        "uri": f"sqlite:///{home / 'catalog.db'}",
-        "warehouse": as_uri(str(home / "warehouse")),
-    }
-
-
-def _embedded_catalog_properties() -> dict[str, str]:
-    props = default_catalog_properties()
-    # A documented default, named in the log: a table here is on this machine only.
-    log.info(
-        "Iceberg catalog %r is walsink's embedded SQL catalog: %s, warehouse %s "
-        "($WALSINK_ICEBERG_HOME; for a shared catalog, create a connection and name it in the target URI)",
-        EMBEDDED_CATALOG,
-        props["uri"],
-        props["warehouse"],
-    )
-    return props
-
-
-def _pyiceberg_configured(name: str) -> dict[str, str] | None:
-    """pyiceberg's own configuration of catalog ``name`` (``~/.pyiceberg.yaml``, ``PYICEBERG_CATALOG__*``)."""
-    from pyiceberg.utils.config import Config
-
-    found = Config().get_catalog_config(name)
-    return {str(k): str(v) for k, v in found.items()} if found else None
-
-
-def _not_configured(uri: str, name: str) -> TargetNotConfiguredError:
-    return TargetNotConfiguredError(
-        f"Iceberg target {uri!r}: Iceberg catalog {name!r} is not configured: there is no connection "
-        f'{name!r}, no target_options={{"catalog": {{...}}}} and no pyiceberg configuration of it. '
-        f"Create the connection (Admin > Connections, or AIRFLOW_CONN_{name.upper()}) with the catalog "
-        'properties in its extra, e.g. {"type": "sql", "uri": "postgresql+psycopg2://...", "warehouse": '
-        '"s3://bucket/warehouse"}; or pass them as target_options={"catalog": {...}}; or configure it for '
-        f"pyiceberg (~/.pyiceberg.yaml, PYICEBERG_CATALOG__{name.upper()}__URI); or use "
-        f"iceberg://{EMBEDDED_CATALOG}/... for walsink's embedded SQLite catalog on this machine "
-        "(docs/targets.md). Nothing was written."
-    )
-
-
-def _check_catalog_properties(uri: str, name: str, source: str, props: Mapping[str, str]) -> None:
-    kind = props.get("type", "")
-    if kind in _NEEDS_URI and not props.get("uri"):
-        raise TargetNotConfiguredError(
-            f"Iceberg target {uri!r}: catalog {name!r} from {source} is of type {kind!r} but has no 'uri' "
-            "property (the catalog database's SQLAlchemy URL, or the REST endpoint): add it (docs/targets.md)"
-        )
-
-
-def catalog_properties_from_connection(conn: Mapping[str, Any]) -> dict[str, str]:
-    """Catalog properties from a connection's fields: ``extra`` as is, ``host``/``login`` filling gaps."""
-    extra = conn.get("extra") or {}
-    if isinstance(extra, str):
-        extra = json.loads(extra) if extra.strip() else {}
-    props = {str(k): str(v) for k, v in extra.items()}
-    conn_type = (conn.get("conn_type") or "").lower()
-    if "type" not in props:
-        props["type"] = "rest" if conn_type in ("http", "https", "iceberg_rest", "rest") else "sql"
-    if "uri" not in props and conn.get("host"):
-        scheme = "https" if conn_type == "https" else "http"
-        port = f":{conn['port']}" if conn.get("port") else ""
-        props["uri"] = f"{scheme}://{conn['host']}{port}{conn.get('schema') and '/' + conn['schema'] or ''}"
-    if conn.get("login") and "s3.access-key-id" not in props:
-        props["s3.access-key-id"] = str(conn["login"])
-        props["s3.secret-access-key"] = str(conn.get("password") or "")
-    return props
-
-
-def _is_secret(key: str) -> bool:
-    return any(s in key.lower() for s in _SECRET_KEYS)
-
-
-class IcebergPublisher:
+class IcebergPublisher(Publisher):
     """Publishes checkpoint attempts into one Iceberg table (module docstring)."""
 
     kind: ClassVar[str] = "iceberg"
@@ -331,7 +241,7 @@ class IcebergPublisher:
                 f"(only the catalog {EMBEDDED_CATALOG!r} defaults to walsink's embedded one)"
             )
         self.catalog_properties = dict(
-            catalog_properties if catalog_properties is not None else _embedded_catalog_properties()
+            catalog_properties if catalog_properties is not None else embedded_catalog_properties()
         )
         self.partition_by = tuple(partition_by)
         self.create_table = create_table
@@ -363,11 +273,11 @@ class IcebergPublisher:
         elif extra.get("catalog"):
             props, source = {str(k): str(v) for k, v in dict(extra["catalog"]).items()}, "target_options"
         else:
-            props, source = _pyiceberg_configured(name), "the pyiceberg configuration"
+            props, source = pyiceberg_configured(name), "the pyiceberg configuration"
         if props is None and name != EMBEDDED_CATALOG:
-            raise _not_configured(uri, name)
+            raise not_configured(uri, name)
         if props is not None:
-            _check_catalog_properties(uri, name, source, props)
+            check_catalog_properties(uri, name, source, props)
         flags = uri_flags(parts.query, ("create_table",), uri)
         return cls(
             identifier,
@@ -453,44 +363,12 @@ class IcebergPublisher:
 
     # ------------------------------------------------------------------ marker
 
-    @staticmethod
-    def marker_of(table: Table, manifest: Manifest) -> Marker | None:
-        raw = table.metadata.properties.get(marker_property(manifest))
-        if not raw:
-            return None
-        data = json.loads(raw)
-        files = data.get("files")
-        return Marker(
-            data["attempt_id"],
-            int(data["epoch"]),
-            data.get("snapshot"),
-            tuple(data.get("previous", ())),
-            files=int(files) if files is not None else None,
-            offsets=offsets_of(data.get("offsets")),
-        )
-
-    @staticmethod
-    def partition_holder(table: Table, pipeline: str, partition: str) -> dict[str, str] | None:
-        """``{checkpoint, attempt_id}`` of the checkpoint whose data ``partition`` holds (``overwrite``), or ``None``."""
-        raw = table.metadata.properties.get(partition_property(pipeline, partition))
-        return json.loads(raw) if raw else None
-
-    @staticmethod
-    def partitions_held(table: Table, manifest: Manifest) -> list[str]:
-        """The partitions whose data is the manifest's checkpoint's (any attempt of it), per the holder properties."""
-        prefix = partition_property(manifest.pipeline, "")
-        held = []
-        for name, raw in table.metadata.properties.items():
-            if name.startswith(prefix) and json.loads(raw).get("checkpoint") == manifest.checkpoint_key:
-                held.append(name[len(prefix) :])
-        return sorted(held)
-
     def _check_order(self, table: Table | None, manifest: Manifest) -> None:
         """Invariant 10 on the metadata the commit is based on (``OrderError``; the commit asserts the head)."""
         if table is None or self.mode != "overwrite":
             return
         for partition in manifest.replaced_partitions():
-            holder = self.partition_holder(table, manifest.pipeline, partition) or {}
+            holder = partition_holder(table, manifest.pipeline, partition) or {}
             check_partition_order(
                 manifest,
                 partition,
@@ -500,20 +378,14 @@ class IcebergPublisher:
                 target=f"Iceberg table {self.identifier}",
             )
 
-    @staticmethod
-    def aborted_of(table: Table, manifest: Manifest | CheckpointRef) -> frozenset[str]:
-        """Attempt ids of the checkpoint that an abort tombstoned in this table state."""
-        raw = table.metadata.properties.get(f"{ABORTED_PREFIX}{manifest.pipeline}/{manifest.checkpoint_key}")
-        return frozenset(json.loads(raw)) if raw else frozenset()
-
     def fence_state(self, ref: CheckpointRef) -> TableFenceState:
         """The attempt the table holds for the checkpoint, the attempts aborted in it, and those it held."""
         table = self.load_table()
         if table is None:
             return TableFenceState(None)
-        marker = self.marker_of(table, ref)  # type: ignore[arg-type]
+        marker = marker_of(table, ref)  # type: ignore[arg-type]
         known = frozenset({marker.attempt_id, *marker.previous}) if marker else frozenset()
-        return TableFenceState(marker.attempt_id if marker else None, self.aborted_of(table, ref), known)
+        return TableFenceState(marker.attempt_id if marker else None, aborted_of(table, ref), known)
 
     def tombstone(
         self,
@@ -552,11 +424,11 @@ class IcebergPublisher:
                     [(loc, c.size) for loc, c in zip(created_from, manifest.committables, strict=True)]
                 )
                 table = self._create(manifest, footers)
-            marker = self.marker_of(table, ref)  # type: ignore[arg-type]
+            marker = marker_of(table, ref)  # type: ignore[arg-type]
             if marker is not None and marker.attempt_id != superseded:
                 return marker.attempt_id
             known = {marker.attempt_id, *marker.previous} if marker else set()
-            already = self.aborted_of(table, ref)
+            already = aborted_of(table, ref)
             new = set(attempt_ids) - known - already
             if not new:
                 return None
@@ -593,7 +465,7 @@ class IcebergPublisher:
         Lets a committer whose rows were trimmed take its next lease above the token the table holds.
         """
         table = self.load_table()
-        return self.marker_of(table, manifest) if table is not None else None
+        return marker_of(table, manifest) if table is not None else None
 
     def published_attempt(self, manifest: Manifest) -> str | None:
         marker = self.published_marker(manifest)
@@ -629,8 +501,8 @@ class IcebergPublisher:
         last_conflict: Exception | None = None
         for _ in range(MAX_COMMIT_ATTEMPTS):
             table = self.load_table()
-            marker = self.marker_of(table, manifest) if table is not None else None
-            aborted = self.aborted_of(table, manifest) if table is not None else frozenset()
+            marker = marker_of(table, manifest) if table is not None else None
+            aborted = aborted_of(table, manifest) if table is not None else frozenset()
             if decide(marker, manifest, ctx, self.mode, aborted):
                 return self._already(manifest, marker, locations)
             self._check_order(table, manifest)
@@ -640,10 +512,10 @@ class IcebergPublisher:
                 )
             if table is None:
                 table = self._create(manifest, footers)
-                marker = self.marker_of(table, manifest)
-                if decide(marker, manifest, ctx, self.mode, self.aborted_of(table, manifest)):
+                marker = marker_of(table, manifest)
+                if decide(marker, manifest, ctx, self.mode, aborted_of(table, manifest)):
                     return self._already(manifest, marker, locations)
-            data_files = self._data_files(table, manifest, locations, footers)
+            data_files = data_files_of(table, manifest, locations, footers, identifier=self.identifier)
             deletes, replaced = self._files_to_delete(
                 table, manifest, marker, base, superseded_attempt(ctx, manifest)
             )
@@ -681,11 +553,136 @@ class IcebergPublisher:
             "retry the commit"
         )
 
-    def publish_group(self, members: list[Any]) -> list[PublishResult | Exception]:
-        """Several checkpoints in one snapshot, each with its own marker (:class:`~.base.GroupPublisher`)."""
-        from airflow_provider_walsink.core.targets.iceberg_group import publish_group
+    def publish_group(self, members: list[GroupMember]) -> list[PublishResult | Exception]:
+        """Several checkpoints in one snapshot, each with its own marker (:class:`~.base.GroupPublisher`).
 
-        return publish_group(self, members)
+        The one snapshot adds every member's staged files (and, in ``overwrite``, deletes the files
+        of each member's partitions) and sets, per member, exactly the properties a single commit
+        sets (:func:`marker_properties`), so a member committed in a group is indistinguishable
+        from one committed alone. The snapshot summary names each member
+        (``walsink.group.<pipeline>/<key>`` = ``{attempt_id, epoch, sequence}``) but carries no
+        single ``walsink.attempt-id``: that key tells a reprocess which files one attempt's
+        snapshot added, and a group snapshot added several attempts' files.
+        """
+        check_group(members, self.mode)
+        results: list[PublishResult | Exception | None] = [None] * len(members)
+        where: dict[int, tuple[str, list[str]]] = {}
+        footers: dict[int, list[Any]] = {}
+        for i, m in enumerate(members):
+            try:
+                where[i] = staged_locations(m.attempt, m.manifest, uri=True)
+            except WalsinkError as exc:
+                results[i] = exc
+        last_conflict: Exception | None = None
+        for attempt in range(GROUP_COMMIT_ATTEMPTS):
+            table = self.load_table()
+            live: list[tuple[int, Any]] = []
+            for i, m in enumerate(members):
+                if results[i] is not None:
+                    continue
+                try:
+                    marker = marker_of(table, m.manifest) if table is not None else None
+                    aborted = aborted_of(table, m.manifest) if table is not None else frozenset()
+                    if decide(marker, m.manifest, m.ctx, self.mode, aborted):
+                        results[i] = self._already(m.manifest, marker, where[i][1])
+                        continue
+                    self._check_order(table, m.manifest)
+                    if i not in footers:
+                        locations = where[i][1]
+                        footers[i] = staging_storage(self.storage, m.attempt).footers(
+                            [(loc, c.size) for loc, c in zip(locations, m.manifest.committables, strict=True)]
+                        )
+                    live.append((i, marker))
+                except WalsinkError as exc:
+                    results[i] = exc
+            if not live:
+                break
+            if table is None:
+                first = live[0][0]
+                self._create(members[first].manifest, footers[first])
+                continue  # check every member again on the created table
+            prepared = []
+            for i, marker in live:
+                m = members[i]
+                try:
+                    base, locations = where[i]
+                    data_files = data_files_of(
+                        table, m.manifest, locations, footers[i], identifier=self.identifier
+                    )
+                    deletes, replaced = self._files_to_delete(table, m.manifest, marker, base, None)
+                    m.ctx.fence()  # the member's lease is still the leader's: else it is left out
+                except WalsinkError as exc:
+                    results[i] = exc
+                    continue
+                prepared.append((i, marker, data_files, deletes, replaced))
+            if not prepared:
+                break
+            tx = without_library_retries(table).transaction()
+            summary = {"walsink.group": str(len(prepared))}
+            for i, *_ in prepared:
+                m = members[i]
+                summary[f"walsink.group.{m.manifest.pipeline}/{m.manifest.checkpoint_key}"] = json.dumps(
+                    {
+                        "attempt_id": m.manifest.attempt_id,
+                        "epoch": m.ctx.epoch,
+                        "sequence": m.manifest.sequence,
+                    },
+                    sort_keys=True,
+                )
+            update = tx.update_snapshot(snapshot_properties=summary)
+            any_deletes = any(p[3] for p in prepared)
+            producer = update.overwrite() if any_deletes else update.fast_append()
+            if any_deletes:
+                _one_manifest_evaluator_per_manifest(producer)
+            with producer:
+                for _i, _marker, data_files, deletes, _replaced in prepared:
+                    for df in deletes:
+                        producer.delete_data_file(df)
+                    for df in data_files:
+                        producer.append_data_file(df)
+            snapshot = str(producer.snapshot_id)
+            props: dict[str, str] = {}
+            for i, marker, data_files, _deletes, replaced in prepared:
+                m = members[i]
+                props.update(
+                    marker_properties(m.manifest, m.ctx.epoch, snapshot, marker, len(data_files), replaced)
+                )
+            if table.metadata.name_mapping() is None:
+                props[TableProperties.DEFAULT_NAME_MAPPING] = table.schema().name_mapping.model_dump_json()
+            tx.set_properties(props)
+            leader = members[0].ctx
+            try:
+                leader.event("table.before_group_commit")
+                tx.commit_transaction()
+            except (CommitFailedException, ValidationException) as exc:
+                # Nothing committed: reload, check every member again (after a pause: the others go on).
+                last_conflict = exc
+                log.info(
+                    "Iceberg group commit of %d checkpoints conflicted (%s); checking again",
+                    len(prepared),
+                    exc,
+                )
+                time.sleep(conflict_backoff(attempt))
+                continue
+            leader.event("table.after_group_commit")
+            for i, _marker, data_files, deletes, replaced in prepared:
+                result = PublishResult(
+                    outcome=PublishOutcome.PUBLISHED,
+                    published=len(data_files),
+                    target_files=where[i][1],
+                    snapshot=snapshot,
+                    rows=members[i].manifest.total_rows,
+                )
+                result.files_rolled_back = len(deletes)
+                result.partitions_replaced = list(replaced)
+                results[i] = result
+            break
+        else:
+            raise TableCommitConflict(
+                f"Iceberg table {self.identifier} changed under each of {GROUP_COMMIT_ATTEMPTS} group commit attempts "
+                f"(last: {last_conflict}); nothing was published, retry the commit"
+            )
+        return [r if r is not None else WalsinkError("not published") for r in results]
 
     def _already(self, manifest: Manifest, marker: Marker | None, locations: list[str]) -> PublishResult:
         return PublishResult(
@@ -725,23 +722,9 @@ class IcebergPublisher:
                 producer.delete_data_file(df)
             for df in data_files:
                 producer.append_data_file(df)
-        previous = list(marker.previous) if marker else []
-        if marker and marker.attempt_id != manifest.attempt_id:
-            previous.append(marker.attempt_id)
-        value: dict[str, Any] = {
-            "attempt_id": manifest.attempt_id,
-            "epoch": ctx.epoch,
-            "snapshot": str(producer.snapshot_id),
-            "previous": previous[-20:],
-            "files": len(data_files),
-        }
-        offsets = offsets_value(manifest)
-        if offsets is not None:
-            value["offsets"] = offsets
-        props = {marker_property(manifest): json.dumps(value, sort_keys=True)}
-        holder = json.dumps({"checkpoint": manifest.checkpoint_key, "attempt_id": manifest.attempt_id})
-        for partition in replaced:
-            props[partition_property(manifest.pipeline, partition)] = holder
+        props = marker_properties(
+            manifest, ctx.epoch, str(producer.snapshot_id), marker, len(data_files), replaced
+        )
         if table.metadata.name_mapping() is None:
             # Staged files carry no Iceberg field ids: readers map their columns by name.
             props[TableProperties.DEFAULT_NAME_MAPPING] = table.schema().name_mapping.model_dump_json()
@@ -750,60 +733,6 @@ class IcebergPublisher:
         return producer.snapshot_id
 
     # ------------------------------------------------------------------ files
-
-    def _data_files(
-        self, table: Table, manifest: Manifest, locations: list[str], footers: list[Any]
-    ) -> list[DataFile]:
-        """One ``DataFile`` per staged file, from its footer; partition from its Hive path (identity) or stats."""
-        schema = table.schema()
-        spec = table.spec()
-        columns = {f.name: f.type for f in schema_to_pyarrow(schema, include_field_ids=False)}
-        plan = compute_statistics_plan(schema, table.metadata.properties)
-        mapping = parquet_path_to_id_mapping(schema)
-        fields = [(pf, schema.find_column_name(pf.source_id)) for pf in spec.fields]
-        identity = {name for pf, name in fields if isinstance(pf.transform, IdentityTransform)}
-        result = []
-        for c, location, meta in zip(manifest.committables, locations, footers, strict=True):
-            pairs = dict(partition_of_path(c.path))
-            file_schema = meta.schema.to_arrow_schema()
-            problems = schema_problems(columns, file_schema, pairs, int96=int96_columns(meta))
-            lost = [col for col in pairs if col not in identity and col not in file_schema.names]
-            if lost:
-                problems.append(
-                    f"partition directories {lost} are not identity partitions of the table and not in the file"
-                )
-            if problems:
-                raise IcebergTargetError(
-                    f"staged file {c.path} does not match Iceberg table {self.identifier}: "
-                    f"{'; '.join(problems)}; table unchanged"
-                )
-            stats = data_file_statistics_from_parquet_metadata(
-                parquet_metadata=meta, stats_columns=plan, parquet_column_mapping=mapping
-            )
-            from_stats: Record | None = None
-            values = []
-            for i, (pf, name) in enumerate(fields):
-                if name in pairs and isinstance(pf.transform, IdentityTransform):
-                    values.append(_from_path(pairs[name], schema.find_field(pf.source_id).field_type, c.path))
-                else:
-                    if from_stats is None:
-                        from_stats = stats.partition(spec, schema)
-                    values.append(from_stats[i])
-            result.append(
-                DataFile.from_args(
-                    content=DataFileContent.DATA,
-                    file_path=location,
-                    file_format=FileFormat.PARQUET,
-                    partition=Record(*values),
-                    file_size_in_bytes=c.size,
-                    sort_order_id=None,
-                    spec_id=table.metadata.default_spec_id,
-                    equality_ids=None,
-                    key_metadata=None,
-                    **stats.to_serialized_dict(),
-                )
-            )
-        return result
 
     def _files_to_delete(
         self, table: Table, manifest: Manifest, marker: Marker | None, base: str, supersedes: str | None
@@ -831,7 +760,7 @@ class IcebergPublisher:
             return [], replaced
         if self.mode == "overwrite":
             if supersedes:
-                held = [p for p in self.partitions_held(table, manifest) if p not in replaced]
+                held = [p for p in partitions_held(table, manifest) if p not in replaced]
                 replaced += held
             schema = table.schema()
             spec = table.spec()
@@ -847,7 +776,7 @@ class IcebergPublisher:
                         f"partition {partition!r} does not name the identity partition columns "
                         f"{list(names)} of Iceberg table {self.identifier}; table unchanged"
                     )
-                typed = [_from_path(v, schema.find_field(c).field_type, partition) for c, v in pairs]
+                typed = [from_path(v, schema.find_field(c).field_type, partition) for c, v in pairs]
                 records.add(tuple(typed))
                 terms = [EqualTo(c, v) for (c, _), v in zip(pairs, typed, strict=True)]
                 predicates.append(terms[0] if len(terms) == 1 else And(*terms))
@@ -908,40 +837,12 @@ class IcebergPublisher:
                 f"Iceberg table {self.identifier} does not exist in catalog {self.catalog_name}; create it, or set "
                 'extra={"create_table": True} to create it from the staged files on the first commit'
             )
-        import pyarrow as pa
-
         if not footers:
             raise IcebergTargetError(
                 f"Iceberg table {self.identifier} does not exist and checkpoint "
                 f"{manifest.pipeline}/{manifest.checkpoint_key} staged no file to take its schema from"
             )
-        int96 = sorted({col for meta in footers for col in int96_columns(meta)})
-        if int96:
-            raise IcebergTargetError(
-                f"staged files of {manifest.pipeline}/{manifest.checkpoint_key} hold INT96 timestamps {int96}, which "
-                "Iceberg cannot read: make Spark write TIMESTAMP_MICROS "
-                "(spark.sql.parquet.outputTimestampType=TIMESTAMP_MICROS); table not created"
-            )
-        file_schema = footers[0].schema.to_arrow_schema()
-        columns = list(self.partition_by or manifest.partition_columns)
-        fields = list(file_schema) + [pa.field(c, pa.string()) for c in columns if c not in file_schema.names]
-        try:
-            schema = Catalog._convert_schema_if_needed(pa.schema(fields))
-        except (TypeError, ValueError, UnsupportedPyArrowTypeException) as e:  # no Iceberg equivalent
-            raise IcebergTargetError(
-                f"cannot create Iceberg table {self.identifier}: {e}; table not created"
-            ) from e
-        spec = PartitionSpec(
-            *(
-                PartitionField(
-                    source_id=schema.find_field(c).field_id,
-                    field_id=1000 + i,
-                    transform=IdentityTransform(),
-                    name=c,
-                )
-                for i, c in enumerate(columns)
-            )
-        )
+        schema, spec = new_table_schema(manifest, footers, self.partition_by, identifier=self.identifier)
         self.catalog.create_namespace_if_not_exists(self.namespace)
         # The name mapping (staged files carry no field ids) is set by the first commit, from the
         # schema with the ids the catalog assigned.
@@ -968,13 +869,13 @@ class IcebergPublisher:
         if root is None:
             return []
         table = self.load_table()
-        marker = self.marker_of(table, manifest) if table is not None else None
+        marker = marker_of(table, manifest) if table is not None else None
         if marker is None or marker.attempt_id != manifest.attempt_id:
             return []  # not (or no longer) ours in the table: leave everything to the committer's GC
 
         def held_now(attempt_id: str) -> bool:
             now = self.load_table()
-            current = self.marker_of(now, manifest) if now is not None else None
+            current = marker_of(now, manifest) if now is not None else None
             # No marker now (the table was replaced or dropped): keep, never guess.
             return current is None or attempt_id in (current.attempt_id, *current.previous)
 
@@ -999,24 +900,3 @@ def _one_manifest_evaluator_per_manifest(producer: Any) -> None:
     if build is None:
         return
     producer._build_manifest_evaluator = lambda spec_id: lambda manifest: build(spec_id)(manifest)
-
-
-def _from_path(value: str, iceberg_type: Any, where: str) -> Any:
-    """A Hive path's partition value as the Iceberg value of an identity partition."""
-    if value == HIVE_NULL:
-        return None
-    try:
-        if isinstance(iceberg_type, StringType):
-            return value
-        if isinstance(iceberg_type, (IntegerType, LongType)):
-            return int(value)
-        if isinstance(iceberg_type, DateType):
-            return date_str_to_days(value)
-        if isinstance(iceberg_type, BooleanType):
-            return {"true": True, "false": False}[value.lower()]
-    except (ValueError, KeyError):
-        raise LayoutError(f"{where}: partition value {value!r} is not a valid {iceberg_type}") from None
-    raise LayoutError(
-        f"{where}: partition columns of type {iceberg_type} cannot be read from a directory name; "
-        "write the column into the files instead"
-    )

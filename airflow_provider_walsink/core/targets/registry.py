@@ -10,9 +10,10 @@ a URI whose scheme names the target kind:
 ``sql://<conn_id>/<schema>.<table>``    a PostgreSQL/MySQL table (:mod:`.sql`)
 =====================================  ==========================================
 
-Each kind is one module with one class that implements
-:class:`~airflow_provider_walsink.core.targets.base.Publisher` and a
-``from_uri(uri, options)`` class method. Modules load lazily, so a missing
+Each kind is one module with one subclass of
+:class:`~airflow_provider_walsink.core.targets.base.Publisher` (its
+``from_uri(uri, options)`` class method builds it) and one line in
+:data:`KNOWN_TARGETS`; nothing else names a kind. Modules load lazily, so a missing
 optional library costs nothing until its kind is used, and then the error
 names the extra to install. Third parties add a kind without touching
 walsink: an entry point in the ``walsink.targets`` group (``scheme =
@@ -131,7 +132,7 @@ def target_scheme(target: str) -> str:
     return scheme.split("+", 1)[0]
 
 
-def publisher_class(scheme: str) -> type:
+def publisher_class(scheme: str) -> type[Publisher]:
     """Load the class of a target kind, naming the extra to install when its library is missing."""
     spec = KNOWN_TARGETS.get(scheme)
     if spec is None:
@@ -152,12 +153,22 @@ def publisher_class(scheme: str) -> type:
     except ImportError as exc:
         hint = f'pip install "airflow-provider-walsink[{extra}]"' if extra else "install its package"
         raise TargetError(f"target kind {scheme!r} needs {exc.name or exc}: {hint}") from exc
-    return getattr(module, class_name)
+    cls = getattr(module, class_name)
+    if not (isinstance(cls, type) and issubclass(cls, Publisher)):
+        # Callers read the contract's declared capabilities off the class: refuse anything else here.
+        raise TargetError(
+            f"target kind {scheme!r}: {path} is not a subclass of {Publisher.__module__}.Publisher"
+        )
+    return cls
 
 
 def resolve_target(target: str | Publisher, options: TargetOptions) -> Publisher:
     """A publisher for ``target``: a publisher object as is, or one built from a URI."""
     if not isinstance(target, str):
+        if not isinstance(target, Publisher):
+            raise TargetError(
+                f"target {target!r} is neither a URI nor a {Publisher.__module__}.Publisher (subclass it)"
+            )
         return target
     cls = publisher_class(target_scheme(target))
     return cls.from_uri(target, options)

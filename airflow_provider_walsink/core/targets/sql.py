@@ -104,6 +104,7 @@ from airflow_provider_walsink.core.targets._sqltypes import (
 from airflow_provider_walsink.core.targets._sqltypes import SchemaMismatchError as SchemaMismatchError
 from airflow_provider_walsink.core.targets._tables import refuse_supersede, superseded_attempt
 from airflow_provider_walsink.core.targets.base import (
+    Publisher,
     PublisherContext,
     PublishOutcome,
     PublishResult,
@@ -141,7 +142,7 @@ _DRIVER_EXTRAS = {
 _RACE_RETRIES = 3
 
 
-class SqlPublisher:
+class SqlPublisher(Publisher):
     """Loads a sealed attempt's Parquet into one SQL table, exactly once (module docstring)."""
 
     kind: ClassVar[str] = "sql"
@@ -682,7 +683,13 @@ class SqlPublisher:
             columns += [sa.Column(c, exact_string(255), nullable=False) for c in plan.partition_columns]
             self._ensure_table(sa.Table(self.table, metadata, *columns, schema=self.schema))
         reflected = sa.inspect(self.engine).get_columns(self.table, schema=self.schema)
-        check_schema(plan, reflected, mysql=self.dialect_name == "mysql", target_name=self._target_name())
+        check_schema(
+            plan.schema,
+            plan.partition_columns,
+            reflected,
+            mysql=self.dialect_name == "mysql",
+            target_name=self._target_name(),
+        )
         return sa.Table(
             self.table,
             sa.MetaData(),

@@ -1,0 +1,263 @@
+"""What walsink records in a Delta table's log, and how it reads it back.
+
+The markers are application transactions (``transaction_version(app_id)``, answered from the
+table state deltalake loads anyway): per checkpoint, per attempt, per attempt's file count and
+per ``overwrite`` partition (:mod:`.delta` says what each version means). A commit's
+``commitInfo`` names what it published (:func:`commit_holders`: one checkpoint, or each member
+of a group commit). Add actions carry ``stats`` as Delta's own writers choose them
+(:func:`delta_stats_columns`, :func:`delta_stats`). The publisher (:mod:`.delta`) imports this
+module; nothing here knows the publisher.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.transaction import AddAction, RemoveAction
+
+from airflow_provider_walsink.core.protocol.file_stats import bound_kind
+from airflow_provider_walsink.core.protocol.manifest import FileStats, Manifest
+from airflow_provider_walsink.core.targets._tables import CheckpointRef, Storage, offsets_value
+
+#: The application-transaction version of an attempt an abort tombstoned: never a fencing token
+#: (tokens are positive), so such an attempt never holds the checkpoint's version.
+ABORTED_TXN = -1
+#: How far back ``published_attempt`` looks for the id of another attempt (a rare, reconciling path).
+HISTORY_SCAN_LIMIT = 10_000
+
+
+def app_id(manifest: Manifest | CheckpointRef, attempt_id: str | None = None) -> str:
+    base = f"walsink/{manifest.pipeline}/{manifest.checkpoint_key}"
+    return f"{base}/{attempt_id}" if attempt_id else base
+
+
+def files_app_id(manifest: Manifest | CheckpointRef, attempt_id: str) -> str:
+    """App id whose version is the number of data files the attempt's commit added."""
+    return f"walsink-files/{manifest.pipeline}/{manifest.checkpoint_key}/{attempt_id}"
+
+
+def partition_app_id(pipeline: str, partition: str, checkpoint_key: str | None = None) -> str:
+    """App id of an ``overwrite`` partition: its version is the table version of the commit that last
+    replaced it; with ``checkpoint_key``, the same version when that commit was this checkpoint's.
+    (Hive escapes ``#`` in partition values, and a key has no ``#``.)"""
+    base = f"walsink-partition/{pipeline}/{partition}"
+    return f"{base}#{checkpoint_key}" if checkpoint_key else base
+
+
+def commit_properties(
+    manifest: Manifest,
+    token: int,
+    files: int,
+    replaced: Sequence[str],
+    version: int,
+) -> CommitProperties:
+    """The commit's metadata and application transactions: the checkpoint's marker, the number
+    of files the attempt adds, and for each replaced partition its holder at ``version`` (the
+    version this commit must get: library retries are then off, so it never lands elsewhere)."""
+    metadata = {
+        "walsink.pipeline": manifest.pipeline,
+        "walsink.checkpoint": manifest.checkpoint_key,
+        "walsink.sequence": str(manifest.sequence),
+        "walsink.attempt-id": manifest.attempt_id,
+        "walsink.epoch": str(token),
+    }
+    offsets = offsets_value(manifest)
+    if offsets is not None:
+        metadata["walsink.offsets"] = json.dumps(offsets, sort_keys=True)
+    return CommitProperties(
+        custom_metadata=metadata,
+        app_transactions=marker_transactions(manifest, token, files, replaced, version),
+        max_commit_retries=0 if replaced else None,
+        # The library's retries only rebase onto commits its conflict check
+        # accepts; a commit carrying our app id is refused, and then walsink
+        # reloads and checks the marker itself.
+    )
+
+
+def marker_transactions(
+    manifest: Manifest, token: int, files: int, replaced: Sequence[str], version: int
+) -> list[Transaction]:
+    """The application transactions one checkpoint's commit carries, alone or in a group: the
+    checkpoint and the attempt at ``token`` (the fencing token), the attempt's file count, and for
+    each replaced partition its holder at ``version`` (the table version the commit must get)."""
+    return [
+        Transaction(app_id(manifest), token),
+        Transaction(app_id(manifest, manifest.attempt_id), token),
+        Transaction(files_app_id(manifest, manifest.attempt_id), files),
+        *(
+            Transaction(app, version)
+            for partition in replaced
+            for app in (
+                partition_app_id(manifest.pipeline, partition),
+                partition_app_id(manifest.pipeline, partition, manifest.checkpoint_key),
+            )
+        ),
+    ]
+
+
+def append_commit(dt: DeltaTable, actions: list[AddAction | RemoveAction], commit: CommitProperties) -> None:
+    """One put-if-absent log version on ``dt`` as loaded: ``actions`` (data, or none for a
+    tombstone) and ``commit``'s application transactions; ``CommitFailedError`` if the log moved
+    in a conflicting way since the load."""
+    dt.create_write_transaction(
+        actions, "append", dt.schema(), partition_by=dt.metadata().partition_columns, commit_properties=commit
+    )
+
+
+def history(storage: Storage, table_uri: str, dt: DeltaTable) -> Iterator[dict[str, Any]]:
+    """The ``commitInfo`` of the newest :data:`HISTORY_SCAN_LIMIT` versions, newest first, read
+    one log entry at a time (and only until the caller finds what it looks for).
+
+    Not ``DeltaTable.history()``: that reads every entry up front, and stalls against an S3 API
+    without a listing it expects (moto's server), so a reconcile of a table on S3 hung there.
+    Versions the log no longer keeps (log retention) are skipped, as ``history()`` skips them.
+    """
+    latest = dt.version()
+    for version in range(latest, max(-1, latest - HISTORY_SCAN_LIMIT), -1):
+        info = commit_info(storage, table_uri, version)
+        if info is not None:
+            yield info
+
+
+def commit_info(storage: Storage, table_uri: str, version: int) -> dict[str, Any] | None:
+    """The ``commitInfo`` of one table version, read from its log entry (``None``: gone or unreadable)."""
+    fs, path = storage.fs_and_path(f"{table_uri}/_delta_log/{version:020d}.json")
+    try:
+        with fs.open_input_stream(path) as f:
+            text = f.read().decode()
+    except (OSError, FileNotFoundError):
+        return None
+    for line in text.splitlines():
+        if line.strip().startswith('{"commitInfo"'):
+            return json.loads(line)["commitInfo"]
+    for line in text.splitlines():
+        if line.strip():
+            found = json.loads(line).get("commitInfo")
+            if found is not None:
+                return found
+    return None
+
+
+def held_version(version: int | None) -> bool:
+    """An attempt's application transaction says a table version held it (not: none, or a tombstone)."""
+    return version is not None and version != ABORTED_TXN
+
+
+def commit_holders(info: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The checkpoints one walsink commit published, from its ``commitInfo``: one for a single
+    commit (``pipeline``, ``checkpoint``, ``attempt_id``, ``epoch``; ``partitions`` unknown: ``None``),
+    each member of a group commit (with the partitions it replaced)."""
+    raw = info.get("walsink.group")
+    if raw:
+        try:
+            return list(json.loads(raw))
+        except (TypeError, ValueError):
+            return []
+    if info.get("walsink.checkpoint") is None:
+        return []
+    return [
+        {
+            "pipeline": info.get("walsink.pipeline"),
+            "checkpoint": info.get("walsink.checkpoint"),
+            "attempt_id": info.get("walsink.attempt-id"),
+            "epoch": info.get("walsink.epoch"),
+            "partitions": None,
+        }
+    ]
+
+
+#: Delta's default number of leading data columns that get statistics (``delta.dataSkippingNumIndexedCols``).
+DEFAULT_INDEXED_COLUMNS = 32
+
+
+def delta_stats_columns(
+    columns: Mapping[str, Any], partition_by: Sequence[str], configuration: Mapping[str, Any]
+) -> dict[str, str]:
+    """The table's columns that get statistics, each with how its bounds are written (:func:`delta_stats`).
+
+    As Delta's own writers choose them: the columns named by ``delta.dataSkippingStatsColumns``,
+    else the first ``delta.dataSkippingNumIndexedCols`` (default 32, ``-1``: all) data columns
+    (partition columns excluded) in schema order. None under column mapping (the log would need
+    the physical names). The kind is ``""`` for a column that gets a null count but no bounds
+    (types whose bounds are ill-defined: :mod:`~airflow_provider_walsink.core.protocol.file_stats`).
+    """
+    if str(configuration.get("delta.columnMapping.mode") or "none").lower() != "none":
+        return {}
+    data = [c for c in columns if c not in set(partition_by)]
+    named = configuration.get("delta.dataSkippingStatsColumns")
+    if named:
+        wanted = {c.strip().strip("`") for c in str(named).split(",")}
+        data = [c for c in data if c in wanted]
+    else:
+        try:
+            limit = int(configuration.get("delta.dataSkippingNumIndexedCols", DEFAULT_INDEXED_COLUMNS))
+        except ValueError:
+            limit = DEFAULT_INDEXED_COLUMNS
+        data = data if limit < 0 else data[:limit]
+    return {c: _delta_bound_kind(columns[c]) for c in data}
+
+
+def _delta_bound_kind(arrow_type: Any) -> str:
+    """The writer's bound kind (:func:`~airflow_provider_walsink.core.protocol.file_stats.bound_kind`), else
+    ``"nested"`` (no statistics at all: Delta nests them per field; walsink keeps none) or ``""``."""
+    import pyarrow as pa
+
+    kind = bound_kind(arrow_type)
+    if kind is not None:
+        return kind
+    return "nested" if pa.types.is_nested(arrow_type) else ""
+
+
+def _delta_bound(kind: str, value: Any, *, upper: bool) -> Any:
+    """A manifest bound as Delta's stats JSON writes it for a column of ``kind``, or ``None``.
+
+    Timestamps: Delta's stats hold milliseconds, so a lower bound rounds down and an upper
+    bound up (``.999999`` is ``+1 ms``): both still bound the file, whatever the reader adds.
+    """
+    if kind == "int":
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if kind == "bool":
+        return value if isinstance(value, bool) else None
+    if kind in ("date", "string"):
+        return value if isinstance(value, str) else None
+    if kind == "timestamp" and isinstance(value, str) and value.endswith("Z"):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        extra = moment.microsecond % 1000
+        if extra:
+            moment -= timedelta(microseconds=extra)
+            if upper:
+                try:
+                    moment += timedelta(milliseconds=1)
+                except OverflowError:
+                    return None
+        return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return None
+
+
+def delta_stats(rows: int, stats: FileStats, columns: Mapping[str, str]) -> str:
+    """An add action's ``stats`` JSON: ``numRecords`` and, for ``columns`` (name -> kind, from
+    :func:`delta_stats_columns`), the file's ``nullCount``, ``minValues`` and ``maxValues``."""
+    doc: dict[str, Any] = {"numRecords": rows}
+    nulls = {c: n for c, n in stats.nulls if columns.get(c, "nested") != "nested"}
+    lower = {}
+    upper = {}
+    for found, side, is_upper in ((lower, stats.lower, False), (upper, stats.upper, True)):
+        for column, value in side:
+            kind = columns.get(column)
+            bound = _delta_bound(kind, value, upper=is_upper) if kind else None
+            if bound is not None:
+                found[column] = bound
+    if lower:
+        doc["minValues"] = lower
+    if upper:
+        doc["maxValues"] = upper
+    if nulls:
+        doc["nullCount"] = nulls
+    return json.dumps(doc, separators=(",", ":"))
