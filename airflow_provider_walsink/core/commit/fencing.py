@@ -52,14 +52,17 @@ def validate_fencing(fencing: str) -> str:
     return fencing
 
 
-def require_table_fence(publisher: Any) -> None:
+def require_table_fence(publisher: Publisher) -> None:
     """Raise :class:`TableFenceUnsupportedError` unless the target can be the only fence."""
-    caps = getattr(publisher, "capabilities", None)
-    kind = getattr(publisher, "kind", type(publisher).__name__)
+    caps, kind = publisher.capabilities, publisher.kind
     missing = [
         name
-        for name in ("atomic", "remembers_commits", "table_fence")
-        if caps is None or not getattr(caps, name, False)
+        for name, offered in (
+            ("atomic", caps.atomic),
+            ("remembers_commits", caps.remembers_commits),
+            ("table_fence", caps.table_fence),
+        )
+        if not offered
     ]
     if missing:
         raise TableFenceUnsupportedError(

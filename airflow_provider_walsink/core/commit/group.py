@@ -79,8 +79,8 @@ def can_lead_group(committer: Committing, record: CheckpointRecord) -> bool:
         committer.group_commit > 0
         and committer.fencing == "lease"
         and committer.mode == "overwrite"
-        and callable(getattr(committer.publisher, "publish_group", None))
-        and getattr(committer.publisher, "takes_staged_attempt", False)
+        and committer.publisher.publish_group is not None
+        and committer.publisher.takes_staged_attempt
         and not record.supersedes_attempt_id
     )
 

@@ -113,7 +113,7 @@ def read_sealed_attempt(staging: Staging, record: CheckpointRecord) -> tuple[Man
 def publish_argument(publisher: Publisher, attempt: StagedAttempt) -> StagedAttempt | Path:
     """What ``publisher.publish`` takes as the attempt: the :class:`StagedAttempt` itself, or (a
     publisher without ``takes_staged_attempt``) its local directory (``LayoutError`` on an object store)."""
-    if getattr(publisher, "takes_staged_attempt", False):
+    if publisher.takes_staged_attempt:
         return attempt
     return attempt.local_dir()
 

@@ -310,7 +310,7 @@ def _held_fields(committer: Any, record: CheckpointRecord, manifest: Manifest, h
         start_offsets=UNKNOWN_OFFSETS,
         end_offsets=None,
     )
-    published_offsets = getattr(committer.publisher, "published_offsets", None)
+    published_offsets = committer.publisher.published_offsets
     offsets = published_offsets(manifest, held) if callable(published_offsets) else None
     if offsets is not None:
         fields.update(start_offsets=_dump(offsets[0]), end_offsets=_dump(offsets[1]))
@@ -349,7 +349,7 @@ def _refusal(
 
 def _drop_unpublished(committer: Any, manifest: Manifest) -> None:
     """Our attempt lost to the one the table holds: remove its staging if the table never held it."""
-    holds = getattr(committer.publisher, "holds_attempt", None)
+    holds = committer.publisher.holds_attempt
     try:
         if callable(holds) and not holds(manifest):
             staging = committer.layout
