@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_provider_walsink.core.commit.write_phase import REPROCESS_CONF_KEY
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
+from airflow_provider_walsink.core.protocol.modes import REPROCESS_CONF_KEY, REPROCESS_POLICIES, Reprocess
 from airflow_provider_walsink.core.store.store import Actor, new_instance_id
 
 try:
@@ -134,7 +134,6 @@ def _run_name(context: Any) -> str:
 
 
 #: The pipeline policies for a re-run of a COMMITTED interval (docs/backfill.md).
-REPROCESS_POLICIES = ("skip", "replace")
 
 
 def reprocess_decision(context: Any, policy: str) -> tuple[str, str]:
@@ -152,8 +151,7 @@ def reprocess_decision(context: Any, policy: str) -> tuple[str, str]:
     backfill: a user clearing a run that a backfill created looks like the
     backfill's reprocess (docs/backfill.md says so).
     """
-    if policy not in REPROCESS_POLICIES:
-        raise ValueError(f"reprocess must be one of {REPROCESS_POLICIES}, got {policy!r}")
+    Reprocess.parse(policy)
     dag_run = context.get("dag_run")
     conf = getattr(dag_run, "conf", None) or {}
     asked = conf.get(REPROCESS_CONF_KEY) if isinstance(conf, dict) else None

@@ -13,6 +13,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_provider_walsink.core.commit.commit import CheckpointCommitter, CommitSummary
 from airflow_provider_walsink.core.commit.group import committed_by_group, is_group_owner
 from airflow_provider_walsink.core.protocol.identifiers import validate_identifier
+from airflow_provider_walsink.core.protocol.modes import FencingMode, WriteMode
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.store.errors import (
@@ -38,8 +39,6 @@ from airflow_provider_walsink.operators.lineage import (
     target_uri,
 )
 from airflow_provider_walsink.ui.links import WalsinkCheckpointLink
-
-MODES = ("append", "overwrite")
 
 
 def validate_static_identifier(value: str | None, what: str) -> None:
@@ -201,8 +200,7 @@ class WalCommitOperator(BaseOperator):
                 # asset, and one task fails on the unique key (docs/backfill.md, Assets).
                 kwargs["inlets"] = [*(kwargs.get("inlets") or []), target_asset(pipeline, target)]
         super().__init__(**kwargs)
-        if mode not in MODES:
-            raise ValueError(f"mode must be 'append' or 'overwrite', got {mode!r}")
+        WriteMode.parse(mode)
         validate_static_identifier(pipeline, "pipeline id")
         validate_static_identifier(checkpoint_key, "checkpoint key")
         self.pipeline = pipeline
@@ -217,8 +215,7 @@ class WalCommitOperator(BaseOperator):
         self.allow_older_overwrite = allow_older_overwrite
         self.target_options = dict(target_options or {})
         self.require_audit = require_audit
-        if fencing not in ("lease", "table"):
-            raise ValueError(f"fencing must be 'lease' or 'table', got {fencing!r}")
+        FencingMode.parse(fencing)
         self.fencing = fencing
         if group_commit < 0:
             raise ValueError(

@@ -6,12 +6,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_provider_walsink.core.commit.write_phase import CheckpointSkipped, WritePhase
+from airflow_provider_walsink.core.protocol.modes import Reprocess, WriteMode
 from airflow_provider_walsink.core.runners import JobRunner, runner_class
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.store.store import CheckpointRecord
 from airflow_provider_walsink.core.targets.registry import target_scheme
 from airflow_provider_walsink.hooks.context import (
-    REPROCESS_POLICIES,
     actor_from_context,
     reprocess_decision,
     run_interval,
@@ -174,10 +174,8 @@ class WalWriteOperator(BaseOperator):
             )
         self.kafka_source = kafka_source
         self.kafka_conn_id = kafka_conn_id
-        if mode not in ("append", "overwrite"):
-            raise ValueError(f"mode must be 'append' or 'overwrite', got {mode!r}")
-        if reprocess not in REPROCESS_POLICIES:
-            raise ValueError(f"reprocess must be one of {REPROCESS_POLICIES}, got {reprocess!r}")
+        WriteMode.parse(mode)
+        Reprocess.parse(reprocess)
         self.reprocess = reprocess
         self.lineage_inputs = list(lineage_inputs)
         # Bad ids fail when the DAG is parsed, not at the first run (templates when rendered).

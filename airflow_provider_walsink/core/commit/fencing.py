@@ -25,9 +25,9 @@ from airflow_provider_walsink.core.commit.sealed import Staging
 from airflow_provider_walsink.core.commit.summary import CommitSummary
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
+from airflow_provider_walsink.core.protocol.modes import FENCING_MODES, FencingMode
 from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord
 from airflow_provider_walsink.core.store.store import CommitterStore
-from airflow_provider_walsink.core.targets._tables import FENCING_MODES
 from airflow_provider_walsink.core.targets.base import Publisher, PublishResult
 
 __all__ = [
@@ -47,8 +47,7 @@ class TableFenceUnsupportedError(WalsinkError, ValueError):
 
 
 def validate_fencing(fencing: str) -> str:
-    if fencing not in FENCING_MODES:
-        raise ValueError(f"fencing must be one of {FENCING_MODES}, got {fencing!r}")
+    FencingMode.parse(fencing)
     return fencing
 
 

@@ -22,6 +22,7 @@ from airflow_provider_walsink.core.protocol.manifest import (
     digest_of,
     parse_manifest,
 )
+from airflow_provider_walsink.core.protocol.modes import REPROCESS_CONF_KEY
 from airflow_provider_walsink.core.runners.base import JobRunner
 from airflow_provider_walsink.core.sources.base import FilesSource, Source
 from airflow_provider_walsink.core.spark.args import ProtocolArgs
@@ -31,7 +32,6 @@ from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.store.store import Actor, CheckpointRecord, OrderingError, TransitionError
 
 #: A run's conf key that asks for one reprocess policy for this run (``--run-conf`` of a backfill).
-REPROCESS_CONF_KEY = "walsink_reprocess"
 
 Log = logging.Logger | logging.LoggerAdapter[Any]
 

@@ -18,6 +18,7 @@ from typing import Any
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
 from airflow_provider_walsink.core.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.core.protocol.manifest import CHECKSUM_ALGORITHMS, FILE_FORMATS
+from airflow_provider_walsink.core.protocol.modes import WriteMode
 
 FLAG = "--walsink-protocol"
 
@@ -80,8 +81,7 @@ class ProtocolArgs:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ProtocolArgumentError(f"{name} must be a positive integer, got {value!r}")
-        if self.mode not in ("append", "overwrite"):
-            raise ProtocolArgumentError(f"mode must be 'append' or 'overwrite', got {self.mode!r}")
+        WriteMode.parse(self.mode, error=ProtocolArgumentError)
         if self.file_format not in FILE_FORMATS:
             raise ProtocolArgumentError(
                 f"file format {self.file_format!r} is not one of {', '.join(FILE_FORMATS)}"

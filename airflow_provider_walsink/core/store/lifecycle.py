@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 
 from airflow_provider_walsink.core.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.core.protocol.manifest import Manifest
+from airflow_provider_walsink.core.protocol.modes import WRITE_MODES, WriteMode
 from airflow_provider_walsink.core.protocol.states import VERIFIED_DURABLE, CheckpointState
 from airflow_provider_walsink.core.store.errors import (
     OffsetsError,
@@ -36,7 +37,7 @@ from airflow_provider_walsink.core.store.retry import retrying
 from airflow_provider_walsink.core.store.transitions import CheckpointTransitions, _dump
 
 S = CheckpointState
-MODES = ("append", "overwrite")
+MODES = WRITE_MODES
 #: ``_check_append_order``'s default: the start offsets the row records.
 _ROW: Any = object()
 #: Start offsets nobody can tell: the target holds an attempt whose manifest is gone and whose
@@ -84,8 +85,7 @@ class CheckpointLifecycle(CheckpointTransitions):
         """
         validate_identifier(pipeline, "pipeline id")
         validate_identifier(checkpoint_key, "checkpoint key")
-        if mode not in MODES:
-            raise StoreError(f"mode must be one of {MODES}, got {mode!r}")
+        WriteMode.parse(mode, error=StoreError)
         try:
             with self._tx() as conn:
                 existing = _find(conn, pipeline, checkpoint_key)

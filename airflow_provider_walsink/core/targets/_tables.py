@@ -140,7 +140,6 @@ class AbortedInTableError(FencedError):
 
 #: How a publish is fenced: by the committer table's lease (``"lease"``, the default)
 #: or by the table's own commit alone (``"table"``, ``committer/tablefence.py``).
-FENCING_MODES = ("lease", "table")
 
 
 def table_fenced(ctx: PublisherContext) -> bool:

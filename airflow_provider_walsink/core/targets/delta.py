@@ -60,6 +60,7 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 
 from airflow_provider_walsink.core.protocol.errors import LayoutError, OrderError, WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
+from airflow_provider_walsink.core.protocol.modes import WriteMode
 from airflow_provider_walsink.core.targets._deltalog import (
     ABORTED_TXN,
     app_id,
@@ -115,7 +116,6 @@ from airflow_provider_walsink.core.targets.registry import connection_missing, l
 
 log = logging.getLogger(__name__)
 
-MODES = ("append", "overwrite")
 MAX_COMMIT_ATTEMPTS = 20
 #: Check + commit attempts of one group before giving up on a table that keeps changing.
 GROUP_COMMIT_ATTEMPTS = 40
@@ -169,8 +169,7 @@ class DeltaPublisher(Publisher):
         create_table: bool = False,
         allow_older_overwrite: bool = False,
     ) -> None:
-        if mode not in MODES:
-            raise DeltaTargetError(f"mode must be one of {MODES}, got {mode!r}")
+        WriteMode.parse(mode, error=DeltaTargetError)
         if "://" not in table_uri and not os.path.isabs(table_uri):
             raise DeltaTargetError(f"Delta table {table_uri!r} must be an absolute path or an s3:// URI")
         self.table_uri = table_uri.rstrip("/")

@@ -67,6 +67,7 @@ from airflow_provider_walsink.core.protocol.manifest import (
     fsync_dir,
     write_atomic,
 )
+from airflow_provider_walsink.core.protocol.modes import WriteMode
 from airflow_provider_walsink.core.staging.cleanup import remove_staged_attempts
 from airflow_provider_walsink.core.staging.layout import Confiner, StagingLayout, confine
 from airflow_provider_walsink.core.targets._tables import normalise_type
@@ -81,7 +82,6 @@ from airflow_provider_walsink.core.targets.base import (
 
 log = logging.getLogger(__name__)
 
-MODES = ("append", "overwrite")
 BOOKKEEPING_DIR = "_walsink"
 MARKER_NAME = "_walsink_checkpoint"
 #: What the target holds: the Arrow schema of its data columns, kept by every publish.
@@ -173,8 +173,7 @@ class FilePublisher(Publisher):
         allow_older_overwrite: bool = False,
         schema_evolution: str = "none",
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        WriteMode.parse(mode)
         # Before anything else: ``Path("s3://b/t")`` would quietly become a local directory.
         refuse_object_store(target_root, layout)
         if schema_evolution not in SCHEMA_EVOLUTION:

@@ -119,6 +119,7 @@ from pyiceberg.transforms import IdentityTransform
 
 from airflow_provider_walsink.core.protocol.errors import LayoutError, WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
+from airflow_provider_walsink.core.protocol.modes import WriteMode
 from airflow_provider_walsink.core.targets._icebergcatalog import (
     EMBEDDED_CATALOG,
     catalog_properties_from_connection,
@@ -181,7 +182,6 @@ from airflow_provider_walsink.core.targets.registry import TargetNotConfiguredEr
 
 log = logging.getLogger(__name__)
 
-MODES = ("append", "overwrite")
 #: Check + commit attempts before giving up on a table that keeps changing.
 MAX_COMMIT_ATTEMPTS = 20
 #: Check + commit attempts of one group before giving up on a table that keeps changing.
@@ -226,8 +226,7 @@ class IcebergPublisher(Publisher):
         table_properties: Mapping[str, str] | None = None,
         allow_older_overwrite: bool = False,
     ) -> None:
-        if mode not in MODES:
-            raise IcebergTargetError(f"mode must be one of {MODES}, got {mode!r}")
+        WriteMode.parse(mode, error=IcebergTargetError)
         namespace, dot, name = identifier.rpartition(".")
         if not dot or not namespace or not name:
             raise IcebergTargetError(f"Iceberg table {identifier!r} must be written <namespace>.<table>")
