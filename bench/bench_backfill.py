@@ -89,14 +89,11 @@ with DAG(dag_id={dag_id!r}, schedule="@daily", start_date=START, catchup=False,
         "daily_events",
         pipeline={pipeline!r},
         application={job!r},
-        application_args=["--raw", {raw!r}],
         target={target!r},
         mode="overwrite",
         partition_by=["dt"],
-        conf={conf!r},
-        deferrable=True,
-        poke_interval=2,
-        durable_kwargs={{"start_from_trigger": {sft!r}}},
+        write={{"application_args": ["--raw", {raw!r}], "conf": {conf!r}}},
+        durable={{"poke_interval": 2, "start_from_trigger": {sft!r}}},
     )
 """
 

@@ -41,17 +41,18 @@ with DAG(
         "daily_events",
         pipeline="delta_daily_events",
         application=str(JOBS_DIR / "daily_events_job.py"),
-        application_args=["--raw", f"{HOME}/raw/daily_events"],
         target=f"delta://{HOME}/target/delta_daily_events?create_table=true",
         # Stage inside the table directory: Delta adds the files by path, never copies them.
         staging_root=f"{HOME}/target/delta_daily_events/_walsink_staging",
         mode="overwrite",
         partition_by=["dt"],
-        conf={
-            "spark.sql.shuffle.partitions": "2",
-            "spark.default.parallelism": "2",
-            "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        write={
+            "application_args": ["--raw", f"{HOME}/raw/daily_events"],
+            "conf": {
+                "spark.sql.shuffle.partitions": "2",
+                "spark.default.parallelism": "2",
+                "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+            },
         },
-        deferrable=True,
-        poke_interval=2,
+        durable={"poke_interval": 2},
     )

@@ -48,16 +48,17 @@ with DAG(
         "daily_events",
         pipeline="iceberg_daily_events",
         application=str(JOBS_DIR / "daily_events_job.py"),
-        application_args=["--raw", f"{HOME}/raw/daily_events"],
         target="iceberg://walsink_iceberg/examples.daily_events?create_table=true",
         mode="overwrite",
         partition_by=["dt"],
-        conf={
-            "spark.sql.shuffle.partitions": "2",
-            "spark.default.parallelism": "2",
-            # pyiceberg (and Iceberg's spec) reject Spark's default INT96 timestamps.
-            "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        write={
+            "application_args": ["--raw", f"{HOME}/raw/daily_events"],
+            "conf": {
+                "spark.sql.shuffle.partitions": "2",
+                "spark.default.parallelism": "2",
+                # pyiceberg (and Iceberg's spec) reject Spark's default INT96 timestamps.
+                "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+            },
         },
-        deferrable=True,
-        poke_interval=2,
+        durable={"poke_interval": 2},
     )

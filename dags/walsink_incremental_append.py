@@ -44,12 +44,13 @@ with DAG(
         "incoming_events",
         pipeline="incoming_events",
         application=str(JOBS_DIR / "incoming_files_job.py"),
-        application_args=["--incoming", f"{HOME}/raw/incoming"],
         target=f"{HOME}/target/incoming_events",
         mode="append",
         partition_by=["dt"],
-        conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
-        spark_conn_id=spark_conn_id(),
-        deferrable=True,
-        poke_interval=2,
+        write={
+            "application_args": ["--incoming", f"{HOME}/raw/incoming"],
+            "conf": {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+            "spark_conn_id": spark_conn_id(),
+        },
+        durable={"poke_interval": 2},
     )

@@ -61,11 +61,12 @@ with DAG(
             "accept_data_loss": False,  # a retention gap fails the write, naming the range
         },
         kafka_conn_id="kafka_default",
-        conf={
-            "spark.sql.shuffle.partitions": "2",
-            "spark.default.parallelism": "2",
-            "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        write={
+            "conf": {
+                "spark.sql.shuffle.partitions": "2",
+                "spark.default.parallelism": "2",
+                "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+            },
         },
-        deferrable=True,
-        poke_interval=2,
+        durable={"poke_interval": 2},
     )

@@ -84,12 +84,13 @@ def s3_example_dag(
             "application": str(JOBS_DIR / "s3_events_job.py"),
             "mode": "overwrite",
             "partition_by": ["dt"],
-            "conf": {**SPARK_CONF, **(conf or {})},
-            "spark_conn_id": spark_conn_id,
             "walsink_conn_id": walsink_conn_id,
-            "write_kwargs": write_kwargs,
-            "deferrable": True,
-            "poke_interval": 2,
+            "write": {
+                "conf": {**SPARK_CONF, **(conf or {})},
+                "spark_conn_id": spark_conn_id,
+                **(write_kwargs or {}),
+            },
+            "durable": {"poke_interval": 2},
         }
         walsink_pipeline(
             "delta_events",

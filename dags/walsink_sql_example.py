@@ -46,12 +46,13 @@ with DAG(
         "daily_totals",
         pipeline="daily_country_totals",
         application=str(JOBS_DIR / "daily_totals_job.py"),
-        application_args=["--raw", f"{HOME}/raw/daily_events"],
         # Replace mode: the day's rows are named by the partition column dt.
         target=f"sql://{TARGET_CONN_ID}/public.daily_country_totals",
         mode="overwrite",
         partition_by=["dt"],
-        conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
-        deferrable=True,
-        poke_interval=2,
+        write={
+            "application_args": ["--raw", f"{HOME}/raw/daily_events"],
+            "conf": {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+        },
+        durable={"poke_interval": 2},
     )

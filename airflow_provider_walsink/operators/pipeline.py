@@ -10,6 +10,8 @@
             target="/data/tables/daily_events",
             mode="overwrite",
             partition_by=["dt"],
+            write={"conf": {"spark.sql.shuffle.partitions": "4"}, "retries": 2},
+            durable={"poke_interval": 10},
         )
 
 The tasks share the pipeline id, the checkpoint key (default: the run's
@@ -20,8 +22,8 @@ commit, and the commit publishes only what passed it (docs/audit.md).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
 from typing import Any
 
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
@@ -36,6 +38,29 @@ except ImportError:  # pragma: no cover
     from airflow.utils.task_group import TaskGroup  # type: ignore[no-redef]
 
 
+#: Spellings of earlier releases -> (the task's settings they belong to, the argument's name there).
+#: Accepted for one release, each with a DeprecationWarning naming the new spelling.
+DEPRECATED_ARGUMENTS: dict[str, tuple[str, str | None]] = {
+    "application_args": ("write", "application_args"),
+    "spark_conn_id": ("write", "spark_conn_id"),
+    "conf": ("write", "conf"),
+    "file_format": ("write", "file_format"),
+    "checksum": ("write", "checksum"),
+    "initial_offsets": ("write", "initial_offsets"),
+    "lineage_inputs": ("write", "lineage_inputs"),
+    "write_kwargs": ("write", None),
+    "deferrable": ("durable", "deferrable"),
+    "poke_interval": ("durable", "poke_interval"),
+    "durable_timeout": ("durable", "timeout"),
+    "durable_kwargs": ("durable", None),
+    "audit_kwargs": ("audit", None),
+    "commit_kwargs": ("commit", None),
+}
+
+#: The durability sensor's defaults in a pipeline (wait in the triggerer, holding no worker slot).
+DURABLE_DEFAULTS: dict[str, Any] = {"deferrable": True, "poke_interval": 5, "timeout": 3600}
+
+
 def walsink_pipeline(
     group_id: str,
     *,
@@ -44,33 +69,25 @@ def walsink_pipeline(
     target: str,
     mode: str = "overwrite",
     partition_by: Sequence[str] = (),
-    file_format: str = "parquet",
-    application_args: Sequence[str] | None = None,
+    reprocess: str = "skip",
+    fencing: str = "lease",
     checkpoint_key: str | None = None,
-    spark_conn_id: str | None = None,
-    conf: Mapping[str, Any] | None = None,
     walsink_conn_id: str = WalsinkHook.default_conn_name,
     staging_root: str | None = None,
-    deferrable: bool = True,
-    poke_interval: float = 5,
-    durable_timeout: timedelta = timedelta(hours=1),
-    verify_checksums: bool = False,
-    checksum: str | None = "crc32",
-    initial_offsets: Mapping[str, Any] | None = None,
-    reprocess: str = "skip",
-    lineage_inputs: Sequence[str] = (),
-    audit: Sequence[Any] | None = None,
-    fencing: str = "lease",
     target_options: Mapping[str, Any] | None = None,
-    write_kwargs: Mapping[str, Any] | None = None,
-    durable_kwargs: Mapping[str, Any] | None = None,
-    audit_kwargs: Mapping[str, Any] | None = None,
-    commit_kwargs: Mapping[str, Any] | None = None,
+    verify_checksums: bool = False,
     kafka_source: Any = None,
     kafka_conn_id: str = "kafka_default",
+    write: Mapping[str, Any] | None = None,
+    durable: Mapping[str, Any] | None = None,
+    audit: Sequence[Any] | Mapping[str, Any] | None = None,
+    commit: Mapping[str, Any] | None = None,
     **group_kwargs: Any,
 ) -> TaskGroup:
     """Create (inside the current DAG) a TaskGroup ``write >> durable >> [audit >>] commit``.
+
+    What the whole pipeline shares comes first; what one task alone needs goes in that task's
+    settings (``write=``, ``durable=``, ``audit=``, ``commit=``), any argument of its operator.
 
     :param group_id: the TaskGroup's id (task ids become ``<group_id>.write`` etc.).
     :param pipeline: pipeline id in the committer table.
@@ -85,39 +102,85 @@ def walsink_pipeline(
         (default: the tasks end skipped, nothing rewritten) or ``replace`` (a new
         version supersedes the committed one); a run's conf
         ``{"walsink_reprocess": ...}`` overrides it for that run (docs/backfill.md).
-    :param lineage_inputs: what the job reads (URIs or paths), for OpenLineage.
-    :param deferrable: wait for durability in the triggerer (default) instead of a worker.
-    :param audit: checks on the staged data before it is published
-        (``RowCountCheck``, ``NotNullCheck``, ``SqlPredicateCheck``,
-        ``CallableCheck`` or plain callables; docs/audit.md): adds the task
-        ``audit`` and makes the commit publish only AUDITED checkpoints.
     :param fencing: how the commit is fenced: ``"lease"`` (default) or ``"table"``
         (Iceberg and Delta targets: the table's atomic commit is the only fence,
         one committer-table transaction per commit; docs/protocol.md).
+    :param checkpoint_key: the checkpoint key (templated; default: the run's data interval
+        start, ``20260101T000000Z``).
+    :param walsink_conn_id: the ``walsink`` connection of the committer table and staging root.
+    :param staging_root: where the write phase stages (default: a table target's own staging
+        location, else the connection's ``staging_root``); the other tasks read the root the
+        write task recorded.
     :param target_options: the target's kind-specific settings (an Iceberg
         ``catalog``, a Delta ``conn_id`` or ``storage_options``, a SQL ``url``...;
         docs/targets.md), given to the write task (which resolves the target before
         the job runs and refuses one that names something not configured) and to
         the commit task.
+    :param verify_checksums: the durability check and the commit re-read every committable's
+        checksum (not only its size) before it is published.
     :param kafka_source: an ``append`` pipeline reading Kafka
         (:class:`~airflow_provider_walsink.core.sources.kafka.KafkaSourceSpec` or its dict), given
         to the write task (plans and fixes each checkpoint's ranges) and the commit task
         (commits the group's offsets after the target commit); docs/kafka.md.
     :param kafka_conn_id: its ``kafka`` connection (client configuration in the extra).
-    :param write_kwargs / durable_kwargs / audit_kwargs / commit_kwargs: further
-        arguments of each task (``retries``, ``pool``, ``spark_submit_kwargs``...).
-    Other parameters are those of :class:`WalWriteOperator`,
-    :class:`CheckpointDurableSensor` and :class:`WalCommitOperator`.
+    :param write: arguments of the write task (:class:`WalWriteOperator`): ``application_args``,
+        ``spark_conn_id``, ``conf``, ``file_format``, ``checksum``, ``initial_offsets``,
+        ``lineage_inputs`` (what the job reads, for OpenLineage), ``spark_submit_kwargs``,
+        ``retries``, ``pool``...
+    :param durable: arguments of the durability sensor (:class:`CheckpointDurableSensor`):
+        ``deferrable`` (default ``True``: it waits in the triggerer), ``poke_interval``
+        (default 5 s), ``timeout`` (default one hour)...
+    :param audit: checks on the staged data before it is published
+        (``RowCountCheck``, ``NotNullCheck``, ``SqlPredicateCheck``, ``CallableCheck`` or plain
+        callables; docs/audit.md), or a mapping of the audit task's arguments
+        (:class:`WalAuditOperator`) with the checks under ``"checks"``: adds the task ``audit``
+        and makes the commit publish only AUDITED checkpoints.
+    :param commit: arguments of the commit task (:class:`WalCommitOperator`): ``group_commit``,
+        ``lease_ttl``, ``allow_older_overwrite``, ``retries``...
+    :param group_kwargs: arguments of the :class:`TaskGroup` (``tooltip``, ``default_args``...).
+        The spellings of earlier releases listed in :data:`DEPRECATED_ARGUMENTS`
+        (``conf=``, ``poke_interval=``, ``write_kwargs=``...) are still accepted, with a
+        DeprecationWarning naming the new one.
     """
-    write_kwargs, commit_kwargs = dict(write_kwargs or {}), dict(commit_kwargs or {})
+    settings: dict[str, dict[str, Any]] = {
+        "write": dict(write or {}),
+        "durable": {**DURABLE_DEFAULTS, **dict(durable or {})},
+        "audit": {},
+        "commit": dict(commit or {}),
+    }
+    if isinstance(audit, Mapping):
+        settings["audit"] = dict(audit)
+        checks = settings["audit"].pop("checks", None)
+        if checks is None:
+            raise ValueError("walsink_pipeline: audit={...} needs its checks under 'checks'")
+    else:
+        checks = audit
+    for old in [name for name in group_kwargs if name in DEPRECATED_ARGUMENTS]:
+        task, name = DEPRECATED_ARGUMENTS[old]
+        value = group_kwargs.pop(old)
+        new = f"{task}={{...}}" if name is None else f"{task}={{{name!r}: ...}}"
+        warnings.warn(
+            f"walsink_pipeline({old}=...) is deprecated and will be removed in the next release: use {new}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if value is None:
+            continue
+        if name is None:
+            settings[task].update(value)
+        elif name == "timeout" and hasattr(value, "total_seconds"):
+            settings[task][name] = value.total_seconds()
+        else:
+            settings[task][name] = value
+    write_args, commit_args = settings["write"], settings["commit"]
     # One target, one configuration: the write task resolves the target the commit publishes to
     # (its staging location, and a refusal of what is not configured, before the job runs).
     given = [
         o
         for o in (
             target_options,
-            write_kwargs.pop("target_options", None),
-            commit_kwargs.pop("target_options", None),
+            write_args.pop("target_options", None),
+            commit_args.pop("target_options", None),
         )
         if o is not None
     ]
@@ -130,8 +193,8 @@ def walsink_pipeline(
         walsink_conn_id=walsink_conn_id,
     )
     if kafka_source is not None:
-        write_kwargs.update(kafka_source=kafka_source, kafka_conn_id=kafka_conn_id)
-        commit_kwargs.update(kafka_source=kafka_source, kafka_conn_id=kafka_conn_id)
+        write_args.update(kafka_source=kafka_source, kafka_conn_id=kafka_conn_id)
+        commit_args.update(kafka_source=kafka_source, kafka_conn_id=kafka_conn_id)
     with TaskGroup(group_id, **group_kwargs) as group:
         # Where the write task staged (its own root, the target's, or the connection's),
         # so the durability and commit tasks look in the same place. map_indexes=-1: one XCom
@@ -142,57 +205,47 @@ def walsink_pipeline(
             + group.child_id("write")
             + "', key='staging_root', map_indexes=-1) or '' }}"
         )
-        write = WalWriteOperator(
+        write_task = WalWriteOperator(
             task_id="write",
             staging_root=staging_root,
             application=application,
             mode=mode,
-            application_args=application_args,
-            spark_conn_id=spark_conn_id,
-            conf=conf,
-            file_format=file_format,
             partition_by=partition_by,
-            checksum=checksum,
-            initial_offsets=initial_offsets,
             target=target,
             reprocess=reprocess,
-            lineage_inputs=lineage_inputs,
             target_options=target_options,
             **shared,
-            **write_kwargs,
+            **write_args,
         )
-        durable = CheckpointDurableSensor(
+        durable_task = CheckpointDurableSensor(
             task_id="durable",
             staging_root=staged_at,
-            deferrable=deferrable,
-            poke_interval=poke_interval,
-            timeout=durable_timeout,
             verify_checksums=verify_checksums,
             **shared,
-            **dict(durable_kwargs or {}),
+            **settings["durable"],
         )
-        commit = WalCommitOperator(
+        commit_task = WalCommitOperator(
             task_id="commit",
             staging_root=staged_at,
             target=target,
             mode=mode,
             partition_by=partition_by,
             verify_checksums=verify_checksums,
-            require_audit=audit is not None,
+            require_audit=checks is not None,
             fencing=fencing,
             target_options=target_options,
             **shared,
-            **commit_kwargs,
+            **commit_args,
         )
-        if audit is None:
-            write >> durable >> commit
+        if checks is None:
+            write_task >> durable_task >> commit_task
         else:
-            checks = WalAuditOperator(
+            audit_task = WalAuditOperator(
                 task_id="audit",
                 staging_root=staged_at,
-                checks=audit,
+                checks=checks,
                 **shared,
-                **dict(audit_kwargs or {}),
+                **settings["audit"],
             )
-            write >> durable >> checks >> commit
+            write_task >> durable_task >> audit_task >> commit_task
     return group

@@ -47,7 +47,11 @@ with DAG(
         target=f"{HOME}/target",
         mode="overwrite",
         partition_by=["dt"],
-        conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
-        poke_interval=2,
         audit=AUDIT,
+        write={
+            "conf": {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+        },
+        durable={
+            "poke_interval": 2,
+        },
     )

@@ -51,50 +51,49 @@ with DAG(
         "events",
         pipeline=PIPELINE,
         application=str(JOB),
-        application_args=[
-            "--raw",
-            "{{ " + CONF + "['home'] }}/raw",
-            "--stall-key",
-            "{{ " + CONF + ".get('stall_key', '') }}",
-            "--stall-marker-dir",
-            "{{ " + CONF + "['home'] }}/stall",
-            "--evidence-dir",
-            "{{ " + CONF + "['home'] }}/evidence",
-        ],
         target="{{ " + CONF + "['home'] }}/target",
         mode="overwrite",
         partition_by=["dt"],
-        spark_conn_id=SPARK_CONN_ID,
         walsink_conn_id=WALSINK_CONN_ID,
-        conf={
-            "spark.executor.memory": "512m",
-            # Standalone counts "expected" resources from spark.cores.max only.
-            "spark.cores.max": "2",
-            "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-            "spark.scheduler.maxRegisteredResourcesWaitingTime": "300s",
-            "spark.task.maxFailures": "1",
-            # Each worker is its own host: short tasks whose input sits on one executor (shuffle
-            # output) would otherwise all wait for it (locality) and the other worker write nothing.
-            "spark.locality.wait": "0s",
-            "spark.sql.shuffle.partitions": "4",
-            "spark.eventLog.enabled": "true",
-            "spark.eventLog.dir": "{{ " + CONF + "['event_log_dir'] }}",
-            # One plain JSON-lines file per application, as the test reads it.
-            "spark.eventLog.rolling.enabled": "false",
-            "spark.eventLog.compress": "false",
-            "spark.ui.enabled": "false",
-            "spark.ui.showConsoleProgress": "false",
-        },
-        deferrable=True,
-        poke_interval=2,
         # spark-submit and the Python of the driver (client mode: it runs in the task) and of
         # the executors: this interpreter's, which has pyspark and the provider. (In the
         # image of docker/compose.yaml all three are on PATH.)
-        write_kwargs={
+        write={
+            "application_args": [
+                "--raw",
+                "{{ " + CONF + "['home'] }}/raw",
+                "--stall-key",
+                "{{ " + CONF + ".get('stall_key', '') }}",
+                "--stall-marker-dir",
+                "{{ " + CONF + "['home'] }}/stall",
+                "--evidence-dir",
+                "{{ " + CONF + "['home'] }}/evidence",
+            ],
+            "spark_conn_id": SPARK_CONN_ID,
+            "conf": {
+                "spark.executor.memory": "512m",
+                # Standalone counts "expected" resources from spark.cores.max only.
+                "spark.cores.max": "2",
+                "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+                "spark.scheduler.maxRegisteredResourcesWaitingTime": "300s",
+                "spark.task.maxFailures": "1",
+                # Each worker is its own host: short tasks whose input sits on one executor (shuffle
+                # output) would otherwise all wait for it (locality) and the other worker write nothing.
+                "spark.locality.wait": "0s",
+                "spark.sql.shuffle.partitions": "4",
+                "spark.eventLog.enabled": "true",
+                "spark.eventLog.dir": "{{ " + CONF + "['event_log_dir'] }}",
+                # One plain JSON-lines file per application, as the test reads it.
+                "spark.eventLog.rolling.enabled": "false",
+                "spark.eventLog.compress": "false",
+                "spark.ui.enabled": "false",
+                "spark.ui.showConsoleProgress": "false",
+            },
             "env_vars": {
                 "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
                 "PYSPARK_PYTHON": sys.executable,
                 "PYSPARK_DRIVER_PYTHON": sys.executable,
-            }
+            },
         },
+        durable={"poke_interval": 2},
     )

@@ -44,11 +44,12 @@ with DAG(
         "events",
         pipeline="reprocess_append",
         application=str(DAGS / "walsink_jobs" / "incoming_files_job.py"),
-        application_args=["--incoming", INCOMING],
         target=f"{HOME}/target/reprocess_append",
         mode="append",
         partition_by=["dt"],
-        conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
-        deferrable=True,
-        poke_interval=2,
+        write={
+            "application_args": ["--incoming", INCOMING],
+            "conf": {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+        },
+        durable={"poke_interval": 2},
     )
