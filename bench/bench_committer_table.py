@@ -6,7 +6,7 @@ pipeline (as a parallel backfill does). One commit is exactly the database
 work ``CheckpointCommitter.commit()`` does per checkpoint, with the same two
 store calls: take the lease (one transaction: lock, check, update, history
 row) and record COMMITTED (one transaction: the same). On PostgreSQL each is
-one statement (see ``committer/fastpath.py``). Publishing files is benchmark 2.
+one statement (see ``core/store/fastpath.py``). Publishing files is benchmark 2.
 
 The baseline: ``pgbench -N`` (the built-in simple-update script: UPDATE,
 SELECT, INSERT in one transaction) with C clients against the same server,

@@ -3,7 +3,7 @@
 ``CheckpointJob`` stages Parquet either with Spark's file writer (the driver then
 lists the attempt and reads each footer and checksum) or with the executors
 writing their files through pyarrow in ``mapInArrow`` and reporting them
-(``spark/executor_write.py``, the only way onto an object store). This runs
+(``core/spark/executor_write.py``, the only way onto an object store). This runs
 benchmark 1 (write phase + durability check + commit, :func:`bench_write.walsink_once`)
 with each, against plain ``df.write.parquet`` of the same DataFrame, in one
 Spark session, the three alternating, and prints medians and ratios; the

@@ -42,7 +42,7 @@ For a browser (issue 4's UI tests), everything needed is public:
   ``with stack.asset_scheduling(keep_unpaused=[dag_id]):`` lets the scheduler create
   them (and only them) for a while.
 
-Each component runs under a guard (``testing/guard.py``) in its own process group;
+Each component runs under a guard (``tests/guard.py``) in its own process group;
 ``stop()`` (also on ``__exit__`` and at the end of the fixture) asks each guard to end
 its component's whole tree, then kills what is left. If the process that started the
 stack dies without stopping it (SIGKILL, a CI timeout's SIGTERM), the guards end every

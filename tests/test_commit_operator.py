@@ -265,7 +265,7 @@ def test_a_first_event_claim_left_by_a_dead_commit_task_is_taken_over(
 ):
     """A commit task that finds no event of its target through the alias yet, and the pipeline's
     first-event claim held by another task (one that died before its success), waits until the
-    claim is stale, takes it over and adds its event (``committer/first_event.py``)."""
+    claim is stale, takes it over and adds its event (``core/store/first_event.py``)."""
     from datetime import timedelta
 
     from sqlalchemy import select

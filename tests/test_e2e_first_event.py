@@ -5,7 +5,7 @@ Airflow 3.3 links an asset alias to an asset with the first event through the al
 first events recorded at once fail one task ("Error updating Task Instance state": a unique
 key on ``asset_alias_asset``), its checkpoint COMMITTED but its run failed. The commit tasks
 serialize the pipeline's first event through a claim in the committer table
-(``committer/first_event.py``). ``walsink_first_event_test`` makes the commit tasks of one run
+(``core/store/first_event.py``). ``walsink_first_event_test`` makes the commit tasks of one run
 meet at a barrier right before they add their events, so without the claim their tasks end
 at the same moment.
 """

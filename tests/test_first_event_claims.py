@@ -1,4 +1,4 @@
-"""The first-event claim (``committer/first_event.py``) on each backend: one commit task at a
+"""The first-event claim (``core/store/first_event.py``) on each backend: one commit task at a
 time may add a pipeline's first asset event; its retries claim again, a stale claim is taken
 over, and of many claimants at once exactly one wins."""
 

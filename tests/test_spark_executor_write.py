@@ -1,4 +1,4 @@
-"""Executors write committables (``spark/executor_write.py``) on a real Spark session.
+"""Executors write committables (``core/spark/executor_write.py``) on a real Spark session.
 
 To a local root and to ``s3://`` on moto's S3 server: the files each task wrote
 and reported are the manifest's committables (sizes, rows, checksums, footer

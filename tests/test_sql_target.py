@@ -1,4 +1,4 @@
-"""The transactional SQL target (publishers/sql.py) on real PostgreSQL and MariaDB.
+"""The transactional SQL target (core/targets/sql.py) on real PostgreSQL and MariaDB.
 
 Each test stages Parquet with pyarrow under a real staging layout, seals a v2
 manifest and publishes it through ``SqlPublisher`` into a private database

@@ -1,4 +1,4 @@
-"""The staging store (``protocol/staging_store.py``) on a local root and on S3 (moto's server).
+"""The staging store (``core/staging/object_store.py``) on a local root and on S3 (moto's server).
 
 Each behaviour runs on both kinds of root where it applies: the layout, the
 seal written once (a conditional put on S3, answered 412 by the server when a

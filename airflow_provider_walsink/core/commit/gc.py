@@ -732,7 +732,7 @@ def _remove_attempts(
             kept += 1
             continue
         candidates.append((attempt, attempt_id, path))
-    # Each deletion fenced by the row GC read (protocol/cleanup.py); staging GC removes is
+    # Each deletion fenced by the row GC read (core/staging/cleanup.py); staging GC removes is
     # never table data (table targets are skipped above), so nothing is referenced.
     removed = remove_attempts_fenced(
         candidates,

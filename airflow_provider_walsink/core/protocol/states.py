@@ -18,7 +18,7 @@ version commits and SUPERSEDED from then on (with a link to its successor).
 
 ABORTED (``walsink abort``, the UI's Abort button) ends a checkpoint's current
 attempt for good: that attempt is never committed. A COMMITTING checkpoint
-becomes ABORTED only through the abort's own lease (``committer/abort.py``:
+becomes ABORTED only through the abort's own lease (``core/commit/abort.py``:
 the holder is fenced out first and the target is checked). A later run may
 start a *new* write attempt of an ABORTED checkpoint (ABORTED -> WRITING);
 nothing else leaves ABORTED, so the aborted attempt itself never goes on to

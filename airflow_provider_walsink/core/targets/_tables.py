@@ -139,7 +139,7 @@ class AbortedInTableError(FencedError):
 
 
 #: How a publish is fenced: by the committer table's lease (``"lease"``, the default)
-#: or by the table's own commit alone (``"table"``, ``committer/tablefence.py``).
+#: or by the table's own commit alone (``"table"``, ``core/commit/tablefence.py``).
 
 
 def table_fenced(ctx: PublisherContext) -> bool:

@@ -151,7 +151,7 @@ class TargetCapabilities:
     #: closing the window between ``ctx.fence()`` and the side effect.
     fenced_by_target: bool
     #: The table's atomic commit can be the *only* fence (``fencing="table"``,
-    #: ``committer/tablefence.py``): with ``ctx.fencing == "table"`` it refuses a
+    #: ``core/commit/tablefence.py``): with ``ctx.fencing == "table"`` it refuses a
     #: second attempt of the same checkpoint version (first publication wins,
     #: by pipeline + checkpoint key, the marker checked in the state the commit
     #: is based on), and it can carry an abort's tombstone (``tombstone()``) in
