@@ -7,8 +7,7 @@ imports.
 
 from __future__ import annotations
 
-from importlib import import_module
-
+from airflow_provider_walsink.core.registry import load_registered
 from airflow_provider_walsink.core.runners.base import JobRunner
 
 #: Runner name (the Airflow connection type of where the job runs) -> ``"module:Class"``.
@@ -19,15 +18,7 @@ RUNNERS: dict[str, str] = {
 
 def runner_class(name: str) -> type[JobRunner]:
     """The runner registered as ``name`` (imported now)."""
-    try:
-        path = RUNNERS[name]
-    except KeyError:
-        raise ValueError(f"no job runner named {name!r}; known: {sorted(RUNNERS)}") from None
-    module, _, attr = path.partition(":")
-    cls = getattr(import_module(module), attr)
-    if not (isinstance(cls, type) and issubclass(cls, JobRunner)):
-        raise TypeError(f"{path} is not a JobRunner")
-    return cls
+    return load_registered(RUNNERS, name, JobRunner, "job runner")
 
 
 __all__ = ["RUNNERS", "JobRunner", "runner_class"]

@@ -7,8 +7,7 @@ reads an Airflow connection is registered by its Airflow face under
 
 from __future__ import annotations
 
-from importlib import import_module
-
+from airflow_provider_walsink.core.registry import load_registered
 from airflow_provider_walsink.core.sources.base import FilesSource, Source
 
 #: Source name -> ``"module:Class"``.
@@ -20,15 +19,7 @@ SOURCES: dict[str, str] = {
 
 def source_class(name: str) -> type[Source]:
     """The source registered as ``name`` (imported now)."""
-    try:
-        path = SOURCES[name]
-    except KeyError:
-        raise ValueError(f"no source named {name!r}; known: {sorted(SOURCES)}") from None
-    module, _, attr = path.partition(":")
-    cls = getattr(import_module(module), attr)
-    if not (isinstance(cls, type) and issubclass(cls, Source)):
-        raise TypeError(f"{path} is not a Source")
-    return cls
+    return load_registered(SOURCES, name, Source, "source")
 
 
 __all__ = ["SOURCES", "FilesSource", "Source", "source_class"]
