@@ -175,6 +175,23 @@ def test_fail_keeps_the_error_and_the_checkpoint_uncommitted(store):
     assert store.mark_committed(again, actor=A).error is None
 
 
+def test_errors_and_details_are_stored_and_read_as_plain_text(store):
+    """Spark and library errors carry terminal colours: the row and the history keep the text only,
+    and a row written before (raw SQL, no cleaning) reads back clean too."""
+    from sqlalchemy import text
+
+    coloured = "\x1b[31mAnalysisException\x1b[0m: \x1b[1mcolumn\x1b[22m `x` not found\n\tat line 3\x07"
+    to_durable(store, "k")
+    lease = store.acquire_lease("p", "k", owner="c1", ttl=TTL, actor=A)
+    failed = store.fail("p", "k", error=coloured, actor=A, lease=lease)
+    assert failed.error == "AnalysisException: column `x` not found\n\tat line 3"
+    assert store.history("p", "k")[-1].detail == failed.error
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE walsink_checkpoint SET error = :e"), {"e": "\x1b[33mold\x1b[0m row"})
+        assert "\x1b" in conn.execute(text("SELECT error FROM walsink_checkpoint")).scalar_one()
+    assert store.require("p", "k").error == "old row"
+
+
 def test_abort_unblocks_later_append_checkpoints_until_a_new_attempt_starts(store):
     to_durable(store, "k1", mode="append")
     to_durable(store, "k2", mode="append")

@@ -6,6 +6,7 @@ checks that autogenerate finds no difference between the two.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from sqlalchemy import (
@@ -17,6 +18,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    TypeDecorator,
     UniqueConstraint,
 )
 from sqlalchemy.dialects import mysql
@@ -37,6 +39,32 @@ Timestamp = DateTime(timezone=False).with_variant(mysql.DATETIME(fsp=6), "mysql"
 Identifier = String(128).with_variant(
     mysql.VARCHAR(128, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
 )
+# Terminal escape sequences (colours from Spark's or a library's log, OSC hyperlinks) and other
+# control characters but newline and tab: an error or detail is stored and read as plain text,
+# so the UI and the CLI never show "\x1b[31m" as text.
+_CONTROL = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f]"
+)
+
+
+def plain_text(value: str | None) -> str | None:
+    """``value`` without terminal escape sequences and control characters (newlines kept)."""
+    return _CONTROL.sub("", value) if value else value
+
+
+class PlainText(TypeDecorator):
+    """Text cleaned by :func:`plain_text` when written and when read (rows written before it)."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):  # noqa: ARG002 - the TypeDecorator protocol
+        return plain_text(value)
+
+    def process_result_value(self, value, dialect):  # noqa: ARG002
+        return plain_text(value)
+
+
 # BIGINT autoincrement keys, except on SQLite where only INTEGER PRIMARY KEY is rowid.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -122,7 +150,7 @@ class Checkpoint(Base):
     version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     version_token: Mapped[str | None] = mapped_column(String(600))
     supersedes_attempt_id: Mapped[str | None] = mapped_column(String(40))
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(PlainText)
     # The Airflow run that registered it, for the UI's DAG and run tabs.
     dag_id: Mapped[str | None] = mapped_column(String(250))
     run_id: Mapped[str | None] = mapped_column(String(250))
@@ -150,7 +178,7 @@ class Transition(Base):
     run_id: Mapped[str | None] = mapped_column(String(250))
     task_id: Mapped[str | None] = mapped_column(String(250))
     try_number: Mapped[int | None] = mapped_column(Integer)
-    detail: Mapped[str | None] = mapped_column(Text)
+    detail: Mapped[str | None] = mapped_column(PlainText)
 
 
 class CheckpointVersion(Base):

@@ -13,6 +13,7 @@ from typing import Any
 
 from airflow_provider_walsink.core.protocol.states import CheckpointState
 from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store.models import plain_text
 
 S = CheckpointState
 
@@ -95,6 +96,7 @@ class CheckpointRecord:
     def from_row(cls, row: Mapping[str, Any]) -> CheckpointRecord:
         values = {name: row[name] for name in _RECORD_FIELDS}
         values["state"] = CheckpointState(values["state"])
+        values["error"] = plain_text(values["error"])  # also as just written, not only as read back
         for key in ("start_offsets", "end_offsets", "publication"):
             values[key] = json.loads(values[key]) if values[key] is not None else None
         return cls(**values)
