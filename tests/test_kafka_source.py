@@ -294,3 +294,56 @@ def test_fault_injected_time_index_first_checkpoint_starts_at_a_timestamp(kafka)
     assert sorted(int(ts.timestamp() * 1000) for _, _, ts in read) == [base + i * 1000 for i in range(5, 10)]
     with pytest.raises(Exception, match="starting_timestamp must be milliseconds"):
         KafkaSourceSpec(topics=[topic], starting_timestamp=-1)
+
+
+def test_a_slow_group_commit_never_moves_the_group_behind_a_newer_commit(kafka, store, monkeypatch):
+    """Commit task A reads checkpoint k1's end offsets and stalls before sending them; meanwhile
+    k2 commits and task B sends k2's. Whatever the order, the group ends at k2's offsets and is
+    never sent an older commit's offsets after a newer one's (issue 35). Fails when the read and
+    the send are not one step under the pipeline's lock."""
+    import threading
+
+    from airflow_provider_walsink.core.sources import kafka as kafka_source
+    from test_store import TTL, A, to_durable
+
+    topic, group = "group-order", "walsink-order"
+    kafka.produce(topic, [{"value": b"x", "partition": 0} for _ in range(3)])
+    spec = KafkaSourceSpec(topics=[topic], group_id=group)
+    k1_end, k2_end = {topic: {"0": 1}}, {topic: {"0": 3}}
+
+    def commit(key, start, end):
+        to_durable(store, key, p="g", mode="append", start=start, end=end)
+        store.mark_committed(store.acquire_lease("g", key, owner=key, ttl=TTL, actor=A, mode="append"), actor=A)
+
+    commit("k1", {topic: {"0": 0}}, k1_end)
+    sent, a_read, go = [], threading.Event(), threading.Event()
+    send = kafka_source.commit_group_offsets
+
+    def stalling_send(config, group_id, offsets, **kw):
+        if threading.current_thread().name == "task-a":
+            a_read.set()
+            go.wait(15)
+        sent.append(offsets)
+        return send(config, group_id, offsets, **kw)
+
+    monkeypatch.setattr(kafka_source, "commit_group_offsets", stalling_send)
+    task_a = threading.Thread(
+        target=kafka_source.commit_group, args=(store, "g", spec, kafka.config), name="task-a"
+    )
+    task_a.start()
+    assert a_read.wait(15)
+
+    def task_b():
+        commit("k2", k1_end, k2_end)
+        kafka_source.commit_group(store, "g", spec, kafka.config)
+
+    b = threading.Thread(target=task_b, name="task-b")
+    b.start()
+    b.join(1.5)  # B runs as far as it can while A stalls (with the lock: until A's turn ends)
+    go.set()
+    task_a.join(30)
+    b.join(30)
+    assert not task_a.is_alive() and not b.is_alive()
+    ends = [o[topic]["0"] for o in sent]
+    assert ends == sorted(ends) and ends[-1] == 3, sent
+    assert kafka.committed(group, topic) == {0: 3}

@@ -989,10 +989,12 @@ def commit_group(
     """
     if not spec.group_id:
         return None
-    offsets = store.last_committed_offsets(pipeline)
-    if not offsets:
-        return None
-    commit_group_offsets(config, spec.group_id, offsets)
+    # Read and send under the pipeline's lock: a slow task that read older offsets must not send
+    # them after a newer commit's task sent the newer ones (the group would move back).
+    with store.newest_committed_offsets_held(pipeline) as offsets:
+        if not offsets:
+            return None
+        commit_group_offsets(config, spec.group_id, offsets)
     log.info("Kafka group %s now at the committed end offsets %s", spec.group_id, offsets)
     return offsets
 

@@ -14,12 +14,15 @@ never reuses a plan of an older version.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import select, update
 
+from airflow_provider_walsink.core.protocol.states import CheckpointState as S
 from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
+from airflow_provider_walsink.core.store.models import pipeline_table as pipe
 from airflow_provider_walsink.core.store.records import Actor
 from airflow_provider_walsink.core.store.retry import retrying
 from airflow_provider_walsink.core.store.transitions import CheckpointTransitions
@@ -31,6 +34,27 @@ def _same(a: Any, b: Any) -> bool:
 
 class SourcePlans(CheckpointTransitions):
     """Record and read source plans; mixed into :class:`~.store.CommitterStore`."""
+
+    @contextmanager
+    def newest_committed_offsets_held(self, pipeline: str) -> Iterator[dict[str, Any] | None]:
+        """The end offsets of the pipeline's newest COMMITTED checkpoint, held while the caller
+        sends them on (a consumer group's commit): the pipeline's row stays locked (``SELECT ...
+        FOR UPDATE``; SQLite's write lock) until the block ends, so two commit tasks send one
+        after the other, each the newest at its turn, and a slow one never moves the group
+        behind a newer commit. A pipeline with nothing committed yields ``None``."""
+        with self._tx() as conn:
+            conn.execute(select(pipe.c.name).where(pipe.c.name == pipeline).with_for_update())
+            value = conn.execute(
+                select(ckpt.c.end_offsets)
+                .where(
+                    ckpt.c.pipeline == pipeline,
+                    ckpt.c.state == S.COMMITTED.value,
+                    ckpt.c.end_offsets.is_not(None),
+                )
+                .order_by(ckpt.c.sequence.desc())
+                .limit(1)
+            ).scalar()
+            yield json.loads(value) if value is not None else None
 
     @retrying
     def fix_source_plan(
