@@ -303,8 +303,9 @@ def test_a_slow_group_commit_never_moves_the_group_behind_a_newer_commit(kafka, 
     the send are not one step under the pipeline's lock."""
     import threading
 
-    from airflow_provider_walsink.core.sources import kafka as kafka_source
     from test_store import TTL, A, to_durable
+
+    from airflow_provider_walsink.core.sources import kafka as kafka_source
 
     topic, group = "group-order", "walsink-order"
     kafka.produce(topic, [{"value": b"x", "partition": 0} for _ in range(3)])
@@ -313,7 +314,9 @@ def test_a_slow_group_commit_never_moves_the_group_behind_a_newer_commit(kafka, 
 
     def commit(key, start, end):
         to_durable(store, key, p="g", mode="append", start=start, end=end)
-        store.mark_committed(store.acquire_lease("g", key, owner=key, ttl=TTL, actor=A, mode="append"), actor=A)
+        store.mark_committed(
+            store.acquire_lease("g", key, owner=key, ttl=TTL, actor=A, mode="append"), actor=A
+        )
 
     commit("k1", {topic: {"0": 0}}, k1_end)
     sent, a_read, go = [], threading.Event(), threading.Event()
