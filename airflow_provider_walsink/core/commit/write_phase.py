@@ -28,6 +28,7 @@ from airflow_provider_walsink.core.spark.args import ProtocolArgs
 from airflow_provider_walsink.core.staging.cleanup import is_object_store
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.staging.resolve import recorded_root
 from airflow_provider_walsink.core.store.store import Actor, CheckpointRecord, OrderingError, TransitionError
 
 #: A run's conf key that asks for one reprocess policy for this run (``--run-conf`` of a backfill).
@@ -270,9 +271,9 @@ class WritePhase:
         ``staging_root`` now name another place, the recorded root wins, and
         the task log says so.
         """
-        if record is None or not record.staging_root:
+        recorded = recorded_root(record)
+        if recorded is None:
             return configured
-        recorded = record.staging_root
         if not same_root(recorded, configured):
             self.log.warning(
                 "Checkpoint %s/%s is staged under %s (recorded when it was first written); this attempt "

@@ -33,6 +33,13 @@ class RecordsStagingRoot(Protocol):
     def staging_root(self) -> str | None: ...
 
 
+def recorded_root(record: RecordsStagingRoot | None) -> str | None:
+    """The root the checkpoint's row records, or ``None`` for a row written before walsink
+    recorded roots (or no row). The write phase stages a new attempt there too."""
+    recorded = record.staging_root if record is not None else None
+    return recorded or None
+
+
 def open_staging(root: Root, open_store: StoreOpener | None = None) -> Staging:
     """A staging root as the staging layer reads it.
 
@@ -55,8 +62,8 @@ def staging_for(
     write phase put the data). Only a row that records none (written before
     walsink recorded roots, or no row at all) falls back to ``default_root``.
     """
-    recorded = record.staging_root if record is not None else None
-    if recorded:
+    recorded = recorded_root(record)
+    if recorded is not None:
         return open_staging(recorded, open_store)
     default = default_root() if callable(default_root) else default_root
     if isinstance(default, StagingLayout | StagingStore):
