@@ -14,7 +14,11 @@ from airflow_provider_walsink.core.protocol.errors import LayoutError, ManifestE
 from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, Manifest, read_manifest
 from airflow_provider_walsink.core.staging.cleanup import store_attempts
 from airflow_provider_walsink.core.staging.layout import StagingLayout
-from airflow_provider_walsink.core.staging.object_store import AttemptLocation, StagingStore
+from airflow_provider_walsink.core.staging.object_store import (
+    AttemptLocation,
+    LocalStagingStore,
+    StagingStore,
+)
 from airflow_provider_walsink.core.store.records import CheckpointRecord
 from airflow_provider_walsink.core.targets.base import Publisher, StagedAttempt
 
@@ -29,7 +33,7 @@ def local_store(layout: StagingLayout) -> StagingStore:
     import pyarrow.fs as pafs  # heavy, and only a local root published by reference needs it
 
     root = str(layout.root)
-    store = StagingStore(root, pafs.LocalFileSystem(), root, kind="local")
+    store = LocalStagingStore(root, pafs.LocalFileSystem(), root, kind="local")
     store.layout = layout
     return store
 
