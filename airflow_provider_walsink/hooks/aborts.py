@@ -25,7 +25,7 @@ from airflow_provider_walsink.core.commit.abort import CheckpointAborter
 from airflow_provider_walsink.core.staging.cleanup import StoreOpener, open_object_store
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
-from airflow_provider_walsink.core.staging.resolve import open_staging, staging_for
+from airflow_provider_walsink.core.staging.resolve import local_layout, open_staging, staging_for
 from airflow_provider_walsink.core.store.store import CommitterStore
 from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
 
@@ -92,7 +92,7 @@ def aborter_for(
 
     def publisher_for(staging: StagingLayout | StagingStore) -> Any:
         # Table targets read no layout; file and SQL targets stage on a local root only.
-        layout = staging if isinstance(staging, StagingLayout) else None
+        layout = local_layout(staging)
         return resolve_target(uri, TargetOptions(mode=row["mode"], layout=layout, connections=connections))  # type: ignore[arg-type]
 
     def default_root() -> str:

@@ -19,6 +19,7 @@ from airflow_provider_walsink.core.staging.object_store import (
     LocalStagingStore,
     StagingStore,
 )
+from airflow_provider_walsink.core.staging.resolve import local_layout
 from airflow_provider_walsink.core.store.records import CheckpointRecord
 from airflow_provider_walsink.core.targets.base import Publisher, StagedAttempt
 
@@ -36,11 +37,6 @@ def local_store(layout: StagingLayout) -> StagingStore:
     store = LocalStagingStore(root, pafs.LocalFileSystem(), root, kind="local")
     store.layout = layout
     return store
-
-
-def local_layout(staging: Staging) -> StagingLayout | None:
-    """The local layout behind ``staging``, or ``None`` for an object store."""
-    return staging if isinstance(staging, StagingLayout) else staging.layout
 
 
 def read_sealed_manifest(layout: StagingLayout, record: CheckpointRecord) -> tuple[Manifest, Path]:

@@ -74,3 +74,14 @@ def staging_for(
 def root_of(staging: Staging) -> str:
     """The root ``staging`` reads, as a row records it (an absolute path, or the URI)."""
     return staging.root_uri if isinstance(staging, StagingStore) else str(staging.root)
+
+
+def local_layout(staging: Staging) -> StagingLayout | None:
+    """The local layout ``staging`` reads through (a local store *is* its layout: same resolver,
+    same symlink refusals), or ``None`` on an object store."""
+    return staging.layout if isinstance(staging, StagingStore) else staging
+
+
+def object_store_of(staging: Staging) -> StagingStore | None:
+    """The object store ``staging`` is on, or ``None`` for a local root."""
+    return staging if isinstance(staging, StagingStore) and staging.layout is None else None
