@@ -50,7 +50,7 @@ from airflow_provider_walsink.core.protocol.states import CheckpointState
 from airflow_provider_walsink.core.staging.cleanup import is_object_store
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import AttemptLocation, StagingStore
-from airflow_provider_walsink.core.staging.resolve import root_of, staging_for
+from airflow_provider_walsink.core.staging.resolve import local_layout, staging_for
 from airflow_provider_walsink.core.store.store import Actor, CommitterStore
 
 if TYPE_CHECKING:
@@ -631,13 +631,13 @@ def audit_checkpoint(
             "credentials"
         )
     staging = staging_for(record, layout, stores)
-    if is_object_store(root_of(staging)):
+    if (local := local_layout(staging)) is None:
         # Through the store (pyarrow reads; DuckDB's own S3 extension is not needed).
         manifest, staged_attempt = read_sealed_attempt(staging, record)
         staged_data = StagedData.on_store(staged_attempt.store, manifest, staged_attempt.location)
     else:
-        manifest, attempt_dir = read_sealed_manifest(staging, record)  # type: ignore[arg-type]
-        staged_data = StagedData(staging, manifest, attempt_dir)  # type: ignore[arg-type]
+        manifest, attempt_dir = read_sealed_manifest(local, record)
+        staged_data = StagedData(local, manifest, attempt_dir)
     with staged_data as staged:
         report = run_checks(checks, staged)
     if report.passed:
