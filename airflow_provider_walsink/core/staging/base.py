@@ -49,6 +49,8 @@ class StagingBackend(ABC):
       when asked).
     * **Read the manifest** (:meth:`read_manifest`, size-capped, digest checked
       when given) **and a committable** (:meth:`committable`).
+    * **Prepare an attempt** (:meth:`prepare_attempt`): its place, with nothing
+      left in it by an earlier crash of the same attempt, ready for the job.
     * **Delete an attempt** (:meth:`remove_attempt`): that attempt only.
     * **Confinement**: nothing outside the root is ever read, written or
       deleted. Every manifest-relative path is checked lexically (not empty, no
@@ -84,6 +86,9 @@ class StagingBackend(ABC):
 
     @abstractmethod
     def read_manifest(self, location: AttemptLocation, *, expected_digest: str | None = None) -> Manifest: ...
+
+    @abstractmethod
+    def prepare_attempt(self, location: AttemptLocation) -> None: ...
 
     @abstractmethod
     def remove_attempt(self, location: AttemptLocation) -> bool: ...

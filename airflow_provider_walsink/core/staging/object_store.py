@@ -147,10 +147,6 @@ class StagingStore(StagingBackend):
         the backend its scheme names (:data:`~.registry.KNOWN_STAGING`)."""
         return open_backend(root, options)  # type: ignore[no-any-return]
 
-    @classmethod
-    def open_root(cls, root: str, options: Mapping[str, Any]) -> StagingStore:
-        raise NotImplementedError("opened by a backend: StagingStore.open picks it by the root's scheme")
-
     # ------------------------------------------------------------------ layout
 
     def attempt(
@@ -463,6 +459,12 @@ class LocalStagingStore(StagingStore):
         path = os.path.abspath(staging_path(text))
         return cls(text, pafs.LocalFileSystem(), path, kind="local")
 
+    def prepare_attempt(self, location: AttemptLocation) -> None:
+        attempt_dir = Path(location.path)
+        if attempt_dir.exists():  # left by a crash with the same attempt number: never reuse its files
+            self.remove_attempt(location)
+        attempt_dir.mkdir(parents=True)
+
 
 class ObjectStagingStore(StagingStore):
     """The object-store backend (``pyarrow.fs``): ``s3://``, ``gs://``, ``abfs://``, and any
@@ -508,6 +510,12 @@ class ObjectStagingStore(StagingStore):
         except (ImportError, ValueError) as e:
             raise StagingStoreError(f"staging root {text!r}: no file system for {scheme}:// ({e})") from None
         return cls(text, fs, f"{parts.netloc}/{prefix}".rstrip("/"), kind=scheme, options=options)
+
+    def prepare_attempt(self, location: AttemptLocation) -> None:
+        # An object store has no directories to create; objects left under this attempt's
+        # prefix (a crash with the same attempt id) would mix with the job's.
+        if self.list_attempt(location):
+            self.remove_attempt(location)
 
 
 def _s3_filesystem(root: str, options: Mapping[str, Any]) -> Any:
