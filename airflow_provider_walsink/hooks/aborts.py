@@ -22,9 +22,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_provider_walsink.core.commit.abort import CheckpointAborter
-from airflow_provider_walsink.core.staging.cleanup import StoreOpener, is_object_store, open_object_store
+from airflow_provider_walsink.core.staging.cleanup import StoreOpener, open_object_store
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.staging.resolve import local_layout, open_staging, staging_for
 from airflow_provider_walsink.core.store.store import CommitterStore
 from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
 
@@ -79,34 +80,30 @@ def aborter_for(
         )
     uri = target or registered
     record = store.get(pipeline, checkpoint_key) if checkpoint_key is not None else None
-    recorded = record.staging_root if record is not None and record.staging_root else None
-    # The recorded root always wins; else the target's own (table targets, resolved below), else
-    # the caller's.
-    staging = _staging(recorded or staging_root, stores)
+
+    def open_store(root: str) -> StagingStore:
+        # A plain bucket prefix only: the abort deletes under it.
+        return open_object_store(root, stores)
+
     if not uri:
-        return CheckpointAborter(store, staging, None)
+        return CheckpointAborter(store, staging_for(record, staging_root, open_store), None)
     if connections is None:
         from airflow_provider_walsink.hooks.connections import airflow_connection_fields as connections
 
     def publisher_for(staging: StagingLayout | StagingStore) -> Any:
         # Table targets read no layout; file and SQL targets stage on a local root only.
-        layout = staging if isinstance(staging, StagingLayout) else None
+        layout = local_layout(staging)
         return resolve_target(uri, TargetOptions(mode=row["mode"], layout=layout, connections=connections))  # type: ignore[arg-type]
 
-    publisher = publisher_for(staging)
-    own_root = publisher.staging_root() if publisher.staging_root is not None and not recorded else None
-    if own_root:  # a table target stages inside its own location (rows that record no root)
-        staging = _staging(own_root, stores)
-        publisher = publisher_for(staging)
-    return CheckpointAborter(store, staging, publisher)
+    def default_root() -> str:
+        # A row that records no root: the target's own (table targets stage inside their
+        # location), else the caller's.
+        publisher = publisher_for(open_staging(staging_root, open_store))
+        own = publisher.staging_root() if publisher.staging_root is not None else None
+        return own or staging_root
 
-
-def _staging(root: str, stores: StoreOpener | None) -> StagingLayout | StagingStore:
-    """A local root's layout, or an object-store root opened by ``stores`` (its credentials)
-    as a plain bucket prefix (:func:`open_object_store`: the abort deletes under it)."""
-    if is_object_store(root):
-        return open_object_store(root, stores)
-    return StagingLayout(root)
+    staging = staging_for(record, default_root, open_store)
+    return CheckpointAborter(store, staging, publisher_for(staging))
 
 
 def audit_extra(

@@ -15,7 +15,7 @@ from airflow_provider_walsink.core.commit.group import committed_by_group, is_gr
 from airflow_provider_walsink.core.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.core.protocol.modes import FencingMode, WriteMode
 from airflow_provider_walsink.core.staging.layout import StagingLayout
-from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.staging.resolve import root_of, staging_for
 from airflow_provider_walsink.core.store.errors import (
     AuditRejectedError,
     LeaseHeldError,
@@ -247,18 +247,13 @@ class WalCommitOperator(BaseOperator):
         hook = WalsinkHook(self.walsink_conn_id)
         store = hook.get_store()
         record = store.get(self.pipeline, key)
-        staging: StagingLayout | StagingStore
-        if record is not None and record.staging_root and is_object_store_root(record.staging_root):
-            # Staged on an object store: read (and cleaned up) through the store, with the walsink
-            # connection's staging credentials, as the write task staged it.
-            staging = hook.get_staging_store(record.staging_root)
-            publisher = self._object_store_publisher(record.staging_root)
-        elif record is not None and record.staging_root:
-            # Where the write phase staged it, whatever the connection or the target say now.
-            staging = record.layout(hook.get_layout)
-            publisher = self.get_publisher(staging)
+        # Where the write phase staged it, whatever the connection or the target say now.
+        staging = staging_for(record, lambda: self._derived_root(hook), hook.get_staging_store)
+        if is_object_store_root(root := root_of(staging)):
+            # Staged on an object store: table targets publish the staged objects by reference.
+            publisher = self._object_store_publisher(root)
         else:
-            staging, publisher = self._derived_layout(hook)
+            publisher = self.get_publisher(staging)  # type: ignore[arg-type]
         actor = actor_from_context(context)
         committer = CheckpointCommitter(
             store,
@@ -384,18 +379,15 @@ class WalCommitOperator(BaseOperator):
             )
         return publisher
 
-    def _derived_layout(self, hook: WalsinkHook) -> tuple[StagingLayout, Publisher]:
-        """The layout and publisher of a checkpoint whose row records no staging root (written
-        before walsink recorded it, or not registered at all): derived as the write task did then,
+    def _derived_root(self, hook: WalsinkHook) -> str:
+        """The staging root of a checkpoint whose row records none (written before walsink
+        recorded it, or not registered at all): derived as the write task did then,
         ``staging_root``, else the target's own (table targets), else the connection's."""
-        layout = hook.get_layout(self.staging_root)
-        publisher = self.get_publisher(layout)
-        if not self.staging_root:
-            own = publisher.staging_root() if publisher.staging_root is not None else None
-            if own:
-                layout = hook.get_layout(own)
-                publisher = self.get_publisher(layout)
-        return layout, publisher
+        if self.staging_root:
+            return self.staging_root
+        publisher = self.get_publisher(hook.get_layout())
+        own = publisher.staging_root() if publisher.staging_root is not None else None
+        return own or hook.staging_root
 
     #: How long a first-event claim holds before another commit task takes it over: its holder
     #: returns right after claiming, so only a holder that died before its success lets it age.

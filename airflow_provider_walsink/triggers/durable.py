@@ -32,8 +32,8 @@ from airflow_provider_walsink.core.protocol.states import VERIFIED_DURABLE, Chec
 from airflow_provider_walsink.core.staging.durability import check_attempt, check_stored_attempt
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.staging.resolve import staging_for
 from airflow_provider_walsink.core.store.store import Actor, CommitterStore, StaleAttemptError
-from airflow_provider_walsink.hooks.staging import is_object_store_root
 
 try:
     from airflow.triggers.base import BaseTrigger, TaskFailedEvent, TaskSuccessEvent, TriggerEvent
@@ -106,7 +106,7 @@ def evaluate_durability(
     if not isinstance(layout, StagingStore):
         # A local root: the checkpoint's recorded one wins. A StagingStore is opened by the
         # caller with its credentials, for the root the caller read from the row.
-        layout = record.layout(layout)
+        layout = staging_for(record, layout)
     location = None
     try:
         if isinstance(layout, StagingStore):
@@ -174,12 +174,7 @@ def evaluate_with_hook(
     """
     store = hook.get_store()
     record = store.get(pipeline, checkpoint_key)
-    root = (record.staging_root if record is not None else None) or staging_root or hook.staging_root
-    layout: StagingLayout | StagingStore | Callable[[], StagingLayout]
-    if is_object_store_root(root):
-        layout = hook.get_staging_store(root)
-    else:
-        layout = lambda: hook.get_layout(staging_root or None)  # noqa: E731 - only for a row with no root
+    layout = staging_for(record, lambda: staging_root or hook.staging_root, hook.get_staging_store)
     return evaluate_durability(
         store, layout, pipeline, checkpoint_key, actor=actor, verify_checksums=verify_checksums
     )

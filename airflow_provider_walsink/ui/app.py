@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field
 from airflow_provider_walsink.core.commit.abort import AbortOutcome, AbortRefusedError
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
 from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.staging.resolve import staging_for
 from airflow_provider_walsink.core.store.records import Actor
 from airflow_provider_walsink.core.store.store import CommitterStore, utcnow
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
@@ -328,7 +329,7 @@ def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, key: str
         # The Airflow task try whose log says why it is where it is (a failure, a refusal, a wait).
         "log": views.log_link(history),
         # Under the root the write phase recorded; the connection's only for a row without one.
-        "committables": views.committables(record, record.layout(get_layout)),
+        "committables": views.committables(record, staging_for(record, get_layout)),  # type: ignore[arg-type]
         "audit": views.audit_results(record, transitions),
         "history": transitions,
         "versions": [views.version_dict(v) for v in store.versions(pipeline, key)]

@@ -75,6 +75,7 @@ from airflow_provider_walsink.core.protocol.states import CheckpointState
 from airflow_provider_walsink.core.staging.cleanup import remove_staged_attempts, store_attempts
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import AttemptLocation, StagingStore
+from airflow_provider_walsink.core.staging.resolve import local_layout, object_store_of
 from airflow_provider_walsink.core.store.errors import LeaseLostError, StoreError
 from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord
 from airflow_provider_walsink.core.store.store import CommitterStore
@@ -176,11 +177,9 @@ class CheckpointAborter:
         lease_ttl: timedelta = ABORT_LEASE_TTL,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if isinstance(layout, StagingStore) and layout.layout is not None:
-            layout = layout.layout  # a local store is its layout
-        self.store, self.layout, self.publisher = store, layout, publisher
+        self.store, self.layout, self.publisher = store, local_layout(layout) or layout, publisher
         #: The object store the checkpoints are staged on; None for a local root.
-        self._objects = layout if isinstance(layout, StagingStore) else None
+        self._objects = object_store_of(layout)
         self.grace, self.lease_ttl, self._sleep = grace, lease_ttl, sleep
 
     def abort(

@@ -50,6 +50,7 @@ from airflow_provider_walsink.core.protocol.states import CheckpointState
 from airflow_provider_walsink.core.staging.cleanup import is_object_store
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import AttemptLocation, StagingStore
+from airflow_provider_walsink.core.staging.resolve import local_layout, staging_for
 from airflow_provider_walsink.core.store.store import Actor, CommitterStore
 
 if TYPE_CHECKING:
@@ -623,20 +624,20 @@ def audit_checkpoint(
         return outcome(record.state, S.REJECTED, True, f"{name} was already REJECTED: {record.error}")
     if record.state is not S.DURABLE and not (record.state is S.FAILED and record.durable_at):
         raise NotDurableError(explain_not_committable(record))
-    if record.staging_root and is_object_store(record.staging_root):
-        if stores is None:
-            raise AuditError(
-                f"{name} is staged on an object store ({record.staging_root}) and this audit was given no "
-                "way to open it (stores=); the audit task opens it with the walsink connection's staging "
-                "credentials"
-            )
+    if stores is None and record.staging_root and is_object_store(record.staging_root):
+        raise AuditError(
+            f"{name} is staged on an object store ({record.staging_root}) and this audit was given no "
+            "way to open it (stores=); the audit task opens it with the walsink connection's staging "
+            "credentials"
+        )
+    staging = staging_for(record, layout, stores)
+    if (local := local_layout(staging)) is None:
         # Through the store (pyarrow reads; DuckDB's own S3 extension is not needed).
-        manifest, staged_attempt = read_sealed_attempt(stores(record.staging_root), record)
+        manifest, staged_attempt = read_sealed_attempt(staging, record)
         staged_data = StagedData.on_store(staged_attempt.store, manifest, staged_attempt.location)
     else:
-        layout = record.layout(layout)
-        manifest, attempt_dir = read_sealed_manifest(layout, record)
-        staged_data = StagedData(layout, manifest, attempt_dir)
+        manifest, attempt_dir = read_sealed_manifest(local, record)
+        staged_data = StagedData(local, manifest, attempt_dir)
     with staged_data as staged:
         report = run_checks(checks, staged)
     if report.passed:

@@ -14,7 +14,12 @@ from airflow_provider_walsink.core.protocol.errors import LayoutError, ManifestE
 from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, Manifest, read_manifest
 from airflow_provider_walsink.core.staging.cleanup import store_attempts
 from airflow_provider_walsink.core.staging.layout import StagingLayout
-from airflow_provider_walsink.core.staging.object_store import AttemptLocation, StagingStore
+from airflow_provider_walsink.core.staging.object_store import (
+    AttemptLocation,
+    LocalStagingStore,
+    StagingStore,
+)
+from airflow_provider_walsink.core.staging.resolve import local_layout, object_store_of
 from airflow_provider_walsink.core.store.records import CheckpointRecord
 from airflow_provider_walsink.core.targets.base import Publisher, StagedAttempt
 
@@ -29,14 +34,9 @@ def local_store(layout: StagingLayout) -> StagingStore:
     import pyarrow.fs as pafs  # heavy, and only a local root published by reference needs it
 
     root = str(layout.root)
-    store = StagingStore(root, pafs.LocalFileSystem(), root, kind="local")
+    store = LocalStagingStore(root, pafs.LocalFileSystem(), root, kind="local")
     store.layout = layout
     return store
-
-
-def local_layout(staging: Staging) -> StagingLayout | None:
-    """The local layout behind ``staging``, or ``None`` for an object store."""
-    return staging if isinstance(staging, StagingLayout) else staging.layout
 
 
 def read_sealed_manifest(layout: StagingLayout, record: CheckpointRecord) -> tuple[Manifest, Path]:
@@ -76,9 +76,7 @@ def read_sealed_attempt(staging: Staging, record: CheckpointRecord) -> tuple[Man
     the checkpoint's attempts are where the write phase recorded them.
     Raises ``ManifestError`` / ``LayoutError``; reads no data file.
     """
-    if isinstance(staging, StagingLayout) or staging.is_local:
-        layout = local_layout(staging)
-        assert layout is not None
+    if (layout := local_layout(staging)) is not None:
         manifest, attempt_dir = read_sealed_manifest(layout, record)
         path = str(attempt_dir)
         location = AttemptLocation(
@@ -133,9 +131,10 @@ def staged_attempts(
     try:
         if layout is not None:
             return list(layout.staged_attempts(pipeline, checkpoint_key))
-        assert isinstance(staging, StagingStore)
+        objects = object_store_of(staging)
+        assert objects is not None
         return [
-            (loc.attempt, loc.attempt_id, loc) for loc in store_attempts(staging, pipeline, checkpoint_key)
+            (loc.attempt, loc.attempt_id, loc) for loc in store_attempts(objects, pipeline, checkpoint_key)
         ]
     except (WalsinkError, OSError):
         return []

@@ -12,7 +12,6 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from airflow_provider_walsink.core.protocol.errors import ManifestError, WalsinkError
@@ -29,6 +28,7 @@ from airflow_provider_walsink.core.spark.args import ProtocolArgs
 from airflow_provider_walsink.core.staging.cleanup import is_object_store
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.staging.resolve import recorded_root
 from airflow_provider_walsink.core.store.store import Actor, CheckpointRecord, OrderingError, TransitionError
 
 #: A run's conf key that asks for one reprocess policy for this run (``--run-conf`` of a backfill).
@@ -250,15 +250,7 @@ class WritePhase:
         """The staging store, with nothing left under this attempt's place by an earlier crash."""
         staging = self.staging(root)
         location = staging.attempt(self.pipeline, self.checkpoint_key, record.attempt, record.attempt_id)
-        if staging.is_local:
-            attempt_dir = Path(location.path)
-            if attempt_dir.exists():  # left by a crash with the same attempt number: never reuse its files
-                staging.remove_attempt(location)
-            attempt_dir.mkdir(parents=True)
-        elif staging.list_attempt(location):
-            # An object store has no directories to create; objects left under this attempt's
-            # prefix (a crash with the same attempt id) would mix with the job's.
-            staging.remove_attempt(location)
+        staging.prepare_attempt(location)
         return staging
 
     def _recorded_root(self, record: CheckpointRecord | None, configured: str) -> str:
@@ -270,9 +262,9 @@ class WritePhase:
         ``staging_root`` now name another place, the recorded root wins, and
         the task log says so.
         """
-        if record is None or not record.staging_root:
+        recorded = recorded_root(record)
+        if recorded is None:
             return configured
-        recorded = record.staging_root
         if not same_root(recorded, configured):
             self.log.warning(
                 "Checkpoint %s/%s is staged under %s (recorded when it was first written); this attempt "

@@ -36,6 +36,7 @@ from airflow_provider_walsink.core.staging.object_store import (
     StagingStore,
     StagingStoreError,
 )
+from airflow_provider_walsink.core.staging.resolve import local_layout, object_store_of
 from airflow_provider_walsink.core.store.store import Actor, CheckpointRecord, CommitterStore
 
 
@@ -56,11 +57,9 @@ class CheckpointWriter:
         actor: Actor,
         partition_columns: tuple[str, ...] | list[str] = (),
     ) -> None:
-        if isinstance(layout, StagingStore) and layout.layout is not None:
-            layout = layout.layout  # a local store is its layout
         #: The object store staged on; None for a local root.
-        self.objects = layout if isinstance(layout, StagingStore) else None
-        self.store, self.layout, self.actor = store, layout, actor
+        self.objects = object_store_of(layout)
+        self.store, self.layout, self.actor = store, local_layout(layout) or layout, actor
         self.partition_columns = tuple(partition_columns)
         self.pipeline, self.checkpoint_key = pipeline, checkpoint_key
         self.record: CheckpointRecord | None = None

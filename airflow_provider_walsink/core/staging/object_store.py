@@ -2,7 +2,8 @@
 
 One layer over ``pyarrow.fs`` so that the write phase, the durability check
 and (later) the commit reach staged attempts the same way wherever the staging
-root lives. See :class:`StagingStore` for the contract.
+root lives. The contract is :class:`~.base.StagingBackend`; the backends are chosen by
+scheme in :mod:`.registry`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,6 +32,7 @@ from airflow_provider_walsink.core.protocol.manifest import (
     write_manifest,
 )
 from airflow_provider_walsink.core.protocol.manifest import read_manifest as read_local_manifest
+from airflow_provider_walsink.core.staging.base import AttemptLocation, StagingBackend
 from airflow_provider_walsink.core.staging.layout import (
     _ATTEMPT_ID,
     StagingLayout,
@@ -39,6 +40,7 @@ from airflow_provider_walsink.core.staging.layout import (
     attempt_of,
     staging_path,
 )
+from airflow_provider_walsink.core.staging.registry import open_backend
 
 #: Storage options an ``s3://`` root understands (values are never logged or shown).
 S3_OPTIONS = frozenset(
@@ -52,28 +54,6 @@ class StagingStoreError(WalsinkError):
 
 class AlreadySealedError(StagingStoreError):
     """The attempt already holds a different sealed manifest: a seal happens once."""
-
-
-@dataclass(frozen=True)
-class AttemptLocation:
-    """Where one attempt of one checkpoint is staged in a :class:`StagingStore`.
-
-    ``path`` is the attempt's path in the store's file system (an absolute local
-    path, or ``bucket/prefix/<pipeline>/<key>/attempt-<n>-<id>`` on an object
-    store); ``uri`` is the same place as other tools name it (the local path
-    itself, or ``s3://bucket/prefix/...``).
-    """
-
-    pipeline: str
-    checkpoint_key: str
-    attempt: int
-    attempt_id: str | None
-    path: str
-    uri: str
-
-    @property
-    def manifest_path(self) -> str:
-        return f"{self.path}/{MANIFEST_NAME}"
 
 
 def check_segments(relative: str, what: str, root: str) -> None:
@@ -93,10 +73,9 @@ def check_segments(relative: str, what: str, root: str) -> None:
         raise PathEscapeError(f"{what} {relative!r} has an empty or '.' segment")
 
 
-class StagingStore:
-    """The staging root ``<root>`` and the attempts under it, on a local disk or an object store.
-
-    Contract:
+class StagingStore(StagingBackend):
+    """:class:`~.base.StagingBackend` (the contract) over ``pyarrow.fs``, shared by both backends:
+    :class:`LocalStagingStore` and :class:`ObjectStagingStore`. How each promise is kept:
 
     * **Resolution.** :meth:`open` takes the staging root as a local path,
       ``file://`` URI, ``s3://bucket/prefix``, ``gs://bucket/prefix`` or
@@ -164,53 +143,9 @@ class StagingStore:
 
     @classmethod
     def open(cls, root: str | os.PathLike[str], options: Mapping[str, Any] | None = None) -> StagingStore:
-        """Resolve a staging root and its storage options into a file system and a base path."""
-        import pyarrow.fs as pafs
-
-        text = os.fspath(root)
-        options = dict(options or {})
-        if "://" not in text or urlsplit(text).scheme == "file":
-            if options:
-                raise StagingStoreError(
-                    f"staging root {text!r} is local; storage options ({', '.join(sorted(options))}) "
-                    "apply to object stores only"
-                )
-            path = os.path.abspath(staging_path(text))
-            return cls(text, pafs.LocalFileSystem(), path, kind="local")
-        parts = urlsplit(text)
-        scheme = parts.scheme.lower()
-        if not parts.netloc:
-            raise StagingStoreError(f"staging root {text!r} names no bucket or container")
-        if parts.query or parts.fragment:
-            raise StagingStoreError(f"staging root {text!r} has a query or fragment; give options separately")
-        prefix = parts.path.strip("/")
-        if scheme in ("s3", "s3a"):
-            fs = _s3_filesystem(text, options)
-            return cls(text, fs, f"{parts.netloc}/{prefix}".rstrip("/"), kind="s3", options=options)
-        if scheme in ("gs", "gcs"):
-            try:
-                fs = pafs.GcsFileSystem(**options)
-            except TypeError as e:
-                raise StagingStoreError(f"staging root {text!r}: bad storage options ({e})") from None
-            return cls(text, fs, f"{parts.netloc}/{prefix}".rstrip("/"), kind="gs", options=options)
-        if scheme in ("abfs", "abfss", "az"):
-            container, _, host = parts.netloc.partition("@")
-            account = options.pop("account_name", None) or host.split(".", 1)[0]
-            if not account:
-                raise StagingStoreError(f"staging root {text!r} names no storage account")
-            try:
-                fs = pafs.AzureFileSystem(account_name=account, **options)
-            except TypeError as e:
-                raise StagingStoreError(f"staging root {text!r}: bad storage options ({e})") from None
-            return cls(text, fs, f"{container}/{prefix}".rstrip("/"), kind="abfs", options=options)
-        try:
-            import fsspec
-            from pyarrow.fs import FSSpecHandler, PyFileSystem
-
-            fs = PyFileSystem(FSSpecHandler(fsspec.filesystem(scheme, **options)))
-        except (ImportError, ValueError) as e:
-            raise StagingStoreError(f"staging root {text!r}: no file system for {scheme}:// ({e})") from None
-        return cls(text, fs, f"{parts.netloc}/{prefix}".rstrip("/"), kind=scheme, options=options)
+        """Resolve a staging root and its storage options into a file system and a base path:
+        the backend its scheme names (:data:`~.registry.KNOWN_STAGING`)."""
+        return open_backend(root, options)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ layout
 
@@ -504,6 +439,83 @@ class StagingStore:
                 region_name=o.get("region"),
             )
         return self._s3_client
+
+
+class LocalStagingStore(StagingStore):
+    """The local-file backend: a path or ``file://`` root, read through :class:`StagingLayout`
+    (its resolver refuses symlinks inside staging)."""
+
+    @classmethod
+    def open_root(cls, root: str, options: Mapping[str, Any]) -> StagingStore:
+        import pyarrow.fs as pafs
+
+        text = os.fspath(root)
+        options = dict(options or {})
+        if options:
+            raise StagingStoreError(
+                f"staging root {text!r} is local; storage options ({', '.join(sorted(options))}) "
+                "apply to object stores only"
+            )
+        path = os.path.abspath(staging_path(text))
+        return cls(text, pafs.LocalFileSystem(), path, kind="local")
+
+    def prepare_attempt(self, location: AttemptLocation) -> None:
+        attempt_dir = Path(location.path)
+        if attempt_dir.exists():  # left by a crash with the same attempt number: never reuse its files
+            self.remove_attempt(location)
+        attempt_dir.mkdir(parents=True)
+
+
+class ObjectStagingStore(StagingStore):
+    """The object-store backend (``pyarrow.fs``): ``s3://``, ``gs://``, ``abfs://``, and any
+    other scheme through fsspec."""
+
+    @classmethod
+    def open_root(cls, root: str, options: Mapping[str, Any]) -> StagingStore:
+        import pyarrow.fs as pafs
+
+        text = os.fspath(root)
+        options = dict(options or {})
+        parts = urlsplit(text)
+        scheme = parts.scheme.lower()
+        if not parts.netloc:
+            raise StagingStoreError(f"staging root {text!r} names no bucket or container")
+        if parts.query or parts.fragment:
+            raise StagingStoreError(f"staging root {text!r} has a query or fragment; give options separately")
+        prefix = parts.path.strip("/")
+        if scheme in ("s3", "s3a"):
+            fs = _s3_filesystem(text, options)
+            return cls(text, fs, f"{parts.netloc}/{prefix}".rstrip("/"), kind="s3", options=options)
+        if scheme in ("gs", "gcs"):
+            try:
+                fs = pafs.GcsFileSystem(**options)
+            except TypeError as e:
+                raise StagingStoreError(f"staging root {text!r}: bad storage options ({e})") from None
+            return cls(text, fs, f"{parts.netloc}/{prefix}".rstrip("/"), kind="gs", options=options)
+        if scheme in ("abfs", "abfss", "az"):
+            container, _, host = parts.netloc.partition("@")
+            account = options.pop("account_name", None) or host.split(".", 1)[0]
+            if not account:
+                raise StagingStoreError(f"staging root {text!r} names no storage account")
+            try:
+                fs = pafs.AzureFileSystem(account_name=account, **options)
+            except TypeError as e:
+                raise StagingStoreError(f"staging root {text!r}: bad storage options ({e})") from None
+            return cls(text, fs, f"{container}/{prefix}".rstrip("/"), kind="abfs", options=options)
+        try:
+            import fsspec
+            from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+            fs = PyFileSystem(FSSpecHandler(fsspec.filesystem(scheme, **options)))
+        except (ImportError, ValueError) as e:
+            raise StagingStoreError(f"staging root {text!r}: no file system for {scheme}:// ({e})") from None
+        return cls(text, fs, f"{parts.netloc}/{prefix}".rstrip("/"), kind=scheme, options=options)
+
+    def prepare_attempt(self, location: AttemptLocation) -> None:
+        # An object store has no directories to create; objects left under this attempt's
+        # prefix (a crash with the same attempt id) would mix with the job's.
+        if self.list_attempt(location):
+            self.remove_attempt(location)
 
 
 def _s3_filesystem(root: str, options: Mapping[str, Any]) -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 
 from airflow_provider_walsink.core.protocol.states import CheckpointState
 from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.staging.resolve import staging_for
 from airflow_provider_walsink.core.store.models import plain_text
 
 S = CheckpointState
@@ -119,9 +120,8 @@ class CheckpointRecord:
         through the file system (an object-store URI: see
         :func:`~airflow_provider_walsink.core.staging.layout.staging_path`).
         """
-        if self.staging_root:
-            return StagingLayout(self.staging_root)
-        return fallback() if callable(fallback) else fallback
+        # No store opener: a URI root raises ValueError here, as this gives local layouts only.
+        return staging_for(self, fallback)  # type: ignore[return-value]
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(CheckpointRecord))

@@ -1,0 +1,94 @@
+"""The staging store contract: what the protocol needs of the place attempts are staged."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, Manifest
+
+
+@dataclass(frozen=True)
+class AttemptLocation:
+    """Where one attempt of one checkpoint is staged in a staging backend.
+
+    ``path`` is the attempt's path in the store's file system (an absolute local
+    path, or ``bucket/prefix/<pipeline>/<key>/attempt-<n>-<id>`` on an object
+    store); ``uri`` is the same place as other tools name it (the local path
+    itself, or ``s3://bucket/prefix/...``).
+    """
+
+    pipeline: str
+    checkpoint_key: str
+    attempt: int
+    attempt_id: str | None
+    path: str
+    uri: str
+
+    @property
+    def manifest_path(self) -> str:
+        return f"{self.path}/{MANIFEST_NAME}"
+
+
+class StagingBackend(ABC):
+    """One staging root and the attempts under it; a backend per kind of storage.
+
+    The protocol needs exactly this of it (docs/protocol.md):
+
+    * **Locate an attempt**: ``<root>/<pipeline>/<checkpoint>/attempt-<n>-<attempt id>/``
+      (:meth:`attempt`), with the identifiers validated.
+    * **Put a committable once**: the job writes each committable once at
+      :meth:`committable`, inside its attempt; nothing is ever rewritten.
+    * **Seal the manifest once** (:meth:`seal`): a second seal of the same bytes
+      is a no-op giving the same digest; of other bytes it is refused and the
+      sealed manifest is left untouched.
+    * **List an attempt with sizes** (:meth:`list_attempt`, from metadata, no
+      data read) **and checksums** (:meth:`checksum`, one committable streamed
+      when asked).
+    * **Read the manifest** (:meth:`read_manifest`, size-capped, digest checked
+      when given) **and a committable** (:meth:`committable`).
+    * **Prepare an attempt** (:meth:`prepare_attempt`): its place, with nothing
+      left in it by an earlier crash of the same attempt, ready for the job.
+    * **Delete an attempt** (:meth:`remove_attempt`): that attempt only.
+    * **Confinement**: nothing outside the root is ever read, written or
+      deleted. Every manifest-relative path is checked lexically (not empty, no
+      NUL, not absolute, no ``..``, no empty or ``.`` segment), and a symlink
+      inside staging is refused, never followed (no symlink escape).
+
+    Backends are chosen by the root's URI scheme in
+    :data:`~airflow_provider_walsink.core.staging.registry.KNOWN_STAGING`; a
+    local path is one backend among them.
+    """
+
+    @classmethod
+    @abstractmethod
+    def open_root(cls, root: str, options: Mapping[str, Any]) -> StagingBackend:
+        """This backend over ``root``, with its storage options (never logged)."""
+
+    @abstractmethod
+    def attempt(
+        self, pipeline: str, checkpoint_key: str, attempt: int, attempt_id: str | None = None
+    ) -> AttemptLocation: ...
+
+    @abstractmethod
+    def committable(self, location: AttemptLocation, relative: str) -> str: ...
+
+    @abstractmethod
+    def seal(self, location: AttemptLocation, manifest: Manifest) -> str: ...
+
+    @abstractmethod
+    def list_attempt(self, location: AttemptLocation, *, visible_only: bool = False) -> dict[str, int]: ...
+
+    @abstractmethod
+    def checksum(self, location: AttemptLocation, relative: str, algorithm: str) -> str: ...
+
+    @abstractmethod
+    def read_manifest(self, location: AttemptLocation, *, expected_digest: str | None = None) -> Manifest: ...
+
+    @abstractmethod
+    def prepare_attempt(self, location: AttemptLocation) -> None: ...
+
+    @abstractmethod
+    def remove_attempt(self, location: AttemptLocation) -> bool: ...
