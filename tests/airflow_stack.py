@@ -292,6 +292,10 @@ class AirflowStack:
         if self.metadata_url.startswith("sqlite"):
             env.update(
                 {
+                    # Airflow imports the connect args by name: this file's folder on its path.
+                    "PYTHONPATH": os.pathsep.join(
+                        filter(None, [str(Path(__file__).resolve().parent), env.get("PYTHONPATH")])
+                    ),
                     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": f"{__name__}.SQLITE_CONNECT_ARGS",
                     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": f"{__name__}.SQLITE_CONNECT_ARGS_ASYNC",
                     # Fewer writers on the one file lock: a slower scheduler heartbeat.
