@@ -55,7 +55,7 @@ def _alive(procs: dict[int, float]) -> list[str]:
 
 def test_components_die_when_their_parent_is_killed(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), str(REPO), env.get("PYTHONPATH")]))
     (tmp_path / "dags").mkdir()
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT, str(tmp_path / "home"), str(tmp_path / "dags")],
