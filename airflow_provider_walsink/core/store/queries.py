@@ -10,7 +10,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, or_, select
+from sqlalchemy import Connection, Engine, and_, func, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
@@ -67,17 +67,7 @@ class CheckpointQueries:
     def last_committed_offsets(self, pipeline: str) -> dict[str, Any] | None:
         """End offsets of the pipeline's latest committed checkpoint (where the next one starts)."""
         with self.engine.connect() as conn:
-            value = conn.execute(
-                select(ckpt.c.end_offsets)
-                .where(
-                    ckpt.c.pipeline == pipeline,
-                    ckpt.c.state == S.COMMITTED.value,
-                    ckpt.c.end_offsets.is_not(None),
-                )
-                .order_by(ckpt.c.sequence.desc())
-                .limit(1)
-            ).scalar()
-        return json.loads(value) if value is not None else None
+            return newest_committed_offsets(conn, pipeline)
 
     @retrying
     def pending(self, pipeline: str) -> list[CheckpointRecord]:
@@ -619,3 +609,18 @@ def _is_identifier(value: object) -> bool:
     except WalsinkError:
         return False
     return True
+
+
+def newest_committed_offsets(conn: Connection, pipeline: str) -> dict[str, Any] | None:
+    """End offsets of the pipeline's newest COMMITTED checkpoint, read on ``conn``."""
+    value = conn.execute(
+        select(ckpt.c.end_offsets)
+        .where(
+            ckpt.c.pipeline == pipeline,
+            ckpt.c.state == S.COMMITTED.value,
+            ckpt.c.end_offsets.is_not(None),
+        )
+        .order_by(ckpt.c.sequence.desc())
+        .limit(1)
+    ).scalar()
+    return json.loads(value) if value is not None else None

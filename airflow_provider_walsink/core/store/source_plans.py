@@ -20,9 +20,9 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from airflow_provider_walsink.core.protocol.states import CheckpointState as S
 from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
 from airflow_provider_walsink.core.store.models import pipeline_table as pipe
+from airflow_provider_walsink.core.store.queries import newest_committed_offsets
 from airflow_provider_walsink.core.store.records import Actor
 from airflow_provider_walsink.core.store.retry import retrying
 from airflow_provider_walsink.core.store.transitions import CheckpointTransitions
@@ -44,17 +44,7 @@ class SourcePlans(CheckpointTransitions):
         behind a newer commit. A pipeline with nothing committed yields ``None``."""
         with self._tx() as conn:
             conn.execute(select(pipe.c.name).where(pipe.c.name == pipeline).with_for_update())
-            value = conn.execute(
-                select(ckpt.c.end_offsets)
-                .where(
-                    ckpt.c.pipeline == pipeline,
-                    ckpt.c.state == S.COMMITTED.value,
-                    ckpt.c.end_offsets.is_not(None),
-                )
-                .order_by(ckpt.c.sequence.desc())
-                .limit(1)
-            ).scalar()
-            yield json.loads(value) if value is not None else None
+            yield newest_committed_offsets(conn, pipeline)
 
     @retrying
     def fix_source_plan(
