@@ -25,6 +25,7 @@ from airflow_stack import free_port
 from sqlalchemy import update
 
 from airflow_provider_walsink import __version__
+from airflow_provider_walsink.core.store.errors import PipelineOwnedError
 from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
 from airflow_provider_walsink.core.store.store import CommitterStore, utcnow
 from tests.helpers import ACTOR, REPO
@@ -91,6 +92,7 @@ def test_json_output_parses_for_every_command(filled, tmp_path):
         "checkpoints": walsink("--url", url, "checkpoints", "--not-state", "COMMITTED", "--json"),
         "db upgrade": walsink("--url", url, "db", "upgrade", "--json"),
         "gc": walsink("--url", url, "gc", "--staging-root", str(staging), "--dry-run", "--json"),
+        "reassign": walsink("--url", url, "reassign", "orders", "--dag", "orders_v2", "--json"),
         "error": walsink("--url", url, "status", "--pipeline", "nope", "--json"),
         "usage error": walsink("--json", "no-such-command"),
     }
@@ -104,7 +106,11 @@ def test_json_output_parses_for_every_command(filled, tmp_path):
     assert parsed["gc"]["dry_run"] is True and parsed["gc"]["staging_root"] == str(staging)
     assert "unknown pipeline 'nope'" in parsed["error"]["error"]
     assert "invalid choice" in parsed["usage error"]["error"]
-    assert [r.returncode for r in results.values()] == [0, 0, 0, 0, 0, 1, 2]
+    assert [r.returncode for r in results.values()] == [0, 0, 0, 0, 0, 0, 1, 2]
+    # reassign hands the pipeline to the renamed DAG: the old DAG id is refused from then on.
+    assert parsed["reassign"] == {"pipeline": "orders", "dag_id": "orders_v2", "previous_dag_id": ACTOR.dag_id}
+    with pytest.raises(PipelineOwnedError, match="belongs to DAG 'orders_v2'"):
+        filled.register("orders", "k9", mode="overwrite", actor=ACTOR)
 
 
 def test_logs_go_to_stderr(tmp_path):

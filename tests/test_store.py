@@ -75,6 +75,30 @@ def test_register_refuses_a_mode_change_and_bad_identifiers(store):
         store.register("p'; DROP TABLE walsink_checkpoint; --", "k", mode="append", actor=A)
 
 
+def test_a_pipeline_id_belongs_to_the_dag_that_registered_it(store):
+    """A second DAG declaring the pipeline is refused, naming both, for a new key and for a key
+    the first DAG registered; a script (no DAG) may still write; a renamed DAG takes it over."""
+    from airflow_provider_walsink.core.store.errors import PipelineOwnedError
+
+    dag_a, dag_b = (Actor(name="w", dag_id=d, run_id="r", task_id="write", try_number=1) for d in ("a", "b"))
+    store.register("p", "k1", mode="overwrite", actor=dag_a)
+    for key in ("k1", "k2"):
+        with pytest.raises(PipelineOwnedError, match=r"belongs to DAG 'a'; DAG 'b' declares it too") as refused:
+            store.register("p", key, mode="overwrite", actor=dag_b)
+        assert "walsink reassign p --dag b" in str(refused.value)
+    assert [r.checkpoint_key for r in store.checkpoints("p")] == ["k1"]  # nothing recorded for b
+    store.register("p", "k3", mode="overwrite", actor=Actor(name="notebook"))
+    assert store.reassign_pipeline("p", "b") == "a"
+    assert store.register("p", "k4", mode="overwrite", actor=dag_b).dag_id == "b"
+    with pytest.raises(PipelineOwnedError, match="belongs to DAG 'b'; DAG 'a'"):
+        store.register("p", "k5", mode="overwrite", actor=dag_a)
+    # A pipeline first registered from a script is owned by the first DAG that writes it.
+    store.register("q", "k1", mode="overwrite", actor=Actor(name="notebook"))
+    store.register("q", "k2", mode="overwrite", actor=dag_a)
+    with pytest.raises(PipelineOwnedError):
+        store.register("q", "k3", mode="overwrite", actor=dag_b)
+
+
 def test_full_life_cycle_records_every_transition_with_who(store):
     to_durable(store, "k", end={"offset": 7})
     lease = store.acquire_lease("p", "k", owner="c1", ttl=TTL, actor=A)

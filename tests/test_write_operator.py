@@ -14,7 +14,7 @@ from airflow_provider_walsink.core.protocol import CheckpointState as S
 from airflow_provider_walsink.core.protocol import read_manifest
 from airflow_provider_walsink.core.protocol.manifest import digest_of
 from airflow_provider_walsink.core.staging import StagingLayout
-from airflow_provider_walsink.core.store import CommitterStore
+from airflow_provider_walsink.core.store import Actor, CommitterStore
 from airflow_provider_walsink.core.targets import FilePublisher
 from airflow_provider_walsink.operators.write import WalWriteOperator
 from tests.helpers import ACTOR
@@ -247,3 +247,17 @@ def test_openlineage_facets_of_an_executed_write_name_inputs_target_and_checkpoi
         "SEALED",
         record.sealed_attempt_id,
     )
+
+
+@pytest.mark.airflow
+def test_a_second_dag_declaring_an_owned_pipeline_is_refused_at_its_first_run(airflow_db, env, capfd):
+    """The write task fails at once (no retry, no Spark job), naming both DAGs; nothing is recorded."""
+    store, _ = env
+    owner = Actor(name="w", dag_id="the_first_dag", run_id="r", task_id="write", try_number=1)
+    store.register("events", "20260101T000000Z", mode="overwrite", actor=owner)
+    states, tis = run(build_dag("/nonexistent/job.py"))
+    assert states["write"] == "failed" and tis["write"].try_number == 1, states
+    logged = "".join(capfd.readouterr())
+    assert "belongs to DAG 'the_first_dag'; DAG 'walsink_write_operator_test' declares it" in logged
+    assert [r.checkpoint_key for r in store.checkpoints("events")] == ["20260101T000000Z"]
+    assert store.require("events", "20260101T000000Z").attempt == 0  # no attempt started

@@ -9,7 +9,7 @@ team ``team_b``), ``carol`` (viewer in no team: may read no team's DAG). DAG
 by ``team_b``: alice may read only ``ui_dag_a``.
 
 Pipelines: ``sales_a`` (DAG A), ``sales_b`` (DAG B), ``shared`` (registered by
-DAG A, one checkpoint written by DAG B: only readers of both see it) and
+DAG A, then handed over to DAG B, which wrote one checkpoint: only readers of both see it) and
 ``notebook`` (no DAG: admins only).
 """
 
@@ -144,6 +144,8 @@ def fill(store: CommitterStore, layout: StagingLayout, target: Path) -> None:
     )
     store.fail("sales_a", "20260105T000000Z", error=f"checksum mismatch in {XSS}", actor=hostile)
     for i, dag_id in enumerate((DAG_A, DAG_B)):
+        if dag_id == DAG_B:
+            store.reassign_pipeline("shared", DAG_B)  # DAG A renamed to DAG B: its pipeline handed over
         actor = Actor(name="w", dag_id=dag_id, run_id=f"shared-{i}", task_id="write", try_number=1)
         stage_checkpoint(
             store,

@@ -728,6 +728,22 @@ def _audit(dag_id: str | None, run_id: str | None, user: str, extra: str) -> str
     return "recorded (event walsink.abort)"
 
 
+def cmd_reassign(args: argparse.Namespace, out: IO[str]) -> int:
+    """Hand a pipeline over to another DAG (the owner was renamed): the old DAG id is refused after."""
+    target = resolve(args)
+    store = open_store(target)
+    try:
+        _known_pipelines(store, [args.pipeline])
+        previous = store.reassign_pipeline(args.pipeline, args.dag)
+    finally:
+        store.dispose()
+    if args.json:
+        _dump(out, {"pipeline": args.pipeline, "dag_id": args.dag, "previous_dag_id": previous})
+    else:
+        print(f"pipeline {args.pipeline} belongs to DAG {args.dag} (was {previous or 'no DAG'})", file=out)
+    return 0
+
+
 def cmd_gc(args: argparse.Namespace, out: IO[str]) -> int:
     from airflow_provider_walsink.core.commit.gc import collect_garbage
     from airflow_provider_walsink.core.staging.layout import StagingLayout
@@ -918,6 +934,18 @@ def build_parser() -> argparse.ArgumentParser:
         "when the manifest cannot be read, usually a wrong --staging-root)",
     )
     abort.set_defaults(func=cmd_abort)
+
+    reassign = sub.add_parser(
+        "reassign",
+        parents=[_common()],
+        help="hand a pipeline over to another DAG (its DAG was renamed)",
+        description="A pipeline id belongs to the DAG that first registered it; another DAG declaring it "
+        "is refused. When that DAG was renamed, hand the pipeline over to the new DAG id.",
+        epilog="example: walsink reassign daily_events --dag daily_events_v2",
+    )
+    reassign.add_argument("pipeline", help="pipeline id")
+    reassign.add_argument("--dag", required=True, help="the DAG id that owns the pipeline from now on")
+    reassign.set_defaults(func=cmd_reassign)
 
     gc = sub.add_parser("gc", parents=[_common()], help="remove orphaned staging and trim old committer rows")
     gc.add_argument(

@@ -17,6 +17,7 @@ from airflow_provider_walsink.hooks.context import (
     run_interval,
     version_token,
 )
+from airflow_provider_walsink.core.store.errors import PipelineOwnedError
 from airflow_provider_walsink.hooks.spark_submit_runner import DEFAULT_MASTER
 from airflow_provider_walsink.hooks.staging import is_object_store_root
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
@@ -27,9 +28,9 @@ from airflow_provider_walsink.ui.links import WalsinkCheckpointLink
 
 try:
     from airflow.sdk import BaseOperator
-    from airflow.sdk.exceptions import AirflowSkipException
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 except ImportError:  # pragma: no cover
-    from airflow.exceptions import AirflowSkipException  # type: ignore[no-redef]
+    from airflow.exceptions import AirflowFailException, AirflowSkipException  # type: ignore[no-redef]
     from airflow.models import BaseOperator  # type: ignore[no-redef]
 
 
@@ -227,6 +228,8 @@ class WalWriteOperator(BaseOperator):
             result = self._result(context, skipped.record, skipped=True)
             context["ti"].xcom_push(key="reprocess", value={**result, "decision": "skip", "why": skipped.why})
             raise AirflowSkipException(str(skipped)) from None
+        except PipelineOwnedError as exc:
+            raise AirflowFailException(str(exc)) from None  # a retry meets the same owner
         self._staging_root = phase.staging_root
         return self._result(context, record, skipped=False)
 

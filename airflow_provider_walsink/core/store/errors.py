@@ -15,6 +15,11 @@ class CommitterDatabaseError(StoreError):
     shows the fix, not a driver traceback."""
 
 
+class PipelineOwnedError(StoreError):
+    """The pipeline id belongs to another DAG (recorded when it was first registered).
+    Retrying does not help: rename the pipeline, or hand it over (``walsink reassign``)."""
+
+
 class CheckpointNotFoundError(StoreError):
     pass
 

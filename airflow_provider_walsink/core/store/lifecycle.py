@@ -24,6 +24,7 @@ from airflow_provider_walsink.core.protocol.states import VERIFIED_DURABLE, Chec
 from airflow_provider_walsink.core.store.errors import (
     OffsetsError,
     OrderingError,
+    PipelineOwnedError,
     StaleAttemptError,
     StoreError,
     TransitionError,
@@ -66,6 +67,19 @@ class CheckpointLifecycle(CheckpointTransitions):
     :class:`~.store.CommitterStore` (``register`` reads back through :mod:`.queries`)."""
 
     @retrying
+    def reassign_pipeline(self, pipeline: str, dag_id: str) -> str | None:
+        """Hand a pipeline over to ``dag_id`` (its DAG was renamed); return the previous owner.
+
+        Refused for an unknown pipeline. The checkpoints keep the DAG that wrote them.
+        """
+        with self._tx() as conn:
+            row = conn.execute(select(pipe.c.dag_id).where(pipe.c.name == pipeline).with_for_update()).first()
+            if row is None:
+                raise StoreError(f"no pipeline {pipeline!r} is registered")
+            conn.execute(update(pipe).where(pipe.c.name == pipeline).values(dag_id=dag_id))
+        return row[0]
+
+    @retrying
     def register(
         self,
         pipeline: str,
@@ -90,6 +104,8 @@ class CheckpointLifecycle(CheckpointTransitions):
             with self._tx() as conn:
                 existing = _find(conn, pipeline, checkpoint_key)
                 if existing is not None:
+                    owner = conn.execute(select(pipe.c.dag_id).where(pipe.c.name == pipeline)).scalar()
+                    _refuse_other_dag(pipeline, owner, actor)
                     return CheckpointRecord.from_row(_exact(existing, pipeline, checkpoint_key))
                 now = self._now(conn)
                 prow = (
@@ -99,6 +115,11 @@ class CheckpointLifecycle(CheckpointTransitions):
                 )
                 if prow is not None and prow["name"] != pipeline:
                     raise StoreError(_collision("pipeline id", pipeline, prow["name"]))
+                if prow is not None:
+                    _refuse_other_dag(pipeline, prow["dag_id"], actor)
+                    if prow["dag_id"] is None and actor.dag_id is not None:
+                        # Registered from a script first: the first DAG to write it owns it.
+                        conn.execute(update(pipe).where(pipe.c.name == pipeline).values(dag_id=actor.dag_id))
                 if prow is None:
                     conn.execute(
                         pipe.insert().values(
@@ -628,6 +649,18 @@ def _who_has_it(conn: Connection, row: Mapping[str, Any], attempt: int) -> str:
         "the same interval and only the newest attempt can be committed. Let that run finish; do not "
         "re-run this one (it would supersede that run's attempt in turn)"
     )
+
+
+def _refuse_other_dag(pipeline: str, owner: str | None, actor: Actor) -> None:
+    """A pipeline id belongs to the DAG that first registered it: two DAGs writing one
+    pipeline would skip or replace each other's checkpoints of the same key."""
+    if owner is not None and actor.dag_id is not None and actor.dag_id != owner:
+        raise PipelineOwnedError(
+            f"pipeline {pipeline!r} belongs to DAG {owner!r}; DAG {actor.dag_id!r} declares it too, and "
+            "two DAGs writing one pipeline would skip or replace each other's checkpoints. Give DAG "
+            f"{actor.dag_id!r} its own pipeline id, or, if {owner!r} was renamed to {actor.dag_id!r}, hand "
+            f"the pipeline over: walsink reassign {pipeline} --dag {actor.dag_id}"
+        )
 
 
 def _collision(what: str, given: str, stored: str) -> str:
