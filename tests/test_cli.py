@@ -108,7 +108,11 @@ def test_json_output_parses_for_every_command(filled, tmp_path):
     assert "invalid choice" in parsed["usage error"]["error"]
     assert [r.returncode for r in results.values()] == [0, 0, 0, 0, 0, 0, 1, 2]
     # reassign hands the pipeline to the renamed DAG: the old DAG id is refused from then on.
-    assert parsed["reassign"] == {"pipeline": "orders", "dag_id": "orders_v2", "previous_dag_id": ACTOR.dag_id}
+    assert parsed["reassign"] == {
+        "pipeline": "orders",
+        "dag_id": "orders_v2",
+        "previous_dag_id": ACTOR.dag_id,
+    }
     with pytest.raises(PipelineOwnedError, match="belongs to DAG 'orders_v2'"):
         filled.register("orders", "k9", mode="overwrite", actor=ACTOR)
 

@@ -83,7 +83,9 @@ def test_a_pipeline_id_belongs_to_the_dag_that_registered_it(store):
     dag_a, dag_b = (Actor(name="w", dag_id=d, run_id="r", task_id="write", try_number=1) for d in ("a", "b"))
     store.register("p", "k1", mode="overwrite", actor=dag_a)
     for key in ("k1", "k2"):
-        with pytest.raises(PipelineOwnedError, match=r"belongs to DAG 'a'; DAG 'b' declares it too") as refused:
+        with pytest.raises(
+            PipelineOwnedError, match=r"belongs to DAG 'a'; DAG 'b' declares it too"
+        ) as refused:
             store.register("p", key, mode="overwrite", actor=dag_b)
         assert "walsink reassign p --dag b" in str(refused.value)
     assert [r.checkpoint_key for r in store.checkpoints("p")] == ["k1"]  # nothing recorded for b

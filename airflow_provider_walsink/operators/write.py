@@ -9,6 +9,7 @@ from airflow_provider_walsink.core.commit.write_phase import CheckpointSkipped, 
 from airflow_provider_walsink.core.protocol.modes import Reprocess, WriteMode
 from airflow_provider_walsink.core.runners import JobRunner, runner_class
 from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store.errors import PipelineOwnedError
 from airflow_provider_walsink.core.store.store import CheckpointRecord
 from airflow_provider_walsink.core.targets.registry import target_scheme
 from airflow_provider_walsink.hooks.context import (
@@ -17,7 +18,6 @@ from airflow_provider_walsink.hooks.context import (
     run_interval,
     version_token,
 )
-from airflow_provider_walsink.core.store.errors import PipelineOwnedError
 from airflow_provider_walsink.hooks.spark_submit_runner import DEFAULT_MASTER
 from airflow_provider_walsink.hooks.staging import is_object_store_root
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
