@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from datetime import date, timedelta
@@ -80,11 +81,18 @@ def run(argv: list[str] | None = None) -> int:
         "Starting the Spark services of docker/compose.yaml: a master and two workers on loopback (each its own 127.0.0.x)"
     )
     cluster = SparkCluster.from_compose(home / "spark")
-    cluster.start()
+    # As the compose file's spark-master: one core per application unless it asks for more,
+    # so the Spark jobs of a parallel backfill share the two workers.
+    master_env = cluster.compose["services"]["spark-master"].get("environment", {})
+    cluster.env["SPARK_MASTER_OPTS"] = master_env.get("SPARK_MASTER_OPTS", "-Dspark.deploy.defaultCores=1")
+    # SIGTERM (a CI job cancelled, `kill`) stops everything the demo started, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupted)
     stack = None
     drop_committer = None
     s3 = None
+    states: list[str] = []
     try:
+        cluster.start()
         print(f"  master {cluster.master_url}, web UI {cluster.webui_url}")
         committer_url, drop_committer = create_postgres_database(admin_url, prefix="walsink_committer")
         db = make_url(committer_url)
@@ -204,6 +212,10 @@ def run(argv: list[str] | None = None) -> int:
         f"\nAll {len(states)} checkpoints COMMITTED on the cluster. Target tables: {shared / 'examples/target'}"
     )
     return 0
+
+
+def _interrupted(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 class S3Demo:

@@ -29,10 +29,19 @@ step() {
   fi
 }
 
+# What was installed: a fingerprint of the files that decide it. An existing .venv with the
+# same fingerprint is left as it is (the demos and the test command call this script first).
+STAMP=.venv/.walsink-setup
+FINGERPRINT=$(cat constraints.txt setup.cfg pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -x .venv/bin/python ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$FINGERPRINT" ] && { [ -x /usr/bin/chromium ] || ! command -v apt-get >/dev/null; }; then
+  echo "walsink is already set up in $PWD/.venv (constraints.txt and setup.cfg unchanged; remove .venv to reinstall)"
+  exit 0
+fi
 echo "Setting up walsink in $PWD/.venv (details: $LOG)"
 if [ ! -x .venv/bin/python ]; then
   step "creating the virtualenv with $PYTHON" "$PYTHON" -m venv .venv
 fi
+rm -f "$STAMP"
 step "upgrading pip, setuptools and wheel" .venv/bin/pip install -q --upgrade pip setuptools wheel
 step "installing walsink, Airflow, Spark and the test tools (a few minutes the first time)" \
   .venv/bin/pip install -q -c constraints.txt -e ".[test]"
@@ -54,3 +63,4 @@ if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
   fi
 fi
 echo "walsink installed in .venv ($(.venv/bin/python -W ignore -c 'import airflow; print("Airflow", airflow.__version__)' 2>/dev/null))"
+echo "$FINGERPRINT" >"$STAMP"
