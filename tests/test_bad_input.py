@@ -12,6 +12,7 @@ from sqlalchemy import update
 from airflow_provider_walsink.core.commit import CheckpointCommitter
 from airflow_provider_walsink.core.protocol import CheckpointState as S
 from airflow_provider_walsink.core.protocol import WalsinkError, digest_of
+from airflow_provider_walsink.core.protocol.errors import ChecksumMismatchError
 from airflow_provider_walsink.core.store.models import checkpoint_table as t
 from airflow_provider_walsink.core.targets import FilePublisher
 from tests.helpers import ACTOR, stage_checkpoint, target_files
@@ -115,8 +116,11 @@ def test_checksum_mismatch_is_caught_when_verifying(sqlite_store, layout, tmp_pa
         layout,
         FilePublisher(target, "overwrite", layout=layout, verify_checksums=True),
         mode="overwrite",
+        verify_checksums=True,
     )
-    with pytest.raises(WalsinkError, match="part-1.csv: staged file does not match the manifest"):
+    with pytest.raises(
+        ChecksumMismatchError, match=r"1 checksum mismatch: dt=2026-01-01/part-1.csv \(sha256:"
+    ):
         committer.commit("p", "k1", actor=ACTOR)
     assert sqlite_store.require("p", "k1").state is S.FAILED
     assert target_files(target) == {}

@@ -277,7 +277,11 @@ def test_hostile_sealed_manifest_is_refused_recorded_and_confined(sqlite_store, 
         assert all("outside" in e or "symlink" in e for e in report.escaping)
 
     committer = CheckpointCommitter(
-        store, layout, FilePublisher(target, mode, layout=layout, verify_checksums=True), mode=mode
+        store,
+        layout,
+        FilePublisher(target, mode, layout=layout, verify_checksums=True),
+        mode=mode,
+        verify_checksums=True,
     )
     try:
         committer.commit(pipeline, "k1", actor=ACTOR)

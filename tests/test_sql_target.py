@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
-from airflow_provider_walsink.core.protocol.errors import FencedError, WalsinkError
+from airflow_provider_walsink.core.protocol.errors import FencedError, LayoutError, WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import (
     Committable,
     Manifest,
@@ -369,6 +369,22 @@ def test_bad_names_and_types_are_refused_before_anything_is_written(url, names, 
     m, d = stage(layout, pipeline, DAY2, {"part-0.parquet": nested}, partition_columns=())
     with pytest.raises(SchemaMismatchError, match="column 'a' has Parquet type list<"):
         publish(publisher(url, table, layout, partition_by=()), m, d)
+    assert not sa.inspect(sa.create_engine(url)).has_table(table)
+
+
+def test_committables_partitioned_otherwise_than_declared_are_refused_as_every_target_refuses(
+    url, names, layout
+):
+    """``partition_by`` means what it means for the other targets (issue 35): the committables'
+    partition directories must be the declared columns, or nothing is written."""
+    table, pipeline = names
+    m, d = stage(layout, pipeline, DAY1, {"region=eu/part-0.parquet": events(DAY1, 3)},
+                 partition_columns=("region",))  # fmt: skip
+    with pytest.raises(LayoutError, match=r"partitioned by \['region'\], the pipeline declares \['dt'\]"):
+        publish(publisher(url, table, layout, "replace"), m, d)
+    m, d = stage(layout, pipeline, DAY2, {"part-0.parquet": events(DAY2, 3)}, partition_columns=())
+    with pytest.raises(LayoutError, match=r"partitioned by nothing, the pipeline declares \['dt'\]"):
+        publish(publisher(url, table, layout), m, d)
     assert not sa.inspect(sa.create_engine(url)).has_table(table)
 
 

@@ -122,7 +122,12 @@ class WalCommitOperator(BaseOperator):
     :param lease_ttl: how long the lease lasts without renewal; a crashed
         committer's checkpoint can be taken over after it. Size it well above
         the longest pause between two publish steps (docs/production.md).
-    :param verify_checksums: re-check each committable's checksum while publishing.
+    :param verify_checksums: before anything is published, recompute every staged committable's
+        checksum and compare it with the sealed manifest's (every target kind, local and object
+        staging; the file target also re-checks a file a crashed try already moved into the
+        target). A mismatch fails the task naming the committable, the checksum found and the one
+        recorded; the checkpoint stays uncommitted (FAILED) with that error recorded and the target
+        unchanged. Off: sizes only, as the target checks them.
     :param allow_older_overwrite: let an ``overwrite`` commit replace a
         partition that a newer checkpoint key wrote (off: refused, so a late
         retry of an old interval never rolls newer data back).
@@ -264,6 +269,7 @@ class WalCommitOperator(BaseOperator):
             require_audit=self.require_audit,
             fencing=self.fencing,
             group_commit=self.group_commit,
+            verify_checksums=self.verify_checksums,
         )
         try:
             summary = self._commit_waiting_for_group(committer, store, key, actor)

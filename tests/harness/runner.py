@@ -348,7 +348,7 @@ def task_commit(
     actor = _actor("commit", spec.key, try_number)
     ttl = lease_ttl(sched)
     committer = CheckpointCommitter(
-        store, layout, publisher, mode=sched.mode, owner=actor.name, lease_ttl=ttl
+        store, layout, publisher, mode=sched.mode, owner=actor.name, lease_ttl=ttl, verify_checksums=True
     )
     committer.commit(sched.pipeline, spec.key, actor=actor)
 

@@ -21,10 +21,11 @@ import time
 from datetime import timedelta
 
 from airflow_provider_walsink.core.commit import aftercommit
+from airflow_provider_walsink.core.commit.checksums import read_verified_attempt
 from airflow_provider_walsink.core.commit.fencing import Fencing, Hold, require_table_fence, validate_fencing
 from airflow_provider_walsink.core.commit.group import can_lead_group, commit_as_leader
 from airflow_provider_walsink.core.commit.lease import LeaseFencing
-from airflow_provider_walsink.core.commit.sealed import Staging, publish_argument, read_sealed_attempt
+from airflow_provider_walsink.core.commit.sealed import Staging, publish_argument
 from airflow_provider_walsink.core.commit.summary import CommitSummary, summarize, with_result
 from airflow_provider_walsink.core.commit.tablefence import TableFencing
 from airflow_provider_walsink.core.faults import crashpoint
@@ -64,7 +65,11 @@ class CheckpointCommitter:
        fencing, steps 3-6 run for a group (:mod:`.group`).
     3. *Read the sealed attempt* (:func:`~.sealed.read_sealed_attempt`):
        ``ManifestError`` / ``LayoutError`` (bad input: recorded on the
-       checkpoint). Reads only.
+       checkpoint). With ``verify_checksums``, every staged committable's
+       checksum is recomputed and compared with the sealed manifest's
+       (:mod:`.checksums`, the same for every target and staging store):
+       ``ChecksumMismatchError`` (bad input: recorded, nothing published).
+       Reads only.
     4. *Publish* under the strategy's publisher context; idempotent on the
        target, by the attempt id. The publisher's error is recorded on the
        checkpoint (FAILED, lease released) and raised; ``FencedError``: the
@@ -99,6 +104,7 @@ class CheckpointCommitter:
         require_audit: bool = False,
         fencing: str = "lease",
         group_commit: int = 0,
+        verify_checksums: bool = False,
     ) -> None:
         #: ``"lease"`` (default) or ``"table"``: the target's atomic commit is the only
         #: fence and the committer table gets one transaction per commit (:mod:`.tablefence`).
@@ -116,6 +122,9 @@ class CheckpointCommitter:
         #: Up to this many other durable checkpoints of the pipeline are published in the same
         #: table transaction (:mod:`.group`); 0: every commit alone (the default).
         self.group_commit = group_commit
+        #: Step 3 recomputes every staged committable's checksum before anything is published
+        #: (:mod:`.checksums`), whatever the target and the staging store.
+        self.verify_checksums = verify_checksums
         #: The fencing steps of the sequence, chosen once.
         self.fencing_strategy: Fencing = (
             TableFencing(self) if self.fencing == TableFencing.name else LeaseFencing(self)
@@ -148,7 +157,9 @@ class CheckpointCommitter:
         """Steps 3-6 for the one checkpoint ``hold`` holds."""
         fencing, record = self.fencing_strategy, hold.record
         try:
-            manifest, attempt = read_sealed_attempt(self.layout, record)  # 3
+            manifest, attempt = read_verified_attempt(
+                self.layout, record, verify_checksums=self.verify_checksums
+            )  # 3
         except Exception as exc:
             fencing.failed(hold, "read", exc, actor=actor)
             raise

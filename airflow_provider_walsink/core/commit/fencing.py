@@ -86,6 +86,7 @@ class Committing(Protocol):
     require_audit: bool
     group_commit: int
     fencing: str
+    verify_checksums: bool
 
     def finish(self, manifest: Manifest) -> None: ...
 

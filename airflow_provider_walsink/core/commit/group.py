@@ -7,7 +7,7 @@ Many commit tasks of a backfill committing into one Iceberg or Delta table at on
 holds its checkpoint's lease (the *leader*) also takes, by the same compare-and-set every commit
 uses, the lease of other checkpoints of its pipeline that are DURABLE (AUDITED where the
 pipeline requires its audit) and not held, verifies each as a single commit would (sealed
-manifest, digest, identity; the publisher checks staged files, layout, order and the marker) and
+manifest, digest, identity, and with ``verify_checksums`` every staged checksum; the publisher checks staged files, layout, order and the marker) and
 publishes them all in one table transaction, each carrying its own marker
 (``publish_group`` on the publisher: the one thing the target contributes). Then COMMITTED is recorded for each member under its
 own lease, the history naming the group.
@@ -41,10 +41,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from airflow_provider_walsink.core.commit.checksums import read_verified_attempt
 from airflow_provider_walsink.core.commit.fencing import Committing, Hold
 from airflow_provider_walsink.core.commit.lease import FencingContext, lease_context, record_failure
 from airflow_provider_walsink.core.commit.refusals import describe_error
-from airflow_provider_walsink.core.commit.sealed import publish_argument, read_sealed_attempt
+from airflow_provider_walsink.core.commit.sealed import publish_argument
 from airflow_provider_walsink.core.commit.summary import CommitSummary, publication, summarize, with_result
 from airflow_provider_walsink.core.faults import crashpoint
 from airflow_provider_walsink.core.protocol.errors import FencedError
@@ -103,7 +104,9 @@ def commit_as_leader(
     store, record = committer.store, hold.record
     pipeline = record.pipeline
     try:
-        manifest, attempt = read_sealed_attempt(committer.layout, record)
+        manifest, attempt = read_verified_attempt(
+            committer.layout, record, verify_checksums=committer.verify_checksums
+        )
     except Exception:  # noqa: BLE001 - the single commit reads it again and records the error
         return alone()
     leader_ctx: FencingContext = hold.ctx
@@ -125,7 +128,9 @@ def commit_as_leader(
             continue
         # Read first (no lease needed to read): a checkpoint that cannot join is left untouched.
         try:
-            member_manifest, member_attempt = read_sealed_attempt(committer.layout, candidate)
+            member_manifest, member_attempt = read_verified_attempt(
+                committer.layout, candidate, verify_checksums=committer.verify_checksums
+            )
             unreadable: Exception | None = None
             if any(p in taken for p in member_manifest.replaced_partitions()):
                 continue  # sequential commits of one partition: it waits for its own turn

@@ -27,6 +27,11 @@ class CommittableError(WalsinkError):
     """A committable is missing, or its size or checksum does not match the manifest."""
 
 
+class ChecksumMismatchError(CommittableError):
+    """A staged committable's bytes no longer match the checksum its sealed manifest records
+    (``verify_checksums``): refused before anything is published; the message names each one."""
+
+
 class NotDurableError(WalsinkError):
     """The checkpoint is not durable yet; the message says what is missing."""
 

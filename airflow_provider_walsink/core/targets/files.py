@@ -185,6 +185,10 @@ class FilePublisher(Publisher):
         self.target_root = Path(os.path.abspath(target_root))
         self.mode = mode
         self.layout = layout
+        #: The staged committables' checksums are verified by the commit sequence, for every target
+        #: (``CheckpointCommitter(verify_checksums=...)``, core/commit/checksums.py). Here it only
+        #: re-checks a file found already in the target under this attempt's name: the file target
+        #: alone moves committables out of staging, so after a crash those are checked where they are.
         self.verify_checksums = verify_checksums
         self.partition_by = tuple(partition_by)
         self.allow_older_overwrite = allow_older_overwrite
@@ -392,13 +396,14 @@ class FilePublisher(Publisher):
                 dest, dest_st = target.resolve(
                     f"{self._pending_rel(manifest)}/{manifest.attempt_id}/{c.partition_path}/{name}"
                 )
-            there = self._matches(dest, c, dest_st)
+            there = self._matches(dest, c, dest_st, checksum=self.verify_checksums)
             if there is None:
                 problems.append(f"{c.path}: a different file already exists at {dest}")
             elif not there:
-                staged_ok = self._matches(staged, c, staged_st)
+                # Its checksum was verified before the publish began (the commit sequence, step 3).
+                staged_ok = self._matches(staged, c, staged_st, checksum=False)
                 if staged_ok is None:
-                    problems.append(f"{c.path}: staged file does not match the manifest (size or checksum)")
+                    problems.append(f"{c.path}: staged file does not match the manifest (size)")
                 elif not staged_ok:
                     problems.append(f"{c.path}: missing from staging and not in the target")
             plan.append((c, staged, dest, bool(there)))
@@ -613,11 +618,12 @@ class FilePublisher(Publisher):
         )
 
     def _matches(
-        self, path: str | Path, c: Committable, st: os.stat_result | None | bool = True
+        self, path: str | Path, c: Committable, st: os.stat_result | None | bool = True, *, checksum: bool
     ) -> bool | None:
         """True: a regular file matching the committable; False: absent; None: something else.
 
         ``st`` is the path's ``lstat`` when the caller has it (``None``: absent); by default it is taken here.
+        ``checksum``: also compare the file's checksum with the manifest's (when it records one).
         """
         if st is True:
             try:
@@ -629,11 +635,7 @@ class FilePublisher(Publisher):
         # One lstat answers "regular file, not a symlink" (isfile + islink would stat twice more).
         if not stat.S_ISREG(st.st_mode) or st.st_size != c.size:
             return None
-        if (
-            self.verify_checksums
-            and c.checksum
-            and file_checksum(path, algorithm_of(c.checksum)) != c.checksum
-        ):
+        if checksum and c.checksum and file_checksum(path, algorithm_of(c.checksum)) != c.checksum:
             return None
         return True
 

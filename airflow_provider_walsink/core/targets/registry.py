@@ -97,12 +97,21 @@ def connection_missing(conn_id: str, *, needed_by: str, how: str) -> TargetNotCo
 
 @dataclass(frozen=True)
 class TargetOptions:
-    """What every publisher is built with, besides its URI."""
+    """What every publisher is built with, besides its URI.
+
+    Every field but ``extra`` means the same for every kind (files, Iceberg, Delta, SQL) and every
+    staging store; ``layout`` and ``connections`` are read by the kinds that need them (a local
+    staging root: files, SQL; a named connection: Iceberg's catalog, Delta's ``conn_id``, SQL).
+    """
 
     mode: str
     layout: StagingLayout
     #: Declared partition columns (``()``: none declared).
     partition_by: Sequence[str] = ()
+    #: Verify each staged committable's checksum against the sealed manifest before publishing.
+    #: Enforced by the commit sequence for every kind, not by publishers
+    #: (``CheckpointCommitter(verify_checksums=...)``, core/commit/checksums.py); the file
+    #: target also re-checks a file a crashed try already moved into the target.
     verify_checksums: bool = False
     #: Allow an ``overwrite`` commit to replace a partition last written by a
     #: newer checkpoint key (off: such a late retry is refused, invariant 10).

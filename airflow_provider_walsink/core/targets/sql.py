@@ -76,7 +76,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from airflow_provider_walsink.core.protocol.errors import CommittableError, FencedError, SupersedeError
+from airflow_provider_walsink.core.protocol.errors import (
+    CommittableError,
+    FencedError,
+    LayoutError,
+    SupersedeError,
+)
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.staging.cleanup import remove_staged_attempts
 from airflow_provider_walsink.core.staging.layout import StagingLayout
@@ -625,6 +630,13 @@ class SqlPublisher(Publisher):
         if self.layout is None:
             raise SqlTargetError("the sql target needs the staging layout to find the staged files")
         plan = plan_load(manifest, self.layout.committable_resolver(Path(attempt_dir)))
+        if self.partition_by and plan.files and plan.partition_columns != list(self.partition_by):
+            # As every target: committables partitioned otherwise than declared are refused.
+            raise LayoutError(
+                f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key}: committables are partitioned by "
+                f"{plan.partition_columns or 'nothing'}, the pipeline declares {list(self.partition_by)}; "
+                "target left unchanged"
+            )
         # Checked here, not when built: the write task builds a publisher only to ask where to stage.
         if self.mode == "replace" and not (self.replace_key or self.replace_predicate or self.partition_by):
             raise SqlTargetError(
