@@ -54,13 +54,14 @@ with DAG(
         staging_root=f"{HOME}/target/kafka_events/_walsink_staging",
         mode="append",
         partition_by=["dt"],
-        kafka_source={
+        source={
+            "kind": "kafka",
+            "conn_id": "kafka_default",  # a ``kafka`` connection: the client configuration in its extra
             "topics": [TOPIC],
             "starting": "earliest",  # the first checkpoint only; later ones start where the last ended
             "group_id": "walsink_kafka_append",  # committed after each target commit, for lag tools
             "accept_data_loss": False,  # a retention gap fails the write, naming the range
         },
-        kafka_conn_id="kafka_default",
         write={
             "conf": {
                 "spark.sql.shuffle.partitions": "2",

@@ -104,8 +104,9 @@ def test_kafka_example_dag_reads_kafka_in_append_mode_into_delta():
     assert dag.max_active_runs == 1
     write, commit = dag.get_task("kafka_events.write"), dag.get_task("kafka_events.commit")
     assert write.mode == commit.mode == "append" and write.partition_by == ["dt"]
-    assert write.kafka_source == commit.kafka_source and write.kafka_conn_id == commit.kafka_conn_id
-    spec = KafkaSourceSpec.from_dict(write.kafka_source)
+    assert write.source == commit.source and write.source["kind"] == "kafka"
+    assert write.source["conn_id"] == "kafka_default"
+    spec = KafkaSourceSpec.from_dict(write.source)
     assert spec.topics == ("walsink_events",) and spec.group_id and not spec.accept_data_loss
     assert write.target.startswith("delta://") and write.target == commit.target
 

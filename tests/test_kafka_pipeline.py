@@ -100,7 +100,12 @@ class Tasks:
         self.target = f"delta://{self.table}?create_table=true"
         self.job = tmp_path / "job.py"
         self.job.write_text(JOB)
-        self.source = {"topics": list(topics), "group_id": GROUP, "max_records_per_split": 25}
+        self.source = {
+            "kind": "kafka",
+            "topics": list(topics),
+            "group_id": GROUP,
+            "max_records_per_split": 25,
+        }
         self.env = {
             "AIRFLOW_CONN_WALSINK_DEFAULT": json.dumps({"conn_type": "walsink", "extra": {"url": url}}),
             "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
@@ -116,7 +121,7 @@ class Tasks:
     def write_op(self, **kwargs: Any) -> WalWriteOperator:
         return WalWriteOperator(
             task_id="write", application=str(self.job), pipeline=PIPELINE, mode="append", target=self.target,
-            master="local[2]", kafka_source=self.source, **kwargs,
+            master="local[2]", source=self.source, **kwargs,
         )  # fmt: skip
 
     def write(self, day: int, **kwargs: Any) -> dict:
@@ -131,7 +136,7 @@ class Tasks:
     def commit_op(self, day: int) -> WalCommitOperator:
         return WalCommitOperator(
             task_id="commit", pipeline=PIPELINE, target=self.target, mode="append", checkpoint_key=key(day),
-            emit_asset_events=False, kafka_source=self.source,
+            emit_asset_events=False, source=self.source,
         )  # fmt: skip
 
     def commit(self, day: int) -> dict:
@@ -147,7 +152,7 @@ class Tasks:
             from tests.test_kafka_pipeline import context
             WalCommitOperator(
                 task_id="commit", pipeline={PIPELINE!r}, target={self.target!r}, mode="append",
-                checkpoint_key={key(day)!r}, emit_asset_events=False, kafka_source={self.source!r},
+                checkpoint_key={key(day)!r}, emit_asset_events=False, source={self.source!r},
             ).execute(context("commit", {day}))
             """
         )

@@ -73,7 +73,7 @@ class Pipeline:
         self.pipeline = topic.replace("-", "_")
         self.staging = tmp_path / "staging"
         self.target = tmp_path / "target"
-        self.source = {"topics": [topic], **source}
+        self.source = {"kind": "kafka", "topics": [topic], **source}
         monkeypatch.setenv("AIRFLOW_CONN_WALSINK_DEFAULT", json.dumps(
             {"conn_type": "walsink", "extra": {"url": url, "staging_root": str(self.staging)}}))  # fmt: skip
         monkeypatch.setenv(
@@ -95,7 +95,7 @@ class Pipeline:
     def write(self, day: int, **kwargs: Any) -> dict:
         ctx = context(day, **{k: kwargs.pop(k) for k in ("dag_run", "run") if k in kwargs})
         op = WalWriteOperator(task_id="write", application="/nonexistent/job.py", pipeline=self.pipeline, mode="append",
-                              target=str(self.target), kafka_source=self.source, **kwargs)  # fmt: skip
+                              target=str(self.target), source=self.source, **kwargs)  # fmt: skip
         return op.execute(ctx)
 
     def snapshot(self) -> dict[str, Any]:

@@ -11,7 +11,9 @@ import pytest
 from airflow.sdk import DAG
 
 from airflow_provider_walsink.core.commit.audit import RowCountCheck
+from airflow_provider_walsink.operators.commit import WalCommitOperator
 from airflow_provider_walsink.operators.pipeline import DEPRECATED_ARGUMENTS, walsink_pipeline
+from airflow_provider_walsink.operators.write import WalWriteOperator
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 REQUIRED = {"pipeline": "p", "application": "/jobs/job.py", "target": "/data/t"}
@@ -88,3 +90,31 @@ def test_each_old_spelling_builds_the_same_task_and_warns(old):
 def test_audit_settings_without_checks_are_refused():
     with pytest.raises(ValueError, match="checks"):
         _tasks(audit={"retries": 2})
+
+
+def test_the_old_source_spelling_builds_the_same_source_and_warns():
+    """``kafka_source=`` and ``kafka_conn_id=`` (the last release's) are ``source={"kind": "kafka", ...}``,
+    on walsink_pipeline and on the write and commit operators alike."""
+    spec = {"topics": ["events"], "group_id": "g"}
+    new = {"kind": "kafka", "conn_id": "kafka_x", **spec}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old_tasks = _tasks(mode="append", kafka_source=spec, kafka_conn_id="kafka_x")
+        write = WalWriteOperator(
+            task_id="w",
+            application="/j.py",
+            pipeline="p",
+            mode="append",
+            kafka_source=spec,
+            kafka_conn_id="kafka_x",
+        )
+        commit = WalCommitOperator(task_id="c", pipeline="p", target="/t", kafka_source=spec)
+    messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert len(messages) == 5 and all("use source={'kind': 'kafka'" in m for m in messages)
+    assert old_tasks["write"].source == old_tasks["commit"].source == write.source == new
+    assert commit.source == {"kind": "kafka", **spec}
+    assert _tasks(mode="append", source=new)["write"].source == new
+    with pytest.warns(DeprecationWarning):  # a connection alone named no source, nor does it now
+        assert _tasks(kafka_conn_id="kafka_x")["commit"].source is None
+    with pytest.raises(ValueError, match="mode='append'"):
+        WalWriteOperator(task_id="w", application="/j.py", pipeline="p", source=new)

@@ -182,6 +182,11 @@ def test_credentials_are_never_put_on_a_yarn_or_kubernetes_command_line(monkeypa
     staging_env = storage_env("s3://b/p", {"access_key": ACCESS_KEY, "secret_key": SECRET_KEY})
     with pytest.raises(ValueError, match="would put AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY.*command line"):
         op.get_runner().build_hook([], staging_env)
+    # A source's client settings (its job_env) are secrets too, whatever the source; no credential
+    # (a region, an endpoint) is not.
+    with pytest.raises(ValueError, match="would put WALSINK_KAFKA_CONFIG on the spark-submit command line"):
+        op.get_runner().build_hook([], {"WALSINK_KAFKA_CONFIG": "{}", "AWS_DEFAULT_REGION": "eu-west-1"})
+    op.get_runner().build_hook([], storage_env("s3://b/p", {"region": "eu-west-1"}))
     # The same variable set differently in env_vars and by the connection: one place only.
     op = WalWriteOperator(
         task_id="w", application="job.py", pipeline="p", env_vars={"AWS_SECRET_ACCESS_KEY": "other"}

@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 from airflow.providers.apache.spark.hooks.spark_submit import DEFAULT_SPARK_BINARY, SparkSubmitHook
 
 from airflow_provider_walsink.core.runners.base import JobRunner
-from airflow_provider_walsink.core.sources.kafka import CONFIG_ENV
 from airflow_provider_walsink.core.spark.args import S3_OPTION_ENV, SECRET_OPTIONS
 
 try:
@@ -36,9 +35,11 @@ LOCAL_DEFAULT_CONF = {
     "spark.ui.showConsoleProgress": "false",  # progress bars garble the task log
 }
 
-#: The environment variables that carry secrets to the job (:data:`S3_OPTION_ENV`, and a Kafka
-#: source's client configuration, ``WALSINK_KAFKA_CONFIG``).
-SECRET_ENV = frozenset(name for option in SECRET_OPTIONS for name in S3_OPTION_ENV[option]) | {CONFIG_ENV}
+#: The job's environment variables that carry no secret (the staging store's region, endpoint...):
+#: every other one it is handed is a secret (staging credentials, a source's ``job_env``).
+PLAIN_ENV = frozenset(
+    name for option, names in S3_OPTION_ENV.items() if option not in SECRET_OPTIONS for name in names
+)
 
 _EXIT_CODE = re.compile(r"Error code is: (-?\d+)")
 
@@ -198,7 +199,7 @@ class SparkSubmitRunner(JobRunner):
     def _check_credentials_stay_off_the_command_line(
         self, hook: SparkSubmitHook, secret_env: Mapping[str, str]
     ) -> None:
-        secrets = sorted(k for k in SECRET_ENV if secret_env.get(k))
+        secrets = sorted(k for k, v in secret_env.items() if v and k not in PLAIN_ENV)
         if not secrets:
             return
         master = hook._connection["master"]

@@ -5,12 +5,13 @@ from __future__ import annotations
 import copy
 import os
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy.engine import URL
 
 from airflow_provider_walsink.core.commit.write_phase import WritePhase
-from airflow_provider_walsink.core.sources import Source, source_class
+from airflow_provider_walsink.core.sources import Source, source_from
 from airflow_provider_walsink.core.spark.args import storage_env
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
@@ -260,13 +261,10 @@ class WalsinkHook(BaseHook):
             return StagingStore.open(root)
         return StagingStore.open(root, self.get_staging_credentials(root).options)
 
-    def get_source(self, name: str | None = None, spec: Any = None, conn_id: str | None = None) -> Source:
-        """The source registered as ``name`` (default ``files``: the job finds its own input), reading
-        ``spec`` with the client settings of connection ``conn_id``."""
-        cls = source_class(name or "files")
-        if spec is None:
-            return cls()
-        return cls(spec, conn_id) if conn_id is not None else cls(spec)  # type: ignore[call-arg]
+    def get_source(self, source: Source | Mapping[str, Any] | None = None) -> Source:
+        """The pipeline's source (default ``files``: the job finds its own input), its kind looked
+        up in ``SOURCES``, reading its settings with connection ``conn_id`` (:func:`source_from`)."""
+        return source_from(source)
 
     def get_write_phase(self, *, staging_root: str, **kwargs: Any) -> WritePhase:
         """The write phase of one checkpoint on this connection's committer table, staging under

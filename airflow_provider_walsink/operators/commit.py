@@ -32,6 +32,7 @@ from airflow_provider_walsink.hooks.connections import airflow_connection_fields
 from airflow_provider_walsink.hooks.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.staging import is_object_store_root
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
+from airflow_provider_walsink.operators.deprecations import source_argument
 from airflow_provider_walsink.operators.lineage import (
     asset_alias_name,
     operator_lineage,
@@ -149,11 +150,10 @@ class WalCommitOperator(BaseOperator):
         committer table gets one transaction per commit, reconciled from the
         table after a crash; docs/protocol.md, "Table fencing"). Other targets
         refuse ``"table"`` when the task runs.
-    :param kafka_source: the pipeline's Kafka source (as given to the write task). When it
-        names a ``group_id``, the pipeline's last committed end offsets are committed to that
-        consumer group after the target commit, for lag tools; never ahead of the committer
-        table, caught up by the next commit or a re-run (docs/kafka.md).
-    :param kafka_conn_id: the ``kafka`` connection of that source.
+    :param source: the pipeline's source (as given to the write task): its after-commit step
+        runs once the checkpoint is COMMITTED, from the committer table (say, a consumer
+        group's offsets, for lag tools: never ahead of the table, caught up by the next commit
+        or a re-run). The last release's spelling still works, with a DeprecationWarning.
     :param group_commit: publish up to this many (default 16) other durable checkpoints of
         the pipeline with this one, in one table transaction, each with its own marker (Iceberg
         and Delta, ``overwrite``, lease fencing; other targets and modes commit alone; 0: always
@@ -184,14 +184,12 @@ class WalCommitOperator(BaseOperator):
         emit_asset_events: bool = True,
         require_audit: bool = False,
         fencing: str = "lease",
-        kafka_source: Any = None,
-        kafka_conn_id: str = "kafka_default",
+        source: Any = None,
         group_commit: int = 16,
         group_poll: timedelta = timedelta(seconds=2),
         **kwargs: Any,
     ) -> None:
-        self.kafka_source = kafka_source
-        self.kafka_conn_id = kafka_conn_id
+        self.source = source_argument(type(self).__name__, source, kwargs)
         self.asset_alias: AssetAlias | None = None
         if emit_asset_events and "{{" not in pipeline:
             self.asset_alias = AssetAlias(name=asset_alias_name(pipeline))
@@ -281,7 +279,7 @@ class WalCommitOperator(BaseOperator):
                 store.record_blocked(self.pipeline, key, actor=actor, waiting_to="commit")
             raise
         self._summary = summary.to_dict()
-        if self.kafka_source is not None:
+        if self.source is not None:
             self._after_commit(hook, store)
         if summary.group:
             self.log.info(
@@ -368,9 +366,8 @@ class WalCommitOperator(BaseOperator):
         return None
 
     def _after_commit(self, hook: WalsinkHook, store: Any) -> None:
-        """The source's step after COMMITTED (the consumer group's offsets follow the table)."""
-        source = hook.get_source("kafka", self.kafka_source, self.kafka_conn_id)
-        self._summary.update(source.after_commit(store, self.pipeline) or {})
+        """The source's step after COMMITTED (a consumer group's offsets follow the table)."""
+        self._summary.update(hook.get_source(self.source).after_commit(store, self.pipeline) or {})
 
     def _object_store_publisher(self, root: str) -> Publisher:
         """The publisher of a checkpoint staged on an object store; only a target that publishes a

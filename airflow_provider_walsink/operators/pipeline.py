@@ -22,13 +22,13 @@ commit, and the commit publishes only what passed it (docs/audit.md).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.operators.audit import WalAuditOperator
 from airflow_provider_walsink.operators.commit import WalCommitOperator
+from airflow_provider_walsink.operators.deprecations import source_argument, warn_deprecated
 from airflow_provider_walsink.operators.write import WalWriteOperator
 from airflow_provider_walsink.sensors.durable import CheckpointDurableSensor
 
@@ -39,7 +39,8 @@ except ImportError:  # pragma: no cover
 
 
 #: Spellings of earlier releases -> (the task's settings they belong to, the argument's name there).
-#: Accepted for one release, each with a DeprecationWarning naming the new spelling.
+#: Accepted for one release, each with a DeprecationWarning naming the new spelling (the source's:
+#: :data:`~airflow_provider_walsink.operators.deprecations.DEPRECATED_SOURCE_ARGUMENTS`).
 DEPRECATED_ARGUMENTS: dict[str, tuple[str, str | None]] = {
     "application_args": ("write", "application_args"),
     "spark_conn_id": ("write", "spark_conn_id"),
@@ -76,8 +77,7 @@ def walsink_pipeline(
     staging_root: str | None = None,
     target_options: Mapping[str, Any] | None = None,
     verify_checksums: bool = False,
-    kafka_source: Any = None,
-    kafka_conn_id: str = "kafka_default",
+    source: Any = None,
     write: Mapping[str, Any] | None = None,
     durable: Mapping[str, Any] | None = None,
     audit: Sequence[Any] | Mapping[str, Any] | None = None,
@@ -118,11 +118,11 @@ def walsink_pipeline(
         the commit task.
     :param verify_checksums: the durability check and the commit re-read every committable's
         checksum (not only its size) before it is published.
-    :param kafka_source: an ``append`` pipeline reading Kafka
-        (:class:`~airflow_provider_walsink.core.sources.kafka.KafkaSourceSpec` or its dict), given
-        to the write task (plans and fixes each checkpoint's ranges) and the commit task
-        (commits the group's offsets after the target commit); docs/kafka.md.
-    :param kafka_conn_id: its ``kafka`` connection (client configuration in the extra).
+    :param source: what the job reads (default: it finds its own input):
+        ``{"kind": <a name in core/sources SOURCES>, "conn_id": <its connection>, **its
+        settings}`` or a :class:`~airflow_provider_walsink.core.sources.base.Source`, given to
+        the write task (plans and fixes each checkpoint's input; a source planning offsets
+        needs ``append``) and the commit task (the source's after-commit step).
     :param write: arguments of the write task (:class:`WalWriteOperator`): ``application_args``,
         ``spark_conn_id``, ``conf``, ``file_format``, ``checksum``, ``initial_offsets``,
         ``lineage_inputs`` (what the job reads, for OpenLineage), ``spark_submit_kwargs``,
@@ -139,8 +139,8 @@ def walsink_pipeline(
         ``lease_ttl``, ``allow_older_overwrite``, ``retries``...
     :param group_kwargs: arguments of the :class:`TaskGroup` (``tooltip``, ``default_args``...).
         The spellings of earlier releases listed in :data:`DEPRECATED_ARGUMENTS`
-        (``conf=``, ``poke_interval=``, ``write_kwargs=``...) are still accepted, with a
-        DeprecationWarning naming the new one.
+        (``conf=``, ``poke_interval=``, ``write_kwargs=``...) and the source's old spelling are
+        still accepted, with a DeprecationWarning naming the new one.
     """
     settings: dict[str, dict[str, Any]] = {
         "write": dict(write or {}),
@@ -158,11 +158,8 @@ def walsink_pipeline(
     for old in [name for name in group_kwargs if name in DEPRECATED_ARGUMENTS]:
         task, name = DEPRECATED_ARGUMENTS[old]
         value = group_kwargs.pop(old)
-        new = f"{task}={{...}}" if name is None else f"{task}={{{name!r}: ...}}"
-        warnings.warn(
-            f"walsink_pipeline({old}=...) is deprecated and will be removed in the next release: use {new}",
-            DeprecationWarning,
-            stacklevel=2,
+        warn_deprecated(
+            "walsink_pipeline", old, f"{task}={{...}}" if name is None else f"{task}={{{name!r}: ...}}"
         )
         if value is None:
             continue
@@ -192,9 +189,10 @@ def walsink_pipeline(
         checkpoint_key=checkpoint_key,
         walsink_conn_id=walsink_conn_id,
     )
-    if kafka_source is not None:
-        write_args.update(kafka_source=kafka_source, kafka_conn_id=kafka_conn_id)
-        commit_args.update(kafka_source=kafka_source, kafka_conn_id=kafka_conn_id)
+    source = source_argument("walsink_pipeline", source, group_kwargs)
+    if source is not None:
+        write_args.update(source=source)
+        commit_args.update(source=source)
     with TaskGroup(group_id, **group_kwargs) as group:
         # Where the write task staged (its own root, the target's, or the connection's),
         # so the durability and commit tasks look in the same place. map_indexes=-1: one XCom

@@ -8,6 +8,7 @@ from typing import Any
 from airflow_provider_walsink.core.commit.write_phase import CheckpointSkipped, WritePhase
 from airflow_provider_walsink.core.protocol.modes import Reprocess, WriteMode
 from airflow_provider_walsink.core.runners import JobRunner, runner_class
+from airflow_provider_walsink.core.sources import source_from
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.store.errors import PipelineOwnedError
 from airflow_provider_walsink.core.store.store import CheckpointRecord
@@ -22,6 +23,7 @@ from airflow_provider_walsink.hooks.spark_submit_runner import DEFAULT_MASTER
 from airflow_provider_walsink.hooks.staging import is_object_store_root
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.operators.commit import target_staging_root, validate_static_identifier
+from airflow_provider_walsink.operators.deprecations import source_argument
 from airflow_provider_walsink.operators.lineage import operator_lineage, target_uri
 from airflow_provider_walsink.operators.placement import check_operator_placement
 from airflow_provider_walsink.ui.links import WalsinkCheckpointLink
@@ -117,13 +119,13 @@ class WalWriteOperator(BaseOperator):
         later attempt and version (docs/protocol.md, "Staging root").
     :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments
         (``py_files``, ``driver_memory``, ``packages``...).
-    :param kafka_source: an ``append`` pipeline reading Kafka (docs/kafka.md): a
-        :class:`~airflow_provider_walsink.core.sources.kafka.KafkaSourceSpec` or its dict. The task
-        plans the checkpoint's ranges before it submits the job (start: the last committed end
-        offsets; end: the high watermarks), records them on the first attempt and reuses them
-        on every retry; the job reads them with ``KafkaSource.from_job(job)``.
-    :param kafka_conn_id: the ``kafka`` connection (client configuration as JSON in its extra),
-        passed to the job in spark-submit's environment, never on its command line.
+    :param source: what the job reads (default: it finds its own input), as
+        ``{"kind": <a name in core/sources SOURCES>, "conn_id": <its connection>, **its
+        settings}`` or a :class:`~airflow_provider_walsink.core.sources.base.Source`. A source
+        that plans its input (offsets) needs ``append``: the task plans the checkpoint's input
+        before it submits the job, records it on the first attempt and reuses it on every
+        retry; its client settings reach the job in spark-submit's environment, never on its
+        command line. The last release's spelling still works, with a DeprecationWarning.
     """
 
     operator_extra_links = (WalsinkCheckpointLink(),)
@@ -163,18 +165,18 @@ class WalWriteOperator(BaseOperator):
         reprocess: str = "skip",
         lineage_inputs: Sequence[str] = (),
         target_options: Mapping[str, Any] | None = None,
-        kafka_source: Any = None,
-        kafka_conn_id: str = "kafka_default",
+        source: Any = None,
         **kwargs: Any,
     ) -> None:
+        source = source_argument(type(self).__name__, source, kwargs)
         super().__init__(**kwargs)
         self.target_options = dict(target_options or {})
-        if kafka_source is not None and mode != "append":
+        if source is not None and (planned := source_from(source)).plans_input and mode != "append":
             raise ValueError(
-                "a Kafka source needs mode='append' (its offsets advance only when a checkpoint commits)"
+                f"a {planned.name} source needs mode='append' "
+                "(its offsets advance only when a checkpoint commits)"
             )
-        self.kafka_source = kafka_source
-        self.kafka_conn_id = kafka_conn_id
+        self.source = source
         WriteMode.parse(mode)
         Reprocess.parse(reprocess)
         self.reprocess = reprocess
@@ -237,11 +239,10 @@ class WalWriteOperator(BaseOperator):
         """The core write phase of this run, built through the walsink hook."""
         root = self._configured_root(hook)
         self._runner = self.get_runner()
-        has_source = self.kafka_source is not None
         return hook.get_write_phase(
             staging_root=root,
             runner=self._runner,
-            source=hook.get_source("kafka" if has_source else None, self.kafka_source, self.kafka_conn_id),
+            source=hook.get_source(self.source),
             pipeline=self.pipeline,
             checkpoint_key=interval.key,
             mode=self.mode,

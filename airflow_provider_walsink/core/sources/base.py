@@ -38,7 +38,9 @@ class Source:
     :attr:`plans_input` ``False`` (files, or no source): the job finds its own input and the
     write phase asks nothing of the source. Sources are registered in
     :data:`airflow_provider_walsink.core.sources.SOURCES`; one that needs an Airflow connection
-    is registered by its Airflow face under ``airflow_provider_walsink.hooks``.
+    is registered by its Airflow face under ``airflow_provider_walsink.hooks``. A pipeline's
+    ``source={"kind": name, "conn_id": c, **settings}`` builds ``cls(settings, conn_id=c)``
+    (without ``conn_id`` when none is given; ``cls()`` for ``{"kind": name}`` alone).
     """
 
     #: The registry name.

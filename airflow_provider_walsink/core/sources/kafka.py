@@ -674,7 +674,7 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     if not text:
         raise KafkaSourceError(
             f"no Kafka client settings: the write task passes them in {CONFIG_ENV} when it is given "
-            "kafka_source=...; outside walsink_pipeline pass config= to KafkaSource"
+            "source={'kind': 'kafka', ...}; outside walsink_pipeline pass config= to KafkaSource"
         )
     try:
         config = json.loads(text)
@@ -709,7 +709,7 @@ class KafkaSource:
     ) -> KafkaSource:
         """The source of a :class:`~airflow_provider_walsink.core.spark.job.CheckpointJob`.
 
-        Under a write task given ``kafka_source=`` the plan it fixed and recorded travels in
+        Under a write task given ``source={"kind": "kafka", ...}`` the plan it fixed and recorded travels in
         the protocol arguments (``extra["kafka"]``) and the client settings in the
         environment: nothing is planned here, so every attempt reads the same records.
         Otherwise (a job run by hand) ``spec`` is required and the job plans from
@@ -728,7 +728,8 @@ class KafkaSource:
             return cls(config, spec or planned_spec, plan)
         if spec is None:
             raise KafkaSourceError(
-                "this job was not given a plan by the write task (kafka_source=...): pass spec= to plan here"
+                "this job was not given a plan by the write task (source={'kind': 'kafka', ...}): "
+                "pass spec= to plan here"
             )
         if meta is None:
             with ConsumerMetadata(config) as real:
