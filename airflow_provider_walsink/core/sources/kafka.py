@@ -154,7 +154,9 @@ class KafkaSourceSpec:
     :param accept_data_loss: record a retention gap on the checkpoint and read on from the
         log's start instead of failing (default ``False``: fail naming the range).
     :param group_id: consumer group the commit task commits the committed end offsets to,
-        for lag monitoring (``None``: none). Never read back by walsink.
+        for lag monitoring (``None``: none). Never read back by walsink. It belongs to the
+        first pipeline that plans with it on its cluster (:func:`cluster_scope`); another
+        pipeline naming it is refused (``ConsumerGroupOwnedError``).
     :param max_records_per_split: longest offset range one Spark task reads.
     :param starting_timestamp: milliseconds since the epoch: the **first** checkpoint starts,
         in each partition, at the first record whose timestamp is at or after it (the
