@@ -160,13 +160,20 @@ def _migrated_store(url: str):
 def _empty(store) -> None:
     from airflow_provider_walsink.core.store.models import (
         checkpoint_table,
+        consumer_group_table,
         pipeline_table,
         transition_table,
         version_table,
     )
 
     with store.engine.begin() as conn:
-        for table in (transition_table, version_table, checkpoint_table, pipeline_table):
+        for table in (
+            transition_table,
+            version_table,
+            checkpoint_table,
+            pipeline_table,
+            consumer_group_table,
+        ):
             conn.execute(table.delete())
 
 

@@ -1,8 +1,9 @@
 """librdkafka's mock Kafka cluster in a child process, for the Kafka source tests.
 
-The mock cluster (``test.mock.num.brokers``) lives inside one librdkafka
-client and speaks the Kafka protocol on loopback ports; it dies with that
-client. So it runs here, in a process of its own that the tests start and
+The mock cluster (librdkafka's mock API, what ``test.mock.num.brokers`` starts
+inside a client; reached here through ctypes, see :func:`_serve`) lives inside
+one librdkafka handle and speaks the Kafka protocol on loopback ports; it dies
+with that handle. So it runs here, in a process of its own that the tests start and
 stop: every other process (the test, Spark's executors, Airflow tasks) uses
 its address as a real broker's (``../shared/DESIGN.md``, "Kafka").
 
@@ -13,52 +14,76 @@ of the pipe: a test that dies takes the cluster with it).
 
 from __future__ import annotations
 
-import logging
-import re
+import ctypes
+import glob
+import importlib.util
+import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-_ADDRESS = re.compile(r"replaced with ((?:127\.0\.0\.1:\d+,?)+)")
+
+def _librdkafka() -> ctypes.CDLL:
+    """The librdkafka that ships inside the confluent-kafka wheel (its mock API is exported)."""
+    spec = importlib.util.find_spec("confluent_kafka")
+    assert spec is not None and spec.origin is not None
+    site = os.path.dirname(os.path.dirname(spec.origin))
+    found = sorted(glob.glob(os.path.join(site, "confluent_kafka.libs", "librdkafka*.so*")))
+    lib = ctypes.CDLL(found[0] if found else "librdkafka.so.1")
+    vp, cp = ctypes.c_void_p, ctypes.c_char_p
+    lib.rd_kafka_conf_new.restype = vp
+    lib.rd_kafka_conf_set.argtypes = [vp, cp, cp, cp, ctypes.c_size_t]
+    lib.rd_kafka_new.restype = vp
+    lib.rd_kafka_new.argtypes = [ctypes.c_int, vp, cp, ctypes.c_size_t]
+    lib.rd_kafka_mock_cluster_new.restype = vp
+    lib.rd_kafka_mock_cluster_new.argtypes = [vp, ctypes.c_int]
+    lib.rd_kafka_mock_cluster_bootstraps.restype = cp
+    lib.rd_kafka_mock_cluster_bootstraps.argtypes = [vp]
+    lib.rd_kafka_mock_set_controller_id.argtypes = [vp, ctypes.c_int32]
+    lib.rd_kafka_mock_topic_delete.argtypes = [vp, cp]
+    lib.rd_kafka_mock_topic_create.argtypes = [vp, cp, ctypes.c_int, ctypes.c_int]
+    return lib
 
 
 def _serve() -> None:
-    from confluent_kafka import Producer
+    """Start the cluster with librdkafka's mock API (``rd_kafka_mock_cluster_new``, what
+    ``test.mock.num.brokers`` does inside a client) through ctypes, so the test can also:
 
-    found = threading.Event()
-    address: list[str] = []
+    * name broker 1 the controller (``rd_kafka_mock_set_controller_id``): else the mock's
+      Metadata answers controller 0, no broker has that id, and every admin request
+      (``describe_topics``, which gives topic ids) times out "waiting for controller";
+    * delete and recreate a topic (``rd_kafka_mock_topic_delete`` / ``_create``): the
+      recreated topic gets a new topic id, as on a real cluster.
 
-    class _Find(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            match = _ADDRESS.search(record.getMessage())
-            if match and not found.is_set():
-                address.append(match.group(1).rstrip(","))
-                found.set()
-
-    log = logging.getLogger("walsink.kafka_mock")
-    log.setLevel(logging.DEBUG)
-    log.propagate = False
-    log.addHandler(_Find())
-    client = Producer(
-        {
-            "test.mock.num.brokers": 1,
-            "bootstrap.servers": "unused",
-            "log_level": 7,
-            "debug": "mock",
-            "logger": log,
-        }
-    )
-    client.poll(0)
-    if not found.wait(30):
-        print("error=the mock cluster printed no address", flush=True)
+    Commands arrive one a line on stdin (``recreate TOPIC PARTITIONS``), answered ``ok`` or
+    ``error=...``; the cluster stops when stdin closes.
+    """
+    lib = _librdkafka()
+    errstr = ctypes.create_string_buffer(512)
+    conf = lib.rd_kafka_conf_new()
+    lib.rd_kafka_conf_set(conf, b"log_level", b"3", errstr, len(errstr))
+    handle = lib.rd_kafka_new(0, conf, errstr, len(errstr))  # 0: RD_KAFKA_PRODUCER
+    if not handle:
+        print(f"error={errstr.value.decode()}", flush=True)
         sys.exit(1)
-    print(f"bootstrap={address[0]}", flush=True)
-    # Serve until the parent closes our stdin (or dies).
-    while sys.stdin.buffer.read(1):
-        pass
-    client.flush(1)
+    cluster = lib.rd_kafka_mock_cluster_new(handle, 1)
+    if not cluster:
+        print("error=rd_kafka_mock_cluster_new failed", flush=True)
+        sys.exit(1)
+    lib.rd_kafka_mock_set_controller_id(cluster, 1)
+    print(f"bootstrap={lib.rd_kafka_mock_cluster_bootstraps(cluster).decode()}", flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if len(words) == 3 and words[0] == "recreate":
+            topic = words[1].encode()
+            err = lib.rd_kafka_mock_topic_delete(cluster, topic)
+            if err == 0:
+                err = lib.rd_kafka_mock_topic_create(cluster, topic, int(words[2]), 1)
+            print("ok" if err == 0 else f"error=librdkafka error {err}", flush=True)
+        else:
+            print(f"error=unknown command {line.strip()!r}", flush=True)
+    # The handle and the cluster die with the process.
 
 
 class MockKafka:
@@ -83,6 +108,24 @@ class MockKafka:
     def config(self) -> dict[str, Any]:
         """Client settings for this cluster (what a ``kafka`` connection's extra would hold)."""
         return {"bootstrap.servers": self.bootstrap}
+
+    def recreate_topic(self, topic: str, partitions: int = 4) -> None:
+        """Delete ``topic`` and create it again, empty (a new topic id, offsets from 0)."""
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(f"recreate {topic} {partitions}\n")
+        self._proc.stdin.flush()
+        answer = self._proc.stdout.readline().strip()
+        if answer != "ok":
+            raise RuntimeError(f"recreating topic {topic!r} failed: {answer!r}")
+
+    def topic_id(self, topic: str) -> str:
+        """The topic's id as the cluster's admin API gives it (``describe_topics``)."""
+        from confluent_kafka import TopicCollection
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient(self.config)  # kept alive until the answer is in
+        found = admin.describe_topics(TopicCollection([topic]), request_timeout=30)
+        return str(found[topic].result().topic_id)
 
     def stop(self) -> None:
         """Stop the cluster: close its stdin and wait for the child to exit."""

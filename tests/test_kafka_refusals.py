@@ -17,6 +17,7 @@ reprocess's new version, before it planned).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -53,6 +54,11 @@ def kafka():
     cluster.stop()
 
 
+#: The earlier checkpoints are written by the same DAG as the write operator's (a pipeline id
+#: belongs to the DAG that first registered it: another DAG's write would be refused).
+OWNER = dataclasses.replace(ACTOR, dag_id="kafka_refusals")
+
+
 def key(day: int) -> str:
     return f"202606{day:02d}T000000Z"
 
@@ -84,12 +90,12 @@ class Pipeline:
 
     def commit(self, day: int, start: dict | None, end: dict) -> None:
         """Checkpoint ``day`` staged and committed with these offsets (as an earlier write task would)."""
-        self.store.register(self.pipeline, key(day), mode="append", actor=ACTOR, target=str(self.target))
+        self.store.register(self.pipeline, key(day), mode="append", actor=OWNER, target=str(self.target))
         stage_checkpoint(self.store, self.layout, self.pipeline, key(day), {f"part-{day}.txt": b"r\n"}, mode="append",
-                         start_offsets=start, end_offsets=end)  # fmt: skip
+                         start_offsets=start, end_offsets=end, actor=OWNER)  # fmt: skip
         publisher = FilePublisher(self.target, "append", layout=self.layout)
         CheckpointCommitter(self.store, self.layout, publisher, mode="append").commit(
-            self.pipeline, key(day), actor=ACTOR
+            self.pipeline, key(day), actor=OWNER
         )
 
     def write(self, day: int, **kwargs: Any) -> dict:

@@ -21,7 +21,13 @@ from airflow_provider_walsink.core.store.migrate import (
 from airflow_provider_walsink.core.store.models import Base
 from tests.helpers import REPO
 
-TABLES = {"walsink_pipeline", "walsink_checkpoint", "walsink_transition", VERSION_TABLE}
+TABLES = {
+    "walsink_pipeline",
+    "walsink_checkpoint",
+    "walsink_transition",
+    "walsink_consumer_group",
+    VERSION_TABLE,
+}
 
 
 def _drop_all(engine) -> None:
@@ -306,7 +312,7 @@ def test_0008_adds_the_first_event_claim_and_downgrades_keeping_rows(db_url):
     upgrade(engine)
     assert claim <= columns()
     with engine.connect() as conn:
-        assert current_revision(conn) == head_revision() == "0008"
+        assert current_revision(conn) == head_revision()
         assert conn.execute(select(pipe.c.first_event_holder)).scalar_one() is None
 
     _downgrade(engine, "0007")
@@ -317,4 +323,34 @@ def test_0008_adds_the_first_event_claim_and_downgrades_keeping_rows(db_url):
         assert conn.execute(select(func.count()).select_from(pipe)).scalar_one() == 1
     upgrade(engine)
     assert claim <= columns()
+    engine.dispose()
+
+
+def test_0009_adds_the_consumer_group_table_and_downgrades_keeping_rows(db_url):
+    """0009 adds ``walsink_consumer_group`` (which pipeline a Kafka consumer group belongs to,
+    keyed by cluster and group id); a downgrade drops only it."""
+    from sqlalchemy import func, select
+
+    from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
+
+    engine = create_committer_engine(db_url)
+    _drop_all(engine)
+    upgrade(engine, "0008")
+    assert "walsink_consumer_group" not in inspect(engine).get_table_names()
+    _one_pipeline_with_a_checkpoint(engine)
+
+    upgrade(engine)
+    assert inspect(engine).get_pk_constraint("walsink_consumer_group")["constrained_columns"] == [
+        "cluster",
+        "group_id",
+    ]
+    with engine.connect() as conn:
+        assert current_revision(conn) == head_revision() == "0009"
+
+    _downgrade(engine, "0008")
+    assert "walsink_consumer_group" not in inspect(engine).get_table_names()
+    with engine.connect() as conn:
+        assert current_revision(conn) == "0008"
+        assert conn.execute(select(func.count()).select_from(ckpt)).scalar_one() == 1
+    upgrade(engine)
     engine.dispose()

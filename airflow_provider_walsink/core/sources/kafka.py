@@ -22,7 +22,13 @@ Offsets follow the **checkpoint**, never a consumer group (Flink's
 * offsets that went backwards (a start or recorded end beyond the log's end,
   a partition that vanished: the topic was deleted or recreated) are an
   :class:`OffsetsWentBackwardsError`; a topic the cluster does not know is a
-  :class:`TopicNotFoundError`.
+  :class:`TopicNotFoundError`;
+* each plan records the **topic id** of every topic it read (Kafka's topic UUID, where the
+  cluster gives one): a topic deleted and recreated under the same name has a new id, and a plan
+  whose id differs from the one the pipeline's last committed checkpoint read is a
+  :class:`TopicRecreatedError`, even when the new topic already holds more records than were read;
+* a consumer group (:attr:`KafkaSourceSpec.group_id`) belongs to the first pipeline that plans
+  with it on its cluster (:func:`cluster_scope`); another pipeline naming it is refused.
 
 Offsets travel as JSON: ``{"<topic>": {"<partition>": <offset>}}`` (Spark's
 ``startingOffsets`` shape), the next offset to read, so a checkpoint's end
@@ -106,6 +112,10 @@ class OffsetsWentBackwardsError(KafkaSourceError):
     """The log ends before offsets walsink already read or recorded (topic deleted or recreated)."""
 
 
+class TopicRecreatedError(OffsetsWentBackwardsError):
+    """The topic's id is not the one the pipeline read before: it was deleted and recreated."""
+
+
 @dataclass(frozen=True)
 class Gap:
     """Records ``[start, end)`` of one partition that retention removed before they were read."""
@@ -144,7 +154,9 @@ class KafkaSourceSpec:
     :param accept_data_loss: record a retention gap on the checkpoint and read on from the
         log's start instead of failing (default ``False``: fail naming the range).
     :param group_id: consumer group the commit task commits the committed end offsets to,
-        for lag monitoring (``None``: none). Never read back by walsink.
+        for lag monitoring (``None``: none). Never read back by walsink. It belongs to the
+        first pipeline that plans with it on its cluster (:func:`cluster_scope`); another
+        pipeline naming it is refused (``ConsumerGroupOwnedError``).
     :param max_records_per_split: longest offset range one Spark task reads.
     :param starting_timestamp: milliseconds since the epoch: the **first** checkpoint starts,
         in each partition, at the first record whose timestamp is at or after it (the
@@ -246,6 +258,14 @@ class KafkaMetadata(Protocol):
         """The first offset whose record's timestamp is at or after ``timestamp`` (ms), or
         ``None`` when the partition holds no such record. Asked only for ``starting_timestamp``."""
 
+    def topic_id(self, topic: str) -> str | None:
+        """The topic's id (Kafka's topic UUID, base64 as Kafka's tools print it), or ``None``
+        when the cluster gives none (brokers before Kafka 2.8). Optional: a boundary without
+        it records and checks no topic ids."""
+
+    def cluster_id(self) -> str | None:
+        """The cluster's id (Metadata's ``ClusterId``), or ``None``. Optional, as :meth:`topic_id`."""
+
 
 def consumer_config(config: Mapping[str, Any], *, group_id: str | None = None) -> dict[str, Any]:
     """The client settings of a walsink reader (or group committer) built from a connection's."""
@@ -263,7 +283,9 @@ class ConsumerMetadata:
         from confluent_kafka import Consumer
 
         self.timeout = timeout
+        self._config = dict(config)
         self._consumer = Consumer(consumer_config(config))
+        self._admin: Any = None
 
     def partitions(self, topic: str) -> list[int]:
         meta = self._consumer.list_topics(topic, timeout=self.timeout)
@@ -294,8 +316,28 @@ class ConsumerMetadata:
             )
         return int(found[0].offset) if found[0].offset >= 0 else None
 
+    def topic_id(self, topic: str) -> str | None:
+        from confluent_kafka import KafkaException, TopicCollection
+        from confluent_kafka.admin import AdminClient
+
+        if self._admin is None:
+            self._admin = AdminClient({k: v for k, v in self._config.items() if k not in _NOT_FOR_CONSUMER})
+        futures = self._admin.describe_topics(TopicCollection([topic]), request_timeout=self.timeout)
+        try:
+            found = futures[topic].result()
+        except KafkaException as e:
+            raise KafkaSourceError(f"Kafka topic {topic!r}: looking up its topic id failed: {e}") from None
+        uuid = found.topic_id
+        if uuid is None or (uuid.get_most_significant_bits() == 0 and uuid.get_least_significant_bits() == 0):
+            return None  # a broker without topic ids answers the zero UUID
+        return str(uuid)
+
+    def cluster_id(self) -> str | None:
+        return self._consumer.list_topics(timeout=self.timeout).cluster_id or None
+
     def close(self) -> None:
         self._consumer.close()
+        self._admin = None
 
     def __enter__(self) -> ConsumerMetadata:
         return self
@@ -317,12 +359,15 @@ class OffsetPlan:
     :param read_from: where the readers start, per partition of ``end``: ``start``, the
         earliest offset of a partition ``start`` does not name, or the end of an accepted gap.
     :param gaps: accepted retention gaps (only with ``accept_data_loss``).
+    :param topic_ids: ``{topic: id}`` of the topics read, where the cluster gives ids: the
+        identity of the topic the offsets belong to (a recreated topic has a new one).
     """
 
     start: Offsets
     end: Offsets
     read_from: Offsets
     gaps: tuple[Gap, ...] = field(default=())
+    topic_ids: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def records(self) -> int:
@@ -336,12 +381,15 @@ class OffsetPlan:
                 yield topic, int(p), self.read_from[topic][p], self.end[topic][p]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "start": self.start,
             "end": self.end,
             "read_from": self.read_from,
             "gaps": [g.to_dict() for g in self.gaps],
         }
+        if self.topic_ids:
+            out["topic_ids"] = dict(self.topic_ids)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> OffsetPlan:
@@ -350,6 +398,7 @@ class OffsetPlan:
             end=normalize_offsets(data["end"], "end offsets"),
             read_from=normalize_offsets(data["read_from"], "read offsets"),
             gaps=tuple(Gap.from_dict(g) for g in data.get("gaps") or ()),
+            topic_ids={str(t): str(i) for t, i in (data.get("topic_ids") or {}).items()},
         )
 
 
@@ -359,6 +408,7 @@ def plan_offsets(
     *,
     start: Mapping[str, Any] | None,
     end: Mapping[str, Any] | None = None,
+    read_ids: Mapping[str, str] | None = None,
 ) -> OffsetPlan:
     """Plan one checkpoint's ranges against the cluster (driver side, before any read).
 
@@ -367,8 +417,12 @@ def plan_offsets(
     :param end: end offsets fixed earlier (a retried write reuses what its first attempt
         recorded; a reprocess reads up to the end of the version it replaces), else ``None``:
         each partition's high watermark now.
+    :param read_ids: ``{topic: id}`` the pipeline read before (its last committed
+        checkpoint's plan, or the plan a retry reuses): a topic whose id is now another is a
+        :class:`TopicRecreatedError`, whatever its offsets. The plan records the ids it found.
 
-    Raises :class:`TopicNotFoundError`, :class:`OffsetsWentBackwardsError` (a partition that
+    Raises :class:`TopicNotFoundError`, :class:`TopicRecreatedError`,
+    :class:`OffsetsWentBackwardsError` (a partition that
     vanished, a start or fixed end beyond the log's end) and :class:`RetentionGapError`
     (records of the range already deleted, unless ``spec.accept_data_loss``). Reads only.
     """
@@ -376,6 +430,17 @@ def plan_offsets(
     start_offsets = normalize_offsets(start, "start offsets")
     fixed_end = normalize_offsets(end, "end offsets") if end is not None else None
     partitions = {topic: meta.partitions(topic) for topic in spec.topics}
+    topic_ids = topic_ids_of(meta, spec.topics)
+    for topic in spec.topics:
+        before, now = (read_ids or {}).get(topic), topic_ids.get(topic)
+        if before is not None and now is not None and before != now:
+            raise TopicRecreatedError(
+                f"Kafka topic {topic!r} is not the topic this pipeline read: its topic id is {now!r}, the "
+                f"pipeline read offsets of topic id {before!r} (the topic was deleted and recreated; its "
+                "offsets start again and may already be past the ones recorded). walsink will not guess "
+                "where to continue: abort the open checkpoint (walsink abort <pipeline> <checkpoint>) and "
+                "read the new topic under a new pipeline id (its first checkpoint starts at `starting`)"
+            )
     for topic, parts in {**start_offsets, **(fixed_end or {})}.items():
         missing = sorted((int(p) for p in parts if int(p) not in partitions.get(topic, [])), key=int)
         if topic in partitions and missing:
@@ -436,7 +501,37 @@ def plan_offsets(
             out_end.setdefault(topic, {})[p] = e
     if not first:
         recorded_start = start_offsets
-    return OffsetPlan(start=recorded_start, end=out_end, read_from=read_from, gaps=tuple(gaps))
+    return OffsetPlan(
+        start=recorded_start, end=out_end, read_from=read_from, gaps=tuple(gaps), topic_ids=topic_ids
+    )
+
+
+def topic_ids_of(meta: KafkaMetadata, topics: Sequence[str]) -> dict[str, str]:
+    """``{topic: id}`` of the topics whose id the cluster gives (none from a boundary that
+    does not implement :meth:`KafkaMetadata.topic_id`)."""
+    lookup = getattr(meta, "topic_id", None)
+    if lookup is None:
+        return {}
+    return {topic: found for topic in topics if (found := lookup(topic)) is not None}
+
+
+def cluster_scope(meta: KafkaMetadata, config: Mapping[str, Any]) -> str:
+    """The Kafka cluster a consumer group id is scoped to: ``cluster:<id>`` from the cluster's
+    metadata (Metadata's ``ClusterId``, every broker since Kafka 0.10.1), else
+    ``bootstrap.servers:<as configured>`` (so two connections naming the same brokers
+    differently count as two clusters); at most 255 characters (a longer bootstrap list is
+    replaced by its SHA-256)."""
+    lookup = getattr(meta, "cluster_id", None)
+    found = lookup() if lookup is not None else None
+    if found:
+        scope = f"cluster:{found}"
+    else:
+        scope = f"bootstrap.servers:{config.get('bootstrap.servers', '')}"
+    if len(scope) > 255:
+        import hashlib
+
+        scope = "bootstrap.servers-sha256:" + hashlib.sha256(scope.encode()).hexdigest()
+    return scope
 
 
 def _starting(spec: KafkaSourceSpec, topic: str, partition: str, low: int, high: int) -> int:
@@ -831,12 +926,17 @@ class OffsetPlanner:
         return self._meta
 
     def plan(
-        self, spec: KafkaSourceSpec, *, start: Mapping[str, Any] | None, end: Mapping[str, Any] | None = None
+        self,
+        spec: KafkaSourceSpec,
+        *,
+        start: Mapping[str, Any] | None,
+        end: Mapping[str, Any] | None = None,
+        read_ids: Mapping[str, str] | None = None,
     ) -> OffsetPlan:
         """:func:`plan_offsets` of these arguments (the memoized plan when asked before)."""
-        memo = json.dumps([spec.to_dict(), start, end], sort_keys=True)
+        memo = json.dumps([spec.to_dict(), start, end, read_ids], sort_keys=True)
         if memo not in self._plans:
-            self._plans[memo] = plan_offsets(self.meta, spec, start=start, end=end)
+            self._plans[memo] = plan_offsets(self.meta, spec, start=start, end=end, read_ids=read_ids)
         return self._plans[memo]
 
     def close(self) -> None:
@@ -882,10 +982,15 @@ def _planned(
     until_offsets: Mapping[str, Any] | None,
 ) -> tuple[OffsetPlan, str]:
     """The plan and how it is to be recorded: ``reprocess`` (only its gaps), ``fixed`` (the
-    recorded plan, re-checked against the log) or ``new`` (recorded unless one is already)."""
-    if until_offsets is not None:
-        return planner.plan(spec, start=start_offsets, end=until_offsets), "reprocess"
+    recorded plan, re-checked against the log) or ``new`` (recorded unless one is already).
+
+    Topic ids are checked against what was read: a reprocess against the version it replaces
+    (its plan is still on the row), a retry against its recorded plan, a new plan against the
+    pipeline's last committed checkpoint's plan."""
     recorded = store.source_plan(pipeline, checkpoint_key) if checkpoint_key is not None else None
+    if until_offsets is not None:
+        read_ids = (recorded or {}).get("topic_ids")
+        return planner.plan(spec, start=start_offsets, end=until_offsets, read_ids=read_ids), "reprocess"
     if (
         recorded is not None
         and recorded.get("version") == version
@@ -893,13 +998,15 @@ def _planned(
     ):
         fixed = OffsetPlan.from_dict(recorded)
         # Re-checked against the log now (retention may have moved on), never re-planned.
-        plan = planner.plan(spec, start=fixed.start, end=fixed.end)
+        plan = planner.plan(spec, start=fixed.start, end=fixed.end, read_ids=fixed.topic_ids)
+        ids = {**plan.topic_ids, **fixed.topic_ids}
         known = set(fixed.gaps)
         if set(plan.gaps) - known:
             gaps = tuple(sorted(known | set(plan.gaps), key=_gap_key))
-            return OffsetPlan(plan.start, plan.end, plan.read_from, gaps), "fixed"
-        return OffsetPlan(fixed.start, fixed.end, fixed.read_from, fixed.gaps), "fixed"
-    return planner.plan(spec, start=start_offsets), "new"
+            return OffsetPlan(plan.start, plan.end, plan.read_from, gaps, ids), "fixed"
+        return OffsetPlan(fixed.start, fixed.end, fixed.read_from, fixed.gaps, ids), "fixed"
+    committed = store.newest_committed_source_plan(pipeline)
+    return planner.plan(spec, start=start_offsets, read_ids=(committed or {}).get("topic_ids")), "new"
 
 
 def plan_attempt(
@@ -1056,6 +1163,10 @@ class KafkaOffsetSource(Source):
                     start_offsets=offsets[0],
                     until_offsets=offsets[1],
                 )
+            if spec.group_id:
+                # After every other check (a refused plan claims nothing), before the checkpoint
+                # is registered: a pipeline refused the group leaves nothing recorded.
+                store.claim_consumer_group(cluster_scope(planner.meta, config), spec.group_id, pipeline)
         finally:
             planner.close()  # the memo stays: the plan recorded later is the one checked here
 
@@ -1110,8 +1221,10 @@ __all__: Sequence[str] = (
     "OffsetsWentBackwardsError",
     "RetentionGapError",
     "TopicNotFoundError",
+    "TopicRecreatedError",
     "as_spec",
     "check_before_recording",
+    "cluster_scope",
     "commit_group",
     "commit_group_offsets",
     "kafka_dataframe",
@@ -1119,4 +1232,5 @@ __all__: Sequence[str] = (
     "plan_offsets",
     "read_range",
     "split_ranges",
+    "topic_ids_of",
 )

@@ -60,3 +60,8 @@ class OffsetsError(OrderingError):
     cause and the way out (write it again, abort it); the refusal is recorded as
     the checkpoint's error (state unchanged).
     """
+
+
+class ConsumerGroupOwnedError(PipelineOwnedError):
+    """The Kafka consumer group belongs to another pipeline (recorded when that pipeline's
+    source was first planned). Retrying does not help: give this pipeline its own group id."""

@@ -39,6 +39,10 @@ Timestamp = DateTime(timezone=False).with_variant(mysql.DATETIME(fsp=6), "mysql"
 Identifier = String(128).with_variant(
     mysql.VARCHAR(128, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
 )
+# Names other systems compare case-sensitively (a Kafka group id, a cluster): binary as well.
+Name = String(255).with_variant(
+    mysql.VARCHAR(255, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
+)
 # Terminal escape sequences (colours from Spark's or a library's log, OSC hyperlinks) and other
 # control characters but newline and tab: an error or detail is stored and read as plain text,
 # so the UI and the CLI never show "\x1b[31m" as text.
@@ -212,7 +216,22 @@ class CheckpointVersion(Base):
     superseded_by_attempt_id: Mapped[str | None] = mapped_column(String(40))
 
 
+class ConsumerGroup(Base):
+    """Which pipeline a Kafka consumer group belongs to (migration 0009): the group's offsets
+    follow one pipeline's committed checkpoints, so a second pipeline naming the same group on
+    the same cluster is refused. The primary key decides between two registering at once."""
+
+    __tablename__ = "walsink_consumer_group"
+
+    #: The Kafka cluster: its cluster id (``cluster:<id>``), else the bootstrap servers as configured.
+    cluster: Mapped[str] = mapped_column(Name, primary_key=True)
+    group_id: Mapped[str] = mapped_column(Name, primary_key=True)
+    pipeline: Mapped[str] = mapped_column(Identifier)
+    claimed_at: Mapped[datetime] = mapped_column(Timestamp)
+
+
 checkpoint_table = Checkpoint.__table__
 version_table = CheckpointVersion.__table__
 pipeline_table = Pipeline.__table__
+consumer_group_table = ConsumerGroup.__table__
 transition_table = Transition.__table__

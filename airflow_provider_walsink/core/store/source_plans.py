@@ -9,6 +9,10 @@ transaction with a history row; the **first recorded plan wins** for the
 checkpoint's version as long as it starts where the attempt starts. A new
 version (reprocess) reads up to the end of the version it replaces instead and
 never reuses a plan of an older version.
+
+A consumer group a source commits offsets to belongs to one pipeline per
+Kafka cluster (``walsink_consumer_group``, migration 0009): the first pipeline
+to plan with it claims it, and a second one is refused, naming both.
 """
 
 from __future__ import annotations
@@ -19,8 +23,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 
+from airflow_provider_walsink.core.protocol.states import CheckpointState as S
+from airflow_provider_walsink.core.store.errors import ConsumerGroupOwnedError
 from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
+from airflow_provider_walsink.core.store.models import consumer_group_table as groups
 from airflow_provider_walsink.core.store.models import pipeline_table as pipe
 from airflow_provider_walsink.core.store.queries import newest_committed_offsets
 from airflow_provider_walsink.core.store.records import Actor
@@ -45,6 +53,63 @@ class SourcePlans(CheckpointTransitions):
         with self._tx() as conn:
             conn.execute(select(pipe.c.name).where(pipe.c.name == pipeline).with_for_update())
             yield newest_committed_offsets(conn, pipeline)
+
+    @retrying
+    def claim_consumer_group(self, cluster: str, group_id: str, pipeline: str) -> str:
+        """Record that consumer group ``group_id`` of Kafka cluster ``cluster`` belongs to
+        ``pipeline``, unless it already does; return the pipeline it belongs to.
+
+        Raises :class:`~.errors.ConsumerGroupOwnedError` naming both pipelines and the group
+        when another pipeline claimed it first. Race-safe: the row's primary key
+        ``(cluster, group_id)`` lets one of two pipelines claiming at once insert it; the other
+        reads the winner back and is refused. Safe to repeat (the owner claiming again changes
+        nothing).
+        """
+        key = (groups.c.cluster == cluster) & (groups.c.group_id == group_id)
+        with self.engine.connect() as conn:
+            owner = conn.execute(select(groups.c.pipeline).where(key)).scalar_one_or_none()
+        if owner is None:
+            try:
+                with self._tx() as conn:
+                    conn.execute(
+                        groups.insert().values(
+                            cluster=cluster, group_id=group_id, pipeline=pipeline, claimed_at=self._now(conn)
+                        )
+                    )
+                return pipeline
+            except IntegrityError:
+                with self.engine.connect() as conn:  # another pipeline won the race: read who
+                    owner = conn.execute(select(groups.c.pipeline).where(key)).scalar_one()
+        if owner != pipeline:
+            raise ConsumerGroupOwnedError(
+                f"Kafka consumer group {group_id!r} ({cluster}) belongs to pipeline {owner!r}; pipeline "
+                f"{pipeline!r} names it too, and its commits would move {owner!r}'s group offsets (lag "
+                f"tools would show either pipeline's progress). Give pipeline {pipeline!r} its own group_id"
+            )
+        return owner
+
+    def consumer_group_owner(self, cluster: str, group_id: str) -> str | None:
+        """The pipeline consumer group ``group_id`` of ``cluster`` belongs to, or ``None``."""
+        with self.engine.connect() as conn:
+            return conn.execute(
+                select(groups.c.pipeline).where(groups.c.cluster == cluster, groups.c.group_id == group_id)
+            ).scalar_one_or_none()
+
+    def newest_committed_source_plan(self, pipeline: str) -> dict[str, Any] | None:
+        """The source plan recorded on the pipeline's newest COMMITTED checkpoint (what the
+        last committed checkpoint read), or ``None``."""
+        with self.engine.connect() as conn:
+            text = conn.execute(
+                select(ckpt.c.source_plan)
+                .where(
+                    ckpt.c.pipeline == pipeline,
+                    ckpt.c.state == S.COMMITTED.value,
+                    ckpt.c.source_plan.is_not(None),
+                )
+                .order_by(ckpt.c.sequence.desc())
+                .limit(1)
+            ).scalar()
+        return json.loads(text) if text else None
 
     @retrying
     def fix_source_plan(
