@@ -73,7 +73,9 @@ def rerun_write_task(key: str) -> None:
     op = WalWriteOperator(
         task_id="write", application="/nonexistent.py", pipeline=PIPELINE, mode="append", checkpoint_key=key
     )
-    op.execute({"ti": SimpleNamespace(dag_id="d", task_id="write", run_id="r", try_number=1, map_index=-1)})
+    op.execute(
+        {"ti": SimpleNamespace(dag_id=ACTOR.dag_id, task_id="write", run_id="r", try_number=1, map_index=-1)}
+    )
 
 
 def test_an_aborted_append_interval_taken_over_by_a_later_commit_is_refused_at_its_write_task(env):

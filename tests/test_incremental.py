@@ -140,7 +140,7 @@ def test_append_write_refuses_to_start_while_an_earlier_checkpoint_is_open(env):
     op = WalWriteOperator(
         task_id="write", application="/nonexistent.py", pipeline=PIPELINE, mode="append", checkpoint_key="k2"
     )
-    ti = SimpleNamespace(dag_id="d", task_id="write", run_id="r2", try_number=1, map_index=-1)
+    ti = SimpleNamespace(dag_id=ACTOR.dag_id, task_id="write", run_id="r2", try_number=1, map_index=-1)
     with pytest.raises(OrderingError, match="earlier checkpoint k1 .* is WRITING"):
         op.execute({"ti": ti})
     assert store.require(PIPELINE, "k2").state.value == "REGISTERED"  # no attempt was started

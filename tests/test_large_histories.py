@@ -33,7 +33,8 @@ def _fill(store, count: int, *, prefix: str = "p") -> list[str]:
         mode = "append" if i % 2 else "overwrite"
         for j in range(i % 4):
             dag = "dag_b" if (i % 5 == 0 and j == 1) else "dag_a"
-            actor = Actor(name="t", dag_id=dag, run_id=f"r{j}", task_id="write", try_number=1)
+            # Registered by the owner; the row then says which DAG wrote it (as after a hand-over).
+            actor = Actor(name="t", dag_id="dag_a", run_id=f"r{j}", task_id="write", try_number=1)
             store.register(name, f"k{j}", mode=mode, actor=actor)
             state = STATES[(i + j) % len(STATES)]
             with store.engine.begin() as conn:

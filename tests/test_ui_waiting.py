@@ -30,7 +30,9 @@ ACTOR = Actor(name="w", dag_id=DAG_A, run_id="run-o", task_id="write", try_numbe
 def add_waiting_checkpoints(world, tmp) -> None:
     """``orders`` and ``ledger`` as the module's docstring says, through the tasks' own calls."""
     store, layout = world.store, world.layout
-    stage_checkpoint(store, layout, "orders", "k1", {"a.csv": b"1\n"}, mode="append", durable=False)
+    stage_checkpoint(
+        store, layout, "orders", "k1", {"a.csv": b"1\n"}, mode="append", durable=False, actor=ACTOR
+    )
     store.fail("orders", "k1", error="spark job died", actor=ACTOR, attempt=1)
     store.register("orders", "k2", mode="append", actor=ACTOR)
     stage_checkpoint(store, layout, "orders", "k3", {"c.csv": b"3\n"}, mode="append", actor=ACTOR)
