@@ -48,7 +48,7 @@ def store(request, tmp_path) -> StagingStore:
 
 
 def put(store: StagingStore, path: str, data: bytes) -> None:
-    if store.is_local:
+    if store.layout is not None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
     with store.filesystem.open_output_stream(path) as f:
         f.write(data)
@@ -74,7 +74,7 @@ def manifest_for(paths_and_data: dict[str, bytes], *, job: str = "spark:app-1"):
 def test_attempts_are_placed_as_the_local_layout_places_them(store, tmp_path):
     location = store.attempt("events", "k1", 2, ATTEMPT_ID)
     assert location.path.endswith(f"/events/k1/attempt-2-{ATTEMPT_ID}")
-    if store.is_local:
+    if store.layout is not None:
         assert location.uri == location.path
         assert location.path == str(
             StagingLayout(tmp_path / "staging").attempt_dir("events", "k1", 2, ATTEMPT_ID)

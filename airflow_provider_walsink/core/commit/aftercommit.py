@@ -11,11 +11,11 @@ import logging
 from collections.abc import Callable
 
 from airflow_provider_walsink.core.commit.refusals import BAD_INPUT
-from airflow_provider_walsink.core.commit.sealed import Staging, local_layout
-from airflow_provider_walsink.core.protocol.manifest import Manifest, read_manifest
+from airflow_provider_walsink.core.commit.sealed import Staging
+from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, Manifest
 from airflow_provider_walsink.core.protocol.states import CheckpointState
 from airflow_provider_walsink.core.staging.cleanup import CleanupFencedError
-from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.staging.resolve import as_store, local_layout
 from airflow_provider_walsink.core.store.records import CheckpointRecord
 from airflow_provider_walsink.core.store.store import CommitterStore
 from airflow_provider_walsink.core.targets.base import Publisher
@@ -85,25 +85,14 @@ def finish_cleanup(
     """
     if record.sealed_attempt is None:
         return
-    layout = local_layout(staging)
+    staging = as_store(staging)
     try:
-        if layout is not None:
-            path = layout.manifest_path(
-                record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
-            )
-            if not path.exists():
-                return  # staging is removed after the journal: nothing left to do
-            manifest = read_manifest(path, expected_digest=record.manifest_digest)
-        else:
-            assert isinstance(staging, StagingStore)
-            location = staging.attempt(
-                record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
-            )
-            import pyarrow.fs as pafs  # heavy; only an object-store root gets here
-
-            if staging.filesystem.get_file_info(location.manifest_path).type != pafs.FileType.File:
-                return  # the commit's clean-up removed the manifest: nothing left to do
-            manifest = staging.read_manifest(location, expected_digest=record.manifest_digest)
+        location = staging.attempt(
+            record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
+        )
+        if staging.describe(location, MANIFEST_NAME) is None:
+            return  # staging is removed after the journal: nothing left to do
+        manifest = staging.read_manifest(location, expected_digest=record.manifest_digest)
     except BAD_INPUT as exc:
         log.warning(
             "leaving staging of committed %s/%s alone: %s", record.pipeline, record.checkpoint_key, exc

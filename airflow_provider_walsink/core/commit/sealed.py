@@ -8,35 +8,22 @@ attempt.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from airflow_provider_walsink.core.protocol.errors import LayoutError, ManifestError, WalsinkError
-from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, Manifest, read_manifest
-from airflow_provider_walsink.core.staging.cleanup import store_attempts
+from airflow_provider_walsink.core.protocol.manifest import Manifest, read_manifest
+from airflow_provider_walsink.core.staging.cleanup import staged_locations
 from airflow_provider_walsink.core.staging.layout import StagingLayout
-from airflow_provider_walsink.core.staging.object_store import (
-    AttemptLocation,
-    LocalStagingStore,
-    StagingStore,
-)
-from airflow_provider_walsink.core.staging.resolve import local_layout, object_store_of
+from airflow_provider_walsink.core.staging.object_store import AttemptLocation, StagingStore
+from airflow_provider_walsink.core.staging.resolve import as_store
 from airflow_provider_walsink.core.store.records import CheckpointRecord
 from airflow_provider_walsink.core.targets.base import Publisher, StagedAttempt
 
 #: Where a committer reads staged attempts: a local :class:`StagingLayout` (as always), or a
 #: :class:`StagingStore` on any root (opened by the caller, with its credentials, for the
-#: checkpoint's recorded staging root).
+#: checkpoint's recorded staging root). Read as a store (:func:`as_store`).
 Staging = StagingLayout | StagingStore
-
-
-def local_store(layout: StagingLayout) -> StagingStore:
-    """A :class:`StagingStore` over a local layout that *is* that layout (same resolver, same checks)."""
-    import pyarrow.fs as pafs  # heavy, and only a local root published by reference needs it
-
-    root = str(layout.root)
-    store = LocalStagingStore(root, pafs.LocalFileSystem(), root, kind="local")
-    store.layout = layout
-    return store
 
 
 def read_sealed_manifest(layout: StagingLayout, record: CheckpointRecord) -> tuple[Manifest, Path]:
@@ -76,17 +63,10 @@ def read_sealed_attempt(staging: Staging, record: CheckpointRecord) -> tuple[Man
     the checkpoint's attempts are where the write phase recorded them.
     Raises ``ManifestError`` / ``LayoutError``; reads no data file.
     """
-    if (layout := local_layout(staging)) is not None:
-        manifest, attempt_dir = read_sealed_manifest(layout, record)
-        path = str(attempt_dir)
-        location = AttemptLocation(
-            record.pipeline, record.checkpoint_key, manifest.attempt, manifest.attempt_id, path, path
-        )
-        store = staging if isinstance(staging, StagingStore) else local_store(staging)
-        return manifest, StagedAttempt(store, location)
     assert record.sealed_attempt is not None and record.manifest_digest is not None
+    staging = as_store(staging)
     recorded = (record.staging_root or "").rstrip("/")
-    if recorded and recorded != staging.root_uri.rstrip("/"):
+    if recorded and not staging.names_root(recorded):
         raise LayoutError(
             f"checkpoint {record.pipeline}/{record.checkpoint_key} is staged under {recorded}, but the "
             f"committer was given the staging store {staging.root_uri}; open the store of the recorded root"
@@ -105,7 +85,7 @@ def read_sealed_attempt(staging: Staging, record: CheckpointRecord) -> tuple[Man
             f"attempt {manifest.attempt} ({manifest.attempt_id}), not {record.pipeline}/"
             f"{record.checkpoint_key} attempt {record.sealed_attempt} ({record.sealed_attempt_id})"
         )
-    return manifest, StagedAttempt(staging, location)
+    return manifest, StagedAttempt(staging, replace(location, attempt_id=manifest.attempt_id))
 
 
 def publish_argument(publisher: Publisher, attempt: StagedAttempt) -> StagedAttempt | Path:
@@ -118,31 +98,19 @@ def publish_argument(publisher: Publisher, attempt: StagedAttempt) -> StagedAtte
 
 def staged_attempts(
     staging: Staging, pipeline: str, checkpoint_key: str
-) -> list[tuple[int, str | None, Path | AttemptLocation]]:
-    """The checkpoint's staged attempts as ``(number, attempt id, where)``, on any staging root.
-
-    ``where`` is the attempt's directory on a local root (a :class:`StagingLayout`, or a
-    local :class:`StagingStore`: :meth:`StagingLayout.staged_attempts`) and its
-    :class:`AttemptLocation` on an object store (one listing,
-    :func:`~..staging.cleanup.store_attempts`: only names walsink gives attempts).
-    A root that cannot be listed gives ``[]``: callers decide from the row alone then.
-    """
-    layout = local_layout(staging)
+) -> list[tuple[int, str | None, AttemptLocation]]:
+    """The checkpoint's staged attempts as ``(number, attempt id, location)``, on any staging root
+    (only names walsink gives attempts). A root that cannot be listed gives ``[]``: callers decide
+    from the row alone then."""
     try:
-        if layout is not None:
-            return list(layout.staged_attempts(pipeline, checkpoint_key))
-        objects = object_store_of(staging)
-        assert objects is not None
         return [
-            (loc.attempt, loc.attempt_id, loc) for loc in store_attempts(objects, pipeline, checkpoint_key)
+            (loc.attempt, loc.attempt_id, loc)
+            for loc in staged_locations(as_store(staging), pipeline, checkpoint_key)
         ]
     except (WalsinkError, OSError):
         return []
 
 
-def read_attempt_manifest(staging: Staging, where: Path | AttemptLocation) -> Manifest:
+def read_attempt_manifest(staging: Staging, where: AttemptLocation) -> Manifest:
     """The manifest of one staged attempt as :func:`staged_attempts` located it (no digest to check)."""
-    if isinstance(where, AttemptLocation):
-        assert isinstance(staging, StagingStore)
-        return staging.read_manifest(where)
-    return read_manifest(where / MANIFEST_NAME)
+    return as_store(staging).read_manifest(where)

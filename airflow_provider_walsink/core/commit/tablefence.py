@@ -108,7 +108,7 @@ from airflow_provider_walsink.core.faults import crashpoint
 from airflow_provider_walsink.core.protocol.errors import FencedError, NotDurableError, WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.protocol.states import CheckpointState
-from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.staging.resolve import as_store
 from airflow_provider_walsink.core.store.errors import (
     AuditRejectedError,
     LeaseHeldError,
@@ -352,17 +352,12 @@ def _drop_unpublished(committer: Any, manifest: Manifest) -> None:
     holds = committer.publisher.holds_attempt
     try:
         if callable(holds) and not holds(manifest):
-            staging = committer.layout
-            if isinstance(staging, StagingStore):
-                staging.remove_attempt(
-                    staging.attempt(
-                        manifest.pipeline, manifest.checkpoint_key, manifest.attempt, manifest.attempt_id
-                    )
-                )
-            else:
-                staging.remove_attempt(
+            staging = as_store(committer.layout)
+            staging.remove_attempt(
+                staging.attempt(
                     manifest.pipeline, manifest.checkpoint_key, manifest.attempt, manifest.attempt_id
                 )
+            )
     except (WalsinkError, OSError) as exc:
         log.warning("leaving the staging of unpublished attempt %s: %s", manifest.attempt_id, exc)
 

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_walsink.core.commit.sealed import (
-    Staging,
-    local_layout,
-    read_attempt_manifest,
-    staged_attempts,
-)
+from airflow_provider_walsink.core.commit.sealed import Staging, read_attempt_manifest, staged_attempts
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
+from airflow_provider_walsink.core.staging.resolve import local_layout
 from airflow_provider_walsink.core.store.records import CheckpointRecord
 from airflow_provider_walsink.core.targets._tables import CheckpointRef
 from airflow_provider_walsink.core.targets.base import StagedAttempt

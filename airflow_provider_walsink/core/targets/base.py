@@ -100,13 +100,9 @@ class StagedAttempt:
     location: AttemptLocation
 
     @property
-    def is_local(self) -> bool:
-        return self.store.is_local
-
-    @property
     def uri(self) -> str:
         """The attempt as other tools name it: an absolute local path, or ``s3://bucket/...``."""
-        return self.location.path if self.store.is_local else self.location.uri.rstrip("/")
+        return self.location.uri.rstrip("/")
 
     def committable_uri(self, relative: str) -> str:
         """``uri/relative`` once ``relative`` passes the store's lexical confinement (``PathEscapeError``)."""
@@ -127,7 +123,7 @@ class StagedAttempt:
 
     def local_dir(self) -> Path:
         """The attempt's directory on a local root; ``LayoutError`` on an object store."""
-        if not self.store.is_local:
+        if self.store.layout is None:
             raise LayoutError(
                 f"attempt {self.location.uri} is staged on an object store ({self.store.kind}://); this "
                 "target publishes from a local staging root only (table targets reference the staged "
