@@ -103,7 +103,7 @@ def commit_as_leader(
     store, record = committer.store, hold.record
     pipeline = record.pipeline
     try:
-        manifest, attempt = read_sealed_attempt(committer.layout, record)
+        manifest, attempt = read_sealed_attempt(committer.staging, record)
     except Exception:  # noqa: BLE001 - the single commit reads it again and records the error
         return alone()
     leader_ctx: FencingContext = hold.ctx
@@ -125,7 +125,7 @@ def commit_as_leader(
             continue
         # Read first (no lease needed to read): a checkpoint that cannot join is left untouched.
         try:
-            member_manifest, member_attempt = read_sealed_attempt(committer.layout, candidate)
+            member_manifest, member_attempt = read_sealed_attempt(committer.staging, candidate)
             unreadable: Exception | None = None
             if any(p in taken for p in member_manifest.replaced_partitions()):
                 continue  # sequential commits of one partition: it waits for its own turn

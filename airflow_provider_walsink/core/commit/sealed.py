@@ -16,14 +16,8 @@ from airflow_provider_walsink.core.protocol.manifest import Manifest, read_manif
 from airflow_provider_walsink.core.staging.cleanup import staged_locations
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import AttemptLocation, StagingStore
-from airflow_provider_walsink.core.staging.resolve import as_store
 from airflow_provider_walsink.core.store.records import CheckpointRecord
 from airflow_provider_walsink.core.targets.base import Publisher, StagedAttempt
-
-#: Where a committer reads staged attempts: a local :class:`StagingLayout` (as always), or a
-#: :class:`StagingStore` on any root (opened by the caller, with its credentials, for the
-#: checkpoint's recorded staging root). Read as a store (:func:`as_store`).
-Staging = StagingLayout | StagingStore
 
 
 def read_sealed_manifest(layout: StagingLayout, record: CheckpointRecord) -> tuple[Manifest, Path]:
@@ -52,7 +46,7 @@ def read_sealed_manifest(layout: StagingLayout, record: CheckpointRecord) -> tup
     return manifest, manifest_path.parent
 
 
-def read_sealed_attempt(staging: Staging, record: CheckpointRecord) -> tuple[Manifest, StagedAttempt]:
+def read_sealed_attempt(staging: StagingStore, record: CheckpointRecord) -> tuple[Manifest, StagedAttempt]:
     """The checkpoint's sealed manifest and where its attempt is, on a local root or an object store.
 
     :func:`read_sealed_manifest`'s checks on any store: the location is built
@@ -64,7 +58,6 @@ def read_sealed_attempt(staging: Staging, record: CheckpointRecord) -> tuple[Man
     Raises ``ManifestError`` / ``LayoutError``; reads no data file.
     """
     assert record.sealed_attempt is not None and record.manifest_digest is not None
-    staging = as_store(staging)
     recorded = (record.staging_root or "").rstrip("/")
     if recorded and not staging.names_root(recorded):
         raise LayoutError(
@@ -97,20 +90,14 @@ def publish_argument(publisher: Publisher, attempt: StagedAttempt) -> StagedAtte
 
 
 def staged_attempts(
-    staging: Staging, pipeline: str, checkpoint_key: str
+    staging: StagingStore, pipeline: str, checkpoint_key: str
 ) -> list[tuple[int, str | None, AttemptLocation]]:
     """The checkpoint's staged attempts as ``(number, attempt id, location)``, on any staging root
     (only names walsink gives attempts). A root that cannot be listed gives ``[]``: callers decide
     from the row alone then."""
     try:
         return [
-            (loc.attempt, loc.attempt_id, loc)
-            for loc in staged_locations(as_store(staging), pipeline, checkpoint_key)
+            (loc.attempt, loc.attempt_id, loc) for loc in staged_locations(staging, pipeline, checkpoint_key)
         ]
     except (WalsinkError, OSError):
         return []
-
-
-def read_attempt_manifest(staging: Staging, where: AttemptLocation) -> Manifest:
-    """The manifest of one staged attempt as :func:`staged_attempts` located it (no digest to check)."""
-    return as_store(staging).read_manifest(where)

@@ -107,6 +107,9 @@ class StagingStore(StagingBackend):
       digest when given one; :meth:`describe` and :meth:`list_attempt` give
       sizes from metadata (``lstat``, HEAD, LIST), never reading data;
       :meth:`checksum` streams one file when asked to.
+    * **Naming and layout** differ per backend, so they live on each (never asked of a kind):
+      :attr:`root_location`, :meth:`manifest_uri`, :meth:`names_root`; :attr:`layout`
+      is set on a local root only.
     * **Delete.** :meth:`remove_attempt` deletes one attempt, located by
       :meth:`attempt`, and nothing else: only a prefix named
       ``attempt-<n>[-<32 hex>]`` directly under ``<pipeline>/<checkpoint>``.

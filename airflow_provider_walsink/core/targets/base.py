@@ -16,7 +16,6 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from airflow_provider_walsink.core.protocol.errors import LayoutError, OrderError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
-from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import AttemptLocation, StagingStore, check_segments
 
 
@@ -254,8 +253,8 @@ class Publisher:
     3. The committer records COMMITTED in the committer table.
     4. **Finish**: ``finish(manifest, layout, fence=...)`` drops the target's own bookkeeping
        and the staging the target does not reference (best effort, after COMMITTED; ``fence()``
-       before each deletion). ``layout`` is the local :class:`StagingLayout`, or the
-       ``StagingStore`` of an object-store root (deletions then go through that store only).
+       before each deletion). ``layout`` is the ``StagingStore`` the attempt was staged in
+       (deletions go through that store only).
        Not offered (the default): the staging stays for garbage collection.
     5. **Abort and retract**, instead of 3-4 (:mod:`~airflow_provider_walsink.core.commit.abort`):
        ``retract_attempt(pipeline, checkpoint_key, attempt_id, ctx)`` (optional; a target
@@ -337,7 +336,7 @@ class Publisher:
     def finish(
         self,
         manifest: Manifest,
-        layout: StagingLayout | StagingStore | None = None,
+        layout: StagingStore | None = None,
         *,
         fence: Callable[[], None] | None = None,
     ) -> Any:
