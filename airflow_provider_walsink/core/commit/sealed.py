@@ -12,48 +12,20 @@ from dataclasses import replace
 from pathlib import Path
 
 from airflow_provider_walsink.core.protocol.errors import LayoutError, ManifestError, WalsinkError
-from airflow_provider_walsink.core.protocol.manifest import Manifest, read_manifest
+from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.staging.cleanup import staged_locations
-from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import AttemptLocation, StagingStore
 from airflow_provider_walsink.core.store.records import CheckpointRecord
 from airflow_provider_walsink.core.targets.base import Publisher, StagedAttempt
 
 
-def read_sealed_manifest(layout: StagingLayout, record: CheckpointRecord) -> tuple[Manifest, Path]:
-    """The checkpoint's sealed manifest and its attempt directory, checked against the record.
-
-    The path is built from the record's identifiers inside ``layout`` (never
-    taken from a row), the digest must be the sealed one, and the manifest
-    must describe this checkpoint's sealed attempt. Raises ``ManifestError``.
-    """
-    assert record.sealed_attempt is not None and record.manifest_digest is not None
-    pipeline, checkpoint_key = record.pipeline, record.checkpoint_key
-    manifest_path = layout.manifest_path(
-        pipeline, checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
-    )
-    manifest = read_manifest(manifest_path, expected_digest=record.manifest_digest)
-    if (manifest.pipeline, manifest.checkpoint_key, manifest.attempt) != (
-        pipeline,
-        checkpoint_key,
-        record.sealed_attempt,
-    ) or (record.sealed_attempt_id and manifest.attempt_id != record.sealed_attempt_id):
-        raise ManifestError(
-            f"manifest {manifest_path} describes {manifest.pipeline}/{manifest.checkpoint_key} "
-            f"attempt {manifest.attempt} ({manifest.attempt_id}), not {pipeline}/{checkpoint_key} "
-            f"attempt {record.sealed_attempt} ({record.sealed_attempt_id})"
-        )
-    return manifest, manifest_path.parent
-
-
 def read_sealed_attempt(staging: StagingStore, record: CheckpointRecord) -> tuple[Manifest, StagedAttempt]:
-    """The checkpoint's sealed manifest and where its attempt is, on a local root or an object store.
+    """The checkpoint's sealed manifest and where its attempt is, on any staging store.
 
-    :func:`read_sealed_manifest`'s checks on any store: the location is built
-    from the record's identifiers (never taken from a row or a manifest), the
-    manifest read through the store with its size cap must carry the sealed
-    digest and describe this checkpoint's sealed attempt. A :class:`StagingStore`
-    whose root is not the one the row records is refused (``LayoutError``):
+    The location is built from the record's identifiers (never taken from a row
+    or a manifest), the manifest read through the store with its size cap must
+    carry the sealed digest and describe this checkpoint's sealed attempt. A
+    store whose root is not the one the row records is refused (``LayoutError``):
     the checkpoint's attempts are where the write phase recorded them.
     Raises ``ManifestError`` / ``LayoutError``; reads no data file.
     """

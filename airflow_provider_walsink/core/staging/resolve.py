@@ -84,11 +84,6 @@ def store_for(record: RecordsStagingRoot | None, staging: Staging | Callable[[],
     return staging if isinstance(staging, StagingStore) else as_store(staging_for(record, staging))
 
 
-def root_of(staging: Staging) -> str:
-    """The root ``staging`` reads, as a row records it (an absolute path, or the URI)."""
-    return staging.root_uri if isinstance(staging, StagingStore) else str(staging.root)
-
-
 def local_layout(staging: Staging) -> StagingLayout | None:
     """The local layout ``staging`` reads through (a local store *is* its layout: same resolver,
     same symlink refusals), or ``None`` on an object store."""
