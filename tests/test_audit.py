@@ -21,9 +21,10 @@ from airflow_provider_walsink.core.commit.audit import (
     audit_checkpoint,
     run_checks,
 )
-from airflow_provider_walsink.core.commit.sealed import read_sealed_manifest
+from airflow_provider_walsink.core.commit.sealed import read_sealed_attempt
 from airflow_provider_walsink.core.protocol import CheckpointState as S
 from airflow_provider_walsink.core.protocol.errors import NotDurableError, PathEscapeError
+from airflow_provider_walsink.core.staging.resolve import as_store
 from airflow_provider_walsink.core.store import AuditRejectedError, NotAuditedError
 from airflow_provider_walsink.core.targets import FilePublisher
 from tests.helpers import ACTOR, stage_tables, target_files
@@ -307,7 +308,8 @@ def test_the_audit_reads_the_sealed_manifest_the_commit_reads(sqlite_store, layo
     record, manifest, attempt_dir = stage_tables(
         sqlite_store, layout, "p", "k", thousand_rows(), partition_columns=("dt",)
     )
-    assert read_sealed_manifest(layout, sqlite_store.require("p", "k")) == (manifest, attempt_dir)
+    read, attempt = read_sealed_attempt(as_store(layout), sqlite_store.require("p", "k"))
+    assert (read, attempt.location.path) == (manifest, str(attempt_dir))
 
 
 def test_the_audit_core_does_not_import_airflow():

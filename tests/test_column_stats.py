@@ -116,7 +116,7 @@ def _stage_with_spark(spark, staging_root: str, writer: str):
     finally:
         spark.conf.set("spark.sql.session.timeZone", zone)
     manifest = job.store.read_manifest(job.location, expected_digest=job.sealed_digest)
-    return manifest, job.location.uri if not job.store.is_local else str(job.attempt_dir)
+    return manifest, job.location.uri if job.store.layout is None else str(job.attempt_dir)
 
 
 def _fragments(table_uri: str, predicate: pc.Expression) -> int:

@@ -304,7 +304,7 @@ def test_collect_garbage_never_removes_attempts_of_a_checkpoint_being_committed(
 
 def test_gc_of_an_aborted_checkpoint_keeps_the_attempt_a_later_run_started(store, layout):
     """ABORTED -> WRITING: GC that read the row while ABORTED removes only the aborted attempts."""
-    from airflow_provider_walsink.core.commit.gc import GcReport, _collect_checkpoint
+    from airflow_provider_walsink.core.commit.gc import GcReport, _collect_checkpoint, _LocalRoot
 
     stage_checkpoint(store, layout, "p", "a1", files("a1"), durable=False)
     aborted = store.abort("p", "a1", reason="bad interval", actor=ACTOR)
@@ -312,7 +312,7 @@ def test_gc_of_an_aborted_checkpoint_keeps_the_attempt_a_later_run_started(store
     later.begin()  # a later run starts attempt 2 right after GC read the ABORTED row
     report = GcReport()
     cutoff = aborted.updated_at + DAY
-    _collect_checkpoint(layout, "p", "a1", aborted, cutoff, cutoff.timestamp(), report, False)
+    _collect_checkpoint(_LocalRoot(layout), "p", "a1", aborted, cutoff, cutoff.timestamp(), report, False)
     assert _numbered(report.attempts_removed) == ["p/a1/attempt-1"] and report.checkpoint_dirs_removed == []
     assert layout.attempts("p", "a1") == [2]
 

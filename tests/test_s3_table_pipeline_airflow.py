@@ -195,11 +195,11 @@ def test_abort_of_a_durable_checkpoint_staged_on_s3_tombstones_the_delta_table_a
         checkpoint_key=KEY,
         stores=hook.get_staging_store,
     )
-    assert built._objects is not None and built._objects.root_uri == record.staging_root
-    assert built._objects._options["access_key"] == ACCESS_KEY
+    assert built.staging.layout is None and built.staging.root_uri == record.staging_root
+    assert built.staging._options["access_key"] == ACCESS_KEY
     # The registered target is a URI only (its target_options are not recorded), so the table's
     # credentials come from the task's target options here, as the commit task has them.
-    aborter = CheckpointAborter(sqlite_store, built._objects, p.commit_task().get_publisher(None))
+    aborter = CheckpointAborter(sqlite_store, built.staging, p.commit_task().get_publisher(None))
     outcome = aborter.abort("events", KEY, reason="INC-7: bad input", actor=Actor(name="tester"))
     assert (outcome.state, outcome.previous_state) == ("ABORTED", "DURABLE"), outcome
     assert not outcome.warnings, outcome.warnings

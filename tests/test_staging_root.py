@@ -260,7 +260,7 @@ def test_abort_reads_the_recorded_root(staged_under_a_then_moved):
 
     store, a, b, _url = staged_under_a_then_moved
     aborter = aborter_for(store, "events", staging_root=str(b.root), checkpoint_key=KEY)
-    assert aborter.layout.root == a.root
+    assert aborter.staging.layout.root == a.root
     outcome = aborter.abort("events", KEY, reason="wrong input", actor=ACTOR)
     assert outcome.state == "ABORTED"
     assert outcome.staging_removed  # the staging under A, where the attempts are

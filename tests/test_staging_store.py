@@ -48,7 +48,7 @@ def store(request, tmp_path) -> StagingStore:
 
 
 def put(store: StagingStore, path: str, data: bytes) -> None:
-    if store.is_local:
+    if store.layout is not None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
     with store.filesystem.open_output_stream(path) as f:
         f.write(data)
@@ -74,7 +74,7 @@ def manifest_for(paths_and_data: dict[str, bytes], *, job: str = "spark:app-1"):
 def test_attempts_are_placed_as_the_local_layout_places_them(store, tmp_path):
     location = store.attempt("events", "k1", 2, ATTEMPT_ID)
     assert location.path.endswith(f"/events/k1/attempt-2-{ATTEMPT_ID}")
-    if store.is_local:
+    if store.layout is not None:
         assert location.uri == location.path
         assert location.path == str(
             StagingLayout(tmp_path / "staging").attempt_dir("events", "k1", 2, ATTEMPT_ID)
@@ -83,6 +83,26 @@ def test_attempts_are_placed_as_the_local_layout_places_them(store, tmp_path):
         assert location.uri == store.root_uri.rstrip("/") + f"/events/k1/attempt-2-{ATTEMPT_ID}"
         assert location.path == f"{store.base}/events/k1/attempt-2-{ATTEMPT_ID}"
         assert not location.path.startswith("/")
+
+
+def test_each_backend_names_its_root_and_manifest_so_no_caller_asks_its_kind(store, tmp_path):
+    location = store.attempt("events", "k1", 1, ATTEMPT_ID)
+    with pytest.raises(FileNotFoundError):
+        store.read_manifest_bytes(location)
+    assert store.describe(location, "_manifest.json") is None
+    manifest = manifest_for({})
+    store.seal(location, manifest)
+    assert store.read_manifest_bytes(location) == manifest.to_bytes()
+    assert store.describe(location, "_manifest.json") == len(manifest.to_bytes())
+    if store.layout is not None:
+        root = str(tmp_path / "staging")
+        assert store.root_location == root
+        assert store.manifest_uri(location) == f"file://{location.path}/_manifest.json"
+        assert store.names_root(f"file://{root}/") and not store.names_root("s3://b/staging")
+    else:
+        assert store.root_location == store.root_uri.rstrip("/")
+        assert store.manifest_uri(location) == f"{location.uri}/_manifest.json"
+        assert store.names_root(store.root_uri + "/") and not store.names_root(str(tmp_path))
 
 
 @pytest.mark.parametrize("bad", ["../x", "a/b", "", ".hidden"])

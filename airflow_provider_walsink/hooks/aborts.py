@@ -23,9 +23,8 @@ from typing import Any
 
 from airflow_provider_walsink.core.commit.abort import CheckpointAborter
 from airflow_provider_walsink.core.staging.cleanup import StoreOpener, open_object_store
-from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
-from airflow_provider_walsink.core.staging.resolve import local_layout, open_staging, staging_for
+from airflow_provider_walsink.core.staging.resolve import as_store, open_staging, staging_for
 from airflow_provider_walsink.core.store.store import CommitterStore
 from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
 
@@ -90,19 +89,19 @@ def aborter_for(
     if connections is None:
         from airflow_provider_walsink.hooks.connections import airflow_connection_fields as connections
 
-    def publisher_for(staging: StagingLayout | StagingStore) -> Any:
+    def publisher_for(staging: StagingStore) -> Any:
         # Table targets read no layout; file and SQL targets stage on a local root only.
-        layout = local_layout(staging)
-        return resolve_target(uri, TargetOptions(mode=row["mode"], layout=layout, connections=connections))  # type: ignore[arg-type]
+        options = TargetOptions(mode=row["mode"], layout=staging.layout, connections=connections)
+        return resolve_target(uri, options)  # type: ignore[arg-type]
 
     def default_root() -> str:
         # A row that records no root: the target's own (table targets stage inside their
         # location), else the caller's.
-        publisher = publisher_for(open_staging(staging_root, open_store))
+        publisher = publisher_for(as_store(open_staging(staging_root, open_store)))
         own = publisher.staging_root() if publisher.staging_root is not None else None
         return own or staging_root
 
-    staging = staging_for(record, default_root, open_store)
+    staging = as_store(staging_for(record, default_root, open_store))
     return CheckpointAborter(store, staging, publisher_for(staging))
 
 

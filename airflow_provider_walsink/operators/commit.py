@@ -15,7 +15,7 @@ from airflow_provider_walsink.core.commit.group import committed_by_group, is_gr
 from airflow_provider_walsink.core.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.core.protocol.modes import FencingMode, WriteMode
 from airflow_provider_walsink.core.staging.layout import StagingLayout
-from airflow_provider_walsink.core.staging.resolve import root_of, staging_for
+from airflow_provider_walsink.core.staging.resolve import as_store, staging_for
 from airflow_provider_walsink.core.store.errors import (
     AuditRejectedError,
     LeaseHeldError,
@@ -30,7 +30,6 @@ from airflow_provider_walsink.core.targets.registry import (
 )
 from airflow_provider_walsink.hooks.connections import airflow_connection_fields
 from airflow_provider_walsink.hooks.context import actor_from_context, checkpoint_key_from_context
-from airflow_provider_walsink.hooks.staging import is_object_store_root
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.operators.deprecations import source_argument
 from airflow_provider_walsink.operators.lineage import (
@@ -251,12 +250,12 @@ class WalCommitOperator(BaseOperator):
         store = hook.get_store()
         record = store.get(self.pipeline, key)
         # Where the write phase staged it, whatever the connection or the target say now.
-        staging = staging_for(record, lambda: self._derived_root(hook), hook.get_staging_store)
-        if is_object_store_root(root := root_of(staging)):
+        staging = as_store(staging_for(record, lambda: self._derived_root(hook), hook.get_staging_store))
+        if staging.layout is None:
             # Staged on an object store: table targets publish the staged objects by reference.
-            publisher = self._object_store_publisher(root)
+            publisher = self._object_store_publisher(staging.root_uri)
         else:
-            publisher = self.get_publisher(staging)  # type: ignore[arg-type]
+            publisher = self.get_publisher(staging.layout)
         actor = actor_from_context(context)
         committer = CheckpointCommitter(
             store,

@@ -27,12 +27,12 @@ from typing import Any
 
 from airflow_provider_walsink.core.faults import crashpoint
 from airflow_provider_walsink.core.protocol.errors import ManifestError
-from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, read_manifest
+from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME
 from airflow_provider_walsink.core.protocol.states import VERIFIED_DURABLE, CheckpointState
-from airflow_provider_walsink.core.staging.durability import check_attempt, check_stored_attempt
+from airflow_provider_walsink.core.staging.durability import check_stored_attempt
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
-from airflow_provider_walsink.core.staging.resolve import staging_for
+from airflow_provider_walsink.core.staging.resolve import staging_for, store_for
 from airflow_provider_walsink.core.store.store import Actor, CommitterStore, StaleAttemptError
 
 try:
@@ -103,19 +103,11 @@ def evaluate_durability(
             record.attempt,
         )
     attempt = record.sealed_attempt
-    if not isinstance(layout, StagingStore):
-        # A local root: the checkpoint's recorded one wins. A StagingStore is opened by the
-        # caller with its credentials, for the root the caller read from the row.
-        layout = staging_for(record, layout)
-    location = None
+    staging = store_for(record, layout)
+    location = staging.attempt(pipeline, checkpoint_key, attempt, record.sealed_attempt_id)
+    manifest_path = f"{location.uri}/{MANIFEST_NAME}"
     try:
-        if isinstance(layout, StagingStore):
-            location = layout.attempt(pipeline, checkpoint_key, attempt, record.sealed_attempt_id)
-            manifest_path: object = f"{location.uri}/{MANIFEST_NAME}"
-            manifest = layout.read_manifest(location, expected_digest=record.manifest_digest)
-        else:
-            manifest_path = layout.manifest_path(pipeline, checkpoint_key, attempt, record.sealed_attempt_id)
-            manifest = read_manifest(manifest_path, expected_digest=record.manifest_digest)
+        manifest = staging.read_manifest(location, expected_digest=record.manifest_digest)
     except ManifestError as e:
         return DurabilityStatus(False, record.state.value, f"{name} attempt {attempt}: {e}", attempt)
     identity = (manifest.pipeline, manifest.checkpoint_key, manifest.attempt)
@@ -135,12 +127,7 @@ def evaluate_durability(
             f"{name}: manifest totals (count, rows, bytes) {totals} differ from the sealed record {recorded}",
             attempt,
         )
-    if isinstance(layout, StagingStore):
-        assert location is not None
-        report = check_stored_attempt(layout, manifest, location, verify_checksums=verify_checksums)
-    else:
-        attempt_dir = layout.attempt_dir(pipeline, checkpoint_key, attempt, record.sealed_attempt_id)
-        report = check_attempt(layout, manifest, attempt_dir, verify_checksums=verify_checksums)
+    report = check_stored_attempt(staging, manifest, location, verify_checksums=verify_checksums)
     if not report.durable:
         return DurabilityStatus(
             False, record.state.value, f"{name} attempt {attempt}: {report.describe()}", attempt

@@ -365,6 +365,7 @@ def task_write_spark(
     """The write task as WalWriteOperator runs it: start the attempt, spark-submit, record the seal."""
     from airflow_provider_walsink.core.commit.write_phase import record_seal
     from airflow_provider_walsink.core.spark.args import ProtocolArgs
+    from airflow_provider_walsink.core.staging.resolve import as_store
     from airflow_provider_walsink.hooks.spark_submit_runner import default_spark_binary
 
     actor = _actor("write", spec.key, try_number)
@@ -416,7 +417,7 @@ def task_write_spark(
     if proc.returncode != 0:
         return proc.returncode, proc.stderr[-2000:]
     # The operator's own seal recording (manifest identity and offsets checked, then store.seal).
-    record_seal(store, layout, protocol, actor, log=logging.getLogger("harness"))
+    record_seal(store, as_store(layout), protocol, actor, log=logging.getLogger("harness"))
     return 0, ""
 
 

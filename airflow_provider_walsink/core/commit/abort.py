@@ -64,18 +64,17 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from airflow_provider_walsink.core.commit.lease import FencingContext
 from airflow_provider_walsink.core.commit.tombstone import tombstone_for_abort
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
-from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, Manifest, read_manifest
+from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, Manifest
 from airflow_provider_walsink.core.protocol.states import CheckpointState
-from airflow_provider_walsink.core.staging.cleanup import remove_staged_attempts, store_attempts
+from airflow_provider_walsink.core.staging.cleanup import remove_staged_attempts, staged_locations
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import AttemptLocation, StagingStore
-from airflow_provider_walsink.core.staging.resolve import local_layout, object_store_of
+from airflow_provider_walsink.core.staging.resolve import as_store
 from airflow_provider_walsink.core.store.errors import LeaseLostError, StoreError
 from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord
 from airflow_provider_walsink.core.store.store import CommitterStore
@@ -177,9 +176,8 @@ class CheckpointAborter:
         lease_ttl: timedelta = ABORT_LEASE_TTL,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.store, self.layout, self.publisher = store, local_layout(layout) or layout, publisher
-        #: The object store the checkpoints are staged on; None for a local root.
-        self._objects = object_store_of(layout)
+        #: Where the checkpoints are staged, as a store (a local layout is made one here).
+        self.store, self.staging, self.publisher = store, as_store(layout), publisher
         self.grace, self.lease_ttl, self._sleep = grace, lease_ttl, sleep
 
     def abort(
@@ -257,7 +255,7 @@ class CheckpointAborter:
         if table_fence:
             # The table is the fence too (table fencing has no lease to fence out): tombstone.
             try:
-                held = tombstone_for_abort(self.publisher, self.layout, lease.record, manifest)
+                held = tombstone_for_abort(self.publisher, self.staging, lease.record, manifest)
             except Exception as exc:
                 message = (
                     f"checkpoint {pipeline}/{checkpoint_key} cannot be aborted: its target could not record "
@@ -273,7 +271,7 @@ class CheckpointAborter:
                 # The tombstone then fences this row's attempts, checked against that one held.
                 try:
                     held = tombstone_for_abort(
-                        self.publisher, self.layout, lease.record, manifest, accepted=held
+                        self.publisher, self.staging, lease.record, manifest, accepted=held
                     )
                 except Exception as exc:
                     message = (
@@ -328,21 +326,14 @@ class CheckpointAborter:
     # ------------------------------------------------------------------ staging
 
     def _root(self) -> str:
-        return self._objects.root_uri if self._objects is not None else str(self.layout.root)
+        return self.staging.root_location
 
-    def _staged(self, pipeline: str, key: str) -> list[tuple[int, str | None, Path | AttemptLocation]]:
-        """The checkpoint's staged attempts: (number, id, directory or object-store location)."""
-        if self._objects is not None:
-            return [
-                (loc.attempt, loc.attempt_id, loc) for loc in store_attempts(self._objects, pipeline, key)
-            ]
-        return list(self.layout.staged_attempts(pipeline, key))
+    def _staged(self, pipeline: str, key: str) -> list[tuple[int, str | None, AttemptLocation]]:
+        """The checkpoint's staged attempts: (number, id, location)."""
+        return [(loc.attempt, loc.attempt_id, loc) for loc in staged_locations(self.staging, pipeline, key)]
 
     def _remove_one(self, pipeline: str, key: str, attempt: int, attempt_id: str) -> None:
-        if self._objects is not None:
-            self._objects.remove_attempt(self._objects.attempt(pipeline, key, attempt, attempt_id))
-        else:
-            self.layout.remove_attempt(pipeline, key, attempt, attempt_id)
+        self.staging.remove_attempt(self.staging.attempt(pipeline, key, attempt, attempt_id))
 
     # ------------------------------------------------------------------ steps
 
@@ -421,15 +412,10 @@ class CheckpointAborter:
         if record.sealed_attempt is None or record.manifest_digest is None:
             return None, None
         try:
-            if self._objects is not None:
-                location = self._objects.attempt(
-                    record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
-                )
-                return self._objects.read_manifest(location, expected_digest=record.manifest_digest), None
-            path = self.layout.manifest_path(
+            location = self.staging.attempt(
                 record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
             )
-            return read_manifest(path, expected_digest=record.manifest_digest), None
+            return self.staging.read_manifest(location, expected_digest=record.manifest_digest), None
         except (WalsinkError, OSError, ValueError) as exc:
             log.warning(
                 "abort of %s/%s: sealed manifest unreadable (%s)", record.pipeline, record.checkpoint_key, exc
@@ -513,7 +499,7 @@ class CheckpointAborter:
             return references and not self._unreferenced(record, number, attempt_id, path)
 
         removed = remove_staged_attempts(
-            self.layout,
+            self.staging,
             record.pipeline,
             record.checkpoint_key,
             up_to=record.attempt,
@@ -524,23 +510,15 @@ class CheckpointAborter:
         outcome.staging_removed += [f"{record.pipeline}/{record.checkpoint_key}/{name}" for name in removed]
 
     def _unreferenced(
-        self, record: CheckpointRecord, number: int, attempt_id: str | None, path: Path | AttemptLocation
+        self, record: CheckpointRecord, number: int, attempt_id: str | None, location: AttemptLocation
     ) -> bool:
         current = (number, attempt_id) == (record.attempt, record.attempt_id)
-        if isinstance(path, AttemptLocation):
-            assert self._objects is not None
-            sealed = self._objects.describe(path, MANIFEST_NAME) is not None
-        else:
-            sealed = (path / MANIFEST_NAME).exists()
-        if not sealed:
-            # Never sealed only if it is the current attempt and no seal was recorded; an older
-            # attempt without a manifest may be a committed one whose manifest finish() removed.
-            return current and record.sealed_attempt != number
         try:
-            if isinstance(path, AttemptLocation):
-                manifest = self._objects.read_manifest(path)  # type: ignore[union-attr]
-            else:
-                manifest = read_manifest(path / MANIFEST_NAME)
+            if self.staging.describe(location, MANIFEST_NAME) is None:
+                # Never sealed only if it is the current attempt and no seal was recorded; an older
+                # attempt without a manifest may be a committed one whose manifest finish() removed.
+                return current and record.sealed_attempt != number
+            manifest = self.staging.read_manifest(location)
         except (WalsinkError, OSError):
             return False
         holds = self.publisher.holds_attempt if self.publisher is not None else None

@@ -11,8 +11,7 @@ import logging
 from collections.abc import Callable
 
 from airflow_provider_walsink.core.commit.refusals import BAD_INPUT
-from airflow_provider_walsink.core.commit.sealed import Staging, local_layout
-from airflow_provider_walsink.core.protocol.manifest import Manifest, read_manifest
+from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, Manifest
 from airflow_provider_walsink.core.protocol.states import CheckpointState
 from airflow_provider_walsink.core.staging.cleanup import CleanupFencedError
 from airflow_provider_walsink.core.staging.object_store import StagingStore
@@ -44,7 +43,7 @@ def committed_fence(store: CommitterStore, manifest: Manifest) -> Callable[[], N
     return fence
 
 
-def finish(store: CommitterStore, staging: Staging, publisher: Publisher, manifest: Manifest) -> None:
+def finish(store: CommitterStore, staging: StagingStore, publisher: Publisher, manifest: Manifest) -> None:
     """Drop the journal and the staged attempts; best effort, the commit is already recorded.
 
     Racing committers (a loser finishing the cleanup, a zombie writer still
@@ -55,9 +54,7 @@ def finish(store: CommitterStore, staging: Staging, publisher: Publisher, manife
     target references at that moment (:mod:`~..staging.cleanup`).
     """
     try:
-        # A local root as the publishers have always taken it; an object store as itself.
-        where = local_layout(staging) or staging
-        publisher.finish(manifest, where, fence=committed_fence(store, manifest))
+        publisher.finish(manifest, staging, fence=committed_fence(store, manifest))
     except CleanupFencedError as exc:
         log.warning(
             "committed %s/%s; its clean-up stopped (left to GC): %s",
@@ -75,7 +72,7 @@ def finish(store: CommitterStore, staging: Staging, publisher: Publisher, manife
 
 
 def finish_cleanup(
-    store: CommitterStore, staging: Staging, publisher: Publisher, record: CheckpointRecord
+    store: CommitterStore, staging: StagingStore, publisher: Publisher, record: CheckpointRecord
 ) -> None:
     """Do the cleanup a committer killed after COMMITTED never did (harmless when done).
 
@@ -85,25 +82,13 @@ def finish_cleanup(
     """
     if record.sealed_attempt is None:
         return
-    layout = local_layout(staging)
     try:
-        if layout is not None:
-            path = layout.manifest_path(
-                record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
-            )
-            if not path.exists():
-                return  # staging is removed after the journal: nothing left to do
-            manifest = read_manifest(path, expected_digest=record.manifest_digest)
-        else:
-            assert isinstance(staging, StagingStore)
-            location = staging.attempt(
-                record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
-            )
-            import pyarrow.fs as pafs  # heavy; only an object-store root gets here
-
-            if staging.filesystem.get_file_info(location.manifest_path).type != pafs.FileType.File:
-                return  # the commit's clean-up removed the manifest: nothing left to do
-            manifest = staging.read_manifest(location, expected_digest=record.manifest_digest)
+        location = staging.attempt(
+            record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
+        )
+        if staging.describe(location, MANIFEST_NAME) is None:
+            return  # staging is removed after the journal: nothing left to do
+        manifest = staging.read_manifest(location, expected_digest=record.manifest_digest)
     except BAD_INPUT as exc:
         log.warning(
             "leaving staging of committed %s/%s alone: %s", record.pipeline, record.checkpoint_key, exc

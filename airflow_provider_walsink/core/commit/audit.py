@@ -43,15 +43,16 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from airflow_provider_walsink.core.commit.refusals import explain_not_committable
-from airflow_provider_walsink.core.commit.sealed import read_sealed_attempt, read_sealed_manifest
+from airflow_provider_walsink.core.commit.sealed import read_sealed_attempt
 from airflow_provider_walsink.core.protocol.errors import NotDurableError, WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.protocol.states import CheckpointState
 from airflow_provider_walsink.core.staging.cleanup import is_object_store
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import AttemptLocation, StagingStore
-from airflow_provider_walsink.core.staging.resolve import local_layout, staging_for
+from airflow_provider_walsink.core.staging.resolve import as_store, staging_for
 from airflow_provider_walsink.core.store.store import Actor, CommitterStore
+from airflow_provider_walsink.core.targets.base import StagedAttempt
 
 if TYPE_CHECKING:
     import duckdb
@@ -149,6 +150,15 @@ class StagedData:
         self._partitions = [c.partition for c in manifest.committables]
         self._conn: duckdb.DuckDBPyConnection | None = None
         self._relation: duckdb.DuckDBPyRelation | None = None
+
+    @classmethod
+    def of(cls, attempt: StagedAttempt, manifest: Manifest) -> StagedData:
+        """A sealed attempt as :func:`~.sealed.read_sealed_attempt` found it: DuckDB reads the files of
+        a local root in place; an object store's through the store (:meth:`on_store`)."""
+        store, location = attempt.store, attempt.location
+        if store.layout is not None:
+            return cls(store.layout, manifest, Path(location.path))
+        return cls.on_store(store, manifest, location)
 
     @classmethod
     def on_store(cls, staging: StagingStore, manifest: Manifest, location: AttemptLocation) -> StagedData:
@@ -630,14 +640,8 @@ def audit_checkpoint(
             "way to open it (stores=); the audit task opens it with the walsink connection's staging "
             "credentials"
         )
-    staging = staging_for(record, layout, stores)
-    if (local := local_layout(staging)) is None:
-        # Through the store (pyarrow reads; DuckDB's own S3 extension is not needed).
-        manifest, staged_attempt = read_sealed_attempt(staging, record)
-        staged_data = StagedData.on_store(staged_attempt.store, manifest, staged_attempt.location)
-    else:
-        manifest, attempt_dir = read_sealed_manifest(local, record)
-        staged_data = StagedData(local, manifest, attempt_dir)
+    manifest, attempt = read_sealed_attempt(as_store(staging_for(record, layout, stores)), record)
+    staged_data = StagedData.of(attempt, manifest)
     with staged_data as staged:
         report = run_checks(checks, staged)
     if report.passed:

@@ -21,10 +21,11 @@ is in neither place. A committable without a recorded checksum is not checked.
 
 from __future__ import annotations
 
-from airflow_provider_walsink.core.commit.sealed import Staging, read_sealed_attempt
+from airflow_provider_walsink.core.commit.sealed import read_sealed_attempt
 from airflow_provider_walsink.core.protocol.errors import ChecksumMismatchError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.staging.durability import DurabilityReport, check_stored_attempt
+from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.store.records import CheckpointRecord
 from airflow_provider_walsink.core.targets.base import StagedAttempt
 
@@ -46,7 +47,7 @@ def verify_staged_checksums(manifest: Manifest, attempt: StagedAttempt) -> None:
 
 
 def read_verified_attempt(
-    staging: Staging, record: CheckpointRecord, *, verify_checksums: bool
+    staging: StagingStore, record: CheckpointRecord, *, verify_checksums: bool
 ) -> tuple[Manifest, StagedAttempt]:
     """:func:`~.sealed.read_sealed_attempt`, then (``verify_checksums``) :func:`verify_staged_checksums`:
     step 3 of the commit sequence, for a single commit and for every member of a group."""

@@ -25,11 +25,12 @@ from airflow_provider_walsink.core.commit.checksums import read_verified_attempt
 from airflow_provider_walsink.core.commit.fencing import Fencing, Hold, require_table_fence, validate_fencing
 from airflow_provider_walsink.core.commit.group import can_lead_group, commit_as_leader
 from airflow_provider_walsink.core.commit.lease import LeaseFencing
-from airflow_provider_walsink.core.commit.sealed import Staging, publish_argument
+from airflow_provider_walsink.core.commit.sealed import publish_argument
 from airflow_provider_walsink.core.commit.summary import CommitSummary, summarize, with_result
 from airflow_provider_walsink.core.commit.tablefence import TableFencing
 from airflow_provider_walsink.core.faults import crashpoint
 from airflow_provider_walsink.core.protocol.manifest import Manifest
+from airflow_provider_walsink.core.staging.resolve import Staging, as_store
 from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord
 from airflow_provider_walsink.core.store.store import CommitterStore
 from airflow_provider_walsink.core.targets.base import Publisher
@@ -112,7 +113,8 @@ class CheckpointCommitter:
         if self.fencing == "table":
             require_table_fence(publisher)
         self.store = store
-        self.layout = layout
+        #: Where staged attempts are read, as a store (a local layout is made one here).
+        self.staging = as_store(layout)
         self.publisher = publisher
         self.mode = mode
         self.owner = owner
@@ -158,7 +160,7 @@ class CheckpointCommitter:
         fencing, record = self.fencing_strategy, hold.record
         try:
             manifest, attempt = read_verified_attempt(
-                self.layout, record, verify_checksums=self.verify_checksums
+                self.staging, record, verify_checksums=self.verify_checksums
             )  # 3
         except Exception as exc:
             fencing.failed(hold, "read", exc, actor=actor)
@@ -218,8 +220,8 @@ class CheckpointCommitter:
 
     def finish(self, manifest: Manifest) -> None:
         """Step 6: drop the journal and the staged attempts (:func:`~.aftercommit.finish`)."""
-        aftercommit.finish(self.store, self.layout, self.publisher, manifest)
+        aftercommit.finish(self.store, self.staging, self.publisher, manifest)
 
     def finish_cleanup(self, record: CheckpointRecord) -> None:
         """Step 6 for a row found COMMITTED (:func:`~.aftercommit.finish_cleanup`)."""
-        aftercommit.finish_cleanup(self.store, self.layout, self.publisher, record)
+        aftercommit.finish_cleanup(self.store, self.staging, self.publisher, record)

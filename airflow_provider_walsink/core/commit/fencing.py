@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar, Literal, Protocol
 
-from airflow_provider_walsink.core.commit.sealed import Staging
 from airflow_provider_walsink.core.commit.summary import CommitSummary
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.protocol.modes import FENCING_MODES, FencingMode
+from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord
 from airflow_provider_walsink.core.store.store import CommitterStore
 from airflow_provider_walsink.core.targets.base import Publisher, PublishResult
@@ -78,7 +78,7 @@ class Committing(Protocol):
     """
 
     store: CommitterStore
-    layout: Staging
+    staging: StagingStore
     publisher: Publisher
     mode: str
     owner: str | None

@@ -520,7 +520,7 @@ def _row_fence(
 
 
 def _collect_checkpoint(
-    root: _Root | StagingLayout,
+    root: _Root,
     pipeline: str,
     key: str,
     record: CheckpointRecord | None,
@@ -532,8 +532,6 @@ def _collect_checkpoint(
     *,
     retention: timedelta | None = None,
 ) -> None:
-    if isinstance(root, StagingLayout):
-        root = _LocalRoot(root)
     cdir = root.checkpoint(pipeline, key)
     now = utcnow()
     kept_for = f"retention {span(retention if retention is not None else now - cutoff)}"

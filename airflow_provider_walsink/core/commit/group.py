@@ -105,7 +105,7 @@ def commit_as_leader(
     pipeline = record.pipeline
     try:
         manifest, attempt = read_verified_attempt(
-            committer.layout, record, verify_checksums=committer.verify_checksums
+            committer.staging, record, verify_checksums=committer.verify_checksums
         )
     except Exception:  # noqa: BLE001 - the single commit reads it again and records the error
         return alone()
@@ -129,7 +129,7 @@ def commit_as_leader(
         # Read first (no lease needed to read): a checkpoint that cannot join is left untouched.
         try:
             member_manifest, member_attempt = read_verified_attempt(
-                committer.layout, candidate, verify_checksums=committer.verify_checksums
+                committer.staging, candidate, verify_checksums=committer.verify_checksums
             )
             unreadable: Exception | None = None
             if any(p in taken for p in member_manifest.replaced_partitions()):

@@ -8,85 +8,30 @@ attempt.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from airflow_provider_walsink.core.protocol.errors import LayoutError, ManifestError, WalsinkError
-from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, Manifest, read_manifest
-from airflow_provider_walsink.core.staging.cleanup import store_attempts
-from airflow_provider_walsink.core.staging.layout import StagingLayout
-from airflow_provider_walsink.core.staging.object_store import (
-    AttemptLocation,
-    LocalStagingStore,
-    StagingStore,
-)
-from airflow_provider_walsink.core.staging.resolve import local_layout, object_store_of
+from airflow_provider_walsink.core.protocol.manifest import Manifest
+from airflow_provider_walsink.core.staging.cleanup import staged_locations
+from airflow_provider_walsink.core.staging.object_store import AttemptLocation, StagingStore
 from airflow_provider_walsink.core.store.records import CheckpointRecord
 from airflow_provider_walsink.core.targets.base import Publisher, StagedAttempt
 
-#: Where a committer reads staged attempts: a local :class:`StagingLayout` (as always), or a
-#: :class:`StagingStore` on any root (opened by the caller, with its credentials, for the
-#: checkpoint's recorded staging root).
-Staging = StagingLayout | StagingStore
 
+def read_sealed_attempt(staging: StagingStore, record: CheckpointRecord) -> tuple[Manifest, StagedAttempt]:
+    """The checkpoint's sealed manifest and where its attempt is, on any staging store.
 
-def local_store(layout: StagingLayout) -> StagingStore:
-    """A :class:`StagingStore` over a local layout that *is* that layout (same resolver, same checks)."""
-    import pyarrow.fs as pafs  # heavy, and only a local root published by reference needs it
-
-    root = str(layout.root)
-    store = LocalStagingStore(root, pafs.LocalFileSystem(), root, kind="local")
-    store.layout = layout
-    return store
-
-
-def read_sealed_manifest(layout: StagingLayout, record: CheckpointRecord) -> tuple[Manifest, Path]:
-    """The checkpoint's sealed manifest and its attempt directory, checked against the record.
-
-    The path is built from the record's identifiers inside ``layout`` (never
-    taken from a row), the digest must be the sealed one, and the manifest
-    must describe this checkpoint's sealed attempt. Raises ``ManifestError``.
-    """
-    assert record.sealed_attempt is not None and record.manifest_digest is not None
-    pipeline, checkpoint_key = record.pipeline, record.checkpoint_key
-    manifest_path = layout.manifest_path(
-        pipeline, checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
-    )
-    manifest = read_manifest(manifest_path, expected_digest=record.manifest_digest)
-    if (manifest.pipeline, manifest.checkpoint_key, manifest.attempt) != (
-        pipeline,
-        checkpoint_key,
-        record.sealed_attempt,
-    ) or (record.sealed_attempt_id and manifest.attempt_id != record.sealed_attempt_id):
-        raise ManifestError(
-            f"manifest {manifest_path} describes {manifest.pipeline}/{manifest.checkpoint_key} "
-            f"attempt {manifest.attempt} ({manifest.attempt_id}), not {pipeline}/{checkpoint_key} "
-            f"attempt {record.sealed_attempt} ({record.sealed_attempt_id})"
-        )
-    return manifest, manifest_path.parent
-
-
-def read_sealed_attempt(staging: Staging, record: CheckpointRecord) -> tuple[Manifest, StagedAttempt]:
-    """The checkpoint's sealed manifest and where its attempt is, on a local root or an object store.
-
-    :func:`read_sealed_manifest`'s checks on any store: the location is built
-    from the record's identifiers (never taken from a row or a manifest), the
-    manifest read through the store with its size cap must carry the sealed
-    digest and describe this checkpoint's sealed attempt. A :class:`StagingStore`
-    whose root is not the one the row records is refused (``LayoutError``):
+    The location is built from the record's identifiers (never taken from a row
+    or a manifest), the manifest read through the store with its size cap must
+    carry the sealed digest and describe this checkpoint's sealed attempt. A
+    store whose root is not the one the row records is refused (``LayoutError``):
     the checkpoint's attempts are where the write phase recorded them.
     Raises ``ManifestError`` / ``LayoutError``; reads no data file.
     """
-    if (layout := local_layout(staging)) is not None:
-        manifest, attempt_dir = read_sealed_manifest(layout, record)
-        path = str(attempt_dir)
-        location = AttemptLocation(
-            record.pipeline, record.checkpoint_key, manifest.attempt, manifest.attempt_id, path, path
-        )
-        store = staging if isinstance(staging, StagingStore) else local_store(staging)
-        return manifest, StagedAttempt(store, location)
     assert record.sealed_attempt is not None and record.manifest_digest is not None
     recorded = (record.staging_root or "").rstrip("/")
-    if recorded and recorded != staging.root_uri.rstrip("/"):
+    if recorded and not staging.names_root(recorded):
         raise LayoutError(
             f"checkpoint {record.pipeline}/{record.checkpoint_key} is staged under {recorded}, but the "
             f"committer was given the staging store {staging.root_uri}; open the store of the recorded root"
@@ -105,7 +50,7 @@ def read_sealed_attempt(staging: Staging, record: CheckpointRecord) -> tuple[Man
             f"attempt {manifest.attempt} ({manifest.attempt_id}), not {record.pipeline}/"
             f"{record.checkpoint_key} attempt {record.sealed_attempt} ({record.sealed_attempt_id})"
         )
-    return manifest, StagedAttempt(staging, location)
+    return manifest, StagedAttempt(staging, replace(location, attempt_id=manifest.attempt_id))
 
 
 def publish_argument(publisher: Publisher, attempt: StagedAttempt) -> StagedAttempt | Path:
@@ -117,32 +62,14 @@ def publish_argument(publisher: Publisher, attempt: StagedAttempt) -> StagedAtte
 
 
 def staged_attempts(
-    staging: Staging, pipeline: str, checkpoint_key: str
-) -> list[tuple[int, str | None, Path | AttemptLocation]]:
-    """The checkpoint's staged attempts as ``(number, attempt id, where)``, on any staging root.
-
-    ``where`` is the attempt's directory on a local root (a :class:`StagingLayout`, or a
-    local :class:`StagingStore`: :meth:`StagingLayout.staged_attempts`) and its
-    :class:`AttemptLocation` on an object store (one listing,
-    :func:`~..staging.cleanup.store_attempts`: only names walsink gives attempts).
-    A root that cannot be listed gives ``[]``: callers decide from the row alone then.
-    """
-    layout = local_layout(staging)
+    staging: StagingStore, pipeline: str, checkpoint_key: str
+) -> list[tuple[int, str | None, AttemptLocation]]:
+    """The checkpoint's staged attempts as ``(number, attempt id, location)``, on any staging root
+    (only names walsink gives attempts). A root that cannot be listed gives ``[]``: callers decide
+    from the row alone then."""
     try:
-        if layout is not None:
-            return list(layout.staged_attempts(pipeline, checkpoint_key))
-        objects = object_store_of(staging)
-        assert objects is not None
         return [
-            (loc.attempt, loc.attempt_id, loc) for loc in store_attempts(objects, pipeline, checkpoint_key)
+            (loc.attempt, loc.attempt_id, loc) for loc in staged_locations(staging, pipeline, checkpoint_key)
         ]
     except (WalsinkError, OSError):
         return []
-
-
-def read_attempt_manifest(staging: Staging, where: Path | AttemptLocation) -> Manifest:
-    """The manifest of one staged attempt as :func:`staged_attempts` located it (no digest to check)."""
-    if isinstance(where, AttemptLocation):
-        assert isinstance(staging, StagingStore)
-        return staging.read_manifest(where)
-    return read_manifest(where / MANIFEST_NAME)

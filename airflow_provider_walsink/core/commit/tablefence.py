@@ -93,7 +93,7 @@ from airflow_provider_walsink.core.commit.refusals import (
     explain_not_committable,
     record_refusal,
 )
-from airflow_provider_walsink.core.commit.sealed import read_attempt_manifest, staged_attempts
+from airflow_provider_walsink.core.commit.sealed import staged_attempts
 from airflow_provider_walsink.core.commit.summary import CommitSummary, publication, summarize
 from airflow_provider_walsink.core.commit.tablerecord import (
     check_append_order,
@@ -108,7 +108,6 @@ from airflow_provider_walsink.core.faults import crashpoint
 from airflow_provider_walsink.core.protocol.errors import FencedError, NotDurableError, WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.protocol.states import CheckpointState
-from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.store.errors import (
     AuditRejectedError,
     LeaseHeldError,
@@ -314,13 +313,13 @@ def _held_fields(committer: Any, record: CheckpointRecord, manifest: Manifest, h
     offsets = published_offsets(manifest, held) if callable(published_offsets) else None
     if offsets is not None:
         fields.update(start_offsets=_dump(offsets[0]), end_offsets=_dump(offsets[1]))
-    staged = staged_attempts(committer.layout, record.pipeline, record.checkpoint_key)
+    staged = staged_attempts(committer.staging, record.pipeline, record.checkpoint_key)
     for number, attempt_id, where in staged:
         if attempt_id != held:
             continue
         fields["sealed_attempt"] = number
         try:
-            other = read_attempt_manifest(committer.layout, where)
+            other = committer.staging.read_manifest(where)
         except (WalsinkError, OSError):
             break  # finish() removed it once the attempt was committed: counts unknown
         fields.update(committables=other.expected_count, rows=other.total_rows, bytes=other.total_bytes)
@@ -352,17 +351,12 @@ def _drop_unpublished(committer: Any, manifest: Manifest) -> None:
     holds = committer.publisher.holds_attempt
     try:
         if callable(holds) and not holds(manifest):
-            staging = committer.layout
-            if isinstance(staging, StagingStore):
-                staging.remove_attempt(
-                    staging.attempt(
-                        manifest.pipeline, manifest.checkpoint_key, manifest.attempt, manifest.attempt_id
-                    )
-                )
-            else:
-                staging.remove_attempt(
+            staging = committer.staging
+            staging.remove_attempt(
+                staging.attempt(
                     manifest.pipeline, manifest.checkpoint_key, manifest.attempt, manifest.attempt_id
                 )
+            )
     except (WalsinkError, OSError) as exc:
         log.warning("leaving the staging of unpublished attempt %s: %s", manifest.attempt_id, exc)
 

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_walsink.core.commit.sealed import (
-    Staging,
-    local_layout,
-    read_attempt_manifest,
-    staged_attempts,
-)
+from airflow_provider_walsink.core.commit.sealed import staged_attempts
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
+from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.store.records import CheckpointRecord
 from airflow_provider_walsink.core.targets._tables import CheckpointRef
 from airflow_provider_walsink.core.targets.base import StagedAttempt
@@ -19,7 +15,7 @@ from airflow_provider_walsink.core.targets.base import StagedAttempt
 
 def tombstone_for_abort(
     publisher: Any,
-    layout: Staging,
+    staging: StagingStore,
     record: CheckpointRecord,
     manifest: Manifest | None,
     *,
@@ -50,10 +46,10 @@ def tombstone_for_abort(
     created): the abort must then refuse too.
     """
     ids: set[str] = {a for a in (record.attempt_id, record.sealed_attempt_id) if a}
-    for _number, attempt_id, where in staged_attempts(layout, record.pipeline, record.checkpoint_key):
+    for _number, attempt_id, where in staged_attempts(staging, record.pipeline, record.checkpoint_key):
         if attempt_id is None:
             try:
-                attempt_id = read_attempt_manifest(layout, where).attempt_id
+                attempt_id = staging.read_manifest(where).attempt_id
             except (WalsinkError, OSError):
                 continue  # never sealed (no manifest): nothing a committer could publish
         ids.add(attempt_id)
@@ -63,18 +59,11 @@ def tombstone_for_abort(
         return None
     create_from = None
     if manifest is not None:
-        local = local_layout(layout)
-        if local is not None:
-            attempt_dir = local.attempt_dir(
-                record.pipeline, record.checkpoint_key, manifest.attempt, manifest.attempt_id
-            )
-            create_from = (manifest, str(attempt_dir))
-        else:
-            # On an object store the table is created from the staged objects, read through the
-            # store that holds them (its credentials), as a publish reads them.
-            location = layout.attempt(
-                record.pipeline, record.checkpoint_key, manifest.attempt, manifest.attempt_id
-            )
-            create_from = (manifest, StagedAttempt(layout, location))
+        # The table is created from the staged files, read through the store that holds them (its
+        # credentials), as a publish reads them.
+        location = staging.attempt(
+            record.pipeline, record.checkpoint_key, manifest.attempt, manifest.attempt_id
+        )
+        create_from = (manifest, StagedAttempt(staging, location))
     ref = CheckpointRef(record.pipeline, record.checkpoint_key, record.sealed_attempt_id or "")
     return publisher.tombstone(ref, frozenset(ids), superseded=superseded, create_from=create_from)

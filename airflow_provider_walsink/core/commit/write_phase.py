@@ -9,7 +9,6 @@ the seal. The write task (``operators/write.py``) builds it through the walsink 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +16,6 @@ from typing import Any
 from airflow_provider_walsink.core.protocol.errors import ManifestError, WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import (
     MANIFEST_NAME,
-    MAX_MANIFEST_BYTES,
     digest_of,
     parse_manifest,
 )
@@ -315,40 +313,21 @@ class WritePhase:
 
 
 def record_seal(
-    store: Any, layout: StagingLayout | StagingStore, protocol: ProtocolArgs, actor: Actor, *, log: Log
+    store: Any, staging: StagingStore, protocol: ProtocolArgs, actor: Actor, *, log: Log
 ) -> CheckpointRecord:
     """Read and validate the attempt's sealed manifest and record the seal in the committer table."""
-    if isinstance(layout, StagingStore) and not layout.is_local:
-        location = layout.attempt(
-            protocol.pipeline, protocol.checkpoint_key, protocol.attempt, protocol.attempt_id or None
-        )
-        path: Any = f"{location.uri}/{MANIFEST_NAME}"
-        manifest_uri = path
-        try:
-            with layout.filesystem.open_input_stream(location.manifest_path) as stream:
-                data = stream.read(MAX_MANIFEST_BYTES + 1)
-        except FileNotFoundError:
-            raise ManifestError(
-                f"the Spark job finished but sealed no manifest at {path}: does it stage through "
-                "CheckpointJob and leave its `with` block (or call job.seal())?"
-            ) from None
-    else:
-        if isinstance(layout, StagingStore):
-            assert layout.layout is not None
-            layout = layout.layout
-        path = layout.manifest_path(
-            protocol.pipeline, protocol.checkpoint_key, protocol.attempt, protocol.attempt_id or None
-        )
-        manifest_uri = path.as_uri()
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            raise ManifestError(
-                f"the Spark job finished but sealed no manifest at {path}: does it stage through "
-                "CheckpointJob and leave its `with` block (or call job.seal())?"
-            ) from None
-        with os.fdopen(fd, "rb") as f:
-            data = f.read()
+    location = staging.attempt(
+        protocol.pipeline, protocol.checkpoint_key, protocol.attempt, protocol.attempt_id or None
+    )
+    path = f"{location.uri}/{MANIFEST_NAME}"
+    try:
+        data = staging.read_manifest_bytes(location)
+    except FileNotFoundError:
+        raise ManifestError(
+            f"the Spark job finished but sealed no manifest at {path}: does it stage through "
+            "CheckpointJob and leave its `with` block (or call job.seal())?"
+        ) from None
+    manifest_uri = staging.manifest_uri(location)
     manifest = parse_manifest(data, source=f"manifest {path}")
     expected = (
         protocol.pipeline,

@@ -208,17 +208,17 @@ class CheckpointJob:
             protocol.pipeline, protocol.checkpoint_key, protocol.attempt, protocol.attempt_id or None
         )
         if writer is None:
-            writer = LOCAL_WRITER if self.store.is_local else "executors"
+            writer = LOCAL_WRITER if self.layout is not None else "executors"
         if writer not in WRITERS:
             raise StagingError(f"writer must be one of {', '.join(WRITERS)}, got {writer!r}")
-        if writer == "spark" and not self.store.is_local:
+        if writer == "spark" and self.layout is None:
             raise StagingError(
                 f"staging root {self.store.root_uri!r} is an object store: Spark's own writer cannot stage "
                 "there (no Hadoop connector is assumed); use writer='executors'"
             )
         self.writer = writer
         #: The attempt's directory (a ``Path``) on a local root, its URI on an object store.
-        self.attempt_dir: Path | str = Path(self.location.path) if self.store.is_local else self.location.uri
+        self.attempt_dir: Path | str = self.location.uri if self.layout is None else Path(self.location.path)
         self.end_offsets: dict[str, Any] | None = None
         # Parquet timestamps as INT64 micros, not INT96: Iceberg readers (pyiceberg) refuse INT96.
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
@@ -405,7 +405,7 @@ class CheckpointJob:
                 f"the executors' writer stages parquet only, not {fmt!r}"
                 + (
                     ""
-                    if self.store.is_local
+                    if self.layout is not None
                     else f" (staging root {self.store.root_uri!r} is an object store)"
                 )
             )

@@ -5,9 +5,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, Manifest
+
+if TYPE_CHECKING:
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,17 @@ class StagingBackend(ABC):
       data read) **and checksums** (:meth:`checksum`, one committable streamed
       when asked).
     * **Read the manifest** (:meth:`read_manifest`, size-capped, digest checked
-      when given) **and a committable** (:meth:`committable`).
+      when given; :meth:`read_manifest_bytes` as stored, ``FileNotFoundError``
+      when unsealed) **and a committable** (:meth:`committable`, its size from
+      metadata: :meth:`describe`).
+    * **Name it** as other tools do: the root (:attr:`root_location`: the absolute
+      local path, or the URI), the sealed manifest (:meth:`manifest_uri`: a
+      ``file://`` URI, or the object's), and whether a row's recorded root is
+      this one (:meth:`names_root`).
+    * **A local directory, where there is one** (:attr:`layout`): the
+      :class:`~.layout.StagingLayout` a local root reads through (same resolver,
+      same symlink refusals), for what needs a directory on this machine (Spark's
+      own writer, publishers taking a path); ``None`` on an object store.
     * **Prepare an attempt** (:meth:`prepare_attempt`): its place, with nothing
       left in it by an earlier crash of the same attempt, ready for the job.
     * **Delete an attempt** (:meth:`remove_attempt`): that attempt only.
@@ -61,6 +74,9 @@ class StagingBackend(ABC):
     :data:`~airflow_provider_walsink.core.staging.registry.KNOWN_STAGING`; a
     local path is one backend among them.
     """
+
+    #: The local directory layout the store reads through; ``None`` on an object store.
+    layout: StagingLayout | None
 
     @classmethod
     @abstractmethod
@@ -86,6 +102,22 @@ class StagingBackend(ABC):
 
     @abstractmethod
     def read_manifest(self, location: AttemptLocation, *, expected_digest: str | None = None) -> Manifest: ...
+
+    @abstractmethod
+    def read_manifest_bytes(self, location: AttemptLocation) -> bytes: ...
+
+    @abstractmethod
+    def describe(self, location: AttemptLocation, relative: str) -> int | None: ...
+
+    @property
+    @abstractmethod
+    def root_location(self) -> str: ...
+
+    @abstractmethod
+    def manifest_uri(self, location: AttemptLocation) -> str: ...
+
+    @abstractmethod
+    def names_root(self, recorded: str) -> bool: ...
 
     @abstractmethod
     def prepare_attempt(self, location: AttemptLocation) -> None: ...

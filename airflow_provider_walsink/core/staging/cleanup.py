@@ -128,12 +128,23 @@ def open_object_store(root: str, stores: StoreOpener | None = None) -> StagingSt
     # As StagingStore.open builds the base: ``bucket/prefix`` (abfs: ``container/prefix``).
     bucket = parts.netloc.partition("@")[0] if store.kind == "abfs" else parts.netloc
     expected = f"{bucket}/{prefix}".rstrip("/")
-    if store.is_local or store.base != expected:
+    if store.layout is not None or store.base != expected:
         raise PathEscapeError(
             f"the store opened for staging root {root!r} is {store.root_uri!r} ({store.base}); refusing to "
             "delete anything through it"
         )
     return store
+
+
+def staged_locations(store: StagingStore, pipeline: str, checkpoint_key: str) -> list[AttemptLocation]:
+    """The attempts of one checkpoint on any store, in order: a local root's directories
+    (:meth:`StagingLayout.staged_attempts`), an object store's one listing (:func:`store_attempts`)."""
+    if store.layout is None:
+        return store_attempts(store, pipeline, checkpoint_key)
+    return [
+        AttemptLocation(pipeline, checkpoint_key, n, i, str(p), str(p))
+        for n, i, p in store.layout.staged_attempts(pipeline, checkpoint_key)
+    ]
 
 
 def store_attempts(store: StagingStore, pipeline: str, checkpoint_key: str) -> list[AttemptLocation]:

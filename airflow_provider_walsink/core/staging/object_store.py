@@ -107,6 +107,9 @@ class StagingStore(StagingBackend):
       digest when given one; :meth:`describe` and :meth:`list_attempt` give
       sizes from metadata (``lstat``, HEAD, LIST), never reading data;
       :meth:`checksum` streams one file when asked to.
+    * **Naming and layout** differ per backend, so they live on each (never asked of a kind):
+      :attr:`root_location`, :meth:`manifest_uri`, :meth:`names_root`; :attr:`layout`
+      is set on a local root only.
     * **Delete.** :meth:`remove_attempt` deletes one attempt, located by
       :meth:`attempt`, and nothing else: only a prefix named
       ``attempt-<n>[-<32 hex>]`` directly under ``<pipeline>/<checkpoint>``.
@@ -134,10 +137,6 @@ class StagingStore(StagingBackend):
 
     def __repr__(self) -> str:  # the options may hold secrets: the root only
         return f"StagingStore({self.root_uri!r}, kind={self.kind!r})"
-
-    @property
-    def is_local(self) -> bool:
-        return self.kind == "local"
 
     # ------------------------------------------------------------------ resolution
 
@@ -274,24 +273,24 @@ class StagingStore(StagingBackend):
             )
         return digest
 
+    def read_manifest_bytes(self, location: AttemptLocation) -> bytes:
+        """The attempt's manifest as stored, size-capped, never through a link (``FileNotFoundError``
+        when it is not sealed; other ``OSError`` as raised)."""
+        if self.layout is not None:
+            with os.fdopen(os.open(location.manifest_path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+                return f.read(MAX_MANIFEST_BYTES + 1)
+        with self.filesystem.open_input_stream(location.manifest_path) as f:
+            return f.read(MAX_MANIFEST_BYTES + 1)
+
     def _read_manifest_bytes(self, location: AttemptLocation) -> bytes:
         source = f"manifest {location.uri}/{MANIFEST_NAME}"
-        if self.layout is not None:
-            try:
-                fd = os.open(location.manifest_path, os.O_RDONLY | os.O_NOFOLLOW)
-            except FileNotFoundError:
-                raise ManifestError(f"{source}: does not exist (the write phase has not sealed it)") from None
-            except OSError as e:
-                raise ManifestError(f"{source}: cannot be opened ({e.strerror})") from None
-            with os.fdopen(fd, "rb") as f:
-                return f.read(MAX_MANIFEST_BYTES + 1)
         try:
-            with self.filesystem.open_input_stream(location.manifest_path) as f:
-                return f.read(MAX_MANIFEST_BYTES + 1)
+            return self.read_manifest_bytes(location)
         except FileNotFoundError:
             raise ManifestError(f"{source}: does not exist (the write phase has not sealed it)") from None
         except OSError as e:
-            raise ManifestError(f"{source}: cannot be read ({e})") from None
+            how = f"opened ({e.strerror})" if self.layout is not None else f"read ({e})"
+            raise ManifestError(f"{source}: cannot be {how}") from None
 
     def read_manifest(self, location: AttemptLocation, *, expected_digest: str | None = None) -> Manifest:
         """Read, digest-check and validate the attempt's sealed manifest (:class:`ManifestError` if not)."""
@@ -459,6 +458,28 @@ class LocalStagingStore(StagingStore):
         path = os.path.abspath(staging_path(text))
         return cls(text, pafs.LocalFileSystem(), path, kind="local")
 
+    @classmethod
+    def of(cls, layout: StagingLayout) -> LocalStagingStore:
+        """The store over a local layout that *is* that layout (same resolver, same checks)."""
+        import pyarrow.fs as pafs
+
+        store = cls(str(layout.root), pafs.LocalFileSystem(), str(layout.root), kind="local")
+        store.layout = layout
+        return store
+
+    @property
+    def root_location(self) -> str:
+        return self.base
+
+    def manifest_uri(self, location: AttemptLocation) -> str:
+        return Path(location.manifest_path).as_uri()
+
+    def names_root(self, recorded: str) -> bool:
+        try:
+            return os.path.abspath(staging_path(recorded)) == self.base
+        except ValueError:  # a URI: not a local root
+            return False
+
     def prepare_attempt(self, location: AttemptLocation) -> None:
         attempt_dir = Path(location.path)
         if attempt_dir.exists():  # left by a crash with the same attempt number: never reuse its files
@@ -510,6 +531,16 @@ class ObjectStagingStore(StagingStore):
         except (ImportError, ValueError) as e:
             raise StagingStoreError(f"staging root {text!r}: no file system for {scheme}:// ({e})") from None
         return cls(text, fs, f"{parts.netloc}/{prefix}".rstrip("/"), kind=scheme, options=options)
+
+    @property
+    def root_location(self) -> str:
+        return self.root_uri.rstrip("/")
+
+    def manifest_uri(self, location: AttemptLocation) -> str:
+        return f"{location.uri}/{MANIFEST_NAME}"
+
+    def names_root(self, recorded: str) -> bool:
+        return recorded.rstrip("/") == self.root_uri.rstrip("/")
 
     def prepare_attempt(self, location: AttemptLocation) -> None:
         # An object store has no directories to create; objects left under this attempt's

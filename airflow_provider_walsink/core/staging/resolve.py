@@ -15,7 +15,7 @@ from typing import Protocol, TypeAlias
 
 from airflow_provider_walsink.core.staging.cleanup import is_object_store
 from airflow_provider_walsink.core.staging.layout import StagingLayout
-from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.staging.object_store import LocalStagingStore, StagingStore
 
 Staging: TypeAlias = StagingLayout | StagingStore
 #: Opens an object-store root with the caller's credentials (the hook's ``get_staging_store``).
@@ -71,9 +71,17 @@ def staging_for(
     return open_staging(default, open_store)
 
 
-def root_of(staging: Staging) -> str:
-    """The root ``staging`` reads, as a row records it (an absolute path, or the URI)."""
-    return staging.root_uri if isinstance(staging, StagingStore) else str(staging.root)
+def as_store(staging: Staging) -> StagingStore:
+    """``staging`` as a store: a local :class:`StagingLayout` becomes the store that *is* it
+    (:meth:`LocalStagingStore.of`); a store is itself. Readers call it once, at their edge."""
+    return staging if isinstance(staging, StagingStore) else LocalStagingStore.of(staging)
+
+
+def store_for(record: RecordsStagingRoot | None, staging: Staging | Callable[[], Staging]) -> StagingStore:
+    """The store a reader given ``staging`` reads the checkpoint from: an opened store as given
+    (opened by the caller, with its credentials, for the root it read from the row); a layout,
+    or a function giving one, is resolved by the row (:func:`staging_for`: the recorded root wins)."""
+    return staging if isinstance(staging, StagingStore) else as_store(staging_for(record, staging))
 
 
 def local_layout(staging: Staging) -> StagingLayout | None:

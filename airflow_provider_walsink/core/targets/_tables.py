@@ -27,6 +27,7 @@ from airflow_provider_walsink.core.protocol.errors import (
     WalsinkError,
 )
 from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, FileStats, Manifest, parse_manifest
+from airflow_provider_walsink.core.staging.base import StagingBackend
 from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.targets.base import PublisherContext, StagedAttempt
 
@@ -353,7 +354,7 @@ def staging_storage(default: Storage, where: Any) -> Storage:
     footers and clean-up use the credentials the attempt was staged and checked with; else
     ``default`` (local roots: unchanged, with their symlink refusals)."""
     store = where.store if isinstance(where, StagedAttempt) else where
-    if isinstance(store, StagingStore) and not store.is_local:
+    if isinstance(store, StagingBackend) and store.layout is None:  # a store with no local layout
         return StoreStorage(store)
     return default
 
@@ -721,8 +722,8 @@ def layout_root(layout: Any) -> str | None:
     """The staging root of a :class:`StagingLayout`, a root URI, or ``None``."""
     if layout is None:
         return None
-    if isinstance(layout, StagingStore):
-        return layout.base if layout.is_local else layout.root_uri.rstrip("/")
+    if isinstance(layout, StagingBackend):
+        return layout.root_location
     root = getattr(layout, "root", layout)
     return os.fspath(root) if isinstance(root, Path) else str(root)
 

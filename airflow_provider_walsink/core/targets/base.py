@@ -16,7 +16,6 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from airflow_provider_walsink.core.protocol.errors import LayoutError, OrderError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
-from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import AttemptLocation, StagingStore, check_segments
 
 
@@ -100,13 +99,9 @@ class StagedAttempt:
     location: AttemptLocation
 
     @property
-    def is_local(self) -> bool:
-        return self.store.is_local
-
-    @property
     def uri(self) -> str:
         """The attempt as other tools name it: an absolute local path, or ``s3://bucket/...``."""
-        return self.location.path if self.store.is_local else self.location.uri.rstrip("/")
+        return self.location.uri.rstrip("/")
 
     def committable_uri(self, relative: str) -> str:
         """``uri/relative`` once ``relative`` passes the store's lexical confinement (``PathEscapeError``)."""
@@ -127,7 +122,7 @@ class StagedAttempt:
 
     def local_dir(self) -> Path:
         """The attempt's directory on a local root; ``LayoutError`` on an object store."""
-        if not self.store.is_local:
+        if self.store.layout is None:
             raise LayoutError(
                 f"attempt {self.location.uri} is staged on an object store ({self.store.kind}://); this "
                 "target publishes from a local staging root only (table targets reference the staged "
@@ -258,8 +253,8 @@ class Publisher:
     3. The committer records COMMITTED in the committer table.
     4. **Finish**: ``finish(manifest, layout, fence=...)`` drops the target's own bookkeeping
        and the staging the target does not reference (best effort, after COMMITTED; ``fence()``
-       before each deletion). ``layout`` is the local :class:`StagingLayout`, or the
-       ``StagingStore`` of an object-store root (deletions then go through that store only).
+       before each deletion). ``layout`` is the ``StagingStore`` the attempt was staged in
+       (deletions go through that store only).
        Not offered (the default): the staging stays for garbage collection.
     5. **Abort and retract**, instead of 3-4 (:mod:`~airflow_provider_walsink.core.commit.abort`):
        ``retract_attempt(pipeline, checkpoint_key, attempt_id, ctx)`` (optional; a target
@@ -341,7 +336,7 @@ class Publisher:
     def finish(
         self,
         manifest: Manifest,
-        layout: StagingLayout | StagingStore | None = None,
+        layout: StagingStore | None = None,
         *,
         fence: Callable[[], None] | None = None,
     ) -> Any:

@@ -70,6 +70,7 @@ from airflow_provider_walsink.core.protocol.manifest import (
 from airflow_provider_walsink.core.protocol.modes import WriteMode
 from airflow_provider_walsink.core.staging.cleanup import remove_staged_attempts
 from airflow_provider_walsink.core.staging.layout import Confiner, StagingLayout, confine
+from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.targets._tables import normalise_type
 from airflow_provider_walsink.core.targets.base import (
     Publisher,
@@ -953,7 +954,7 @@ class FilePublisher(Publisher):
                 pass
 
     def finish(
-        self, manifest: Manifest, layout: StagingLayout, *, fence: Callable[[], None] | None = None
+        self, manifest: Manifest, layout: StagingStore, *, fence: Callable[[], None] | None = None
     ) -> None:
         """After COMMITTED: drop the publish journal, then the version's staged attempts.
 

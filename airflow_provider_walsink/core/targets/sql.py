@@ -85,6 +85,7 @@ from airflow_provider_walsink.core.protocol.errors import (
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.staging.cleanup import remove_staged_attempts
 from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.targets._sqlload import bulk_load
 from airflow_provider_walsink.core.targets._sqlmarkers import (
     Marker,
@@ -304,7 +305,7 @@ class SqlPublisher(Publisher):
     def finish(
         self,
         manifest: Manifest,
-        layout: StagingLayout | None = None,
+        layout: StagingStore | None = None,
         *,
         fence: Callable[[], None] | None = None,
     ) -> None:
