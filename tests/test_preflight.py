@@ -28,7 +28,7 @@ import pytest
 from airflow_provider_walsink.core.protocol.errors import PreflightError
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
-from airflow_provider_walsink.core.staging.probe import PROBE_PREFIX, StagingNotWritableError
+from airflow_provider_walsink.core.staging.probe import StagingNotWritableError
 from airflow_provider_walsink.core.targets.registry import (
     TargetOptions,
     TargetUnreachableError,
@@ -98,7 +98,7 @@ def test_the_object_store_probe_puts_and_deletes_one_object(s3_server):  # noqa:
     }
     prefix = f"preflight-{uuid.uuid4().hex[:8]}"
     StagingStore.open(f"s3://{s3_server.bucket}/{prefix}", options).check_writable()
-    assert not [k for k in s3_server.list(prefix) if PROBE_PREFIX in k]  # nothing left behind
+    assert s3_server.list(prefix) == []  # nothing left behind, not even a "directory" marker
     with pytest.raises(StagingNotWritableError, match="bucket 'no-such-bucket' does not exist") as info:
         StagingStore.open("s3://no-such-bucket/staging", options).check_writable()
     assert "NoSuchBucket" in str(info.value)

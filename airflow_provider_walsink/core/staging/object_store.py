@@ -528,7 +528,16 @@ class ObjectStagingStore(StagingStore):
             self.remove_attempt(location)
 
     def check_writable(self) -> None:
-        probe_object_root(self.filesystem, self.base, self.root_uri)
+        probe_object_root(self.filesystem, self.base, self.root_uri, delete=self._delete_object)
+
+    def _delete_object(self, path: str) -> None:
+        """Delete one object; on S3 one ``DeleteObject`` (pyarrow's ``delete_file`` would leave a
+        marker object for the parent prefix)."""
+        if self.kind != "s3":
+            self.filesystem.delete_file(path)
+            return
+        bucket, _, key = path.partition("/")
+        self._boto3().delete_object(Bucket=bucket, Key=key)
 
 
 def _s3_filesystem(root: str, options: Mapping[str, Any]) -> Any:

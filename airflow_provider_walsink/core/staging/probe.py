@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from airflow_provider_walsink.core.protocol.errors import PreflightError
@@ -48,10 +49,14 @@ def local_root_status(root: str) -> tuple[bool, str]:
     return True, f"Staging root {path} exists and is writable"
 
 
-def probe_object_root(filesystem: Any, base: str, root_uri: str) -> None:
+def probe_object_root(
+    filesystem: Any, base: str, root_uri: str, *, delete: Callable[[str], None] | None = None
+) -> None:
     """The bucket (container) of ``base`` exists, and one empty probe object can be put under
     ``base`` and deleted again, through ``filesystem`` (a ``pyarrow.fs`` file system carrying the
-    root's credentials). Changes nothing that stays.
+    root's credentials). ``delete`` removes one object by its path (default: the file system's
+    ``delete_file``; pyarrow's S3 one leaves a marker object for the parent). Changes nothing
+    that stays.
 
     Raises:
         StagingNotWritableError: naming the root, the bucket and what the store answered
@@ -80,8 +85,8 @@ def probe_object_root(filesystem: Any, base: str, root_uri: str) -> None:
             f"staging root {root_uri}: an object cannot be put under it ({_first_line(exc)})"
         ) from None
     try:
-        filesystem.delete_file(key)
-    except OSError as exc:
+        (delete or filesystem.delete_file)(key)
+    except Exception as exc:  # noqa: BLE001 - OSError from pyarrow, ClientError from boto3
         raise StagingNotWritableError(
             f"staging root {root_uri}: a probe object was put but cannot be deleted ({_first_line(exc)}); "
             "the write phase deletes the attempts a retry replaces: allow deletes under the prefix"
