@@ -178,6 +178,23 @@ def test_a_sql_target_whose_database_does_not_answer_is_named_with_its_connectio
     assert "secret-pw" not in message
 
 
+def test_a_check_that_does_not_answer_is_cut_off():
+    import threading
+    import time
+
+    from airflow_provider_walsink.core.targets._reach import within
+
+    release = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="catalog 'x' at 10.0.0.1:8181 did not answer within 0.2s"):
+        within(0.2, lambda: release.wait(30), what="catalog 'x' at 10.0.0.1:8181")
+    assert time.monotonic() - started < 5
+    release.set()
+    assert within(5, lambda: 42, what="anything") == 42
+    with pytest.raises(ValueError, match="its own error"):
+        within(5, lambda: int("its own error"), what="anything")
+
+
 # ------------------------------------------------------------------ the write task
 
 
