@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from airflow_provider_walsink.core.protocol.errors import WalsinkError
+from airflow_provider_walsink.core.protocol.errors import PreflightError
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ _READ_EXTRA = frozenset(
 )
 
 
-class StagingConnectionError(WalsinkError, ValueError):
+class StagingConnectionError(PreflightError, ValueError):
     """The staging root's connection cannot give its credentials; the message says how to fix it."""
 
 
@@ -88,6 +88,21 @@ class StagingCredentials:
                     where += f", {name} {self.options[name]}"
             where += ")"
         return where
+
+
+def staging_connection(walsink_conn_id: str, root: str, credentials: StagingCredentials | None) -> str:
+    """Which connection a refusal of ``root`` names as the one to fix (no secret)."""
+    if not is_object_store_root(root):
+        return f"the staging_root of walsink connection {walsink_conn_id!r} (a local path)"
+    if credentials is None or credentials.conn_id is None:
+        return (
+            f"the default credential chain of this host (walsink connection {walsink_conn_id!r} names no "
+            "staging_conn_id: set it to an 'aws' connection)"
+        )
+    return (
+        f"connection {credentials.conn_id!r} (staging_conn_id of walsink connection {walsink_conn_id!r}; "
+        f"{credentials.describe()})"
+    )
 
 
 def is_s3_root(root: str) -> bool:

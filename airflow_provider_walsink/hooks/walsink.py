@@ -10,11 +10,13 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
+from airflow_provider_walsink.core.commit.preflight import check_staging
 from airflow_provider_walsink.core.commit.write_phase import WritePhase
 from airflow_provider_walsink.core.sources import Source, source_from
 from airflow_provider_walsink.core.spark.args import storage_env
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.staging.probe import local_root_status
 from airflow_provider_walsink.core.store.engine import missing_database_hint
 from airflow_provider_walsink.core.store.errors import CommitterDatabaseError
 from airflow_provider_walsink.core.store.store import CommitterStore
@@ -26,6 +28,7 @@ from airflow_provider_walsink.hooks.staging import (
     is_object_store_root,
     is_s3_root,
     s3_options_from_connection,
+    staging_connection,
 )
 
 try:
@@ -275,8 +278,15 @@ class WalsinkHook(BaseHook):
             staging_root=staging_root,
             staging=self.get_staging_store,
             credentials_env=lambda root: storage_env(root, self.get_staging_credentials(root).options),
+            check_staging=self._check_staging,
             **kwargs,
         )
+
+    def _check_staging(self, root: str) -> None:
+        """The write phase's staging check (``core/commit/preflight.py``), naming the connection."""
+        credentials = self.get_staging_credentials(root) if is_object_store_root(root) else None
+        where = staging_connection(self.walsink_conn_id, root, credentials)
+        check_staging(self.get_staging_store(root), connection=where)
 
     def test_connection(self) -> tuple[bool, str]:
         """The connection form's "Test" button: is the committer usable from here?
@@ -301,7 +311,7 @@ class WalsinkHook(BaseHook):
         if is_object_store_root(root):
             ok, staging_message = self._check_object_store_root(root)
         else:
-            ok, staging_message = _check_staging_root(root)
+            ok, staging_message = local_root_status(root)
         if not ok:
             return False, staging_message
         return True, f"{db_message}; {staging_message}"
@@ -371,30 +381,6 @@ def _check_database(url: str) -> tuple[bool, str]:
             f"Committer database {where} schema is at revision {revision}, this walsink needs {head}",
         )
     return True, f"Committer database {where} reachable, schema at head ({head})"
-
-
-def _check_staging_root(root: str) -> tuple[bool, str]:
-    """The staging root exists and is writable, or its nearest existing parent would let
-    it be made. Writability is tried (a temporary file, removed at once), not inferred
-    from permission bits, which say yes to root on a read-only mount."""
-    import tempfile
-
-    path = os.path.abspath(os.path.expanduser(root))
-    probe = path
-    while not os.path.lexists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        return False, f"Staging root {path}: {probe} is not a directory"
-    try:
-        fd, name = tempfile.mkstemp(prefix=".walsink-test-", dir=probe)
-        os.close(fd)
-        os.unlink(name)
-    except OSError as exc:
-        what = "is not writable" if probe == path else f"cannot be created ({probe} is not writable)"
-        return False, f"Staging root {path} {what}: {exc.strerror}"
-    if probe != path:
-        return True, f"Staging root {path} does not exist yet and can be created"
-    return True, f"Staging root {path} exists and is writable"
 
 
 def url_from_connection(

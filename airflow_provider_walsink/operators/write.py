@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_provider_walsink.core.commit.write_phase import CheckpointSkipped, WritePhase
+from airflow_provider_walsink.core.protocol.errors import PreflightError
 from airflow_provider_walsink.core.protocol.modes import Reprocess, WriteMode
 from airflow_provider_walsink.core.runners import JobRunner, runner_class
 from airflow_provider_walsink.core.sources import source_from
@@ -221,8 +222,8 @@ class WalWriteOperator(BaseOperator):
         # First: a run walsink cannot place is refused before anything is recorded or submitted.
         interval = run_interval(context, self.checkpoint_key)
         hook = WalsinkHook(self.walsink_conn_id)
-        phase = self._write_phase(context, hook, interval)
         try:
+            phase = self._write_phase(context, hook, interval)  # resolves and checks the target
             record = phase.run(lambda: actor_from_context(context))
         except CheckpointSkipped as skipped:
             self._staging_root = phase.staging_root
@@ -232,6 +233,8 @@ class WalWriteOperator(BaseOperator):
             raise AirflowSkipException(str(skipped)) from None
         except PipelineOwnedError as exc:
             raise AirflowFailException(str(exc)) from None  # a retry meets the same owner
+        except PreflightError as exc:
+            raise AirflowFailException(str(exc)) from None  # a retry meets the same configuration
         self._staging_root = phase.staging_root
         return self._result(context, record, skipped=False)
 

@@ -124,6 +124,9 @@ class WritePhase:
     checksum: str | None = "crc32"
     initial_offsets: Mapping[str, Any] | None = None
     log: Log = field(default_factory=lambda: logging.getLogger(__name__))
+    #: Refuses, before anything is recorded, a staging root this run cannot stage into
+    #: (``core/commit/preflight.py: check_staging``, naming the connection to fix); ``None``: unchecked.
+    check_staging: Callable[[str], None] | None = None
 
     def run(self, actor_of: Callable[[], Actor]) -> CheckpointRecord:
         """The sealed checkpoint record; :attr:`staging_root` is then where this attempt staged.
@@ -138,6 +141,8 @@ class WritePhase:
         root = self.staging_root = self._recorded_root(existing, self.staging_root)
         # Before anything is recorded: a cluster master needs a staging root every node sees.
         self.log.info("Staging placement: %s", self.check_placement(root))
+        if self.check_staging is not None:
+            self.check_staging(root)  # the bucket exists and takes writes, before Spark (preflight.py)
         actor = actor_of()
 
         record = store.register(

@@ -11,6 +11,17 @@ class WalsinkError(Exception):
     """Base class of every walsink error."""
 
 
+class PreflightError(WalsinkError):
+    """Something checked before the write phase records anything or starts the job cannot work:
+    a bucket that does not exist, a connection without credentials, a catalog that does not
+    answer. The message names the connection to fix; a retry would meet the same configuration,
+    so the write task fails at once (docs/production.md, "Checked before Spark starts")."""
+
+
+#: Said by every :class:`PreflightError` of the write task.
+NOTHING_DONE = "nothing was recorded and the Spark job was not started"
+
+
 class InvalidIdentifierError(WalsinkError, ValueError):
     """A pipeline id, checkpoint key or partition value is not allowed."""
 

@@ -124,3 +124,10 @@ class StagingBackend(ABC):
 
     @abstractmethod
     def remove_attempt(self, location: AttemptLocation) -> bool: ...
+
+    def check_writable(self) -> None:
+        """Refuse, before the write phase records anything or starts the job, a root this process
+        cannot stage into (``probe.StagingNotWritableError`` naming the root and what was wrong:
+        a bucket that does not exist, writes refused). Tried, never inferred; leaves nothing.
+        Default: nothing can be checked up front."""
+        return None

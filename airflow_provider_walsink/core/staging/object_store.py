@@ -40,6 +40,11 @@ from airflow_provider_walsink.core.staging.layout import (
     attempt_of,
     staging_path,
 )
+from airflow_provider_walsink.core.staging.probe import (
+    StagingNotWritableError,
+    local_root_status,
+    probe_object_root,
+)
 from airflow_provider_walsink.core.staging.registry import open_backend
 
 #: Storage options an ``s3://`` root understands (values are never logged or shown).
@@ -486,6 +491,11 @@ class LocalStagingStore(StagingStore):
             self.remove_attempt(location)
         attempt_dir.mkdir(parents=True)
 
+    def check_writable(self) -> None:
+        ok, message = local_root_status(self.base)
+        if not ok:
+            raise StagingNotWritableError(message)
+
 
 class ObjectStagingStore(StagingStore):
     """The object-store backend (``pyarrow.fs``): ``s3://``, ``gs://``, ``abfs://``, and any
@@ -547,6 +557,18 @@ class ObjectStagingStore(StagingStore):
         # prefix (a crash with the same attempt id) would mix with the job's.
         if self.list_attempt(location):
             self.remove_attempt(location)
+
+    def check_writable(self) -> None:
+        probe_object_root(self.filesystem, self.base, self.root_uri, delete=self._delete_object)
+
+    def _delete_object(self, path: str) -> None:
+        """Delete one object; on S3 one ``DeleteObject`` (pyarrow's ``delete_file`` would leave a
+        marker object for the parent prefix)."""
+        if self.kind != "s3":
+            self.filesystem.delete_file(path)
+            return
+        bucket, _, key = path.partition("/")
+        self._boto3().delete_object(Bucket=bucket, Key=key)
 
 
 def _s3_filesystem(root: str, options: Mapping[str, Any]) -> Any:

@@ -58,7 +58,7 @@ from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
-from airflow_provider_walsink.core.protocol.errors import LayoutError, OrderError, WalsinkError
+from airflow_provider_walsink.core.protocol.errors import NOTHING_DONE, LayoutError, OrderError, WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.protocol.modes import WriteMode
 from airflow_provider_walsink.core.targets._deltalog import (
@@ -76,6 +76,7 @@ from airflow_provider_walsink.core.targets._deltalog import (
     marker_transactions,
     partition_app_id,
 )
+from airflow_provider_walsink.core.targets._reach import check_bucket, missing_credentials
 from airflow_provider_walsink.core.targets._tables import (
     STAGING_DIR,
     CheckpointRef,
@@ -112,7 +113,11 @@ from airflow_provider_walsink.core.targets.base import (
     check_partition_order,
     conflict_backoff,
 )
-from airflow_provider_walsink.core.targets.registry import connection_missing, lookup_connection
+from airflow_provider_walsink.core.targets.registry import (
+    TargetUnreachableError,
+    connection_missing,
+    lookup_connection,
+)
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +163,8 @@ class DeltaPublisher(Publisher):
     references_staged_files: ClassVar[bool] = True
     #: ``publish`` takes a :class:`~.base.StagedAttempt`: local roots and object stores alike.
     takes_staged_attempt: ClassVar[bool] = True
+    #: The connection its storage options were read from (``TargetOptions.extra["conn_id"]``), if any.
+    conn_id: str | None = None
 
     def __init__(
         self,
@@ -215,7 +222,7 @@ class DeltaPublisher(Publisher):
                 uri,
             )
         flags = uri_flags(parts.query, ("create_table",), uri)
-        return cls(
+        publisher = cls(
             table_uri,
             options.mode,
             storage_options=opts,
@@ -223,6 +230,35 @@ class DeltaPublisher(Publisher):
             create_table=flags.get("create_table", bool(extra.get("create_table", False))),
             allow_older_overwrite=bool(getattr(options, "allow_older_overwrite", False)),
         )
+        publisher.conn_id = str(extra["conn_id"]) if extra.get("conn_id") else None
+        return publisher
+
+    def check_writable(self) -> None:
+        """1. Before the write phase (``core/commit/preflight.py``): on S3, a connection named by
+        ``conn_id`` gives credentials (read from the connection, never from this process's
+        environment), and the table's bucket exists and its location can be looked up (a new
+        table's directory need not exist). A local table: nothing checked here.
+
+        Raises:
+            TargetUnreachableError: naming the connection to fix and what was wrong.
+        """
+        if not self.table_uri.startswith("s3://"):
+            return
+        target = f"Delta target {self.table_uri}"
+        if self.conn_id is not None:
+            missing = missing_credentials(self.storage_options)
+            if missing:
+                raise TargetUnreachableError(
+                    f"{target}: connection {self.conn_id!r} (the target's conn_id) has {missing}: give it the "
+                    'access key pair as login/password (docs/targets.md, "Catalogs and connections"); '
+                    f"{NOTHING_DONE}"
+                )
+            connection = f"connection {self.conn_id!r} (the target's conn_id)"
+        elif self.storage_options:
+            connection = "the target's storage_options (target_options)"
+        else:
+            connection = "the default credential chain of this host (the target names no conn_id)"
+        check_bucket(self._s3_settings(), self.table_uri, target=target, connection=connection)
 
     def _s3_settings(self) -> S3Settings:
         o = {k.upper(): v for k, v in self.storage_options.items()}

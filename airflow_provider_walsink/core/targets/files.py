@@ -58,6 +58,7 @@ from airflow_provider_walsink.core.protocol.errors import (
     CommittableError,
     LayoutError,
     PathEscapeError,
+    PreflightError,
     SymlinkRefusedError,
 )
 from airflow_provider_walsink.core.protocol.manifest import (
@@ -101,7 +102,7 @@ class TargetSchemaError(LayoutError):
 MAX_SUFFIX = 24
 
 
-class TargetNotWritableError(LayoutError):
+class TargetNotWritableError(LayoutError, PreflightError):
     """The file target's root cannot take new files here; raised before the write phase runs."""
 
 

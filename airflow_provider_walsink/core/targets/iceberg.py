@@ -117,7 +117,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.transforms import IdentityTransform
 
-from airflow_provider_walsink.core.protocol.errors import LayoutError, WalsinkError
+from airflow_provider_walsink.core.protocol.errors import NOTHING_DONE, LayoutError, WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.protocol.modes import WriteMode
 from airflow_provider_walsink.core.targets._icebergcatalog import (
@@ -146,6 +146,7 @@ from airflow_provider_walsink.core.targets._icebergmarkers import (
 # Named from here by tests and the benchmarks: the Iceberg target's public names.
 from airflow_provider_walsink.core.targets._icebergmarkers import MARKER_PREFIX as MARKER_PREFIX
 from airflow_provider_walsink.core.targets._icebergmarkers import marker_property as marker_property
+from airflow_provider_walsink.core.targets._reach import REACH_TIMEOUT, host_port, one_line, within
 from airflow_provider_walsink.core.targets._tables import (
     STAGING_DIR,
     CheckpointRef,
@@ -178,7 +179,11 @@ from airflow_provider_walsink.core.targets.base import (
     check_partition_order,
     conflict_backoff,
 )
-from airflow_provider_walsink.core.targets.registry import TargetNotConfiguredError, lookup_connection
+from airflow_provider_walsink.core.targets.registry import (
+    TargetNotConfiguredError,
+    TargetUnreachableError,
+    lookup_connection,
+)
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +218,8 @@ class IcebergPublisher(Publisher):
     references_staged_files: ClassVar[bool] = True
     #: ``publish`` takes a :class:`~.base.StagedAttempt`: local roots and object stores alike.
     takes_staged_attempt: ClassVar[bool] = True
+    #: Where the catalog's properties come from (a message names it as the place to fix them).
+    catalog_source: str = "its catalog_properties"
 
     def __init__(
         self,
@@ -278,7 +285,7 @@ class IcebergPublisher(Publisher):
         if props is not None:
             check_catalog_properties(uri, name, source, props)
         flags = uri_flags(parts.query, ("create_table",), uri)
-        return cls(
+        publisher = cls(
             identifier,
             options.mode,
             catalog_name=name,
@@ -288,6 +295,31 @@ class IcebergPublisher(Publisher):
             table_properties=extra.get("table_properties"),
             allow_older_overwrite=bool(getattr(options, "allow_older_overwrite", False)),
         )
+        publisher.catalog_source = source if props is not None else "walsink's embedded catalog"
+        return publisher
+
+    def check_writable(self) -> None:
+        """1. Before the write phase (``core/commit/preflight.py``): the catalog answers one cheap
+        call (``table_exists``) within :data:`._reach.REACH_TIMEOUT` seconds.
+
+        Raises:
+            TargetUnreachableError: naming the catalog, where its configuration comes from (the
+                connection to fix), its ``host:port`` and what went wrong.
+        """
+        uri = self.catalog_properties.get("uri")
+        where = host_port(uri) if uri else "(its configured location)"
+        try:
+            within(
+                REACH_TIMEOUT,
+                lambda: self.catalog.table_exists(self.identifier),
+                what=f"Iceberg catalog {self.catalog_name!r} at {where}",
+            )
+        except Exception as exc:  # noqa: BLE001 - whatever the catalog's client raises is the answer
+            raise TargetUnreachableError(
+                f"Iceberg target iceberg://{self.catalog_name}/{self.identifier}: catalog {self.catalog_name!r} "
+                f"(from {self.catalog_source}) is unreachable at {where} ({one_line(exc)}): fix the catalog's "
+                f"uri (host and port) there, or start the catalog; {NOTHING_DONE}"
+            ) from None
 
     # ------------------------------------------------------------------ catalog and table
 

@@ -30,7 +30,7 @@ from importlib.metadata import entry_points
 from typing import Any
 from urllib.parse import urlsplit
 
-from airflow_provider_walsink.core.protocol.errors import WalsinkError
+from airflow_provider_walsink.core.protocol.errors import PreflightError, WalsinkError
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.targets.base import Publisher
 
@@ -57,12 +57,18 @@ class TargetError(WalsinkError):
     """A target URI cannot be resolved to a publisher; the message says why."""
 
 
-class TargetNotConfiguredError(TargetError, ValueError):
+class TargetNotConfiguredError(TargetError, PreflightError, ValueError):
     """A target names something (a catalog, a connection) that is not configured.
 
     Raised instead of falling back to a default: the message names what is
     missing and how to configure it.
     """
+
+
+class TargetUnreachableError(TargetError, PreflightError):
+    """A configured target cannot be reached with its connection: no credentials in it, a bucket
+    that does not exist, a catalog or database that does not answer. Raised by a target's
+    ``check_writable()`` before the write phase; the message names the connection to fix."""
 
 
 def lookup_connection(options: TargetOptions, conn_id: str, *, needed_by: str) -> Mapping[str, Any] | None:

@@ -77,6 +77,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from airflow_provider_walsink.core.protocol.errors import (
+    NOTHING_DONE,
     CommittableError,
     FencedError,
     LayoutError,
@@ -86,6 +87,7 @@ from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.staging.cleanup import remove_staged_attempts
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.targets._reach import REACH_TIMEOUT, host_port, one_line, within
 from airflow_provider_walsink.core.targets._sqlload import bulk_load
 from airflow_provider_walsink.core.targets._sqlmarkers import (
     Marker,
@@ -117,7 +119,11 @@ from airflow_provider_walsink.core.targets.base import (
     TargetCapabilities,
     check_partition_order,
 )
-from airflow_provider_walsink.core.targets.registry import connection_missing, lookup_connection
+from airflow_provider_walsink.core.targets.registry import (
+    TargetUnreachableError,
+    connection_missing,
+    lookup_connection,
+)
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +161,8 @@ class SqlPublisher(Publisher):
     capabilities: ClassVar[TargetCapabilities] = TargetCapabilities(
         atomic=True, needs_rename=False, remembers_commits=True, fenced_by_target=True
     )
+    #: The connection the database URL was read from (``sql://<conn_id>/...``); ``None``: ``url`` given.
+    conn_id: str | None = None
 
     def __init__(
         self,
@@ -234,6 +242,7 @@ class SqlPublisher(Publisher):
         unknown = sorted(set(extra) - known)
         if unknown:
             raise SqlTargetError(f"sql target: unknown option(s) {unknown}; known: {sorted(known)}")
+        named = None
         if extra.get("url"):
             url: str | URL = extra["url"]
         else:
@@ -252,7 +261,8 @@ class SqlPublisher(Publisher):
                     how=f"of type {' or '.join(sorted(CONN_TYPE_DRIVERS))} pointing at the database",
                 )
             url = url_from_connection(conn_id, fields)
-        return cls(
+            named = conn_id
+        publisher = cls(
             url,
             table,
             schema=schema or None,
@@ -267,6 +277,8 @@ class SqlPublisher(Publisher):
             allow_older_overwrite=bool(getattr(options, "allow_older_overwrite", False)),
             label=f"sql://{conn_id}/{name}" if conn_id else None,
         )
+        publisher.conn_id = named
+        return publisher
 
     @property
     def engine(self) -> Engine:
@@ -277,6 +289,29 @@ class SqlPublisher(Publisher):
                 connect_args["local_infile"] = True
             self._engine = sa.create_engine(self.url, pool_pre_ping=True, connect_args=connect_args)
         return self._engine
+
+    def check_writable(self) -> None:
+        """1. Before the write phase (``core/commit/preflight.py``): the database accepts a connection
+        and answers ``SELECT 1`` within :data:`._reach.REACH_TIMEOUT` seconds.
+
+        Raises:
+            TargetUnreachableError: naming the connection (or the target's ``url``), the database's
+                ``host:port`` and what went wrong.
+        """
+        where = host_port(self.url.render_as_string(hide_password=True))
+        connection = f"connection {self.conn_id!r}" if self.conn_id else "the target's url (target_options)"
+
+        def answer() -> None:
+            with self.engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+
+        try:
+            within(REACH_TIMEOUT, answer, what=f"database at {where}")
+        except Exception as exc:  # noqa: BLE001 - whatever the driver raises is the answer
+            raise TargetUnreachableError(
+                f"{self.describe()}: the database at {where} does not accept a connection with {connection} "
+                f"({one_line(exc)}): fix that connection (host, port, login, database); {NOTHING_DONE}"
+            ) from None
 
     def close(self) -> None:
         """Release the publisher's database connections."""
