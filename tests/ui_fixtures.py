@@ -49,7 +49,7 @@ class UiWorld:
         return {"Authorization": f"Bearer {self.tokens[user]}"}
 
 
-def ui_env(store_url: str, staging: Path) -> dict[str, str]:
+def ui_env(store_url: str, staging: Path, extra: dict | None = None) -> dict[str, str]:
     # A connection id of its own per world: the UI caches resolved connections by id.
     conn_id = f"walsink_ui_{uuid.uuid4().hex[:8]}"
     return {
@@ -58,7 +58,10 @@ def ui_env(store_url: str, staging: Path) -> dict[str, str]:
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__WALSINK__UI_CONN_ID": conn_id,
         f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(
-            {"conn_type": "walsink", "extra": {"url": store_url, "staging_root": str(staging)}}
+            {
+                "conn_type": "walsink",
+                "extra": {"url": store_url, "staging_root": str(staging), **(extra or {})},
+            }
         ),
     }
 
@@ -175,12 +178,14 @@ def login(client, user: str) -> str:
     return response.json()["access_token"]
 
 
-def build_world(store_url: str, tmp: Path, monkeypatch) -> Iterator[UiWorld]:
+def build_world(
+    store_url: str, tmp: Path, monkeypatch, walsink_extra: dict | None = None
+) -> Iterator[UiWorld]:
     from airflow.api_fastapi.app import create_app, purge_cached_app
     from fastapi.testclient import TestClient
 
     staging = tmp / "staging"
-    for key, value in ui_env(store_url, staging).items():
+    for key, value in ui_env(store_url, staging, walsink_extra).items():
         monkeypatch.setenv(key, value)
     # A fresh password file for our users (SimpleAuthManager writes missing ones at init).
     monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(tmp / "passwords.json"))

@@ -34,8 +34,9 @@ from pydantic import BaseModel, Field
 from airflow_provider_walsink.core.commit.abort import AbortOutcome, AbortRefusedError
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
 from airflow_provider_walsink.core.staging.layout import StagingLayout
-from airflow_provider_walsink.core.staging.resolve import staging_for
-from airflow_provider_walsink.core.store.records import Actor
+from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.staging.resolve import as_store, staging_for
+from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord
 from airflow_provider_walsink.core.store.store import CommitterStore, utcnow
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 
@@ -102,6 +103,13 @@ def _hook() -> WalsinkHook:
 def get_store() -> CommitterStore:
     """The committer store of the configured connection (one engine per URL and process)."""
     return _hook().get_store()
+
+
+def _staging_of(record: CheckpointRecord) -> StagingStore:
+    """The checkpoint's staging store: its recorded root (local, or an object store opened with
+    the walsink connection's staging credentials, never the process environment)."""
+    hook = _hook()
+    return as_store(staging_for(record, get_layout, hook.get_staging_store))
 
 
 def get_layout() -> StagingLayout:
@@ -329,7 +337,7 @@ def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, key: str
         # The Airflow task try whose log says why it is where it is (a failure, a refusal, a wait).
         "log": views.log_link(history),
         # Under the root the write phase recorded; the connection's only for a row without one.
-        "committables": views.committables(record, staging_for(record, get_layout)),  # type: ignore[arg-type]
+        "committables": views.committables(record, _staging_of(record)),
         "audit": views.audit_results(record, transitions),
         "history": transitions,
         "versions": [views.version_dict(v) for v in store.versions(pipeline, key)]

@@ -1,7 +1,7 @@
 """Committer-table records → JSON-ready dicts for the commit-state API and pages.
 
 Airflow-free: reads the store and the staging area only. The manifest of a
-checkpoint is read through the protocol (``StagingLayout.manifest_path`` →
+checkpoint is read through the staging store contract (``attempt`` →
 ``read_manifest`` with the sealed digest), so nothing outside the staging
 root is ever opened because a database row says so (invariant 6).
 """
@@ -17,9 +17,10 @@ from urllib.parse import quote
 
 from airflow_provider_walsink.core.commit.audit import AuditReport
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
-from airflow_provider_walsink.core.protocol.manifest import read_manifest
+from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME
 from airflow_provider_walsink.core.protocol.states import AUDIT_VERDICTS, ERROR_STATES, CheckpointState
-from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.store.models import plain_text
 from airflow_provider_walsink.core.store.queries import wait_status
 from airflow_provider_walsink.core.store.records import VersionRecord
 from airflow_provider_walsink.core.store.store import (
@@ -421,35 +422,34 @@ def pipeline_writers(store: CommitterStore, names: list[str] | None = None) -> d
     return store.pipeline_writers(list(names))
 
 
-def committables(record: CheckpointRecord, layout: StagingLayout) -> dict[str, Any]:
+def committables(record: CheckpointRecord, staging: StagingStore) -> dict[str, Any]:
     """The committables of the checkpoint's sealed manifest, or why they cannot be shown.
 
-    ``status`` is one of ``available``, ``not_sealed`` (no sealed attempt yet),
-    ``cleaned`` (committed and its staging already removed, as designed) and
-    ``unavailable`` (missing or invalid before commit: a problem worth a look).
+    Read through the staging store of the checkpoint's recorded root (local or object
+    store, opened with the walsink connection's staging credentials). ``status`` is one of
+    ``available``, ``not_sealed`` (no sealed attempt yet), ``cleaned`` (committed or
+    aborted and its staging already removed, as designed) and ``unavailable`` (missing,
+    invalid or unreadable before commit: a problem worth a look; the message says why).
     """
     base: dict[str, Any] = {"status": None, "message": None, "items": [], "total": 0, "truncated": False}
     if record.sealed_attempt is None or record.manifest_digest is None:
         return {**base, "status": "not_sealed", "message": "No sealed attempt yet: nothing to list."}
     try:
-        path = layout.manifest_path(
+        location = staging.attempt(
             record.pipeline, record.checkpoint_key, record.sealed_attempt, record.sealed_attempt_id
         )
-    except WalsinkError as exc:
-        return {**base, "status": "unavailable", "message": str(exc)}
-    if record.state in (S.COMMITTED, S.ABORTED) and not path.exists():
-        return {
-            **base,
-            "status": "cleaned",
-            "message": f"Staging of attempt {record.sealed_attempt} was cleaned after the checkpoint was "
-            f"{record.state.value.lower()}; the committer table keeps its totals "
-            f"({plural(record.committables, 'committable')}, {plural(record.rows, 'row')}, "
-            f"{plural(record.bytes, 'byte')}).",
-        }
-    try:
-        manifest = read_manifest(path, expected_digest=record.manifest_digest)
-    except WalsinkError as exc:
-        return {**base, "status": "unavailable", "message": str(exc)}
+        if record.state in (S.COMMITTED, S.ABORTED) and staging.describe(location, MANIFEST_NAME) is None:
+            return {
+                **base,
+                "status": "cleaned",
+                "message": f"Staging of attempt {record.sealed_attempt} was cleaned after the checkpoint was "
+                f"{record.state.value.lower()}; the committer table keeps its totals "
+                f"({plural(record.committables, 'committable')}, {plural(record.rows, 'row')}, "
+                f"{plural(record.bytes, 'byte')}).",
+            }
+        manifest = staging.read_manifest(location, expected_digest=record.manifest_digest)
+    except (WalsinkError, OSError) as exc:  # OSError: the store cannot be read (credentials, network)
+        return {**base, "status": "unavailable", "message": plain_text(str(exc))}
     items = [c.to_json() for c in manifest.committables[:MAX_COMMITTABLES_SHOWN]]
     for item, committable in zip(items, manifest.committables, strict=False):
         item["partition"] = committable.partition_path or None
