@@ -10,6 +10,7 @@ with the same letters, the attempts an open checkpoint still needs.
 from __future__ import annotations
 
 import re
+import time
 import uuid
 import zlib
 from datetime import timedelta
@@ -449,5 +450,45 @@ def test_the_gc_operator_opens_a_recorded_s3_root_with_the_staging_connection(
     report = WalGarbageCollectOperator(
         task_id="gc", walsink_conn_id="walsink_gc_test", retention=timedelta(0), history_retention=None
     ).execute({})
+    assert attempt_names(sstore, "p", "c1") == [], report
+    assert not [k for k in keys(s3_server, prefix) if k.startswith("staging/p/c1/attempt-")], report
+
+
+def test_walsink_gc_on_an_s3_staging_root_uses_the_walsink_connections_staging_credentials(
+    store,
+    db_url,
+    s3,
+    s3_server,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """`walsink gc` with a connection whose staging root is on S3 (issue 35: it failed, reading
+    the root as a local path, and ignored the ``aws`` connection). With no AWS keys in the
+    environment, only the connection's ``staging_conn_id`` opens the bucket."""
+    import json
+    import os
+
+    from tests.test_cli import walsink
+
+    sstore, _stores, prefix = s3
+    stage(store, sstore, "p", "c1")
+    stage(store, sstore, "p", "c1")  # attempt 1 orphaned by attempt 2
+    mark_committed(store, "p", "c1")
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)  # walsink() starts from this environment
+    env = dict(
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+        AIRFLOW_CONN_MOTO_CLI=json.dumps({"conn_type": "aws", "login": ACCESS_KEY, "password": SECRET_KEY,
+                                          "extra": {"region_name": REGION, "endpoint_url": s3_server.endpoint}}),
+        AIRFLOW_CONN_WALSINK_S3_CLI=json.dumps({"conn_type": "walsink", "extra": {
+            "url": db_url, "staging_root": sstore.root_uri, "staging_conn_id": "moto_cli"}}),
+    )  # fmt: skip
+    assert attempt_names(sstore, "p", "c1") != []
+    time.sleep(1.5)  # older than --retention 1s
+    result = walsink("--conn-id", "walsink_s3_cli", "gc", "--retention", "1s", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["staging_root"] == sstore.root_uri and not report["skipped"], report
     assert attempt_names(sstore, "p", "c1") == [], report
     assert not [k for k in keys(s3_server, prefix) if k.startswith("staging/p/c1/attempt-")], report

@@ -753,8 +753,11 @@ def cmd_gc(args: argparse.Namespace, out: IO[str]) -> int:
     history_retention = _duration(args.history_retention, "--history-retention")
     target = resolve(args)  # reads the connection: its staging root is where pipelines stage
     staging_root = args.staging_root or target.staging_root or default_staging_root()
-    layout = StagingLayout(staging_root)
-    if not layout.root.is_dir():
+    from airflow_provider_walsink.core.staging.cleanup import is_object_store
+
+    on_store = is_object_store(staging_root)  # opened with the connection's staging credentials
+    layout: StagingLayout | str = staging_root if on_store else StagingLayout(staging_root)
+    if not on_store and not layout.root.is_dir():
         if args.staging_root:  # given by hand: almost certainly a typo
             raise CliError(f"--staging-root {staging_root}: no such directory; nothing removed")
         print(
@@ -772,6 +775,7 @@ def cmd_gc(args: argparse.Namespace, out: IO[str]) -> int:
             history_retention=history_retention,
             pipelines=args.pipeline or None,
             dry_run=args.dry_run,
+            stores=target.stores,
         )
     finally:
         store.dispose()

@@ -71,7 +71,7 @@ class WalGarbageCollectOperator(BaseOperator):
         hook = WalsinkHook(self.walsink_conn_id)
         report = collect_garbage(
             hook.get_store(),
-            hook.get_layout(self.staging_root),
+            self.staging_root or hook.staging_root,  # a local path or an object-store URI
             retention=self.retention,
             history_retention=self.history_retention,
             pipelines=self.pipelines,

@@ -374,7 +374,7 @@ def _open_store_root(root: str, stores: StoreOpener | None, report: GcReport) ->
 
 def collect_staging(
     store: CommitterStore,
-    layout: StagingLayout,
+    layout: StagingLayout | str,
     *,
     retention: timedelta,
     pipelines: Iterable[str] | None = None,
@@ -385,7 +385,8 @@ def collect_staging(
     """Remove orphaned attempts and finished checkpoints' staging (see the module docstring).
 
     Walks ``layout`` (the connection's staging root, where checkpoints whose
-    rows record no root were staged) and every staging root recorded on a
+    rows record no root were staged: a local layout or path, or an object-store
+    URI opened by ``stores``) and every staging root recorded on a
     checkpoint row of the pipelines asked for, each once, with the same rules.
     A recorded object-store root (``s3://``, ``gs://``, ``abfs://``...) is
     walked through :class:`StagingStore`, opened by ``stores(root_uri)`` (the
@@ -401,7 +402,14 @@ def collect_staging(
     # Directory ages come from the file system clock; row ages from the store's clock.
     cutoff_ts = _epoch(cutoff)
     wanted = set(pipelines) if pipelines is not None else None
-    roots: dict[str, _Root] = {str(layout.root): _LocalRoot(layout)}
+    roots: dict[str, _Root] = {}
+    if isinstance(layout, str) and is_object_store(layout):
+        opened = _open_store_root(layout, stores, report)
+        if opened is not None:
+            roots[layout.rstrip("/")] = opened
+    else:
+        local = layout if isinstance(layout, StagingLayout) else StagingLayout(layout)
+        roots[str(local.root)] = _LocalRoot(local)
     for recorded in store.staging_roots(sorted(wanted) if wanted is not None else None):
         if is_object_store(recorded):
             key = recorded.rstrip("/")
@@ -862,7 +870,7 @@ def _chunks(ids: list[int]) -> Iterable[list[int]]:
 
 def collect_garbage(
     store: CommitterStore,
-    layout: StagingLayout,
+    layout: StagingLayout | str,
     *,
     retention: timedelta,
     history_retention: timedelta | None = None,
