@@ -613,14 +613,15 @@ def _is_identifier(value: object) -> bool:
 
 def newest_committed_offsets(conn: Connection, pipeline: str) -> dict[str, Any] | None:
     """End offsets of the pipeline's newest COMMITTED checkpoint, read on ``conn``."""
+    return newest_committed_json(conn, pipeline, ckpt.c.end_offsets)
+
+
+def newest_committed_json(conn: Connection, pipeline: str, column: Any) -> dict[str, Any] | None:
+    """A JSON ``column`` of the pipeline's newest COMMITTED checkpoint that has it, read on ``conn``."""
     value = conn.execute(
-        select(ckpt.c.end_offsets)
-        .where(
-            ckpt.c.pipeline == pipeline,
-            ckpt.c.state == S.COMMITTED.value,
-            ckpt.c.end_offsets.is_not(None),
-        )
+        select(column)
+        .where(ckpt.c.pipeline == pipeline, ckpt.c.state == S.COMMITTED.value, column.is_not(None))
         .order_by(ckpt.c.sequence.desc())
         .limit(1)
     ).scalar()
-    return json.loads(value) if value is not None else None
+    return json.loads(value) if value else None

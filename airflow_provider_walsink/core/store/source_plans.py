@@ -25,12 +25,11 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
-from airflow_provider_walsink.core.protocol.states import CheckpointState as S
 from airflow_provider_walsink.core.store.errors import ConsumerGroupOwnedError
 from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
 from airflow_provider_walsink.core.store.models import consumer_group_table as groups
 from airflow_provider_walsink.core.store.models import pipeline_table as pipe
-from airflow_provider_walsink.core.store.queries import newest_committed_offsets
+from airflow_provider_walsink.core.store.queries import newest_committed_json, newest_committed_offsets
 from airflow_provider_walsink.core.store.records import Actor
 from airflow_provider_walsink.core.store.retry import retrying
 from airflow_provider_walsink.core.store.transitions import CheckpointTransitions
@@ -99,17 +98,7 @@ class SourcePlans(CheckpointTransitions):
         """The source plan recorded on the pipeline's newest COMMITTED checkpoint (what the
         last committed checkpoint read), or ``None``."""
         with self.engine.connect() as conn:
-            text = conn.execute(
-                select(ckpt.c.source_plan)
-                .where(
-                    ckpt.c.pipeline == pipeline,
-                    ckpt.c.state == S.COMMITTED.value,
-                    ckpt.c.source_plan.is_not(None),
-                )
-                .order_by(ckpt.c.sequence.desc())
-                .limit(1)
-            ).scalar()
-        return json.loads(text) if text else None
+            return newest_committed_json(conn, pipeline, ckpt.c.source_plan)
 
     @retrying
     def fix_source_plan(

@@ -89,21 +89,10 @@ def probe_filesystem(settings: S3Settings) -> Any:
     """A ``pyarrow`` S3 file system like ``settings.filesystem()``, with short timeouts and one retry."""
     import pyarrow.fs as pafs
 
-    kwargs: dict[str, Any] = {}
-    if settings.endpoint:
-        parts = urlsplit(settings.endpoint)
-        kwargs["endpoint_override"] = parts.netloc or settings.endpoint
-        kwargs["scheme"] = parts.scheme or "https"
-    if settings.access_key:
-        kwargs.update(access_key=settings.access_key, secret_key=settings.secret_key)
-        if settings.session_token:
-            kwargs["session_token"] = settings.session_token
-    return pafs.S3FileSystem(
-        region=settings.region or "us-east-1",
+    return settings.filesystem(
         connect_timeout=5,
         request_timeout=REACH_TIMEOUT,
         retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2),
-        **kwargs,
     )
 
 

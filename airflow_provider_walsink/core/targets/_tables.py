@@ -305,10 +305,11 @@ class S3Settings:
     session_token: str | None = None
     region: str | None = None
 
-    def filesystem(self) -> Any:
+    def filesystem(self, **options: Any) -> Any:
+        """A ``pyarrow`` S3 file system; ``options`` (timeouts, a retry strategy) go to it as given."""
         import pyarrow.fs as pafs
 
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = dict(options)
         if self.endpoint:
             parts = urlsplit(self.endpoint)
             kwargs["endpoint_override"] = parts.netloc or self.endpoint
