@@ -492,3 +492,81 @@ def test_walsink_gc_on_an_s3_staging_root_uses_the_walsink_connections_staging_c
     assert report["staging_root"] == sstore.root_uri and not report["skipped"], report
     assert attempt_names(sstore, "p", "c1") == [], report
     assert not [k for k in keys(s3_server, prefix) if k.startswith("staging/p/c1/attempt-")], report
+
+
+def test_walsink_abort_of_an_s3_delta_table_reads_the_connection_its_target_options_name(
+    store,
+    db_url,
+    s3_server,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """`walsink abort` of a checkpoint staged (DURABLE, not committed) in a Delta table on S3
+    whose write task named ``target_options={"conn_id": ...}`` (issue 35: the abort built the
+    publisher from the registered URI alone, so deltalake fell back to this process's
+    environment and needed AWS_* exported by hand). With no AWS keys in the environment, the
+    connection references recorded at registration open the table; no secret is recorded."""
+    import json
+    import os
+
+    from airflow_provider_walsink.core.targets.registry import connection_references
+    from tests.test_cli import walsink
+
+    prefix = uuid.uuid4().hex[:12]
+    target = f"delta+s3://{s3_server.bucket}/{prefix}/events"
+    root = f"s3://{s3_server.bucket}/{prefix}/events/_walsink_staging"
+    sstore = StagingStore.open(root, options(s3_server))
+    from deltalake import write_deltalake
+
+    from tests.table_fixtures import events_table
+
+    # The table exists (it carries the abort's tombstone); the checkpoint is not in it.
+    write_deltalake(target.replace("delta+s3", "s3"), events_table([("d0", 0, "a")]),
+                    storage_options=s3_server.delta_options())  # fmt: skip
+    target_options = {"conn_id": "moto_lake", "storage_options": {"AWS_SECRET_ACCESS_KEY": "not-recorded"}}
+    store.register(
+        "p",
+        "k1",
+        mode="overwrite",
+        actor=ACTOR,
+        target=target,
+        staging_root=root,
+        target_connections=connection_references(target_options),
+    )
+    assert store.get_pipeline("p")["target_connections"] == {"conn_id": "moto_lake"}
+    record, _manifest, _location = stage(store, sstore, "p", "k1")
+    assert record.state.value == "DURABLE"
+    assert any(k.startswith("events/_walsink_staging/p/k1/attempt-") for k in keys(s3_server, prefix))
+
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)  # walsink() starts from this environment
+    env = dict(
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+        AWS_EC2_METADATA_DISABLED="true",
+        AIRFLOW_CONN_MOTO_LAKE=json.dumps({"conn_type": "aws", "login": ACCESS_KEY, "password": SECRET_KEY,
+                                           "extra": {"region_name": REGION, "endpoint_url": s3_server.endpoint}}),
+        AIRFLOW_CONN_WALSINK_S3_ABORT=json.dumps({"conn_type": "walsink", "extra": {
+            "url": db_url, "staging_root": str(tmp_path / "local"), "staging_conn_id": "moto_lake"}}),
+    )  # fmt: skip
+    result = walsink("--conn-id", "walsink_s3_abort", "abort", "p", "k1", "--reason", "x", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout)
+    assert outcome["state"] == "ABORTED" and outcome["previous_state"] == "DURABLE", outcome
+    assert store.require("p", "k1").state.value == "ABORTED"
+    assert not [k for k in keys(s3_server, prefix) if k.startswith("events/_walsink_staging/p/k1/attempt-")]
+
+
+def test_a_pipelines_target_connections_follow_its_registrations(store):
+    """Recorded on the first registration, replaced when a later one brings other references
+    (a DAG edit, also for a checkpoint registered before), kept when a caller says nothing."""
+    store.register("p", "k1", mode="overwrite", actor=ACTOR, target="delta:///t", target_connections={})
+    assert store.get_pipeline("p")["target_connections"] == {}
+    store.register("p", "k2", mode="overwrite", actor=ACTOR, target_connections={"conn_id": "a"})
+    assert store.get_pipeline("p")["target_connections"] == {"conn_id": "a"}
+    store.register("p", "k2", mode="overwrite", actor=ACTOR, target_connections={"conn_id": "b"})
+    assert store.get_pipeline("p")["target_connections"] == {"conn_id": "b"}
+    store.register("p", "k3", mode="overwrite", actor=ACTOR)
+    assert store.get_pipeline("p")["target_connections"] == {"conn_id": "b"}
+    store.register("p", "k4", mode="overwrite", actor=ACTOR, target_connections={})
+    assert store.get_pipeline("p")["target_connections"] == {}

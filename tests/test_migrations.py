@@ -345,12 +345,45 @@ def test_0009_adds_the_consumer_group_table_and_downgrades_keeping_rows(db_url):
         "group_id",
     ]
     with engine.connect() as conn:
-        assert current_revision(conn) == head_revision() == "0009"
+        assert current_revision(conn) == head_revision()
 
     _downgrade(engine, "0008")
     assert "walsink_consumer_group" not in inspect(engine).get_table_names()
     with engine.connect() as conn:
         assert current_revision(conn) == "0008"
         assert conn.execute(select(func.count()).select_from(ckpt)).scalar_one() == 1
+    upgrade(engine)
+    engine.dispose()
+
+
+def test_0010_adds_the_target_connections_and_downgrades_keeping_rows(db_url):
+    """0010 adds the pipeline's recorded target connection references (one nullable JSON column);
+    a downgrade drops only it: no pipeline or checkpoint row cascades away."""
+    from sqlalchemy import func, select
+
+    from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
+    from airflow_provider_walsink.core.store.models import pipeline_table as pipe
+
+    def columns() -> set[str]:
+        return {c["name"] for c in inspect(engine).get_columns("walsink_pipeline")}
+
+    engine = create_committer_engine(db_url)
+    _drop_all(engine)
+    upgrade(engine, "0009")
+    assert "target_connections" not in columns()
+    _one_pipeline_with_a_checkpoint(engine)
+
+    upgrade(engine)
+    assert "target_connections" in columns()
+    with engine.connect() as conn:
+        assert current_revision(conn) == head_revision() == "0010"
+        assert conn.execute(select(pipe.c.target_connections)).scalar_one() is None
+
+    _downgrade(engine, "0009")
+    assert "target_connections" not in columns()
+    with engine.connect() as conn:
+        assert current_revision(conn) == "0009"
+        assert conn.execute(select(func.count()).select_from(ckpt)).scalar_one() == 1
+        assert conn.execute(select(func.count()).select_from(pipe)).scalar_one() == 1
     upgrade(engine)
     engine.dispose()

@@ -261,3 +261,24 @@ def test_a_second_dag_declaring_an_owned_pipeline_is_refused_at_its_first_run(ai
     assert "belongs to DAG 'the_first_dag'; DAG 'walsink_write_operator_test' declares it" in logged
     assert [r.checkpoint_key for r in store.checkpoints("events")] == ["20260101T000000Z"]
     assert store.require("events", "20260101T000000Z").attempt == 0  # no attempt started
+
+
+def test_the_write_task_registers_its_targets_connection_references_never_its_secrets(tmp_path, monkeypatch):
+    """Issue 35: an abort opens the pipeline's target with the connections its write task named;
+    the write phase is given the references of ``target_options`` (``conn_id``), not its secrets."""
+    from types import SimpleNamespace
+
+    op = WalWriteOperator(
+        task_id="write",
+        application="job.py",
+        pipeline="events",
+        master="local[1]",
+        target="delta+s3://bucket/events",
+        target_options={"conn_id": "lake", "storage_options": {"AWS_SECRET_ACCESS_KEY": "s3cr3t"}},
+    )
+    monkeypatch.setattr(op, "_configured_root", lambda hook: "s3://bucket/events/_walsink_staging")
+    monkeypatch.setattr(op, "get_runner", lambda: None)
+    hook = SimpleNamespace(get_source=lambda source: None, get_write_phase=lambda **kwargs: kwargs)
+    interval = SimpleNamespace(key="2026-01-01", start=None, end=None)
+    phase = op._write_phase({}, hook, interval)
+    assert phase["target_connections"] == {"conn_id": "lake"}

@@ -2,7 +2,10 @@
 
 Both build the same :class:`~airflow_provider_walsink.core.commit.abort.CheckpointAborter`:
 the pipeline's publisher comes from the target the write task registered it
-with (``walsink_pipeline.target``), and its checkpoints' staging from the
+with (``walsink_pipeline.target``), opened with the connections its
+``target_options`` named (``walsink_pipeline.target_connections``: a Delta
+table's ``conn_id``, so an S3 table is read with that ``aws`` connection, not
+this process's environment), and its checkpoints' staging from the
 target itself (table targets stage inside the table location) or else the
 walsink connection's staging root, unless the checkpoint's row records where
 it was staged (then that, always). Both then record the action in Airflow's
@@ -91,7 +94,14 @@ def aborter_for(
 
     def publisher_for(staging: StagingStore) -> Any:
         # Table targets read no layout; file and SQL targets stage on a local root only.
-        options = TargetOptions(mode=row["mode"], layout=staging.layout, connections=connections)
+        # The connection references the write task registered (a Delta table's conn_id; names
+        # only): the target is opened with the connections its DAG names.
+        options = TargetOptions(
+            mode=row["mode"],
+            layout=staging.layout,
+            connections=connections,
+            extra=dict(row.get("target_connections") or {}),
+        )
         return resolve_target(uri, options)  # type: ignore[arg-type]
 
     def default_root() -> str:

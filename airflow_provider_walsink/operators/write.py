@@ -13,7 +13,7 @@ from airflow_provider_walsink.core.sources import source_from
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.store.errors import PipelineOwnedError
 from airflow_provider_walsink.core.store.store import CheckpointRecord
-from airflow_provider_walsink.core.targets.registry import target_scheme
+from airflow_provider_walsink.core.targets.registry import connection_references, target_scheme
 from airflow_provider_walsink.hooks.context import (
     actor_from_context,
     reprocess_decision,
@@ -255,6 +255,8 @@ class WalWriteOperator(BaseOperator):
             reprocess=lambda: reprocess_decision(context, self.reprocess),
             version_token=lambda: version_token(context),
             target=self.target,
+            # Names only (a conn_id), never a secret: recorded for an abort (issue 35).
+            target_connections=connection_references(self.target_options) if self.target else None,
             interval_start=interval.start.isoformat() if interval.start else None,
             interval_end=interval.end.isoformat() if interval.end else None,
             file_format=self.file_format,

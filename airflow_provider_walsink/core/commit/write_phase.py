@@ -117,6 +117,9 @@ class WritePhase:
     application_args: Sequence[Any] = ()
     source: Source = field(default_factory=FilesSource)
     target: str | None = None
+    #: The connection references of the target's options (``connection_references``), recorded
+    #: on the pipeline's row at registration: an abort opens the target with them.
+    target_connections: Mapping[str, str] | None = None
     interval_start: str | None = None
     interval_end: str | None = None
     file_format: str = "parquet"
@@ -146,7 +149,13 @@ class WritePhase:
         actor = actor_of()
 
         record = store.register(
-            self.pipeline, key, mode=self.mode, actor=actor, target=self.target, staging_root=root
+            self.pipeline,
+            key,
+            mode=self.mode,
+            actor=actor,
+            target=self.target,
+            staging_root=root,
+            target_connections=self.target_connections,
         )
         if record.is_committed:
             record = self._reprocess_or_skip(record, actor)

@@ -90,12 +90,19 @@ class CheckpointLifecycle(CheckpointTransitions):
         target: str | None = None,
         start_offsets: Mapping[str, Any] | None = None,
         staging_root: str | None = None,
+        target_connections: Mapping[str, str] | None = None,
     ) -> CheckpointRecord:
         """Register a checkpoint (idempotent) and give it the pipeline's next sequence number.
 
         ``staging_root``: where the write phase stages its attempts (a path or a
         URI, as the write phase uses it), recorded on a new row. A checkpoint
         registered already keeps the root it has (see :meth:`start_attempt`).
+
+        ``target_connections``: the connection references of the target's options
+        (``core/targets/registry.py: connection_references``, never a secret),
+        recorded on the pipeline's row and replaced whenever a registration brings
+        different ones (the DAG was edited; ``{}``: none any more); ``None`` leaves
+        the recorded ones as they are. An abort opens the target with them.
         """
         validate_identifier(pipeline, "pipeline id")
         validate_identifier(checkpoint_key, "checkpoint key")
@@ -104,8 +111,12 @@ class CheckpointLifecycle(CheckpointTransitions):
             with self._tx() as conn:
                 existing = _find(conn, pipeline, checkpoint_key)
                 if existing is not None:
-                    owner = conn.execute(select(pipe.c.dag_id).where(pipe.c.name == pipeline)).scalar()
-                    _refuse_other_dag(pipeline, owner, actor)
+                    owner = conn.execute(
+                        select(pipe.c.dag_id, pipe.c.target_connections).where(pipe.c.name == pipeline)
+                    ).first()
+                    _refuse_other_dag(pipeline, owner[0] if owner else None, actor)
+                    if owner is not None:
+                        _record_connections(conn, pipeline, owner[1], target_connections)
                     return CheckpointRecord.from_row(_exact(existing, pipeline, checkpoint_key))
                 now = self._now(conn)
                 prow = (
@@ -126,6 +137,7 @@ class CheckpointLifecycle(CheckpointTransitions):
                             name=pipeline,
                             mode=mode,
                             target=target,
+                            target_connections=_dump(target_connections or None),
                             dag_id=actor.dag_id,
                             next_sequence=1,
                             created_at=now,
@@ -137,6 +149,7 @@ class CheckpointLifecycle(CheckpointTransitions):
                         raise StoreError(
                             f"pipeline {pipeline} is registered in {prow['mode']} mode, not {mode}"
                         )
+                    _record_connections(conn, pipeline, prow["target_connections"], target_connections)
                     sequence = prow["next_sequence"]
                 conn.execute(update(pipe).where(pipe.c.name == pipeline).values(next_sequence=sequence + 1))
                 values = dict(
@@ -167,6 +180,7 @@ class CheckpointLifecycle(CheckpointTransitions):
                     target=target,
                     start_offsets=start_offsets,
                     staging_root=staging_root,
+                    target_connections=target_connections,
                 )
             return CheckpointRecord.from_row(_exact(existing, pipeline, checkpoint_key))
         return self.get(pipeline, checkpoint_key)  # type: ignore[return-value]
@@ -649,6 +663,18 @@ def _who_has_it(conn: Connection, row: Mapping[str, Any], attempt: int) -> str:
         "the same interval and only the newest attempt can be committed. Let that run finish; do not "
         "re-run this one (it would supersede that run's attempt in turn)"
     )
+
+
+def _record_connections(
+    conn: Connection, pipeline: str, recorded: str | None, given: Mapping[str, str] | None
+) -> None:
+    """Replace the pipeline's recorded target connection references by ``given`` when they differ
+    (``None``: not told, kept)."""
+    if given is None:
+        return
+    value = _dump(dict(given) or None)
+    if value != recorded:
+        conn.execute(update(pipe).where(pipe.c.name == pipeline).values(target_connections=value))
 
 
 def _refuse_other_dag(pipeline: str, owner: str | None, actor: Actor) -> None:

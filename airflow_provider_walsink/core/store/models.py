@@ -96,6 +96,10 @@ class Pipeline(Base):
     #: since when (migration 0008, :mod:`.first_event`).
     first_event_holder: Mapped[str | None] = mapped_column(String(255))
     first_event_claimed_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    #: JSON: the connection references of the target's options (``{"conn_id": ...}``, never a
+    #: secret), as the write task last registered them; an abort opens the target with them
+    #: (migration 0010, ``core/targets/registry.py: connection_references``).
+    target_connections: Mapped[str | None] = mapped_column(Text)
 
 
 class Checkpoint(Base):

@@ -306,10 +306,11 @@ class CheckpointQueries:
 
     @retrying
     def get_pipeline(self, name: str) -> dict[str, Any] | None:
-        """One pipeline's row (name, mode, target, dag_id, next_sequence, created_at), or None."""
+        """One pipeline's row (name, mode, target, dag_id, next_sequence, created_at,
+        target_connections: a dict, ``{}`` for none), or None."""
         with self.engine.connect() as conn:
             row = conn.execute(select(pipe).where(pipe.c.name == name)).mappings().first()
-        return dict(row) if row is not None else None
+        return _pipeline_row(row) if row is not None else None
 
     def pipeline_summary(self, pipeline: str) -> dict[str, Any]:
         """Counts per state, the latest committed and the latest failed/aborted/rejected checkpoint.
@@ -434,7 +435,7 @@ class CheckpointQueries:
         with self.engine.connect() as conn:
             rows = conn.execute(query.order_by(pipe.c.name).limit(limit)).mappings().all()
         # MySQL/MariaDB: the binary collation of the name column orders by bytes, as Python does.
-        return [dict(r) for r in rows]
+        return [_pipeline_row(r) for r in rows]
 
     @retrying
     def pipeline_writers(self, pipelines: list[str]) -> dict[str, set[str]]:
@@ -625,3 +626,10 @@ def newest_committed_json(conn: Connection, pipeline: str, column: Any) -> dict[
         .limit(1)
     ).scalar()
     return json.loads(value) if value else None
+
+
+def _pipeline_row(row: Any) -> dict[str, Any]:
+    """A pipeline row as a dict, its recorded target connection references decoded."""
+    out = dict(row)
+    out["target_connections"] = json.loads(out.get("target_connections") or "{}")
+    return out

@@ -127,6 +127,19 @@ class TargetOptions:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+#: The keys of ``target_options`` that name a connection (never a secret): recorded on the
+#: pipeline's row when the write task registers it, so a later abort opens the target with the
+#: same connections (Delta's ``conn_id``; Iceberg's catalog and SQL's connection are named in
+#: the URI itself, which is recorded as the pipeline's target). Not ``storage_options``,
+#: ``catalog`` or ``url``: those may hold keys and passwords.
+CONNECTION_REFERENCES: tuple[str, ...] = ("conn_id",)
+
+
+def connection_references(extra: Mapping[str, Any] | None) -> dict[str, str]:
+    """The connection references of a target's options (:data:`CONNECTION_REFERENCES`), as strings."""
+    return {key: str(extra[key]) for key in CONNECTION_REFERENCES if extra and extra.get(key)}
+
+
 def register_target(scheme: str, implementation: str | type, *, extra: str | None = None) -> None:
     """Add (or replace) a target kind: ``implementation`` is a class or ``"module:Class"``."""
     if isinstance(implementation, type):
