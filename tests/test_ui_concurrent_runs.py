@@ -1,16 +1,16 @@
 """Issue 25 item 4: two runs write the same interval; the committing one is named, and the
 loser's error says which run committed it.
 
-``twice`` (overwrite), checkpoint ``20260201T000000Z``: the scheduled run of DAG A starts
-attempt 1, a backfill run of DAG B starts attempt 2, seals it and commits; then DAG A's
-attempt 1 tries to seal. ``race``: the same, but A tries to seal while B's attempt is
+``twice`` (overwrite), checkpoint ``20260201T000000Z``: the scheduled run of DAG B starts
+attempt 1, a backfill run of the same DAG starts attempt 2, seals it and commits; then the
+scheduled run's attempt 1 tries to seal (a pipeline belongs to one DAG). ``race``: the same, but A tries to seal while B's attempt is
 still being written.
 """
 
 from __future__ import annotations
 
 import pytest
-from ui_fixtures import DAG_A, DAG_B, build_world
+from ui_fixtures import DAG_B, build_world
 
 from airflow_provider_walsink.core.commit import CheckpointCommitter
 from airflow_provider_walsink.core.commit.writer import CheckpointWriter
@@ -21,7 +21,7 @@ from tests.test_cli import walsink
 pytestmark = pytest.mark.airflow
 
 KEY = "20260201T000000Z"
-A = Actor(name="a", dag_id=DAG_A, run_id="scheduled__2026-02-01", task_id="write", try_number=1)
+A = Actor(name="a", dag_id=DAG_B, run_id="scheduled__2026-02-01", task_id="write", try_number=1)
 B = Actor(name="b", dag_id=DAG_B, run_id="backfill__2026-02-01", task_id="write", try_number=1)
 B_COMMIT = Actor(name="b", dag_id=DAG_B, run_id="backfill__2026-02-01", task_id="commit", try_number=1)
 
