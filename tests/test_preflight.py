@@ -15,11 +15,7 @@ the job ever started, and the committer table holds nothing.
 from __future__ import annotations
 
 import json
-import os
 import socket
-import stat
-import sys
-import textwrap
 import uuid
 from datetime import UTC, datetime
 
@@ -36,24 +32,9 @@ from airflow_provider_walsink.core.targets.registry import (
 )
 from airflow_provider_walsink.hooks.connections import airflow_connection_fields
 from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, s3_server  # noqa: F401
+from tests.test_target_configuration import write_dag
 
 DAY = datetime(2026, 5, 4, tzinfo=UTC)
-
-JOB = textwrap.dedent(
-    """
-    import sys
-    open(sys.argv[-1], "w").write("the job ran")
-    """
-)
-SPARK_SUBMIT = textwrap.dedent(
-    """\
-    #!{python}
-    import os, sys
-    open({mark!r}, "w").write("spark-submit ran")
-    args = sys.argv[1:]
-    os.execv(sys.executable, [sys.executable, *args[args.index({app!r}):]])
-    """
-)
 
 
 def aws_conn(monkeypatch, conn_id: str, endpoint: str, *, login=ACCESS_KEY, password=SECRET_KEY, **extra):
@@ -212,31 +193,7 @@ def walsink_conn(monkeypatch, url: str, root: str, **extra) -> None:
 
 def run_write_task(tmp_path, target: str | None, **kwargs):
     """One ``dag.test()`` run of a write task with two retries; returns its state."""
-    from airflow.sdk import DAG
-
-    from airflow_provider_walsink.operators.write import WalWriteOperator
-
-    job = tmp_path / "job.py"
-    job.write_text(JOB)
-    submit = tmp_path / "spark-submit"
-    submit.write_text(
-        SPARK_SUBMIT.format(python=sys.executable, app=str(job), mark=str(tmp_path / "submitted"))
-    )
-    submit.chmod(submit.stat().st_mode | stat.S_IXUSR)
-    # The DAG id of tests/dags/walsink_write_operator_test.py: dag.test() schedules from its serialized copy.
-    with DAG("walsink_write_operator_test", schedule="@daily", start_date=DAY, catchup=False) as dag:
-        WalWriteOperator(
-            task_id="write",
-            application=str(job),
-            application_args=[str(tmp_path / "ran")],
-            pipeline="events",
-            target=target,
-            walsink_conn_id="walsink_pf_test",
-            spark_binary=str(submit),
-            env_vars={"PYTHONPATH": os.pathsep.join(sys.path)},
-            retries=2,
-            **kwargs,
-        )
+    dag = write_dag(tmp_path, target, walsink_conn_id="walsink_pf_test", retries=2, **kwargs)
     dr = dag.test(logical_date=DAY)
     return {ti.task_id: ti.state for ti in dr.get_task_instances()}
 

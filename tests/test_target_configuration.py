@@ -41,6 +41,7 @@ SPARK_SUBMIT = textwrap.dedent(
     """\
     #!{python}
     import os, sys
+    open({mark!r}, "w").write("spark-submit ran")
     args = sys.argv[1:]
     os.execv(sys.executable, [sys.executable, *args[args.index({app!r}):]])
     """
@@ -69,7 +70,9 @@ def walsink_conn(monkeypatch, sqlite_store, database_urls, tmp_path):
     return sqlite_store
 
 
-def _write_dag(tmp_path, target: str, **kwargs):
+def write_dag(tmp_path, target: str | None, walsink_conn_id: str = "walsink_tc_test", **kwargs):
+    """A write task whose stand-in spark-submit marks ``submitted`` and runs the job, which marks
+    ``ran`` (both under ``tmp_path``), so a test sees whether anything was started."""
     from airflow.sdk import DAG
 
     from airflow_provider_walsink.operators.write import WalWriteOperator
@@ -77,7 +80,9 @@ def _write_dag(tmp_path, target: str, **kwargs):
     job = tmp_path / "job.py"
     job.write_text(JOB)
     submit = tmp_path / "spark-submit"
-    submit.write_text(SPARK_SUBMIT.format(python=sys.executable, app=str(job)))
+    submit.write_text(
+        SPARK_SUBMIT.format(python=sys.executable, app=str(job), mark=str(tmp_path / "submitted"))
+    )
     submit.chmod(submit.stat().st_mode | stat.S_IXUSR)
     with DAG("walsink_write_operator_test", schedule="@daily", start_date=DAY, catchup=False) as dag:
         WalWriteOperator(
@@ -86,7 +91,7 @@ def _write_dag(tmp_path, target: str, **kwargs):
             application_args=[str(tmp_path / "ran")],
             pipeline="events",
             target=target,
-            walsink_conn_id="walsink_tc_test",
+            walsink_conn_id=walsink_conn_id,
             spark_binary=str(submit),
             env_vars={"PYTHONPATH": os.pathsep.join(sys.path)},
             **kwargs,
@@ -126,7 +131,7 @@ def module_log(name: str) -> Iterator[list[logging.LogRecord]]:
 def test_the_write_task_refuses_an_unconfigured_target_before_the_job_runs(
     airflow_db, walsink_conn, home, tmp_path, capfd, target, missing
 ):
-    dag = _write_dag(tmp_path, target)
+    dag = write_dag(tmp_path, target)
     capfd.readouterr()
     dr = dag.test(logical_date=DAY)
     states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
@@ -312,7 +317,7 @@ def test_the_write_task_refuses_an_unwritable_file_target_before_the_job_runs(
     the write task refuses first, naming the target root."""
     target, restore = _unwritable_target(tmp_path, how)
     try:
-        dag = _write_dag(tmp_path, str(target))
+        dag = write_dag(tmp_path, str(target))
         capfd.readouterr()
         dr = dag.test(logical_date=DAY)
         out = capfd.readouterr().out

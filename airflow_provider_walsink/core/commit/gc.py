@@ -372,6 +372,26 @@ def _open_store_root(root: str, stores: StoreOpener | None, report: GcReport) ->
         return None
 
 
+def _add_root(
+    roots: dict[str, _Root], root: StagingLayout | str, stores: StoreOpener | None, report: GcReport
+) -> None:
+    """Add ``root`` (a layout, a local path or an object-store URI) to ``roots`` once; a root that
+    cannot be opened is reported in ``skipped`` and nothing under it is touched."""
+    if isinstance(root, str) and is_object_store(root):
+        key = root.rstrip("/")
+        if key not in roots:
+            opened = _open_store_root(root, stores, report)
+            if opened is not None:
+                roots[key] = opened
+        return
+    try:
+        local = root if isinstance(root, StagingLayout) else StagingLayout(root)
+    except ValueError as exc:
+        report.skipped.append(f"staging root {root}: {exc}")
+        return
+    roots.setdefault(str(local.root), _LocalRoot(local))
+
+
 def collect_staging(
     store: CommitterStore,
     layout: StagingLayout | str,
@@ -403,27 +423,8 @@ def collect_staging(
     cutoff_ts = _epoch(cutoff)
     wanted = set(pipelines) if pipelines is not None else None
     roots: dict[str, _Root] = {}
-    if isinstance(layout, str) and is_object_store(layout):
-        opened = _open_store_root(layout, stores, report)
-        if opened is not None:
-            roots[layout.rstrip("/")] = opened
-    else:
-        local = layout if isinstance(layout, StagingLayout) else StagingLayout(layout)
-        roots[str(local.root)] = _LocalRoot(local)
-    for recorded in store.staging_roots(sorted(wanted) if wanted is not None else None):
-        if is_object_store(recorded):
-            key = recorded.rstrip("/")
-            if key not in roots:
-                opened = _open_store_root(recorded, stores, report)
-                if opened is not None:
-                    roots[key] = opened
-            continue
-        try:
-            other = StagingLayout(recorded)
-        except ValueError as exc:
-            report.skipped.append(f"staging root {recorded}: {exc}")
-            continue
-        roots.setdefault(str(other.root), _LocalRoot(other))
+    for root in [layout, *store.staging_roots(sorted(wanted) if wanted is not None else None)]:
+        _add_root(roots, root, stores, report)
     for each in roots.values():
         _collect_root(store, each, wanted, cutoff, cutoff_ts, report, dry_run, retention)
     return report
