@@ -90,7 +90,7 @@ def parquet(i: int, rows: int = 50) -> bytes:
     return buf.getvalue()
 
 
-def stage_all(store: Any, layout: Any, n: int) -> list[tuple[str, str]]:
+def stage_all(store: Any, layout: Any, n: int, pipeline: str = PIPELINE) -> list[tuple[str, str]]:
     """Stage and mark DURABLE ``n`` one-file overwrite checkpoints; return (key, staged file) pairs."""
     from airflow_provider_walsink.core.commit import CheckpointWriter
     from airflow_provider_walsink.core.store import Actor
@@ -99,8 +99,8 @@ def stage_all(store: Any, layout: Any, n: int) -> list[tuple[str, str]]:
     staged = []
     for i in range(n):
         key = key_of(i)
-        store.register(PIPELINE, key, mode="overwrite", actor=actor, target="table")
-        writer = CheckpointWriter(store, layout, PIPELINE, key, actor=actor, partition_columns=("dt",))
+        store.register(pipeline, key, mode="overwrite", actor=actor, target="table")
+        writer = CheckpointWriter(store, layout, pipeline, key, actor=actor, partition_columns=("dt",))
         attempt_dir = writer.begin()
         rel = f"dt={day_of(i)}/part-0.parquet"
         data = parquet(i)
@@ -108,20 +108,27 @@ def stage_all(store: Any, layout: Any, n: int) -> list[tuple[str, str]]:
         (attempt_dir / rel).write_bytes(data)
         writer.add_files({rel: data}, rows={rel: 50})
         writer.seal()
-        store.mark_durable(PIPELINE, key, attempt=writer.attempt, actor=actor)
+        store.mark_durable(pipeline, key, attempt=writer.attempt, actor=actor)
         staged.append((key, str(attempt_dir / rel)))
     return staged
 
 
 def commit_task(
-    kind: str, spec: dict, url: str, staging: str, keys: list[str], barrier: Any, out: Any, poll: float = 0.05
+    kind: str,
+    spec: dict,
+    url: str,
+    staging: str,
+    keys: list[str],
+    barrier: Any,
+    out: Any,
+    poll: float = 0.05,
+    group: int = 16,
 ) -> None:
     """One worker slot: its commit tasks, one after another; a group's hold is waited out, anything else fails."""
     from airflow_provider_walsink.core.commit import CheckpointCommitter
-    from airflow_provider_walsink.core.commit.group import is_group_owner
+    from airflow_provider_walsink.core.commit.group import commit_waiting_for_group
     from airflow_provider_walsink.core.staging.layout import StagingLayout
     from airflow_provider_walsink.core.store import Actor, CommitterStore
-    from airflow_provider_walsink.core.store.errors import LeaseHeldError
 
     store = CommitterStore.from_url(url, migrate=False)
     layout = StagingLayout(staging)
@@ -130,51 +137,177 @@ def commit_task(
         layout,
         make_publisher(kind, spec),
         mode="overwrite",
-        group_commit=16,
+        group_commit=group,
         lease_ttl=timedelta(minutes=2),
     )
     failures, grouped = [], 0
     barrier.wait(300)
     for key in keys:
         actor = Actor(name=f"bench.commit@{key}", dag_id="bench", run_id=key, task_id="commit", try_number=1)
-        while True:
-            try:
-                summary = committer.commit(PIPELINE, key, actor=actor)
-                grouped += len(summary.group)
-                break
-            except LeaseHeldError:
-                record = store.get(PIPELINE, key)
-                # No holder any more: the group finished meanwhile; ask again (an answered no-op).
-                if record is None or (record.lease_owner and not is_group_owner(record.lease_owner)):
-                    failures.append(f"{key}: held by {record.lease_owner if record else None}")
-                    break
-                time.sleep(poll)
-            except Exception:  # noqa: BLE001 - a failed task, reported
-                failures.append(f"{key}: {traceback.format_exc()[-600:]}")
-                break
+        try:
+            # A group's hold or lead is waited out (as the commit operator does); anything else fails.
+            grouped += len(commit_waiting_for_group(committer, PIPELINE, key, actor=actor, poll=poll).group)
+        except Exception:  # noqa: BLE001 - a failed task, reported
+            failures.append(f"{key}: {traceback.format_exc()[-600:]}")
     out.put((time.time(), failures, grouped))
     store.dispose()
 
 
 def walsink_run(
-    kind: str, spec: dict, url: str, staging: str, keys: list[str], tasks: int, poll: float = 0.05
-) -> tuple[float, list, int]:
-    ctx = multiprocessing.get_context("spawn")
+    kind: str,
+    spec: dict,
+    url: str,
+    staging: str,
+    keys: list[str],
+    tasks: int,
+    poll: float = 0.05,
+    group: int = 16,
+) -> tuple[float, list, int, int]:
+    """``tasks`` processes sharing ``keys``, released together; (wall, failures, grouped, peak connections)."""
+    # A fork server imports the table libraries once, not once per process (64 spawned
+    # interpreters would each import them on 2 cores before the clock starts).
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["bench.bench_group", "pyiceberg.catalog.sql", "deltalake", "sqlalchemy"])
     barrier, out = ctx.Barrier(tasks + 1), ctx.Queue()
     shares = [keys[i::tasks] for i in range(tasks)]
     procs = [
-        ctx.Process(target=commit_task, args=(kind, spec, url, staging, s, barrier, out, poll))
+        ctx.Process(target=commit_task, args=(kind, spec, url, staging, s, barrier, out, poll, group))
         for s in shares
     ]
     for p in procs:
         p.start()
-    barrier.wait(300)  # every process imported and connected: the clock starts
+    sampler = ConnectionSampler(url)
+    barrier.wait(600)  # every process imported and connected: the clock starts
     started = time.time()
     done = [out.get(timeout=3600) for _ in procs]
+    peak = sampler.stop()
     for p in procs:
         p.join(60)
     failures = [f for _, fs, _ in done for f in fs]
-    return max(t for t, _, _ in done) - started, failures, sum(g for _, _, g in done)
+    return max(t for t, _, _ in done) - started, failures, sum(g for _, _, g in done), peak
+
+
+class ConnectionSampler:
+    """The most connections to the bench database seen at once (``pg_stat_activity``, every 50 ms)."""
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.engine import make_url
+
+        # Autocommit: pg_stat_activity is a snapshot taken once per transaction.
+        self._engine = create_engine(url, pool_size=1, isolation_level="AUTOCOMMIT")
+        self._query = text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d")
+        self._database = make_url(url).database
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with self._engine.connect() as conn:
+            while not self._stop.is_set():
+                self.peak = max(self.peak, conn.execute(self._query, {"d": self._database}).scalar_one())
+                self._stop.wait(0.05)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(10)
+        self._engine.dispose()
+        return self.peak
+
+
+def serial_run(kind: str, spec: dict, url: str, staging: str, keys: list[str], pipeline: str) -> float:
+    """walsink committing ``keys`` one after another, each alone, from one process (the baseline
+    of the released-together run: the same checkpoints, the same library, the same database)."""
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.store import Actor, CommitterStore
+
+    store = CommitterStore.from_url(url, migrate=False)
+    committer = CheckpointCommitter(
+        store, StagingLayout(staging), make_publisher(kind, spec), mode="overwrite", group_commit=0
+    )
+    started = time.perf_counter()
+    for key in keys:
+        actor = Actor(name=f"bench.serial@{key}", dag_id="bench", run_id=key, task_id="commit", try_number=1)
+        committer.commit(pipeline, key, actor=actor)
+    wall = time.perf_counter() - started
+    store.dispose()
+    return wall
+
+
+def table_commits(kind: str, spec: dict) -> int:
+    table = make_publisher(kind, spec).load_table()
+    if kind == "iceberg":
+        return len(table.snapshots())
+    return sum(1 for h in table.history() if "walsink.pipeline" in h)
+
+
+def table_spec(kind: str, name: str, props: dict, work: Path) -> dict:
+    if kind == "iceberg":
+        return {"identifier": f"ns.{name}_{uuid.uuid4().hex[:6]}", "props": props}
+    return {"uri": str(work / f"{name}_{uuid.uuid4().hex[:6]}")}
+
+
+def together_main(kinds: list[str], counts: list[int], group: int, poll: float) -> None:
+    """Issue 35's shape: K commit tasks released together, one per durable checkpoint."""
+    from sqlalchemy import text
+
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.store import CommitterStore
+
+    work = Path(tempfile.mkdtemp(prefix="walsink-bench-together-"))
+    url, drop = pg_database()
+    lines = []
+    try:
+        for kind in kinds:
+            for k in counts:
+                store = CommitterStore.from_url(url)
+                with store.engine.begin() as conn:  # a fresh committer table per run
+                    for t in (
+                        "walsink_transition",
+                        "walsink_checkpoint_version",
+                        "walsink_checkpoint",
+                        "walsink_pipeline",
+                    ):
+                        conn.execute(text(f"DELETE FROM {t}"))  # noqa: S608 - our own table names
+                props = {"type": "sql", "uri": url, "warehouse": f"file://{work}/warehouse"}
+
+                together, serial = (table_spec(kind, name, props, work) for name in ("together", "serial"))
+                staging_t = make_publisher(kind, together).staging_root()
+                staging_s = make_publisher(kind, serial).staging_root()
+                keys = [key for key, _ in stage_all(store, StagingLayout(staging_t), k)]
+                stage_all(store, StagingLayout(staging_s), k, pipeline="serial")
+                load_before = os.getloadavg()[0]
+                base = serial_run(kind, serial, url, staging_s, keys, "serial")
+                wall, failures, _grouped, peak = walsink_run(
+                    kind, together, url, staging_t, keys, k, poll, group
+                )
+                load_after = os.getloadavg()[0]
+                states = Counter(store.require(PIPELINE, key).state.value for key in keys)
+                once = rows_once(kind, together, k) and rows_once(kind, serial, k)
+                lines.append(
+                    f"| {kind} | {k} | {k / wall:.1f}/s ({wall:.1f} s) | {k / base:.1f}/s ({base:.1f} s) | "
+                    f"{base / wall:.2f}x | {states.get('COMMITTED', 0)}/{k} | {len(failures)} | "
+                    f"{table_commits(kind, together)} | {'yes' if once else 'NO'} | {peak} | "
+                    f"{load_before:.1f} / {load_after:.1f} |"
+                )
+                print(lines[-1], flush=True)
+                for f in failures[:5]:
+                    print("  failure:", f)
+                store.dispose()
+    finally:
+        drop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(
+        f"| target | K tasks | walsink, K tasks released together (group_commit={group}) | "
+        "walsink, the same checkpoints one after another | ratio | COMMITTED | failed tasks | "
+        "table commits | rows once | peak DB connections | load avg before / after |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(lines))
 
 
 def baseline_run(kind: str, spec: dict, files: list[str]) -> float:
@@ -227,7 +360,19 @@ def main() -> None:
     p.add_argument(
         "--poll", type=float, default=0.5, help="seconds between a waiting task's looks (operator: 2)"
     )
+    p.add_argument(
+        "--together",
+        default="",
+        help="K,K,...: issue 35's run instead: K commit tasks released together, one per durable "
+        "checkpoint, against walsink committing the same checkpoints one after another",
+    )
+    p.add_argument("--group", type=int, default=16, help="group_commit of the --together run")
     args = p.parse_args()
+    if args.together:
+        together_main(
+            args.kinds.split(","), [int(k) for k in args.together.split(",")], args.group, args.poll
+        )
+        return
     from airflow_provider_walsink.core.staging.layout import StagingLayout
     from airflow_provider_walsink.core.store import CommitterStore
 
@@ -257,7 +402,9 @@ def main() -> None:
             staged = stage_all(store, StagingLayout(staging), args.checkpoints)
             keys = [k for k, _ in staged]
             load_before = os.getloadavg()[0]
-            wall, failures, grouped = walsink_run(kind, spec, url, staging, keys, args.tasks, args.poll)
+            wall, failures, grouped, _peak = walsink_run(
+                kind, spec, url, staging, keys, args.tasks, args.poll
+            )
             states = Counter(store.require(PIPELINE, k).state.value for k in keys)
             once = rows_once(kind, spec, args.checkpoints)
             copies = work / f"base_{kind}"

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
@@ -356,9 +357,14 @@ def test_0009_adds_the_consumer_group_table_and_downgrades_keeping_rows(db_url):
     engine.dispose()
 
 
-def test_0010_adds_the_target_connections_and_downgrades_keeping_rows(db_url):
-    """0010 adds the pipeline's recorded target connection references (one nullable JSON column);
-    a downgrade drops only it: no pipeline or checkpoint row cascades away."""
+@pytest.mark.parametrize(
+    ("revision", "added"),
+    [("0010", ("target_connections",)), ("0011", ("group_leader", "group_leader_until"))],
+)
+def test_a_pipeline_column_revision_adds_its_columns_and_downgrades_keeping_rows(db_url, revision, added):
+    """0010 adds the pipeline's recorded target connection references, 0011 its group-commit
+    lead (nullable columns of ``walsink_pipeline``); a downgrade drops only them: no pipeline or
+    checkpoint row cascades away."""
     from sqlalchemy import func, select
 
     from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
@@ -367,22 +373,24 @@ def test_0010_adds_the_target_connections_and_downgrades_keeping_rows(db_url):
     def columns() -> set[str]:
         return {c["name"] for c in inspect(engine).get_columns("walsink_pipeline")}
 
+    before = f"{int(revision) - 1:04d}"
     engine = create_committer_engine(db_url)
     _drop_all(engine)
-    upgrade(engine, "0009")
-    assert "target_connections" not in columns()
+    upgrade(engine, before)
+    assert not columns() & set(added)
     _one_pipeline_with_a_checkpoint(engine)
 
-    upgrade(engine)
-    assert "target_connections" in columns()
+    upgrade(engine, revision)
+    assert set(added) <= columns()
     with engine.connect() as conn:
-        assert current_revision(conn) == head_revision() == "0010"
-        assert conn.execute(select(pipe.c.target_connections)).scalar_one() is None
+        assert current_revision(conn) == revision
+        for name in added:
+            assert conn.execute(select(pipe.c[name])).scalar_one() is None
 
-    _downgrade(engine, "0009")
-    assert "target_connections" not in columns()
+    _downgrade(engine, before)
+    assert not columns() & set(added)
     with engine.connect() as conn:
-        assert current_revision(conn) == "0009"
+        assert current_revision(conn) == before
         assert conn.execute(select(func.count()).select_from(ckpt)).scalar_one() == 1
         assert conn.execute(select(func.count()).select_from(pipe)).scalar_one() == 1
     upgrade(engine)

@@ -11,14 +11,13 @@ from airflow.sdk import AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_walsink.core.commit.commit import CheckpointCommitter, CommitSummary
-from airflow_provider_walsink.core.commit.group import committed_by_group, is_group_owner
+from airflow_provider_walsink.core.commit.group import commit_waiting_for_group, committed_by_group
 from airflow_provider_walsink.core.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.core.protocol.modes import FencingMode, WriteMode
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.resolve import as_store, staging_for
 from airflow_provider_walsink.core.store.errors import (
     AuditRejectedError,
-    LeaseHeldError,
     OffsetsError,
     OrderingError,
 )
@@ -156,10 +155,12 @@ class WalCommitOperator(BaseOperator):
     :param group_commit: publish up to this many (default 16) other durable checkpoints of
         the pipeline with this one, in one table transaction, each with its own marker (Iceberg
         and Delta, ``overwrite``, lease fencing; other targets and modes commit alone; 0: always
-        alone). A checkpoint that another task's group commit is publishing makes its
-        own commit task wait (poll every ``group_poll``) instead of failing; one it committed
-        is an answered no-op whose asset event this task adds, once (docs/backfill.md).
-    :param group_poll: how often a commit task waiting for a group commit looks again.
+        alone). While another task leads the pipeline's group commit, this task leaves its
+        checkpoint to that leader's group and waits for the answer (poll every
+        ``group_poll``) instead of racing it at the table; one it committed is an answered
+        no-op whose asset event this task adds, once (docs/backfill.md).
+    :param group_poll: how often a commit task waiting for a group commit looks again (one
+        indexed read of its checkpoint's row per look; default 0.5 s).
     """
 
     operator_extra_links = (WalsinkCheckpointLink(),)
@@ -185,7 +186,7 @@ class WalCommitOperator(BaseOperator):
         fencing: str = "lease",
         source: Any = None,
         group_commit: int = 16,
-        group_poll: timedelta = timedelta(seconds=2),
+        group_poll: timedelta = timedelta(seconds=0.5),
         **kwargs: Any,
     ) -> None:
         self.source = source_argument(type(self).__name__, source, kwargs)
@@ -269,7 +270,7 @@ class WalCommitOperator(BaseOperator):
             verify_checksums=self.verify_checksums,
         )
         try:
-            summary = self._commit_waiting_for_group(committer, store, key, actor)
+            summary = self._commit_waiting_for_group(committer, key, actor)
         except AuditRejectedError as exc:
             raise AirflowFailException(str(exc)) from None  # retrying cannot help
         except OrderingError as exc:
@@ -323,35 +324,13 @@ class WalCommitOperator(BaseOperator):
         return self._summary
 
     def _commit_waiting_for_group(
-        self, committer: CheckpointCommitter, store: Any, key: str, actor: Actor
+        self, committer: CheckpointCommitter, key: str, actor: Actor
     ) -> CommitSummary:
-        """Commit; while another task's group commit holds the checkpoint, wait for it instead of failing.
-
-        The group's leader either records COMMITTED (then this is an answered no-op) or dies, and
-        its lease expires on the database's clock (then this task takes it over and reconciles
-        from the table's marker). Any other live holder fails the try, as always.
-        """
-        deadline: float | None = None
-        while True:
-            try:
-                return committer.commit(self.pipeline, key, actor=actor)
-            except LeaseHeldError:
-                record = store.get(self.pipeline, key)
-                # Re-read after the refusal: a group may have finished meanwhile (no holder now: ask again).
-                if record is None or (record.lease_owner and not is_group_owner(record.lease_owner)):
-                    raise
-                now = time.monotonic()
-                # A live leader finishes well within its lease; a dead one's lease runs out.
-                deadline = deadline or now + 2 * self.lease_ttl.total_seconds() + 60
-                if now > deadline:
-                    raise
-                self.log.info(
-                    "Checkpoint %s/%s is being published by a group commit (%s); waiting for it",
-                    self.pipeline,
-                    key,
-                    record.lease_owner,
-                )
-                time.sleep(self.group_poll.total_seconds())
+        """Commit; while another task's group commit leads the pipeline or holds the checkpoint,
+        wait for it instead of failing (:func:`~...core.commit.group.commit_waiting_for_group`)."""
+        return commit_waiting_for_group(
+            committer, self.pipeline, key, actor=actor, poll=self.group_poll.total_seconds()
+        )
 
     def _group_commit_of(self, committer: CheckpointCommitter, key: str) -> Any:
         """The COMMITTED transition of the committed version if another task's group commit recorded it."""

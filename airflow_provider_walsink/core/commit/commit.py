@@ -23,7 +23,12 @@ from datetime import timedelta
 from airflow_provider_walsink.core.commit import aftercommit
 from airflow_provider_walsink.core.commit.checksums import read_verified_attempt
 from airflow_provider_walsink.core.commit.fencing import Fencing, Hold, require_table_fence, validate_fencing
-from airflow_provider_walsink.core.commit.group import can_lead_group, commit_as_leader
+from airflow_provider_walsink.core.commit.group import (
+    can_lead_group,
+    claim_lead,
+    commit_as_leader,
+    next_group,
+)
 from airflow_provider_walsink.core.commit.lease import LeaseFencing
 from airflow_provider_walsink.core.commit.sealed import publish_argument
 from airflow_provider_walsink.core.commit.summary import CommitSummary, summarize, with_result
@@ -62,8 +67,12 @@ class CheckpointCommitter:
        compare-and-set, bumping the fencing token (one statement that also
        checks step 1); ``LeaseHeldError``: another committer is publishing,
        retry later. Table fencing takes nothing (``LeaseHeldError`` if a
-       lease committer is at it). Then, with ``group_commit`` and lease
-       fencing, steps 3-6 run for a group (:mod:`.group`).
+       lease committer is at it). With ``group_commit`` and lease fencing,
+       the pipeline's group-commit lead is claimed first
+       (``GroupCommitInFlightError``, a ``LeaseHeldError``: another task
+       leads and takes this checkpoint into its group; wait with
+       :func:`~.group.commit_waiting_for_group`), and steps 3-6 run for a
+       group (:mod:`.group`).
     3. *Read the sealed attempt* (:func:`~.sealed.read_sealed_attempt`):
        ``ManifestError`` / ``LayoutError`` (bad input: recorded on the
        checkpoint). With ``verify_checksums``, every staged committable's
@@ -135,6 +144,36 @@ class CheckpointCommitter:
     def commit(self, pipeline: str, checkpoint_key: str, *, actor: Actor) -> CommitSummary:
         """Run the commit sequence for one checkpoint (class docstring)."""
         started = time.monotonic()
+        lead = claim_lead(self, pipeline, checkpoint_key, actor) if self.fencing_strategy.groups else None
+        try:
+            summary = self._commit(pipeline, checkpoint_key, actor=actor, started=started)
+            if lead is not None and summary.group:
+                self._lead_more_groups(pipeline, lead, actor=actor)
+            return summary
+        finally:
+            if lead is not None:
+                self.store.release_group_lead(pipeline, lead)
+
+    def _lead_more_groups(self, pipeline: str, lead: str, *, actor: Actor) -> None:
+        """Go on publishing the durable checkpoints left to this leader, a group at a time
+        (:func:`~.group.next_group`); each one's error is recorded on it, never raised here."""
+        while (hold := next_group(self, pipeline, lead, actor=actor)) is not None:
+            began = time.monotonic()
+            try:
+                done = commit_as_leader(
+                    self,
+                    hold,
+                    actor=actor,
+                    started=began,
+                    alone=lambda hold=hold, began=began: self.publish_alone(hold, actor=actor, started=began),
+                )
+            except Exception as exc:  # noqa: BLE001 - recorded on that checkpoint; its task answers
+                log.warning("stopped leading group commits of %s: %s", pipeline, exc)
+                return
+            if len(done.group) < 2:
+                return  # nothing joined: what is left commits by its own tasks
+
+    def _commit(self, pipeline: str, checkpoint_key: str, *, actor: Actor, started: float) -> CommitSummary:
         taken = self.fencing_strategy.take(pipeline, checkpoint_key, actor=actor)  # steps 1-2
         if isinstance(taken, CheckpointRecord):
             log.info(

@@ -32,6 +32,16 @@ The loop is the commit sequence of :class:`~.commit.CheckpointCommitter` over se
 
 Members' leases are taken under the owner ``group:<leader's owner>``, so a member's own commit
 task can tell its checkpoint is being published by a group and wait for it instead of failing.
+
+Groups form when tasks arrive together (a backfill whose writes finish at once) because only
+one commit of the pipeline's table is in flight at a time: a task first claims the pipeline's
+group-commit lead (:mod:`~airflow_provider_walsink.core.store.group_lead`, one compare-and-set);
+a task that finds it held takes no lease, leaves its checkpoint to the leader's group and waits
+for the answer (:func:`commit_waiting_for_group`), as a database's group commit does. Without
+the lead, K tasks released together each leased their own checkpoint first, so a leader found
+little to take and they all met at the table (groups of 2-8, about 5 table conflicts per
+checkpoint). The lead chooses who publishes, never what: each checkpoint is still published
+under its own lease.
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ from airflow_provider_walsink.core.commit.summary import CommitSummary, publicat
 from airflow_provider_walsink.core.faults import crashpoint
 from airflow_provider_walsink.core.protocol.errors import FencedError
 from airflow_provider_walsink.core.protocol.states import CheckpointState
+from airflow_provider_walsink.core.store.errors import LeaseHeldError
 from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord, Lease
 from airflow_provider_walsink.core.targets.base import GroupMember, PublishResult
 
@@ -74,16 +85,147 @@ def committed_by_group(detail: str | None) -> bool:
     return bool(detail) and detail.startswith(GROUP_DETAIL_PREFIX)  # type: ignore[union-attr]
 
 
-def can_lead_group(committer: Committing, record: CheckpointRecord) -> bool:
-    """A committer leads a group when asked to, its publisher offers it, and the checkpoint may group."""
+class GroupCommitInFlightError(LeaseHeldError):
+    """Another task leads a group commit of the pipeline: this checkpoint, left unheld, goes into
+    its next group (or to this task once the lead is given up). Ask again after a pause."""
+
+    def __init__(self, pipeline: str, checkpoint_key: str, leader: str) -> None:
+        self.leader = leader
+        super().__init__(
+            f"checkpoint {pipeline}/{checkpoint_key} waits for the group commit of pipeline {pipeline} "
+            f"led by {leader}: that leader publishes it with its next group, or this task does once "
+            "the lead is given up or runs out"
+        )
+
+
+def groups_checkpoints(committer: Committing) -> bool:
+    """A committer groups when asked to, with lease fencing, in ``overwrite`` mode, into a
+    publisher that offers ``publish_group`` of staged attempts."""
     return (
         committer.group_commit > 0
         and committer.fencing == "lease"
         and committer.mode == "overwrite"
         and committer.publisher.publish_group is not None
         and committer.publisher.takes_staged_attempt
-        and not record.supersedes_attempt_id
     )
+
+
+def can_lead_group(committer: Committing, record: CheckpointRecord) -> bool:
+    """A committer leads a group when it groups at all and the checkpoint may group (no reprocess)."""
+    return groups_checkpoints(committer) and not record.supersedes_attempt_id
+
+
+def claim_lead(committer: Committing, pipeline: str, checkpoint_key: str, actor: Actor) -> str | None:
+    """Claim the pipeline's group-commit lead before taking any lease; the owner to release it with.
+
+    ``None`` when the committer does not group, or when the lead is another's but the checkpoint
+    is already COMMITTED (the sequence answers that at once). Raises
+    :class:`GroupCommitInFlightError` when another task leads: this task takes no lease, so the
+    leader can take its checkpoint into its group.
+    """
+    if not groups_checkpoints(committer):
+        return None
+    record = committer.store.get(pipeline, checkpoint_key)
+    if record is not None and record.is_committed:
+        return None  # answered at once: never holds up a group by leading nothing
+    owner = (committer.owner or actor.lease_owner)[:255]
+    leader = committer.store.lead_group(pipeline, owner, ttl=committer.lease_ttl)
+    if leader is None or leader == owner:
+        return owner
+    raise GroupCommitInFlightError(pipeline, checkpoint_key, leader)
+
+
+def next_group(committer: Committing, pipeline: str, lead: str, *, actor: Actor) -> Hold | None:
+    """The lease of the pipeline's next checkpoint to lead a group with, while ``lead`` still leads.
+
+    A leader keeps publishing the durable checkpoints left to it, a group at a time (as a
+    database's group commit flushes while transactions queue up), so tasks that wait behind it
+    are answered without a hand-over of the lead per group. ``None`` (stop) when fewer than two
+    could go together (one left commits alone, by its own task), or the lead was lost. The
+    checkpoint is held under the group owner, so its own task waits for the answer.
+    """
+    store = committer.store
+    if store.lead_group(pipeline, lead, ttl=committer.lease_ttl) != lead:
+        return None  # extended, or lost (ran out, taken over): then stop leading
+    states = [S.AUDITED.value] if committer.require_audit else [S.DURABLE.value, S.AUDITED.value]
+    candidates = [
+        c
+        for c in store.checkpoints(
+            pipeline, states=states, limit=committer.group_commit + 1, descending=False
+        )
+        if not c.supersedes_attempt_id
+    ]
+    if len(candidates) < 2:
+        return None
+    first, asked = candidates[0], time.monotonic()
+    try:
+        lease = store.acquire_lease(
+            pipeline,
+            first.checkpoint_key,
+            owner=(GROUP_OWNER_PREFIX + lead)[:255],
+            ttl=committer.lease_ttl,
+            actor=actor,
+            mode=committer.mode,
+            require_audit=committer.require_audit,
+        )
+    except Exception as exc:  # noqa: BLE001 - taken, committed or refused meanwhile: its own task answers
+        log.debug("not leading another group of %s from %s: %s", pipeline, first.checkpoint_key, exc)
+        return None
+    record = lease.record or store.require(pipeline, first.checkpoint_key)
+    return Hold(record, lease_context(store, lease, committer.lease_ttl, record, asked))
+
+
+def commit_waiting_for_group(
+    committer: Any,
+    pipeline: str,
+    checkpoint_key: str,
+    *,
+    actor: Actor,
+    poll: float,
+    patience: float | None = None,
+) -> CommitSummary:
+    """:meth:`~.commit.CheckpointCommitter.commit`, waiting while a group commit has the checkpoint.
+
+    It waits while another task leads the pipeline's group commit (:class:`GroupCommitInFlightError`)
+    or a group holds the checkpoint's lease (owner ``group:...``): the leader records COMMITTED
+    (then this is an answered no-op) or dies, and its lead and leases run out on the database's
+    clock (then this task leads, takes the lease over and reconciles from the table's marker).
+    Any other live holder is raised at once, as a single commit raises it. ``patience``
+    (default: twice the lease TTL and a minute) runs from the moment the awaited holder last
+    changed, so a long line of groups that all make progress is waited out.
+    """
+    patience = 2 * committer.lease_ttl.total_seconds() + 60 if patience is None else patience
+    awaited: str | None = None
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return committer.commit(pipeline, checkpoint_key, actor=actor)
+        except GroupCommitInFlightError as exc:
+            holder: str | None = exc.leader
+            _await_a_change(committer.store, pipeline, checkpoint_key, poll)
+            pause = False
+        except LeaseHeldError:
+            record = committer.store.get(pipeline, checkpoint_key)
+            # Re-read after the refusal: a group may have finished meanwhile (no holder now: ask again).
+            if record is None or (record.lease_owner and not is_group_owner(record.lease_owner)):
+                raise
+            holder, pause = record.lease_owner, True
+        now = time.monotonic()
+        if holder != awaited:
+            awaited, deadline = holder, now + patience
+            log.info(
+                "checkpoint %s/%s is left to the group commit of %s; waiting for it",
+                pipeline,
+                checkpoint_key,
+                holder,
+            )
+        elif now > deadline:
+            raise LeaseHeldError(
+                f"checkpoint {pipeline}/{checkpoint_key} waited {patience:.0f} s for the group commit of "
+                f"{holder}, which neither finished nor gave it up"
+            )
+        if pause:
+            time.sleep(poll)  # held by a group (or just released): ask again after a pause
 
 
 def commit_as_leader(
@@ -223,9 +365,10 @@ def commit_as_leader(
         if key == record.checkpoint_key:
             leader_error = result
     crashpoint("group.after_committed")
-    for member, _l, member_manifest, *_rest in everyone:
-        if member.checkpoint_key in summaries:
-            committer.finish(member_manifest)
+    # Step 6 for the leader's checkpoint only: each member's own task asks again, finds its
+    # checkpoint COMMITTED and cleans its own staging (the leader would do it a second time).
+    if record.checkpoint_key in summaries:
+        committer.finish(manifest)
     log.info(
         "group commit of %s/%s: %d checkpoints committed together (%s)",
         pipeline,
@@ -239,6 +382,21 @@ def commit_as_leader(
     summary.lease_taken_over_from = hold.taken_over_from
     summary.group = [record.checkpoint_key, *(k for k in summaries if k != record.checkpoint_key)]
     return summary
+
+
+#: Looks at a checkpoint left to a leader before the lead itself is asked about again.
+QUIET_LOOKS = 4
+
+
+def _await_a_change(store: Any, pipeline: str, checkpoint_key: str, poll: float) -> None:
+    """Wait while the checkpoint stays unheld and uncommitted, one read per look (not the lead's
+    compare-and-set): a leader taking it (or committing it) ends the wait at once, a lead that
+    ends unnoticed (ran out, given up with this one left) is asked about every few looks."""
+    for _ in range(QUIET_LOOKS):
+        time.sleep(poll)
+        record = store.get(pipeline, checkpoint_key)
+        if record is None or record.lease_owner or record.state not in (S.DURABLE, S.AUDITED):
+            return
 
 
 def _detail(leader: CheckpointRecord, actor: Actor, keys: list[str]) -> str:

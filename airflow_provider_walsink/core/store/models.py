@@ -100,6 +100,10 @@ class Pipeline(Base):
     #: secret), as the write task last registered them; an abort opens the target with them
     #: (migration 0010, ``core/targets/registry.py: connection_references``).
     target_connections: Mapped[str | None] = mapped_column(Text)
+    #: The commit task leading the pipeline's group commit, and until when (migration 0011,
+    #: :mod:`.group_lead`): the others leave their checkpoints to its group and wait.
+    group_leader: Mapped[str | None] = mapped_column(String(255))
+    group_leader_until: Mapped[datetime | None] = mapped_column(Timestamp)
 
 
 class Checkpoint(Base):

@@ -59,6 +59,7 @@ from airflow_provider_walsink.core.store.errors import (
     TransitionError,
 )
 from airflow_provider_walsink.core.store.first_event import FirstEventClaims
+from airflow_provider_walsink.core.store.group_lead import GroupLeads
 from airflow_provider_walsink.core.store.leases import CheckpointLeases, next_epoch
 from airflow_provider_walsink.core.store.lifecycle import MODES, CheckpointLifecycle
 from airflow_provider_walsink.core.store.migrate import upgrade
@@ -112,6 +113,7 @@ class CommitterStore(
     AbortTransitions,
     SourcePlans,
     FirstEventClaims,
+    GroupLeads,
     CheckpointQueries,
 ):
     """The committer table's API. Thread-safe; share one per process and engine.
