@@ -59,7 +59,7 @@ from airflow_provider_walsink.core.commit.sealed import publish_argument
 from airflow_provider_walsink.core.commit.summary import CommitSummary, publication, summarize, with_result
 from airflow_provider_walsink.core.faults import crashpoint
 from airflow_provider_walsink.core.protocol.errors import FencedError
-from airflow_provider_walsink.core.protocol.states import CheckpointState
+from airflow_provider_walsink.core.protocol.states import COMMITTABLE, CheckpointState
 from airflow_provider_walsink.core.store.errors import LeaseHeldError
 from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord, Lease
 from airflow_provider_walsink.core.targets.base import GroupMember, PublishResult
@@ -118,16 +118,18 @@ def can_lead_group(committer: Committing, record: CheckpointRecord) -> bool:
 def claim_lead(committer: Committing, pipeline: str, checkpoint_key: str, actor: Actor) -> str | None:
     """Claim the pipeline's group-commit lead before taking any lease; the owner to release it with.
 
-    ``None`` when the committer does not group, or when the lead is another's but the checkpoint
-    is already COMMITTED (the sequence answers that at once). Raises
+    ``None`` when the committer does not group, or the checkpoint cannot be committed now
+    (COMMITTED, not durable, rejected: the sequence answers or refuses it at once). Raises
     :class:`GroupCommitInFlightError` when another task leads: this task takes no lease, so the
     leader can take its checkpoint into its group.
     """
     if not groups_checkpoints(committer):
         return None
     record = committer.store.get(pipeline, checkpoint_key)
-    if record is not None and record.is_committed:
-        return None  # answered at once: never holds up a group by leading nothing
+    if record is None or record.state not in COMMITTABLE:
+        # COMMITTED, not yet durable, rejected...: the sequence answers or refuses it at once,
+        # never waiting behind a group, and leads nothing.
+        return None
     owner = (committer.owner or actor.lease_owner)[:255]
     leader = committer.store.lead_group(pipeline, owner, ttl=committer.lease_ttl)
     if leader is None or leader == owner:
