@@ -15,8 +15,10 @@ holder's retries (same ``holder`` string) claim again at once.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
-from sqlalchemy import and_, or_, update
+from sqlalchemy import Connection, and_, or_, update
+from sqlalchemy.sql.elements import ColumnElement
 
 from airflow_provider_walsink.core.store.models import pipeline_table as pipe
 from airflow_provider_walsink.core.store.retry import retrying
@@ -38,19 +40,32 @@ class FirstEventClaims(CheckpointTransitions):
         holder = holder[:255]
         with self._tx() as conn:
             now = self._now(conn)
-            claimed = conn.execute(
-                update(pipe)
-                .where(
-                    pipe.c.name == pipeline,
-                    or_(
-                        pipe.c.first_event_holder.is_(None),
-                        pipe.c.first_event_holder == holder,
-                        and_(
-                            pipe.c.first_event_claimed_at.is_not(None),
-                            pipe.c.first_event_claimed_at < now - stale_after,
-                        ),
-                    ),
-                )
-                .values(first_event_holder=holder, first_event_claimed_at=now)
+            claimed_at = pipe.c.first_event_claimed_at
+            return claim_on_pipeline_row(
+                conn,
+                pipeline,
+                pipe.c.first_event_holder,
+                holder,
+                expired=and_(claimed_at.is_not(None), claimed_at < now - stale_after),
+                values={"first_event_holder": holder, "first_event_claimed_at": now},
             )
-            return claimed.rowcount == 1
+
+
+def claim_on_pipeline_row(
+    conn: Connection,
+    pipeline: str,
+    holder_column: Any,
+    holder: str,
+    *,
+    expired: ColumnElement[bool],
+    values: dict[str, Any],
+) -> bool:
+    """One compare-and-set on the pipeline's row: ``holder`` takes the claim in ``holder_column``
+    when it is free, already its own, or ``expired``; ``True`` if it did (so two claimants never
+    both win). Writes ``values`` when it does."""
+    claimed = conn.execute(
+        update(pipe)
+        .where(pipe.c.name == pipeline, or_(holder_column.is_(None), holder_column == holder, expired))
+        .values(**values)
+    )
+    return claimed.rowcount == 1

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, select, update
 
 from airflow_provider_walsink.core.store.clock import as_datetime
+from airflow_provider_walsink.core.store.first_event import claim_on_pipeline_row
 from airflow_provider_walsink.core.store.models import pipeline_table as pipe
 from airflow_provider_walsink.core.store.retry import retrying
 from airflow_provider_walsink.core.store.transitions import CheckpointTransitions
@@ -44,19 +45,15 @@ class GroupLeads(CheckpointTransitions):
         owner = owner[:255]
         with self._tx() as conn:
             now = self._now(conn)
-            claimed = conn.execute(
-                update(pipe)
-                .where(
-                    pipe.c.name == pipeline,
-                    or_(
-                        pipe.c.group_leader.is_(None),
-                        pipe.c.group_leader == owner,
-                        and_(pipe.c.group_leader_until.is_not(None), pipe.c.group_leader_until < now),
-                    ),
-                )
-                .values(group_leader=owner, group_leader_until=now + ttl)
-            )
-            if claimed.rowcount == 1:
+            until = pipe.c.group_leader_until
+            if claim_on_pipeline_row(
+                conn,
+                pipeline,
+                pipe.c.group_leader,
+                owner,
+                expired=and_(until.is_not(None), until < now),
+                values={"group_leader": owner, "group_leader_until": now + ttl},
+            ):
                 return owner
             return conn.execute(select(pipe.c.group_leader).where(pipe.c.name == pipeline)).scalar()
 
