@@ -304,7 +304,8 @@ def test_collect_garbage_never_removes_attempts_of_a_checkpoint_being_committed(
 
 def test_gc_of_an_aborted_checkpoint_keeps_the_attempt_a_later_run_started(store, layout):
     """ABORTED -> WRITING: GC that read the row while ABORTED removes only the aborted attempts."""
-    from airflow_provider_walsink.core.commit.gc import GcReport, _collect_checkpoint, _LocalRoot
+    from airflow_provider_walsink.core.commit.gc import GcReport, _collect_checkpoint
+    from airflow_provider_walsink.core.staging.listing import LocalListing
 
     stage_checkpoint(store, layout, "p", "a1", files("a1"), durable=False)
     aborted = store.abort("p", "a1", reason="bad interval", actor=ACTOR)
@@ -312,7 +313,7 @@ def test_gc_of_an_aborted_checkpoint_keeps_the_attempt_a_later_run_started(store
     later.begin()  # a later run starts attempt 2 right after GC read the ABORTED row
     report = GcReport()
     cutoff = aborted.updated_at + DAY
-    _collect_checkpoint(_LocalRoot(layout), "p", "a1", aborted, cutoff, cutoff.timestamp(), report, False)
+    _collect_checkpoint(LocalListing(layout), "p", "a1", aborted, cutoff, cutoff.timestamp(), report, False)
     assert _numbered(report.attempts_removed) == ["p/a1/attempt-1"] and report.checkpoint_dirs_removed == []
     assert layout.attempts("p", "a1") == [2]
 
@@ -398,7 +399,7 @@ def test_gc_with_a_staging_root_one_level_too_high_removes_nothing(store, tmp_pa
 def test_gc_removes_an_unknown_checkpoint_attempt_by_attempt(sqlite_store, layout, monkeypatch):
     """A checkpoint the table no longer knows (rows trimmed) is removed attempt by attempt: an
     attempt a new life of it starts while GC works is kept, and so is the directory."""
-    import airflow_provider_walsink.core.commit.gc as gc
+    import airflow_provider_walsink.core.staging.listing as listing
 
     stage_checkpoint(sqlite_store, layout, "p", "k0", files("k0"))  # registers pipeline p
     orphan = layout.root / "p" / "gone"
@@ -406,14 +407,14 @@ def test_gc_removes_an_unknown_checkpoint_attempt_by_attempt(sqlite_store, layou
         (orphan / name).mkdir(parents=True)
         (orphan / name / "part-0.csv").write_bytes(b"x\n")
     age_tree(orphan)
-    remove = gc._rmtree
+    remove = listing._rmtree
 
-    def remove_while_a_new_attempt_starts(path, report, dry_run):
+    def remove_while_a_new_attempt_starts(path, skipped, dry_run):
         if path.parent == orphan and not (orphan / ("attempt-1-" + "b" * 32)).exists():
             (orphan / ("attempt-1-" + "b" * 32)).mkdir()  # a new life's writer, just started
-        return remove(path, report, dry_run)
+        return remove(path, skipped, dry_run)
 
-    monkeypatch.setattr(gc, "_rmtree", remove_while_a_new_attempt_starts)
+    monkeypatch.setattr(listing, "_rmtree", remove_while_a_new_attempt_starts)
     report = collect_staging(sqlite_store, layout, retention=DAY)
     assert sorted(report.attempts_removed) == ["p/gone/attempt-1", "p/gone/attempt-2-" + "a" * 32]
     assert report.checkpoint_dirs_removed == []

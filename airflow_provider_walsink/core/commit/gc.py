@@ -72,14 +72,9 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import shutil
-import stat
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import and_, delete, func, select, update
@@ -87,16 +82,17 @@ from sqlalchemy import and_, delete, func, select, update
 from airflow_provider_walsink.core.protocol.errors import InvalidIdentifierError, WalsinkError
 from airflow_provider_walsink.core.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.core.protocol.states import CheckpointState
+from airflow_provider_walsink.core.staging.base import Staged, StagingListing
 from airflow_provider_walsink.core.staging.cleanup import (
     CleanupFencedError,
     StoreOpener,
-    is_object_store,
     never_referenced,
     open_object_store,
     remove_attempts_fenced,
 )
-from airflow_provider_walsink.core.staging.layout import StagingLayout, attempt_of
-from airflow_provider_walsink.core.staging.object_store import AttemptLocation, StagingStore
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.staging.listing import entry_name, span
+from airflow_provider_walsink.core.staging.resolve import as_store, open_staging
 from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
 from airflow_provider_walsink.core.store.models import pipeline_table as pipe
 from airflow_provider_walsink.core.store.models import transition_table as trans
@@ -139,257 +135,28 @@ class GcReport:
         )
 
 
-def span(delta: timedelta | float) -> str:
-    """A duration as people read it and ``parse_duration`` takes it: ``90s``, ``2h05m``, ``7d``."""
-    seconds = max(0, int(delta.total_seconds() if isinstance(delta, timedelta) else delta))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours:02d}h" if hours else f"{days}d"
-    if hours:
-        return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
-    if minutes:
-        return f"{minutes}m{seconds:02d}s" if seconds else f"{minutes}m"
-    return f"{seconds}s"
-
-
 def _keep(report: GcReport, item: str, reason: str, *, recent: bool = False) -> None:
     report.kept.append(f"{item}: {reason}")
     if recent:
         report.kept_recent += 1
 
 
-def _mtime_age(path: Path) -> str:
+def _add_root(
+    roots: dict[str, StagingListing], root: StagingLayout | str, stores: StoreOpener | None, report: GcReport
+) -> None:
+    """Add ``root`` (a layout, a local path or an object-store URI) to ``roots`` once, as its
+    backend lists it (:meth:`~..staging.base.StagingBackend.listing`); a root that cannot be
+    opened is reported in ``skipped`` and nothing under it is touched."""
     try:
-        return span(time.time() - os.lstat(path).st_mtime)
-    except OSError:
-        return "?"
-
-
-def _age_ok(path: Path, cutoff_ts: float) -> bool:
-    """True when ``path`` (a real directory, not a symlink) was last modified before the cutoff."""
-    st = os.lstat(path)
-    return stat.S_ISDIR(st.st_mode) and st.st_mtime <= cutoff_ts
-
-
-def _rmtree(path: Path, report: GcReport, dry_run: bool) -> bool:
-    if os.path.islink(path):
-        report.skipped.append(f"{path} is a symlink; not followed")
-        return False
-    if not dry_run:
-        shutil.rmtree(path)
-    return True
-
-
-def _subdirs(path: Path) -> Iterable[Path]:
-    try:
-        entries = sorted(os.scandir(path), key=lambda e: e.name)
-    except FileNotFoundError:
-        return []
-    return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
-
-
-#: One staged attempt as GC sees it: (number, attempt id or None, location), the location being
-#: its path on its root (a local path, or ``bucket/prefix/<pipeline>/<key>/attempt-...``).
-Staged = tuple[int, "str | None", str]
-
-
-class _LocalRoot:
-    """A staging root on a local or mounted file system: directories, ``lstat`` ages, no links."""
-
-    def __init__(self, layout: StagingLayout) -> None:
-        self.layout = layout
-        self.label = str(layout.root)
-
-    def pipelines(self) -> list[tuple[str, str]]:
-        """(name, display) of each real directory directly under the root."""
-        return [(p.name, str(p)) for p in _subdirs(self.layout.root)]
-
-    def checkpoints(self, pipeline: str) -> list[tuple[str, str]]:
-        return [(c.name, str(c)) for c in _subdirs(self.layout.root / pipeline)]
-
-    def checkpoint(self, pipeline: str, key: str) -> str:
-        return str(self.layout.checkpoint_dir(pipeline, key))
-
-    def entries(self, pipeline: str, key: str) -> tuple[list[Staged], list[str]]:
-        attempts, strays = _attempt_entries(self.layout.checkpoint_dir(pipeline, key))
-        return [(n, i, str(p)) for n, i, p in attempts], strays
-
-    def staged(self, pipeline: str, key: str) -> list[Staged]:
-        return [(n, i, str(p)) for n, i, p in self.layout.staged_attempts(pipeline, key)]
-
-    def old(self, location: str, cutoff_ts: float) -> bool:
-        return _age_ok(Path(location), cutoff_ts)
-
-    def age(self, location: str) -> str:
-        return _mtime_age(Path(location))
-
-    def delete(self, location: str, report: GcReport, dry_run: bool) -> bool:
-        return _rmtree(Path(location), report, dry_run)
-
-    def drop_checkpoint(self, pipeline: str, key: str, dry_run: bool, removed: list[str]) -> bool:
-        """Remove the emptied checkpoint directory; False if something is (again) in it.
-
-        A dry run removed nothing: True when the directory holds nothing but ``removed``."""
-        if dry_run:
-            _attempts, strays = self.entries(pipeline, key)
-            gone = {_name(p) for p in removed}
-            return not strays and all(_name(p) in gone for _n, _i, p in _attempts)
-        try:
-            self.layout.checkpoint_dir(pipeline, key).rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError:  # not empty: something new was put there meanwhile
-            return False
-        return True
-
-
-class _StoreRoot:
-    """A staging root on an object store, read through :class:`StagingStore`.
-
-    Listed by prefix: one level at a time for pipelines and checkpoints, one
-    recursive listing per checkpoint for its attempts and ages (an attempt's
-    age is its newest object's; a prefix has no time of its own). Deletes
-    only through :meth:`StagingStore.remove_attempt`, which deletes nothing
-    but a location it builds itself from validated names.
-    """
-
-    def __init__(self, store: StagingStore) -> None:
-        self.store = store
-        self.label = store.root_uri.rstrip("/")
-        self._trees: dict[tuple[str, str], list[tuple[str, float]]] = {}
-        self._locations: dict[str, AttemptLocation] = {}
-
-    def _dirs(self, relative: str) -> list[tuple[str, str]]:
-        import pyarrow.fs as pafs
-
-        path = f"{self.store.base}/{relative}" if relative else self.store.base
-        infos = self.store.filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-        shown = f"{self.label}/{relative}/" if relative else f"{self.label}/"
-        return sorted((i.base_name, shown + i.base_name) for i in infos if i.type == pafs.FileType.Directory)
-
-    def pipelines(self) -> list[tuple[str, str]]:
-        return self._dirs("")
-
-    def checkpoints(self, pipeline: str) -> list[tuple[str, str]]:
-        return self._dirs(pipeline)
-
-    def checkpoint(self, pipeline: str, key: str) -> str:
-        validate_identifier(pipeline, "pipeline id")
-        validate_identifier(key, "checkpoint key")
-        return f"{self.store.base}/{pipeline}/{key}"
-
-    def _tree(self, pipeline: str, key: str) -> list[tuple[str, float]]:
-        """Every object under the checkpoint: (path relative to it, modification time)."""
-        import pyarrow.fs as pafs
-
-        if (pipeline, key) not in self._trees:
-            cdir = self.checkpoint(pipeline, key)
-            selector = pafs.FileSelector(cdir, recursive=True, allow_not_found=True)
-            self._trees[(pipeline, key)] = [
-                (i.path[len(cdir) + 1 :], i.mtime.timestamp() if i.mtime else 0.0)
-                for i in self.store.filesystem.get_file_info(selector)
-                if i.type == pafs.FileType.File and i.path.startswith(cdir + "/")
-            ]
-        return self._trees[(pipeline, key)]
-
-    def _locate(self, pipeline: str, key: str, name: str, named: tuple[int, str | None]) -> Staged:
-        path = f"{self.checkpoint(pipeline, key)}/{name}"
-        self._locations[path] = AttemptLocation(
-            pipeline, key, named[0], named[1], path, f"{self.label}/{pipeline}/{key}/{name}"
+        staging = as_store(
+            root
+            if isinstance(root, StagingLayout)
+            else open_staging(root, lambda uri: open_object_store(uri, stores))
         )
-        return (*named, path)
-
-    def entries(self, pipeline: str, key: str) -> tuple[list[Staged], list[str]]:
-        attempts: dict[str, Staged] = {}
-        strays: set[str] = set()
-        for relative, _mtime in self._tree(pipeline, key):
-            first, slash, _rest = relative.partition("/")
-            named = attempt_of(first) if slash else None  # an object named like an attempt is a stray
-            if named is not None and named[0] >= 1:
-                attempts.setdefault(first, self._locate(pipeline, key, first, named))
-            else:
-                strays.add(first)
-        return [attempts[n] for n in sorted(attempts)], sorted(strays)
-
-    def staged(self, pipeline: str, key: str) -> list[Staged]:
-        attempts, _strays = self.entries(pipeline, key)
-        return sorted(attempts, key=lambda t: (t[0], t[1] or ""))
-
-    def _newest(self, location: str) -> float | None:
-        relative = location[len(self.store.base) + 1 :]
-        pipeline, key, *rest = relative.split("/")
-        inside = "/".join(rest)
-        times = [
-            mtime
-            for rel, mtime in self._tree(pipeline, key)
-            if not inside or rel == inside or rel.startswith(inside + "/")
-        ]
-        return max(times) if times else None
-
-    def old(self, location: str, cutoff_ts: float) -> bool:
-        newest = self._newest(location)
-        return newest is None or newest <= cutoff_ts
-
-    def age(self, location: str) -> str:
-        newest = self._newest(location)
-        return "?" if newest is None else span(time.time() - newest)
-
-    def delete(self, location: str, report: GcReport, dry_run: bool) -> bool:
-        attempt = self._locations[location]
-        if dry_run:
-            return True
-        try:
-            return self.store.remove_attempt(attempt)
-        except (WalsinkError, OSError) as exc:  # a refusal (not a location the store builds), a failure
-            report.skipped.append(f"{attempt.uri}: not removed ({exc})")
-            return False
-
-    def drop_checkpoint(self, pipeline: str, key: str, dry_run: bool, removed: list[str]) -> bool:
-        """A prefix has nothing to remove once empty: whether nothing is (again) under it.
-
-        A dry run removed nothing: True when the prefix holds nothing but ``removed``. Nothing
-        removed: False (a prefix holding only empty "directory" marker objects, which another
-        tool left, would otherwise be reported removed on every run)."""
-        if not removed:
-            return False
-        if dry_run:
-            attempts, strays = self.entries(pipeline, key)
-            return not strays and all(p in removed for _n, _i, p in attempts)
-        self._trees.pop((pipeline, key), None)
-        return not self._tree(pipeline, key)
-
-
-_Root = _LocalRoot | _StoreRoot
-
-
-def _open_store_root(root: str, stores: StoreOpener | None, report: GcReport) -> _StoreRoot | None:
-    try:
-        return _StoreRoot(open_object_store(root, stores))
     except (WalsinkError, OSError, ValueError, TypeError) as exc:
         report.skipped.append(f"staging root {root}: cannot be opened ({exc}); nothing under it removed")
-        return None
-
-
-def _add_root(
-    roots: dict[str, _Root], root: StagingLayout | str, stores: StoreOpener | None, report: GcReport
-) -> None:
-    """Add ``root`` (a layout, a local path or an object-store URI) to ``roots`` once; a root that
-    cannot be opened is reported in ``skipped`` and nothing under it is touched."""
-    if isinstance(root, str) and is_object_store(root):
-        key = root.rstrip("/")
-        if key not in roots:
-            opened = _open_store_root(root, stores, report)
-            if opened is not None:
-                roots[key] = opened
         return
-    try:
-        local = root if isinstance(root, StagingLayout) else StagingLayout(root)
-    except ValueError as exc:
-        report.skipped.append(f"staging root {root}: {exc}")
-        return
-    roots.setdefault(str(local.root), _LocalRoot(local))
+    roots.setdefault(staging.root_location.rstrip("/") or "/", staging.listing())
 
 
 def collect_staging(
@@ -422,7 +189,7 @@ def collect_staging(
     # Directory ages come from the file system clock; row ages from the store's clock.
     cutoff_ts = _epoch(cutoff)
     wanted = set(pipelines) if pipelines is not None else None
-    roots: dict[str, _Root] = {}
+    roots: dict[str, StagingListing] = {}
     for root in [layout, *store.staging_roots(sorted(wanted) if wanted is not None else None)]:
         _add_root(roots, root, stores, report)
     for each in roots.values():
@@ -432,7 +199,7 @@ def collect_staging(
 
 def _collect_root(
     store: CommitterStore,
-    root: _Root,
+    root: StagingListing,
     wanted: set[str] | None,
     cutoff: datetime,
     cutoff_ts: float,
@@ -529,7 +296,7 @@ def _row_fence(
 
 
 def _collect_checkpoint(
-    root: _Root,
+    root: StagingListing,
     pipeline: str,
     key: str,
     record: CheckpointRecord | None,
@@ -641,7 +408,7 @@ def _collect_checkpoint(
     garbage = []
     state = record.state.value
     for attempt, attempt_id, path in root.staged(pipeline, key):
-        item = f"{pipeline}/{key}/{_name(path)}"
+        item = f"{pipeline}/{key}/{entry_name(path)}"
         if (attempt, attempt_id) in keep or (attempt_id is None and attempt in {a for a, _ in keep}):
             which = "sealed" if attempt == record.sealed_attempt and attempt != record.attempt else "current"
             _keep(report, item, f"the {which} attempt of a {state} checkpoint (never collected)")
@@ -670,39 +437,13 @@ def _collect_checkpoint(
         up_to=record.attempt,
         fence=fence,
         referenced=never_referenced,
-        delete=lambda location: root.delete(location, report, dry_run),
+        delete=lambda location: root.delete(location, report.skipped, dry_run),
     )
-    report.attempts_removed += [f"{pipeline}/{key}/{_name(p)}" for p in removed]
-
-
-def _name(location: str) -> str:
-    """The last segment of a local path or an object-store path."""
-    return location.rstrip("/").rsplit("/", 1)[-1]
-
-
-def _attempt_entries(cdir: Path) -> tuple[list[tuple[int, str | None, Path]], list[str]]:
-    """A checkpoint directory's attempt directories (number, id, path) and its other entries' names.
-
-    Only real directories named ``attempt-<n>`` or ``attempt-<n>-<32 hex>`` (n >= 1) are attempts;
-    a file, a symlink or any other name is a stray.
-    """
-    attempts: list[tuple[int, str | None, Path]] = []
-    strays: list[str] = []
-    try:
-        entries = sorted(os.scandir(cdir), key=lambda e: e.name)
-    except FileNotFoundError:
-        return [], []
-    for entry in entries:
-        named = attempt_of(entry.name)
-        if named is not None and named[0] >= 1 and entry.is_dir(follow_symlinks=False):
-            attempts.append((*named, Path(entry.path)))
-        else:
-            strays.append(entry.name)
-    return attempts, strays
+    report.attempts_removed += [f"{pipeline}/{key}/{entry_name(p)}" for p in removed]
 
 
 def _remove_attempts(
-    root: _Root,
+    root: StagingListing,
     pipeline: str,
     key: str,
     attempts: list[Staged],
@@ -726,13 +467,13 @@ def _remove_attempts(
     kept = 0
     for attempt, attempt_id, path in attempts:
         if not wanted(attempt, attempt_id):
-            _keep(report, f"{pipeline}/{key}/{_name(path)}", unwanted)
+            _keep(report, f"{pipeline}/{key}/{entry_name(path)}", unwanted)
             kept += 1
             continue
         if cutoff_ts is not None and not root.old(path, cutoff_ts):
             _keep(
                 report,
-                f"{pipeline}/{key}/{_name(path)}",
+                f"{pipeline}/{key}/{entry_name(path)}",
                 f"changed {root.age(path)} ago, {kept_for}",
                 recent=True,
             )
@@ -746,14 +487,14 @@ def _remove_attempts(
         up_to=max((a for a, _i, _p in candidates), default=0),
         fence=fence,
         referenced=never_referenced,
-        delete=lambda location: root.delete(location, report, dry_run),
+        delete=lambda location: root.delete(location, report.skipped, dry_run),
     )
     kept += len(candidates) - len(removed)
     whole = kept == 0 and root.drop_checkpoint(pipeline, key, dry_run, removed)
     if whole:
         report.checkpoint_dirs_removed.append(f"{pipeline}/{key}")
     else:
-        report.attempts_removed += [f"{pipeline}/{key}/{_name(p)}" for p in removed]
+        report.attempts_removed += [f"{pipeline}/{key}/{entry_name(p)}" for p in removed]
     if removed:
         log.info(
             "gc: %s %d attempts of %s/%s",

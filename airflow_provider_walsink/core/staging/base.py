@@ -35,6 +35,55 @@ class AttemptLocation:
         return f"{self.path}/{MANIFEST_NAME}"
 
 
+#: One staged attempt as GC sees it: (number, attempt id or None, location), the location being
+#: its path on its root (a local path, or ``bucket/prefix/<pipeline>/<key>/attempt-...``).
+Staged = tuple[int, "str | None", str]
+
+
+class StagingListing(ABC):
+    """What garbage collection may see and do under one staging root (:meth:`StagingBackend.listing`).
+
+    Walsink's layout only: :meth:`pipelines` and :meth:`checkpoints` list real directories (or
+    prefixes) by name, ``(name, shown)``; :meth:`entries` splits a checkpoint into its attempts
+    (``attempt-<n>`` / ``attempt-<n>-<32 hex>``, n >= 1, real directories) and its strays (any
+    other name: never deleted); :meth:`old` / :meth:`age` say whether an attempt was last changed
+    before a cutoff and how long ago; :meth:`delete` removes one attempt listed here (a refusal
+    or failure is appended to ``skipped``, never raised), and :meth:`drop_checkpoint` the emptied
+    checkpoint itself, false when something is (again) in it. Nothing outside the root, and no
+    symlink, is ever followed or deleted.
+    """
+
+    #: The root as shown in reports.
+    label: str
+
+    @abstractmethod
+    def pipelines(self) -> list[tuple[str, str]]: ...
+
+    @abstractmethod
+    def checkpoints(self, pipeline: str) -> list[tuple[str, str]]: ...
+
+    @abstractmethod
+    def checkpoint(self, pipeline: str, key: str) -> str: ...
+
+    @abstractmethod
+    def entries(self, pipeline: str, key: str) -> tuple[list[Staged], list[str]]: ...
+
+    @abstractmethod
+    def staged(self, pipeline: str, key: str) -> list[Staged]: ...
+
+    @abstractmethod
+    def old(self, location: str, cutoff_ts: float) -> bool: ...
+
+    @abstractmethod
+    def age(self, location: str) -> str: ...
+
+    @abstractmethod
+    def delete(self, location: str, skipped: list[str], dry_run: bool) -> bool: ...
+
+    @abstractmethod
+    def drop_checkpoint(self, pipeline: str, key: str, dry_run: bool, removed: list[str]) -> bool: ...
+
+
 class StagingBackend(ABC):
     """One staging root and the attempts under it; a backend per kind of storage.
 
@@ -65,6 +114,8 @@ class StagingBackend(ABC):
     * **Prepare an attempt** (:meth:`prepare_attempt`): its place, with nothing
       left in it by an earlier crash of the same attempt, ready for the job.
     * **Delete an attempt** (:meth:`remove_attempt`): that attempt only.
+    * **Be listed for garbage collection** (:meth:`listing`): walsink's layout
+      under the root, ages, and the deletions GC may do (:class:`StagingListing`).
     * **Confinement**: nothing outside the root is ever read, written or
       deleted. Every manifest-relative path is checked lexically (not empty, no
       NUL, not absolute, no ``..``, no empty or ``.`` segment), and a symlink
@@ -124,6 +175,10 @@ class StagingBackend(ABC):
 
     @abstractmethod
     def remove_attempt(self, location: AttemptLocation) -> bool: ...
+
+    @abstractmethod
+    def listing(self) -> StagingListing:
+        """What garbage collection sees of this root (:class:`StagingListing`)."""
 
     def check_writable(self) -> None:
         """Refuse, before the write phase records anything or starts the job, a root this process

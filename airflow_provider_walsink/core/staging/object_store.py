@@ -32,7 +32,7 @@ from airflow_provider_walsink.core.protocol.manifest import (
     write_manifest,
 )
 from airflow_provider_walsink.core.protocol.manifest import read_manifest as read_local_manifest
-from airflow_provider_walsink.core.staging.base import AttemptLocation, StagingBackend
+from airflow_provider_walsink.core.staging.base import AttemptLocation, StagingBackend, StagingListing
 from airflow_provider_walsink.core.staging.layout import (
     _ATTEMPT_ID,
     StagingLayout,
@@ -40,6 +40,7 @@ from airflow_provider_walsink.core.staging.layout import (
     attempt_of,
     staging_path,
 )
+from airflow_provider_walsink.core.staging.listing import LocalListing, ObjectListing
 from airflow_provider_walsink.core.staging.probe import (
     StagingNotWritableError,
     local_root_status,
@@ -491,6 +492,10 @@ class LocalStagingStore(StagingStore):
             self.remove_attempt(location)
         attempt_dir.mkdir(parents=True)
 
+    def listing(self) -> StagingListing:
+        assert self.layout is not None
+        return LocalListing(self.layout)
+
     def check_writable(self) -> None:
         ok, message = local_root_status(self.base)
         if not ok:
@@ -557,6 +562,9 @@ class ObjectStagingStore(StagingStore):
         # prefix (a crash with the same attempt id) would mix with the job's.
         if self.list_attempt(location):
             self.remove_attempt(location)
+
+    def listing(self) -> StagingListing:
+        return ObjectListing(self)
 
     def check_writable(self) -> None:
         probe_object_root(self.filesystem, self.base, self.root_uri, delete=self._delete_object)
