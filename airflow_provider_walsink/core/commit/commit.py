@@ -24,6 +24,7 @@ from airflow_provider_walsink.core.commit import aftercommit
 from airflow_provider_walsink.core.commit.checksums import read_verified_attempt
 from airflow_provider_walsink.core.commit.fencing import Fencing, Hold, require_table_fence, validate_fencing
 from airflow_provider_walsink.core.commit.group import (
+    GROUPS_PER_LEAD,
     can_lead_group,
     claim_lead,
     commit_as_leader,
@@ -157,7 +158,9 @@ class CheckpointCommitter:
     def _lead_more_groups(self, pipeline: str, lead: str, *, actor: Actor) -> None:
         """Go on publishing the durable checkpoints left to this leader, a group at a time
         (:func:`~.group.next_group`); each one's error is recorded on it, never raised here."""
-        while (hold := next_group(self, pipeline, lead, actor=actor)) is not None:
+        for _ in range(GROUPS_PER_LEAD):  # then the lead is handed on: one task is not the backfill's
+            if (hold := next_group(self, pipeline, lead, actor=actor)) is None:
+                return
             began = time.monotonic()
             try:
                 done = commit_as_leader(

@@ -71,6 +71,9 @@ S = CheckpointState
 GROUP_OWNER_PREFIX = "group:"
 #: The history detail of a checkpoint COMMITTED by a group commit starts with this.
 GROUP_DETAIL_PREFIX = "group commit led by "
+#: Groups a leader publishes after its own before it gives the lead up (a waiting task takes it
+#: on): a leader's task ends in bounded time however many checkpoints queue up behind it.
+GROUPS_PER_LEAD = 16
 #: Member keys named in one history detail (the rest are counted).
 DETAIL_KEYS = 50
 
