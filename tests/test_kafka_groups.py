@@ -166,6 +166,45 @@ def test_two_pipelines_claiming_one_group_at_once_cannot_both_win(store: Committ
     assert store.claim_consumer_group("cluster:c2", "race-0", "gamma") == "gamma"
 
 
+def test_a_group_handed_over_after_the_plan_gets_no_offsets_from_the_pipeline_that_planned_with_it(
+    store: CommitterStore, kafka: MockKafka, tmp_path: Path
+):
+    """The after-commit step re-checks the group's owner under the pipeline's lock: ``orders``
+    planned with the group and committed, then the group was handed over to ``refunds`` before
+    ``orders``' commit task sent its offsets. The send is refused naming both pipelines, and the
+    group's offsets are untouched; handed back, ``orders``' next after-commit sends them."""
+    from sqlalchemy import update
+
+    from airflow_provider_walsink.core.store.models import consumer_group_table as groups
+
+    topic, group = f"moved-{store.engine.dialect.name}", f"moved-lag-{store.engine.dialect.name}"
+    kafka.produce(topic, [{"value": b"x", "partition": 0} for _ in range(3)])
+    source = KafkaOffsetSource({"topics": [topic], "group_id": group}, kafka.config)
+    end = first_checkpoint(store, "orders", "k1", source, tmp_path)
+    with ConsumerMetadata(kafka.config) as meta:
+        scope = cluster_scope(meta, kafka.config)
+    assert store.consumer_group_owner(scope, group) == "orders"
+    # Handed over between orders' plan and its commit task's after-commit step (another process).
+    with store.engine.begin() as conn:
+        conn.execute(update(groups).where(groups.c.group_id == group).values(pipeline="refunds"))
+    before = kafka.committed(group, topic)
+
+    with pytest.raises(ConsumerGroupOwnedError) as refused:
+        source.after_commit(store, "orders")
+    message = str(refused.value)
+    assert f"consumer group {group!r}" in message and scope in message
+    assert "belongs to pipeline 'refunds' now, not to pipeline 'orders'" in message
+    assert "no offsets of 'orders' were sent" in message and "walsink reassign-group" in message
+    assert kafka.committed(group, topic) == before  # nothing sent
+    assert store.consumer_group_owner(scope, group) == "refunds"
+    assert store.require("orders", "k1").state.value == "COMMITTED"  # the commit itself stands
+
+    # Handed back (walsink reassign-group): orders' committed end offsets reach the group.
+    assert store.reassign_consumer_group(scope, group, "orders") == "refunds"
+    assert source.after_commit(store, "orders") == {"kafka_group_offsets": end}
+    assert kafka.committed(group, topic) == {0: 3, 1: 0, 2: 0, 3: 0}
+
+
 def test_a_topic_recreated_with_more_records_than_were_read_is_refused(
     store: CommitterStore, kafka: MockKafka, tmp_path: Path
 ):
