@@ -829,7 +829,8 @@ def cmd_gc(args: argparse.Namespace, out: IO[str]) -> int:
             raise CliError(f"--staging-root {staging_root}: no such directory; nothing removed")
         print(
             f"walsink gc: warning: staging root {staging_root} does not exist (no pipeline staged "
-            "there yet, or not the staging root you meant: pass --staging-root); no staging removed",
+            "there yet, or not the staging root you meant: pass --staging-root); nothing removed there "
+            "(the staging roots recorded on checkpoint rows are walked all the same)",
             file=sys.stderr,
         )
     store = open_store(target)
