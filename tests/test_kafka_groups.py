@@ -205,6 +205,54 @@ def test_a_group_handed_over_after_the_plan_gets_no_offsets_from_the_pipeline_th
     assert kafka.committed(group, topic) == {0: 3, 1: 0, 2: 0, 3: 0}
 
 
+def test_the_commit_task_commits_and_announces_then_fails_without_sending_when_its_group_moved(
+    sqlite_store: CommitterStore, kafka: MockKafka, tmp_path: Path, monkeypatch
+):
+    """The commit operator's after-commit step with a group handed over since its write task
+    planned: the checkpoint is COMMITTED and its asset event added, no offsets are sent, and the
+    task then fails without retrying, naming both pipelines."""
+    import json
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowFailException
+    from sqlalchemy import update
+
+    from airflow_provider_walsink.core.store.models import consumer_group_table as groups
+    from airflow_provider_walsink.operators.commit import WalCommitOperator
+
+    store, target, layout = sqlite_store, tmp_path / "target", StagingLayout(tmp_path / "staging")
+    topic, group = "moved-task", "moved-task-lag"
+    kafka.produce(topic, [{"value": b"x", "partition": 0} for _ in range(2)])
+    source = KafkaOffsetSource({"topics": [topic], "group_id": group}, kafka.config)
+    source.plan(store, "orders", None, (None, None))  # the write task: plan (claims the group), record
+    record = store.register("orders", "k1", mode="append", actor=ACTOR, target=str(target))
+    start, end, _ = source.record(store, record, start_offsets=None, until_offsets=None, actor=ACTOR)
+    stage_checkpoint(store, layout, "orders", "k1", {"part-0.txt": b"r\n"}, mode="append",
+                     start_offsets=start, end_offsets=end)  # fmt: skip
+    with store.engine.begin() as conn:  # handed over before the commit task ran
+        conn.execute(update(groups).where(groups.c.group_id == group).values(pipeline="refunds"))
+    monkeypatch.setenv("AIRFLOW_CONN_WALSINK_KAFKA_GROUPS", json.dumps(
+        {"conn_type": "walsink", "extra": {"url": str(store.engine.url), "staging_root": str(layout.root)}}))  # fmt: skip
+    task = WalCommitOperator(task_id="commit", pipeline="orders", target=str(target), mode="append",
+                             checkpoint_key="k1", walsink_conn_id="walsink_kafka_groups", source=source)  # fmt: skip
+    added = []
+
+    class Accessor:
+        def add(self, asset, extra=None):
+            added.append((asset.uri, extra["checkpoint_key"]))
+
+    ti = SimpleNamespace(
+        dag_id="orders_dag", task_id="commit", run_id="manual", try_number=1, map_index=-1, id=None
+    )
+    before = kafka.committed(group, topic)
+    with pytest.raises(AirflowFailException) as refused:
+        task.execute({"ti": ti, "outlet_events": {task.asset_alias: Accessor()}})
+    assert "belongs to pipeline 'refunds' now, not to pipeline 'orders'" in str(refused.value)
+    assert store.require("orders", "k1").state.value == "COMMITTED"
+    assert added == [(f"file://{target}", "k1")]  # announced before the task failed
+    assert kafka.committed(group, topic) == before  # nothing sent
+
+
 def test_a_topic_recreated_with_more_records_than_were_read_is_refused(
     store: CommitterStore, kafka: MockKafka, tmp_path: Path
 ):
