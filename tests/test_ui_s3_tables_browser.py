@@ -32,6 +32,7 @@ import re
 import subprocess
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -126,16 +127,26 @@ def environ_of(pid: int) -> dict[str, str]:
     return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
 
 
-def walsink(stack, *args: str) -> subprocess.CompletedProcess:
-    """The ``walsink`` command as an operator runs it on an Airflow host of the stack: the stack's
-    environment (its metadata database holds the connections), no ``AWS_*`` variable."""
+def walsink(stack, *args: str) -> subprocess.Popen:
+    """Start the ``walsink`` command as an operator runs it on an Airflow host of the stack: the
+    stack's environment (its metadata database holds the connections), no ``AWS_*`` variable.
+    Started, not waited for: it runs while this process does other work (CI time)."""
     env = {k: v for k, v in stack.env.items() if not k.startswith("AWS_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     script = Path(sys.executable).with_name("walsink")
     command = (
         [str(script)] if script.exists() else [sys.executable, "-m", "airflow_provider_walsink.cli.commands"]
     )
-    return subprocess.run([*command, *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    return subprocess.Popen(
+        [*command, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO
+    )
+
+
+def finished(proc: subprocess.Popen) -> Any:
+    """The command's JSON result, once it ended with status 0."""
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return json.loads(out)
 
 
 @pytest.fixture(scope="module")
@@ -174,34 +185,61 @@ def lake(airflow_stack, s3_server, tmp_path_factory):  # noqa: F811
     store = CommitterStore.from_url(
         f"sqlite:///{stack.home}/walsink/committer.db"
     )  # the api-server's (embedded)
-    for p in pipelines.values():
+    cli_abort = None
+    for p in (pipelines["iceberg"], pipelines["delta"]):
         for key in (K1, K2, K3):
             p.stage(store, key)
         CheckpointCommitter(store, p.staging, p.publisher, mode="append").commit(
             p.name, K1, actor=actor(K1, "commit")
         )
-        if p.kind == "delta":
-            p.stage(store, K4, seal=False)  # a write try killed before it sealed: attempt 1 is orphaned
-        p.stage(store, K4)
-        if p.kind == "iceberg":  # `walsink abort` as an operator runs it (one command: CI time)
-            aborted = walsink(stack, "abort", p.name, K2, "--reason", "INC-7: wrong day", "--json")
-            assert aborted.returncode == 0, aborted.stderr
-            outcome = json.loads(aborted.stdout)
+        if p.kind == "iceberg":  # `walsink abort` as an operator runs it, while the rest is set up
+            cli_abort = walsink(stack, "abort", p.name, K2, "--reason", "INC-7: wrong day", "--json")
         else:  # what that command runs, in this process, with the same connections
             outcome = aborter_for(store, p.name, staging_root=str(tmp), checkpoint_key=K2, connections=resolver,
                                   stores=lambda root: StagingStore.open(root, options)).abort(
                 p.name, K2, reason="INC-7: wrong day", actor=Actor(name="oncall")).to_dict()  # fmt: skip
-        assert (outcome["previous_state"], outcome["state"]) == ("DURABLE", "ABORTED"), outcome
-        assert outcome["staging_removed"], outcome
+            assert (outcome["previous_state"], outcome["state"]) == ("DURABLE", "ABORTED"), outcome
+            assert outcome["staging_removed"], outcome
+            p.stage(store, K4, seal=False)  # a write try killed before it sealed: attempt 1 is orphaned
+        p.stage(store, K4)
         store.fail(p.name, K3, error="PublishError: the table's commit timed out", actor=actor(K3, "commit"))
+    outcome = finished(cli_abort)
+    assert (outcome["previous_state"], outcome["state"]) == ("DURABLE", "ABORTED"), outcome
+    assert outcome["staging_removed"], outcome
+    # `walsink gc` reads the world as it stands now (the pages only read it); the UI's aborts wait for it.
+    bucket_before_gc = {
+        p.kind: sorted(s3_server.list(p.root.split("/", 3)[3] + "/")) for p in pipelines.values()
+    }
+    gc = walsink(stack, "gc", "--retention", "0s", "--json",
+                 *[arg for p in pipelines.values() for arg in ("--pipeline", p.name)])  # fmt: skip
+    world = World(stack, pipelines, store, s3_server, gc, bucket_before_gc)
     try:
-        yield stack, pipelines, store, s3_server
+        yield world
     finally:
+        if gc.poll() is None:
+            gc.kill()
+            gc.communicate()
         store.dispose()
 
 
+@dataclass
+class World:
+    stack: Any
+    pipelines: dict[str, Pipeline]
+    store: CommitterStore
+    s3: Any
+    gc: subprocess.Popen
+    bucket_before_gc: dict[str, list[str]]
+
+
+@pytest.fixture(scope="module")
+def gc_report(lake) -> dict:
+    """``walsink gc``'s report (started by ``lake``): waited for before anything changes the world."""
+    return finished(lake.gc)
+
+
 def test_the_api_server_holds_no_aws_variable(lake):
-    stack = lake[0]
+    stack = lake.stack
     for pid in stack.pids()["api-server"]:
         try:
             names = sorted(k for k in environ_of(pid) if k.startswith("AWS_"))
@@ -212,7 +250,7 @@ def test_the_api_server_holds_no_aws_variable(lake):
 
 @pytest.fixture(scope="module")
 def page(lake, browser):  # noqa: F811
-    stack = lake[0]
+    stack = lake.stack
     context = browser.new_context(viewport=SCREEN, base_url=stack.base_url)
     context.set_default_timeout(TIMEOUT_MS)
     context.add_cookies([stack.login_cookie("admin")])
@@ -233,8 +271,7 @@ def get(page, path: str, **params: Any) -> Any:
 def test_every_checkpoint_page_and_api_route_answers_for_each_state(lake, page, kind):
     from playwright.sync_api import expect
 
-    stack, pipelines, store, _ = lake
-    p = pipelines[kind]
+    stack, p = lake.stack, lake.pipelines[kind]
     base = f"/walsink/api/pipelines/{p.name}"
     summary = get(page, base)
     assert summary["target"] == p.target and summary["mode"] == "append"
@@ -290,12 +327,38 @@ def test_every_checkpoint_page_and_api_route_answers_for_each_state(lake, page, 
     expect(page.locator("table.checkpoints").first).to_be_visible()
 
 
+def test_walsink_gc_reads_the_table_staging_on_the_bucket_and_leaves_it_to_the_table(lake, gc_report):
+    """``walsink gc`` lists both pipelines' staging on the bucket through the connections alone and
+    removes nothing of it: a table target's staged files are table data once committed, so even an
+    orphaned attempt is left to the table's own maintenance (gc.py, docs/targets.md)."""
+    delta, s3 = lake.pipelines["delta"], lake.s3
+    assert gc_report["attempts_removed"] == [] and gc_report["checkpoint_dirs_removed"] == [], gc_report
+    # Every checkpoint on the bucket was found there (read with the connections), and left alone.
+    on_bucket = {
+        p.name: sorted({k.split("/")[-3] for k in lake.bucket_before_gc[p.kind]})
+        for p in lake.pipelines.values()
+    }
+    assert on_bucket == {p.name: [K1, K3, K4] for p in lake.pipelines.values()}, on_bucket
+    assert sorted(gc_report["skipped"]) == sorted(
+        f"{name}/{key}: staging of a table target, left to the table"
+        for name, keys in on_bucket.items()
+        for key in keys
+    )
+    assert {p.kind: sorted(s3.list(p.root.split("/", 3)[3] + "/")) for p in lake.pipelines.values()} == (
+        lake.bucket_before_gc
+    )
+    # The killed write try's orphaned attempt 1 of the Delta checkpoint is still there, next to attempt 2.
+    assert sorted({k.split("/")[-2].split("-")[1] for k in s3.list(delta.prefix(K4))}) == ["1", "2"]
+
+
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
-def test_abort_in_the_browser_removes_the_staged_objects_and_leaves_the_table_without_it(lake, page, kind):
+def test_abort_in_the_browser_removes_the_staged_objects_and_leaves_the_table_without_it(
+    lake, page, gc_report, kind
+):
     from playwright.sync_api import expect
 
-    _, pipelines, store, s3 = lake
-    p, key = pipelines[kind], UI_ABORT[kind]
+    store, s3 = lake.store, lake.s3
+    p, key = lake.pipelines[kind], UI_ABORT[kind]
     state = STATES[key][0]
     staged = [k for k in s3.list(p.prefix(key)) if k.endswith(FILE)]
     assert staged, "the checkpoint's staged objects are on the bucket before the abort"
@@ -324,28 +387,3 @@ def test_abort_in_the_browser_removes_the_staged_objects_and_leaves_the_table_wi
     assert f"staging removed: {p.name}/{key}/attempt-" in history[-1].detail
     assert s3.list(p.prefix(key)) == [], "its staged objects are gone from the bucket"
     assert p.table_rows() == [(i, K1) for i in (1, 2, 3)], "the table holds the committed checkpoint only"
-
-
-def test_walsink_gc_reads_the_table_staging_on_the_bucket_and_leaves_it_to_the_table(lake):
-    """``walsink gc`` lists both pipelines' staging on the bucket through the connections alone and
-    removes nothing of it: a table target's staged files are table data once committed, so even an
-    orphaned attempt is left to the table's own maintenance (gc.py, docs/targets.md)."""
-    stack, pipelines, store, s3 = lake
-    delta = pipelines["delta"]
-    before = {p.kind: sorted(s3.list(p.root.split("/", 3)[3] + "/")) for p in pipelines.values()}
-    attempts = sorted({k.split("/")[-2].split("-")[1] for k in s3.list(delta.prefix(K4))})
-    assert attempts == ["1", "2"], attempts  # the killed try's orphan, and the sealed attempt
-    result = walsink(stack, "gc", "--retention", "0s", "--json",
-                     *[arg for p in pipelines.values() for arg in ("--pipeline", p.name)])  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
-    assert report["attempts_removed"] == [] and report["checkpoint_dirs_removed"] == [], report
-    # Every checkpoint left on the bucket was found there (read with the connections), and left alone.
-    on_bucket = {p.name: sorted({k.split("/")[-3] for k in before[p.kind]}) for p in pipelines.values()}
-    assert on_bucket == {pipelines["delta"].name: [K1, K4], pipelines["iceberg"].name: [K1, K3]}, on_bucket
-    assert sorted(report["skipped"]) == sorted(
-        f"{name}/{key}: staging of a table target, left to the table"
-        for name, keys in on_bucket.items()
-        for key in keys
-    )
-    assert {p.kind: sorted(s3.list(p.root.split("/", 3)[3] + "/")) for p in pipelines.values()} == before
