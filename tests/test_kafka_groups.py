@@ -205,6 +205,40 @@ def test_a_group_handed_over_after_the_plan_gets_no_offsets_from_the_pipeline_th
     assert kafka.committed(group, topic) == {0: 3, 1: 0, 2: 0, 3: 0}
 
 
+def test_a_hand_over_waits_for_a_send_of_the_previous_owner_in_flight(store: CommitterStore):
+    """``reassign_consumer_group`` takes the lock the after-commit send holds: a send in flight ends
+    before the group changes hands, and every send after the hand-over is refused."""
+    from airflow_provider_walsink.core.store.errors import ConsumerGroupMovedError
+
+    store.register("orders", "k1", mode="append", actor=ACTOR)
+    store.claim_consumer_group("cluster:c1", "g", "orders")
+    inside, release, handed = threading.Event(), threading.Event(), []
+
+    def send() -> None:
+        with store.newest_committed_offsets_held("orders", consumer_group=("cluster:c1", "g")):
+            inside.set()
+            release.wait(15)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    assert inside.wait(15)
+    handover = threading.Thread(
+        target=lambda: handed.append(store.reassign_consumer_group("cluster:c1", "g", "refunds"))
+    )
+    handover.start()
+    handover.join(0.5)
+    assert handed == [] and store.consumer_group_owner("cluster:c1", "g") == "orders"  # waits for the send
+    release.set()
+    sender.join(15)
+    handover.join(15)
+    assert handed == ["orders"] and store.consumer_group_owner("cluster:c1", "g") == "refunds"
+    with pytest.raises(
+        ConsumerGroupMovedError, match="belongs to pipeline 'refunds' now, not to pipeline 'orders'"
+    ):
+        with store.newest_committed_offsets_held("orders", consumer_group=("cluster:c1", "g")):
+            pass
+
+
 def test_the_commit_task_commits_and_announces_then_fails_without_sending_when_its_group_moved(
     sqlite_store: CommitterStore, kafka: MockKafka, tmp_path: Path, monkeypatch
 ):
