@@ -57,7 +57,8 @@ failed CLI calls) end with the tail of the component logs.
 
 The configuration is passed as ``AIRFLOW__*`` environment variables to every
 process (nothing is inherited from the calling process's ``AIRFLOW__*``
-settings), so the stack never touches the test session's own Airflow home.
+settings), so the stack never touches the test session's own Airflow home. No
+``AWS_*`` variable is inherited either: object stores are reached through connections only.
 ``stack.env`` is that environment: ``subprocess.run([...], env=stack.env)``
 runs any ``airflow`` command against the stack.
 """
@@ -231,11 +232,18 @@ class AirflowStack:
         extra: dict[str, str],
     ) -> dict[str, str]:
         # Start from the caller's environment minus every Airflow setting, so the
-        # stack never inherits the test session's home, database or connections.
+        # stack never inherits the test session's home, database or connections, and minus
+        # every AWS_* variable (keys, profile, endpoint, region, CA bundle): the stack reaches an
+        # object store only through its Airflow connections, as a deployment configured by them.
         env = {
             k: v
             for k, v in os.environ.items()
-            if not (k.startswith("AIRFLOW__") or k.startswith("AIRFLOW_CONN_") or k == "AIRFLOW_HOME")
+            if not (
+                k.startswith("AIRFLOW__")
+                or k.startswith("AIRFLOW_CONN_")
+                or k == "AIRFLOW_HOME"
+                or k.startswith("AWS_")
+            )
         }
         from cryptography.fernet import Fernet
 

@@ -475,3 +475,29 @@ def test_a_server_database_that_does_not_exist_says_create_it_then_db_upgrade(sc
         walsink("--conn-id", conn_id, "status", env=env), f"database '{name}' does not exist"
     )
     assert f"walsink --conn-id {conn_id} db upgrade" in line, line
+
+
+def test_reassign_group_hands_a_kafka_consumer_group_to_another_pipeline(sqlite_store):
+    """`walsink reassign-group`: a group id recorded on two clusters needs --cluster (the refusal
+    lists them); with it (a bare cluster id is enough) the group belongs to the new pipeline, not
+    registered yet: the previous owner is refused it at its next plan, the new one takes it."""
+    from airflow_provider_walsink.core.store.errors import ConsumerGroupOwnedError
+
+    store, url = sqlite_store, str(sqlite_store.engine.url)
+    store.claim_consumer_group("cluster:c1", "lag", "orders")
+    store.claim_consumer_group("cluster:c2", "lag", "events")
+    one_line_error(
+        walsink("--url", url, "reassign-group", "lag", "--pipeline", "orders_v2"),
+        "recorded on several clusters (cluster:c1, cluster:c2): pass --cluster",
+    )
+    result = walsink(
+        "--url", url, "reassign-group", "lag", "--cluster", "c1", "--pipeline", "orders_v2", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"group_id": "lag", "cluster": "cluster:c1", "pipeline": "orders_v2",
+                                         "previous_pipeline": "orders", "registered": False}  # fmt: skip
+    assert store.consumer_group_owner("cluster:c1", "lag") == "orders_v2"
+    assert store.consumer_group_owner("cluster:c2", "lag") == "events"  # another cluster's group: untouched
+    with pytest.raises(ConsumerGroupOwnedError, match="belongs to pipeline 'orders_v2'; pipeline 'orders'"):
+        store.claim_consumer_group("cluster:c1", "lag", "orders")
+    assert store.claim_consumer_group("cluster:c1", "lag", "orders_v2") == "orders_v2"

@@ -166,6 +166,127 @@ def test_two_pipelines_claiming_one_group_at_once_cannot_both_win(store: Committ
     assert store.claim_consumer_group("cluster:c2", "race-0", "gamma") == "gamma"
 
 
+def test_a_group_handed_over_after_the_plan_gets_no_offsets_from_the_pipeline_that_planned_with_it(
+    store: CommitterStore, kafka: MockKafka, tmp_path: Path
+):
+    """The after-commit step re-checks the group's owner under the pipeline's lock: ``orders``
+    planned with the group and committed, then the group was handed over to ``refunds`` before
+    ``orders``' commit task sent its offsets. The send is refused naming both pipelines, and the
+    group's offsets are untouched; handed back, ``orders``' next after-commit sends them."""
+    from sqlalchemy import update
+
+    from airflow_provider_walsink.core.store.models import consumer_group_table as groups
+
+    topic, group = f"moved-{store.engine.dialect.name}", f"moved-lag-{store.engine.dialect.name}"
+    kafka.produce(topic, [{"value": b"x", "partition": 0} for _ in range(3)])
+    source = KafkaOffsetSource({"topics": [topic], "group_id": group}, kafka.config)
+    end = first_checkpoint(store, "orders", "k1", source, tmp_path)
+    with ConsumerMetadata(kafka.config) as meta:
+        scope = cluster_scope(meta, kafka.config)
+    assert store.consumer_group_owner(scope, group) == "orders"
+    # Handed over between orders' plan and its commit task's after-commit step (another process).
+    with store.engine.begin() as conn:
+        conn.execute(update(groups).where(groups.c.group_id == group).values(pipeline="refunds"))
+    before = kafka.committed(group, topic)
+
+    with pytest.raises(ConsumerGroupOwnedError) as refused:
+        source.after_commit(store, "orders")
+    message = str(refused.value)
+    assert f"consumer group {group!r}" in message and scope in message
+    assert "belongs to pipeline 'refunds' now, not to pipeline 'orders'" in message
+    assert "no offsets of 'orders' were sent" in message and "walsink reassign-group" in message
+    assert kafka.committed(group, topic) == before  # nothing sent
+    assert store.consumer_group_owner(scope, group) == "refunds"
+    assert store.require("orders", "k1").state.value == "COMMITTED"  # the commit itself stands
+
+    # Handed back (walsink reassign-group): orders' committed end offsets reach the group.
+    assert store.reassign_consumer_group(scope, group, "orders") == "refunds"
+    assert source.after_commit(store, "orders") == {"kafka_group_offsets": end}
+    assert kafka.committed(group, topic) == {0: 3, 1: 0, 2: 0, 3: 0}
+
+
+def test_a_hand_over_waits_for_a_send_of_the_previous_owner_in_flight(store: CommitterStore):
+    """``reassign_consumer_group`` takes the lock the after-commit send holds: a send in flight ends
+    before the group changes hands, and every send after the hand-over is refused."""
+    from airflow_provider_walsink.core.store.errors import ConsumerGroupMovedError
+
+    store.register("orders", "k1", mode="append", actor=ACTOR)
+    store.claim_consumer_group("cluster:c1", "g", "orders")
+    inside, release, handed = threading.Event(), threading.Event(), []
+
+    def send() -> None:
+        with store.newest_committed_offsets_held("orders", consumer_group=("cluster:c1", "g")):
+            inside.set()
+            release.wait(15)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    assert inside.wait(15)
+    handover = threading.Thread(
+        target=lambda: handed.append(store.reassign_consumer_group("cluster:c1", "g", "refunds"))
+    )
+    handover.start()
+    handover.join(0.5)
+    assert handed == [] and store.consumer_group_owner("cluster:c1", "g") == "orders"  # waits for the send
+    release.set()
+    sender.join(15)
+    handover.join(15)
+    assert handed == ["orders"] and store.consumer_group_owner("cluster:c1", "g") == "refunds"
+    with pytest.raises(
+        ConsumerGroupMovedError, match="belongs to pipeline 'refunds' now, not to pipeline 'orders'"
+    ):
+        with store.newest_committed_offsets_held("orders", consumer_group=("cluster:c1", "g")):
+            pass
+
+
+def test_the_commit_task_commits_and_announces_then_fails_without_sending_when_its_group_moved(
+    sqlite_store: CommitterStore, kafka: MockKafka, tmp_path: Path, monkeypatch
+):
+    """The commit operator's after-commit step with a group handed over since its write task
+    planned: the checkpoint is COMMITTED and its asset event added, no offsets are sent, and the
+    task then fails without retrying, naming both pipelines."""
+    import json
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowFailException
+    from sqlalchemy import update
+
+    from airflow_provider_walsink.core.store.models import consumer_group_table as groups
+    from airflow_provider_walsink.operators.commit import WalCommitOperator
+
+    store, target, layout = sqlite_store, tmp_path / "target", StagingLayout(tmp_path / "staging")
+    topic, group = "moved-task", "moved-task-lag"
+    kafka.produce(topic, [{"value": b"x", "partition": 0} for _ in range(2)])
+    source = KafkaOffsetSource({"topics": [topic], "group_id": group}, kafka.config)
+    source.plan(store, "orders", None, (None, None))  # the write task: plan (claims the group), record
+    record = store.register("orders", "k1", mode="append", actor=ACTOR, target=str(target))
+    start, end, _ = source.record(store, record, start_offsets=None, until_offsets=None, actor=ACTOR)
+    stage_checkpoint(store, layout, "orders", "k1", {"part-0.txt": b"r\n"}, mode="append",
+                     start_offsets=start, end_offsets=end)  # fmt: skip
+    with store.engine.begin() as conn:  # handed over before the commit task ran
+        conn.execute(update(groups).where(groups.c.group_id == group).values(pipeline="refunds"))
+    monkeypatch.setenv("AIRFLOW_CONN_WALSINK_KAFKA_GROUPS", json.dumps(
+        {"conn_type": "walsink", "extra": {"url": str(store.engine.url), "staging_root": str(layout.root)}}))  # fmt: skip
+    task = WalCommitOperator(task_id="commit", pipeline="orders", target=str(target), mode="append",
+                             checkpoint_key="k1", walsink_conn_id="walsink_kafka_groups", source=source)  # fmt: skip
+    added = []
+
+    class Accessor:
+        def add(self, asset, extra=None):
+            added.append((asset.uri, extra["checkpoint_key"]))
+
+    ti = SimpleNamespace(
+        dag_id="orders_dag", task_id="commit", run_id="manual", try_number=1, map_index=-1, id=None
+    )
+    before = kafka.committed(group, topic)
+    with pytest.raises(AirflowFailException) as refused:
+        task.execute({"ti": ti, "outlet_events": {task.asset_alias: Accessor()}})
+    assert "belongs to pipeline 'refunds' now, not to pipeline 'orders'" in str(refused.value)
+    assert store.require("orders", "k1").state.value == "COMMITTED"
+    assert added == [(f"file://{target}", "k1")]  # announced before the task failed
+    assert kafka.committed(group, topic) == before  # nothing sent
+
+
 def test_a_topic_recreated_with_more_records_than_were_read_is_refused(
     store: CommitterStore, kafka: MockKafka, tmp_path: Path
 ):

@@ -4,6 +4,8 @@
 ``walsink checkpoints`` lists checkpoints filtered by state and age (for a ticket);
 ``walsink history`` shows one checkpoint's transitions (from, to, when, who, detail);
 ``walsink abort`` ends a stuck or unwanted checkpoint (fencing its committer out);
+``walsink reassign`` / ``walsink reassign-group`` hand a pipeline to another DAG, a Kafka
+consumer group to another pipeline;
 ``walsink db upgrade`` creates or upgrades the committer schema;
 ``walsink gc`` removes orphaned staging and trims old committer rows.
 
@@ -744,6 +746,71 @@ def cmd_reassign(args: argparse.Namespace, out: IO[str]) -> int:
     return 0
 
 
+def _group_cluster(groups: Sequence[dict[str, Any]], group_id: str, cluster: str | None) -> dict[str, Any]:
+    """The recorded claim of ``group_id`` on ``cluster`` (as recorded, or a bare cluster id), or on
+    the one cluster it is recorded on; a :class:`CliError` naming the recorded clusters otherwise."""
+    clusters = ", ".join(g["cluster"] for g in groups) or "none"
+    if not groups:
+        raise CliError(
+            f"no pipeline holds Kafka consumer group {group_id!r} (a pipeline claims its group at its first "
+            "write task)"
+        )
+    if cluster is None:
+        if len(groups) > 1:
+            raise CliError(
+                f"consumer group {group_id!r} is recorded on several clusters ({clusters}): pass --cluster"
+            )
+        return groups[0]
+    for g in groups:
+        if cluster in (g["cluster"], f"cluster:{g['cluster']}") or g["cluster"] == f"cluster:{cluster}":
+            return g
+    raise CliError(
+        f"consumer group {group_id!r} is not recorded on cluster {cluster!r} (it is on: {clusters})"
+    )
+
+
+def cmd_reassign_group(args: argparse.Namespace, out: IO[str]) -> int:
+    """Hand a Kafka consumer group over to another pipeline (or list who holds it)."""
+    from airflow_provider_walsink.core.protocol.identifiers import validate_identifier
+
+    if not args.list and not args.pipeline:
+        raise CliError("pass --pipeline NEW (the pipeline that takes the group over), or --list")
+    if args.pipeline:
+        validate_identifier(args.pipeline, "pipeline id")
+    target = resolve(args)
+    store = open_store(target)
+    try:
+        groups = store.consumer_groups(args.group)
+        if args.list:
+            rows = [{**g, "claimed_at": _iso(g["claimed_at"])} for g in groups]
+            if args.json:
+                _dump(out, rows)
+            else:
+                for g in rows:
+                    print(
+                        f"{g['group_id']} on {g['cluster']}: pipeline {g['pipeline']} (since {g['claimed_at']})",
+                        file=out,
+                    )
+            return 0
+        found = _group_cluster(groups, args.group, args.cluster)
+        previous = store.reassign_consumer_group(found["cluster"], args.group, args.pipeline)
+        registered = store.get_pipeline(args.pipeline) is not None
+    finally:
+        store.dispose()
+    if args.json:
+        _dump(out, {"group_id": args.group, "cluster": found["cluster"], "pipeline": args.pipeline,
+                    "previous_pipeline": previous, "registered": registered})  # fmt: skip
+    else:
+        note = (
+            ""
+            if registered
+            else f" (pipeline {args.pipeline} is not registered yet: its first write task plans with the group)"
+        )
+        print(f"consumer group {args.group} on {found['cluster']} belongs to pipeline {args.pipeline} "
+              f"(was {previous}){note}", file=out)  # fmt: skip
+    return 0
+
+
 def cmd_gc(args: argparse.Namespace, out: IO[str]) -> int:
     from airflow_provider_walsink.core.commit.gc import collect_garbage
     from airflow_provider_walsink.core.staging.layout import StagingLayout
@@ -762,7 +829,8 @@ def cmd_gc(args: argparse.Namespace, out: IO[str]) -> int:
             raise CliError(f"--staging-root {staging_root}: no such directory; nothing removed")
         print(
             f"walsink gc: warning: staging root {staging_root} does not exist (no pipeline staged "
-            "there yet, or not the staging root you meant: pass --staging-root); no staging removed",
+            "there yet, or not the staging root you meant: pass --staging-root); nothing removed there "
+            "(the staging roots recorded on checkpoint rows are walked all the same)",
             file=sys.stderr,
         )
     store = open_store(target)
@@ -950,6 +1018,30 @@ def build_parser() -> argparse.ArgumentParser:
     reassign.add_argument("pipeline", help="pipeline id")
     reassign.add_argument("--dag", required=True, help="the DAG id that owns the pipeline from now on")
     reassign.set_defaults(func=cmd_reassign)
+
+    regroup = sub.add_parser(
+        "reassign-group",
+        parents=[_common()],
+        help="hand a Kafka consumer group over to another pipeline (or list who holds it)",
+        description="A Kafka consumer group belongs to the first pipeline that plans with it on its "
+        "cluster; another pipeline naming it is refused at its write task, and a pipeline whose group "
+        "was handed over is refused to send offsets after its commits. Hand the group over to the "
+        "pipeline that reports its lag from now on (a renamed pipeline, say). A send of the previous "
+        "owner in flight finishes first.",
+        epilog="example: walsink reassign-group walsink_kafka_append --pipeline kafka_events_v2",
+    )
+    regroup.add_argument("group", help="the consumer group id (the source's group_id)")
+    regroup.add_argument(
+        "--cluster",
+        help="the Kafka cluster as recorded (cluster:<ClusterId> or bootstrap.servers:<list>, as --list and "
+        "the refusals print it; a bare cluster id works too); needed only when the group id is recorded on "
+        "several clusters",
+    )
+    regroup.add_argument("--pipeline", help="the pipeline id that owns the group from now on")
+    regroup.add_argument(
+        "--list", action="store_true", help="only list which pipeline holds the group, per cluster"
+    )
+    regroup.set_defaults(func=cmd_reassign_group)
 
     gc = sub.add_parser("gc", parents=[_common()], help="remove orphaned staging and trim old committer rows")
     gc.add_argument(

@@ -18,6 +18,7 @@ from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.resolve import as_store, staging_for
 from airflow_provider_walsink.core.store.errors import (
     AuditRejectedError,
+    ConsumerGroupMovedError,
     OffsetsError,
     OrderingError,
 )
@@ -279,8 +280,7 @@ class WalCommitOperator(BaseOperator):
                 store.record_blocked(self.pipeline, key, actor=actor, waiting_to="commit")
             raise
         self._summary = summary.to_dict()
-        if self.source is not None:
-            self._after_commit(hook, store)
+        refused = self._after_commit(hook, store) if self.source is not None else None
         if summary.group:
             self.log.info(
                 "Checkpoint %s/%s led a group commit: %d checkpoints in one table commit (%s)",
@@ -321,6 +321,9 @@ class WalCommitOperator(BaseOperator):
                 self.pipeline,
                 key,
             )
+        if refused is not None:
+            # After the asset event: the commit stands; only the group's offsets were not sent.
+            raise AirflowFailException(refused)  # retrying cannot help: the group is another's
         return self._summary
 
     def _commit_waiting_for_group(
@@ -343,9 +346,16 @@ class WalCommitOperator(BaseOperator):
             return committed[-1]
         return None
 
-    def _after_commit(self, hook: WalsinkHook, store: Any) -> None:
-        """The source's step after COMMITTED (a consumer group's offsets follow the table)."""
-        self._summary.update(hook.get_source(self.source).after_commit(store, self.pipeline) or {})
+    def _after_commit(self, hook: WalsinkHook, store: Any) -> str | None:
+        """The source's step after COMMITTED (a consumer group's offsets follow the table); the
+        refusal to report once the commit's asset event is done, when the pipeline's consumer
+        group was handed over to another pipeline (nothing was sent)."""
+        try:
+            self._summary.update(hook.get_source(self.source).after_commit(store, self.pipeline) or {})
+        except ConsumerGroupMovedError as exc:
+            self.log.error("%s", exc)
+            return str(exc)
+        return None
 
     def _object_store_publisher(self, root: str) -> Publisher:
         """The publisher of a checkpoint staged on an object store; only a target that publishes a

@@ -1094,12 +1094,20 @@ def commit_group(
     Never ahead of the committer table (only COMMITTED end offsets are sent), and a re-run or
     the next commit sends the newest ones, so a crash between the target commit and this call
     is caught up. Returns the offsets sent (``None``: no group configured or nothing committed).
+
+    The group must still belong to ``pipeline`` (claimed at its plan, :func:`cluster_scope`):
+    one handed over to another pipeline since (``walsink reassign-group``) raises
+    :class:`~airflow_provider_walsink.core.store.errors.ConsumerGroupMovedError` naming both,
+    with nothing sent.
     """
     if not spec.group_id:
         return None
-    # Read and send under the pipeline's lock: a slow task that read older offsets must not send
-    # them after a newer commit's task sent the newer ones (the group would move back).
-    with store.newest_committed_offsets_held(pipeline) as offsets:
+    with ConsumerMetadata(config) as meta:
+        scope = cluster_scope(meta, config)
+    # Read, check the group's owner and send under the pipeline's lock: a slow task that read
+    # older offsets must not send them after a newer commit's task sent the newer ones (the group
+    # would move back), nor after the group was handed over to another pipeline.
+    with store.newest_committed_offsets_held(pipeline, consumer_group=(scope, spec.group_id)) as offsets:
         if not offsets:
             return None
         commit_group_offsets(config, spec.group_id, offsets)

@@ -65,3 +65,9 @@ class OffsetsError(OrderingError):
 class ConsumerGroupOwnedError(PipelineOwnedError):
     """The Kafka consumer group belongs to another pipeline (recorded when that pipeline's
     source was first planned). Retrying does not help: give this pipeline its own group id."""
+
+
+class ConsumerGroupMovedError(ConsumerGroupOwnedError):
+    """After a commit: the Kafka consumer group the pipeline planned with was handed over to
+    another pipeline since (``walsink reassign-group``), so its offsets are not sent. Retrying
+    does not help; the checkpoint itself is committed."""

@@ -25,7 +25,12 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
-from airflow_provider_walsink.core.store.errors import ConsumerGroupOwnedError
+from airflow_provider_walsink.core.protocol.identifiers import validate_identifier
+from airflow_provider_walsink.core.store.errors import (
+    ConsumerGroupMovedError,
+    ConsumerGroupOwnedError,
+    StoreError,
+)
 from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
 from airflow_provider_walsink.core.store.models import consumer_group_table as groups
 from airflow_provider_walsink.core.store.models import pipeline_table as pipe
@@ -43,15 +48,80 @@ class SourcePlans(CheckpointTransitions):
     """Record and read source plans; mixed into :class:`~.store.CommitterStore`."""
 
     @contextmanager
-    def newest_committed_offsets_held(self, pipeline: str) -> Iterator[dict[str, Any] | None]:
+    def newest_committed_offsets_held(
+        self, pipeline: str, *, consumer_group: tuple[str, str] | None = None
+    ) -> Iterator[dict[str, Any] | None]:
         """The end offsets of the pipeline's newest COMMITTED checkpoint, held while the caller
         sends them on (a consumer group's commit): the pipeline's row stays locked (``SELECT ...
         FOR UPDATE``; SQLite's write lock) until the block ends, so two commit tasks send one
         after the other, each the newest at its turn, and a slow one never moves the group
-        behind a newer commit. A pipeline with nothing committed yields ``None``."""
+        behind a newer commit. A pipeline with nothing committed yields ``None``.
+
+        ``consumer_group``: ``(cluster, group_id)`` the offsets are sent to. It must still belong
+        to ``pipeline``, checked under the same lock (:meth:`reassign_consumer_group` takes the
+        owner's lock too, so a hand-over waits for a send in flight and every later send sees
+        it): a group handed to another pipeline since this one planned with it raises
+        :class:`~.errors.ConsumerGroupMovedError` naming both, before anything is yielded. A
+        group no pipeline holds (claimed before migration 0009) is claimed for ``pipeline``.
+        """
         with self._tx() as conn:
             conn.execute(select(pipe.c.name).where(pipe.c.name == pipeline).with_for_update())
+            if consumer_group is not None:
+                self._hold_consumer_group(conn, *consumer_group, pipeline)
             yield newest_committed_offsets(conn, pipeline)
+
+    def _hold_consumer_group(self, conn: Any, cluster: str, group_id: str, pipeline: str) -> None:
+        key = (groups.c.cluster == cluster) & (groups.c.group_id == group_id)
+        owner = conn.execute(select(groups.c.pipeline).where(key)).scalar_one_or_none()
+        if owner is None:
+            # No claim (a group first used before claims were recorded): this pipeline's, as at a plan.
+            conn.execute(
+                groups.insert().values(
+                    cluster=cluster, group_id=group_id, pipeline=pipeline, claimed_at=self._now(conn)
+                )
+            )
+        elif owner != pipeline:
+            raise ConsumerGroupMovedError(
+                f"Kafka consumer group {group_id!r} ({cluster}) belongs to pipeline {owner!r} now, not to "
+                f"pipeline {pipeline!r}, which committed with it (it was handed over since): no offsets of "
+                f"{pipeline!r} were sent, so the group still shows {owner!r}'s progress. The checkpoint "
+                f"itself is committed. If the hand-over was a mistake, give the group back (walsink "
+                f"reassign-group {group_id} --cluster {cluster} --pipeline {pipeline}); otherwise give "
+                f"pipeline {pipeline!r} its own group_id"
+            )
+
+    @retrying
+    def reassign_consumer_group(self, cluster: str, group_id: str, pipeline: str) -> str:
+        """Hand consumer group ``group_id`` of ``cluster`` over to ``pipeline``; return its previous owner.
+
+        From then on ``pipeline`` plans with the group and sends its committed offsets to it,
+        and the previous owner is refused both (:class:`~.errors.ConsumerGroupOwnedError` at its
+        plan, :class:`~.errors.ConsumerGroupMovedError` after its commits). The previous owner's
+        pipeline row is locked first, as its after-commit send holds it
+        (:meth:`newest_committed_offsets_held`): a send in flight finishes before the hand-over.
+        ``pipeline`` need not be registered yet (a renamed pipeline's first run comes after).
+        Raises :class:`~.errors.StoreError` for a group no pipeline holds. Safe to repeat.
+        """
+        validate_identifier(pipeline, "pipeline id")
+        key = (groups.c.cluster == cluster) & (groups.c.group_id == group_id)
+        with self._tx() as conn:
+            owner = conn.execute(select(groups.c.pipeline).where(key)).scalar_one_or_none()
+            if owner is None:
+                raise StoreError(f"no pipeline holds Kafka consumer group {group_id!r} ({cluster})")
+            conn.execute(select(pipe.c.name).where(pipe.c.name == owner).with_for_update())
+            owner = conn.execute(select(groups.c.pipeline).where(key).with_for_update()).scalar_one()
+            if owner != pipeline:
+                conn.execute(update(groups).where(key).values(pipeline=pipeline, claimed_at=self._now(conn)))
+        return owner
+
+    def consumer_groups(self, group_id: str | None = None) -> list[dict[str, Any]]:
+        """The recorded consumer groups (of ``group_id`` only, on every cluster): ``[{"cluster",
+        "group_id", "pipeline", "claimed_at"}]`` ordered by group and cluster."""
+        query = select(groups).order_by(groups.c.group_id, groups.c.cluster)
+        if group_id is not None:
+            query = query.where(groups.c.group_id == group_id)
+        with self.engine.connect() as conn:
+            return [dict(row) for row in conn.execute(query).mappings()]
 
     @retrying
     def claim_consumer_group(self, cluster: str, group_id: str, pipeline: str) -> str:
