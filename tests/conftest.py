@@ -230,6 +230,9 @@ def airflow_stack():
             SESSION_TMP / "stack",
             postgres_admin_url=PG_ADMIN_URL,
             artifacts_dir=artifacts,
+            # Backfills through the REST API (what `airflow backfill create` does, minus an
+            # `airflow` process start per backfill); the quickstart test keeps the page's CLI.
+            backfills_via_api=True,
             # Both bundles, as for dag.test(): e2e tests may run the DAGs under tests/dags too.
             env={
                 "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": os.environ[
