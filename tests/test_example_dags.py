@@ -1,6 +1,8 @@
-"""``dag.test()`` of each example DAG with real Spark (spark-submit), committer on SQLite and PostgreSQL.
+"""``dag.test()`` of the example DAGs with real Spark (spark-submit), committer on PostgreSQL.
 
-(The incremental append runs on PostgreSQL, with a failed-then-retried write, in tests/test_incremental.py.)
+(On SQLite the same DAGs run through the real scheduler: the daily overwrite in
+tests/test_e2e_backfill.py, the table and SQL examples in tests/test_e2e_table_targets.py;
+the incremental append, on PostgreSQL with a failed-then-retried write, in tests/test_incremental.py.)
 
 The DAGs are pointed at the test's committer database and directories the way
 a user would: the ``walsink_default`` connection from ``AIRFLOW_CONN_WALSINK_DEFAULT``
@@ -113,11 +115,13 @@ def test_kafka_example_dag_reads_kafka_in_append_mode_into_delta():
     assert write.target.startswith("delta://") and write.target == commit.target
 
 
-@pytest.mark.parametrize("committer_url", ["sqlite", "postgresql"], indirect=True)
+# With the SQLite committer this DAG runs through the real scheduler in tests/test_e2e_backfill.py
+# (the same checks and more: rows against the source, the staging cleaned, the re-run skipped).
+@pytest.mark.parametrize("committer_url", ["postgresql"], indirect=True)
 def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url):
     dag = load_dag(airflow_db, "walsink_daily_overwrite")
     # A dag.test() run's data interval starts at its logical date: the checkpoint of that day.
-    day = date(2026, 2, 2) if committer_url.startswith("sqlite") else date(2026, 2, 12)
+    day = date(2026, 2, 12)
     run_dag(dag, day)
 
     store = walsink_env["store"]
