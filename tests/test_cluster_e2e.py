@@ -171,9 +171,8 @@ def test_backfill_on_a_spark_cluster_with_an_executor_killed_mid_write(
         (WALSINK_CONN_ID, connections[COMPOSE_WALSINK_CONN]),
         (SPARK_CONN_ID, connections[SPARK_CONN_ID]),
     ):
-        # The stack is shared (the S3 cluster test adds spark_cluster too): replace, never fail on it.
-        stack.airflow("connections", "delete", conn_id, check=False)
-        stack.airflow("connections", "add", conn_id, "--conn-json", json.dumps(conn))
+        # The stack is shared (the S3 cluster test adds spark_cluster too): replaced, never a failure.
+        stack.set_connection(conn_id, conn)
 
     store = CommitterStore.from_url(pg_url)
     try:

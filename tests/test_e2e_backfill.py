@@ -8,6 +8,18 @@ the triggerer without the sensor's first check in the worker (run conf
 ``walsink_check_before_defer: false``), and the triggerer is stopped before the backfill,
 so every sensor stays ``deferred`` (its checkpoint SEALED, not yet verified, the commit
 task not started) until the triggerer is started again. Nothing in the DAG is slowed down.
+
+Clearing tasks, as a user does in the UI (``POST /api/v2/dags/{dag_id}/clearTaskInstances``),
+and what each clear does to the target (``docs/backfill.md``, "Clearing tasks"):
+
+* clearing the write task **before** the checkpoint committed (sealed, its sensor waiting in
+  the stopped triggerer; one run of the backfill above): the re-run write starts attempt 2,
+  which is sealed, verified and published; attempt 1 is never published, and the target
+  holds the interval's rows once;
+* clearing tasks of a committed run changes nothing: the re-run backfill above and the
+  replace test below (the write task and its downstream: SKIPPED, the target byte-identical;
+  a cleared commit task: already committed), tests/test_e2e_downstream.py (the commit task:
+  no state change, no second asset event) and tests/test_e2e_table_targets.py.
 """
 
 from __future__ import annotations
@@ -96,7 +108,12 @@ def _check_target_against_source(target: Path, days: list[date]) -> int:
     return total
 
 
-def test_parallel_backfill_with_deferrable_sensor_then_rerun(airflow_stack):
+def test_parallel_backfill_with_deferrable_sensor_a_write_cleared_before_commit_then_rerun(airflow_stack):
+    """The backfill's sensors wait deferred; one run's write task is cleared meanwhile (attempt 2
+    is the one published, attempt 1 never); every interval commits once, its staging cleaned; the
+    re-run skips and changes nothing. (With the SQLite committer, the checks of the example's
+    former dag.test() run, merged here: rows against the source, the staging cleaned, one WRITING
+    and one COMMITTED per interval, the re-run recorded as one "write skipped" event.)"""
     stack = airflow_stack
     examples = stack.home / "walsink" / "examples"
     target = examples / "target" / PIPELINE
@@ -136,6 +153,27 @@ def test_parallel_backfill_with_deferrable_sensor_then_rerun(airflow_stack):
                 assert tis[WRITE_OP]["state"] == "success"
                 assert tis[COMMIT_OP]["state"] in (None, "none"), (run_id, tis[COMMIT_OP]["state"])
                 assert not (target / f"dt={day.isoformat()}").exists()
+
+            # Clear one waiting run's write task (and downstream) while attempt 1 waits to be verified.
+            cleared_run, cleared_tis = waiting[0]
+            cleared_id, cleared_day = cleared_run["dag_run_id"], _run_day(cleared_run)
+            stack.clear_task(DAG_ID, cleared_id, [cleared_tis[WRITE_OP]["task_id"]], include_downstream=True)
+
+            def attempt_2_waiting() -> tuple[dict, object] | None:
+                tis = _tasks_by_operator(stack, cleared_id)
+                record = store.get(PIPELINE, _key(cleared_day))
+                if tis[DURABLE_OP]["state"] == "deferred" and record and record.sealed_attempt == 2:
+                    return tis, record
+                return None
+
+            tis, record = stack.wait_until(
+                "the cleared write's attempt 2 sealed with its sensor deferred",
+                attempt_2_waiting,
+                timeout=600,
+            )
+            assert record.state.value == "SEALED" and record.attempt == 2
+            assert tis[WRITE_OP]["try_number"] == 2
+            assert not (target / f"dt={cleared_day.isoformat()}").exists()
         finally:
             stack.start_component("triggerer")
 
@@ -150,7 +188,23 @@ def test_parallel_backfill_with_deferrable_sensor_then_rerun(airflow_stack):
         checkpoints = store.checkpoints(PIPELINE, descending=False)
         assert sorted(c.checkpoint_key for c in checkpoints) == sorted(_key(d) for d in days)
         assert {c.state.value for c in checkpoints} == {"COMMITTED"}
+        # The cleared run published its attempt 2 only; attempt 1 was sealed and never published.
+        cleared = store.require(PIPELINE, _key(cleared_day))
+        assert cleared.sealed_attempt == 2
+        history = store.history(PIPELINE, _key(cleared_day))
+        assert [t.attempt for t in history if t.to_state == "SEALED"] == [1, 2]
+        assert [t.attempt for t in history if t.to_state == "COMMITTED"] == [2]
+        # The interval's rows once (every day checked against its source just below).
+        assert len(_partition_rows(target, cleared_day)) == cleared.rows
         rows = _check_target_against_source(target, days)
+        for day in DAYS:
+            key = _key(day)
+            # Each commit cleaned its checkpoint's staging (the WAL), the cleared run's attempt 1 too.
+            assert not (stack.home / "walsink" / "staging" / PIPELINE / key).exists(), key
+            changes = [h.to_state for h in store.history(PIPELINE, key) if h.from_state != h.to_state]
+            assert changes.count("COMMITTED") == 1, (key, changes)
+            if day != cleared_day:  # (the cleared one wrote twice: its SEALED attempts [1, 2] above)
+                assert changes.count("WRITING") == 1, (key, changes)
         assert rows == sum(c.rows for c in checkpoints)
         before = _snapshot(target)
         committed_before = {c.checkpoint_key: (c.sealed_attempt, c.committed_at) for c in checkpoints}
@@ -174,7 +228,9 @@ def test_parallel_backfill_with_deferrable_sensor_then_rerun(airflow_stack):
             tis = _tasks_by_operator(stack, run["dag_run_id"])
             # The re-run shows in Airflow, loudly: the write task ran a second time and ended
             # SKIPPED (policy "skip"), and the durability and commit tasks were skipped with it.
-            assert tis[WRITE_OP]["try_number"] == 2, run["dag_run_id"]
+            # (The write task of the run cleared above had run twice before.)
+            earlier_tries = 2 if run["dag_run_id"] == cleared_id else 1
+            assert tis[WRITE_OP]["try_number"] == earlier_tries + 1, run["dag_run_id"]
             assert {op: ti["state"] for op, ti in tis.items()} == {
                 WRITE_OP: "skipped",
                 DURABLE_OP: "skipped",

@@ -3,7 +3,9 @@ run through the real scheduler, LocalExecutor, triggerer and api-server.
 
 One interval of each, triggered together (their runs are concurrent); each table is read back
 with its own library (pyiceberg, deltalake, SQLAlchemy on PostgreSQL) and checked against the
-generated source: every source row once (the SQL target: every day's per-country totals once).
+generated source: every source row once (the SQL target: every day's per-country totals once,
+its marker row naming the sealed attempt). The Iceberg and Delta write tasks recorded where they
+staged: inside the table (``<table>/_walsink_staging``), not the connection's root (issue 23).
 Then every run is cleared from its write task, as a user re-runs a day in the UI: the write
 task ends SKIPPED on the committed checkpoint (the pipelines' reprocess policy is "skip"), the
 durability and commit tasks are skipped with it, and no table changes
@@ -17,7 +19,6 @@ session's private one); the Delta table lives under the example home.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import Counter, defaultdict
 from datetime import date
@@ -49,9 +50,9 @@ def _examples():
 
 
 def _add_connection(stack, conn_id: str, conn: dict) -> None:
-    """``airflow connections add`` (JSON form); the stack is shared, so an existing one is replaced."""
-    stack.airflow("connections", "delete", conn_id, check=False)
-    stack.airflow("connections", "add", conn_id, "--conn-json", json.dumps(conn))
+    """As ``airflow connections add`` (JSON form, through the REST API); the stack is shared, so
+    an existing one is replaced."""
+    stack.set_connection(conn_id, conn)
 
 
 def _check_events(rows: list[dict], day: date) -> None:
@@ -120,11 +121,16 @@ def _tasks_by_operator(stack, dag_id: str, run_id: str) -> dict[str, dict]:
     return {ti["operator"]: ti for ti in stack.task_instances(dag_id, run_id)}
 
 
-def test_table_and_sql_examples_run_through_the_scheduler_and_a_cleared_run_changes_nothing(
+def test_table_and_sql_examples_run_through_the_scheduler_stage_in_the_table_and_a_cleared_run_changes_nothing(
     airflow_stack, database_urls, tmp_path
 ):
+    """Also what the examples' ``dag.test()`` runs proved (merged here: the same DAGs, the same
+    checks, through the real scheduler): each source row once, the staging root inside the table,
+    one Iceberg snapshot naming the checkpoint, Delta version 1, the SQL marker, and a committed
+    day run again changing nothing."""
     from deltalake import DeltaTable
 
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
     from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
 
     stack = airflow_stack
@@ -172,11 +178,15 @@ def test_table_and_sql_examples_run_through_the_scheduler_and_a_cleared_run_chan
         _check_events(table.scan().to_arrow().to_pylist(), DAY)
         snapshots = [(s.snapshot_id, s.summary["walsink.checkpoint"]) for s in table.snapshots()]
         assert [key for _, key in snapshots] == [KEY]  # one commit, one snapshot
+        # Issue 23: the write task recorded where it staged: inside the table, not the connection's root.
+        iceberg_record = store.require(PIPELINES[ICEBERG], KEY)
+        assert iceberg_record.staging_root == str(StagingLayout(f"{table.location()}/_walsink_staging").root)
 
         delta_path = stack.home / "walsink" / "examples" / "target" / "delta_daily_events"
         delta = DeltaTable(str(delta_path))
         _check_events(delta.to_pyarrow_table().to_pylist(), DAY)
         assert delta.version() == 1  # the day's one commit, after the empty table it created (version 0)
+        assert store.require(PIPELINES[DELTA], KEY).staging_root == str(delta_path / "_walsink_staging")
 
         sql_rows = _sql_rows(target_url)
         totals = {(c, t): (ev, us, am) for dt, c, t, ev, us, am in sql_rows}

@@ -1,4 +1,8 @@
-"""``dag.test()`` of each example DAG with real Spark (spark-submit), committer on SQLite and PostgreSQL.
+"""``dag.test()`` of the example DAGs with real Spark (spark-submit), committer on PostgreSQL.
+
+(On SQLite the same DAGs run through the real scheduler: the daily overwrite in
+tests/test_e2e_backfill.py, the table and SQL examples in tests/test_e2e_table_targets.py;
+the incremental append, on PostgreSQL with a failed-then-retried write, in tests/test_incremental.py.)
 
 The DAGs are pointed at the test's committer database and directories the way
 a user would: the ``walsink_default`` connection from ``AIRFLOW_CONN_WALSINK_DEFAULT``
@@ -111,11 +115,13 @@ def test_kafka_example_dag_reads_kafka_in_append_mode_into_delta():
     assert write.target.startswith("delta://") and write.target == commit.target
 
 
-@pytest.mark.parametrize("committer_url", ["sqlite", "postgresql"], indirect=True)
+# With the SQLite committer this DAG runs through the real scheduler in tests/test_e2e_backfill.py
+# (the same checks and more: rows against the source, the staging cleaned, the re-run skipped).
+@pytest.mark.parametrize("committer_url", ["postgresql"], indirect=True)
 def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url):
     dag = load_dag(airflow_db, "walsink_daily_overwrite")
     # A dag.test() run's data interval starts at its logical date: the checkpoint of that day.
-    day = date(2026, 2, 2) if committer_url.startswith("sqlite") else date(2026, 2, 12)
+    day = date(2026, 2, 12)
     run_dag(dag, day)
 
     store = walsink_env["store"]
@@ -159,26 +165,3 @@ def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url):
     # The re-run is recorded as an event that changed no state.
     rerun = [h for h in history if h.from_state == h.to_state == "COMMITTED"]
     assert len(rerun) == 1 and "write skipped" in rerun[0].detail
-
-
-# On PostgreSQL, tests/test_incremental.py runs this DAG (with a failed-then-retried write).
-@pytest.mark.parametrize("committer_url", ["sqlite"], indirect=True)
-def test_incremental_append_dag(airflow_db, walsink_env, committer_url):
-    dag = load_dag(airflow_db, "walsink_incremental_append")
-    logical = date(2026, 3, 2)
-    run_dag(dag, logical)
-    interval_start = datetime(logical.year, logical.month, logical.day)
-    names = examples.arrival_file_names(interval_start)
-
-    store = walsink_env["store"]
-    record = store.require("incoming_events", f"{interval_start:%Y%m%d}T000000Z")
-    assert record.state.value == "COMMITTED"
-    assert record.start_offsets is None
-    assert record.end_offsets == {"incoming": names[-1]}
-    assert store.last_committed_offsets("incoming_events") == {"incoming": names[-1]}
-
-    expected = {(n, r["line"], r["user_id"], r["value"]) for n in names for r in examples.arrival_records(n)}
-    rows = read_target(walsink_env["home"] / "target/incoming_events")
-    got = [(r["file"], r["line"], r["user_id"], r["value"]) for r in rows]
-    assert len(got) == len(set(got)) == len(expected)
-    assert set(got) == expected

@@ -1,4 +1,5 @@
-"""The incremental append example: no input read twice, none skipped, across a failed-then-retried write.
+"""The incremental append example: each input once, none read twice, none skipped, across a
+failed-then-retried write.
 
 Runs ``walsink_incremental_append`` with ``dag.test()``, real Spark and the
 committer table on PostgreSQL. The first write attempt of the first interval
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -70,12 +71,21 @@ def sources_by_checkpoint(target: Path) -> dict[str, Counter]:
 @pytest.mark.spark
 @pytest.mark.airflow
 @pytest.mark.slow
-def test_no_input_read_twice_or_skipped_across_a_failed_write_retry(airflow_db, env, monkeypatch):
+def test_each_input_committed_once_none_read_twice_or_skipped_across_a_failed_write_retry(
+    airflow_db, env, monkeypatch
+):
+    """Also the example's first-run checks (merged here from its plain dag.test() run): the first
+    checkpoint records its end offset (no start offset), every row of its files once, as written."""
     day1, day2 = date(2026, 5, 1), date(2026, 5, 2)
     incoming = env.home / "raw/incoming"
     store = env.store
 
-    # Interval 1: attempt 1 stages, then fails; the retry (attempt 2) commits.
+    # Interval 1: attempt 1 stages, then fails; the retry (attempt 2) commits. dag.test() waits
+    # out the example's 10 s retry delay, a pause no assertion needs: the retry comes at once.
+    import walsink_incremental_append
+
+    write_task = walsink_incremental_append.dag.get_task("incoming_events.write")
+    monkeypatch.setattr(write_task, "retry_delay", timedelta(0))
     monkeypatch.setenv("WALSINK_EXAMPLE_FAIL_AFTER_STAGING", key_of(day1))
     tis = run_day(day1)
     assert tis["incoming_events.write"].try_number == 2
@@ -88,6 +98,20 @@ def test_no_input_read_twice_or_skipped_across_a_failed_write_retry(airflow_db, 
         None,
         {"incoming": files1[-1]},
     )
+    assert store.last_committed_offsets(PIPELINE) == {"incoming": files1[-1]}
+    # The first checkpoint's rows: every record of its files once, as the source has it.
+    expected_rows = {
+        (n, r["line"], r["user_id"], r["value"]) for n in files1 for r in examples.arrival_records(n)
+    }
+    target = env.home / "target/incoming_events"
+    rows = [
+        (r["file"], r["line"], r["user_id"], r["value"])
+        for path in target.rglob(f"{key_of(day1)}-*.parquet")
+        if not any(part.startswith(("_", ".")) for part in path.relative_to(target).parts)
+        for r in pq.read_table(path, columns=["file", "line", "user_id", "value"]).to_pylist()
+    ]
+    assert len(rows) == len(set(rows)) == len(expected_rows)
+    assert set(rows) == expected_rows
     history = store.history(PIPELINE, key_of(day1))
     failed = [h for h in history if h.to_state == "FAILED"]
     assert (

@@ -21,7 +21,6 @@ S3: proven through the scheduler by the quickstart and backfill tests, not again
 
 from __future__ import annotations
 
-import json
 import sys
 import uuid
 from collections import Counter
@@ -56,9 +55,9 @@ def _daily_events(day: date) -> list[dict]:
 
 
 def _add_connection(stack, conn_id: str, conn: dict) -> None:
-    """``airflow connections add``; the stack is shared, so an existing one is replaced."""
-    stack.airflow("connections", "delete", conn_id, check=False)
-    stack.airflow("connections", "add", conn_id, "--conn-json", json.dumps(conn))
+    """As ``airflow connections add`` (through the REST API); the stack is shared, so an existing
+    one is replaced."""
+    stack.set_connection(conn_id, conn)
 
 
 def _check_days(rows: list[dict], days: list[date]) -> None:
@@ -105,7 +104,7 @@ def test_the_s3_example_on_a_spark_cluster_through_the_scheduler_commits_each_da
     _add_connection(stack, "walsink_s3_lake", {"conn_type": "generic", "extra": catalog})
     _add_connection(stack, "walsink_s3_e2e", {"conn_type": "walsink", "extra": {"url": committer}})
     _add_connection(stack, "spark_cluster", cluster.connections()["spark_cluster"])
-    stack.airflow("variables", "set", "walsink_s3_example_root", root)
+    stack.set_variable("walsink_s3_example_root", root)
 
     store = CommitterStore.from_url(pg_url)
     try:

@@ -37,6 +37,8 @@ SPARK_CONN_ID = "spark_cluster"
 WALSINK_CONN_ID = "walsink_cluster_e2e"
 JOB = Path(__file__).resolve().parent / "walsink_cluster_jobs" / "cluster_events_job.py"
 CONF = "dag_run.conf['walsink_cluster']"
+#: Test runs only (short executors, small data); a long production job wants the default JIT.
+EXECUTOR_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 with DAG(
     dag_id=DAG_ID,
@@ -88,6 +90,9 @@ with DAG(
                 "spark.eventLog.compress": "false",
                 "spark.ui.enabled": "false",
                 "spark.ui.showConsoleProgress": "false",
+                # The executors' JVMs as the session's drivers (SPARK_SUBMIT_OPTS, tests/conftest.py):
+                # short JVMs on small data start with about half the CPU on C1 and the serial GC.
+                "spark.executor.extraJavaOptions": EXECUTOR_JAVA_OPTIONS,
             },
             "env_vars": {
                 "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),

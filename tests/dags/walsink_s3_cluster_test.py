@@ -30,6 +30,9 @@ dag: DAG = s3_example_dag(
         "spark.cores.max": "2",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
+        # As the cluster test's executors (tests/dags/walsink_cluster_test.py): C1 and the serial
+        # GC start a short executor JVM with about half the CPU. Test runs only.
+        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     },
     write_kwargs={
         "env_vars": {
