@@ -141,7 +141,7 @@ def commit_task(
         lease_ttl=timedelta(minutes=2),
     )
     failures, grouped = [], 0
-    barrier.wait(300)
+    barrier.wait(900)  # 64 processes starting on 2 busy cores can take minutes
     for key in keys:
         actor = Actor(name=f"bench.commit@{key}", dag_id="bench", run_id=key, task_id="commit", try_number=1)
         try:
@@ -177,7 +177,7 @@ def walsink_run(
     for p in procs:
         p.start()
     sampler = ConnectionSampler(url)
-    barrier.wait(600)  # every process imported and connected: the clock starts
+    barrier.wait(1200)  # every process imported and connected: the clock starts
     started = time.time()
     done = [out.get(timeout=3600) for _ in procs]
     peak = sampler.stop()
