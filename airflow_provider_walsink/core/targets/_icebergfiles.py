@@ -147,7 +147,9 @@ def from_path(text: str, iceberg_type: Any, where: str) -> Any:
         if isinstance(iceberg_type, BooleanType):
             return {"true": True, "false": False}[value.lower()]
     except (ValueError, KeyError):
-        raise LayoutError(f"{where}: partition value {value!r} is not a valid {iceberg_type}") from None
+        raise LayoutError(
+            f"{where}: partition value {value!r} is not a valid {iceberg_type}; table unchanged"
+        ) from None
     raise LayoutError(
         f"{where}: partition columns of type {iceberg_type} cannot be read from a directory name; "
         "write the column into the files instead"

@@ -731,6 +731,38 @@ class DeltaPublisher(Publisher):
                     f"staged file {c.path} does not match Delta table {self.table_uri}: {'; '.join(problems)}; "
                     "table unchanged"
                 )
+        self._check_partition_values(columns, partition_by, manifest)
+
+    def _check_partition_values(
+        self, columns: Mapping[str, Any], partition_by: Sequence[str], manifest: Manifest
+    ) -> None:
+        """Raise naming the first partition value its (typed) partition column cannot hold.
+
+        deltalake commits a partition value as text and parses it only when the table is read:
+        a value its column's type cannot take (a timestamp in a ``date`` column) would be
+        committed and then make every read of the table fail. Each distinct value is parsed
+        once, as Arrow casts text to the column's type."""
+        import pyarrow as pa
+
+        typed = {c: columns[c] for c in partition_by if c in columns and not pa.types.is_string(columns[c])}
+        if not typed:
+            return
+        seen: set[tuple[str, str | None]] = set()
+        for c in manifest.committables:
+            for column, value in partition_values(c.partition).items():
+                if column not in typed or value is None or (column, value) in seen:
+                    continue
+                seen.add((column, value))
+                want = typed[column]
+                if pa.types.is_timestamp(want) and want.tz:  # the log's text is UTC, without an offset
+                    want = pa.timestamp(want.unit)
+                try:
+                    pa.array([value], pa.string()).cast(want)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    raise DeltaTargetError(
+                        f"staged file {c.path}: partition value {value!r} is not a valid {typed[column]} "
+                        f"(column {column!r} of Delta table {self.table_uri}); table unchanged"
+                    ) from None
 
     def _add_actions(
         self, manifest: Manifest, base: str, staged: list[StagedFile], stats_columns: Mapping[str, str]
