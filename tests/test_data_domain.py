@@ -27,6 +27,7 @@ local disk; the committer table on SQLite.
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import uuid
 import zlib
@@ -91,6 +92,49 @@ def test_the_package_escapes_and_parses_every_domain_value_as_spark_does():
     assert partition_values(p.split("=", 1) for p in directory.split("/")) == {
         "k": None, "t": "a/b", "x": "2026-01-02 12:30:45.5"
     }  # fmt: skip
+
+
+def test_the_executors_writer_names_every_domain_partition_as_spark_does(tmp_path, monkeypatch):
+    """The writer the job's executors run (``executor_writer``, here without Spark: a stand-in
+    task context) puts each row under the directory Spark's ``partitionBy`` would, ``''`` and NULL
+    in one, the partition columns left out of the files."""
+    import pyarrow.fs as pafs
+    import pyspark
+
+    from airflow_provider_walsink.core.spark.executor_write import executor_writer
+
+    class Task:
+        partitionId = staticmethod(lambda: 0)  # noqa: N815 (Spark's names)
+        taskAttemptId = staticmethod(lambda: 7)  # noqa: N815
+        attemptNumber = staticmethod(lambda: 1)  # noqa: N815
+
+    monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: Task))
+
+    def stamp(v: Any) -> Any:  # the temporal column as a Spark TIMESTAMP column: dates at midnight
+        return dt.datetime.combine(v, dt.time()) if type(v) is dt.date else v
+
+    rows = [(r[0], r[1], stamp(r[2])) for r in D.Domain(1).first("k").rows] + [
+        (999, "", dt.datetime(2026, 1, 1))
+    ]
+    table = pa.table(
+        {
+            "id": [r[0] for r in rows],
+            "k": pa.array([r[1] for r in rows], pa.string()),
+            "t": pa.array([r[2] for r in rows], pa.timestamp("us")),
+        }
+    )
+    write = executor_writer(
+        pafs.LocalFileSystem(), str(tmp_path), prefix="", partition_by=D.COLUMNS, checksum="sha256"
+    )
+    written = pa.Table.from_batches(list(write(iter(table.to_batches(max_chunksize=7))))).to_pylist()
+    by_dir = Counter()
+    for f in written:
+        assert f["path"].startswith(f["partition"] + "/") and (tmp_path / f["path"]).is_file()
+        assert pq.read_schema(tmp_path / f["path"]).names == ["id"]
+        by_dir[f["partition"]] += f["rows"]
+    want = Counter(D.partition_dir(r[1:]) for r in rows)
+    assert by_dir == want
+    assert "k=__HIVE_DEFAULT_PARTITION__/t=2026-01-01 00%3A00%3A00" in by_dir  # '' is NULL's directory
 
 
 # --------------------------------------------------------------------------- one target
@@ -193,8 +237,11 @@ def parquet(rows: list[tuple[Any, ...]]) -> bytes:
     return buf.getvalue()
 
 
-def stage_durable(store: Any, target: Target, checkpoint: D.Checkpoint) -> tuple[Any, dict[str, bytes], Any]:
-    """Register, stage one file per partition (sha256 each), seal, and pass the durability gate."""
+def stage_durable(
+    store: Any, target: Target, checkpoint: D.Checkpoint, *, verify: bool = False
+) -> tuple[Any, dict[str, bytes], Any]:
+    """Register, stage one file per partition (sha256 each), seal, and pass the durability gate
+    (``verify``: with ``verify_checksums``; the commits verify them in any case)."""
     store.register(PIPELINE, checkpoint.key, mode=target.mode, actor=ACTOR, target="domain")
     writer = CheckpointWriter(store, target.staging, PIPELINE, checkpoint.key, actor=ACTOR,
                               partition_columns=D.COLUMNS)  # fmt: skip
@@ -209,10 +256,22 @@ def stage_durable(store: Any, target: Target, checkpoint: D.Checkpoint) -> tuple
                                         for rel in files}, writer="t")  # fmt: skip
     manifest, _digest = writer.seal(file_format="parquet")
     status = evaluate_durability(
-        store, target.staging, PIPELINE, checkpoint.key, actor=ACTOR, verify_checksums=True
+        store, target.staging, PIPELINE, checkpoint.key, actor=ACTOR, verify_checksums=verify
     )
     assert status.durable, status.message
     return where, files, manifest
+
+
+def audited(target: Target, manifest: Any, where: Any) -> Counter:
+    """``(id, k, t)`` as the audit gate's checks see the staged attempt (DuckDB over the files)."""
+    from airflow_provider_walsink.core.commit.audit import StagedData
+
+    if isinstance(where, Path):
+        data = StagedData(target.staging, manifest, where)
+    else:
+        data = StagedData.on_store(target.staging, manifest, where)
+    with data:
+        return Counter(tuple(r) for r in data.relation().select("id, k, t").fetchall())
 
 
 # --------------------------------------------------------------------------- the property
@@ -230,7 +289,9 @@ def test_every_domain_value_lands_once_as_written_on_every_target(
     note = f"seed {seed}"
 
     first = domain.first("20260101T000000Z")
-    _where, _files, manifest1 = stage_durable(store, target, first)
+    where, _files, manifest1 = stage_durable(store, target, first)
+    if mode == "append" and kind == "delta":  # the audit gate reads the staged values (local and S3)
+        assert audited(target, manifest1, where) == first.expected(), note
     assert committer.commit(PIPELINE, first.key, actor=ACTOR).state == "COMMITTED", note
     want = first.expected()
     assert target.rows() == want, note
@@ -255,7 +316,7 @@ def test_every_domain_value_lands_once_as_written_on_every_target(
         return
     # Bytes rewritten with the same size after durability: refused, nothing published, FAILED.
     third = domain.small("20260103T000000Z")
-    where, files, manifest3 = stage_durable(store, target, third)
+    where, files, manifest3 = stage_durable(store, target, third, verify=True)
     rel = next(r for r in files if D.SPARK_NULL in r)
     changed = files[rel].replace(b"n", b"m")
     assert changed != files[rel] and len(changed) == len(files[rel])
