@@ -414,3 +414,33 @@ def test_a_typed_partition_column_refuses_a_value_it_cannot_hold(kind, tmp_path,
     assert target.rows() == want
     row = store.require(PIPELINE, stamps.key)
     assert row.state is S.FAILED and row.error == str(refused.value)
+
+
+def test_an_overwrite_replaces_a_timestamp_partition_of_a_delta_table(tmp_path, sqlite_store, request):
+    """A Delta table made with a ``timestamp`` (UTC) partition column, as Spark makes one: an
+    overwrite of ``t=2026-01-02 12%3A30%3A45.5`` replaces it. The table's values were compared as
+    ``str()`` (``...45.500000+00:00``) with the directory's (``...45.5``): never equal, so the old
+    rows stayed beside the new ones."""
+    target = Target("delta", "local", "overwrite", tmp_path, request)
+    from deltalake import DeltaTable
+
+    schema = pa.schema(
+        [("id", pa.int64()), ("note", pa.string()), ("k", pa.string()), ("t", pa.timestamp("us", "UTC"))]
+    )
+    DeltaTable.create(target.publisher.table_uri, schema, partition_by=list(D.COLUMNS))
+    store = sqlite_store
+    committer = CheckpointCommitter(
+        store, target.staging, target.publisher, mode="overwrite", verify_checksums=True
+    )
+    fraction, midnight = D.TEMPORAL["fraction"], D.TEMPORAL["midnight"]
+    utc = dt.UTC
+    for i, key in enumerate(["20260101T000000Z", "20260102T000000Z"]):
+        checkpoint = D.Checkpoint(key, [(1 + i, "a b", fraction), (10 + i, "%41", midnight)])
+        stage_durable(store, target, checkpoint)
+        assert committer.commit(PIPELINE, key, actor=ACTOR).state == "COMMITTED"
+        assert target.rows() == Counter(
+            {
+                (1 + i, "a b", fraction.replace(tzinfo=utc)): 1,
+                (10 + i, "%41", midnight.replace(tzinfo=utc)): 1,
+            }
+        )

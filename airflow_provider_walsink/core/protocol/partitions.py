@@ -10,6 +10,8 @@ two apart in a path: an empty directory name is no name), are written
 
 * :func:`partition_text`: a value (string, date, timestamp, number, boolean, None)
   as the directory text (the writer's side: the executors' committable writer);
+  :func:`partition_string`: the same value as the string it names (a typed table
+  column's value compared with a directory's);
 * :func:`partition_value`: a directory text as the value it names (``None`` for
   :data:`HIVE_NULL`); the inverse of :func:`escape_path_name` on everything Spark
   writes (Spark's ``unescapePathName``: a ``%`` not followed by two hex digits
@@ -52,10 +54,12 @@ def unescape_path_name(text: str) -> str:
     return _HEX.sub(lambda m: chr(int(m.group(1), 16)), text)
 
 
-def partition_text(value: Any) -> str:
-    """A partition value as the directory text Spark writes (None and ``""``: :data:`HIVE_NULL`)."""
+def partition_string(value: Any) -> str | None:
+    """A partition value as the string Spark casts it to (``true``, ``2026-01-01``,
+    ``2026-01-02 12:30:45.5``: a timestamp's wall time, the fraction without trailing zeros);
+    ``None`` for NULL and ``""``. What :func:`partition_value` reads back from the directory."""
     if value is None:
-        return HIVE_NULL
+        return None
     if isinstance(value, bool):
         text = "true" if value else "false"
     elif isinstance(value, _dt.datetime):
@@ -66,7 +70,13 @@ def partition_text(value: Any) -> str:
         text = value.isoformat()
     else:
         text = str(value)
-    return escape_path_name(text) if text else HIVE_NULL
+    return text or None
+
+
+def partition_text(value: Any) -> str:
+    """A partition value as the directory text Spark writes (None and ``""``: :data:`HIVE_NULL`)."""
+    text = partition_string(value)
+    return HIVE_NULL if text is None else escape_path_name(text)
 
 
 def partition_value(text: str) -> str | None:

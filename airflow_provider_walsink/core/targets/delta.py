@@ -64,6 +64,7 @@ from airflow_provider_walsink.core.protocol.modes import WriteMode
 from airflow_provider_walsink.core.protocol.partitions import (
     parse_partition_dir,
     partition_dir,
+    partition_string,
     partition_values,
 )
 from airflow_provider_walsink.core.targets._deltalog import (
@@ -845,10 +846,9 @@ class DeltaPublisher(Publisher):
             else {}
         )
         paths = files.column("path").to_pylist() if files.num_rows else []
-        values_of = [
-            tuple(None if columns[c][i] is None else str(columns[c][i]) for c in partition_by)
-            for i in range(len(paths))
-        ]
+        # As the strings Spark names them by (a timestamp column's 2026-01-02 12:30:45.5, not its
+        # str() with +00:00), so a typed partition compares with the directories' values.
+        values_of = [tuple(partition_string(columns[c][i]) for c in partition_by) for i in range(len(paths))]
         replaced_paths: list[str] = []
         if self.mode == "overwrite":
             replaced_paths = list(manifest.replaced_partitions())
