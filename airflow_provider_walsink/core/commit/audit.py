@@ -46,6 +46,7 @@ from airflow_provider_walsink.core.commit.refusals import explain_not_committabl
 from airflow_provider_walsink.core.commit.sealed import read_sealed_attempt
 from airflow_provider_walsink.core.protocol.errors import NotDurableError, WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
+from airflow_provider_walsink.core.protocol.partitions import HIVE_NULL, partition_value
 from airflow_provider_walsink.core.protocol.states import CheckpointState
 from airflow_provider_walsink.core.staging.cleanup import is_object_store
 from airflow_provider_walsink.core.staging.layout import StagingLayout
@@ -58,8 +59,6 @@ if TYPE_CHECKING:
     import duckdb
 
 S = CheckpointState
-#: Spark's directory value for a NULL partition value (read as NULL).
-HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 #: The column that ties a staged row to its file while partition values are joined in.
 _FILE_COLUMN = "__walsink_file"
 #: History ``detail`` holds at most this much of the results (the store cuts at 10,000).
@@ -218,7 +217,10 @@ class StagedData:
                 values = {c: [dict(p).get(c) for p in self._partitions] for c in columns}
                 table = {
                     _FILE_COLUMN: self.files,
-                    **{c: [None if v == HIVE_NULL else v for v in vs] for c, vs in values.items()},
+                    # The values, not the directory text: %XX unescaped, the NULL directory as NULL.
+                    **{
+                        c: [None if v is None else partition_value(v) for v in vs] for c, vs in values.items()
+                    },
                 }
                 partitions = conn.from_arrow(
                     pa.table({k: pa.array(v, type=pa.string()) for k, v in table.items()})
@@ -258,6 +260,7 @@ class StagedData:
             schema=pa.schema(fields + list(partition_schema)),
             filesystem=staging.filesystem,
             format="parquet",
+            # pyarrow decodes %XX in a directory (segment_encoding="uri"), as partition_value does.
             partitioning=ds.HivePartitioning(partition_schema, null_fallback=HIVE_NULL) if columns else None,
             partition_base_dir=location.path,
         )

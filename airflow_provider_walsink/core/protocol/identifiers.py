@@ -14,9 +14,11 @@ import re
 from airflow_provider_walsink.core.protocol.errors import InvalidIdentifierError
 
 _IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=+-]{0,127}")
-# Partition values come from the data (dates, countries, ids): a little wider,
-# but never a separator, a NUL or a leading dot.
-_PARTITION_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:+=@ -]{0,255}")
+# Partition values come from the data: a directory's text as Spark writes it
+# (core/protocol/partitions.py), so any character but a separator, a NUL or
+# another control character (Spark writes those as %XX), and "%" only as %XX.
+# The directory is always "column=text": the text alone is never a path segment.
+_PARTITION_VALUE = re.compile(r"(?:[^\x00-\x1f\x7f/\\%]|%[0-9A-Fa-f]{2}){1,255}")
 _PARTITION_COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
@@ -37,9 +39,9 @@ def validate_identifier(value: object, what: str) -> str:
 
 
 def validate_partition(column: object, value: object) -> tuple[str, str]:
-    """Validate one ``column=value`` pair of a Hive-style partition path."""
+    """Validate one ``column=text`` pair of a Hive-style partition path (``text`` as Spark escapes it)."""
     if not isinstance(column, str) or not _PARTITION_COLUMN.fullmatch(column):
         raise InvalidIdentifierError(f"invalid partition column {column!r}")
-    if not isinstance(value, str) or not _PARTITION_VALUE.fullmatch(value) or ".." in value:
+    if not isinstance(value, str) or not _PARTITION_VALUE.fullmatch(value):
         raise InvalidIdentifierError(f"invalid value {value!r} for partition column {column!r}")
     return column, value

@@ -29,6 +29,7 @@ from airflow_provider_walsink.core.faults import crashpoint
 from airflow_provider_walsink.core.protocol.checksum import Hasher
 from airflow_provider_walsink.core.protocol.identifiers import validate_partition
 from airflow_provider_walsink.core.protocol.manifest import FileStats
+from airflow_provider_walsink.core.protocol.partitions import partition_text
 
 #: The rows the writer yields, as a Spark DDL schema (one row per file written).
 WRITTEN = (
@@ -40,8 +41,6 @@ WRITTEN = (
 #: files larger and slower to read.
 ROW_GROUP_ROWS = 1_000_000
 ROW_GROUP_BYTES = 64 * 1024 * 1024
-#: Spark's name for a null partition value.
-NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 #: Writer options this path understands (Spark's other Parquet options are refused by the job).
 OPTIONS = frozenset({"compression"})
 
@@ -76,15 +75,6 @@ class _CountingSink:
 
     def checksum(self) -> str | None:
         return self._hasher.value() if self._hasher is not None else None
-
-
-def partition_text(value: Any) -> str:
-    """A partition value as Spark names its directory (``true``, ``2026-01-01``, the null name)."""
-    if value is None:
-        return NULL_PARTITION
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def executor_writer(

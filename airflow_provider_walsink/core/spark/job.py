@@ -94,6 +94,7 @@ from airflow_provider_walsink.core.protocol.manifest import (
     Manifest,
     build_manifest,
 )
+from airflow_provider_walsink.core.protocol.partitions import partition_text
 from airflow_provider_walsink.core.spark.args import ProtocolArgs, storage_options_from_env
 from airflow_provider_walsink.core.spark.executor_write import OPTIONS as EXECUTOR_OPTIONS
 from airflow_provider_walsink.core.spark.executor_write import WRITTEN, executor_writer, stats_from_row
@@ -314,8 +315,8 @@ class CheckpointJob:
         columns = list(self.protocol.partition_by if partition_by is None else partition_by)
         prefix = ""
         for column, value in (partition_prefix or {}).items():
-            validate_partition(column, str(value))
-            prefix += f"{column}={value}/"
+            column, text = validate_partition(column, partition_text(value))  # as Spark names it
+            prefix += f"{column}={text}/"
         if prefix:
             self.store.committable(self.location, prefix + "x")  # confined (and no symlink on the way)
 

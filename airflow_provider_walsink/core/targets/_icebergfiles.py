@@ -21,7 +21,7 @@ from pyiceberg.io.pyarrow import (
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionField, PartitionSpec
-from pyiceberg.schema import Schema
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
@@ -30,9 +30,8 @@ from pyiceberg.utils.datetime import date_str_to_days
 
 from airflow_provider_walsink.core.protocol.errors import LayoutError, WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
+from airflow_provider_walsink.core.protocol.partitions import partition_value
 from airflow_provider_walsink.core.targets._tables import int96_columns, partition_of_path, schema_problems
-
-HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
 class IcebergTargetError(WalsinkError):
@@ -114,7 +113,9 @@ def new_table_schema(
     columns = list(partition_by or manifest.partition_columns)
     fields = list(file_schema) + [pa.field(c, pa.string()) for c in columns if c not in file_schema.names]
     try:
-        schema = Catalog._convert_schema_if_needed(pa.schema(fields))
+        # Field ids first: converted from Arrow every field's id is -1, and a partition field
+        # sourced from id -1 would take the last column's (two partition columns: both the last).
+        schema = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(pa.schema(fields)))
     except (TypeError, ValueError, UnsupportedPyArrowTypeException) as e:  # no Iceberg equivalent
         raise IcebergTargetError(f"cannot create Iceberg table {identifier}: {e}; table not created") from e
     spec = PartitionSpec(
@@ -131,9 +132,10 @@ def new_table_schema(
     return schema, spec
 
 
-def from_path(value: str, iceberg_type: Any, where: str) -> Any:
-    """A Hive path's partition value as the Iceberg value of an identity partition."""
-    if value == HIVE_NULL:
+def from_path(text: str, iceberg_type: Any, where: str) -> Any:
+    """A Hive path's partition text (as Spark escapes it) as the Iceberg value of an identity partition."""
+    value = partition_value(text)
+    if value is None:
         return None
     try:
         if isinstance(iceberg_type, StringType):
@@ -145,7 +147,9 @@ def from_path(value: str, iceberg_type: Any, where: str) -> Any:
         if isinstance(iceberg_type, BooleanType):
             return {"true": True, "false": False}[value.lower()]
     except (ValueError, KeyError):
-        raise LayoutError(f"{where}: partition value {value!r} is not a valid {iceberg_type}") from None
+        raise LayoutError(
+            f"{where}: partition value {value!r} is not a valid {iceberg_type}; table unchanged"
+        ) from None
     raise LayoutError(
         f"{where}: partition columns of type {iceberg_type} cannot be read from a directory name; "
         "write the column into the files instead"

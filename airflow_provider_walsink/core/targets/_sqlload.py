@@ -73,7 +73,7 @@ def _load_type(t: pa.DataType, *, mysql: bool) -> pa.DataType:
 
 def _file_csv_chunks(
     path: str,
-    partition: Mapping[str, str],
+    partition: Mapping[str, str | None],
     plan: LoadPlan,
     load_schema: pa.Schema,
     options: pa_csv.WriteOptions,

@@ -37,7 +37,7 @@ class Marker:
     #: The committer recorded the commit of this attempt (``finish()`` ran).
     finished: bool
     #: ``replace`` by key: the key values (as text) this attempt replaced; ``None`` when not recorded.
-    replaced_values: frozenset[tuple[str, ...]] | None = None
+    replaced_values: frozenset[tuple[str | None, ...]] | None = None
 
 
 def define_marker_table(name: str, schema: str | None) -> sa.Table:
@@ -74,9 +74,10 @@ def define_order_table(name: str, schema: str | None) -> sa.Table:
     )
 
 
-def as_text(values: Sequence[Any]) -> tuple[str, ...]:
-    """Key values as the marker row records them (dates ISO, numbers as written): comparable across attempts."""
-    return tuple(v.isoformat() if hasattr(v, "isoformat") else str(v) for v in values)
+def as_text(values: Sequence[Any]) -> tuple[str | None, ...]:
+    """Key values as the marker row records them (dates ISO, numbers as written, NULL as null):
+    comparable across attempts."""
+    return tuple(None if v is None else v.isoformat() if hasattr(v, "isoformat") else str(v) for v in values)
 
 
 def upgrade_marker_table(engine: Engine, markers: sa.Table) -> None:

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from airflow_provider_walsink.core.protocol.errors import CommittableError, LayoutError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
+from airflow_provider_walsink.core.protocol.partitions import parse_partition_dir, partition_values
 from airflow_provider_walsink.core.targets._sqltypes import (
     SchemaMismatchError,
     SqlTargetError,
@@ -33,7 +34,7 @@ from airflow_provider_walsink.core.targets._sqltypes import (
 class LoadPlan:
     """What one publish loads, all checked before the target changes."""
 
-    files: list[tuple[str, dict[str, str]]]  # (staged path, partition column → value)
+    files: list[tuple[str, dict[str, str | None]]]  # (staged path, partition column → value; None: NULL)
     schema: pa.Schema  # the staged data columns (without partition columns)
     partition_columns: list[str]
     rows: int
@@ -49,7 +50,7 @@ def plan_load(manifest: Manifest, resolve: Callable[[str], tuple[str, os.stat_re
 
     ``resolve`` gives a committable's staged path and ``lstat`` (``StagingLayout.committable_resolver``).
     """
-    files: list[tuple[str, dict[str, str]]] = []
+    files: list[tuple[str, dict[str, str | None]]] = []
     schemas: list[pa.Schema] = []
     partition_columns: list[str] | None = None
     rows = 0
@@ -69,7 +70,7 @@ def plan_load(manifest: Manifest, resolve: Callable[[str], tuple[str, os.stat_re
         meta = pq.read_metadata(path)
         schemas.append(meta.schema.to_arrow_schema())
         rows += meta.num_rows
-        files.append((path, dict(c.partition)))
+        files.append((path, partition_values(c.partition)))  # values, not directory text (NULL: None)
     if problems:
         shown = "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
         raise CommittableError(
@@ -99,9 +100,9 @@ def replace_values(manifest: Manifest, plan: LoadPlan, key: list[str]) -> list[t
     values: set[tuple[Any, ...]] = set()
     if all(k in plan.partition_columns or k in manifest.partition_columns for k in key):
         for p in manifest.replaced_partitions():
-            pairs = dict(part.split("=", 1) for part in p.split("/") if part)
+            pairs = dict(parse_partition_dir(p))  # the NULL partition is a value too: replaced by IS NULL
             values.add(tuple(pairs[k] for k in key))
-        return sorted(values)
+        return sorted(values, key=repr)
     data_key = [k for k in key if k in plan.schema.names]
     for path, partition in plan.files:
         table = pq.read_table(path, columns=data_key)

@@ -14,7 +14,7 @@ The target's errors are defined here, the module every SQL module imports
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -169,9 +169,11 @@ def check_schema(
     *,
     mysql: bool,
     target_name: str,
+    null_partitions: Collection[str] = (),
 ) -> None:
     """Raise, naming every column, unless the existing table (``reflected``) accepts the staged data:
-    the data columns ``schema`` and the ``partition_columns`` read from the staged paths (a load plan's)."""
+    the data columns ``schema`` and the ``partition_columns`` read from the staged paths (a load plan's);
+    ``null_partitions``: the partition columns the data holds NULL in (the NULL partition)."""
     # MySQL column names are case-insensitive.
     fold = (lambda s: s.lower()) if mysql else (lambda s: s)
     by_name = {fold(c["name"]): c for c in reflected}
@@ -192,6 +194,12 @@ def check_schema(
         elif not _accepts(col["type"]) - {"boolean"}:
             problems.append(
                 f"partition column {name!r} is {col['type']} in the table, which cannot hold its text"
+            )
+        elif name in null_partitions and not col.get("nullable", True):
+            problems.append(
+                f"partition column {name!r} is NOT NULL in the table, but the checkpoint holds its NULL "
+                "partition (__HIVE_DEFAULT_PARTITION__: Spark's directory for a NULL or empty value); "
+                f"make the column nullable (ALTER TABLE {target_name} ALTER/MODIFY {name} ... NULL)"
             )
     for c in reflected:
         if (

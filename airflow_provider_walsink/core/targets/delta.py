@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, ClassVar
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake import Schema as DeltaSchema
@@ -61,6 +61,12 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 from airflow_provider_walsink.core.protocol.errors import NOTHING_DONE, LayoutError, OrderError, WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.protocol.modes import WriteMode
+from airflow_provider_walsink.core.protocol.partitions import (
+    parse_partition_dir,
+    partition_dir,
+    partition_string,
+    partition_values,
+)
 from airflow_provider_walsink.core.targets._deltalog import (
     ABORTED_TXN,
     app_id,
@@ -124,9 +130,6 @@ log = logging.getLogger(__name__)
 MAX_COMMIT_ATTEMPTS = 20
 #: Check + commit attempts of one group before giving up on a table that keeps changing.
 GROUP_COMMIT_ATTEMPTS = 40
-HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-#: Characters a staged file's path keeps as they are in the Delta log (the rest is %-encoded).
-_PATH_SAFE = "/=:@+-_."
 
 
 class DeltaTargetError(WalsinkError):
@@ -687,10 +690,14 @@ class DeltaPublisher(Publisher):
     # ------------------------------------------------------------------ actions
 
     def _relative(self, location: str) -> str:
-        """The path of a staged file as the Delta log records it (relative to the table, URI-encoded)."""
+        """The path of a staged file relative to the table, as it is (not URI-encoded).
+
+        deltalake URI-encodes an action's path in the log itself (and ``get_add_actions`` answers
+        the encoded form): an add or remove action takes the path as it is, so a partition
+        directory Spark escaped (``k=a%3Ab``, ``k=a b``) is named once, never encoded twice."""
         root = self.table_uri + "/"
         if location.startswith(root):
-            return quote(location[len(root) :], safe=_PATH_SAFE)
+            return location[len(root) :]
         raise LayoutError(
             f"staged file {location} is outside the Delta table {self.table_uri}: stage into "
             f"{self.staging_root()} (files are added by path, never copied)"
@@ -725,6 +732,38 @@ class DeltaPublisher(Publisher):
                     f"staged file {c.path} does not match Delta table {self.table_uri}: {'; '.join(problems)}; "
                     "table unchanged"
                 )
+        self._check_partition_values(columns, partition_by, manifest)
+
+    def _check_partition_values(
+        self, columns: Mapping[str, Any], partition_by: Sequence[str], manifest: Manifest
+    ) -> None:
+        """Raise naming the first partition value its (typed) partition column cannot hold.
+
+        deltalake commits a partition value as text and parses it only when the table is read:
+        a value its column's type cannot take (a timestamp in a ``date`` column) would be
+        committed and then make every read of the table fail. Each distinct value is parsed
+        once, as Arrow casts text to the column's type."""
+        import pyarrow as pa
+
+        typed = {c: columns[c] for c in partition_by if c in columns and not pa.types.is_string(columns[c])}
+        if not typed:
+            return
+        seen: set[tuple[str, str | None]] = set()
+        for c in manifest.committables:
+            for column, value in partition_values(c.partition).items():
+                if column not in typed or value is None or (column, value) in seen:
+                    continue
+                seen.add((column, value))
+                want = typed[column]
+                if pa.types.is_timestamp(want) and want.tz:  # the log's text is UTC, without an offset
+                    want = pa.timestamp(want.unit)
+                try:
+                    pa.array([value], pa.string()).cast(want)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    raise DeltaTargetError(
+                        f"staged file {c.path}: partition value {value!r} is not a valid {typed[column]} "
+                        f"(column {column!r} of Delta table {self.table_uri}); table unchanged"
+                    ) from None
 
     def _add_actions(
         self, manifest: Manifest, base: str, staged: list[StagedFile], stats_columns: Mapping[str, str]
@@ -736,12 +775,12 @@ class DeltaPublisher(Publisher):
         prefix = self._relative(base) + "/"
         adds = []
         for c, f in zip(manifest.committables, staged, strict=True):
-            values = {k: (None if v == HIVE_NULL else v) for k, v in c.partition}
+            values = partition_values(c.partition)  # the values, not the escaped directory text
             if f.stats is None or not stats_columns:
                 stats = '{"numRecords": %d}' % f.rows  # noqa: UP031 (json.dumps per file costs more)
             else:
                 stats = delta_stats(f.rows, f.stats, stats_columns)
-            adds.append(AddAction(prefix + quote(c.path, safe=_PATH_SAFE), c.size, values, now, True, stats))
+            adds.append(AddAction(prefix + c.path, c.size, values, now, True, stats))
         return adds
 
     def _adds(
@@ -807,10 +846,9 @@ class DeltaPublisher(Publisher):
             else {}
         )
         paths = files.column("path").to_pylist() if files.num_rows else []
-        values_of = [
-            tuple(None if columns[c][i] is None else str(columns[c][i]) for c in partition_by)
-            for i in range(len(paths))
-        ]
+        # As the strings Spark names them by (a timestamp column's 2026-01-02 12:30:45.5, not its
+        # str() with +00:00), so a typed partition compares with the directories' values.
+        values_of = [tuple(partition_string(columns[c][i]) for c in partition_by) for i in range(len(paths))]
         replaced_paths: list[str] = []
         if self.mode == "overwrite":
             replaced_paths = list(manifest.replaced_partitions())
@@ -823,16 +861,10 @@ class DeltaPublisher(Publisher):
                     )
             if supersedes:
                 for values in sorted(set(values_of), key=str):
-                    partition = "/".join(
-                        f"{c}={HIVE_NULL if v is None else v}"
-                        for c, v in zip(partition_by, values, strict=True)
-                    )
+                    partition = partition_dir(partition_by, values)
                     if partition not in replaced_paths and self._holder_is(dt, manifest, partition):
                         replaced_paths.append(partition)
-        replaced = {
-            tuple(None if v == HIVE_NULL else v for _, v in partition_of_path(p + "/x"))
-            for p in replaced_paths
-        }
+        replaced = {tuple(v for _, v in parse_partition_dir(p)) for p in replaced_paths}
         checkpoint_prefix = self._relative(base.rsplit("/", 1)[0]) + "/"
         ours = self._relative(base) + "/"
         sizes = files.column("size_bytes").to_pylist() if paths else []
@@ -841,8 +873,8 @@ class DeltaPublisher(Publisher):
         older = 0
         for i, path in enumerate(paths):
             values = values_of[i]
-            encoded = quote(unquote(path), safe=_PATH_SAFE)
-            old = retract and encoded.startswith(checkpoint_prefix) and not encoded.startswith(ours)
+            path = unquote(path)  # the log's (URI-encoded) path as it is, as a remove action takes it
+            old = retract and path.startswith(checkpoint_prefix) and not path.startswith(ours)
             older += old
             if values in replaced or old:
                 removes.append(

@@ -112,7 +112,7 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     ValidationException,
 )
-from pyiceberg.expressions import AlwaysTrue, And, EqualTo, Or
+from pyiceberg.expressions import AlwaysTrue, And, EqualTo, IsNull, Or
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.transforms import IdentityTransform
@@ -809,7 +809,10 @@ class IcebergPublisher(Publisher):
                     )
                 typed = [from_path(v, schema.find_field(c).field_type, partition) for c, v in pairs]
                 records.add(tuple(typed))
-                terms = [EqualTo(c, v) for (c, _), v in zip(pairs, typed, strict=True)]
+                # The NULL partition is replaced by IS NULL: "= NULL" matches nothing.
+                terms = [
+                    IsNull(c) if v is None else EqualTo(c, v) for (c, _), v in zip(pairs, typed, strict=True)
+                ]
                 predicates.append(terms[0] if len(terms) == 1 else And(*terms))
             if predicates:
                 row_filter = predicates[0] if len(predicates) == 1 else Or(*predicates)

@@ -73,6 +73,7 @@ from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql as mysql_types
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
@@ -84,6 +85,7 @@ from airflow_provider_walsink.core.protocol.errors import (
     SupersedeError,
 )
 from airflow_provider_walsink.core.protocol.manifest import Manifest
+from airflow_provider_walsink.core.protocol.partitions import partition_dir
 from airflow_provider_walsink.core.staging.cleanup import remove_staged_attempts
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
@@ -99,17 +101,16 @@ from airflow_provider_walsink.core.targets._sqlmarkers import (
     upgrade_marker_table,
 )
 from airflow_provider_walsink.core.targets._sqlplan import LoadPlan, plan_load, replace_values
+
+# The target's errors and validate_sql_identifier are imported from this module, their public home.
+from airflow_provider_walsink.core.targets._sqltypes import SchemaMismatchError as SchemaMismatchError
 from airflow_provider_walsink.core.targets._sqltypes import (
-    EXACT_COLLATION,
     SqlTargetError,
     check_schema,
     exact_string,
     sql_type_for,
     validate_sql_identifier,
 )
-
-# The target's errors and validate_sql_identifier are imported from this module, their public home.
-from airflow_provider_walsink.core.targets._sqltypes import SchemaMismatchError as SchemaMismatchError
 from airflow_provider_walsink.core.targets._tables import refuse_supersede, superseded_attempt
 from airflow_provider_walsink.core.targets.base import (
     Publisher,
@@ -581,12 +582,10 @@ class SqlPublisher(Publisher):
                 f"{name}: cannot replace {held} with a new version: its marker row {state} "
                 f"({self.marker_table}), so its rows cannot be identified; {hint}"
             )
-        uncovered = sorted(marker.replaced_values - {as_text(v) for v in plan.replace_values})
+        uncovered = sorted(marker.replaced_values - {as_text(v) for v in plan.replace_values}, key=repr)
         if uncovered:
             key = self._key_columns()
-            shown = ", ".join(
-                "/".join(f"{k}={v}" for k, v in zip(key, t, strict=True)) for t in uncovered[:5]
-            )
+            shown = ", ".join(partition_dir(key, t) for t in uncovered[:5])
             raise SupersedeError(
                 f"{name}: the new version (attempt {manifest.attempt_id}) does not cover {len(uncovered)} key "
                 f"value(s) that attempt {marker.attempt_id} wrote ({shown}); replacing would leave its rows "
@@ -629,12 +628,12 @@ class SqlPublisher(Publisher):
         for key, raw in sorted(rows, reverse=True):
             if key <= manifest.checkpoint_key:
                 break
-            held = sorted(ours & {tuple(v) for v in json.loads(raw)})
+            held = sorted(ours & {tuple(v) for v in json.loads(raw)}, key=repr)
             if held:
                 columns = self._key_columns()
                 check_partition_order(
                     manifest,
-                    "/".join(f"{c}={v}" for c, v in zip(columns, held[0], strict=True)),
+                    partition_dir(columns, held[0]),
                     manifest.pipeline,
                     key,
                     allow_older=False,
@@ -645,7 +644,7 @@ class SqlPublisher(Publisher):
         """What the marker row records of the rows a ``replace`` by key wrote: its key values as text."""
         if self.mode != "replace" or self.replace_predicate:
             return None
-        return json.dumps(sorted(list(as_text(v)) for v in plan.replace_values))
+        return json.dumps(sorted((list(as_text(v)) for v in plan.replace_values), key=repr))
 
     def _snapshot(self, manifest: Manifest, epoch: int) -> str:
         return (
@@ -728,7 +727,8 @@ class SqlPublisher(Publisher):
                 sa.Column(f.name, sql_type_for(f, key=f.name in keys), nullable=f.nullable)
                 for f in plan.schema
             ]
-            columns += [sa.Column(c, exact_string(255), nullable=False) for c in plan.partition_columns]
+            # Nullable: Spark writes a NULL (and an empty) partition value as the NULL partition.
+            columns += [sa.Column(c, exact_string(255), nullable=True) for c in plan.partition_columns]
             self._ensure_table(sa.Table(self.table, metadata, *columns, schema=self.schema))
         reflected = sa.inspect(self.engine).get_columns(self.table, schema=self.schema)
         check_schema(
@@ -737,6 +737,7 @@ class SqlPublisher(Publisher):
             reflected,
             mysql=self.dialect_name == "mysql",
             target_name=self._target_name(),
+            null_partitions={c for _, values in plan.files for c, v in values.items() if v is None},
         )
         return sa.Table(
             self.table,
@@ -762,22 +763,34 @@ class SqlPublisher(Publisher):
         if not plan.replace_values:
             return []
         cols = [target.c[k] for k in key]
+        binary = [self.dialect_name == "mysql" and isinstance(c.type, sa.String) for c in cols]
 
-        def within(columns: list[Any]) -> Any:
-            if len(columns) == 1:
-                return columns[0].in_([v[0] for v in plan.replace_values])
-            return sa.tuple_(*columns).in_(plan.replace_values)
+        def equal(values: tuple[Any, ...]) -> Any:
+            # The NULL partition is a value too: replaced by IS NULL ("= NULL" matches nothing). On
+            # MySQL/MariaDB strings compare as bytes: in the column's collation a table made by hand
+            # may ignore case (replacing "us" must not delete "US"), and every _bin collation but
+            # the NO PAD ones pads with spaces (replacing "a" must not delete "a ").
+            terms = []
+            for c, v, b in zip(cols, values, binary, strict=True):
+                if v is None:
+                    terms.append(c.is_(None))
+                elif b:
+                    terms.append(
+                        sa.cast(c, mysql_types.BINARY()) == sa.cast(sa.literal(v), mysql_types.BINARY())
+                    )
+                else:
+                    terms.append(c == v)
+            return sa.and_(*terms)
 
-        clause = within(cols)
-        if self.dialect_name == "mysql" and any(isinstance(c.type, sa.String) for c in cols):
-            # A table made by hand may compare its key case-insensitively: replacing "us" must not
-            # delete "US". The plain clause keeps the key's index usable; the binary one decides.
-            exact = [sa.collate(c, EXACT_COLLATION) if isinstance(c.type, sa.String) else c for c in cols]
-            clause = sa.and_(clause, within(exact))
+        plain = [v for v in plan.replace_values if None not in v]
+        terms = [equal(v) for v in plan.replace_values if None in v]
+        if plain:
+            # The plain IN keeps the key's index usable; on MySQL/MariaDB the byte comparison decides.
+            within = cols[0].in_([v[0] for v in plain]) if len(cols) == 1 else sa.tuple_(*cols).in_(plain)
+            terms.append(sa.and_(within, sa.or_(*map(equal, plain))) if any(binary) else within)
+        clause = sa.or_(*terms)
         conn.execute(target.delete().where(clause))
-        return [
-            "/".join(f"{k}={v}" for k, v in zip(key, values, strict=True)) for values in plan.replace_values
-        ]
+        return [partition_dir(key, values) for values in plan.replace_values]
 
 
 class _LostRace(Exception):
