@@ -359,3 +359,34 @@ def test_a_commit_task_waits_while_a_group_holds_its_checkpoint_then_takes_it_ov
     assert summary.lease_taken_over_from == "group:dead-leader"
     assert store.require(PIPELINE, key_of(0)).state is S.COMMITTED
     assert table_rows("delta", spec) == Counter(rows_of(0))
+
+
+def test_one_group_leader_at_a_time_and_its_end_wakes_the_waiters(store):
+    """The pipeline's group-commit lead: one holder, a lead that ran out is taken over, and a task
+    waiting for it is woken when it is given up (PostgreSQL, MySQL: the leader's advisory lock;
+    SQLite has none and says so: its waiters look on their own clock)."""
+    import threading
+
+    pipeline = f"lead_{uuid.uuid4().hex[:8]}"
+    store.register(pipeline, key_of(0), mode="overwrite", actor=ACTOR, target="table")
+    signals = store.engine.dialect.name != "sqlite"
+    assert store.lead_group(pipeline, "a", ttl=timedelta(minutes=1)) == "a"
+    assert store.lead_group(pipeline, "b", ttl=timedelta(minutes=1)) == "a"  # one leader
+    assert store.group_leader(pipeline) == "a"
+    assert store.wait_for_group_end(pipeline, 0.3) is (False if signals else None)  # still led
+
+    woken: list[bool | None] = []
+    waiter = threading.Thread(target=lambda: woken.append(store.wait_for_group_end(pipeline, 120)))
+    waiter.start()
+    time.sleep(0.5)
+    store.release_group_lead(pipeline, "a")
+    waiter.join(150)
+    assert woken == [True if signals else None]
+    assert store.group_leader(pipeline) is None
+
+    assert store.lead_group(pipeline, "c", ttl=timedelta(milliseconds=1)) == "c"
+    time.sleep(0.05)
+    assert store.lead_group(pipeline, "b", ttl=timedelta(minutes=1)) == "b"  # c's lead ran out
+    store.release_group_lead(pipeline, "c")  # no longer c's: changes nothing
+    assert store.group_leader(pipeline) == "b"
+    store.release_group_lead(pipeline, "b")

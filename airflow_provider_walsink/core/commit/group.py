@@ -394,9 +394,17 @@ QUIET_LOOKS = 4
 
 
 def _await_a_change(store: Any, pipeline: str, checkpoint_key: str, poll: float) -> None:
-    """Wait while the checkpoint stays unheld and uncommitted, one read per look (not the lead's
-    compare-and-set): a leader taking it (or committing it) ends the wait at once, a lead that
-    ends unnoticed (ran out, given up with this one left) is asked about every few looks."""
+    """Wait for the lead to end: blocked on the database's signal where it has one (woken the
+    moment the leader gives the lead up or its session dies; asked again after a few polls'
+    time), else one read of the checkpoint per look (not the lead's compare-and-set), ending
+    when a leader takes or commits it; a lead that ends unnoticed is asked about every few looks."""
+    began = time.monotonic()
+    ended = store.wait_for_group_end(pipeline, QUIET_LOOKS * poll)
+    if ended is False or (
+        ended and (time.monotonic() - began >= poll or store.group_leader(pipeline) is None)
+    ):
+        return  # woken by the lead's end, or time to ask again
+    # No signal here (SQLite), or a leader that holds none: look on this task's own clock.
     for _ in range(QUIET_LOOKS):
         time.sleep(poll)
         record = store.get(pipeline, checkpoint_key)
