@@ -10,6 +10,7 @@ from typing import Any
 from airflow.sdk import AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_provider_walsink.core.commit.aftercommit import commit_then_follow
 from airflow_provider_walsink.core.commit.commit import CheckpointCommitter, CommitSummary
 from airflow_provider_walsink.core.commit.group import committed_by_group, is_group_owner
 from airflow_provider_walsink.core.protocol.identifiers import validate_identifier
@@ -268,18 +269,23 @@ class WalCommitOperator(BaseOperator):
             group_commit=self.group_commit,
             verify_checksums=self.verify_checksums,
         )
-        try:
-            summary = self._commit_waiting_for_group(committer, store, key, actor)
-        except AuditRejectedError as exc:
-            raise AirflowFailException(str(exc)) from None  # retrying cannot help
-        except OrderingError as exc:
-            # A wait (not an offsets refusal, recorded by the committer): say on the checkpoint why.
-            if not isinstance(exc, OffsetsError):
-                store.record_blocked(self.pipeline, key, actor=actor, waiting_to="commit")
-            raise
-        self._summary = summary.to_dict()
-        if self.source is not None:
-            self._after_commit(hook, store)
+
+        def commit() -> CommitSummary:
+            try:
+                return self._commit_waiting_for_group(committer, store, key, actor)
+            except AuditRejectedError as exc:
+                raise AirflowFailException(str(exc)) from None  # retrying cannot help
+            except OrderingError as exc:
+                # A wait (not an offsets refusal, recorded by the committer): say on the checkpoint why.
+                if not isinstance(exc, OffsetsError):
+                    store.record_blocked(self.pipeline, key, actor=actor, waiting_to="commit")
+                raise
+
+        # The source's step after COMMITTED (a consumer group's offsets follow the table): the one
+        # order, in the core, that the model checker runs too.
+        follow = (lambda: self._after_commit(hook, store)) if self.source is not None else None
+        summary, extra = commit_then_follow(commit, follow)
+        self._summary = summary.to_dict() | extra
         if summary.group:
             self.log.info(
                 "Checkpoint %s/%s led a group commit: %d checkpoints in one table commit (%s)",
@@ -364,9 +370,9 @@ class WalCommitOperator(BaseOperator):
             return committed[-1]
         return None
 
-    def _after_commit(self, hook: WalsinkHook, store: Any) -> None:
-        """The source's step after COMMITTED (a consumer group's offsets follow the table)."""
-        self._summary.update(hook.get_source(self.source).after_commit(store, self.pipeline) or {})
+    def _after_commit(self, hook: WalsinkHook, store: Any) -> Mapping[str, Any] | None:
+        """The source's step after COMMITTED (a consumer group's offsets follow the table): its summary entries."""
+        return hook.get_source(self.source).after_commit(store, self.pipeline)
 
     def _object_store_publisher(self, root: str) -> Publisher:
         """The publisher of a checkpoint staged on an object store; only a target that publishes a
