@@ -216,7 +216,7 @@ MUTATIONS: list[Mutation] = [
         "        if now.lease_epoch != self.epoch:\n            raise LeaseLostError(",
         "        if False:\n            raise LeaseLostError(",
         "an abort's clean-up goes on after the checkpoint moved on (a new run's attempt)",
-        also="tests/test_abort.py",
+        also="tests/test_abort_fence.py",
     ),
 ]
 
