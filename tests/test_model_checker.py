@@ -183,7 +183,7 @@ def test_model_checker_exercised_every_operation():
     c = TOTAL.counts
     print(TOTAL.describe())
     for what in ("kills", "pauses", "race", "aborts.done", "reprocesses.begun", "retention", "gc", "maintain",
-                 "symlinks"):  # fmt: skip
+                 "symlinks", "tamper", "reseal", "compact_reprocess", "crash_rerun"):  # fmt: skip
         assert c[what] > 0, f"{what}: {TOTAL.describe()}"
 
 
@@ -299,6 +299,91 @@ FOUND = [
         [{"op": "crash", "key": K1, "point": "table.before_table_commit", "retry": True}, {"op": "reprocess", "key": K1, "n": 0},
          {"op": "pause", "key": K1, "point": "commit.after_committed", "then": "reprocess"}],
         id="two-versions-committed-within-one-step",
+    ),
+    # Minimal schedules of the hostile and composite operations that catch a planted bug of the
+    # mutation check (``python -m tests.model.mutations``; its name in the id): each replays clean
+    # on the real code and fails with that bug planted.
+    pytest.param(
+        "iceberg", "append", "lease",
+        [{"op": "run", "key": K1, "n": 3}, {"op": "compact_reprocess", "key": K1, "n": 2}],
+        id="mutation-iceberg-append-reprocess-after-compaction",
+    ),
+    pytest.param(
+        "delta", "append", "table",
+        [{"op": "run", "key": K1, "n": 2}, {"op": "crash_rerun", "key": K2, "point": "table.after_table_commit", "n": 3}],
+        id="mutation-reconcile-records-the-retried-end-offsets-delta",
+    ),
+    pytest.param(
+        "iceberg", "append", "table",
+        [{"op": "run", "key": K1, "n": 2}, {"op": "crash_rerun", "key": K2, "point": "commit.after_committed", "n": 3}],
+        id="mutation-reconcile-records-the-retried-end-offsets-iceberg",
+    ),
+    pytest.param(
+        "files", "overwrite", "lease",
+        [{"op": "pause", "key": K1, "point": "commit.after_committed", "then": "rerun"}],
+        id="mutation-cleanup-without-its-fence",
+    ),
+    pytest.param(
+        "files", "append", "lease", [{"op": "tamper", "key": K1, "how": "truncate"}],
+        id="mutation-durability-ignores-sizes",
+    ),
+    pytest.param(
+        "files", "append", "lease", [{"op": "reseal", "key": K1}],
+        id="mutation-second-seal-overwrites",
+    ),
+    pytest.param(
+        "files", "overwrite", "lease",
+        [{"op": "pause", "key": K1, "point": "publish.after_k", "then": "paused_commit"}],
+        id="mutation-lease-fence-never-asks",
+    ),
+    pytest.param(
+        "delta", "overwrite", "lease",
+        [{"op": "pause", "key": K1, "point": "table.before_table_commit", "then": "paused_commit"}],
+        id="mutation-mark-committed-ignores-the-epoch",
+    ),
+    pytest.param(
+        "files", "overwrite", "lease",
+        [{"op": "run", "key": K2, "n": 2, "parts": [1]}, {"op": "write", "key": K3, "n": 2, "parts": [0]},
+         {"op": "tamper", "key": K3, "how": "manifest"}, {"op": "commit", "key": K3}],
+        id="mutation-manifest-digest-not-compared",
+    ),
+    pytest.param(
+        "files", "append", "lease", [{"op": "tamper", "key": K1, "how": "same_size"}],
+        id="mutation-checksum-not-compared",
+    ),
+    pytest.param(
+        "files", "append", "lease", [{"op": "write", "key": K1, "n": 2}, {"op": "gc"}],
+        id="mutation-gc-deletes-a-sealed-attempt",
+    ),
+    pytest.param(
+        "iceberg", "append", "lease",
+        [{"op": "crash", "key": K1, "point": "table.after_table_commit", "retry": True}],
+        id="mutation-table-marker-ignored",
+    ),
+    pytest.param(
+        "files", "overwrite", "lease",
+        [{"op": "run", "key": K3, "n": 2, "parts": [0]}, {"op": "run", "key": K1, "n": 1, "parts": [0]}],
+        id="mutation-files-overwrite-order-not-checked",
+    ),
+    pytest.param(
+        "iceberg", "append", "table",
+        [{"op": "pause", "key": K1, "point": "table.before_table_commit", "then": "abort"}],
+        id="mutation-abort-tombstone-ignored",
+    ),
+    pytest.param(
+        "files", "append", "lease",
+        [{"op": "write", "key": K1, "n": 2}, {"op": "durable", "key": K1}, {"op": "tamper", "key": K1, "how": "same_size"},
+         {"op": "commit", "key": K1}],
+        id="mutation-commit-does-not-reverify-staged-bytes",
+    ),
+    pytest.param(
+        "iceberg", "append", "lease", [{"op": "run", "key": K1, "n": 2}, {"op": "gc"}],
+        id="mutation-gc-collects-table-staging",
+    ),
+    pytest.param(
+        "delta", "append", "lease",
+        [{"op": "run", "key": K1, "n": 3}, {"op": "compact_reprocess", "key": K1, "n": 2}],
+        id="mutation-delta-append-reprocess-after-compaction",
     ),
 ]  # fmt: skip
 

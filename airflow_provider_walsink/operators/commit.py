@@ -10,6 +10,7 @@ from typing import Any
 from airflow.sdk import AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_provider_walsink.core.commit.aftercommit import commit_then_follow
 from airflow_provider_walsink.core.commit.commit import CheckpointCommitter, CommitSummary
 from airflow_provider_walsink.core.commit.group import commit_waiting_for_group, committed_by_group
 from airflow_provider_walsink.core.protocol.identifiers import validate_identifier
@@ -270,17 +271,33 @@ class WalCommitOperator(BaseOperator):
             group_commit=self.group_commit,
             verify_checksums=self.verify_checksums,
         )
-        try:
-            summary = self._commit_waiting_for_group(committer, key, actor)
-        except AuditRejectedError as exc:
-            raise AirflowFailException(str(exc)) from None  # retrying cannot help
-        except OrderingError as exc:
-            # A wait (not an offsets refusal, recorded by the committer): say on the checkpoint why.
-            if not isinstance(exc, OffsetsError):
-                store.record_blocked(self.pipeline, key, actor=actor, waiting_to="commit")
-            raise
-        self._summary = summary.to_dict()
-        refused = self._after_commit(hook, store) if self.source is not None else None
+
+        def commit() -> CommitSummary:
+            try:
+                return self._commit_waiting_for_group(committer, key, actor)
+            except AuditRejectedError as exc:
+                raise AirflowFailException(str(exc)) from None  # retrying cannot help
+            except OrderingError as exc:
+                # A wait (not an offsets refusal, recorded by the committer): say on the checkpoint why.
+                if not isinstance(exc, OffsetsError):
+                    store.record_blocked(self.pipeline, key, actor=actor, waiting_to="commit")
+                raise
+
+        refused: list[str] = []
+
+        def follow() -> Mapping[str, Any] | None:
+            try:
+                return self._after_commit(hook, store)
+            except ConsumerGroupMovedError as exc:
+                # Reported once the commit's asset event is done: the commit stands, nothing was sent.
+                self.log.error("%s", exc)
+                refused.append(str(exc))
+                return None
+
+        # The source's step after COMMITTED (a consumer group's offsets follow the table): the one
+        # order, in the core, that the model checker runs too.
+        summary, extra = commit_then_follow(commit, follow if self.source is not None else None)
+        self._summary = summary.to_dict() | extra
         if summary.group:
             self.log.info(
                 "Checkpoint %s/%s led a group commit: %d checkpoints in one table commit (%s)",
@@ -321,9 +338,9 @@ class WalCommitOperator(BaseOperator):
                 self.pipeline,
                 key,
             )
-        if refused is not None:
+        if refused:
             # After the asset event: the commit stands; only the group's offsets were not sent.
-            raise AirflowFailException(refused)  # retrying cannot help: the group is another's
+            raise AirflowFailException(refused[0])  # retrying cannot help: the group is another's
         return self._summary
 
     def _commit_waiting_for_group(
@@ -346,16 +363,9 @@ class WalCommitOperator(BaseOperator):
             return committed[-1]
         return None
 
-    def _after_commit(self, hook: WalsinkHook, store: Any) -> str | None:
-        """The source's step after COMMITTED (a consumer group's offsets follow the table); the
-        refusal to report once the commit's asset event is done, when the pipeline's consumer
-        group was handed over to another pipeline (nothing was sent)."""
-        try:
-            self._summary.update(hook.get_source(self.source).after_commit(store, self.pipeline) or {})
-        except ConsumerGroupMovedError as exc:
-            self.log.error("%s", exc)
-            return str(exc)
-        return None
+    def _after_commit(self, hook: WalsinkHook, store: Any) -> Mapping[str, Any] | None:
+        """The source's step after COMMITTED (a consumer group's offsets follow the table): its summary entries."""
+        return hook.get_source(self.source).after_commit(store, self.pipeline)
 
     def _object_store_publisher(self, root: str) -> Publisher:
         """The publisher of a checkpoint staged on an object store; only a target that publishes a

@@ -15,9 +15,10 @@ process, ``tests/kafka_mock.py``), and
   (:func:`~airflow_provider_walsink.core.sources.kafka.read_range`, in this process instead of a
   Spark task, two records per batch), staged and sealed with ``CheckpointWriter`` as the
   other sources of the checker are;
-* **a commit step** commits as the commit task does: the core commit, then crash point
-  ``commit.before_group_offsets``, then the consumer group's offsets
-  (:func:`~airflow_provider_walsink.core.sources.kafka.commit_group`);
+* **a commit step** commits as the commit task does, through the core's
+  :func:`~airflow_provider_walsink.core.commit.aftercommit.commit_then_follow` (the operator's
+  own sequence): the core commit, then the Kafka source's ``after_commit`` (crash point
+  ``commit.before_group_offsets``, then the consumer group's offsets);
 * **kills**: a commit SIGKILLed between the target commit and the group commit
   (``commit.before_group_offsets``), and a write SIGKILLed mid-read (``kafka.read.after_batch``,
   the whole write task in a child process, after its reader handed over its first batch), then
@@ -135,15 +136,6 @@ def group_offsets(cfg: Config) -> dict[str, int]:
         return {str(tp.partition): tp.offset for tp in found if tp.offset >= 0}
     finally:
         consumer.close()
-
-
-def group_commit(cfg: Config, store: CommitterStore) -> dict[str, Any] | None:
-    """What the commit task does after the core commit (``operators/commit.py``)."""
-    from airflow_provider_walsink.core.faults import crashpoint
-    from airflow_provider_walsink.core.sources.kafka import commit_group
-
-    crashpoint("commit.before_group_offsets")
-    return commit_group(store, cfg.pipeline, spec(cfg), client_config(cfg))
 
 
 def write(cfg: Config, store: CommitterStore, layout: Any, key: str, a: Any) -> dict[str, Any] | str:
@@ -307,9 +299,9 @@ def op_crash_write(world: World, key: str, retry: bool) -> str:
     return f"try 1 {'killed' if killed else 'done'}; retry {again}; {world.op_durable(key)}; {world.op_commit(key)}"
 
 
-def after_commit(world: World) -> None:
-    """The commit task's group commit after a commit in this process; the group must then be caught up."""
-    sent = group_commit(world.cfg, world.store)
+def after_commit(world: World, sent: dict[str, Any] | None) -> None:
+    """After a commit task in this process (``sent``: the group offsets its source step committed):
+    the group must then be caught up."""
     want = flat(world.store.last_committed_offsets(world.cfg.pipeline), world.cfg)
     got = group_offsets(world.cfg)
     if sent is not None and got != want:

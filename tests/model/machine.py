@@ -83,6 +83,10 @@ WEIGHTED = (
     + ["race", "recommit", "abort", "abort", "abort_race", "reprocess", "reprocess", "retention", "gc", "maintain", "maintain",
        "maintain", "symlink"]
     + ["group"] * 3  # issue 24: skipped (a no-op step) where the combination cannot group
+    # Hostile: a staged file changed after the seal; a second seal of the sealed attempt.
+    + ["tamper"] * 2 + ["reseal"]
+    # Composite: compaction then a reprocess (table targets); a crash, retention, a re-run with other data.
+    + ["compact_reprocess"] * 2 + ["crash_rerun"] * 2
 )  # fmt: skip
 
 
@@ -123,7 +127,24 @@ def machine_for(
                 self._do({"op": op, "key": key, "n": n, "parts": parts, "nulls": nulls})
             elif op == "symlink" and self.world.cfg.staging == "s3":
                 return  # an object store has no symlinks: nothing to swap a staged object for
-            elif op in ("durable", "commit", "recommit", "race", "abort", "abort_race", "symlink"):
+            elif op in ("symlink", "tamper", "reseal") and self.world.cfg.staging == "s3":
+                return  # local staging only (the S3 store's seal is a conditional put, tested on its own)
+            elif op == "durable":
+                # The sensor's default checks sizes only; one in three without checksums.
+                verify = data.draw(st.sampled_from([True, True, False]), label="verify")
+                self._do({"op": op, "key": key} if verify else {"op": op, "key": key, "verify": False})
+            elif op == "tamper":
+                how = data.draw(st.sampled_from(["truncate", "extend", "same_size", "manifest"]), label="how")
+                self._do({"op": op, "key": key, "how": how})
+            elif op == "compact_reprocess":
+                if self.kind not in ("iceberg", "delta"):
+                    return
+                self._do({"op": op, "key": key, "n": data.draw(st.integers(0, 3), label="n")})
+            elif op == "crash_rerun":
+                points = KILL_POINTS[self.kind]
+                point = data.draw(st.sampled_from(points), label="point")
+                self._do({"op": op, "key": key, "point": point, "n": data.draw(st.integers(0, 3), label="n")})
+            elif op in ("durable", "commit", "recommit", "race", "abort", "abort_race", "symlink", "reseal"):
                 self._do({"op": op, "key": key})
             elif op == "group":
                 point = data.draw(st.sampled_from([None, None, *GROUP_KILL_POINTS]), label="point")
@@ -137,7 +158,9 @@ def machine_for(
                 self._do({"op": op, "key": key, "point": point, "retry": retry})
             elif op == "pause":
                 point = data.draw(st.sampled_from(PAUSE_POINTS[self.kind]), label="point")
-                then = data.draw(st.sampled_from(["commit", "abort", "reprocess"]), label="then")
+                then = data.draw(
+                    st.sampled_from(["commit", "abort", "reprocess", "rerun", "paused_commit"]), label="then"
+                )
                 self._do({"op": op, "key": key, "point": point, "then": then})
             elif op == "reprocess":
                 self._do({"op": op, "key": key, "n": data.draw(st.integers(0, 3), label="n")})

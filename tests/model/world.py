@@ -37,7 +37,7 @@ import time
 import traceback
 import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ import pyarrow.parquet as pq
 
 from airflow_provider_walsink.core import faults
 from airflow_provider_walsink.core.commit.abort import CheckpointAborter
+from airflow_provider_walsink.core.commit.aftercommit import commit_then_follow
 from airflow_provider_walsink.core.commit.commit import CheckpointCommitter
 from airflow_provider_walsink.core.commit.writer import CheckpointWriter
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
@@ -231,6 +232,28 @@ def actor(step: str, key: str, n: int) -> Actor:
     return Actor(name=f"model.{step}@{key}#{n}", dag_id="model", run_id=key, task_id=step, try_number=n)
 
 
+def commit_task(
+    cfg: Config, store: CommitterStore, owner: str, key: str, a: Actor
+) -> tuple[Any, dict[str, Any]]:
+    """What the commit task runs (``operators/commit.py``): the core commit, then the source's step
+    after COMMITTED (Kafka: the consumer group's offsets), in the order of the core's
+    :func:`~airflow_provider_walsink.core.commit.aftercommit.commit_then_follow`, which the operator
+    calls too (the checker tests that order, it does not copy it). (summary, the source's entries)."""
+    follow = None
+    if cfg.kafka:
+        from airflow_provider_walsink.core.sources.kafka import KafkaOffsetSource
+
+        from . import kafka
+
+        source = KafkaOffsetSource(kafka.spec(cfg), kafka.client_config(cfg))
+
+        def follow() -> Any:
+            return source.after_commit(store, cfg.pipeline)
+
+    c = committer(cfg, store, owner)
+    return commit_then_follow(lambda: c.commit(cfg.pipeline, key, actor=a), follow)
+
+
 def committer(cfg: Config, store: CommitterStore, owner: str) -> CheckpointCommitter:
     layout = cfg.layout()
     return CheckpointCommitter(
@@ -241,6 +264,9 @@ def committer(cfg: Config, store: CommitterStore, owner: str) -> CheckpointCommi
         owner=owner,
         lease_ttl=LEASE_TTL,
         fencing=cfg.fencing,
+        # A staged file changed after its durability check (``tamper``) must be refused before
+        # anything is published: the commit re-reads the staged bytes (verify_checksums).
+        verify_checksums=True,
     )
 
 
@@ -268,12 +294,8 @@ def _child_commit(cfg: Config, key: str, n: int, point: str | None, stop: bool, 
             os.environ[faults.SIGNAL_ENV] = "STOP" if stop else "KILL"
         store = CommitterStore.from_url(cfg.db_url, migrate=False)
         a = actor("commit", key, n)
-        summary = committer(cfg, store, a.name).commit(cfg.pipeline, key, actor=a)
+        summary, _ = commit_task(cfg, store, a.name, key, a)  # Kafka: the group after (crash point before it)
         result = {"ok": True, "already": summary.already_committed, "attempt_id": summary.attempt_id}
-        if cfg.kafka:
-            from . import kafka
-
-            kafka.group_commit(cfg, store)  # the commit task's last step (crash point before it)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         result = {"ok": False, "error": type(exc).__name__, "text": traceback.format_exc()[-1500:]}
     Path(out).write_text(json.dumps(result))
@@ -330,7 +352,9 @@ class Attempt:
     start: int | None = None
     end: int | None = None
     durable: bool = False
-    poisoned: bool = False  # a staged file was swapped for a symlink: must never be published
+    poisoned: bool = False  # a staged file was swapped for a symlink or changed: must never be published
+    #: How a staged file was changed after the seal (``tamper``): truncate, extend, same_size.
+    tampered: set[str] = field(default_factory=set)
     #: Kafka mode: the start and end offsets per partition of the schedule's topic.
     kstart: dict[str, int] = field(default_factory=dict)
     kend: dict[str, int] = field(default_factory=dict)
@@ -494,14 +518,22 @@ class World:
             return wrote
         return f"{wrote}; {self.op_durable(key)}; {self.op_commit(key)}"
 
-    def op_durable(self, key: str) -> str:
+    def op_durable(self, key: str, verify: bool = True) -> str:
+        """The durability gate; ``verify=False``: sizes only (the sensor's default, no checksums)."""
         from airflow_provider_walsink.triggers.durable import evaluate_durability
 
         status = evaluate_durability(self.store, self.layout, self.cfg.pipeline, key,
-                                     actor=actor("durable", key, self._next()), verify_checksums=True)  # fmt: skip
+                                     actor=actor("durable", key, self._next()), verify_checksums=verify)  # fmt: skip
         rec = self.store.require(self.cfg.pipeline, key)
-        if status.durable and rec.sealed_attempt_id in self.model.attempts:
-            self.model.attempts[rec.sealed_attempt_id].durable = True
+        att = self.model.attempts.get(rec.sealed_attempt_id or "")
+        if status.durable and att is not None:
+            changed = att.tampered if verify else att.tampered - {"same_size"}
+            if changed and not rec.is_committed:
+                self.notes.append(
+                    f"{key}: attempt {att.attempt_id[:8]} verified durable (checksums {verify}) although a "
+                    f"staged file was changed after the seal ({', '.join(sorted(changed))})"
+                )
+            att.durable = True
         return f"durable={status.durable}: {status.message[:120]}"
 
     def _note_commit(self, result: dict[str, Any]) -> None:
@@ -511,7 +543,7 @@ class World:
     def _commit_here(self, key: str) -> dict[str, Any]:
         a = actor("commit", key, self._next())
         try:
-            s = committer(self.cfg, self.store, a.name).commit(self.cfg.pipeline, key, actor=a)
+            s, extra = commit_task(self.cfg, self.store, a.name, key, a)
         except WalsinkError as exc:
             return {"ok": False, "error": type(exc).__name__, "text": str(exc)[:200]}
         result = {"ok": True, "already": s.already_committed, "attempt_id": s.attempt_id}
@@ -519,7 +551,7 @@ class World:
         if self.cfg.kafka:
             from . import kafka
 
-            kafka.after_commit(self)
+            kafka.after_commit(self, extra.get("kafka_group_offsets"))
         return result
 
     def _commit_until_done(self, key: str) -> dict[str, Any]:
@@ -675,6 +707,45 @@ class World:
         try:
             if then == "abort":
                 meanwhile = self.op_abort(key)
+            elif then == "rerun":
+                # The next key commits (in a partition of its own), retention trims this row (COMMITTED
+                # by the paused committer; retention keeps the newest committed one), and the key is
+                # re-run up to its durability check: the paused clean-up must leave that attempt alone.
+                later = ""
+                for k in [k for k in KEYS if k > key][:1]:
+                    later = f"run {k}: {self.op_run(k, 1, [2])}; "
+                # The model sees what committed before retention trims it, and that retention trimmed
+                # it (only once the paused committer recorded COMMITTED: mid-publish, its partial
+                # publish is the step's to finish).
+                observe = self._committed(key)
+                if observe:
+                    self._observe()
+                trimmed = self.op_retention()
+                if observe:
+                    self._observe()
+                rerun = self.op_write(key, 1, [0, 1])
+                meanwhile = f"{later}retention: {trimmed}; re-run: {rerun}"
+                if not rerun.startswith("skipped"):
+                    meanwhile += "; " + self.op_durable(key)
+            elif then == "paused_commit":
+                # A second committer takes the lease over and stops at the same point; the first is
+                # resumed while the second is still mid-publish, then the second.
+                other, other_out = self._spawn(key, point, stop=True)
+                while other.is_alive() and _proc_state(other.pid) != "T":
+                    time.sleep(0.01)
+                if other.is_alive():
+                    self.counts["pauses.second"] += 1
+                    os.kill(proc.pid, signal.SIGCONT)
+                    proc.join(300)
+                    time.sleep(LEASE_TTL.total_seconds() * 0.2)
+                    try:
+                        os.kill(other.pid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass
+                other.join(300)
+                second = self._result(other_out)
+                self._note_commit(second)
+                meanwhile = f"second committer: {json.dumps(second)[:200]}"
             elif then == "reprocess":
                 meanwhile = self.op_reprocess(key, n=2)
                 if not meanwhile.startswith("skipped"):
@@ -692,7 +763,17 @@ class World:
             proc.join(300)
         resumed = self._result(out)
         self._note_commit(resumed)
-        return f"{first_write}meanwhile {then}: {meanwhile}; resumed: {json.dumps(resumed)[:300]}"
+        after = ""
+        if then == "rerun":
+            gone = self._sealed_there(key, self.store.get(self.cfg.pipeline, key))
+            rec = self.store.get(self.cfg.pipeline, key)
+            if gone and rec is not None and not rec.is_committed:
+                self.notes.append(
+                    f"{key}: the re-run's sealed attempt {(rec.sealed_attempt_id or '')[:8]} lost its staging while a "
+                    f"paused committer's clean-up resumed: {gone}"
+                )
+            after = "; then " + json.dumps(self._commit_until_done(key))
+        return f"{first_write}meanwhile {then}: {meanwhile}; resumed: {json.dumps(resumed)[:300]}{after}"
 
     def op_abort_race(self, key: str) -> str:
         """An abort racing a commit task of the same checkpoint (a real process, started together)."""
@@ -833,6 +914,179 @@ class World:
         self.counts["symlinks"] += 1
         return f"swapped {files[0].name}"
 
+    def _staged_files(self, key: str) -> tuple[Any, list[Path]]:
+        """The sealed, uncommitted attempt of ``key`` (written and sealed first if none) and its staged files."""
+        rec = self.store.get(self.cfg.pipeline, key)
+        if rec is None or not (rec.is_committed or rec.sealed_attempt is not None):
+            self.op_write(key, 2, [0, 1])
+        rec = self.store.require(self.cfg.pipeline, key)
+        if rec.sealed_attempt is None or rec.is_committed:
+            return rec, []
+        attempt_dir = self.layout.attempt_dir(
+            self.cfg.pipeline, key, rec.sealed_attempt, rec.sealed_attempt_id
+        )
+        return rec, sorted(attempt_dir.rglob("*.parquet")) if attempt_dir.exists() else []
+
+    def op_tamper(self, key: str, how: str = "truncate") -> str:
+        """Hostile: a staged file of the sealed attempt is changed after the seal: ``truncate``d,
+        ``extend``ed, or rewritten with the ``same_size`` (other bytes); or its ``manifest`` rewritten. A durability check after it
+        must refuse the attempt (sizes alone find the first two, checksums the third), and no commit
+        may publish it (the model's commits verify checksums)."""
+        if self.cfg.staging == "s3":
+            return "skipped: local staging only"
+        rec, files = self._staged_files(key)
+        if not files:
+            return "skipped: nothing staged"
+        if how == "manifest":
+            return self._tamper_manifest(key, rec)
+        target = files[-1]
+        published = self.cfg.kind in ("iceberg", "delta") and target in {
+            Path(f.removeprefix("file://")) for f in self.data_files()
+        }
+        if published:  # the table reads it in place already (see op_symlink): tampering with the table
+            return "skipped: the table already references it"
+        data = target.read_bytes()
+        if how == "truncate":
+            changed = data[: len(data) // 2]
+        elif how == "extend":
+            changed = data + b"\0" * 16
+        else:  # same size, other bytes: a byte of the data pages flipped
+            i = len(data) // 2
+            changed = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :]
+        target.write_bytes(changed)
+        att = self.model.attempts.get(rec.sealed_attempt_id or "")
+        if att is not None:
+            att.poisoned = True
+            att.tampered.add(how)
+        self.counts[f"tamper.{how}"] += 1
+        if rec.state.value in ("SEALED", "WRITING"):
+            # Before the durability gate: sizes alone must find a size change; checksums the rest.
+            return f"{how} {target.name}; {self.op_durable(key, verify=how == 'same_size')}"
+        return f"{how} {target.name} (attempt {rec.state.value})"
+
+    def _tamper_manifest(self, key: str, rec: Any) -> str:
+        """The sealed manifest rewritten in place with another (same committables, other partitions or
+        offsets): every reader must refuse it (its digest is not the recorded one), so the attempt is
+        never published."""
+        from airflow_provider_walsink.core.protocol.manifest import (
+            MANIFEST_NAME,
+            read_manifest,
+            write_manifest,
+        )
+
+        path = (
+            self.layout.attempt_dir(self.cfg.pipeline, key, rec.sealed_attempt, rec.sealed_attempt_id)
+            / MANIFEST_NAME
+        )
+        if not path.exists():
+            return "skipped: no manifest"
+        sealed = read_manifest(path)
+        # Counts and totals stay (they are recorded on the row too); what it would publish changes:
+        # overwrite replaces every partition of the schedule; append claims more source offsets.
+        if self.cfg.mode == "overwrite":
+            every = tuple(f"dt={p}" for p in PARTITIONS)
+            changed = replace(sealed, partitions=tuple(dict.fromkeys((*sealed.partitions, *every))))
+        elif sealed.end_offsets:
+            changed = replace(sealed, end_offsets={k: v + 5 for k, v in sealed.end_offsets.items()})
+        else:
+            changed = replace(sealed, job="tampered")
+        write_manifest(path, changed)
+        att = self.model.attempts.get(rec.sealed_attempt_id or "")
+        if att is not None:
+            att.poisoned = True
+            att.tampered.add("manifest")
+        self.counts["tamper.manifest"] += 1
+        if rec.state.value in ("SEALED", "WRITING"):
+            return f"manifest rewritten; {self.op_durable(key, verify=False)}"
+        return f"manifest rewritten (attempt {rec.state.value})"
+
+    def op_reseal(self, key: str) -> str:
+        """Hostile: a second seal of the sealed attempt with another manifest (a zombie or speculative
+        driver of the same attempt, one committable fewer) through the job's seal and the committer
+        table. Both must refuse it: the sealed manifest and the recorded digest stay."""
+        from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME
+        from airflow_provider_walsink.core.staging.resolve import as_store
+
+        rec, _ = self._staged_files(key)
+        if rec.sealed_attempt is None or rec.is_committed or rec.manifest_digest is None:
+            return "skipped: nothing sealed"
+        staging = as_store(self.layout)
+        location = staging.attempt(self.cfg.pipeline, key, rec.sealed_attempt, rec.sealed_attempt_id)
+        if staging.describe(location, MANIFEST_NAME) is None:
+            return "skipped: no manifest"
+        sealed = staging.read_manifest(location, expected_digest=rec.manifest_digest)
+        # The zombie's manifest: one committable fewer (or, with none, another job name).
+        other = replace(sealed, committables=sealed.committables[:-1], job="zombie")
+        told = []
+        for name, call in (
+            ("seal", lambda: staging.seal(location, other)),
+            ("record", lambda: self.store.seal_manifest(other, manifest_uri=rec.manifest_uri or "",
+                                                        manifest_digest="zombie-" + rec.manifest_digest,
+                                                        actor=actor("reseal", key, self._next()))),
+        ):  # fmt: skip
+            try:
+                call()
+                told.append(f"{name} accepted")
+            except (WalsinkError, OSError) as exc:
+                told.append(f"{name} refused ({type(exc).__name__})")
+        now = self.store.require(self.cfg.pipeline, key)
+        if now.manifest_digest != rec.manifest_digest or now.sealed_attempt_id != rec.sealed_attempt_id:
+            self.notes.append(
+                f"{key}: a second seal of attempt {rec.sealed_attempt_id} changed its recorded seal"
+            )
+        try:
+            staging.read_manifest(location, expected_digest=rec.manifest_digest)
+        except (WalsinkError, OSError) as exc:
+            self.notes.append(
+                f"{key}: after a second seal of attempt {(rec.sealed_attempt_id or '')[:8]} its sealed manifest "
+                f"no longer reads with the recorded digest: {type(exc).__name__}: {str(exc)[:160]}"
+            )
+        self.counts["reseals"] += 1
+        return "; ".join(told) or "skipped: manifest not rebuildable"
+
+    def op_compact_reprocess(self, key: str, n: int = 2) -> str:
+        """Composite: table maintenance rewrites the table's files, then a ``replace`` reprocess of
+        ``key`` is written, checked and committed (it must retract the old version once or refuse)."""
+        if self.cfg.kind not in ("iceberg", "delta"):
+            return "skipped: no compaction for this target"
+        if not self._committed(key):
+            return "skipped: not committed"
+        compacted = self.op_maintain("compact")
+        wrote = self.op_reprocess(key, n)
+        if wrote.startswith("skipped"):
+            return f"{compacted}; {wrote}"
+        return f"{compacted}; {wrote}; {self.op_durable(key)}; {self.op_commit(key)}"
+
+    def op_crash_rerun(self, key: str, point: str, n: int = 1) -> str:
+        """Composite: a commit SIGKILLed at ``point`` and not retried, a run of the next key, retention,
+        then a re-run of the key with other data (``n`` rows): a reconcile must record what the target holds."""
+        crashed = self.op_crash(key, point, retry=False)
+        # A later key commits first, so retention may trim this one's row (it keeps the newest committed).
+        later = [k for k in KEYS if k > key][:1]
+        then = "".join(f"; run {k}: {self.op_run(k, 1, [1])}" for k in later)
+        self._observe()
+        trimmed = self.op_retention()
+        self._observe()
+        return f"{crashed}{then}; retention: {trimmed}; re-run: {self.op_run(key, n, [0, 1])}"
+
+    def _observe(self) -> None:
+        """Check (and advance) the model in the middle of a composite step, as after a step: what
+        committed so far is then known to the model before retention trims its row."""
+        self.notes = self.check()
+
+    def _sealed_there(self, key: str, rec: Any) -> str | None:
+        """Why the sealed attempt of ``rec`` (uncommitted) is not in staging any more, or None."""
+        from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME
+
+        if self.cfg.staging == "s3" or rec is None or rec.sealed_attempt is None:
+            return None
+        attempt_dir = self.layout.attempt_dir(
+            self.cfg.pipeline, key, rec.sealed_attempt, rec.sealed_attempt_id
+        )
+        if not (attempt_dir / MANIFEST_NAME).exists():
+            return f"{attempt_dir.name}/{MANIFEST_NAME} is gone"
+        return None
+
     # ------------------------------------------------------------------ reading back
 
     def rows(self) -> list[tuple[str, str, int | None]]:
@@ -927,7 +1181,10 @@ class World:
             if aid in m.aborted:
                 problems.append(f"{key} is COMMITTED with attempt {aid[:8]}, which was ABORTED")
             if att.poisoned:
-                problems.append(f"{key} is COMMITTED with attempt {aid[:8]}, whose staged file is a symlink")
+                problems.append(
+                    f"{key} is COMMITTED with attempt {aid[:8]}, whose staged file is a symlink or was "
+                    "changed after the seal"
+                )
             if not att.durable:
                 problems.append(f"{key} is COMMITTED with attempt {aid[:8]}, never verified durable")
             chain = m.reprocessing.get(key, [])
@@ -969,6 +1226,16 @@ class World:
                     if (owner is None or att.version > 1 or owner == old
                             or key >= m.attempts[owner].key):  # fmt: skip
                         m.owners[p] = aid
+        for key in KEYS:
+            rec = present.get(key)
+            if rec is None or rec.state.value not in ("SEALED", "DURABLE"):
+                continue
+            att = m.attempts.get(rec.sealed_attempt_id or "")
+            gone = self._sealed_there(key, rec) if att is not None and not att.poisoned else None
+            if gone:
+                problems.append(
+                    f"{key} is {rec.state.value} with attempt {rec.sealed_attempt_id[:8]}, but {gone}"
+                )
         for key, aid in list(m.in_flight.items()):
             rec = present.get(key)
             if rec is None or rec.is_committed or rec.state.value == "ABORTED" or aid in m.aborted:

@@ -8,7 +8,8 @@ rest to GC and never turns a recorded commit into a failed task.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from airflow_provider_walsink.core.commit.refusals import BAD_INPUT
 from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME, Manifest
@@ -21,6 +22,24 @@ from airflow_provider_walsink.core.targets.base import Publisher
 
 log = logging.getLogger(__name__)
 S = CheckpointState
+T = TypeVar("T")
+
+
+def commit_then_follow(
+    commit: Callable[[], T], follow: Callable[[], Mapping[str, Any] | None] | None
+) -> tuple[T, dict[str, Any]]:
+    """The commit task's sequence after the lease is asked for: the core commit, then, only once it
+    returned (the checkpoint is COMMITTED, by this call or an earlier one), the source's step after
+    COMMITTED (``follow``: a consumer group's offsets follow the committer table, never lead it).
+
+    The one place this order is written: the commit operator and the model checker both call it,
+    so the checker tests the order the operator runs. Returns the commit's result and what
+    ``follow`` returned (summary entries; empty without a source). A commit that raises runs no
+    ``follow``.
+    """
+    done = commit()
+    extra = dict(follow() or {}) if follow is not None else {}
+    return done, extra
 
 
 def committed_fence(store: CommitterStore, manifest: Manifest) -> Callable[[], None]:

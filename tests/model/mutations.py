@@ -1,0 +1,353 @@
+"""The mutation check: does CI's model checker catch the bugs it claims to?
+
+``python -m tests.model.mutations [--list] [--only NAME[,NAME...]] [--tests PYTEST_ARGS] [--timeout S]``
+
+Each mutation below is one known bug, planted as an exact text replacement in
+one package file (the old text must be found exactly once: a refactor that
+removes it makes this script fail loudly, never pass silently). For each, the
+repository is copied to a temporary directory (the package, the tests and the
+project files; nothing of ``.git``, ``.venv`` or ``var``), the mutation is
+applied there, and CI's run of the checker (``tests/test_model_checker.py``,
+the whole file, as ``scripts/test.sh`` runs it) runs against the copy, which is
+first on ``PYTHONPATH``. It runs in two parts, stopping at the first failure
+(``-x``): the pinned schedules and the Kafka source's tests (``-k "found_schedule
+or kafka"``, a minute or two), then the rest of the file (the random schedules of
+every combination, minutes). A failure
+means the checker caught the bug; the time it took is printed.
+
+``--tests "tests/test_x.py -k y"``: for the mutations the checker missed, run
+that pytest selection too (is it caught by the rest of CI?), besides the
+mutation's own ``also`` selection (the test known to catch it). The score is the
+share the checker alone caught; the exit status is non-zero below
+:data:`REQUIRED` (80 %), or when a mutation no longer applies.
+
+``--baseline``: run the same selection on the unmutated copy first (it must pass:
+otherwise every mutation would look caught).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = "airflow_provider_walsink"
+CHECKER = "tests/test_model_checker.py"
+REQUIRED = 0.80
+#: The checker's tests run first (seconds each): the pinned schedules and the Kafka source's.
+FIRST = "found_schedule or kafka"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # under the package
+    old: str
+    new: str
+    what: str
+    #: The pytest selection of the rest of CI that catches it where the checker does not (run by
+    #: this script when the checker misses it, as ``--tests`` is).
+    also: str = ""
+
+
+M = Mutation
+MUTATIONS: list[Mutation] = [
+    # ---------------------------------------------------------------- the kinds of the issue
+    M(
+        "iceberg-append-reprocess-after-compaction",
+        "core/targets/iceberg.py",
+        'if self.mode == "append" or recorded is None:\n                    check_retractable(',
+        "if recorded is None:\n                    check_retractable(",
+        "an Iceberg append reprocess retracts the old version without checking its files are still "
+        "live (a compaction moved its rows): the old rows stay beside the new version",
+    ),
+    M(
+        "reconcile-records-the-retried-end-offsets",
+        "core/commit/tablefence.py",
+        "fields.update(start_offsets=_dump(other.start_offsets), end_offsets=_dump(other.end_offsets))",
+        "fields.update(start_offsets=_dump(other.start_offsets), end_offsets=_dump(manifest.end_offsets))",
+        "a reconcile (table fencing) records the end offsets of the manifest being retried, not those "
+        "of the attempt the table holds",
+    ),
+    M(
+        "cleanup-without-its-fence",
+        "core/commit/aftercommit.py",
+        "publisher.finish(manifest, staging, fence=committed_fence(store, manifest))",
+        "publisher.finish(manifest, staging, fence=lambda: None)",
+        "the post-commit clean-up runs without its fence (a paused clean-up deletes a re-run's "
+        "attempt after retention trimmed the row)",
+    ),
+    M(
+        "durability-ignores-sizes",
+        "core/staging/durability.py",
+        "        if st.st_size != c.size:\n",
+        "        if False:\n",
+        "the durability check ignores sizes (a truncated or extended staged file is durable)",
+    ),
+    M(
+        "second-seal-overwrites",
+        "core/staging/object_store.py",
+        "            if os.path.lexists(path):\n                return self._same_seal(location, digest)\n",
+        "",
+        "a second seal of the same attempt (zombie or speculative driver) overwrites the sealed manifest",
+    ),
+    M(
+        "group-offsets-before-the-commit",
+        "core/commit/aftercommit.py",
+        "    done = commit()\n    extra = dict(follow() or {}) if follow is not None else {}\n",
+        "    extra = dict(follow() or {}) if follow is not None else {}\n    done = commit()\n",
+        "the commit task sends the consumer group's offsets before the target commit",
+    ),
+    # ---------------------------------------------------------------- more of the protocol
+    M(
+        "lease-fence-never-asks",
+        "core/commit/lease.py",
+        "        if not force and started - self._confirmed < trusted:\n            return\n",
+        "        return\n",
+        "a lease-fenced publish never confirms its lease before a side effect (a zombie publishes)",
+    ),
+    M(
+        "mark-committed-ignores-the-epoch",
+        "core/store/leases.py",
+        'if row["state"] != S.COMMITTING.value or row["lease_epoch"] != lease.epoch:\n'
+        '                raise self._lease_lost(conn, lease, "mark COMMITTED")',
+        'if row["state"] != S.COMMITTING.value:\n'
+        '                raise self._lease_lost(conn, lease, "mark COMMITTED")',
+        "COMMITTED is recorded without the compare-and-set on the lease epoch",
+    ),
+    M(
+        "takeover-ignores-the-lease-expiry",
+        "core/store/leases.py",
+        '                if row["lease_expires_at"] is not None and row["lease_expires_at"] > now:\n',
+        "                if False:\n",
+        "a live lease is taken over (two committers of one checkpoint at once)",
+        also="tests/test_store.py -k test_lease_is_exclusive_until_it_expires_then_taken_over",
+    ),
+    M(
+        "manifest-digest-not-compared",
+        "core/protocol/manifest.py",
+        "    if expected_digest is not None and digest_of(data) != expected_digest:\n",
+        "    if False:\n",
+        "a manifest read does not compare its digest with the sealed one",
+    ),
+    M(
+        "checksum-not-compared",
+        "core/staging/durability.py",
+        "            actual = file_checksum(path, algorithm_of(c.checksum))\n            if actual != c.checksum:\n",
+        "            actual = file_checksum(path, algorithm_of(c.checksum))\n            if False:\n",
+        "the durability check (and the commit's verify_checksums) never compares checksums",
+    ),
+    M(
+        "append-order-not-checked",
+        "core/store/lifecycle.py",
+        "        if earlier is not None:\n            raise OrderingError(",
+        "        if False:\n            raise OrderingError(",
+        "an append checkpoint commits before an earlier uncommitted one (invariant 5)",
+        also="tests/test_store.py -k test_abort_unblocks_later_append_checkpoints_until_a_new_attempt_starts",
+    ),
+    M(
+        "gc-deletes-a-sealed-attempt",
+        "core/commit/gc.py",
+        "keep = {(record.attempt, record.attempt_id), (record.sealed_attempt, record.sealed_attempt_id)}",
+        "keep = {(record.attempt + 1, record.attempt_id)}",
+        "GC deletes the sealed attempt of an uncommitted checkpoint",
+    ),
+    M(
+        "commit-does-not-reverify-staged-bytes",
+        "core/commit/checksums.py",
+        "    if changed.durable:\n        return\n",
+        "    return\n",
+        "the commit's verify_checksums never refuses: bytes changed after the durability check are published",
+    ),
+    M(
+        "gc-collects-table-staging",
+        "core/commit/gc.py",
+        "            if keeps_staged:\n",
+        "            if False:\n",
+        "GC collects the staging of a table target, whose committed files the table references in place",
+    ),
+    M(
+        "iceberg-overwrite-order-not-checked",
+        "core/targets/iceberg.py",
+        "            self._check_order(table, manifest)\n            if footers is None:",
+        "            if footers is None:",
+        "an Iceberg overwrite lets an older checkpoint replace a newer one's partition (invariant 10)",
+    ),
+    M(
+        "delta-append-reprocess-after-compaction",
+        "core/targets/delta.py",
+        'if self.mode == "append" or recorded is None:\n                check_retractable(',
+        "if recorded is None:\n                check_retractable(",
+        "a Delta append reprocess retracts the old version without checking its files are still live",
+    ),
+    M(
+        "table-marker-ignored",
+        "core/targets/_tables.py",
+        "    if marker is not None and marker.attempt_id == manifest.attempt_id:\n        return True\n",
+        "",
+        "a table target does not see its own attempt in the table's marker: a retry publishes again",
+    ),
+    M(
+        "abort-tombstone-ignored",
+        "core/targets/_tables.py",
+        "    if manifest.attempt_id in aborted:\n        raise AbortedInTableError(",
+        "    if False:\n        raise AbortedInTableError(",
+        "a table target publishes an attempt its abort's tombstone names",
+    ),
+    M(
+        "files-overwrite-order-not-checked",
+        "core/targets/files.py",
+        '        """Invariant 10 (:func:`.base.check_partition_order`), on the partition\'s marker file."""\n',
+        '        """Invariant 10 (:func:`.base.check_partition_order`), on the partition\'s marker file."""\n'
+        "        return\n",
+        "a files overwrite lets an older checkpoint replace a newer one's partition (invariant 10)",
+    ),
+    M(
+        "abort-cleanup-unfenced",
+        "core/commit/abort.py",
+        "        if now.lease_epoch != self.epoch:\n            raise LeaseLostError(",
+        "        if False:\n            raise LeaseLostError(",
+        "an abort's clean-up goes on after the checkpoint moved on (a new run's attempt)",
+        also="tests/test_abort_fence.py",
+    ),
+]
+
+
+def apply(mutation: Mutation, root: Path) -> None:
+    """Plant ``mutation`` in the copy at ``root``; raises if its old text is not there exactly once."""
+    path = root / PACKAGE / mutation.path
+    text = path.read_text()
+    n = text.count(mutation.old)
+    if n != 1:
+        raise SystemExit(
+            f"mutation {mutation.name}: its old text is in {PACKAGE}/{mutation.path} {n} times, not once "
+            "(the code changed: update the mutation)"
+        )
+    path.write_text(text.replace(mutation.old, mutation.new))
+
+
+def copy_repo(dest: Path) -> None:
+    ignore = shutil.ignore_patterns(
+        ".git", ".venv", "var", "__pycache__", ".pytest_cache", ".ruff_cache", "*.pyc"
+    )
+    for item in ROOT.iterdir():
+        if item.name in (".git", ".venv", "var"):
+            continue
+        if item.is_dir():
+            shutil.copytree(item, dest / item.name, ignore=ignore, symlinks=True)
+        else:
+            shutil.copy2(item, dest / item.name)
+
+
+def pytest(root: Path, args: list[str], timeout: float, log: Path) -> tuple[bool, float, str]:
+    """Run pytest in the copy; (passed, seconds, the failing tests' ids or the reason)."""
+    env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", "-rf",
+           "--durations=0", *args]  # fmt: skip
+    started = time.monotonic()
+    with log.open("a") as out:
+        out.write(f"\n$ {shlex.join(cmd)}\n")
+        out.flush()
+        try:
+            done = subprocess.run(
+                cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            return False, time.monotonic() - started, f"timeout after {timeout:.0f}s"
+    seconds = time.monotonic() - started
+    if done.returncode == 0 or done.returncode == 5:  # 5: nothing selected
+        return True, seconds, ""
+    failed = [line.split(" ", 2)[1] for line in log.read_text().splitlines() if line.startswith("FAILED ")]
+    return False, seconds, (failed[-1] if failed else f"pytest exit {done.returncode}")
+
+
+def run_one(mutation: Mutation | None, args: argparse.Namespace, logs: Path) -> dict[str, object]:
+    name = mutation.name if mutation else "baseline"
+    log = logs / f"{name}.log"
+    log.write_text("")
+    with tempfile.TemporaryDirectory(prefix=f"mut-{name}-") as tmp:
+        root = Path(tmp)
+        copy_repo(root)
+        if mutation is not None:
+            apply(mutation, root)
+        seconds = 0.0
+        caught_by = ""
+        for part in (["-k", FIRST], ["-k", f"not ({FIRST})"]):
+            passed, took, why = pytest(root, [CHECKER, *part], args.timeout, log)
+            seconds += took
+            if not passed:
+                caught_by = why
+                break
+        other = ""
+        other_seconds = 0.0
+        selection = " ".join(x for x in (mutation.also if mutation else "", args.tests) if x)
+        if not caught_by and selection and mutation is not None:
+            passed, other_seconds, why = pytest(root, shlex.split(selection), args.timeout, log)
+            other = "" if passed else why
+    return {"name": name, "checker": bool(caught_by), "by": caught_by, "seconds": seconds,
+            "other": other, "other_seconds": other_seconds, "log": str(log)}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.model.mutations", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--list", action="store_true", help="list the mutations and check that each still applies")
+    p.add_argument("--only", default="", help="comma-separated mutation names")
+    p.add_argument("--tests", default="", help="a pytest selection run for each mutation the checker missed")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per pytest run")
+    p.add_argument("--baseline", action="store_true", help="first run the selection on the unmutated copy")
+    p.add_argument("--logs", default=None, help="directory for the pytest logs (default: a temporary one)")
+    args = p.parse_args(argv)
+    chosen = MUTATIONS
+    if args.only:
+        wanted = args.only.split(",")
+        unknown = set(wanted) - {m.name for m in MUTATIONS}
+        if unknown:
+            p.error(f"unknown mutation(s): {', '.join(sorted(unknown))}")
+        chosen = [m for m in MUTATIONS if m.name in wanted]
+    for m in chosen:  # every mutation must still apply, before anything runs
+        text = (ROOT / PACKAGE / m.path).read_text()
+        if text.count(m.old) != 1:
+            print(f"mutation {m.name}: old text found {text.count(m.old)} times in {m.path}", file=sys.stderr)
+            return 2
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:45s} {m.path:32s} {m.what}")
+        return 0
+    logs = Path(args.logs or tempfile.mkdtemp(prefix="walsink-mutations-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    print(f"logs: {logs}", flush=True)
+    if args.baseline:
+        base = run_one(None, args, logs)
+        print(f"baseline: {'FAILS' if base['checker'] else 'passes'} ({base['seconds']:.0f}s) {base['by']}")
+        if base["checker"]:
+            return 3
+    results = []
+    for m in chosen:
+        r = run_one(m, args, logs)
+        results.append(r)
+        verdict = "caught" if r["checker"] else ("caught by --tests" if r["other"] else "MISSED")
+        print(f"{m.name:45s} {verdict:18s} {r['seconds']:6.0f}s  {r['by'] or r['other']}", flush=True)
+    caught = sum(1 for r in results if r["checker"])
+    print()
+    print("| mutation | caught by the checker | seconds | by |\n|---|---|---|---|")
+    for r in results:
+        by = r["by"] or (
+            f"(not the checker) {r['other']} in {r['other_seconds']:.0f}s" if r["other"] else "-"
+        )
+        print(f"| {r['name']} | {'yes' if r['checker'] else 'no'} | {r['seconds']:.0f} | {by} |")
+    score = caught / len(results) if results else 1.0
+    print(f"\nchecker score: {caught}/{len(results)} = {score:.0%} (required {REQUIRED:.0%})")
+    return 0 if score >= REQUIRED else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
