@@ -113,3 +113,36 @@ def test_a_local_store_is_its_layout(sqlite_store, tmp_path):
         record.manifest_uri == (attempt_dir / "_manifest.json").as_uri() and record.manifest_digest == digest
     )
     assert evaluate_durability(sqlite_store, store.layout, "p", "k1", actor=ACTOR).durable
+
+
+@pytest.mark.parametrize("root", ["local", "s3"])
+def test_a_second_seal_of_the_attempt_with_other_bytes_is_refused_and_the_first_stands(
+    root, sqlite_store, tmp_path, request
+):
+    """A zombie or speculative driver sealing the same attempt again (other committables) is refused
+    on every staging root (the local one overwrote the manifest before); the sealed manifest and
+    its recorded digest are unchanged, and the checkpoint stays committable."""
+    from airflow_provider_walsink.core.staging.object_store import AlreadySealedError
+
+    staging = (
+        StagingStore.open(tmp_path / "staging") if root == "local" else request.getfixturevalue("s3_store")
+    )
+    sqlite_store.register("p", "k1", mode="append", actor=ACTOR)
+    writer = CheckpointWriter(sqlite_store, staging, "p", "k1", actor=ACTOR)
+    writer.begin()
+    location = staging.attempt("p", "k1", writer.attempt, writer.record.attempt_id)
+    for name, rows in (("a.parquet", ["a"]), ("b.parquet", ["b", "c"])):
+        with staging.filesystem.open_output_stream(staging.committable(location, name)) as out:
+            out.write(_parquet(rows))
+    writer.add_files(["a.parquet"], rows={"a.parquet": 1})
+    first, digest = writer.seal()
+
+    zombie = CheckpointWriter(sqlite_store, staging, "p", "k1", actor=ACTOR)
+    zombie.record, zombie.committables = writer.record, []
+    zombie.add_files(["b.parquet"], rows={"b.parquet": 2})
+    with pytest.raises(AlreadySealedError):
+        zombie.seal()
+    assert digest_of(staging.read_manifest_bytes(location)) == digest
+    assert staging.read_manifest(location, expected_digest=digest).attempt_id == first.attempt_id
+    record = sqlite_store.require("p", "k1")
+    assert record.manifest_digest == digest and record.state is S.SEALED

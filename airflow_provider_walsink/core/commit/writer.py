@@ -24,11 +24,9 @@ from typing import Any
 from airflow_provider_walsink.core.faults import crashpoint
 from airflow_provider_walsink.core.protocol.checksum import file_checksum
 from airflow_provider_walsink.core.protocol.manifest import (
-    MANIFEST_NAME,
     Committable,
     Manifest,
     build_manifest,
-    write_manifest,
 )
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import (
@@ -36,7 +34,7 @@ from airflow_provider_walsink.core.staging.object_store import (
     StagingStore,
     StagingStoreError,
 )
-from airflow_provider_walsink.core.staging.resolve import local_layout, object_store_of
+from airflow_provider_walsink.core.staging.resolve import as_store, local_layout, object_store_of
 from airflow_provider_walsink.core.store.store import Actor, CheckpointRecord, CommitterStore
 
 
@@ -187,14 +185,12 @@ class CheckpointWriter:
             end_offsets=end_offsets,
             job=job,
         )
-        if self.objects is not None:
-            location = self.location
-            digest = self.objects.seal(location, manifest)  # a conditional put: written once
-            manifest_uri = f"{location.uri}/{MANIFEST_NAME}"
-        else:
-            path = self.attempt_dir / MANIFEST_NAME
-            digest = write_manifest(path, manifest)
-            manifest_uri = path.as_uri()
+        # Through the staging store on every root: sealed once (a second seal of other bytes, by a
+        # zombie or speculative driver, is refused and leaves the sealed manifest as it was).
+        staging = as_store(self.objects or self.layout)
+        location = staging.attempt(self.pipeline, self.checkpoint_key, self.attempt, self.record.attempt_id)
+        digest = staging.seal(location, manifest)
+        manifest_uri = staging.manifest_uri(location)
         crashpoint("seal.after_manifest")
         self.record = self.store.seal_manifest(
             manifest, manifest_uri=manifest_uri, manifest_digest=digest, actor=self.actor
