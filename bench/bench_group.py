@@ -245,6 +245,24 @@ def table_commits(kind: str, spec: dict) -> int:
     return sum(1 for h in table.history() if "walsink.pipeline" in h)
 
 
+def fresh_committer(url: str) -> Any:
+    """The committer store on ``url``, its tables emptied (a fresh committer table per run)."""
+    from sqlalchemy import text
+
+    from airflow_provider_walsink.core.store import CommitterStore
+
+    store = CommitterStore.from_url(url)
+    with store.engine.begin() as conn:
+        for t in (
+            "walsink_transition",
+            "walsink_checkpoint_version",
+            "walsink_checkpoint",
+            "walsink_pipeline",
+        ):
+            conn.execute(text(f"DELETE FROM {t}"))  # noqa: S608 - our own table names
+    return store
+
+
 def table_spec(kind: str, name: str, props: dict, work: Path) -> dict:
     if kind == "iceberg":
         return {"identifier": f"ns.{name}_{uuid.uuid4().hex[:6]}", "props": props}
@@ -253,10 +271,8 @@ def table_spec(kind: str, name: str, props: dict, work: Path) -> dict:
 
 def together_main(kinds: list[str], counts: list[int], group: int, poll: float) -> None:
     """Issue 35's shape: K commit tasks released together, one per durable checkpoint."""
-    from sqlalchemy import text
 
     from airflow_provider_walsink.core.staging.layout import StagingLayout
-    from airflow_provider_walsink.core.store import CommitterStore
 
     work = Path(tempfile.mkdtemp(prefix="walsink-bench-together-"))
     url, drop = pg_database()
@@ -264,15 +280,7 @@ def together_main(kinds: list[str], counts: list[int], group: int, poll: float) 
     try:
         for kind in kinds:
             for k in counts:
-                store = CommitterStore.from_url(url)
-                with store.engine.begin() as conn:  # a fresh committer table per run
-                    for t in (
-                        "walsink_transition",
-                        "walsink_checkpoint_version",
-                        "walsink_checkpoint",
-                        "walsink_pipeline",
-                    ):
-                        conn.execute(text(f"DELETE FROM {t}"))  # noqa: S608 - our own table names
+                store = fresh_committer(url)
                 props = {"type": "sql", "uri": url, "warehouse": f"file://{work}/warehouse"}
 
                 together, serial = (table_spec(kind, name, props, work) for name in ("together", "serial"))
@@ -374,24 +382,13 @@ def main() -> None:
         )
         return
     from airflow_provider_walsink.core.staging.layout import StagingLayout
-    from airflow_provider_walsink.core.store import CommitterStore
 
     work = Path(tempfile.mkdtemp(prefix="walsink-bench-group-"))
     url, drop = pg_database()
     lines = []
     try:
         for kind in args.kinds.split(","):
-            store = CommitterStore.from_url(url)
-            with store.engine.begin() as conn:  # a fresh committer table per kind
-                from sqlalchemy import text
-
-                for t in (
-                    "walsink_transition",
-                    "walsink_checkpoint_version",
-                    "walsink_checkpoint",
-                    "walsink_pipeline",
-                ):
-                    conn.execute(text(f"DELETE FROM {t}"))  # noqa: S608 - our own table names
+            store = fresh_committer(url)
             props = {"type": "sql", "uri": url, "warehouse": f"file://{work}/warehouse"}
             spec = (
                 {"identifier": f"ns.group_{uuid.uuid4().hex[:6]}", "props": props}
