@@ -217,3 +217,29 @@ def local_table_spec(kind: str, tmp_path: Path) -> dict:
             },
         }
     return {"uri": str(tmp_path / f"events_{uuid.uuid4().hex[:6]}")}
+
+
+def staging_of(root: str, server: S3Server | None) -> Any:
+    """The staging a table target's own root is read and written through: its local layout, or
+    the moto bucket opened with the test keys."""
+    if server is None:
+        return StagingLayout(root)
+    from airflow_provider_walsink.core.staging.object_store import StagingStore
+
+    options = {
+        "endpoint_url": server.endpoint,
+        "access_key": ACCESS_KEY,
+        "secret_key": SECRET_KEY,
+        "region": REGION,
+    }
+    return StagingStore.open(root, options)
+
+
+def put_staged(staging: Any, where: Any, relative: str, data: bytes) -> None:
+    """Write a staged file: in the attempt's directory, or as the attempt's object."""
+    if isinstance(where, Path):
+        (where / relative).parent.mkdir(parents=True, exist_ok=True)
+        (where / relative).write_bytes(data)
+        return
+    with staging.filesystem.open_output_stream(staging.committable(where, relative)) as out:
+        out.write(data)

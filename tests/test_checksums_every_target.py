@@ -27,10 +27,17 @@ from airflow_provider_walsink.core.commit import CheckpointCommitter, Checkpoint
 from airflow_provider_walsink.core.protocol import CheckpointState as S
 from airflow_provider_walsink.core.protocol.errors import ChecksumMismatchError
 from airflow_provider_walsink.core.staging.layout import StagingLayout
-from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.triggers.durable import evaluate_durability
 from tests.helpers import ACTOR
-from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, local_table_spec, s3_server  # noqa: F401
+from tests.table_fixtures import (  # noqa: F401
+    ACCESS_KEY,
+    REGION,
+    SECRET_KEY,
+    local_table_spec,
+    put_staged,
+    s3_server,
+    staging_of,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -106,21 +113,10 @@ class Target:
                     create_table=True,
                 )
         root = self.publisher.staging_root()
-        if self.server is None:
-            self.staging = StagingLayout(root)
-        else:
-            options = {"endpoint_url": self.server.endpoint, "access_key": ACCESS_KEY,
-                       "secret_key": SECRET_KEY, "region": REGION}  # fmt: skip
-            self.staging = StagingStore.open(root, options)
+        self.staging = staging_of(root, self.server)
 
     def put(self, where: Any, relative: str, data: bytes) -> None:
-        """Write a staged file: in the attempt's directory, or as the attempt's object."""
-        if isinstance(where, Path):
-            (where / relative).parent.mkdir(parents=True, exist_ok=True)
-            (where / relative).write_bytes(data)
-            return
-        with self.staging.filesystem.open_output_stream(self.staging.committable(where, relative)) as out:
-            out.write(data)
+        put_staged(self.staging, where, relative, data)
 
     def rows(self) -> Counter:
         """What the target holds, as ``(id, name)``."""

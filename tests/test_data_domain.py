@@ -52,11 +52,18 @@ from airflow_provider_walsink.core.protocol.partitions import (
     partition_values,
 )
 from airflow_provider_walsink.core.staging.layout import StagingLayout
-from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.triggers.durable import evaluate_durability
 from tests import data_domain as D
 from tests.helpers import ACTOR
-from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, local_table_spec, s3_server  # noqa: F401
+from tests.table_fixtures import (  # noqa: F401
+    ACCESS_KEY,
+    REGION,
+    SECRET_KEY,
+    local_table_spec,
+    put_staged,
+    s3_server,
+    staging_of,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -187,20 +194,10 @@ class Target:
                 uri, mode, storage_options=options, partition_by=columns, create_table=True
             )
         root = self.publisher.staging_root()
-        if self.server is None:
-            self.staging = StagingLayout(root)
-        else:
-            options = {"endpoint_url": self.server.endpoint, "access_key": ACCESS_KEY,
-                       "secret_key": SECRET_KEY, "region": REGION}  # fmt: skip
-            self.staging = StagingStore.open(root, options)
+        self.staging = staging_of(root, self.server)
 
     def put(self, where: Any, relative: str, data: bytes) -> None:
-        if isinstance(where, Path):
-            (where / relative).parent.mkdir(parents=True, exist_ok=True)
-            (where / relative).write_bytes(data)
-            return
-        with self.staging.filesystem.open_output_stream(self.staging.committable(where, relative)) as out:
-            out.write(data)
+        put_staged(self.staging, where, relative, data)
 
     def rows(self) -> Counter:
         """What the target holds, as ``(id, k, t)``."""
