@@ -22,6 +22,7 @@ import io
 import multiprocessing
 import os
 import shutil
+import statistics
 import tempfile
 import time
 import traceback
@@ -269,8 +270,13 @@ def table_spec(kind: str, name: str, props: dict, work: Path) -> dict:
     return {"uri": str(work / f"{name}_{uuid.uuid4().hex[:6]}")}
 
 
-def together_main(kinds: list[str], counts: list[int], group: int, poll: float) -> None:
-    """Issue 35's shape: K commit tasks released together, one per durable checkpoint."""
+def together_main(kinds: list[str], counts: list[int], group: int, poll: float, repeats: int = 3) -> None:
+    """Issue 35's shape: K commit tasks released together, one per durable checkpoint.
+
+    Each case runs ``repeats`` times, each time into fresh tables and a fresh committer table,
+    the serial baseline first on even repeats and the released-together run first on odd ones
+    (as every benchmark here); the figures are medians, the ratio the median of the repeats'
+    ratios, with its range."""
 
     from airflow_provider_walsink.core.staging.layout import StagingLayout
 
@@ -280,39 +286,67 @@ def together_main(kinds: list[str], counts: list[int], group: int, poll: float) 
     try:
         for kind in kinds:
             for k in counts:
-                store = fresh_committer(url)
-                props = {"type": "sql", "uri": url, "warehouse": f"file://{work}/warehouse"}
-
-                together, serial = (table_spec(kind, name, props, work) for name in ("together", "serial"))
-                staging_t = make_publisher(kind, together).staging_root()
-                staging_s = make_publisher(kind, serial).staging_root()
-                keys = [key for key, _ in stage_all(store, StagingLayout(staging_t), k)]
-                stage_all(store, StagingLayout(staging_s), k, pipeline="serial")
-                load_before = os.getloadavg()[0]
-                base = serial_run(kind, serial, url, staging_s, keys, "serial")
-                wall, failures, _grouped, peak = walsink_run(
-                    kind, together, url, staging_t, keys, k, poll, group
+                walls, bases, ratios, peaks, fails, commits, once_all, loads = (
+                    [],
+                    [],
+                    [],
+                    [],
+                    0,
+                    set(),
+                    True,
+                    [],
                 )
-                load_after = os.getloadavg()[0]
-                states = Counter(store.require(PIPELINE, key).state.value for key in keys)
-                once = rows_once(kind, together, k) and rows_once(kind, serial, k)
+                committed = k
+                for r in range(repeats):
+                    store = fresh_committer(url)
+                    props = {"type": "sql", "uri": url, "warehouse": f"file://{work}/warehouse"}
+                    together, serial = (table_spec(kind, n, props, work) for n in ("together", "serial"))
+                    staging_t = make_publisher(kind, together).staging_root()
+                    staging_s = make_publisher(kind, serial).staging_root()
+                    keys = [key for key, _ in stage_all(store, StagingLayout(staging_t), k)]
+                    stage_all(store, StagingLayout(staging_s), k, pipeline="serial")
+                    loads.append(os.getloadavg()[0])
+
+                    def run_serial(kind=kind, serial=serial, staging_s=staging_s, keys=keys):
+                        return serial_run(kind, serial, url, staging_s, keys, "serial")
+
+                    def run_together(kind=kind, together=together, staging_t=staging_t, keys=keys, k=k):
+                        return walsink_run(kind, together, url, staging_t, keys, k, poll, group)
+
+                    if r % 2 == 0:
+                        base = run_serial()
+                        wall, failures, _grouped, peak = run_together()
+                    else:
+                        wall, failures, _grouped, peak = run_together()
+                        base = run_serial()
+                    states = Counter(store.require(PIPELINE, key).state.value for key in keys)
+                    committed = min(committed, states.get("COMMITTED", 0))
+                    once_all = once_all and rows_once(kind, together, k) and rows_once(kind, serial, k)
+                    walls.append(wall)
+                    bases.append(base)
+                    ratios.append(base / wall)
+                    peaks.append(peak)
+                    fails += len(failures)
+                    commits.add(table_commits(kind, together))
+                    for f in failures[:5]:
+                        print("  failure:", f)
+                    store.dispose()
+                wall, base = statistics.median(walls), statistics.median(bases)
                 lines.append(
-                    f"| {kind} | {k} | {k / wall:.1f}/s ({wall:.1f} s) | {k / base:.1f}/s ({base:.1f} s) | "
-                    f"{base / wall:.2f}x | {states.get('COMMITTED', 0)}/{k} | {len(failures)} | "
-                    f"{table_commits(kind, together)} | {'yes' if once else 'NO'} | {peak} | "
-                    f"{load_before:.1f} / {load_after:.1f} |"
+                    f"| {kind} | {k} | {k / wall:.1f}/s ({wall:.2f} s) | {k / base:.1f}/s ({base:.2f} s) | "
+                    f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
+                    f"{committed}/{k} | {fails} | {'/'.join(map(str, sorted(commits)))} | "
+                    f"{'yes' if once_all else 'NO'} | {max(peaks)} | {min(loads):.1f}-{max(loads):.1f} |"
                 )
                 print(lines[-1], flush=True)
-                for f in failures[:5]:
-                    print("  failure:", f)
-                store.dispose()
     finally:
         drop()
         shutil.rmtree(work, ignore_errors=True)
     print(
-        f"| target | K tasks | walsink, K tasks released together (group_commit={group}) | "
-        "walsink, the same checkpoints one after another | ratio | COMMITTED | failed tasks | "
-        "table commits | rows once | peak DB connections | load avg before / after |"
+        f"| target | K tasks | walsink, K tasks released together (group_commit={group}), median | "
+        f"walsink, the same checkpoints one after another, median | ratio, median of {repeats} (range) | "
+        "COMMITTED (worst repeat) | failed tasks (all repeats) | table commits | rows once | "
+        "peak DB connections | load avg at the repeats' starts |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(lines))
@@ -375,10 +409,15 @@ def main() -> None:
         "checkpoint, against walsink committing the same checkpoints one after another",
     )
     p.add_argument("--group", type=int, default=16, help="group_commit of the --together run")
+    p.add_argument("--repeats", type=int, default=3, help="repeats of each --together case (medians)")
     args = p.parse_args()
     if args.together:
         together_main(
-            args.kinds.split(","), [int(k) for k in args.together.split(",")], args.group, args.poll
+            args.kinds.split(","),
+            [int(k) for k in args.together.split(",")],
+            args.group,
+            args.poll,
+            args.repeats,
         )
         return
     from airflow_provider_walsink.core.staging.layout import StagingLayout
