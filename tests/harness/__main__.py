@@ -1,4 +1,7 @@
-"""``python -m tests.harness --seed S --schedules N [--db-url URL]``: a crash campaign from a shell."""
+"""``python -m tests.harness --seed S --schedules N [--db-url URL]``: a crash campaign from a shell.
+
+``--target iceberg|delta|sql [--sql-url URL]`` runs the table targets' campaign instead
+(``tests/harness/targets.py``; CI runs 4 schedules per target, a long run many more)."""
 
 from __future__ import annotations
 
@@ -31,9 +34,29 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="driver processes for the SQLite schedules, each with its own database (default 1)",
     )
+    parser.add_argument(
+        "--target",
+        choices=("iceberg", "delta", "sql"),
+        help="run the table targets' crash campaign against this target kind instead",
+    )
+    parser.add_argument("--sql-url", help="the SQL target's database (PostgreSQL or MySQL/MariaDB URL)")
     args = parser.parse_args(argv)
     if not args.verbose:
         logging.disable(logging.WARNING)  # the figures, not every commit's log line
+    if args.target:
+        from .targets import run_target_campaign
+
+        with tempfile.TemporaryDirectory(prefix="walsink-harness-") as tmp:
+            found = run_target_campaign(
+                args.target,
+                seed=args.seed,
+                schedules=args.schedules,
+                workdir=args.workdir or tmp,
+                db_url=args.db_url or f"sqlite:///{tmp}/committer.db",
+                sql_url=args.sql_url,
+            )
+        print(found.describe())
+        return 0 if found.violations == [] else 1
     with tempfile.TemporaryDirectory(prefix="walsink-harness-") as tmp:
         result = run_harness(
             seed=args.seed,
