@@ -1,7 +1,7 @@
 """End to end on a real Airflow stack: a parallel backfill of the overwrite example with the
-deferrable durability sensor, then the same backfill re-run with ``--reprocess-behavior
-completed``; the target holds every interval's rows exactly once and the committer table one
-COMMITTED checkpoint per interval.
+deferrable durability sensor, then two of its days re-run with ``--reprocess-behavior
+completed`` and ``replace``; the target holds every interval's rows exactly once and the
+committer table one COMMITTED checkpoint per interval.
 
 How the sensor is seen waiting, honestly: the backfill's runs hand the durability wait to
 the triggerer without the sensor's first check in the worker (run conf
@@ -16,10 +16,10 @@ and what each clear does to the target (``docs/backfill.md``, "Clearing tasks"):
   the stopped triggerer; one run of the backfill above): the re-run write starts attempt 2,
   which is sealed, verified and published; attempt 1 is never published, and the target
   holds the interval's rows once;
-* clearing tasks of a committed run changes nothing: the re-run backfill above and the
-  replace test below (the write task and its downstream: SKIPPED, the target byte-identical;
-  a cleared commit task: already committed), tests/test_e2e_downstream.py (the commit task:
-  no state change, no second asset event) and tests/test_e2e_table_targets.py.
+* clearing tasks of a committed run changes nothing: the replace test below (a cleared
+  commit task: already committed), tests/test_e2e_quickstart.py (a re-run: the write task
+  and its downstream SKIPPED, the target byte-identical), tests/test_e2e_downstream.py (the
+  commit task: no state change, no second asset event) and tests/test_e2e_table_targets.py.
 """
 
 from __future__ import annotations
@@ -108,12 +108,14 @@ def _check_target_against_source(target: Path, days: list[date]) -> int:
     return total
 
 
-def test_parallel_backfill_with_deferrable_sensor_a_write_cleared_before_commit_then_rerun(airflow_stack):
+def test_parallel_backfill_with_deferrable_sensor_a_write_cleared_before_commit(airflow_stack):
     """The backfill's sensors wait deferred; one run's write task is cleared meanwhile (attempt 2
-    is the one published, attempt 1 never); every interval commits once, its staging cleaned; the
-    re-run skips and changes nothing. (With the SQLite committer, the checks of the example's
-    former dag.test() run, merged here: rows against the source, the staging cleaned, one WRITING
-    and one COMMITTED per interval, the re-run recorded as one "write skipped" event.)"""
+    is the one published, attempt 1 never); every interval commits once, its staging cleaned.
+    (With the SQLite committer, the checks of the example's former dag.test() run, merged here:
+    rows against the source, the staging cleaned, one WRITING and one COMMITTED per interval.)
+    A re-run of committed intervals with the default policy (the write task skips, nothing
+    changes, one "write skipped" event) is proven through the scheduler by
+    tests/test_e2e_quickstart.py; the ``replace`` re-run of these days is the next test."""
     stack = airflow_stack
     examples = stack.home / "walsink" / "examples"
     target = examples / "target" / PIPELINE
@@ -206,54 +208,6 @@ def test_parallel_backfill_with_deferrable_sensor_a_write_cleared_before_commit_
             if day != cleared_day:  # (the cleared one wrote twice: its SEALED attempts [1, 2] above)
                 assert changes.count("WRITING") == 1, (key, changes)
         assert rows == sum(c.rows for c in checkpoints)
-        before = _snapshot(target)
-        committed_before = {c.checkpoint_key: (c.sealed_attempt, c.committed_at) for c in checkpoints}
-        history_before = {
-            c.checkpoint_key: len(store.history(PIPELINE, c.checkpoint_key)) for c in checkpoints
-        }
-
-        # The same backfill again, re-running completed intervals: policy "skip committed".
-        rerun = stack.backfill(
-            DAG_ID,
-            DAYS[0].isoformat(),
-            DAYS[-1].isoformat(),
-            reprocess_behavior="completed",
-            max_active_runs=3,
-        )
-        assert rerun != backfill
-        reruns = stack.wait_for_backfill(rerun, timeout=900)
-        assert sorted(_run_day(r) for r in reruns) == DAYS
-        assert {r["state"] for r in reruns} == {"success"}
-        for run in reruns:
-            tis = _tasks_by_operator(stack, run["dag_run_id"])
-            # The re-run shows in Airflow, loudly: the write task ran a second time and ended
-            # SKIPPED (policy "skip"), and the durability and commit tasks were skipped with it.
-            # (The write task of the run cleared above had run twice before.)
-            earlier_tries = 2 if run["dag_run_id"] == cleared_id else 1
-            assert tis[WRITE_OP]["try_number"] == earlier_tries + 1, run["dag_run_id"]
-            assert {op: ti["state"] for op, ti in tis.items()} == {
-                WRITE_OP: "skipped",
-                DURABLE_OP: "skipped",
-                COMMIT_OP: "skipped",
-            }, run["dag_run_id"]
-            result = stack.xcom(DAG_ID, run["dag_run_id"], tis[WRITE_OP]["task_id"], key="reprocess")
-            assert result["skipped_committed"] is True and result["state"] == "COMMITTED"
-            assert result["decision"] == "skip"
-
-        # Nothing changed: same files byte for byte, same checkpoints, no state change
-        # (a re-run of a COMMITTED checkpoint is a no-op, invariant 4); the re-run is
-        # recorded in each checkpoint's history as one event from the skipped write.
-        assert _snapshot(target) == before
-        checkpoints = store.checkpoints(PIPELINE, descending=False)
-        assert {c.checkpoint_key: (c.sealed_attempt, c.committed_at) for c in checkpoints} == committed_before
-        assert {c.state.value for c in checkpoints} == {"COMMITTED"}
-        rerun_ids = {r["dag_run_id"] for r in reruns}
-        rerun_keys = {_key(d) for d in DAYS}  # other tests' runs on the shared stack were not re-run
-        for c in (c for c in checkpoints if c.checkpoint_key in rerun_keys):
-            events = store.history(PIPELINE, c.checkpoint_key)[history_before[c.checkpoint_key] :]
-            assert [(e.from_state, e.to_state) for e in events] == [("COMMITTED", "COMMITTED")]
-            assert events[0].run_id in rerun_ids and "write skipped" in events[0].detail
-        assert _check_target_against_source(target, days) == rows
     finally:
         store.dispose()
 
