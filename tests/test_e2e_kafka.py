@@ -4,9 +4,9 @@ producer keeps appending (issue 28, Must show).
 
 The cluster runs in a child process of this test (``tests/kafka_mock.py``) on loopback; the
 stack's tasks reach it through an Airflow connection ``kafka_default`` of the official
-``kafka`` type. Three intervals run one after another: two while a producer thread appends to
-the topic (the boundary between them crossed under appends), then the producer stops and the
-last one drains the topic. Then the Delta table
+``kafka`` type. Two intervals run one after another: the first while a producer thread appends
+to the topic (its end, the second's start, planned under appends), then the producer stops and
+the second one drains the topic. Then the Delta table
 (read with deltalake) holds every produced record exactly once, each checkpoint started where
 the previous one ended, and the group's committed offsets (read with a plain consumer) equal
 the last committed checkpoint's end offsets.
@@ -83,7 +83,7 @@ def test_kafka_example_through_the_scheduler_while_a_producer_appends(airflow_st
     producer.start()
     run_ids = []
     try:
-        for hour in (1, 2):
+        for hour in (1,):
             run_id = stack.trigger(DAG_ID, f"2026-03-01T{hour:02d}:00:00Z")
             run = stack.wait_for_runs(DAG_ID, [run_id], timeout=900)[run_id]
             assert run["state"] == "success", stack.task_states(DAG_ID, run_id)
@@ -92,7 +92,7 @@ def test_kafka_example_through_the_scheduler_while_a_producer_appends(airflow_st
         producer.stopped.set()
         producer.join()
     # The last interval drains what the producer appended meanwhile.
-    run_id = stack.trigger(DAG_ID, "2026-03-01T03:00:00Z")
+    run_id = stack.trigger(DAG_ID, "2026-03-01T02:00:00Z")
     run = stack.wait_for_runs(DAG_ID, [run_id], timeout=900)[run_id]
     assert run["state"] == "success", stack.task_states(DAG_ID, run_id)
     stack.pause(DAG_ID)
@@ -100,7 +100,7 @@ def test_kafka_example_through_the_scheduler_while_a_producer_appends(airflow_st
     store = CommitterStore.from_url(f"sqlite:///{stack.home}/walsink/committer.db", migrate=False)
     try:
         checkpoints = sorted(store.checkpoints(PIPELINE), key=lambda c: c.sequence)
-        assert [c.state.value for c in checkpoints] == ["COMMITTED"] * 3
+        assert [c.state.value for c in checkpoints] == ["COMMITTED"] * 2
         for earlier, later in zip(checkpoints, checkpoints[1:], strict=False):
             assert later.start_offsets == earlier.end_offsets  # contiguous: nothing skipped, nothing twice
         last = checkpoints[-1].end_offsets
