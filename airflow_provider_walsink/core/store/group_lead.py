@@ -17,9 +17,10 @@ out (paused, killed) can cost time but never a duplicate or a loss.
 
 Waiting costs no polling where the database can signal: on PostgreSQL and
 MySQL/MariaDB the leader also holds a session-level advisory lock named after
-the pipeline (``pg_advisory_lock`` / ``GET_LOCK``) while it leads, and a waiting
-task blocks on that lock (:meth:`GroupLeads.wait_for_group_end`), woken the moment
-the lead ends, or the leader's connection dies. The lock is only a wake-up
+the pipeline (``pg_try_advisory_lock`` / ``GET_LOCK``) while it leads, and a waiting
+task blocks on that lock (:meth:`GroupLeads.wait_for_group_end`; on PostgreSQL in
+shared mode, so all waiters wake together), woken the moment the lead ends, or the
+leader's connection dies. The lock is only a wake-up
 signal: a wait that times out (or a leader that could not take it) just looks
 again. SQLite has no such lock: waiting tasks look every ``poll``.
 """
@@ -168,17 +169,15 @@ class GroupLeads(CheckpointTransitions):
                         text("SELECT set_config('lock_timeout', :ms, true)"),
                         {"ms": str(max(1, int(timeout * 1000)))},
                     )
+                    # Shared and transaction-scoped: every waiter is granted it at once when the
+                    # leader lets its exclusive lock go (not one after another), and the commit
+                    # below gives it back, so no session in the pool keeps it.
                     try:
-                        conn.execute(text("SELECT pg_advisory_lock(:space, :key)"), params)
+                        conn.execute(text("SELECT pg_advisory_xact_lock_shared(:space, :key)"), params)
                     except DBAPIError:  # lock_timeout: the lead is still held
                         conn.rollback()
                         return False
-                    try:
-                        conn.execute(text("SELECT pg_advisory_unlock(:space, :key)"), params)
-                        conn.commit()
-                    except DBAPIError:
-                        conn.invalidate()  # never pool a session that may still hold the lock
-                        raise
+                    conn.commit()
                     return True
                 name = _mysql_name(pipeline)
                 got = conn.execute(
