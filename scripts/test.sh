@@ -7,7 +7,10 @@ bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/lint-imports --no-cache  # the core never imports Airflow; no import circle (setup.cfg)
 set +e
-.venv/bin/python -m pytest "$@"
+# Two workers (pytest-xdist): every test that uses the running stack (Airflow components, the
+# Spark cluster) on one of them (tests/conftest.py: the "stack" group), the rest spread over both;
+# most of an end-to-end test is waiting on the scheduler, so the other core runs the rest meanwhile.
+.venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
 status=$?
 set -e
 exit $status

@@ -26,13 +26,18 @@ REPO = Path(__file__).resolve().parent.parent
 # This module may be imported twice in one session (as ``conftest`` by pytest and
 # as ``tests.conftest`` by a test): the session's paths must not change on the
 # second import, or Airflow would be pointed at a second, unmigrated home.
-_SESSION_ENV = "WALSINK_TEST_SESSION_TMP"
+# Under pytest-xdist each worker is a session of its own (its own Airflow home, databases and
+# Spark session): the variables are keyed by the worker, since workers inherit the controller's
+# environment.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_SESSION_ENV = f"WALSINK_TEST_SESSION_TMP{_WORKER}"
 _CREATED_HERE = _SESSION_ENV not in os.environ
 if _CREATED_HERE:
-    os.environ[_SESSION_ENV] = tempfile.mkdtemp(prefix="walsink-tests-")
-    os.environ["WALSINK_TEST_SESSION_ID"] = uuid.uuid4().hex[:8]
+    os.environ[_SESSION_ENV] = tempfile.mkdtemp(prefix=f"walsink-tests-{_WORKER}")
+    os.environ[f"WALSINK_TEST_SESSION_ID{_WORKER}"] = uuid.uuid4().hex[:8]
 SESSION_TMP = Path(os.environ[_SESSION_ENV])
-SESSION_ID = os.environ["WALSINK_TEST_SESSION_ID"]
+SESSION_ID = os.environ[f"WALSINK_TEST_SESSION_ID{_WORKER}"]
+os.environ["WALSINK_TEST_SESSION_ID"] = SESSION_ID  # read by test modules and child processes
 
 # Airflow reads its configuration at import: point it at a private home first.
 AIRFLOW_HOME = SESSION_TMP / "airflow-home"
@@ -300,6 +305,19 @@ def spark():
     # exit, after pytest has closed the stream its handler writes to.
     for name in ("py4j", "py4j.clientserver"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+#: Fixtures that start the session's one running stack (Airflow components, the Spark cluster):
+#: under ``pytest -n 2 --dist loadgroup`` every test that uses one runs on the same worker, so
+#: the stack starts once while the other worker takes the rest of the suite.
+STACK_FIXTURES = {"airflow_stack", "spark_cluster"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups from the markers
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if STACK_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("e2e"):
+            item.add_marker(pytest.mark.xdist_group("stack"))
 
 
 def pytest_sessionfinish(session, exitstatus):
