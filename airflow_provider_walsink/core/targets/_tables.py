@@ -135,12 +135,9 @@ class AbortedInTableError(FencedError):
     """The table carries an abort's tombstone for this attempt: it is never published."""
 
 
-#: How a publish is fenced: by the committer table's lease (``"lease"``, the default)
-#: or by the table's own commit alone (``"table"``, ``core/commit/tablefence.py``).
-
-
 def table_fenced(ctx: PublisherContext) -> bool:
-    """The publish runs without a lease: the table's commit is the only fence."""
+    """The publish runs without a lease (``ctx.fencing == "table"``, ``core/commit/tablefence.py``):
+    the table's commit is the only fence."""
     return getattr(ctx, "fencing", "lease") == "table"
 
 
