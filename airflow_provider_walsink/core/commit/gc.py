@@ -428,17 +428,13 @@ def _remove_attempts(
     candidates = []
     kept = 0
     for attempt, attempt_id, path in attempts:
+        item = f"{pipeline}/{key}/{entry_name(path)}"
         if not wanted(attempt, attempt_id):
-            _keep(report, f"{pipeline}/{key}/{entry_name(path)}", unwanted)
+            _keep(report, item, unwanted)
             kept += 1
             continue
         if cutoff_ts is not None and not root.old(path, cutoff_ts):
-            _keep(
-                report,
-                f"{pipeline}/{key}/{entry_name(path)}",
-                f"changed {root.age(path)} ago, {kept_for}",
-                recent=True,
-            )
+            _keep(report, item, f"changed {root.age(path)} ago, {kept_for}", recent=True)
             kept += 1
             continue
         candidates.append((attempt, attempt_id, path))
