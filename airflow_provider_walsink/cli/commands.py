@@ -29,6 +29,7 @@ import io
 import json
 import logging
 import os
+import shlex
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
@@ -172,8 +173,10 @@ def _check_sqlite_path(target: Target, *, create: bool) -> None:
         os.makedirs(parent, exist_ok=True)
 
 
-def open_store(target: Target, *, create: bool = False) -> Any:
-    """A ``CommitterStore`` on ``target``; for reads (``create=False``) the schema must exist."""
+@contextlib.contextmanager
+def open_store(target: Target, *, create: bool = False) -> Iterator[Any]:
+    """A ``CommitterStore`` on ``target``, disposed of on exit; for reads (``create=False``) the
+    schema must exist."""
     from sqlalchemy import inspect
 
     from airflow_provider_walsink.core.store.models import checkpoint_table
@@ -181,16 +184,18 @@ def open_store(target: Target, *, create: bool = False) -> Any:
 
     _check_sqlite_path(target, create=create)
     store = CommitterStore.from_url(target.url, migrate=False)
-    if not create:
-        with store.engine.connect() as conn:
-            present = inspect(conn).has_table(checkpoint_table.name)
-        if not present:
-            store.dispose()
-            raise CliError(
-                f"no walsink committer schema in {target.display} (from {target.source}); "
-                "create it with `walsink db upgrade`"
-            )
-    return store
+    try:
+        if not create:
+            with store.engine.connect() as conn:
+                present = inspect(conn).has_table(checkpoint_table.name)
+            if not present:
+                raise CliError(
+                    f"no walsink committer schema in {target.display} (from {target.source}); "
+                    "create it with `walsink db upgrade`"
+                )
+        yield store
+    finally:
+        store.dispose()
 
 
 def _known_pipelines(store: Any, wanted: Sequence[str] | None) -> None:
@@ -269,6 +274,14 @@ def _first_line(text: str | None, width: int = 80) -> str:
     return (text or "").strip().splitlines()[0][:width] if text and text.strip() else ""
 
 
+def _table(out: IO[str], header: Sequence[str], rows: Sequence[Sequence[str]], noun: str) -> None:
+    """``rows`` under ``header`` in left-aligned columns, then ``<n> <noun>s``."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for row in (header, *rows):
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(), file=out)
+    print(f"{len(rows)} {noun}{'s' if len(rows) != 1 else ''}", file=out)
+
+
 def _json_default(value: Any) -> Any:
     # A datetime that reached the output unformatted still says its zone (stored naive UTC).
     if isinstance(value, datetime):
@@ -304,8 +317,7 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
     from airflow_provider_walsink.core.protocol.states import CheckpointState
 
     target = resolve(args)
-    store = open_store(target)
-    try:
+    with open_store(target) as store:
         _known_pipelines(store, [args.pipeline] if args.pipeline else None)
         if args.pipeline:
             rows, more = [store.get_pipeline(args.pipeline)], False
@@ -317,7 +329,9 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
         limit = args.limit or (STATUS_LIMIT_ONE if args.pipeline else STATUS_LIMIT_ALL)
         summaries = store.pipeline_summaries([r["name"] for r in rows])
         pipelines = [{**r, "counts": summaries[r["name"]]["counts"]} for r in rows]
-        waits = _waits(store, [p["name"] for p in pipelines])
+        # Per pipeline its mode and earliest open checkpoint: what blocks a later ``append`` one
+        # (two statements for all of them).
+        waits = store.wait_heads([p["name"] for p in pipelines])
         # The newest ``limit`` of every pipeline shown, oldest first, read for the page at once.
         newest = {
             name: list(reversed(records))
@@ -325,7 +339,7 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
         }
         hint = (
             f"... more pipelines after {rows[-1]['name']!r}, not shown (--pipelines {args.pipelines}): "
-            f"walsink status --after {_shell_word(rows[-1]['name'])} for the next page, "
+            f"walsink status --after {shlex.quote(rows[-1]['name'])} for the next page, "
             "or --pipeline NAME for one"
             if more
             else None
@@ -376,20 +390,6 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
         if hint:
             print(hint, file=out)
         return 0
-    finally:
-        store.dispose()
-
-
-def _shell_word(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
-
-
-def _waits(store: Any, pipelines: Sequence[str]) -> dict[str, tuple[str | None, Any]]:
-    """Per pipeline its mode and earliest open checkpoint: what blocks a later ``append`` one
-    (two statements for all of them)."""
-    return store.wait_heads(list(pipelines))
 
 
 def _waiting(c: Any, waits: dict[str, tuple[str | None, Any]] | None) -> dict[str, Any] | None:
@@ -448,8 +448,7 @@ def cmd_checkpoints(args: argparse.Namespace, out: IO[str]) -> int:
     ]
     older_than = _duration(args.older_than, "--older-than")
     target = resolve(args)
-    store = open_store(target)
-    try:
+    with open_store(target) as store:
         _known_pipelines(store, args.pipeline)
         if args.pipeline:
             names = args.pipeline
@@ -467,9 +466,7 @@ def cmd_checkpoints(args: argparse.Namespace, out: IO[str]) -> int:
             for c in store.checkpoints(name, states=states, limit=args.limit, descending=False):
                 if older_than is None or now - c.updated_at >= older_than:
                     found.append(c)
-        waits = _waits(store, {c.pipeline for c in found})
-    finally:
-        store.dispose()
+        waits = store.wait_heads(list({c.pipeline for c in found}))
     # Sequence order, as the checkpoints commit (append) and as the UI lists them: the first
     # one stuck is the one blocking the rest. Ordering by time put a retried earlier
     # checkpoint after the later ones it blocks.
@@ -509,22 +506,8 @@ def cmd_checkpoints(args: argparse.Namespace, out: IO[str]) -> int:
         )
         for c in found
     ]
-    header = (
-        "pipeline",
-        "seq",
-        "checkpoint",
-        "state",
-        "att",
-        "in state since",
-        "for",
-        "dag / run",
-        "lease",
-        "error",
-    )
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    for row in (header, *rows):
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(), file=out)
-    print(f"{len(found)} checkpoint{'s' if len(found) != 1 else ''}", file=out)
+    header = ("pipeline", "seq", "checkpoint", "state", "att", "in state since", "for", "dag / run", "lease")
+    _table(out, (*header, "error"), rows, "checkpoint")
     return 0
 
 
@@ -550,11 +533,14 @@ def _who(t: Any) -> str:
     return t.actor or "-"
 
 
+#: A transition's fields in ``history --json``, after its time.
+_TRANSITION_FIELDS = "from_state to_state attempt actor dag_id run_id task_id try_number detail".split()
+
+
 def cmd_history(args: argparse.Namespace, out: IO[str]) -> int:
     """One checkpoint's transitions, oldest first, as the UI's checkpoint page and the API show them."""
     target = resolve(args)
-    store = open_store(target)
-    try:
+    with open_store(target) as store:
         _known_pipelines(store, [args.pipeline])
         record = store.get(args.pipeline, args.checkpoint)
         if record is None:
@@ -563,8 +549,6 @@ def cmd_history(args: argparse.Namespace, out: IO[str]) -> int:
                 f"(see `walsink checkpoints --pipeline {args.pipeline}`)"
             )
         history = store.history(args.pipeline, args.checkpoint)
-    finally:
-        store.dispose()
     if args.json:
         _dump(
             out,
@@ -572,18 +556,7 @@ def cmd_history(args: argparse.Namespace, out: IO[str]) -> int:
                 "database": target.display,
                 "checkpoint": _record_dict(record),
                 "transitions": [
-                    {
-                        "at": _iso(t.at),
-                        "from_state": t.from_state,
-                        "to_state": t.to_state,
-                        "attempt": t.attempt,
-                        "actor": t.actor,
-                        "dag_id": t.dag_id,
-                        "run_id": t.run_id,
-                        "task_id": t.task_id,
-                        "try_number": t.try_number,
-                        "detail": t.detail,
-                    }
+                    {"at": _iso(t.at), **{name: getattr(t, name) for name in _TRANSITION_FIELDS}}
                     for t in history
                 ],
             },
@@ -611,21 +584,14 @@ def cmd_history(args: argparse.Namespace, out: IO[str]) -> int:
         )
         for t in history
     ]
-    header = ("at", "from", "to", "att", "by (dag / run / task / try)", "detail")
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    for row in (header, *rows):
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(), file=out)
-    print(f"{len(rows)} transition{'s' if len(rows) != 1 else ''}", file=out)
+    _table(out, ("at", "from", "to", "att", "by (dag / run / task / try)", "detail"), rows, "transition")
     return 0
 
 
 def cmd_db_upgrade(args: argparse.Namespace, out: IO[str]) -> int:
     target = resolve(args)
-    store = open_store(target, create=True)
-    try:
+    with open_store(target, create=True) as store:
         store.migrate()
-    finally:
-        store.dispose()
     if args.json:
         _dump(out, {"database": target.display, "source": target.source, "schema": "head"})
     else:
@@ -656,9 +622,8 @@ def cmd_abort(args: argparse.Namespace, out: IO[str]) -> int:
     staging_root = args.staging_root or target.staging_root or default_staging_root()
     user = _os_user(getpass)
     actor = Actor(name=f"{user}@{socket.gethostname()} (walsink abort)")
-    store = open_store(target)
     refused: str | None = None
-    try:
+    with open_store(target) as store:
         _known_pipelines(store, [args.pipeline])
         record = store.get(args.pipeline, args.checkpoint)
         if record is None:
@@ -678,8 +643,6 @@ def cmd_abort(args: argparse.Namespace, out: IO[str]) -> int:
         except AbortRefusedError as exc:
             refused = str(exc)
         pipeline_row = store.get_pipeline(args.pipeline) or {}
-    finally:
-        store.dispose()
     extra = audit_extra(
         pipeline=args.pipeline,
         checkpoint_key=args.checkpoint,
@@ -733,12 +696,9 @@ def _audit(dag_id: str | None, run_id: str | None, user: str, extra: str) -> str
 def cmd_reassign(args: argparse.Namespace, out: IO[str]) -> int:
     """Hand a pipeline over to another DAG (the owner was renamed): the old DAG id is refused after."""
     target = resolve(args)
-    store = open_store(target)
-    try:
+    with open_store(target) as store:
         _known_pipelines(store, [args.pipeline])
         previous = store.reassign_pipeline(args.pipeline, args.dag)
-    finally:
-        store.dispose()
     if args.json:
         _dump(out, {"pipeline": args.pipeline, "dag_id": args.dag, "previous_dag_id": previous})
     else:
@@ -778,8 +738,7 @@ def cmd_reassign_group(args: argparse.Namespace, out: IO[str]) -> int:
     if args.pipeline:
         validate_identifier(args.pipeline, "pipeline id")
     target = resolve(args)
-    store = open_store(target)
-    try:
+    with open_store(target) as store:
         groups = store.consumer_groups(args.group)
         if args.list:
             rows = [{**g, "claimed_at": _iso(g["claimed_at"])} for g in groups]
@@ -795,8 +754,6 @@ def cmd_reassign_group(args: argparse.Namespace, out: IO[str]) -> int:
         found = _group_cluster(groups, args.group, args.cluster)
         previous = store.reassign_consumer_group(found["cluster"], args.group, args.pipeline)
         registered = store.get_pipeline(args.pipeline) is not None
-    finally:
-        store.dispose()
     if args.json:
         _dump(out, {"group_id": args.group, "cluster": found["cluster"], "pipeline": args.pipeline,
                     "previous_pipeline": previous, "registered": registered})  # fmt: skip
@@ -833,8 +790,7 @@ def cmd_gc(args: argparse.Namespace, out: IO[str]) -> int:
             "(the staging roots recorded on checkpoint rows are walked all the same)",
             file=sys.stderr,
         )
-    store = open_store(target)
-    try:
+    with open_store(target) as store:
         _known_pipelines(store, args.pipeline)
         report = collect_garbage(
             store,
@@ -845,8 +801,6 @@ def cmd_gc(args: argparse.Namespace, out: IO[str]) -> int:
             dry_run=args.dry_run,
             stores=target.stores,
         )
-    finally:
-        store.dispose()
     if args.json:
         _dump(out, {**report.to_dict(), "staging_root": str(staging_root), "database": target.display})
     else:

@@ -352,16 +352,20 @@ class WalCommitOperator(BaseOperator):
             committer, self.pipeline, key, actor=actor, poll=self.group_poll.total_seconds()
         )
 
-    def _group_commit_of(self, committer: CheckpointCommitter, key: str) -> Any:
-        """The COMMITTED transition of the committed version if another task's group commit recorded it."""
+    def _committed(self, committer: CheckpointCommitter, key: str) -> Any:
+        """The transition that recorded the version committed now (a reprocess commits a later one
+        than the first), or ``None``."""
         committed = [
             h
             for h in committer.store.history(self.pipeline, key)
             if h.to_state == "COMMITTED" and h.from_state != "COMMITTED"
         ]
-        if committed and committed_by_group(committed[-1].detail):
-            return committed[-1]
-        return None
+        return committed[-1] if committed else None
+
+    def _group_commit_of(self, committer: CheckpointCommitter, key: str) -> Any:
+        """The COMMITTED transition of the committed version if another task's group commit recorded it."""
+        last = self._committed(committer, key)
+        return last if last is not None and committed_by_group(last.detail) else None
 
     def _after_commit(self, hook: WalsinkHook, store: Any) -> Mapping[str, Any] | None:
         """The source's step after COMMITTED (a consumer group's offsets follow the table): its summary entries."""
@@ -491,14 +495,9 @@ class WalCommitOperator(BaseOperator):
         the events cannot be read, no event is added: a missed downstream run
         is repairable, a second one is not.
         """
-        committed = [
-            h
-            for h in committer.store.history(self.pipeline, key)
-            if h.to_state == "COMMITTED" and h.from_state != "COMMITTED"
-        ]  # the last one recorded the version committed now (a reprocess commits a later one)
-        if not committed:
+        last = self._committed(committer, key)
+        if last is None:
             return False
-        last = committed[-1]
         same_task = (last.dag_id, last.run_id, last.task_id, last.actor) == (
             actor.dag_id,
             actor.run_id,

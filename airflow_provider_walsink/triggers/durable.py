@@ -94,14 +94,14 @@ def evaluate_durability(
         return DurabilityStatus(False, None, f"{name} is not registered (the write task has not run)")
     if record.state in DURABLE_OR_LATER:
         return DurabilityStatus(True, record.state.value, f"{name} is {record.state}", record.sealed_attempt)
+
+    def not_yet(message: str, attempt: int | None) -> DurabilityStatus:
+        return DurabilityStatus(False, record.state.value, message, attempt)
+
     if record.state is not S.SEALED or record.sealed_attempt is None or record.manifest_digest is None:
         detail = f": {record.error}" if record.error else ""
-        return DurabilityStatus(
-            False,
-            record.state.value,
-            f"{name} is {record.state} at attempt {record.attempt}, no sealed manifest yet{detail}",
-            record.attempt,
-        )
+        why = f"at attempt {record.attempt}, no sealed manifest yet{detail}"
+        return not_yet(f"{name} is {record.state} {why}", record.attempt)
     attempt = record.sealed_attempt
     staging = store_for(record, layout)
     location = staging.attempt(pipeline, checkpoint_key, attempt, record.sealed_attempt_id)
@@ -109,36 +109,27 @@ def evaluate_durability(
     try:
         manifest = staging.read_manifest(location, expected_digest=record.manifest_digest)
     except ManifestError as e:
-        return DurabilityStatus(False, record.state.value, f"{name} attempt {attempt}: {e}", attempt)
+        return not_yet(f"{name} attempt {attempt}: {e}", attempt)
     identity = (manifest.pipeline, manifest.checkpoint_key, manifest.attempt)
     if identity != (pipeline, checkpoint_key, attempt):
-        return DurabilityStatus(
-            False,
-            record.state.value,
-            f"{name}: manifest {manifest_path} describes {identity}, not attempt {attempt}",
-            attempt,
+        return not_yet(
+            f"{name}: manifest {manifest_path} describes {identity}, not attempt {attempt}", attempt
         )
     totals = (manifest.expected_count, manifest.total_rows, manifest.total_bytes)
     recorded = (record.committables, record.rows, record.bytes)
     if totals != recorded:
-        return DurabilityStatus(
-            False,
-            record.state.value,
-            f"{name}: manifest totals (count, rows, bytes) {totals} differ from the sealed record {recorded}",
-            attempt,
-        )
+        why = f"manifest totals (count, rows, bytes) {totals} differ from the sealed record {recorded}"
+        return not_yet(f"{name}: {why}", attempt)
     report = check_stored_attempt(staging, manifest, location, verify_checksums=verify_checksums)
     if not report.durable:
-        return DurabilityStatus(
-            False, record.state.value, f"{name} attempt {attempt}: {report.describe()}", attempt
-        )
+        return not_yet(f"{name} attempt {attempt}: {report.describe()}", attempt)
     crashpoint("durable.before_mark")
     try:
         done = store.mark_durable(
             pipeline, checkpoint_key, attempt=attempt, actor=actor, detail=report.describe()
         )
     except StaleAttemptError as e:  # a newer attempt started meanwhile: check that one next time
-        return DurabilityStatus(False, record.state.value, str(e), attempt)
+        return not_yet(str(e), attempt)
     return DurabilityStatus(True, done.state.value, f"{name} attempt {attempt}: {report.describe()}", attempt)
 
 

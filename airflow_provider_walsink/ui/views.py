@@ -155,24 +155,29 @@ def phases(
     the write phase of a later version counts from there, never from the
     checkpoint's first registration.
     """
-    now = now or utcnow()
     start = started_at or record.created_at
+    running = not record.state.is_final and record.state not in ERROR_STATES
+    ends = (record.sealed_at, record.durable_at, record.committed_at)
+    return {"started_at": _iso(start), **_timings((now or utcnow()) if running else None, start, *ends)}
+
+
+def _timings(now: datetime | None, start: datetime, *ends: datetime | None) -> dict[str, Any]:
+    """Seconds of each phase from ``start`` and its ``(sealed, durable, committed)`` times; with
+    ``now`` (not finished), the first phase not ended counts up to it and is named in ``current``."""
+    sealed, durable, committed = ends
     out: dict[str, Any] = {
-        "started_at": _iso(start),
-        "write_s": _seconds(start, record.sealed_at),
-        "durable_s": _seconds(record.sealed_at, record.durable_at),
-        "commit_s": _seconds(record.durable_at, record.committed_at),
-        "total_s": _seconds(start, record.committed_at),
+        "write_s": _seconds(start, sealed),
+        "durable_s": _seconds(sealed, durable),
+        "commit_s": _seconds(durable, committed),
+        "total_s": _seconds(start, committed),
         "current": None,
     }
-    if record.state.is_final or record.state in ERROR_STATES:
-        return out
-    if record.sealed_at is None:
-        out["current"], out["write_s"] = "write", _seconds(start, now)
-    elif record.durable_at is None:
-        out["current"], out["durable_s"] = "durable", _seconds(record.sealed_at, now)
-    elif record.committed_at is None:
-        out["current"], out["commit_s"] = "commit", _seconds(record.durable_at, now)
+    spans = (("write", start, sealed), ("durable", sealed, durable), ("commit", durable, committed))
+    if now is not None:
+        for name, began, ended in spans:
+            if ended is None:
+                out["current"], out[f"{name}_s"] = name, _seconds(began, now)
+                break
     return out
 
 
@@ -279,28 +284,19 @@ def version_phases(history: list[TransitionRecord], now: datetime | None = None)
         )
         if sealed is not None and sealed < start:
             sealed = None
-        row: dict[str, Any] = {
-            "version": number,
-            "started_at": _iso(start),
-            "sealed_at": _iso(sealed),
-            "durable_at": _iso(durable),
-            "committed_at": _iso(committed),
-            "write_s": _seconds(start, sealed),
-            "durable_s": _seconds(sealed, durable),
-            "commit_s": _seconds(durable, committed),
-            "total_s": _seconds(start, committed),
-            "current": None,
-        }
         newest = number == len(segments)
         state = segment[-1].to_state
-        if newest and committed is None and state not in {s.value for s in ERROR_STATES}:
-            if sealed is None:
-                row["current"], row["write_s"] = "write", _seconds(start, now)
-            elif durable is None:
-                row["current"], row["durable_s"] = "durable", _seconds(sealed, now)
-            else:
-                row["current"], row["commit_s"] = "commit", _seconds(durable, now)
-        out.append(row)
+        running = newest and committed is None and state not in {s.value for s in ERROR_STATES}
+        out.append(
+            {
+                "version": number,
+                "started_at": _iso(start),
+                "sealed_at": _iso(sealed),
+                "durable_at": _iso(durable),
+                "committed_at": _iso(committed),
+                **_timings(now if running else None, start, sealed, durable, committed),
+            }
+        )
     return out
 
 

@@ -254,32 +254,27 @@ class CheckpointAborter:
             raise AbortRefusedError(message)
         if table_fence:
             # The table is the fence too (table fencing has no lease to fence out): tombstone.
-            try:
-                held = tombstone_for_abort(self.publisher, self.staging, lease.record, manifest)
-            except Exception as exc:
-                message = (
-                    f"checkpoint {pipeline}/{checkpoint_key} cannot be aborted: its target could not record "
-                    f"the abort's tombstone, which stops any committer still publishing it ({exc}); "
-                    "nothing changed"
-                )
-                self._give_back(lease, actor, message)
-                raise AbortRefusedError(message) from exc
+            def tombstone(accepted: str | None = None) -> str | None:
+                try:
+                    return tombstone_for_abort(
+                        self.publisher, self.staging, lease.record, manifest, accepted=accepted
+                    )
+                except Exception as exc:
+                    message = (
+                        f"checkpoint {pipeline}/{checkpoint_key} cannot be aborted: its target could not "
+                        f"record the abort's tombstone, which stops any committer still publishing it "
+                        f"({exc}); nothing changed"
+                    )
+                    self._give_back(lease, actor, message)
+                    raise AbortRefusedError(message) from exc
+
+            held = tombstone()
             if held is not None and self._accounted_for(lease.record, manifest, held):
                 # The table holds a commit of this key from an earlier life of its row (trimmed by
                 # retention) whose source range the committed offsets already cover: not this
                 # row's to abort, and aborting this row cannot make the next interval re-read it.
                 # The tombstone then fences this row's attempts, checked against that one held.
-                try:
-                    held = tombstone_for_abort(
-                        self.publisher, self.staging, lease.record, manifest, accepted=held
-                    )
-                except Exception as exc:
-                    message = (
-                        f"checkpoint {pipeline}/{checkpoint_key} cannot be aborted: its target could not "
-                        f"record the abort's tombstone ({exc}); nothing changed"
-                    )
-                    self._give_back(lease, actor, message)
-                    raise AbortRefusedError(message) from exc
+                held = tombstone(accepted=held)
             if held is not None:
                 message = self._published(record, held)
                 self._give_back(lease, actor, message)

@@ -70,6 +70,7 @@ period.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterable
@@ -311,6 +312,13 @@ def _collect_checkpoint(
     cdir = root.checkpoint(pipeline, key)
     now = utcnow()
     kept_for = f"retention {span(retention if retention is not None else now - cutoff)}"
+    remove = functools.partial(
+        _remove_attempts, root, pipeline, key, report=report, dry_run=dry_run, fence=fence, kept_for=kept_for
+    )
+
+    def recent(item: str, changed: str) -> None:
+        _keep(report, item, f"{changed} ago, {kept_for}", recent=True)
+
     if record is None:
         # A checkpoint the committer table does not know (its row trimmed by retention after a
         # crash left staging behind): removed only if it is made of attempt directories alone,
@@ -323,47 +331,18 @@ def _collect_checkpoint(
             )
             return
         if not root.old(cdir, cutoff_ts):
-            _keep(
-                report,
-                f"{pipeline}/{key}",
-                f"unknown to the committer table, changed {root.age(cdir)} ago, {kept_for}",
-                recent=True,
-            )
+            recent(f"{pipeline}/{key}", f"unknown to the committer table, changed {root.age(cdir)}")
             return
-        _remove_attempts(
-            root,
-            pipeline,
-            key,
-            attempts,
-            lambda _a, _i: True,
-            cutoff_ts,
-            report,
-            dry_run,
-            fence,
-            kept_for=kept_for,
-        )
+        remove(attempts, lambda _a, _i: True, cutoff_ts=cutoff_ts)
         return
     if record.state is S.ABORTED:
         # Its attempts up to the aborted one; a newer one belongs to a run that started it again.
         if record.updated_at > cutoff:
-            _keep(
-                report,
-                f"{pipeline}/{key}",
-                f"ABORTED {span(now - record.updated_at)} ago, {kept_for}",
-                recent=True,
-            )
+            recent(f"{pipeline}/{key}", f"ABORTED {span(now - record.updated_at)}")
             return
-        _remove_attempts(
-            root,
-            pipeline,
-            key,
+        remove(
             root.staged(pipeline, key),
             lambda a, _i: a <= record.attempt,
-            None,
-            report,
-            dry_run,
-            fence,
-            kept_for=kept_for,
             unwanted=f"newer than the aborted attempt {record.attempt}: a later run started the checkpoint again",
         )
         return
@@ -372,12 +351,7 @@ def _collect_checkpoint(
         # (begin_version) may have started a newer attempt since the row was read.
         finished_at = record.committed_at or record.updated_at
         if finished_at > cutoff:
-            _keep(
-                report,
-                f"{pipeline}/{key}",
-                f"COMMITTED {span(now - finished_at)} ago, {kept_for}",
-                recent=True,
-            )
+            recent(f"{pipeline}/{key}", f"COMMITTED {span(now - finished_at)}")
             return
         known_ids = {i for i in (record.attempt_id, record.sealed_attempt_id) if i}
 
@@ -388,17 +362,10 @@ def _collect_checkpoint(
                 return False  # same number, another id: not the attempt the row names
             return True
 
-        _remove_attempts(
-            root,
-            pipeline,
-            key,
+        remove(
             root.staged(pipeline, key),
             read_version,
-            cutoff_ts,
-            report,
-            dry_run,
-            fence,
-            kept_for=kept_for,
+            cutoff_ts=cutoff_ts,
             unwanted=f"not the committed attempt {record.attempt}: a reprocess started it after gc read the row",
         )
         return
@@ -424,12 +391,7 @@ def _collect_checkpoint(
             report.skipped.append(f"{item}: not an attempt number walsink uses")
             continue
         if not root.old(path, cutoff_ts):
-            _keep(
-                report,
-                item,
-                f"an old attempt of a {state} checkpoint, changed {root.age(path)} ago, {kept_for}",
-                recent=True,
-            )
+            recent(item, f"an old attempt of a {state} checkpoint, changed {root.age(path)}")
             continue
         garbage.append((attempt, attempt_id, path))
     removed = remove_attempts_fenced(
@@ -448,11 +410,11 @@ def _remove_attempts(
     key: str,
     attempts: list[Staged],
     wanted: Callable[[int, str | None], bool],
-    cutoff_ts: float | None,
+    *,
+    cutoff_ts: float | None = None,
     report: GcReport,
     dry_run: bool,
     fence: Callable[[], None] = lambda: None,
-    *,
     kept_for: str = "the retention period",
     unwanted: str = "not this gc's to remove",
 ) -> None:
@@ -466,17 +428,13 @@ def _remove_attempts(
     candidates = []
     kept = 0
     for attempt, attempt_id, path in attempts:
+        item = f"{pipeline}/{key}/{entry_name(path)}"
         if not wanted(attempt, attempt_id):
-            _keep(report, f"{pipeline}/{key}/{entry_name(path)}", unwanted)
+            _keep(report, item, unwanted)
             kept += 1
             continue
         if cutoff_ts is not None and not root.old(path, cutoff_ts):
-            _keep(
-                report,
-                f"{pipeline}/{key}/{entry_name(path)}",
-                f"changed {root.age(path)} ago, {kept_for}",
-                recent=True,
-            )
+            _keep(report, item, f"changed {root.age(path)} ago, {kept_for}", recent=True)
             kept += 1
             continue
         candidates.append((attempt, attempt_id, path))

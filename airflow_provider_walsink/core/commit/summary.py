@@ -42,18 +42,13 @@ class CommitSummary:
 
 def summarize(record: CheckpointRecord, *, already: bool, started: float) -> CommitSummary:
     """The summary of ``record`` as committed; ``started``: ``time.monotonic()`` when the commit began."""
+    same = ("pipeline", "checkpoint_key", "sequence", "committables", "rows", "bytes", "end_offsets")
     return CommitSummary(
-        pipeline=record.pipeline,
-        checkpoint_key=record.checkpoint_key,
-        sequence=record.sequence,
+        **{name: getattr(record, name) for name in same},
         attempt=record.sealed_attempt,
         attempt_id=record.sealed_attempt_id,
         state=record.state.value,
         already_committed=already,
-        committables=record.committables,
-        rows=record.rows,
-        bytes=record.bytes,
-        end_offsets=record.end_offsets,
         seconds=round(time.monotonic() - started, 3),
     )
 

@@ -286,29 +286,14 @@ def _held_fields(committer: Any, record: CheckpointRecord, manifest: Manifest, h
     ``start_offsets`` is :data:`~.lifecycle.UNKNOWN_OFFSETS` (never the
     offsets of another attempt: the row may carry a re-run's).
     """
+    sealed = ("sealed_attempt", "manifest_digest", "manifest_uri", "committables", "rows", "bytes")
     if held == manifest.attempt_id:
-        return dict(
-            sealed_attempt=record.sealed_attempt,
-            manifest_digest=record.manifest_digest,
-            manifest_uri=record.manifest_uri,
-            committables=record.committables,
-            rows=record.rows,
-            bytes=record.bytes,
-            sealed_at=record.sealed_at,
-            durable_at=record.durable_at,
-            start_offsets=_dump(manifest.start_offsets),
-            end_offsets=_dump(manifest.end_offsets),
-        )
-    fields: dict[str, Any] = dict(
-        sealed_attempt=None,
-        manifest_digest=None,
-        manifest_uri=None,
-        committables=None,
-        rows=None,
-        bytes=None,
-        start_offsets=UNKNOWN_OFFSETS,
-        end_offsets=None,
-    )
+        return {
+            **{name: getattr(record, name) for name in (*sealed, "sealed_at", "durable_at")},
+            "start_offsets": _dump(manifest.start_offsets),
+            "end_offsets": _dump(manifest.end_offsets),
+        }
+    fields: dict[str, Any] = {**dict.fromkeys(sealed), "start_offsets": UNKNOWN_OFFSETS, "end_offsets": None}
     published_offsets = committer.publisher.published_offsets
     offsets = published_offsets(manifest, held) if callable(published_offsets) else None
     if offsets is not None:

@@ -343,20 +343,9 @@ def record_seal(
         ) from None
     manifest_uri = staging.manifest_uri(location)
     manifest = parse_manifest(data, source=f"manifest {path}")
-    expected = (
-        protocol.pipeline,
-        protocol.checkpoint_key,
-        protocol.sequence,
-        protocol.attempt,
-        protocol.attempt_id,
-    )
-    found = (
-        manifest.pipeline,
-        manifest.checkpoint_key,
-        manifest.sequence,
-        manifest.attempt,
-        manifest.attempt_id,
-    )
+    names = ("pipeline", "checkpoint_key", "sequence", "attempt", "attempt_id")
+    expected = tuple(getattr(protocol, name) for name in names)
+    found = tuple(getattr(manifest, name) for name in names)
     if found != expected:
         raise ManifestError(f"manifest {path} describes {found}, not {expected}")
     if manifest.start_offsets != protocol.start_offsets:

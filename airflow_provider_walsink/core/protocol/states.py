@@ -78,8 +78,6 @@ TRANSITIONS: dict[CheckpointState, frozenset[CheckpointState]] = {
     S.SUPERSEDED: frozenset(),
 }
 
-#: States from which a new write attempt may start.
-WRITABLE = frozenset(s for s, nxt in TRANSITIONS.items() if S.WRITING in nxt)
 #: States in which the sealed attempt was verified durable already (the
 #: durability gate passes at once; an audit verdict does not undo durability).
 VERIFIED_DURABLE = frozenset({S.DURABLE, S.AUDITED, S.REJECTED, S.COMMITTING, S.COMMITTED})

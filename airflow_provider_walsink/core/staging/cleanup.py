@@ -24,6 +24,7 @@ between these checks and the delete can still do that one delete
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -215,10 +216,8 @@ def remove_staged_attempts(
     removed = remove_attempts_fenced(
         attempts, up_to=up_to, fence=fence, referenced=referenced, delete=delete, wanted=wanted
     )
-    try:
+    with contextlib.suppress(OSError):  # not empty (an attempt kept, or a new one), or already gone
         layout.checkpoint_dir(pipeline, checkpoint_key).rmdir()
-    except OSError:
-        pass  # not empty (an attempt kept, or a new one), or already gone
     return [Path(p).name for p in removed]
 
 

@@ -47,19 +47,16 @@ UNKNOWN_OFFSETS: Any = object()
 
 
 #: What a new write attempt (or a new version) clears: nothing sealed, verified or failed yet.
-_NO_SEALED_ATTEMPT: dict[str, Any] = dict(
-    sealed_attempt=None,
-    sealed_attempt_id=None,
-    manifest_uri=None,
-    manifest_digest=None,
-    committables=None,
-    rows=None,
-    bytes=None,
-    end_offsets=None,
-    error=None,
-    sealed_at=None,
-    durable_at=None,
+_NO_SEALED_ATTEMPT: dict[str, Any] = dict.fromkeys(
+    "sealed_attempt sealed_attempt_id manifest_uri manifest_digest committables rows bytes end_offsets error "
+    "sealed_at durable_at".split()
 )
+
+#: What a reprocess copies from the checkpoint's row into the version it replaces, as it is.
+_VERSION_COPIES = (
+    "version version_token manifest_digest committables rows bytes start_offsets end_offsets publication "
+    "dag_id run_id committed_at"
+).split()
 
 
 class CheckpointLifecycle(CheckpointTransitions):
@@ -288,21 +285,10 @@ class CheckpointLifecycle(CheckpointTransitions):
             conn.execute(
                 vers.insert().values(
                     checkpoint_id=row["id"],
-                    version=row["version"],
                     state=S.COMMITTED.value,
                     attempt=row["sealed_attempt"],
                     attempt_id=row["sealed_attempt_id"],
-                    version_token=row["version_token"],
-                    manifest_digest=row["manifest_digest"],
-                    committables=row["committables"],
-                    rows=row["rows"],
-                    bytes=row["bytes"],
-                    start_offsets=row["start_offsets"],
-                    end_offsets=row["end_offsets"],
-                    publication=row["publication"],
-                    dag_id=row["dag_id"],
-                    run_id=row["run_id"],
-                    committed_at=row["committed_at"],
+                    **{column: row[column] for column in _VERSION_COPIES},
                 )
             )
             detail = (

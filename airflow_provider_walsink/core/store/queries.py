@@ -518,26 +518,6 @@ class CheckpointQueries:
             ).all()
         return {checkpoint_id: at for checkpoint_id, at in rows}
 
-    @retrying
-    def expired_leases(self) -> list[CheckpointRecord]:
-        """COMMITTING checkpoints whose lease has expired on the database's clock (or was released)."""
-        now = self._now_expr()
-        with self.engine.connect() as conn:
-            rows = (
-                conn.execute(
-                    select(ckpt).where(
-                        ckpt.c.state == S.COMMITTING.value,
-                        or_(
-                            ckpt.c.lease_owner.is_(None),
-                            and_(ckpt.c.lease_expires_at.is_not(None), ckpt.c.lease_expires_at < now),
-                        ),
-                    )
-                )
-                .mappings()
-                .all()
-            )
-        return [CheckpointRecord.from_row(r) for r in rows]
-
 
 #: Pipelines summarised per statement by :meth:`CheckpointQueries.pipelines` (bound parameters
 #: stay far below every backend's limit).

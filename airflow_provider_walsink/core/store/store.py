@@ -74,9 +74,6 @@ from airflow_provider_walsink.core.store.records import (
 )
 from airflow_provider_walsink.core.store.retry import is_transient
 from airflow_provider_walsink.core.store.source_plans import SourcePlans
-
-# Private, but imported from here before the split: kept importable.
-from airflow_provider_walsink.core.store.transitions import _history_values as _history_values
 from airflow_provider_walsink.core.store.transitions import retire_superseded
 from airflow_provider_walsink.core.store.verdicts import AuditVerdicts
 

@@ -20,10 +20,6 @@ from airflow_provider_walsink.core.targets.registry import TargetNotConfiguredEr
 # The Iceberg target's logger: its configuration is said where its publishes are logged.
 log = logging.getLogger("airflow_provider_walsink.core.targets.iceberg")
 
-#: Catalog properties that are secrets: never described or logged.
-_SECRET_KEYS = ("secret", "password", "token", "credential", "key-id")
-
-
 #: The one catalog name that needs no configuration: walsink's embedded SQL catalog.
 EMBEDDED_CATALOG = "walsink"
 #: Catalog types that cannot work without a ``uri`` property.
@@ -101,7 +97,3 @@ def catalog_properties_from_connection(conn: Mapping[str, Any]) -> dict[str, str
         props["s3.access-key-id"] = str(conn["login"])
         props["s3.secret-access-key"] = str(conn.get("password") or "")
     return props
-
-
-def _is_secret(key: str) -> bool:
-    return any(s in key.lower() for s in _SECRET_KEYS)

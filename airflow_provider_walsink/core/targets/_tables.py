@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
-import re
 import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,9 +31,6 @@ from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.targets.base import PublisherContext, StagedAttempt
 
 log = logging.getLogger(__name__)
-
-#: An attempt id as staging directory names carry it (``StagingLayout.attempt_dir``).
-_ATTEMPT_ID = re.compile(r"[0-9a-f]{32}")
 
 #: Directory, inside the table location, where the write phase stages attempts.
 #: Leading underscore: Spark, Hive and ``VACUUM`` skip it, so an uncommitted
@@ -139,12 +135,9 @@ class AbortedInTableError(FencedError):
     """The table carries an abort's tombstone for this attempt: it is never published."""
 
 
-#: How a publish is fenced: by the committer table's lease (``"lease"``, the default)
-#: or by the table's own commit alone (``"table"``, ``core/commit/tablefence.py``).
-
-
 def table_fenced(ctx: PublisherContext) -> bool:
-    """The publish runs without a lease: the table's commit is the only fence."""
+    """The publish runs without a lease (``ctx.fencing == "table"``, ``core/commit/tablefence.py``):
+    the table's commit is the only fence."""
     return getattr(ctx, "fencing", "lease") == "table"
 
 
@@ -690,15 +683,6 @@ def _linked_dir(directory: str, checked: dict[str, str | None]) -> str | None:
     for d in walked:
         checked[d] = found
     return found
-
-
-def attempt_id_of_dir(name: str) -> str | None:
-    """The attempt id in a staging directory name ``attempt-<n>-<id>`` (``None``: ``attempt-<n>``)."""
-    prefix, _, rest = name.partition("-")
-    number, _, attempt_id = rest.partition("-")
-    if prefix != "attempt" or not number.isdigit() or not _ATTEMPT_ID.fullmatch(attempt_id):
-        return None
-    return attempt_id
 
 
 def uri_flags(query: str, allowed: Sequence[str], uri: str) -> dict[str, bool]:

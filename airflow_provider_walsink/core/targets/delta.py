@@ -532,17 +532,14 @@ class DeltaPublisher(Publisher):
                 )
                 continue
             dt.update_incremental()  # the log entries since the load: our commit's version
-            result = PublishResult(
-                outcome=PublishOutcome.PUBLISHED,
+            return PublishResult(
                 published=len(adds),
+                files_rolled_back=len(removes),
+                partitions_replaced=manifest.replaced_partitions() if self.mode == "overwrite" else [],
                 target_files=locations,
                 snapshot=str(dt.version()),
                 rows=manifest.total_rows,
             )
-            result.files_rolled_back = len(removes)
-            if self.mode == "overwrite":
-                result.partitions_replaced = manifest.replaced_partitions()
-            return result
         raise TableCommitConflict(
             f"Delta table {self.table_uri} changed under each of {MAX_COMMIT_ATTEMPTS} commit attempts of "
             f"{manifest.pipeline}/{manifest.checkpoint_key}; nothing was published, retry the commit"
@@ -658,16 +655,14 @@ class DeltaPublisher(Publisher):
             leader.event("table.after_group_commit")
             dt.update_incremental()
             for i, adds, removes, replaced in prepared:
-                result = PublishResult(
-                    outcome=PublishOutcome.PUBLISHED,
+                results[i] = PublishResult(
                     published=len(adds),
+                    files_rolled_back=len(removes),
+                    partitions_replaced=list(replaced),
                     target_files=where[i][1],
                     snapshot=str(dt.version()),
                     rows=members[i].manifest.total_rows,
                 )
-                result.files_rolled_back = len(removes)
-                result.partitions_replaced = list(replaced)
-                results[i] = result
             break
         else:
             raise TableCommitConflict(

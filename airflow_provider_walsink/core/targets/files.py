@@ -41,6 +41,7 @@ redirect a rename or a delete.
 from __future__ import annotations
 
 import base64
+import contextlib
 import ctypes
 import errno
 import json
@@ -316,10 +317,7 @@ class FilePublisher(Publisher):
             if self._record_schema(*schema):
                 break
             schema = self._check_schema(manifest, planned)
-        if self.mode == "append":
-            self._publish_append(manifest, planned, result, ctx)
-        else:
-            self._publish_overwrite(manifest, planned, result, ctx)
+        self._publish_files(manifest, planned, result, ctx)
         supersedes = getattr(ctx, "supersedes", None)
         if supersedes and supersedes != manifest.attempt_id:
             result.files_rolled_back += self._retract_superseded(manifest, supersedes, ctx)
@@ -641,25 +639,11 @@ class FilePublisher(Publisher):
             return None
         return True
 
-    def _publish_append(
+    def _publish_files(
         self, manifest: Manifest, plan: list, result: PublishResult, ctx: PublisherContext
     ) -> None:
-        with _DirFds(self.target_root) as dirs:
-            for _c, staged, dest, there in plan:
-                result.target_files.append(self._relative(dest))
-                if there:
-                    result.already += 1
-                    continue
-                ctx.fence()
-                parent, name = self._relative(dest).rpartition("/")[::2]
-                _move(staged, dirs.open(parent, create=True), name, dest)
-                result.published += 1
-                ctx.event("publish.after_k")
-            dirs.fsync_all()
-
-    def _publish_overwrite(
-        self, manifest: Manifest, plan: list, result: PublishResult, ctx: PublisherContext
-    ) -> None:
+        """Move the planned files in: ``append`` where readers see them, ``overwrite`` into the
+        pending partitions (``_plan``'s destinations), each then swapped in whole."""
         pending_rel = f"{self._pending_rel(manifest)}/{manifest.attempt_id}"
         with _DirFds(self.target_root) as dirs:
             for _c, staged, dest, there in plan:
@@ -671,6 +655,10 @@ class FilePublisher(Publisher):
                 _move(staged, dirs.open(parent, create=True), name, dest)
                 result.published += 1
                 ctx.event("publish.after_k")
+            if self.mode == "append":
+                result.target_files += [self._relative(dest) for _c, _staged, dest, _there in plan]
+                dirs.fsync_all()
+                return
             for partition in manifest.replaced_partitions():
                 marker = self._live_marker(partition)
                 if marker is not None and marker.get("attempt_id") == manifest.attempt_id:
@@ -948,11 +936,9 @@ class FilePublisher(Publisher):
         for rel in journal.get("files", []):
             if not isinstance(rel, str) or f"-{attempt_id}-" not in rel.rpartition("/")[2]:
                 continue
-            try:
+            with contextlib.suppress(FileNotFoundError, PathEscapeError):
                 os.unlink(confine(self.target_root, rel, what="journal entry"))
                 result.files_rolled_back += 1
-            except (FileNotFoundError, PathEscapeError):
-                pass
 
     def finish(
         self, manifest: Manifest, layout: StagingStore, *, fence: Callable[[], None] | None = None
@@ -976,20 +962,16 @@ class FilePublisher(Publisher):
             journal = {}  # unreadable: ours to drop only if nothing else claims it; leave it
         if isinstance(journal, dict) and journal.get("attempt_id") == manifest.attempt_id:
             fence()
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(journal_path)
-            except FileNotFoundError:
-                pass
         remove_staged_attempts(
             layout, manifest.pipeline, manifest.checkpoint_key, up_to=manifest.attempt, fence=fence
         )
 
     def forget(self, manifest: Manifest) -> None:
         """Drop the publish journal only (kept for callers of the 0.1 API)."""
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self._target(self._journal_rel(manifest)))
-        except FileNotFoundError:
-            pass
 
 
 def schema_changes(
@@ -1058,10 +1040,8 @@ class _DirFds:
         parent, _, name = relative.rpartition("/")
         parent_fd = self.open(parent, create=create) if relative else self._fds[""]
         if create:
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.mkdir(name, dir_fd=parent_fd)
-            except FileExistsError:
-                pass
         try:
             fd = os.open(name, self._FLAGS, dir_fd=parent_fd)
         except OSError as exc:
@@ -1111,10 +1091,8 @@ def _remove_empty_dirs(dirs: _DirFds, relative: str) -> None:
     parent, _, name = relative.rpartition("/")
     for key in [k for k in dirs._fds if k == relative or k.startswith(relative + "/")]:
         os.close(dirs._fds.pop(key))
-    try:
+    with contextlib.suppress(OSError):  # not empty: something that is not the attempt's stays
         os.rmdir(name, dir_fd=dirs.open(parent))
-    except OSError:
-        pass  # not empty: something that is not the attempt's stays
 
 
 def write_atomic_at(dir_fd: int, name: str, text: str) -> None:

@@ -567,17 +567,14 @@ class IcebergPublisher(Publisher):
                 )
                 last_conflict = e
                 continue
-            result = PublishResult(
-                outcome=PublishOutcome.PUBLISHED,
+            return PublishResult(
                 published=len(data_files),
+                files_rolled_back=len(deletes),
+                partitions_replaced=manifest.replaced_partitions() if self.mode == "overwrite" else [],
                 target_files=locations,
                 snapshot=str(snapshot),
                 rows=manifest.total_rows,
             )
-            result.files_rolled_back = len(deletes)
-            if self.mode == "overwrite":
-                result.partitions_replaced = manifest.replaced_partitions()
-            return result
         raise TableCommitConflict(
             f"Iceberg table {self.identifier} changed under each of {MAX_COMMIT_ATTEMPTS} commit attempts of "
             f"{manifest.pipeline}/{manifest.checkpoint_key} (last: {last_conflict}); nothing was published, "
@@ -697,16 +694,14 @@ class IcebergPublisher(Publisher):
                 continue
             leader.event("table.after_group_commit")
             for i, _marker, data_files, deletes, replaced in prepared:
-                result = PublishResult(
-                    outcome=PublishOutcome.PUBLISHED,
+                results[i] = PublishResult(
                     published=len(data_files),
+                    files_rolled_back=len(deletes),
+                    partitions_replaced=list(replaced),
                     target_files=where[i][1],
                     snapshot=snapshot,
                     rows=members[i].manifest.total_rows,
                 )
-                result.files_rolled_back = len(deletes)
-                result.partitions_replaced = list(replaced)
-                results[i] = result
             break
         else:
             raise TableCommitConflict(
