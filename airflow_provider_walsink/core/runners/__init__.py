@@ -14,6 +14,15 @@ from airflow_provider_walsink.core.runners.base import JobRunner
 RUNNERS: dict[str, str] = {
     "spark": "airflow_provider_walsink.hooks.spark_submit_runner:SparkSubmitRunner",
 }
+#: The runner of no connection, and of a connection type no runner is registered for: spark-submit
+#: reads any connection as a master (``yarn://``, ``spark://host:7077``...), as before runners
+#: were chosen by connection type.
+DEFAULT_RUNNER = "spark"
+
+
+def runner_name(conn_type: str | None) -> str:
+    """The runner a connection of ``conn_type`` runs its job through (``None``: no connection)."""
+    return conn_type if conn_type in RUNNERS else DEFAULT_RUNNER
 
 
 def runner_class(name: str) -> type[JobRunner]:
@@ -21,4 +30,4 @@ def runner_class(name: str) -> type[JobRunner]:
     return load_registered(RUNNERS, name, JobRunner, "job runner")
 
 
-__all__ = ["RUNNERS", "JobRunner", "runner_class"]
+__all__ = ["DEFAULT_RUNNER", "RUNNERS", "JobRunner", "runner_class", "runner_name"]
