@@ -13,6 +13,7 @@ from airflow_provider_walsink.core.runners.base import JobRunner
 #: Runner name (the Airflow connection type of where the job runs) -> ``"module:Class"``.
 RUNNERS: dict[str, str] = {
     "spark": "airflow_provider_walsink.hooks.spark_submit_runner:SparkSubmitRunner",
+    "spark_connect": "airflow_provider_walsink.hooks.spark_connect_runner:SparkConnectRunner",
 }
 #: The runner of no connection, and of a connection type no runner is registered for: spark-submit
 #: reads any connection as a master (``yarn://``, ``spark://host:7077``...), as before runners

@@ -1,0 +1,160 @@
+"""Issue 36: the write job through Spark Connect (``hooks/spark_connect_runner.py``).
+
+A ``spark_connect`` connection as the write task's ``spark_conn_id`` runs the same job file as a
+Spark Connect client in the task's process, against a real Connect server started from the
+venv's pyspark (``tests/spark_connect_server.py``, the session-scoped ``spark_connect_server``
+fixture): the example pipeline through ``dag.test()``, each source row once in the target; an
+unreachable server fails the attempt naming the connection, nothing sealed, no token anywhere.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pyarrow.dataset as ds
+import pytest
+
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.runners import runner_name
+from airflow_provider_walsink.core.store import CommitterStore
+from airflow_provider_walsink.operators.write import WalWriteOperator
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "dags"))
+
+import walsink_example_common as examples  # noqa: E402
+
+CONN_ID = "spark_connect_test"
+TOKEN = "walsink-test-token-Zq81"
+
+
+def use_committer(monkeypatch, url: str, staging: Path) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_WALSINK_DEFAULT",
+        json.dumps({"conn_type": "walsink", "extra": {"url": url, "staging_root": str(staging)}}),
+    )
+
+
+def test_the_connection_type_picks_the_runner(monkeypatch):
+    """``spark_connect`` → the Connect runner; ``spark``, any other type and no connection →
+    spark-submit as before; spark-submit's own arguments are refused with a Connect connection."""
+    from airflow_provider_walsink.hooks.spark_connect_runner import SparkConnectRunner
+    from airflow_provider_walsink.hooks.spark_submit_runner import SparkSubmitRunner
+
+    assert runner_name("spark_connect") == "spark_connect"
+    assert runner_name("spark") == runner_name("yarn") == runner_name(None) == "spark"
+    monkeypatch.setenv("AIRFLOW_CONN_SC", json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1"}))
+    monkeypatch.setenv("AIRFLOW_CONN_SP", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    op = WalWriteOperator(task_id="w", application="job.py", pipeline="p", spark_conn_id="sc")
+    assert isinstance(op.get_runner(), SparkConnectRunner)
+    op = WalWriteOperator(task_id="w", application="job.py", pipeline="p", spark_conn_id="sp")
+    assert isinstance(op.get_runner(), SparkSubmitRunner)
+    assert isinstance(
+        WalWriteOperator(task_id="w", application="j.py", pipeline="p").get_runner(), SparkSubmitRunner
+    )
+    op = WalWriteOperator(
+        task_id="w",
+        application="job.py",
+        pipeline="p",
+        spark_conn_id="sc",
+        spark_submit_kwargs={"py_files": "x"},
+    )
+    with pytest.raises(
+        ValueError, match=r"spark_submit_kwargs cannot be used with a spark_connect connection \('sc'\)"
+    ):
+        op.get_runner()
+
+
+@pytest.mark.spark
+def test_an_unreachable_connect_server_fails_the_attempt_naming_the_connection(
+    monkeypatch, sqlite_store, database_urls, tmp_path
+):
+    """Nothing listens on the port: the write task fails within seconds, naming the connection
+    and the server; the attempt is recorded FAILED with that error, nothing is sealed, and the
+    token is in neither the error nor the committer table."""
+    from spark_connect_server import free_port
+
+    from airflow_provider_walsink.hooks.spark_connect_runner import SparkConnectJobError
+
+    url = database_urls("sqlite")
+    staging = tmp_path / "staging"
+    use_committer(monkeypatch, url, staging)
+    port = free_port()
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_CONNECT_DOWN",
+        json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": port, "password": TOKEN}),
+    )
+    job = tmp_path / "job.py"
+    job.write_text("raise SystemExit('the job must not start')\n")
+    op = WalWriteOperator(
+        task_id="write",
+        application=str(job),
+        pipeline="events",
+        checkpoint_key="20260401T000000Z",
+        spark_conn_id="spark_connect_down",
+    )
+    start = datetime(2026, 4, 1, tzinfo=UTC)
+    ti = SimpleNamespace(dag_id="connect_test", task_id="write", run_id="manual", try_number=1, map_index=-1,
+                         id=None, xcom_push=lambda key, value: None)  # fmt: skip
+    context: dict[str, Any] = {"ti": ti, "logical_date": start, "data_interval_start": start,
+                               "data_interval_end": start + timedelta(days=1)}  # fmt: skip
+    with pytest.raises(SparkConnectJobError) as failed:
+        op.execute(context)
+    message = str(failed.value)
+    assert (
+        "'spark_connect_down'" in message and f"127.0.0.1:{port}" in message and "did not answer" in message
+    )
+    assert TOKEN not in message
+    record = CommitterStore.from_url(url).require("events", "20260401T000000Z")
+    assert record.state is S.FAILED and record.sealed_attempt is None
+    assert "spark_connect_down" in record.error and TOKEN not in record.error
+    assert not list(staging.rglob("_walsink_manifest*")) and not list(staging.rglob("*.json"))
+
+
+@pytest.mark.spark
+@pytest.mark.airflow
+def test_example_pipeline_through_spark_connect(
+    airflow_db, spark_connect_server, monkeypatch, tmp_path, sqlite_store, database_urls
+):
+    """``walsink_daily_overwrite`` with ``WALSINK_EXAMPLE_SPARK_CONN_ID`` naming a ``spark_connect``
+    connection: the unchanged job file runs as a Connect client of the server (its application id
+    is the server's), the checkpoint commits, and each source row is in the target once."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    url = database_urls("sqlite")
+    home, staging = tmp_path / "examples", tmp_path / "staging"
+    use_committer(monkeypatch, url, staging)
+    monkeypatch.setenv("AIRFLOW_VAR_WALSINK_EXAMPLE_HOME", str(home))
+    for key, value in spark_connect_server.connection_env(CONN_ID).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("WALSINK_EXAMPLE_SPARK_CONN_ID", CONN_ID)  # read when the DAG is parsed
+    module = importlib.reload(importlib.import_module("walsink_daily_overwrite"))
+    dag = module.dag
+    assert dag.get_task("daily_events.write").spark_conn_id == CONN_ID
+
+    day = date(2026, 2, 12)
+    run = dag.test(logical_date=datetime(day.year, day.month, day.day, tzinfo=UTC))
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert run.state == "success", states
+
+    store = CommitterStore.from_url(url)
+    key = f"{day:%Y%m%d}T000000Z"
+    record = store.require("daily_events", key)
+    assert record.state is S.COMMITTED
+    expected = examples.daily_events(day)
+    assert record.rows == len(expected)
+    rows = ds.dataset(home / "target/daily_events", format="parquet", partitioning="hive",
+                      ignore_prefixes=[".", "_"]).to_table().to_pylist()  # fmt: skip
+    assert sorted(r["event_id"] for r in rows) == sorted(e["event_id"] for e in expected)  # each once
+    assert sum(r["amount_cents"] for r in rows) == sum(e["amount_cents"] for e in expected)
+    # It ran on the server: no SparkContext in this process, the session was released after the job.
+    from pyspark import SparkContext
+
+    assert SparkContext._active_spark_context is None
+    assert ConnectSession.getActiveSession() is None
