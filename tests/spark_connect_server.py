@@ -93,7 +93,7 @@ class ConnectServer:
         env = os.environ.copy()
         env["PYSPARK_PYTHON"] = sys.executable
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
-        with self.log_path.open("ab") as log:
+        with self.log_path.open("wb") as log:
             self._proc = subprocess.Popen(
                 self.command(),
                 stdout=log,
@@ -109,7 +109,9 @@ class ConnectServer:
                 raise ConnectServerError(
                     f"the Connect server exited with {self._proc.returncode}:\n{self.log_tail()}"
                 )
-            if "Spark Connect server started" in self.log_path.read_text(errors="replace"):
+            if f"Spark Connect server started at: 127.0.0.1:{self.port}" in self.log_path.read_text(
+                errors="replace"
+            ):
                 return self
             time.sleep(0.3)
         self.stop()

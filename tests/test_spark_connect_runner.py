@@ -158,3 +158,62 @@ def test_example_pipeline_through_spark_connect(
 
     assert SparkContext._active_spark_context is None
     assert ConnectSession.getActiveSession() is None
+
+
+LONG_JOB = """
+from pyspark.sql import SparkSession
+
+spark = SparkSession.builder.getOrCreate()
+spark.range(0, 10**13, 1, 2).selectExpr("sum(hash(id))").collect()  # runs until stopped
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("how", ["cancel", "session lost"])
+def test_a_cancelled_job_and_a_lost_session_end_the_job_naming_the_connection(
+    how, spark_connect_server, monkeypatch, tmp_path
+):
+    """``cancel()`` (the write task killed) interrupts the running Connect operation; a session
+    that ends under the job (released on the server) fails it as a lost session. Either way the
+    job ends within seconds with an error naming the connection and the session is released."""
+    import threading
+    import time
+
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from airflow_provider_walsink.hooks.spark_connect_runner import SparkConnectJobError, SparkConnectRunner
+
+    for key, value in spark_connect_server.connection_env(CONN_ID).items():
+        monkeypatch.setenv(key, value)
+    job = tmp_path / "long_job.py"
+    job.write_text(LONG_JOB)
+    runner = SparkConnectRunner(job_name="walsink-test", spark_conn_id=CONN_ID)
+    errors: list[BaseException] = []
+
+    def submit() -> None:
+        try:
+            runner.submit(str(job), [], {})
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    thread = threading.Thread(target=submit)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while runner.session is None and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # the job's query is running on the server
+    assert thread.is_alive(), errors
+    stopped = time.monotonic()
+    if how == "cancel":
+        runner.cancel()
+    else:
+        other = ConnectSession(connection=f"{spark_connect_server.url}/;session_id={runner.session_id}")
+        other.client.release_session()
+        other.client.close()
+    thread.join(30)
+    assert not thread.is_alive() and time.monotonic() - stopped < 30
+    (error,) = errors
+    assert isinstance(error, SparkConnectJobError)
+    expected = "was cancelled on" if how == "cancel" else f"lost its session {runner.session_id} on"
+    assert expected in str(error) and f"(connection '{CONN_ID}')" in str(error), error
+    assert runner.session is None and ConnectSession.getActiveSession() is None
