@@ -31,6 +31,16 @@ from pathlib import Path
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent (this test process) dies (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class ConnectServerError(RuntimeError):
     """The server did not come up; with the tail of its log."""
 
@@ -102,6 +112,9 @@ class ConnectServer:
                 env=env,
                 cwd=self.work_dir,
                 start_new_session=True,
+                # The server goes when this process does, even killed (a timeout, Ctrl-C twice):
+                # spark-submit execs the JVM, which keeps the parent-death signal.
+                preexec_fn=_die_with_parent,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

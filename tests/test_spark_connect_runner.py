@@ -161,9 +161,21 @@ def test_example_pipeline_through_spark_connect(
 
 
 LONG_JOB = """
+import sys
+from pathlib import Path
+
 from pyspark.sql import SparkSession
 
 spark = SparkSession.builder.getOrCreate()
+running = Path(sys.argv[1])
+
+
+def progress(stages=None, inflight_tasks=0, operation_id=None, done=False, **_):
+    if inflight_tasks:  # the server reports tasks running: past analysis and planning
+        running.touch()
+
+
+spark.registerProgressHandler(progress)
 spark.range(0, 10**13, 1, 2).selectExpr("sum(hash(id))").collect()  # runs until stopped
 """
 
@@ -192,17 +204,20 @@ def test_a_cancelled_job_and_a_lost_session_end_the_job_naming_the_connection(
 
     def submit() -> None:
         try:
-            runner.submit(str(job), [], {})
+            runner.submit(str(job), [str(running)], {})
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
+    running = tmp_path / "running"
     thread = threading.Thread(target=submit)
     thread.start()
-    deadline = time.monotonic() + 60
-    while runner.session is None and thread.is_alive() and time.monotonic() < deadline:
+    # Stop it once its tasks run: an interrupt that lands while the server still analyses or
+    # plans the query can be lost, and the query then starts its job anyway (a Spark limit,
+    # docs/production.md "Choosing a runner"), which would keep the test server's cores busy.
+    deadline = time.monotonic() + 120
+    while not running.exists() and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.2)
-    time.sleep(3)  # the job's query is running on the server
-    assert thread.is_alive(), errors
+    assert thread.is_alive() and running.exists(), errors
     stopped = time.monotonic()
     if how == "cancel":
         runner.cancel()
@@ -217,3 +232,69 @@ def test_a_cancelled_job_and_a_lost_session_end_the_job_naming_the_connection(
     expected = "was cancelled on" if how == "cancel" else f"lost its session {runner.session_id} on"
     assert expected in str(error) and f"(connection '{CONN_ID}')" in str(error), error
     assert runner.session is None and ConnectSession.getActiveSession() is None
+    # Seen on the server: the job's tasks were killed as its operation's (session's) job was cancelled.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not any(
+        "SPARK_JOB_CANCELLED" in line and f"Session_{runner.session_id}" in line
+        for line in spark_connect_server.log_path.read_text(errors="replace").splitlines()
+    ):
+        time.sleep(0.5)
+    log = spark_connect_server.log_path.read_text(errors="replace")
+    assert f"Session_{runner.session_id}" in log and "SPARK_JOB_CANCELLED" in log
+
+
+EXECUTORS_JOB = """
+import sys
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from airflow_provider_walsink.core.spark import CheckpointJob, ProtocolArgs
+
+spark = SparkSession.builder.getOrCreate()
+protocol, (report,) = ProtocolArgs.from_argv(sys.argv[1:])
+with CheckpointJob(spark, protocol, writer="executors") as job:
+    job.stage(spark.range(0, 1000, 1, 2).withColumn("dt", F.lit("2026-04-01")), partition_by=["dt"])
+
+
+def where(batches):
+    import pyarrow as pa
+
+    import airflow_provider_walsink.core.spark.executor_write as module
+
+    for _ in batches:
+        yield pa.RecordBatch.from_pylist([{"file": module.__file__}])
+
+
+with open(report, "w") as out:
+    out.write(spark.range(0, 1, 1, 1).mapInArrow(where, "file string").collect()[0]["file"])
+"""
+
+
+@pytest.mark.spark
+def test_executors_stage_through_connect_with_walsink_shipped_to_them(
+    spark_connect_server, monkeypatch, tmp_path
+):
+    """The executors' writer (``mapInArrow``, cloudpickled with the plan) stages into the attempt
+    and the job seals it; the executors import walsink from the zip the runner shipped with the
+    session (``addArtifacts(pyfile=True)``), not from an installation."""
+    from airflow_provider_walsink.core.protocol.manifest import read_manifest
+    from airflow_provider_walsink.core.spark import ProtocolArgs
+    from airflow_provider_walsink.core.staging import StagingLayout
+    from airflow_provider_walsink.hooks.spark_connect_runner import SparkConnectRunner
+
+    for key, value in spark_connect_server.connection_env(CONN_ID).items():
+        monkeypatch.setenv(key, value)
+    job, report = tmp_path / "executors_job.py", tmp_path / "where.txt"
+    job.write_text(EXECUTORS_JOB)
+    protocol = ProtocolArgs(pipeline="events", checkpoint_key="k1", sequence=1, attempt=1,
+                            staging_root=str(tmp_path / "staging"), attempt_id="ab" * 16)  # fmt: skip
+    runner = SparkConnectRunner(job_name="walsink-test", spark_conn_id=CONN_ID)
+    runner.submit(str(job), [*protocol.to_argv(), str(report)], {})
+    assert runner.shipped and runner.shipped in report.read_text()  # .../<zip>/airflow_provider_walsink/...
+    attempt = StagingLayout(tmp_path / "staging").attempt_dir("events", "k1", 1, "ab" * 16)
+    manifest = read_manifest(attempt / "_manifest.json")
+    assert manifest.total_rows == 1000 and manifest.expected_count == 2
+    assert manifest.job.startswith("spark:local-") and all(
+        c.writer.startswith(manifest.job[6:]) for c in manifest.committables
+    )

@@ -10,7 +10,10 @@ How the job runs (docs/production.md, "Choosing a runner"):
 * :meth:`SparkConnectRunner.submit` opens a Connect session with a session id of its own
   (``;session_id=<uuid>`` on the URL), checks that the server answers (a short retry policy, so
   an unreachable server or a refused token fails in seconds, naming the connection), applies the
-  task's ``conf`` that the server lets a session set, tags the session's operations, then runs
+  task's ``conf`` that the server lets a session set, adds a zip of walsink's Airflow-free core to
+  the session's Python files (``addArtifacts(pyfile=True)``: the executors import it, so they need
+  no walsink installed; connection extra ``ship_walsink: false`` when they have it), tags the
+  session's operations, then runs
   the job file **in this process** (``runpy``, as ``__main__``, with ``sys.argv`` set to the
   protocol arguments and the job's own, and the job's secrets in ``os.environ`` while it runs):
   the job's ``SparkSession.builder.getOrCreate()`` returns that session, so the same job file
@@ -33,9 +36,12 @@ import os
 import re
 import runpy
 import sys
+import tempfile
 import uuid
+import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit
 
@@ -56,6 +62,42 @@ MIN_SERVER_VERSION = (3, 5)
 #: ``initial_backoff`` and ``max_backoff`` in ms, ``backoff_multiplier``); default the client's own
 #: (at least 10 minutes of retries while the server is unavailable).
 RETRY_POLICY_EXTRA = "retry_policy"
+#: Connection extra: further ``sc://`` URL parameters (gRPC headers such as Databricks'
+#: ``x-databricks-cluster-id``); not secrets (the token is the connection's password).
+PARAMS_EXTRA = "connect_params"
+#: URL parameters that have their own connection fields (or are the runner's).
+_OWN_PARAMS = frozenset({"token", "user_id", "use_ssl", "session_id"})
+#: Connection extra: ``false`` when the executors have walsink installed themselves (then it is
+#: not shipped with the job; default ``true``).
+SHIP_EXTRA = "ship_walsink"
+
+
+def walsink_core_zip() -> Path:
+    """A zip of walsink's Airflow-free core (``airflow_provider_walsink/__init__.py`` and ``core/``):
+    what the executors import when they run the job's ``mapInArrow`` functions. Built once per process."""
+    global _CORE_ZIP
+    if _CORE_ZIP is None or not _CORE_ZIP.exists():
+        import airflow_provider_walsink
+
+        package = Path(airflow_provider_walsink.__file__).resolve().parent
+        target = (
+            Path(tempfile.mkdtemp(prefix="walsink-ship-"))
+            / f"airflow_provider_walsink-{airflow_provider_walsink.__version__}.zip"
+        )
+        with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+            for path in [package / "__init__.py", *sorted((package / "core").rglob("*.py"))]:
+                archive.write(path, f"airflow_provider_walsink/{path.relative_to(package).as_posix()}")
+        _CORE_ZIP = target
+    return _CORE_ZIP
+
+
+_CORE_ZIP: Path | None = None
+
+
+def _truthy(value: object) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
 
 
 class SparkConnectJobError(RuntimeError):
@@ -112,6 +154,8 @@ class SparkConnectRunner(JobRunner):
         self.server: str | None = None
         #: The tag on the job's operations (``interruptTag`` stops them from another session).
         self.tag = f"walsink-{uuid.uuid4().hex[:12]}"
+        #: The name of walsink's core as shipped to the executors with the job (``None``: not shipped).
+        self.shipped: str | None = None
         self._secrets: list[str] = []
         self._cancelled = False
 
@@ -132,6 +176,8 @@ class SparkConnectRunner(JobRunner):
                 self.tag,
             )
             self._apply_conf(session)
+            if _truthy(extra.get(SHIP_EXTRA, True)):
+                self._ship_walsink(session)
             session.addTag(self.tag)  # this thread's operations: the job runs in it
             try:
                 with self._job_process_state(application, arguments, env):
@@ -183,7 +229,17 @@ class SparkConnectRunner(JobRunner):
             self._secrets += [conn.password, quote(conn.password)]
         url = hook.get_connection_url()
         self.server = urlsplit(url).netloc
-        return url, dict(conn.extra_dejson or {})
+        extra = dict(conn.extra_dejson or {})
+        params = dict(extra.get(PARAMS_EXTRA) or {})
+        own = sorted(set(params) & _OWN_PARAMS)
+        if own:
+            raise ValueError(
+                f"spark_connect connection {self.spark_conn_id!r}: {', '.join(own)} in the extra "
+                f"{PARAMS_EXTRA!r} (the token is the password, the user id the login, use_ssl its own extra)"
+            )
+        for key, value in params.items():
+            url += f";{key}={quote(str(value))}"
+        return url, extra
 
     def _where(self) -> str:
         return f"Spark Connect server {self.server} (connection {self.spark_conn_id!r})"
@@ -243,6 +299,22 @@ class SparkConnectRunner(JobRunner):
                     self._where(),
                     self._redact(_first_line(exc)),
                 )
+
+    def _ship_walsink(self, session: Any) -> None:
+        """Add walsink's core to the session's Python files: the executors import it from there
+        (the job's functions are cloudpickled, but the modules they name are imported)."""
+        archive = walsink_core_zip()
+        try:
+            session.addArtifacts(str(archive), pyfile=True)
+        except Exception as exc:
+            raise SparkConnectJobError(
+                self._redact(
+                    f"could not ship walsink's core to {self._where()}: {_first_line(exc)} (install "
+                    f'airflow-provider-walsink on the executors and set the connection extra "{SHIP_EXTRA}": false)'
+                )
+            ) from None
+        self.shipped = archive.name
+        self.log.info("Shipped %s to the executors of session %s", archive.name, self.session_id)
 
     def _release(self, session: Any) -> None:
         """Release the session on the server (quickly: a lost server is not waited for)."""

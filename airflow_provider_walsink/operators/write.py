@@ -47,9 +47,11 @@ class WalWriteOperator(BaseOperator):
        checkpoint of the pipeline makes the task fail (retry it later): reading
        from the committed offsets while an earlier checkpoint is still open
        would read its input a second time.
-    2. Submits ``application`` through the ``spark`` job runner (the Spark provider's
-       ``SparkSubmitHook``, :mod:`~airflow_provider_walsink.hooks.spark_submit_runner`)
-       with the protocol arguments (``--walsink-protocol <json>``, see
+    2. Runs ``application`` through the job runner of ``spark_conn_id``'s connection type
+       (:meth:`get_runner`): spark-submit (the Spark provider's ``SparkSubmitHook``,
+       :mod:`~airflow_provider_walsink.hooks.spark_submit_runner`), or for a ``spark_connect``
+       connection a Spark Connect client in this process
+       (:mod:`~airflow_provider_walsink.hooks.spark_connect_runner`), with the protocol arguments (``--walsink-protocol <json>``, see
        :class:`~airflow_provider_walsink.core.spark.args.ProtocolArgs`) ahead of
        ``application_args``. The job stages its output with
        :class:`~airflow_provider_walsink.core.spark.job.CheckpointJob` and writes
@@ -92,9 +94,10 @@ class WalWriteOperator(BaseOperator):
     :param mode: ``overwrite`` or ``append``; must match the commit task's.
     :param checkpoint_key: templated; defaults to the run's data interval start.
     :param application_args: the job's own arguments (templated).
-    :param spark_conn_id: a Spark connection (master, deploy mode...). ``None``
-        (the default) means master ``local[*]``, chosen explicitly; a named
-        connection that does not exist is an error, never a silent ``yarn``.
+    :param spark_conn_id: a Spark connection (master, deploy mode...), or a ``spark_connect``
+        connection (the job then runs as a Spark Connect client: docs/production.md,
+        "Choosing a runner"). ``None`` (the default) means master ``local[*]``, chosen
+        explicitly; a named connection that does not exist is an error, never a silent ``yarn``.
     :param master: master to use when ``spark_conn_id`` is ``None``.
     :param conf: Spark configuration (templated). Under the default local
         master, :data:`LOCAL_DEFAULT_CONF` fills what is not given.
