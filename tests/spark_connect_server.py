@@ -9,7 +9,7 @@ group; :meth:`ConnectServer.stop` kills the group and keeps the log.
 
 Usage::
 
-    with ConnectServer.start(tmp_dir) as server:
+    with ConnectServer.start(tmp_dir) as server:   # or .launch() now, .wait_ready() when needed
         server.url                       # sc://127.0.0.1:<port>
         server.connection_env("spark_connect_test")   # AIRFLOW_CONN_... for it
 
@@ -77,9 +77,12 @@ class ConnectServer:
         self.port = port or free_port()
         self.log_path = self.work_dir / "connect-server.log"
         self._proc: subprocess.Popen | None = None
+        self._ready = False
 
     @property
     def url(self) -> str:
+        """``sc://127.0.0.1:<port>``, once the server serves."""
+        self.wait_ready()
         return f"sc://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
@@ -99,7 +102,8 @@ class ConnectServer:
             cmd += ["--conf", f"{key}={value}"]
         return [*cmd, str(connect_jar())]
 
-    def start_process(self, timeout: float = 90.0) -> ConnectServer:
+    def launch(self) -> ConnectServer:
+        """Start the process and return at once (:meth:`wait_ready` waits for it to serve)."""
         env = os.environ.copy()
         env["PYSPARK_PYTHON"] = sys.executable
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -116,15 +120,24 @@ class ConnectServer:
                 # spark-submit execs the JVM, which keeps the parent-death signal.
                 preexec_fn=_die_with_parent,
             )
+        self._ready = False
+        return self
+
+    def wait_ready(self, timeout: float = 120.0) -> ConnectServer:
+        """Return once the server serves on its port (at once after the first time)."""
+        if self._ready:
+            return self
+        if self._proc is None:
+            raise ConnectServerError("the Connect server was not launched")
         deadline = time.monotonic() + timeout
+        started = f"Spark Connect server started at: 127.0.0.1:{self.port}"
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise ConnectServerError(
                     f"the Connect server exited with {self._proc.returncode}:\n{self.log_tail()}"
                 )
-            if f"Spark Connect server started at: 127.0.0.1:{self.port}" in self.log_path.read_text(
-                errors="replace"
-            ):
+            if started in self.log_path.read_text(errors="replace"):
+                self._ready = True
                 return self
             time.sleep(0.3)
         self.stop()
@@ -134,7 +147,8 @@ class ConnectServer:
 
     @classmethod
     def start(cls, work_dir: Path, **kwargs) -> ConnectServer:
-        return cls(work_dir, **kwargs).start_process()
+        """Launch a server and wait until it serves."""
+        return cls(work_dir, **kwargs).launch().wait_ready()
 
     def log_tail(self, lines: int = 30) -> str:
         if not self.log_path.exists():
@@ -142,7 +156,8 @@ class ConnectServer:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def connection_env(self, conn_id: str, **extra) -> dict[str, str]:
-        """``AIRFLOW_CONN_<ID>``: a ``spark_connect`` connection to this server."""
+        """``AIRFLOW_CONN_<ID>``: a ``spark_connect`` connection to this server (once it serves)."""
+        self.wait_ready()
         doc = {"conn_type": "spark_connect", "host": "127.0.0.1", "port": self.port}
         if extra:
             doc["extra"] = extra

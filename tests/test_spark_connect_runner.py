@@ -120,7 +120,7 @@ def test_an_unreachable_connect_server_fails_the_attempt_naming_the_connection(
 @pytest.mark.spark
 @pytest.mark.airflow
 def test_example_pipeline_through_spark_connect(
-    airflow_db, spark_connect_server, monkeypatch, tmp_path, sqlite_store, database_urls
+    spark_connect_server, airflow_db, monkeypatch, tmp_path, sqlite_store, database_urls
 ):
     """``walsink_daily_overwrite`` with ``WALSINK_EXAMPLE_SPARK_CONN_ID`` naming a ``spark_connect``
     connection: the unchanged job file runs as a Connect client of the server (its application id
