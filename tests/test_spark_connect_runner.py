@@ -120,20 +120,30 @@ def test_an_unreachable_connect_server_fails_the_attempt_naming_the_connection(
 @pytest.mark.spark
 @pytest.mark.airflow
 def test_example_pipeline_through_spark_connect(
-    spark_connect_server, airflow_db, monkeypatch, tmp_path, sqlite_store, database_urls
+    spark_connect_server, airflow_db, monkeypatch, tmp_path, sqlite_store, database_urls, capfd, caplog
 ):
     """``walsink_daily_overwrite`` with ``WALSINK_EXAMPLE_SPARK_CONN_ID`` naming a ``spark_connect``
-    connection: the unchanged job file runs as a Connect client of the server (its application id
-    is the server's), the checkpoint commits, and each source row is in the target once."""
+    connection with a token: the unchanged job file runs as a Connect client of the server (its
+    Spark jobs are the server's), the checkpoint commits, each source row is in the target once,
+    and the token is in no line the run printed or logged."""
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     url = database_urls("sqlite")
     home, staging = tmp_path / "examples", tmp_path / "staging"
     use_committer(monkeypatch, url, staging)
     monkeypatch.setenv("AIRFLOW_VAR_WALSINK_EXAMPLE_HOME", str(home))
-    for key, value in spark_connect_server.connection_env(CONN_ID).items():
-        monkeypatch.setenv(key, value)
+    spark_connect_server.wait_ready()
+    # "localhost": the client then sends the token without TLS (the test server has none and
+    # takes any token: it sets no spark.connect.authenticate.token).
+    connection = {
+        "conn_type": "spark_connect",
+        "host": "localhost",
+        "port": spark_connect_server.port,
+        "password": TOKEN,
+    }
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(connection))
     monkeypatch.setenv("WALSINK_EXAMPLE_SPARK_CONN_ID", CONN_ID)  # read when the DAG is parsed
+    jobs_before = spark_connect_server.log_path.read_text(errors="replace").count("Got job")
     module = importlib.reload(importlib.import_module("walsink_daily_overwrite"))
     dag = module.dag
     assert dag.get_task("daily_events.write").spark_conn_id == CONN_ID
@@ -153,8 +163,14 @@ def test_example_pipeline_through_spark_connect(
                       ignore_prefixes=[".", "_"]).to_table().to_pylist()  # fmt: skip
     assert sorted(r["event_id"] for r in rows) == sorted(e["event_id"] for e in expected)  # each once
     assert sum(r["amount_cents"] for r in rows) == sum(e["amount_cents"] for e in expected)
-    # It ran on the server: no SparkContext in this process, the session was released after the job.
+    # It ran on the server (its jobs are in the server's log; no SparkContext in this process), the
+    # session was released after the job, and the token was printed nowhere.
     from pyspark import SparkContext
+
+    assert spark_connect_server.log_path.read_text(errors="replace").count("Got job") > jobs_before
+    printed = capfd.readouterr()
+    assert "as a Spark Connect client of Spark Connect server localhost:" in printed.out + printed.err
+    assert TOKEN not in printed.out + printed.err and TOKEN not in caplog.text
 
     assert SparkContext._active_spark_context is None
     assert ConnectSession.getActiveSession() is None
