@@ -314,3 +314,38 @@ def test_executors_stage_through_connect_with_walsink_shipped_to_them(
     assert manifest.job.startswith("spark:local-") and all(
         c.writer.startswith(manifest.job[6:]) for c in manifest.committables
     )
+
+
+@pytest.mark.spark
+def test_the_kafka_source_reads_its_ranges_through_connect(spark_connect_server):
+    """The Kafka source's reader needs no SparkContext: through a Connect session its executors read
+    exactly the planned ranges, one split per task (the rest of the Kafka pipeline is the job's, as
+    under spark-submit)."""
+    pytest.importorskip("confluent_kafka")
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from airflow_provider_walsink.core.sources.kafka import (
+        ConsumerMetadata,
+        KafkaSourceSpec,
+        kafka_dataframe,
+        plan_offsets,
+        split_ranges,
+    )
+    from tests.kafka_mock import MockKafka
+
+    kafka = MockKafka()
+    session = ConnectSession.builder.remote(spark_connect_server.url).create()
+    try:
+        topic = "connect-range"
+        produced = kafka.produce(topic, [{"key": f"k{i}".encode(), "value": f"v{i}".encode(), "partition": i % 2} for i in range(20)])  # fmt: skip
+        spec = KafkaSourceSpec(topics=[topic], max_records_per_split=4)
+        with ConsumerMetadata(kafka.config) as meta:
+            plan = plan_offsets(meta, spec, start={topic: {"0": 2, "1": 0, "2": 0, "3": 0}})
+        df = kafka_dataframe(session, kafka.config, plan, max_records_per_split=spec.max_records_per_split)
+        rows = df.select("partition", "offset", "value").collect()
+        expected = {(p, o) for p, o in produced if not (p == 0 and o < 2)}
+        assert {(r["partition"], r["offset"]) for r in rows} == expected and len(rows) == len(expected) == 18
+        assert len(split_ranges(plan, 4)) == 2 + 3
+    finally:
+        session.stop()
+        kafka.stop()
