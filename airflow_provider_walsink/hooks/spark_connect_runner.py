@@ -122,10 +122,10 @@ def _first_line(exc: BaseException) -> str:
 class SparkConnectRunner(JobRunner):
     """Runs the write job as a Spark Connect client of the ``spark_connect`` connection ``spark_conn_id``.
 
-    ``conf`` is applied to the session (SQL settings such as ``spark.sql.shuffle.partitions``);
-    what only the server can set (``spark.default.parallelism``, executor memory...) is logged and
-    skipped: set it where the Connect server is started. ``env_vars`` join the job's environment
-    while it runs.
+    ``conf`` is applied to the session (SQL settings such as ``spark.sql.shuffle.partitions``); a
+    setting the server refuses to change per session is logged and skipped. Spark core settings
+    (``spark.default.parallelism``, executor sizes) belong where the Connect server starts: a
+    session may accept them without effect. ``env_vars`` join the job's environment while it runs.
     """
 
     name: ClassVar[str] = "spark_connect"
