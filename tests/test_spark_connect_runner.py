@@ -144,6 +144,9 @@ def test_example_pipeline_through_spark_connect(
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(connection))
     monkeypatch.setenv("WALSINK_EXAMPLE_SPARK_CONN_ID", CONN_ID)  # read when the DAG is parsed
     jobs_before = spark_connect_server.log_path.read_text(errors="replace").count("Got job")
+    from pyspark import SparkContext
+
+    classic = SparkContext._active_spark_context  # the session's local Spark, if a test started it
     module = importlib.reload(importlib.import_module("walsink_daily_overwrite"))
     dag = module.dag
     assert dag.get_task("daily_events.write").spark_conn_id == CONN_ID
@@ -163,16 +166,15 @@ def test_example_pipeline_through_spark_connect(
                       ignore_prefixes=[".", "_"]).to_table().to_pylist()  # fmt: skip
     assert sorted(r["event_id"] for r in rows) == sorted(e["event_id"] for e in expected)  # each once
     assert sum(r["amount_cents"] for r in rows) == sum(e["amount_cents"] for e in expected)
-    # It ran on the server (its jobs are in the server's log; no SparkContext in this process), the
-    # session was released after the job, and the token was printed nowhere.
-    from pyspark import SparkContext
-
+    # It ran on the server (its jobs are in the server's log; no SparkContext started here, one
+    # already here left as it was), the session was released after the job, and the token was
+    # printed nowhere.
     assert spark_connect_server.log_path.read_text(errors="replace").count("Got job") > jobs_before
     printed = capfd.readouterr()
     assert "as a Spark Connect client of Spark Connect server localhost:" in printed.out + printed.err
     assert TOKEN not in printed.out + printed.err and TOKEN not in caplog.text
 
-    assert SparkContext._active_spark_context is None
+    assert SparkContext._active_spark_context is classic
     assert ConnectSession.getActiveSession() is None
 
 

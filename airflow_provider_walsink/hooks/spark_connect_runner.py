@@ -331,7 +331,15 @@ class SparkConnectRunner(JobRunner):
     def _job_process_state(
         self, application: str, arguments: Sequence[str], env: Mapping[str, str]
     ) -> Iterator[None]:
-        """``sys.argv``, ``sys.path`` and the environment the job would have as a script, for its run."""
+        """``sys.argv``, ``sys.path`` and the environment the job would have as a script, for its run.
+
+        A classic Spark session already in this process (a notebook, ``dag.test()`` in a process
+        that ran Spark before; never an Airflow task process) is hidden from the job's builder
+        while it runs, which would otherwise refuse to make a Connect session beside it.
+        """
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession as ClassicSession
+
         overlay = {
             **self.env_vars,
             **env,
@@ -341,12 +349,15 @@ class SparkConnectRunner(JobRunner):
         }
         saved_env = {k: os.environ.get(k) for k in overlay}
         saved_argv, saved_path = sys.argv, list(sys.path)
+        saved_classic = SparkContext._active_spark_context, ClassicSession._instantiatedSession
         os.environ.update(overlay)
         sys.argv = [application, *map(str, arguments)]
         sys.path.insert(0, os.path.dirname(os.path.abspath(application)))  # as `python job.py` does
+        SparkContext._active_spark_context, ClassicSession._instantiatedSession = None, None
         try:
             yield
         finally:
+            SparkContext._active_spark_context, ClassicSession._instantiatedSession = saved_classic
             sys.argv = saved_argv
             sys.path[:] = saved_path
             for key, value in saved_env.items():
