@@ -281,6 +281,26 @@ def spark_cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def spark_connect_server(tmp_path_factory):
+    """A Spark Connect server from the venv's pyspark on a free loopback port over ``local[2]``
+    (``tests/spark_connect_server.py``), launched once per session on first use. It boots while
+    the fixtures after it set up (``url`` and ``connection_env`` wait until it serves): request it
+    before ``airflow_db``."""
+    from spark_connect_server import ConnectServer
+
+    from tests.helpers import missing_prerequisite
+
+    if not _java_available():
+        missing_prerequisite("Java (17) is not installed: the Spark Connect server cannot start")
+    server = ConnectServer(tmp_path_factory.mktemp("spark-connect")).launch()
+    with server:
+        yield server
+    artifacts = REPO / "test-artifacts" / f"spark-connect-{SESSION_ID}"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shutil.copy(server.log_path, artifacts / server.log_path.name)
+
+
+@pytest.fixture(scope="session")
 def spark():
     """One local Spark session shared by every test that needs Spark."""
     pytest.importorskip("pyspark")

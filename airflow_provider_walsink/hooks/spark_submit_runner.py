@@ -106,6 +106,7 @@ class SparkSubmitRunner(JobRunner):
     """
 
     name: ClassVar[str] = "spark"
+    task_options: ClassVar[frozenset[str]] = frozenset({"master", "spark_binary", "spark_submit_kwargs"})
 
     def __init__(
         self,

@@ -13,7 +13,9 @@ executor and every Airflow worker sees at the same path.
 
 1. the master runs everything on this host: ``local``, ``local[N]``, ``local[*]``,
    ``local[N,F]``, ``local-cluster[...]``, or a standalone/Mesos master whose every host
-   is a loopback address (``spark://127.0.0.1:7077``, ``spark://localhost:7077``);
+   is a loopback address (``spark://127.0.0.1:7077``, ``spark://localhost:7077``), or a
+   Spark Connect server on a loopback address (``spark_connect://127.0.0.1:15002``: read as
+   such a master, its executors on this host too);
 2. the staging root is a URI of a distributed or object store (``hdfs://``, ``s3a://``,
    ``gs://``, ``abfss://``...), anything but ``file:``;
 3. the user declared it shared: the walsink connection's extra ``"staging_shared": true``
@@ -102,10 +104,11 @@ def _is_loopback(host: str) -> bool:
 
 
 def master_hosts(master: str) -> list[str] | None:
-    """Hosts of a ``spark://h1:p1,h2:p2`` or ``mesos://`` master; ``None`` for yarn, k8s and
-    anything whose executors the master URL does not locate."""
+    """Hosts of a ``spark://h1:p1,h2:p2`` or ``mesos://`` master (or a ``spark_connect://`` server,
+    read as a standalone master is: its host); ``None`` for yarn, k8s and anything whose executors
+    the master URL does not locate."""
     scheme, sep, rest = master.strip().partition("://")
-    if not sep or scheme not in ("spark", "mesos"):
+    if not sep or scheme not in ("spark", "mesos", "spark_connect"):
         return None
     hosts = []
     for part in rest.split("/")[0].split(","):

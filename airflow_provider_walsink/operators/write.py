@@ -8,7 +8,7 @@ from typing import Any
 from airflow_provider_walsink.core.commit.write_phase import CheckpointSkipped, WritePhase
 from airflow_provider_walsink.core.protocol.errors import PreflightError
 from airflow_provider_walsink.core.protocol.modes import Reprocess, WriteMode
-from airflow_provider_walsink.core.runners import JobRunner, runner_class
+from airflow_provider_walsink.core.runners import JobRunner, runner_class, runner_name
 from airflow_provider_walsink.core.sources import source_from
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.store.errors import PipelineOwnedError
@@ -30,10 +30,11 @@ from airflow_provider_walsink.operators.placement import check_operator_placemen
 from airflow_provider_walsink.ui.links import WalsinkCheckpointLink
 
 try:
-    from airflow.sdk import BaseOperator
+    from airflow.sdk import BaseHook, BaseOperator
     from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 except ImportError:  # pragma: no cover
     from airflow.exceptions import AirflowFailException, AirflowSkipException  # type: ignore[no-redef]
+    from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
     from airflow.models import BaseOperator  # type: ignore[no-redef]
 
 
@@ -46,9 +47,11 @@ class WalWriteOperator(BaseOperator):
        checkpoint of the pipeline makes the task fail (retry it later): reading
        from the committed offsets while an earlier checkpoint is still open
        would read its input a second time.
-    2. Submits ``application`` through the ``spark`` job runner (the Spark provider's
-       ``SparkSubmitHook``, :mod:`~airflow_provider_walsink.hooks.spark_submit_runner`)
-       with the protocol arguments (``--walsink-protocol <json>``, see
+    2. Runs ``application`` through the job runner of ``spark_conn_id``'s connection type
+       (:meth:`get_runner`): spark-submit (the Spark provider's ``SparkSubmitHook``,
+       :mod:`~airflow_provider_walsink.hooks.spark_submit_runner`), or for a ``spark_connect``
+       connection a Spark Connect client in this process
+       (:mod:`~airflow_provider_walsink.hooks.spark_connect_runner`), with the protocol arguments (``--walsink-protocol <json>``, see
        :class:`~airflow_provider_walsink.core.spark.args.ProtocolArgs`) ahead of
        ``application_args``. The job stages its output with
        :class:`~airflow_provider_walsink.core.spark.job.CheckpointJob` and writes
@@ -91,9 +94,10 @@ class WalWriteOperator(BaseOperator):
     :param mode: ``overwrite`` or ``append``; must match the commit task's.
     :param checkpoint_key: templated; defaults to the run's data interval start.
     :param application_args: the job's own arguments (templated).
-    :param spark_conn_id: a Spark connection (master, deploy mode...). ``None``
-        (the default) means master ``local[*]``, chosen explicitly; a named
-        connection that does not exist is an error, never a silent ``yarn``.
+    :param spark_conn_id: a Spark connection (master, deploy mode...), or a ``spark_connect``
+        connection (the job then runs as a Spark Connect client: docs/production.md,
+        "Choosing a runner"). ``None`` (the default) means master ``local[*]``, chosen
+        explicitly; a named connection that does not exist is an error, never a silent ``yarn``.
     :param master: master to use when ``spark_conn_id`` is ``None``.
     :param conf: Spark configuration (templated). Under the default local
         master, :data:`LOCAL_DEFAULT_CONF` fills what is not given.
@@ -206,15 +210,28 @@ class WalWriteOperator(BaseOperator):
         self._runner: JobRunner | None = None
 
     def get_runner(self) -> JobRunner:
-        """The ``spark`` job runner (spark-submit) with this task's Spark arguments."""
-        return runner_class("spark")(  # type: ignore[call-arg]
+        """The job runner of ``spark_conn_id``'s connection type, with this task's Spark arguments:
+        ``spark_connect`` runs the job as a Spark Connect client, any other (and no connection)
+        through spark-submit (:data:`~airflow_provider_walsink.core.runners.RUNNERS`)."""
+        conn_type = None
+        if self.spark_conn_id is not None:
+            # A missing connection fails here: never spark-submit's silent fallback to yarn.
+            conn_type = BaseHook.get_connection(self.spark_conn_id).conn_type
+        name = runner_name(conn_type)
+        # spark-submit's own arguments, passed only when set: a runner that does not take them refuses.
+        options: dict[str, Any] = {}
+        if self.master != DEFAULT_MASTER:
+            options["master"] = self.master
+        if self.spark_binary is not None:
+            options["spark_binary"] = self.spark_binary
+        if self.spark_submit_kwargs:
+            options["spark_submit_kwargs"] = self.spark_submit_kwargs
+        return runner_class(name).for_task(
             job_name=f"walsink-{self.pipeline}",
             spark_conn_id=self.spark_conn_id,
-            master=self.master,
             conf=self.conf,
             env_vars=self.env_vars,
-            spark_binary=self.spark_binary,
-            spark_submit_kwargs=self.spark_submit_kwargs,
+            options=options,
             log=self.log,
         )
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class JobRunner(ABC):
@@ -31,7 +32,11 @@ class JobRunner(ABC):
 
     Runners are registered by name (the connection type) in
     :data:`airflow_provider_walsink.core.runners.RUNNERS` as ``"module:Class"``, imported only
-    when used. An implementation that needs Airflow (as spark-submit through the Spark
+    when used. The write task picks one by the type of its ``spark_conn_id`` connection and
+    builds it with :meth:`for_task`: the arguments every runner takes (``job_name``,
+    ``spark_conn_id``, ``conf``, ``env_vars``, ``log``) plus the task arguments the runner
+    declares in :attr:`task_options` (spark-submit's ``master``, ``spark_binary``,
+    ``spark_submit_kwargs``); a task argument set for a runner that does not take it is refused. An implementation that needs Airflow (as spark-submit through the Spark
     provider's ``SparkSubmitHook`` does) lives under ``airflow_provider_walsink.hooks`` and is
     registered by its dotted path: the core never imports Airflow.
     """
@@ -40,6 +45,31 @@ class JobRunner(ABC):
     name: ClassVar[str] = ""
     #: Whether the job outlives the worker, so the operator could defer while it runs.
     deferrable: ClassVar[bool] = False
+    #: The write task's arguments this runner takes besides the common ones.
+    task_options: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def for_task(
+        cls,
+        *,
+        job_name: str,
+        spark_conn_id: str | None,
+        conf: Mapping[str, Any],
+        env_vars: Mapping[str, str],
+        options: Mapping[str, Any],
+        log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+    ) -> JobRunner:
+        """The runner of one write task: ``options`` holds the task arguments that were set
+        beyond the common ones; one this runner does not take is a ``ValueError``."""
+        refused = sorted(set(options) - cls.task_options)
+        if refused:
+            raise ValueError(
+                f"{', '.join(refused)} cannot be used with a {cls.name} connection ({spark_conn_id!r}): "
+                f"the {cls.name} job runner takes {sorted(cls.task_options) or 'none of them'}"
+            )
+        return cls(  # type: ignore[call-arg]
+            job_name=job_name, spark_conn_id=spark_conn_id, conf=conf, env_vars=env_vars, log=log, **options
+        )
 
     @abstractmethod
     def submit(self, application: str, arguments: Sequence[str], env: Mapping[str, str]) -> None:

@@ -709,25 +709,21 @@ def _record_batch(messages: Sequence[Any], topic: str, partition: int, schema: p
 
 
 def executor_reader(
-    config: Mapping[str, Any], *, timeout: float = 120.0
+    config: Mapping[str, Any], splits: Sequence[tuple[str, int, int, int]], *, timeout: float = 120.0
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function: each input row is one split (topic, partition, begin, end).
+    """The ``mapInArrow`` function: each input row is the index (``id``) of one split in ``splits``
+    (topic, partition, begin, end), which it reads.
 
-    ``config`` travels inside the function (the task's closure), never on a command line.
+    ``config`` and ``splits`` travel inside the function (the task's closure), never on a command line.
     """
     settings = dict(config)
+    ranges = [tuple(s) for s in splits]
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            for split in batch.to_pylist():
-                yield from read_range(
-                    settings,
-                    split["topic"],
-                    int(split["partition"]),
-                    int(split["begin"]),
-                    int(split["end"]),
-                    timeout=timeout,
-                )
+            for index in batch.column("id").to_pylist():
+                topic, partition, begin, end = ranges[index]
+                yield from read_range(settings, topic, int(partition), int(begin), int(end), timeout=timeout)
 
     return read
 
@@ -741,22 +737,13 @@ def kafka_dataframe(
     timeout: float = 120.0,
 ) -> DataFrame:
     """A DataFrame of exactly the plan's ranges, read by the executors, with Spark's Kafka columns."""
-    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
-
     splits = split_ranges(plan, max_records_per_split)
-    split_schema = StructType(
-        [
-            StructField("topic", StringType(), False),
-            StructField("partition", IntegerType(), False),
-            StructField("begin", LongType(), False),
-            StructField("end", LongType(), False),
-        ]
-    )
-    # One split per Spark task: parallelism follows the splits, not the partition count.
-    rdd = spark.sparkContext.parallelize(splits, max(1, len(splits)))
-    return spark.createDataFrame(rdd, split_schema).mapInArrow(
-        executor_reader(config, timeout=timeout), SPARK_SCHEMA_DDL
-    )
+    # One split per Spark task: parallelism follows the splits, not the partition count. A range of
+    # n ids in n partitions holds one id per partition, and needs no SparkContext (a Spark Connect
+    # client has none).
+    count = max(1, len(splits))
+    ids = spark.range(0, len(splits), 1, count)
+    return ids.mapInArrow(executor_reader(config, splits, timeout=timeout), SPARK_SCHEMA_DDL)
 
 
 # ---------------------------------------------------------------------- the job's face

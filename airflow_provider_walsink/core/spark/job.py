@@ -150,6 +150,13 @@ def _visible_files(root: Path) -> set[str]:
     return found
 
 
+def application_id(spark: SparkSession) -> str:
+    """The id of the Spark application ``spark`` runs in, classic or Spark Connect."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        return str(spark.conf.get("spark.app.id"))
+    return str(spark.sparkContext.applicationId)
+
+
 def hadoop_uri(path: str | os.PathLike[str]) -> str:
     """``file://`` URI of a local path as Hadoop expects it.
 
@@ -229,6 +236,7 @@ class CheckpointJob:
         self._partitions: list[str] = []
         self._formats: set[str] = set()
         self._stages = 0
+        self._application_id: str | None = None
         self.sealed_digest: str | None = None
         if isinstance(self.attempt_dir, Path):
             self.attempt_dir.mkdir(parents=True, exist_ok=True)
@@ -272,6 +280,16 @@ class CheckpointJob:
     def until_offsets(self) -> dict[str, Any] | None:
         """Reprocess of an ``append`` checkpoint: read up to exactly here and end here (else ``None``)."""
         return self.protocol.until_offsets
+
+    @property
+    def application_id(self) -> str:
+        """The Spark application's id (it names the committables' writers and the manifest's job).
+
+        A Spark Connect client has no ``SparkContext``: it asks the server's configuration.
+        """
+        if self._application_id is None:
+            self._application_id = application_id(self.spark)
+        return self._application_id
 
     @property
     def committables(self) -> tuple[Committable, ...]:
@@ -358,7 +376,7 @@ class CheckpointJob:
     def _describe(
         self, new_files: list[str], fmt: str, observed_rows: int
     ) -> tuple[list[Committable], list[FileSchema | None]]:
-        app_id = self.spark.sparkContext.applicationId
+        app_id = self.application_id
         paths = [self.layout.committable_path(self.attempt_dir, rel) for rel in new_files]
         algorithm = self.protocol.checksum
 
@@ -435,7 +453,7 @@ class CheckpointJob:
         # files a failed or speculative attempt left behind are not described, so never sealed.
         written = observed.mapInArrow(write, WRITTEN).collect()
         observed_rows = int(observation.get.get("rows", 0))
-        app_id = self.spark.sparkContext.applicationId
+        app_id = self.application_id
         committables: list[Committable] = []
         schemas: list[FileSchema | None] = []
         confined = self.store.resolver(self.location)
@@ -481,7 +499,7 @@ class CheckpointJob:
             partitions=self._partitions,
             start_offsets=self.protocol.start_offsets,
             end_offsets=self.end_offsets,
-            job=f"spark:{self.spark.sparkContext.applicationId}",
+            job=f"spark:{self.application_id}",
             file_schema=self.file_schema(),
         )
 
