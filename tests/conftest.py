@@ -336,8 +336,11 @@ STACK_FIXTURES = {"airflow_stack", "spark_cluster"}
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups from the markers
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if STACK_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("e2e"):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if STACK_FIXTURES & fixtures or item.get_closest_marker("e2e"):
             item.add_marker(pytest.mark.xdist_group("stack"))
+        elif "spark_connect_server" in fixtures:  # one Connect server, on whichever worker
+            item.add_marker(pytest.mark.xdist_group("connect"))
 
 
 def pytest_sessionfinish(session, exitstatus):
