@@ -333,14 +333,30 @@ def spark():
 STACK_FIXTURES = {"airflow_stack", "spark_cluster"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups from the markers
+def _xdist_group(item) -> str | None:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if STACK_FIXTURES & fixtures or item.get_closest_marker("e2e"):
+        return "stack"
+    if "spark_connect_server" in fixtures:  # one Connect server, on whichever worker
+        return "connect"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
+    """Under ``--dist loadgroup``, the group as xdist's own ``xdist_group`` marker would give it:
+    a ``@group`` suffix on the node id, which xdist's scheduler reads. (pytest-xdist 3.8 sets that
+    suffix on ``item._nodeid``, which pytest 9 no longer reads: its node ids live in ``_id``.)"""
+    if not getattr(config.option, "loadgroup", False):  # set in xdist's workers only
+        return
     for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if STACK_FIXTURES & fixtures or item.get_closest_marker("e2e"):
-            item.add_marker(pytest.mark.xdist_group("stack"))
-        elif "spark_connect_server" in fixtures:  # one Connect server, on whichever worker
-            item.add_marker(pytest.mark.xdist_group("connect"))
+        if (group := _xdist_group(item)) is None:
+            continue
+        if hasattr(item, "_id"):  # pytest >= 9
+            from _pytest.nodeid import coerce_node_id
+
+            item._id = coerce_node_id(f"{item.nodeid}@{group}")
+        else:
+            item._nodeid = f"{item.nodeid}@{group}"
 
 
 def pytest_sessionfinish(session, exitstatus):
