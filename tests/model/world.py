@@ -1021,8 +1021,11 @@ class World:
                 changed = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :]
             else:
                 changed = flipped[0]
+        held = self._held_by_target(rec)
         target.write_bytes(changed)
-        if att is not None:
+        if att is not None and held:  # published already: the target holds the bytes as they were
+            self.counts["tamper.held"] += 1
+        elif att is not None:
             att.tampered.add(how)
             if flipped is not None and not verified:
                 self._corrupted_rows(att, flipped[1], flipped[2])  # published as changed, if committed
@@ -1047,6 +1050,21 @@ class World:
         return any(
             f"/{attempt}/" in unquote(f) and unquote(f).endswith(f"/{file}") for f in self.data_files()
         )
+
+    def _held_by_target(self, rec: Any) -> bool:
+        """Whether the target already holds ``rec``'s sealed attempt (a commit killed after its table
+        commit or SQL transaction, not retried yet): a retry publishes nothing again, so a change to
+        the staged bytes after that changes nothing the target shows (Iceberg, Delta, SQL record it)."""
+        if self.cfg.kind not in ("iceberg", "delta", "sql") or rec.sealed_attempt is None:
+            return False
+        from airflow_provider_walsink.core.staging.resolve import as_store
+
+        staging = as_store(self.layout)
+        location = staging.attempt(
+            self.cfg.pipeline, rec.checkpoint_key, rec.sealed_attempt, rec.sealed_attempt_id
+        )
+        manifest = staging.read_manifest(location, expected_digest=rec.manifest_digest)
+        return self.cfg.publisher(self.layout).published_attempt(manifest) == rec.sealed_attempt_id
 
     def _corrupted_rows(self, att: Attempt, old: str, new: str) -> None:
         """The model of an attempt whose staged value ``old`` became ``new`` (verify_checksums off:
@@ -1080,6 +1098,10 @@ class World:
         staging = as_store(self.layout)
         location = staging.attempt(cfg.pipeline, key, rec.sealed_attempt, rec.sealed_attempt_id)
         manifest = staging.read_manifest(location, expected_digest=rec.manifest_digest)
+        # A commit killed after the target published the attempt (a table commit, an SQL transaction),
+        # and the table compacted since (so its files are no longer the staged ones): the target
+        # holds the attempt as it was; the retry must record that, whatever the staged bytes are now.
+        held = self._held_by_target(rec)
         done = None
         for c in reversed(manifest.committables):
             try:
@@ -1107,22 +1129,30 @@ class World:
             break
         if done is None:
             return f"{first}skipped: no staged value to change"
-        att.tampered.add("same_size")
-        if cfg.verify_checksums:
+        if held:
+            self.counts["corrupt.held"] += 1
+        elif cfg.verify_checksums:
+            att.tampered.add("same_size")
             att.poisoned = True
         else:
+            att.tampered.add("same_size")
             self._corrupted_rows(att, done[1], done[2])
         self.counts["corrupt.verified" if cfg.verify_checksums else "corrupt.unverified"] += 1
         result = self._commit_until_done(key)
         now = self.store.require(cfg.pipeline, key)
-        if cfg.verify_checksums and result.get("error") == "ChecksumMismatchError":
+        if held and not now.is_committed:
+            self.notes.append(
+                f"{key}: the target holds attempt {att.attempt_id[:8]} (a commit killed after publishing it), "
+                f"but the retry left it {now.state.value} ({json.dumps(result)[:300]}): it can never commit"
+            )
+        elif cfg.verify_checksums and result.get("error") == "ChecksumMismatchError":
             self.counts["corrupt.refused"] += 1
             if now.is_committed or not now.error or "staged bytes changed" not in now.error:
                 self.notes.append(
                     f"{key}: a commit refused attempt {att.attempt_id[:8]} for its checksum, but the row is "
                     f"{now.state.value} with error {now.error!r} (uncommitted, the error recorded)"
                 )
-        elif cfg.verify_checksums and result.get("ok"):
+        elif cfg.verify_checksums and result.get("ok") and not held:
             self.notes.append(
                 f"{key}: attempt {att.attempt_id[:8]} committed with verify_checksums although {done[0]} "
                 f"changed after the durability gate ({json.dumps(result)})"
