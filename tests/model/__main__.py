@@ -109,7 +109,8 @@ def combos_for(
                     if fencing == "table" and kind not in ("iceberg", "delta"):
                         continue  # table fencing: Iceberg and Delta only
                     out.append(Combo(kind, mode, fencing, sql_urls.get(target), staging,
-                                     s3_endpoint if staging == "s3" else None, kafka, wide))  # fmt: skip
+                                     s3_endpoint if staging == "s3" else None, kafka, wide,
+                                     corrupting=True))  # fmt: skip
     return out
 
 

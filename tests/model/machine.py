@@ -42,6 +42,10 @@ class Combo:
     kafka: str | None = None
     #: Partition values from the widened data domain (``tests/data_domain.py``), drawn per schedule.
     wide: bool = False
+    #: Draw the commit's ``verify_checksums`` per schedule and the ``corrupt`` step (the CLI's runs);
+    #: off (CI's random schedules): verify_checksums on and no ``corrupt``, so CI draws exactly the
+    #: schedules it drew before (its cost stays; CI pins ``corrupt`` in fixed schedules instead).
+    corrupting: bool = False
 
     @property
     def label(self) -> str:
@@ -125,9 +129,10 @@ WEIGHTED = (
     + ["tamper"] * 2 + ["reseal"]
     # Composite: compaction then a reprocess (table targets); a crash, retention, a re-run with other data.
     + ["compact_reprocess"] * 2 + ["crash_rerun"] * 2
-    # Hostile, every staging store: a staged value changed in place (same size) after durability, then a commit.
-    + ["corrupt"] * 2
 )  # fmt: skip
+#: ``Combo.corrupting``: the operations with ``corrupt`` (hostile, every staging store: a staged value
+#: changed in place, same size, after durability, then a commit), weighted as ``tamper``.
+WEIGHTED_CORRUPTING = [*WEIGHTED, "corrupt", "corrupt"]
 
 
 def machine_for(
@@ -141,12 +146,19 @@ def machine_for(
             self.world: World | None = None
             self.steps: list[dict[str, Any]] = []
 
-        @initialize(combo=st.sampled_from(combos), verify=st.booleans(), data=st.data())
-        def start(self, combo: Combo, verify: bool, data: st.DataObject) -> None:
+        @initialize(combo=st.sampled_from(combos))
+        def start(self, combo: Combo) -> None:
+            # The world is built at the first step, which draws what the combination draws
+            # (domain, verify_checksums): a combination that draws nothing more draws as before.
+            self.combo = combo
+            figures.schedules += 1
+
+        def _build(self, data: st.DataObject) -> None:
+            combo = self.combo
+            verify = data.draw(st.booleans(), label="verify_checksums") if combo.corrupting else True
             domain = data.draw(domain_partitions(), label="domain") if combo.wide else None
             work = tempfile.mkdtemp(prefix="s-", dir=workdir)
             self.world = World(combo.config(work, db_url, domain=domain, verify_checksums=verify))
-            figures.schedules += 1
             figures.counts["verify_checksums.on" if verify else "verify_checksums.off"] += 1
 
         def _do(self, step: dict[str, Any]) -> None:
@@ -162,6 +174,10 @@ def machine_for(
         @rule(op=st.sampled_from(WEIGHTED), data=st.data())
         def step(self, op: str, data: st.DataObject) -> None:
             """One operation, drawn with the weights of :data:`WEIGHTED` (Hypothesis has no rule weights)."""
+            if self.world is None:
+                self._build(data)
+            if self.combo.corrupting:  # drawn again from the list with corrupt (CI's draws stay as they were)
+                op = data.draw(st.sampled_from(WEIGHTED_CORRUPTING), label="op")
             key = data.draw(KEY, label="key")
             if op in ("run", "write"):
                 n = data.draw(st.sampled_from([2, 1, 3, 0]), label="n")  # 0: an empty checkpoint
