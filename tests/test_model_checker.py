@@ -11,9 +11,11 @@ break a publisher on purpose and show the checker catches it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from tests.model.machine import Combo, Figures, load_schedule, run_machine
+from tests.model.machine import Combo, Figures, drawn, load_schedule, run_machine
 from tests.model.world import BUCKET, Config, World, replay
 from tests.table_fixtures import s3_server  # noqa: F401 - moto's S3 API server, session-scoped
 
@@ -106,18 +108,27 @@ def test_model_checker_finds_no_violation_staging_on_s3(kind, mode, fencing, s3_
     assert figures.counts["run"] > 0, figures.describe()
 
 
+#: Five partitions of the widened data domain (tests/data_domain.py): ``a`` beside ``a `` (one ``t``),
+#: NULL, control characters, an emoji; timestamps with a fraction and with microseconds.
+WIDE = (("plain", "fraction"), ("trailing space", "fraction"), ("null", "null"), ("control", "micros"),
+        ("emoji", "date"))  # fmt: skip
+
+
 def test_every_operation_runs_through_the_store_on_s3(s3_server, tmp_path):  # noqa: F811
     """A fixed schedule with every operation, staged on S3 (Delta, ``overwrite``; the random
-    schedules above are too few to be sure to draw each): a commit SIGKILLed after its table
-    commit and retried, a committer SIGSTOPped before its table commit while an abort runs, two
-    commits at once, an abort racing a commit of a new version, a committer SIGSTOPped in its
-    clean-up while a reprocess commits, a re-run commit, compaction and vacuum, GC, retention, and
-    a late run of an older key (refused, invariant 10); checked after every step."""
+    schedules above are too few to be sure to draw each), on partitions of the widened data
+    domain: a commit SIGKILLed after its table commit and retried, a committer SIGSTOPped before
+    its table commit while an abort runs, two commits at once, a staged object rewritten with its
+    size after durability (refused by ``verify_checksums``, recorded, nothing published), an
+    abort racing a commit of a new version, a committer SIGSTOPped in its clean-up while a
+    reprocess commits, a re-run commit, compaction and vacuum, GC, retention, and a late run of
+    an older key (refused, invariant 10); checked after every step."""
     steps = [
         {"op": "run", "key": K1, "n": 2, "parts": [0, 1]},
         {"op": "crash", "key": K2, "point": "table.after_table_commit"},
         {"op": "pause", "key": K3, "point": "table.before_table_commit", "then": "abort"},
         {"op": "race", "key": K3},
+        {"op": "corrupt", "key": K4},
         {"op": "reprocess", "key": K2, "n": 1},
         {"op": "durable", "key": K2},
         {"op": "abort_race", "key": K2},
@@ -131,11 +142,14 @@ def test_every_operation_runs_through_the_store_on_s3(s3_server, tmp_path):  # n
         {"op": "run", "key": K1, "n": 1, "parts": [1]},
     ]
     cfg = Config("delta", "overwrite", "lease", str(tmp_path / "w"), f"sqlite:///{tmp_path}/c.db", pipeline="every",
-                 staging="s3", s3_endpoint=s3_server.endpoint)  # fmt: skip
+                 staging="s3", s3_endpoint=s3_server.endpoint, domain=WIDE)  # fmt: skip
     world = World(cfg)
     try:
         log = run_checked(world, steps)
         c = world.counts
+        assert c["corrupt.refused"] == 1, f"{dict(c)}\n{log}"
+        rec = world.store.require(cfg.pipeline, K4)
+        assert rec.state.value == "FAILED" and "staged bytes changed" in rec.error, log
         # The abort racing a commit may win or lose (either is fine: the checks above hold); the
         # abort while a committer is stopped always wins, and the late older key is refused unless
         # a lost race left a checkpoint uncommitted (then retention keeps K1's row: it is skipped).
@@ -188,9 +202,40 @@ def test_model_checker_exercised_every_operation():
         assert c[what] > 0, f"{what}: {TOTAL.describe()}"
 
 
+def test_same_size_corruption_without_verify_checksums_is_published_once(database_urls, tmp_path):
+    """``verify_checksums`` off, what the model expects (tests/model/world.py: ``op_corrupt``): a
+    staged value changed in place after durability, its size unchanged, is not detected by design
+    (nothing re-reads staged bytes after the gate) and is published as it is, once, nothing else
+    lost or duplicated; on the widened data domain with MariaDB (``a`` and ``a `` in their own
+    partitions under its PAD SPACE collation); checked after every step, then a replace reprocess
+    of it (the repair: the new version replaces the changed rows)."""
+    cfg = Config("sql", "overwrite", "lease", str(tmp_path / "w"), f"sqlite:///{tmp_path}/c.db", database_urls("mysql"),
+                 pipeline="corrupt", domain=WIDE, verify_checksums=False)  # fmt: skip
+    world = World(cfg)
+    try:
+        log = run_checked(
+            world, [{"op": "run", "key": K1, "n": 2, "parts": [0, 1]}, {"op": "corrupt", "key": K2}]
+        )
+        assert (
+            world.counts["corrupt.unverified"] == 1 and world.store.require(cfg.pipeline, K2).is_committed
+        ), log
+        old, new = world.log[1].split("changed ", 1)[1].split(" ", 1)[0].split("->")
+        ids = [i for _, i, _ in world.rows()]
+        assert ids.count(new) == 1 and old not in ids, (old, new, log)
+        steps = [
+            {"op": "reprocess", "key": K2, "n": 1},
+            {"op": "durable", "key": K2},
+            {"op": "commit", "key": K2},
+        ]
+        log = run_checked(world, steps)
+        assert new not in [i for _, i, _ in world.rows()], log
+    finally:
+        world.close()
+
+
 # ----------------------------------------------------------------------------- the checker can fail
 
-K1, K3 = "20260101", "20260103"
+K1, K3, K4 = "20260101", "20260103", "20260104"
 
 
 def _files(tmp_path, mode: str) -> Config:
@@ -223,8 +268,13 @@ def test_checker_catches_a_publisher_that_publishes_twice(tmp_path, monkeypatch)
     assert figures.violations and '"steps"' in figures.violations[0][2], figures.violations
     # The printed schedule replays: the same violation again.
     config, steps = load_schedule(figures.violations[0][2])
-    assert config == {"kind": "files", "mode": "append", "fencing": "lease"}
-    again = replay(_files(tmp_path / "again", "append"), steps, verbose=False)
+    assert {k: config[k] for k in ("kind", "mode", "fencing")} == {
+        "kind": "files",
+        "mode": "append",
+        "fencing": "lease",
+    }
+    assert set(config) <= {"kind", "mode", "fencing", "verify_checksums"}, config  # drawn: printed when off
+    again = replay(replace(_files(tmp_path / "again", "append"), **drawn(config)), steps, verbose=False)
     assert any("shown twice" in v for v in again), again
 
 
@@ -341,6 +391,15 @@ FOUND = [
         "delta", "overwrite", "lease",
         [{"op": "pause", "key": K1, "point": "table.before_table_commit", "then": "paused_commit"}],
         id="mutation-mark-committed-ignores-the-epoch",
+    ),
+    pytest.param(
+        # Found by the long run of issue 35 (widened domain, corrupt): a commit killed after its table
+        # commit, the table compacted, a staged byte changed (same size): the retry with
+        # verify_checksums refused the attempt the table holds, FAILED for ever, its rows visible.
+        "delta", "overwrite", "table",
+        [{"op": "crash", "key": "20260105", "point": "commit.after_publish", "retry": False},
+         {"op": "maintain", "action": "compact"}, {"op": "corrupt", "key": "20260105"}],
+        id="verify-checksums-refuses-an-attempt-the-table-holds",
     ),
     pytest.param(
         "files", "overwrite", "lease",

@@ -8,6 +8,12 @@ mid-read, and the Kafka invariants checked after every step (``tests/model/kafka
 ``--staging s3`` runs the Iceberg and Delta combinations with the tables and their staging
 in a bucket of moto's S3 API server, which it starts on a loopback port (and stops).
 
+``--domain wide`` draws each schedule's five partitions from the widened data domain
+(``tests/data_domain.py``: two partition columns ``(k, t)``, NULL and ``''``, Spark's escapes,
+spaces, unicode, timestamps) instead of one ``dt`` column of dates. Every schedule draws the
+commit's ``verify_checksums`` (on or off); the ``corrupt`` operation changes a staged value in
+place after durability (same size): refused with it on, published as changed with it off.
+
 Runs the model checker over every target combination asked for (kind x mode x
 fencing), ``N`` schedules in all, and prints its figures and every violation
 with its shrunk, replayable schedule (also written to ``--out``). The figures
@@ -27,7 +33,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from .machine import Combo, Figures, load_schedule, minimize, run_machine
+from .machine import Combo, Figures, drawn, load_schedule, minimize, run_machine
 from .world import BUCKET, S3_KINDS, Config, replay
 
 TARGETS = ("files", "iceberg", "delta", "sql-postgresql", "sql-mysql")
@@ -90,6 +96,7 @@ def combos_for(
     stagings: tuple[str, ...] = ("local",),
     s3_endpoint: str | None = None,
     kafka: str | None = None,
+    wide: bool = False,
 ) -> list[Combo]:
     out = []
     for staging in stagings:
@@ -102,7 +109,8 @@ def combos_for(
                     if fencing == "table" and kind not in ("iceberg", "delta"):
                         continue  # table fencing: Iceberg and Delta only
                     out.append(Combo(kind, mode, fencing, sql_urls.get(target), staging,
-                                     s3_endpoint if staging == "s3" else None, kafka))  # fmt: skip
+                                     s3_endpoint if staging == "s3" else None, kafka, wide,
+                                     corrupting=True))  # fmt: skip
     return out
 
 
@@ -124,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         default="files",
         choices=("files", "kafka"),
         help="kafka: read a topic of librdkafka's mock cluster (started on loopback; append mode only)",
+    )
+    p.add_argument(
+        "--domain",
+        default="dates",
+        choices=("dates", "wide"),
+        help="wide: partitions (k, t) drawn from tests/data_domain.py (files source only)",
     )
     p.add_argument(
         "--replay", metavar="FILE", help="run one schedule (JSON, as printed) and check every step"
@@ -158,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             bootstrap = kafka_cluster(drops) if config.get("source") == "kafka" else None
             cfg = Config(config["kind"], config["mode"], config["fencing"], workdir, f"sqlite:///{workdir}/c.db",
                          sql_url, pipeline=f"m{uuid.uuid4().hex[:10]}", staging=staging,
-                         s3_endpoint=endpoint, kafka=bootstrap)  # fmt: skip
+                         s3_endpoint=endpoint, kafka=bootstrap, **drawn(config))  # fmt: skip
             found = replay(cfg, steps, verbose=True)
             print(f"{len(found)} violation(s)")
             for v in found:
@@ -184,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
                 p.error("--source kafka reads in append mode only")
             modes = ["append"]  # a Kafka source's offsets advance only when a checkpoint commits
             bootstrap = kafka_cluster(drops)
-        combos = combos_for(targets, modes, args.fencing.split(","), sql_urls, stagings, endpoint, bootstrap)
+            if args.domain == "wide":
+                p.error("--domain wide: the files source only (the Kafka source writes one dt column)")
+        combos = combos_for(targets, modes, args.fencing.split(","), sql_urls, stagings, endpoint, bootstrap,
+                            wide=args.domain == "wide")  # fmt: skip
         if not combos:
             p.error("no combination: S3 staging takes the iceberg and delta targets only")
         per = max(1, args.schedules // len(combos))
@@ -202,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                     label, problems, schedule = figures.violations[j]
                     if schedule:
                         config, steps = load_schedule(schedule)
-                        steps, again = minimize(combo, steps, workdir)
+                        steps, again = minimize(combo, steps, workdir, **drawn(config))
                         text = json.dumps({"config": config, "steps": steps})
                         figures.violations[j] = (label, again or problems, text)
             print(f"{combo.label:32s} schedules {figures.schedules - before[0]:4d}  "

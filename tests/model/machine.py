@@ -40,19 +40,61 @@ class Combo:
     s3_endpoint: str | None = None
     #: The mock Kafka cluster's bootstrap address: the pipeline reads a topic (``--source kafka``).
     kafka: str | None = None
+    #: Partition values from the widened data domain (``tests/data_domain.py``), drawn per schedule.
+    wide: bool = False
+    #: Draw the commit's ``verify_checksums`` per schedule and the ``corrupt`` step (the CLI's runs);
+    #: off (CI's random schedules): verify_checksums on and no ``corrupt``, so CI draws exactly the
+    #: schedules it drew before (its cost stays; CI pins ``corrupt`` in fixed schedules instead).
+    corrupting: bool = False
 
     @property
     def label(self) -> str:
         sql = f"-{self.sql_url.split(':', 1)[0].split('+')[0]}" if self.sql_url else ""
         return (f"{self.kind}{sql}/{self.mode}/{self.fencing}" + ("/s3" if self.staging == "s3" else "")
-                + ("/kafka" if self.kafka else ""))  # fmt: skip
+                + ("/kafka" if self.kafka else "") + ("/wide" if self.wide else ""))  # fmt: skip
 
-    def config(self, work: str, db_url: str) -> Config:
-        """A fresh pipeline of this combination in ``work`` (its S3 prefix derived from both)."""
+    def config(
+        self,
+        work: str,
+        db_url: str,
+        *,
+        domain: tuple[tuple[str, str], ...] | None = None,
+        verify_checksums: bool = True,
+    ) -> Config:
+        """A fresh pipeline of this combination in ``work`` (its S3 prefix derived from both), with
+        the schedule's drawn partitions (``domain``) and ``verify_checksums``."""
         url = db_url if db_url != "sqlite" else f"sqlite:///{work}/committer.db"
         return Config(self.kind, self.mode, self.fencing, work, url, self.sql_url,
                       pipeline=f"m{uuid.uuid4().hex[:10]}", staging=self.staging,
-                      s3_endpoint=self.s3_endpoint, kafka=self.kafka)  # fmt: skip
+                      s3_endpoint=self.s3_endpoint, kafka=self.kafka, domain=domain,
+                      verify_checksums=verify_checksums)  # fmt: skip
+
+
+@st.composite
+def domain_partitions(draw: Any) -> tuple[tuple[str, str], ...]:
+    """Five partitions ``(k, t)`` of the widened data domain (``tests/data_domain.py``), of distinct
+    Hive directories (NULL and ``''`` share one): string values in a drawn order, temporal values
+    drawn; half the time the first two are ``a`` and ``a `` with one ``t`` (a replace of one that
+    compares with PAD SPACE, as MariaDB's collations do, would take the other)."""
+    from airflow_provider_walsink.core.protocol.partitions import partition_dir
+    from tests import data_domain as D
+
+    names = draw(st.permutations(list(D.STRINGS)), label="strings")
+    times = draw(st.lists(st.sampled_from(list(D.TEMPORAL)), min_size=len(names), max_size=len(names)),
+                 label="temporal")  # fmt: skip
+    pairs = list(zip(names, times, strict=True))
+    if draw(st.booleans(), label="pad space"):
+        pairs = [("plain", times[0]), ("trailing space", times[0])] + [
+            p for p in pairs if p[0] not in ("plain", "trailing space")
+        ]
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for k, t in pairs:
+        directory = partition_dir(D.COLUMNS, (D.STRINGS[k], D.TEMPORAL[t]))
+        if directory not in seen:
+            seen.add(directory)
+            out.append((k, t))
+    return tuple(out[: len(KEYS)])
 
 
 @dataclass
@@ -88,6 +130,9 @@ WEIGHTED = (
     # Composite: compaction then a reprocess (table targets); a crash, retention, a re-run with other data.
     + ["compact_reprocess"] * 2 + ["crash_rerun"] * 2
 )  # fmt: skip
+#: ``Combo.corrupting``: the operations with ``corrupt`` (hostile, every staging store: a staged value
+#: changed in place, same size, after durability, then a commit), weighted as ``tamper``.
+WEIGHTED_CORRUPTING = [*WEIGHTED, "corrupt", "corrupt"]
 
 
 def machine_for(
@@ -103,8 +148,18 @@ def machine_for(
 
         @initialize(combo=st.sampled_from(combos))
         def start(self, combo: Combo) -> None:
-            self.world = World(combo.config(tempfile.mkdtemp(prefix="s-", dir=workdir), db_url))
+            # The world is built at the first step, which draws what the combination draws
+            # (domain, verify_checksums): a combination that draws nothing more draws as before.
+            self.combo = combo
             figures.schedules += 1
+
+        def _build(self, data: st.DataObject) -> None:
+            combo = self.combo
+            verify = data.draw(st.booleans(), label="verify_checksums") if combo.corrupting else True
+            domain = data.draw(domain_partitions(), label="domain") if combo.wide else None
+            work = tempfile.mkdtemp(prefix="s-", dir=workdir)
+            self.world = World(combo.config(work, db_url, domain=domain, verify_checksums=verify))
+            figures.counts["verify_checksums.on" if verify else "verify_checksums.off"] += 1
 
         def _do(self, step: dict[str, Any]) -> None:
             assert self.world is not None
@@ -119,6 +174,10 @@ def machine_for(
         @rule(op=st.sampled_from(WEIGHTED), data=st.data())
         def step(self, op: str, data: st.DataObject) -> None:
             """One operation, drawn with the weights of :data:`WEIGHTED` (Hypothesis has no rule weights)."""
+            if self.world is None:
+                self._build(data)
+            if self.combo.corrupting:  # drawn again from the list with corrupt (CI's draws stay as they were)
+                op = data.draw(st.sampled_from(WEIGHTED_CORRUPTING), label="op")
             key = data.draw(KEY, label="key")
             if op in ("run", "write"):
                 n = data.draw(st.sampled_from([2, 1, 3, 0]), label="n")  # 0: an empty checkpoint
@@ -144,7 +203,17 @@ def machine_for(
                 points = KILL_POINTS[self.kind]
                 point = data.draw(st.sampled_from(points), label="point")
                 self._do({"op": op, "key": key, "point": point, "n": data.draw(st.integers(0, 3), label="n")})
-            elif op in ("durable", "commit", "recommit", "race", "abort", "abort_race", "symlink", "reseal"):
+            elif op in (
+                "durable",
+                "commit",
+                "recommit",
+                "race",
+                "abort",
+                "abort_race",
+                "symlink",
+                "reseal",
+                "corrupt",
+            ):
                 self._do({"op": op, "key": key})
             elif op == "group":
                 point = data.draw(st.sampled_from([None, None, *GROUP_KILL_POINTS]), label="point")
@@ -248,7 +317,13 @@ def run_machine(
 
 
 def minimize(
-    combo: Combo, steps: list[dict[str, Any]], workdir: str, *, db_url: str = "sqlite"
+    combo: Combo,
+    steps: list[dict[str, Any]],
+    workdir: str,
+    *,
+    db_url: str = "sqlite",
+    domain: tuple[tuple[str, str], ...] | None = None,
+    verify_checksums: bool = True,
 ) -> list[dict[str, Any]]:
     """Hypothesis's shrink, finished by hand: drop each step whose removal keeps a violation.
 
@@ -264,7 +339,7 @@ def minimize(
     def fails(candidate: list[dict[str, Any]]) -> bool:
         nonlocal found
         work = tempfile.mkdtemp(prefix="min-", dir=workdir)
-        cfg = combo.config(work, db_url)
+        cfg = combo.config(work, db_url, domain=domain, verify_checksums=verify_checksums)
         try:
             problems = replay(cfg, candidate, verbose=False)
             if problems:
@@ -287,3 +362,12 @@ def minimize(
 def load_schedule(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     data = json.loads(text)
     return data["config"], data["steps"]
+
+
+def drawn(config: dict[str, Any]) -> dict[str, Any]:
+    """A schedule's drawn settings (as printed by ``schedule_text``), as ``Config`` arguments."""
+    domain = config.get("domain")
+    return {
+        "domain": tuple(tuple(p) for p in domain) if domain else None,
+        "verify_checksums": config.get("verify_checksums", True),
+    }

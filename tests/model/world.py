@@ -118,12 +118,49 @@ class Config:
     s3_endpoint: str | None = None
     #: The mock Kafka cluster's bootstrap address: the pipeline reads a topic (tests/model/kafka.py).
     kafka: str | None = None
+    #: The widened data domain (``tests/data_domain.py``): five partitions of two columns ``(k, t)``,
+    #: each named ``(STRINGS name, TEMPORAL name)``; ``None``: the one ``dt`` column of dates.
+    domain: tuple[tuple[str, str], ...] | None = None
+    #: The commit's ``verify_checksums`` (drawn per schedule): on, a staged committable changed
+    #: after the durability gate is refused before anything is published; off, the commit does
+    #: not re-read staged bytes, so a same-size change is published as it is (by design).
+    verify_checksums: bool = True
 
     def __post_init__(self) -> None:
         if self.staging == "s3" and (self.kind not in S3_KINDS or not self.s3_endpoint):
             raise ValueError(f"S3 staging needs an S3 endpoint and a target of {S3_KINDS}, not {self.kind}")
         if self.kafka and self.mode != "append":
             raise ValueError("a Kafka source reads in append mode only")
+        if self.domain is not None:
+            if self.kafka:
+                raise ValueError("the widened data domain is for the files source (Kafka writes dt)")
+            if len(self.domain) != len(KEYS) or len({d for _, d in self.partitions()}) != len(KEYS):
+                raise ValueError(
+                    f"the domain names {len(KEYS)} partitions of distinct directories: {self.domain}"
+                )
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The partition columns: ``(k, t)`` with the widened domain, else ``(dt,)``."""
+        from tests import data_domain
+
+        return data_domain.COLUMNS if self.domain is not None else ("dt",)
+
+    def partitions(self) -> list[tuple[Any, str]]:
+        """The schedule's five partitions as ``(what the target holds, the Hive directory)``: a
+        ``(k, t)`` tuple of held values with the widened domain (NULL and ``''`` both NULL), else
+        the ``dt`` text; the directory as the job's executors write it (the package's one escape)."""
+        from airflow_provider_walsink.core.protocol.partitions import partition_dir
+
+        if self.domain is None:
+            return [(p, f"dt={p}") for p in PARTITIONS]
+        from tests import data_domain as D
+
+        out = []
+        for k, t in self.domain:
+            values = (D.STRINGS[k], D.TEMPORAL[t])
+            out.append((tuple(D.expected(v) for v in values), partition_dir(D.COLUMNS, values)))
+        return out
 
     @property
     def label(self) -> str:
@@ -193,7 +230,11 @@ class Config:
         else:
             staged = layout or StagingLayout(f"{self.work}/staging")
         options = TargetOptions(
-            mode=self.mode, layout=staged, partition_by=("dt",), connections=self.connections, extra=extra
+            mode=self.mode,
+            layout=staged,
+            partition_by=self.columns,
+            connections=self.connections,
+            extra=extra,
         )
         return resolve_target(self.uri(), options)
 
@@ -264,9 +305,10 @@ def committer(cfg: Config, store: CommitterStore, owner: str) -> CheckpointCommi
         owner=owner,
         lease_ttl=LEASE_TTL,
         fencing=cfg.fencing,
-        # A staged file changed after its durability check (``tamper``) must be refused before
-        # anything is published: the commit re-reads the staged bytes (verify_checksums).
-        verify_checksums=True,
+        # Drawn per schedule: on, a staged file changed after its durability check (``tamper``,
+        # ``corrupt``) must be refused before anything is published (the commit re-reads the
+        # staged bytes); off, a same-size change is published as staged (World.op_corrupt).
+        verify_checksums=cfg.verify_checksums,
     )
 
 
@@ -464,18 +506,29 @@ class World:
                     return f"skipped: earlier {earlier[0].checkpoint_key} is {earlier[0].state}"
                 start = (store.last_committed_offsets(cfg.pipeline) or {"src": 0})["src"]
                 end = start + n
-        writer = CheckpointWriter(store, self.layout, cfg.pipeline, key, actor=a, partition_columns=("dt",))
+        writer = CheckpointWriter(
+            store, self.layout, cfg.pipeline, key, actor=a, partition_columns=cfg.columns
+        )
         attempt_dir = writer.begin(start_offsets={"src": start} if start is not None else None)
         version = store.require(cfg.pipeline, key).version
-        rows: list[tuple[str, str, int | None]] = []
+        rows: list[tuple[Any, str, int | None]] = []
+        every = cfg.partitions()
         if cfg.mode == "append":
-            dt = f"{key[:4]}-{key[4:6]}-{key[6:]}"
+            # One partition per key: its date, or (widened domain) the key's own domain partition.
+            if cfg.domain is None:
+                dt = f"{key[:4]}-{key[4:6]}-{key[6:]}"
+                directories = {dt: f"dt={dt}"}
+            else:
+                dt, directory = every[KEYS.index(key)]
+                directories = {dt: directory}
             partitions = [dt]
             for o in range(start, end):
                 v = None if nulls and (o + version) % 3 == 0 else o * 10 + version
                 rows.append((dt, f"o{o}", v))
         else:
-            partitions = [PARTITIONS[i] for i in sorted(set(parts or [0]))]
+            chosen = [every[i] for i in sorted(set(parts or [0]))]
+            partitions = [held for held, _ in chosen]
+            directories = dict(chosen)
             for i, dt in enumerate(partitions):
                 for _j in range(n if i == 0 else max(0, n - 1)):
                     serial = self._next()
@@ -483,20 +536,24 @@ class World:
         files: dict[str, int] = {}
         for dt in partitions:
             mine = [r for r in rows if r[0] == dt]
+            directory = directories[dt]
             if not mine:
-                writer.declare_partition(f"dt={dt}")  # an empty partition (overwrite: replaced by nothing)
+                writer.declare_partition(directory)  # an empty partition (overwrite: replaced by nothing)
                 continue
             # Two files per partition when there are two rows or more: compaction then rewrites them.
             for chunk in (mine[: len(mine) // 2], mine[len(mine) // 2 :]):
                 if not chunk:
                     continue
                 buf = io.BytesIO()
+                # Uncompressed: a value's bytes are in the file as they are, so ``corrupt`` can change
+                # one in place (same size) and the model know what a commit that does not re-read
+                # the staged bytes publishes.
                 pq.write_table(
                     pa.table({"id": pa.array([r[1] for r in chunk], pa.string()),
-                              "v": pa.array([r[2] for r in chunk], pa.int64())}), buf)  # fmt: skip
-                rel = f"dt={dt}/part-{self._next():05d}.parquet"
+                              "v": pa.array([r[2] for r in chunk], pa.int64())}), buf, compression="none")  # fmt: skip
+                rel = f"{directory}/part-{self._next():05d}.parquet"
                 if isinstance(attempt_dir, Path):
-                    (attempt_dir / f"dt={dt}").mkdir(parents=True, exist_ok=True)
+                    (attempt_dir / directory).mkdir(parents=True, exist_ok=True)
                     (attempt_dir / rel).write_bytes(buf.getvalue())
                 else:  # an object store: as the executors write, one object per file
                     objects = writer.objects
@@ -528,7 +585,8 @@ class World:
         att = self.model.attempts.get(rec.sealed_attempt_id or "")
         if status.durable and att is not None:
             changed = att.tampered if verify else att.tampered - {"same_size"}
-            if changed and not rec.is_committed:
+            # Only a check that verified the attempt now (one DURABLE already is answered from its row).
+            if changed and not rec.is_committed and not att.durable:
                 self.notes.append(
                     f"{key}: attempt {att.attempt_id[:8]} verified durable (checksums {verify}) although a "
                     f"staged file was changed after the seal ({', '.join(sorted(changed))})"
@@ -898,9 +956,7 @@ class World:
         # in place and keeps reading it there, as it reads its own data files: changing it now is
         # tampering with the table, which no staging check can stop. Only a file not yet in the
         # target must never be published.
-        published = self.cfg.kind in ("iceberg", "delta") and files[0] in {
-            Path(f.removeprefix("file://")) for f in self.data_files()
-        }
+        published = self._in_table(files[0].parent, files[0].name)
         outside = Path(self.cfg.work) / "outside" / uuid.uuid4().hex
         outside.parent.mkdir(exist_ok=True)
         outside.write_bytes(files[0].read_bytes())
@@ -940,29 +996,169 @@ class World:
         if how == "manifest":
             return self._tamper_manifest(key, rec)
         target = files[-1]
-        published = self.cfg.kind in ("iceberg", "delta") and target in {
-            Path(f.removeprefix("file://")) for f in self.data_files()
-        }
+        published = self._in_table(target.parent, target.name)
         if published:  # the table reads it in place already (see op_symlink): tampering with the table
             return "skipped: the table already references it"
+        verified = self.cfg.verify_checksums
+        if not verified and how != "same_size" and rec.state.value not in ("SEALED", "WRITING"):
+            # Without verify_checksums the commit re-reads nothing the durability gate checked: a
+            # staged file whose size changes after the gate is outside that contract (the model
+            # does not draw it; ``corrupt`` is the same-size change it does expect published).
+            return "skipped: a size change after durability with verify_checksums off"
         data = target.read_bytes()
+        att = self.model.attempts.get(rec.sealed_attempt_id or "")
+        flipped = None
         if how == "truncate":
             changed = data[: len(data) // 2]
         elif how == "extend":
             changed = data + b"\0" * 16
-        else:  # same size, other bytes: a byte of the data pages flipped
-            i = len(data) // 2
-            changed = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :]
+        else:  # same size, other bytes: a value's bytes changed in place (see flip_a_value)
+            flipped = flip_a_value(data)
+            if flipped is None and not verified:
+                return "skipped: no value to change in place"
+            if flipped is None:  # a byte of the data pages flipped
+                i = len(data) // 2
+                changed = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :]
+            else:
+                changed = flipped[0]
+        held = self._held_by_target(rec)
         target.write_bytes(changed)
-        att = self.model.attempts.get(rec.sealed_attempt_id or "")
-        if att is not None:
-            att.poisoned = True
+        if att is not None and held:  # published already: the target holds the bytes as they were
+            self.counts["tamper.held"] += 1
+        elif att is not None:
             att.tampered.add(how)
+            if flipped is not None and not verified:
+                self._corrupted_rows(att, flipped[1], flipped[2])  # published as changed, if committed
+            else:
+                att.poisoned = True
         self.counts[f"tamper.{how}"] += 1
         if rec.state.value in ("SEALED", "WRITING"):
             # Before the durability gate: sizes alone must find a size change; checksums the rest.
             return f"{how} {target.name}; {self.op_durable(key, verify=how == 'same_size')}"
         return f"{how} {target.name} (attempt {rec.state.value})"
+
+    def _in_table(self, where: Any, name: str) -> bool:
+        """Whether the table (Iceberg, Delta) references the staged file ``name`` of the attempt
+        whose directory (or object prefix) ``where`` names: by its attempt directory and file name,
+        which the model makes unique (the table's URIs may be percent-encoded)."""
+        if self.cfg.kind not in ("iceberg", "delta"):
+            return False
+        from urllib.parse import unquote
+
+        attempt = next(p for p in reversed(str(where).split("/")) if p.startswith("attempt-"))
+        file = name.rsplit("/", 1)[-1]
+        return any(
+            f"/{attempt}/" in unquote(f) and unquote(f).endswith(f"/{file}") for f in self.data_files()
+        )
+
+    def _held_by_target(self, rec: Any) -> bool:
+        """Whether the target already holds ``rec``'s sealed attempt (a commit killed after its table
+        commit or SQL transaction, not retried yet): a retry publishes nothing again, so a change to
+        the staged bytes after that changes nothing the target shows (Iceberg, Delta, SQL record it)."""
+        if self.cfg.kind not in ("iceberg", "delta", "sql") or rec.sealed_attempt is None:
+            return False
+        from airflow_provider_walsink.core.staging.resolve import as_store
+
+        staging = as_store(self.layout)
+        location = staging.attempt(
+            self.cfg.pipeline, rec.checkpoint_key, rec.sealed_attempt, rec.sealed_attempt_id
+        )
+        manifest = staging.read_manifest(location, expected_digest=rec.manifest_digest)
+        return self.cfg.publisher(self.layout).published_attempt(manifest) == rec.sealed_attempt_id
+
+    def _corrupted_rows(self, att: Attempt, old: str, new: str) -> None:
+        """The model of an attempt whose staged value ``old`` became ``new`` (verify_checksums off:
+        what a commit publishes)."""
+        att.rows = [(p, new if i == old else i, v) for p, i, v in att.rows]
+
+    def op_corrupt(self, key: str) -> str:
+        """Hostile: after the durability gate, a staged committable of the checkpoint's sealed attempt
+        has a value's bytes changed in place with its size unchanged (:func:`flip_a_value`; a local
+        file written in place, an object on S3 put again with as many bytes), which no size check
+        can see; then the commit task runs.
+
+        ``verify_checksums`` on: the commit must refuse it before anything is published
+        (``ChecksumMismatchError``): the checkpoint stays uncommitted with that error recorded, the
+        target unchanged; the attempt is never to be published (a later commit refuses it again).
+        Off: by design nothing re-reads staged bytes after the gate, so the commit publishes the
+        committable as it is, once: the model expects the changed value, exactly once, and every
+        other invariant as usual."""
+        cfg = self.cfg
+        if cfg.kafka:
+            return "skipped: the Kafka invariants compare rows with the topic's records"
+        first = self._ensure_durable(key)
+        rec = self.store.get(cfg.pipeline, key)
+        if rec is None or rec.is_committed or rec.durable_at is None or rec.sealed_attempt is None:
+            return f"{first}skipped: not durable"
+        att = self.model.attempts.get(rec.sealed_attempt_id or "")
+        if att is None:
+            return f"{first}skipped: an attempt the model did not write"
+        from airflow_provider_walsink.core.staging.resolve import as_store
+
+        staging = as_store(self.layout)
+        location = staging.attempt(cfg.pipeline, key, rec.sealed_attempt, rec.sealed_attempt_id)
+        manifest = staging.read_manifest(location, expected_digest=rec.manifest_digest)
+        # A commit killed after the target published the attempt (a table commit, an SQL transaction),
+        # and the table compacted since (so its files are no longer the staged ones): the target
+        # holds the attempt as it was; the retry must record that, whatever the staged bytes are now.
+        held = self._held_by_target(rec)
+        done = None
+        for c in reversed(manifest.committables):
+            try:
+                path = str(staging.committable(location, c.path))
+                if self._in_table(path, c.path):
+                    continue  # the table reads it in place already (a commit killed after its table commit)
+                with staging.filesystem.open_input_stream(path) as f:
+                    data = f.read()
+            except (OSError, WalsinkError):
+                continue  # moved into the target already (the file target), or swapped for a symlink
+            flipped = flip_a_value(data)
+            if flipped is None:
+                continue
+            changed, old, new = flipped
+            if staging.layout is not None:  # in place: only the changed bytes are written
+                with open(path, "r+b") as f:
+                    for i, (a, b) in enumerate(zip(data, changed, strict=True)):
+                        if a != b:
+                            f.seek(i)
+                            f.write(bytes([b]))
+            else:
+                with staging.filesystem.open_output_stream(path) as out:
+                    out.write(changed)
+            done = (c.path, old, new)
+            break
+        if done is None:
+            return f"{first}skipped: no staged value to change"
+        if held:
+            self.counts["corrupt.held"] += 1
+        elif cfg.verify_checksums:
+            att.tampered.add("same_size")
+            att.poisoned = True
+        else:
+            att.tampered.add("same_size")
+            self._corrupted_rows(att, done[1], done[2])
+        self.counts["corrupt.verified" if cfg.verify_checksums else "corrupt.unverified"] += 1
+        result = self._commit_until_done(key)
+        now = self.store.require(cfg.pipeline, key)
+        if held and not now.is_committed:
+            self.notes.append(
+                f"{key}: the target holds attempt {att.attempt_id[:8]} (a commit killed after publishing it), "
+                f"but the retry left it {now.state.value} ({json.dumps(result)[:300]}): it can never commit"
+            )
+        elif cfg.verify_checksums and result.get("error") == "ChecksumMismatchError":
+            self.counts["corrupt.refused"] += 1
+            if now.is_committed or not now.error or "staged bytes changed" not in now.error:
+                self.notes.append(
+                    f"{key}: a commit refused attempt {att.attempt_id[:8]} for its checksum, but the row is "
+                    f"{now.state.value} with error {now.error!r} (uncommitted, the error recorded)"
+                )
+        elif cfg.verify_checksums and result.get("ok") and not held:
+            self.notes.append(
+                f"{key}: attempt {att.attempt_id[:8]} committed with verify_checksums although {done[0]} "
+                f"changed after the durability gate ({json.dumps(result)})"
+            )
+        changed_text = f"{done[1]}->{done[2]} in {done[0].rsplit('/', 1)[-1]}"
+        return f"{first}changed {changed_text}; commit {json.dumps(result)[:300]}"
 
     def _tamper_manifest(self, key: str, rec: Any) -> str:
         """The sealed manifest rewritten in place with another (same committables, other partitions or
@@ -984,7 +1180,7 @@ class World:
         # Counts and totals stay (they are recorded on the row too); what it would publish changes:
         # overwrite replaces every partition of the schedule; append claims more source offsets.
         if self.cfg.mode == "overwrite":
-            every = tuple(f"dt={p}" for p in PARTITIONS)
+            every = tuple(d for _, d in self.cfg.partitions())
             changed = replace(sealed, partitions=tuple(dict.fromkeys((*sealed.partitions, *every))))
         elif sealed.end_offsets:
             changed = replace(sealed, end_offsets={k: v + 5 for k, v in sealed.end_offsets.items()})
@@ -1089,17 +1285,25 @@ class World:
 
     # ------------------------------------------------------------------ reading back
 
-    def rows(self) -> list[tuple[str, str, int | None]]:
-        """Every row the target holds, as (dt, id, v), sorted."""
+    def rows(self) -> list[tuple[Any, str, int | None]]:
+        """Every row the target holds, as (partition, id, v), sorted: the partition is the ``dt``
+        text, or (widened domain) the ``(k, t)`` values read back, NULL as None."""
         cfg = self.cfg
+        wide = cfg.domain is not None
+        columns = cfg.columns
         if cfg.kind == "files":
+            from airflow_provider_walsink.core.protocol.partitions import partition_value
+
             root = Path(cfg.work) / "target"
             found = []
             for path in sorted(root.rglob("*.parquet")) if root.exists() else []:
                 rel = path.relative_to(root).parts
                 if any(p.startswith(("_", ".")) for p in rel):
                     continue
-                dt = rel[0].removeprefix("dt=")
+                if wide:  # the Hive directories, unescaped as Spark reads them back
+                    dt: Any = tuple(partition_value(p.split("=", 1)[1]) for p in rel[: len(columns)])
+                else:
+                    dt = rel[0].removeprefix("dt=")
                 t = pq.read_table(path)
                 found += [(dt, i, v) for i, v in zip(t["id"].to_pylist(), t["v"].to_pylist(), strict=True)]
             return sorted(found, key=repr)
@@ -1112,21 +1316,24 @@ class World:
                     return []
                 with engine.connect() as conn:
                     got = conn.execute(
-                        select(column("dt"), column("id"), column("v")).select_from(
+                        select(*(column(c) for c in columns), column("id"), column("v")).select_from(
                             table(cfg.table, schema=cfg.sql_schema)
                         )
                     ).all()
             finally:
                 engine.dispose()
-            return sorted(((str(dt), str(i), None if v is None else int(v)) for dt, i, v in got), key=repr)
+            n = len(columns)
+            return sorted(
+                ((tuple(None if x is None else str(x) for x in r[:n]) if wide else str(r[0]), str(r[n]),
+                  None if r[n + 1] is None else int(r[n + 1])) for r in got),
+                key=repr,
+            )  # fmt: skip
         t = cfg.publisher(self.layout).load_table()
         if t is None:
             return []
         arrow = t.scan().to_arrow() if cfg.kind == "iceberg" else t.to_pyarrow_table()
-        return sorted(
-            zip(arrow["dt"].to_pylist(), arrow["id"].to_pylist(), arrow["v"].to_pylist(), strict=True),
-            key=repr,
-        )
+        held = zip(*(arrow[c].to_pylist() for c in columns), strict=True) if wide else arrow["dt"].to_pylist()
+        return sorted(zip(held, arrow["id"].to_pylist(), arrow["v"].to_pylist(), strict=True), key=repr)
 
     def data_files(self) -> list[str]:
         """The URIs of the data files the table's current state references."""
@@ -1303,9 +1510,41 @@ class World:
         return problems
 
 
+def flip_a_value(data: bytes) -> tuple[bytes, str, str] | None:
+    """``data`` (an uncompressed Parquet file of the model) with one ``id`` changed in place, the
+    file's size unchanged: its last digit becomes a letter (``o5`` -> ``of``: no other row has it)
+    in every plain-encoded copy (a 4-byte length, then the bytes: the dictionary page, the data
+    page). The result reads back with just that value changed (checked here); the footer's
+    statistics keep the old value (nothing reads them for a whole scan). ``(bytes, old, new)``,
+    or None when no value can be changed so."""
+    try:
+        ids = pq.read_table(io.BytesIO(data)).column("id").to_pylist()
+    except Exception:  # noqa: BLE001 - not a Parquet file of the model
+        return None
+    for old in ids:
+        if not old or not old[-1].isdigit() or ids.count(old) != 1:
+            continue
+        new = old[:-1] + "abcdefghij"[int(old[-1])]
+        size = len(old.encode()).to_bytes(4, "little")
+        if size + old.encode() not in data:
+            continue
+        changed = data.replace(size + old.encode(), size + new.encode())
+        try:
+            back = pq.read_table(io.BytesIO(changed)).column("id").to_pylist()
+        except Exception:  # noqa: BLE001,S112 - that copy was not a value: try another
+            continue
+        if len(changed) == len(data) and back == [new if i == old else i for i in ids]:
+            return changed, old, new
+    return None
+
+
 def schedule_text(cfg: Config, steps: list[dict[str, Any]]) -> str:
     """The replayable form of a schedule: ``python -m tests.model --replay FILE``."""
-    c = {k: v for k, v in asdict(cfg).items() if k in ("kind", "mode", "fencing")}
+    c: dict[str, Any] = {k: v for k, v in asdict(cfg).items() if k in ("kind", "mode", "fencing")}
+    if cfg.domain is not None:
+        c["domain"] = [list(p) for p in cfg.domain]
+    if not cfg.verify_checksums:
+        c["verify_checksums"] = False
     if cfg.staging != "local":
         c["staging"] = cfg.staging
     if cfg.kafka:

@@ -202,7 +202,7 @@ class CheckpointCommitter:
         fencing, record = self.fencing_strategy, hold.record
         try:
             manifest, attempt = read_verified_attempt(
-                self.staging, record, verify_checksums=self.verify_checksums
+                self.staging, record, verify_checksums=self.verify_checksums, publisher=self.publisher
             )  # 3
         except Exception as exc:
             fencing.failed(hold, "read", exc, actor=actor)

@@ -252,7 +252,10 @@ def commit_as_leader(
     pipeline = record.pipeline
     try:
         manifest, attempt = read_verified_attempt(
-            committer.staging, record, verify_checksums=committer.verify_checksums
+            committer.staging,
+            record,
+            verify_checksums=committer.verify_checksums,
+            publisher=committer.publisher,
         )
     except Exception:  # noqa: BLE001 - the single commit reads it again and records the error
         return alone()
@@ -276,7 +279,10 @@ def commit_as_leader(
         # Read first (no lease needed to read): a checkpoint that cannot join is left untouched.
         try:
             member_manifest, member_attempt = read_verified_attempt(
-                committer.staging, candidate, verify_checksums=committer.verify_checksums
+                committer.staging,
+                candidate,
+                verify_checksums=committer.verify_checksums,
+                publisher=committer.publisher,
             )
             unreadable: Exception | None = None
             if any(p in taken for p in member_manifest.replaced_partitions()):
