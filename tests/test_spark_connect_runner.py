@@ -147,7 +147,11 @@ def test_example_pipeline_through_spark_connect(
     from pyspark import SparkContext
 
     classic = SparkContext._active_spark_context  # the session's local Spark, if a test started it
-    module = importlib.reload(importlib.import_module("walsink_daily_overwrite"))
+    # A fresh module object, dropped again at teardown: other tests of this process import the
+    # example DAG as parsed without the variable (a reload would change their cached module).
+    monkeypatch.setitem(sys.modules, "walsink_daily_overwrite", None)  # records what to restore
+    del sys.modules["walsink_daily_overwrite"]
+    module = importlib.import_module("walsink_daily_overwrite")
     dag = module.dag
     assert dag.get_task("daily_events.write").spark_conn_id == CONN_ID
 
