@@ -203,13 +203,14 @@ spark.range(0, 10**13, 1, 2).selectExpr("sum(hash(id))").collect()  # runs until
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("how", ["cancel", "session lost"])
+@pytest.mark.parametrize("how", ["cancel", "session lost", "interrupted elsewhere"])
 def test_a_cancelled_job_and_a_lost_session_end_the_job_naming_the_connection(
     how, spark_connect_server, monkeypatch, tmp_path
 ):
     """``cancel()`` (the write task killed) interrupts the running Connect operation; a session
-    that ends under the job (released on the server) fails it as a lost session. Either way the
-    job ends within seconds with an error naming the connection and the session is released."""
+    that ends under the job (released on the server, which cancels its operations first) fails it
+    as a lost session; an interrupt from another client of the session is named as such. Each
+    way the job ends within seconds with an error naming the connection and the session is released."""
     import threading
     import time
 
@@ -245,13 +246,20 @@ def test_a_cancelled_job_and_a_lost_session_end_the_job_naming_the_connection(
         runner.cancel()
     else:
         other = ConnectSession(connection=f"{spark_connect_server.url}/;session_id={runner.session_id}")
-        other.client.release_session()
+        if how == "session lost":
+            other.client.release_session()
+        else:
+            other.interruptAll()
         other.client.close()
     thread.join(30)
     assert not thread.is_alive() and time.monotonic() - stopped < 30
     (error,) = errors
     assert isinstance(error, SparkConnectJobError)
-    expected = "was cancelled on" if how == "cancel" else f"lost its session {runner.session_id} on"
+    expected = {
+        "cancel": "was cancelled on",
+        "session lost": f"lost its session {runner.session_id} on",
+        "interrupted elsewhere": "from outside this task (an interrupt from another session)",
+    }[how]
     assert expected in str(error) and f"(connection '{CONN_ID}')" in str(error), error
     assert runner.session is None and ConnectSession.getActiveSession() is None
     # Seen on the server: the job's tasks were killed as its operation's (session's) job was cancelled.

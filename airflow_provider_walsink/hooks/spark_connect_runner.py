@@ -188,7 +188,7 @@ class SparkConnectRunner(JobRunner):
                         self._redact(f"the job {application} exited with {exc.code!r} on {where}")
                     ) from None
             except Exception as exc:
-                raise self._job_error(application, exc) from exc
+                raise self._job_error(application, exc, session) from exc
         finally:
             self.session = None
             self._release(session)
@@ -366,24 +366,24 @@ class SparkConnectRunner(JobRunner):
                 else:
                     os.environ[key] = value
 
-    def _job_error(self, application: str, exc: BaseException) -> SparkConnectJobError:
+    def _job_error(self, application: str, exc: BaseException, session: Any) -> SparkConnectJobError:
         what = _first_line(exc)
         if self._cancelled:
             return SparkConnectJobError(
                 self._redact(f"the job {application} was cancelled on {self._where()}: {what}")
             )
-        lost = (
-            any(
-                mark in str(exc)
-                for mark in (
-                    "SESSION_CLOSED",
-                    "SESSION_NOT_FOUND",
-                    "StatusCode.UNAVAILABLE",
-                    "RetriesExceeded",
+        lost = _names_a_lost_session(exc)
+        if not lost and "OPERATION_CANCELED" in str(exc):
+            # Not cancelled here: the server cancels a session's operations before it closes the
+            # session, so a released or expired session can fail the job this way; ask the server.
+            lost = self._session_closed(session)
+            if not lost:
+                return SparkConnectJobError(
+                    self._redact(
+                        f"the job {application} was cancelled on {self._where()} from outside this task "
+                        f"(an interrupt from another session): {what}"
+                    )
                 )
-            )
-            or type(exc).__name__ == "RetriesExceeded"
-        )
         if lost:
             return SparkConnectJobError(
                 self._redact(
@@ -392,8 +392,28 @@ class SparkConnectRunner(JobRunner):
             )
         return SparkConnectJobError(self._redact(f"the job {application} failed on {self._where()}: {what}"))
 
+    def _session_closed(self, session: Any) -> bool:
+        """Whether the server no longer holds the job's session (one quick call naming it)."""
+        from pyspark.sql.connect.client.retries import DefaultPolicy
+
+        try:
+            session.client.set_retry_policies([DefaultPolicy(**PROBE_RETRY_POLICY)])
+            session.conf.get("spark.app.name")
+        except Exception as exc:  # noqa: BLE001 - what it says is the answer
+            return _names_a_lost_session(exc)
+        return False
+
     def _redact(self, text: str) -> str:
         for secret in self._secrets:
             if secret:
                 text = text.replace(secret, "***")
         return text
+
+
+def _names_a_lost_session(exc: BaseException) -> bool:
+    """Whether a Connect error says the session is gone (closed, unknown, or its server unreachable)."""
+    text = str(exc)
+    return type(exc).__name__ == "RetriesExceeded" or any(
+        mark in text
+        for mark in ("SESSION_CLOSED", "SESSION_NOT_FOUND", "StatusCode.UNAVAILABLE", "RetriesExceeded")
+    )
