@@ -363,3 +363,101 @@ def test_the_kafka_source_reads_its_ranges_through_connect(spark_connect_server)
     finally:
         session.stop()
         kafka.stop()
+
+
+ABORTABLE_JOB = """
+import sys
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+spark = SparkSession.builder.getOrCreate()
+running = Path(sys.argv[-1])
+if "connect" in type(spark).__module__:  # a Connect session: touched once its tasks run
+
+    def progress(stages=None, inflight_tasks=0, **_):
+        if inflight_tasks:
+            running.touch()
+
+    spark.registerProgressHandler(progress)
+else:
+    running.touch()
+spark.range(0, 10**13, 1, 2).selectExpr("sum(hash(id))").collect()  # runs until stopped
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("runner", ["spark_connect", "spark-submit"])
+def test_aborting_a_writing_checkpoint_cancels_its_running_job(
+    runner, spark_connect_server, monkeypatch, sqlite_store, database_urls, tmp_path
+):
+    """``walsink abort`` of a checkpoint whose write job runs (from another process: here the
+    test's thread) cancels the job within the watch interval: a Connect job's operations are
+    interrupted (the server cancels its Spark job), a spark-submit job is killed. The write task
+    fails without a retry (an abort must not be undone), the checkpoint stays ABORTED with the
+    cancel in its history, and nothing is sealed."""
+    import threading
+    import time
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_provider_walsink.core.commit.abort import CheckpointAborter
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.store.records import Actor
+
+    url = database_urls("sqlite")
+    staging = tmp_path / "staging"
+    use_committer(monkeypatch, url, staging)
+    for key, value in spark_connect_server.connection_env(CONN_ID).items():
+        monkeypatch.setenv(key, value)
+    job, running = tmp_path / "abortable_job.py", tmp_path / "running"
+    job.write_text(ABORTABLE_JOB)
+    where = {"spark_conn_id": CONN_ID} if runner == "spark_connect" else {"master": "local[1]"}
+    op = WalWriteOperator(task_id="write", application=str(job), pipeline="events", application_args=[str(running)],
+                          checkpoint_key="20260401T000000Z", **where)  # fmt: skip
+    start = datetime(2026, 4, 1, tzinfo=UTC)
+    ti = SimpleNamespace(dag_id="abort_test", task_id="write", run_id="manual", try_number=1, map_index=-1,
+                         id=None, xcom_push=lambda key, value: None)  # fmt: skip
+    context: dict[str, Any] = {"ti": ti, "logical_date": start, "data_interval_start": start,
+                               "data_interval_end": start + timedelta(days=1)}  # fmt: skip
+    errors: list[BaseException] = []
+
+    def execute() -> None:
+        try:
+            op.execute(context)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    thread = threading.Thread(target=execute)
+    thread.start()
+    deadline = time.monotonic() + 180
+    while not running.exists() and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert thread.is_alive() and running.exists(), errors
+    store = CommitterStore.from_url(url)
+    assert store.require("events", "20260401T000000Z").state is S.WRITING
+    session_id = getattr(op._runner, "session_id", None)
+    CheckpointAborter(store, StagingLayout(str(staging)), None).abort(
+        "events", "20260401T000000Z", reason="wrong input file", actor=Actor.local("on-call")
+    )
+    thread.join(60)  # the watch reads the row every 5 s
+    assert not thread.is_alive()
+    (error,) = errors
+    assert isinstance(error, AirflowFailException)
+    assert "write attempt 1 cancelled: the checkpoint was aborted" in str(error), error
+    record = store.require("events", "20260401T000000Z")
+    assert record.state is S.ABORTED and record.sealed_attempt is None
+    assert any(
+        "write attempt 1 cancelled" in (h.detail or "") for h in store.history("events", "20260401T000000Z")
+    )
+    assert not list(staging.rglob("_walsink_manifest*"))
+    if runner == "spark_connect":  # seen on the server: the session's Spark job was cancelled
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(
+            "SPARK_JOB_CANCELLED" in line and f"Session_{session_id}" in line
+            for line in spark_connect_server.log_path.read_text(errors="replace").splitlines()
+        ):
+            time.sleep(0.5)
+        assert f"Session_{session_id}" in spark_connect_server.log_path.read_text(errors="replace")
+    else:
+        assert op._runner.hook._submit_sp.returncode not in (0, None)

@@ -138,6 +138,34 @@ def test_only_the_newest_attempt_can_seal(store):
         store.mark_durable("p", "k", attempt=first.attempt, actor=A)
 
 
+def test_the_attempt_watch_cancels_a_job_once_its_attempt_is_fenced(store):
+    """What the write phase runs beside its job (``core/commit/attempt_watch.py``): nothing while
+    the attempt is the newest; one cancel, naming the newer attempt, once another starts."""
+    import threading
+
+    from airflow_provider_walsink.core.commit.attempt_watch import AttemptWatch
+
+    store.register("p", "k", mode="overwrite", actor=A)
+    first = store.start_attempt("p", "k", actor=A)
+    cancelled = threading.Event()
+    calls: list[str] = []
+
+    def cancel() -> None:
+        calls.append("cancel")
+        cancelled.set()
+
+    with AttemptWatch(store, "p", "k", first.attempt, cancel, interval=0.05) as watch:
+        assert not cancelled.wait(0.3) and watch.reason is None
+        store.start_attempt("p", "k", actor=A)
+        assert cancelled.wait(10)
+        assert not cancelled.wait(0.2) or calls == ["cancel"]
+    assert calls == ["cancel"]
+    assert (
+        watch.reason
+        == f"attempt {first.attempt + 1} of the checkpoint started since (this attempt is fenced)"
+    )
+
+
 def test_a_new_attempt_supersedes_a_sealed_one_but_not_a_commit(store):
     to_durable(store, "k")
     rewritten = store.start_attempt("p", "k", actor=A)

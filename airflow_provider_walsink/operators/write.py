@@ -5,7 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_provider_walsink.core.commit.write_phase import CheckpointSkipped, WritePhase
+from airflow_provider_walsink.core.commit.write_phase import (
+    AttemptCancelledError,
+    CheckpointSkipped,
+    WritePhase,
+)
 from airflow_provider_walsink.core.protocol.errors import PreflightError
 from airflow_provider_walsink.core.protocol.modes import Reprocess, WriteMode
 from airflow_provider_walsink.core.runners import JobRunner, runner_class, runner_name
@@ -250,6 +254,9 @@ class WalWriteOperator(BaseOperator):
             raise AirflowSkipException(str(skipped)) from None
         except PipelineOwnedError as exc:
             raise AirflowFailException(str(exc)) from None  # a retry meets the same owner
+        except AttemptCancelledError as exc:
+            # Aborted by a person, or another try writes it now: a retry must not undo either.
+            raise AirflowFailException(str(exc)) from None
         except PreflightError as exc:
             raise AirflowFailException(str(exc)) from None  # a retry meets the same configuration
         self._staging_root = phase.staging_root

@@ -8,11 +8,13 @@ the seal. The write task (``operators/write.py``) builds it through the walsink 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_walsink.core.commit.attempt_watch import WATCH_INTERVAL_S, AttemptWatch
 from airflow_provider_walsink.core.protocol.errors import ManifestError, WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import (
     MANIFEST_NAME,
@@ -39,6 +41,11 @@ def same_root(a: str, b: str) -> bool:
     if is_object_store(a) or is_object_store(b):
         return a.rstrip("/") == b.rstrip("/")
     return StagingLayout(a).root == StagingLayout(b).root
+
+
+class AttemptCancelledError(WalsinkError):
+    """The write job was cancelled because its attempt can no longer count (the checkpoint was
+    aborted, or a newer attempt started): retrying this attempt is pointless."""
 
 
 class CheckpointSkipped(WalsinkError):
@@ -130,6 +137,9 @@ class WritePhase:
     #: Refuses, before anything is recorded, a staging root this run cannot stage into
     #: (``core/commit/preflight.py: check_staging``, naming the connection to fix); ``None``: unchecked.
     check_staging: Callable[[str], None] | None = None
+    #: Seconds between two reads of the checkpoint's row while the job runs: an abort or a newer
+    #: attempt cancels the job (``core/commit/attempt_watch.py``); ``None``: not watched.
+    watch_interval: float | None = WATCH_INTERVAL_S
 
     def run(self, actor_of: Callable[[], Actor]) -> CheckpointRecord:
         """The sealed checkpoint record; :attr:`staging_root` is then where this attempt staged.
@@ -203,11 +213,33 @@ class WritePhase:
             staging.attempt(self.pipeline, key, record.attempt, record.attempt_id).uri,
             start_offsets,
         )
+        watch = AttemptWatch(
+            store,
+            self.pipeline,
+            key,
+            record.attempt,
+            self.runner.cancel,
+            interval=self.watch_interval or 0,
+            log=self.log,
+        )
         try:
-            self.runner.submit(self.application, [*protocol.to_argv(), *map(str, self.application_args)], env)
-            self.runner.wait()
+            with watch if self.watch_interval else contextlib.nullcontext():
+                self.runner.submit(
+                    self.application, [*protocol.to_argv(), *map(str, self.application_args)], env
+                )
+                self.runner.wait()
             return record_seal(store, staging, protocol, actor, log=self.log)
         except BaseException as exc:
+            if watch.reason is not None:
+                # The attempt no longer counts (the row says why): say so, and change no state.
+                message = f"write attempt {record.attempt} cancelled: {watch.reason}"
+                try:
+                    store.record_event(self.pipeline, key, actor=actor, detail=message)
+                except Exception as event_exc:  # noqa: BLE001 - keep the original error
+                    self.log.warning("could not record the cancel: %s", event_exc)
+                raise AttemptCancelledError(
+                    f"checkpoint {self.pipeline}/{key}: {message}; nothing of it is sealed or published"
+                ) from exc
             detail = self.runner.describe_failure(exc)
             try:
                 # Owned: fails this attempt only, never a checkpoint a newer try or a committer holds.
