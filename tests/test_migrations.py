@@ -358,20 +358,24 @@ def test_0009_adds_the_consumer_group_table_and_downgrades_keeping_rows(db_url):
 
 
 @pytest.mark.parametrize(
-    ("revision", "added"),
-    [("0010", ("target_connections",)), ("0011", ("group_leader", "group_leader_until"))],
+    ("revision", "table", "added"),
+    [
+        ("0010", "walsink_pipeline", ("target_connections",)),
+        ("0011", "walsink_pipeline", ("group_leader", "group_leader_until")),
+        ("0012", "walsink_checkpoint", ("write_job",)),
+    ],
 )
-def test_a_pipeline_column_revision_adds_its_columns_and_downgrades_keeping_rows(db_url, revision, added):
+def test_a_column_revision_adds_its_columns_and_downgrades_keeping_rows(db_url, revision, table, added):
     """0010 adds the pipeline's recorded target connection references, 0011 its group-commit
-    lead (nullable columns of ``walsink_pipeline``); a downgrade drops only them: no pipeline or
-    checkpoint row cascades away."""
+    lead, 0012 the checkpoint's write job (nullable columns); a downgrade drops only them: no
+    pipeline or checkpoint row cascades away."""
     from sqlalchemy import func, select
 
     from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
     from airflow_provider_walsink.core.store.models import pipeline_table as pipe
 
     def columns() -> set[str]:
-        return {c["name"] for c in inspect(engine).get_columns("walsink_pipeline")}
+        return {c["name"] for c in inspect(engine).get_columns(table)}
 
     before = f"{int(revision) - 1:04d}"
     engine = create_committer_engine(db_url)
@@ -385,7 +389,10 @@ def test_a_pipeline_column_revision_adds_its_columns_and_downgrades_keeping_rows
     with engine.connect() as conn:
         assert current_revision(conn) == revision
         for name in added:
-            assert conn.execute(select(pipe.c[name])).scalar_one() is None
+            assert (
+                conn.execute(select((pipe if table == "walsink_pipeline" else ckpt).c[name])).scalar_one()
+                is None
+            )
 
     _downgrade(engine, before)
     assert not columns() & set(added)

@@ -461,3 +461,119 @@ def test_aborting_a_writing_checkpoint_cancels_its_running_job(
         assert f"Session_{session_id}" in spark_connect_server.log_path.read_text(errors="replace")
     else:
         assert op._runner.hook._submit_sp.returncode not in (0, None)
+
+
+ORPHANED_JOB = """
+import sys
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from airflow_provider_walsink.core.spark import CheckpointJob, ProtocolArgs
+
+spark = SparkSession.builder.getOrCreate()
+protocol, (running, long_run) = ProtocolArgs.from_argv(sys.argv[1:])
+if Path(long_run).exists():  # the first attempt: runs until stopped, its tasks running
+    def progress(stages=None, inflight_tasks=0, **_):
+        if inflight_tasks:
+            Path(running).touch()
+
+    spark.registerProgressHandler(progress)
+    spark.range(0, 10**13, 1, 2).selectExpr("sum(hash(id))").collect()
+with CheckpointJob(spark, protocol) as job:
+    job.stage(spark.range(0, 100, 1, 2).withColumn("dt", F.lit("2026-04-01")), partition_by=["dt"])
+"""
+
+WORKER = """
+import sys
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+
+from airflow_provider_walsink.operators.write import WalWriteOperator
+
+job, running, long_run, conn_id = sys.argv[1:]
+op = WalWriteOperator(task_id="write", application=job, pipeline="events", checkpoint_key="20260401T000000Z",
+                      application_args=[running, long_run], spark_conn_id=conn_id)
+start = datetime(2026, 4, 1, tzinfo=UTC)
+ti = SimpleNamespace(dag_id="orphan_test", task_id="write", run_id="manual", try_number=1, map_index=-1,
+                     id=None, xcom_push=lambda key, value: None)
+op.execute({"ti": ti, "logical_date": start, "data_interval_start": start,
+            "data_interval_end": start + timedelta(days=1)})
+"""
+
+
+@pytest.mark.spark
+def test_a_retry_after_the_worker_died_stops_the_connect_job_it_left_running(
+    spark_connect_server, monkeypatch, sqlite_store, database_urls, tmp_path
+):
+    """The write task's worker SIGKILLed mid-job: its Connect operation goes on running on the
+    server (the job's session was recorded on the attempt). The retry's new attempt stops it
+    (the server cancels the old session's Spark job, the history says so) before its own job
+    runs, then seals attempt 2 with each row once. A Connect job cannot be reattached: its
+    driver program, the job file, ran in the dead worker (docs/production.md)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from airflow_provider_walsink.core.protocol.manifest import read_manifest
+
+    url = database_urls("sqlite")
+    staging = tmp_path / "staging"
+    use_committer(monkeypatch, url, staging)
+    for key, value in spark_connect_server.connection_env(CONN_ID).items():
+        monkeypatch.setenv(key, value)
+    job, worker = tmp_path / "orphaned_job.py", tmp_path / "worker.py"
+    running, long_run = tmp_path / "running", tmp_path / "long_run"
+    job.write_text(ORPHANED_JOB)
+    worker.write_text(WORKER)
+    long_run.touch()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    first = subprocess.Popen([sys.executable, str(worker), str(job), str(running), str(long_run), CONN_ID],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not running.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert running.exists() and first.poll() is None
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+    store = CommitterStore.from_url(url)
+    orphan = store.require("events", "20260401T000000Z")
+    assert orphan.state is S.WRITING and orphan.attempt == 1
+    session_id = orphan.write_job["session_id"]
+    assert orphan.write_job == {"runner": "spark_connect", "conn_id": CONN_ID, "session_id": session_id}
+
+    def cancelled_on_server() -> bool:
+        return any(
+            "SPARK_JOB_CANCELLED" in line and f"Session_{session_id}" in line
+            for line in spark_connect_server.log_path.read_text(errors="replace").splitlines()
+        )
+
+    time.sleep(1)
+    assert not cancelled_on_server()  # the dead worker's job still runs on the server
+
+    long_run.unlink()  # the retry's job stages and seals at once
+    retry = WalWriteOperator(task_id="write", application=str(job), pipeline="events", spark_conn_id=CONN_ID,
+                             checkpoint_key="20260401T000000Z", application_args=[str(running), str(long_run)])  # fmt: skip
+    start = datetime(2026, 4, 1, tzinfo=UTC)
+    ti = SimpleNamespace(dag_id="orphan_test", task_id="write", run_id="manual", try_number=2, map_index=-1,
+                         id=None, xcom_push=lambda key, value: None)  # fmt: skip
+    retry.execute({"ti": ti, "logical_date": start, "data_interval_start": start,
+                   "data_interval_end": start + timedelta(days=1)})  # fmt: skip
+    record = store.require("events", "20260401T000000Z")
+    assert record.state is S.SEALED and record.sealed_attempt == 2 and record.rows == 100
+    assert record.write_job["session_id"] != session_id
+    assert any(
+        f"the job of write attempt 1 (fenced by attempt 2): interrupted 1 operation(s) of Spark Connect "
+        f"session {session_id}" in (h.detail or "")
+        for h in store.history("events", "20260401T000000Z")
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not cancelled_on_server():
+        time.sleep(0.5)
+    assert cancelled_on_server()
+    manifest = read_manifest(Path(record.manifest_uri.removeprefix("file://")))
+    assert manifest.attempt == 2 and manifest.total_rows == 100

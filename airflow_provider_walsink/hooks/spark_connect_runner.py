@@ -148,8 +148,8 @@ class SparkConnectRunner(JobRunner):
         self.log = log or logging.getLogger(__name__)
         #: The Connect session of the running job (``None`` before :meth:`submit` and after it ends).
         self.session: Any = None
-        #: The session id the job runs under (chosen here: a later step can reattach by it).
-        self.session_id: str | None = None
+        #: The session id the job runs under (chosen here, recorded on the attempt: :meth:`job_ref`).
+        self.session_id: str = str(uuid.uuid4())
         #: ``host:port`` of the server (no credentials).
         self.server: str | None = None
         #: The tag on the job's operations (``interruptTag`` stops them from another session).
@@ -164,7 +164,6 @@ class SparkConnectRunner(JobRunner):
     def submit(self, application: str, arguments: Sequence[str], env: Mapping[str, str]) -> None:
         self._secrets = [v for k, v in env.items() if v and k not in PLAIN_ENV]
         url, extra = self._connection_url()
-        self.session_id = str(uuid.uuid4())
         where = self._where()
         session = self._open_session(f"{url};session_id={self.session_id}", extra)
         try:
@@ -211,6 +210,46 @@ class SparkConnectRunner(JobRunner):
             )
         except Exception as exc:  # noqa: BLE001 - the task is being killed anyway
             self.log.warning("could not interrupt the Spark Connect job: %s", self._redact(_first_line(exc)))
+
+    def job_ref(self) -> dict[str, Any]:
+        # The job's operations run on the server: they outlive this worker (until the server's
+        # detached-operation timeout), so the next attempt stops them (stop_orphan).
+        return {"runner": self.name, "conn_id": self.spark_conn_id, "session_id": self.session_id}
+
+    @classmethod
+    def stop_orphan(
+        cls, ref: Mapping[str, Any], log: logging.Logger | logging.LoggerAdapter[Any]
+    ) -> str | None:
+        """Interrupt every operation of the recorded session and release it (a session the
+        server no longer holds: nothing to do)."""
+        from pyspark.sql.connect.client.retries import DefaultPolicy
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+        runner = cls(job_name="walsink-stop-orphan", spark_conn_id=str(ref["conn_id"]), log=log)
+        url, _ = runner._connection_url()
+        session_id = str(ref["session_id"])
+        try:
+            session = ConnectSession(connection=f"{url};session_id={session_id}")
+        except Exception as exc:  # noqa: BLE001 - a malformed recorded reference: say so, go on
+            return runner._redact(f"could not reach Spark Connect session {session_id}: {_first_line(exc)}")
+        try:
+            session.client.set_retry_policies([DefaultPolicy(**PROBE_RETRY_POLICY)])
+            interrupted = session.interruptAll()
+        except Exception as exc:  # noqa: BLE001
+            session.client.close()
+            if _names_a_lost_session(exc):
+                return None  # the server released it already: its operations are gone with it
+            return runner._redact(
+                f"could not stop Spark Connect session {session_id} on {runner._where()}: {_first_line(exc)}"
+            )
+        done = f"interrupted {len(interrupted)} operation(s) of Spark Connect session {session_id} on {runner._where()}"
+        try:
+            session.client.release_session()
+        except Exception:  # noqa: BLE001 - an operation still winding down: the server's idle timeout ends it
+            done += " (the session is left to the server's idle timeout)"
+        finally:
+            session.client.close()
+        return done
 
     # ------------------------------------------------------------------ the session
 

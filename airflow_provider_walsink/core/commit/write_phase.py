@@ -22,6 +22,8 @@ from airflow_provider_walsink.core.protocol.manifest import (
     parse_manifest,
 )
 from airflow_provider_walsink.core.protocol.modes import REPROCESS_CONF_KEY
+from airflow_provider_walsink.core.protocol.states import CheckpointState as S
+from airflow_provider_walsink.core.runners import runner_class
 from airflow_provider_walsink.core.runners.base import JobRunner
 from airflow_provider_walsink.core.sources.base import FilesSource, Source
 from airflow_provider_walsink.core.spark.args import ProtocolArgs
@@ -174,12 +176,19 @@ class WritePhase:
         start_offsets, until_offsets, source_extra = self.source.record(
             store, record, start_offsets=start_offsets, until_offsets=until_offsets, actor=actor
         )
+        earlier = store.get(self.pipeline, key)
         try:
             record = store.start_attempt(
-                self.pipeline, key, actor=actor, start_offsets=start_offsets, staging_root=root
+                self.pipeline,
+                key,
+                actor=actor,
+                start_offsets=start_offsets,
+                staging_root=root,
+                write_job=self.runner.job_ref(),
             )
         except TransitionError as e:
             raise TransitionError(f"{e}; the write task cannot start a new attempt now") from None
+        self._stop_orphan(earlier, record.attempt, actor)
         if record.staging_root and not same_root(record.staging_root, root):
             # Another writer recorded a root between our read and this attempt: it wins.
             root = self.staging_root = self._recorded_root(record, root)
@@ -253,6 +262,26 @@ class WritePhase:
             except Exception as fail_exc:  # noqa: BLE001 - keep the original error
                 self.log.warning("could not record the failure: %s", fail_exc)
             raise
+
+    def _stop_orphan(self, earlier: CheckpointRecord | None, attempt: int, actor: Actor) -> None:
+        """Stop the job of the attempt this one fenced when it may still run: its worker died
+        mid-job (the attempt is still WRITING) on a runner whose job outlives the worker. Its
+        output would never count; stopping it frees the cluster and keeps it from writing on."""
+        if earlier is None or earlier.state is not S.WRITING or not earlier.write_job:
+            return
+        ref = earlier.write_job
+        try:
+            done = runner_class(str(ref.get("runner"))).stop_orphan(ref, self.log)
+        except Exception as exc:  # noqa: BLE001 - never fails this attempt, which goes on
+            done = f"could not stop it: {exc}"
+        if done is None:
+            return
+        message = f"the job of write attempt {earlier.attempt} (fenced by attempt {attempt}): {done}"
+        self.log.warning("%s", message)
+        try:
+            self.store.record_event(self.pipeline, self.checkpoint_key, actor=actor, detail=message)
+        except Exception as exc:  # noqa: BLE001
+            self.log.warning("could not record it: %s", exc)
 
     def _plan_source(self, existing: CheckpointRecord | None) -> None:
         """Plan the next attempt as it will run once registered, recording nothing: a refusal

@@ -27,8 +27,14 @@ class JobRunner(ABC):
     * :meth:`describe_failure` is the outcome of a failed job in one line for the
       committer table's history.
     * :meth:`logs_link` is where the job's own logs are (``None``: in the task log).
-    * :meth:`cancel` stops a running job (the task was killed); it does nothing once the
-      job has ended.
+    * :meth:`cancel` stops a running job (the task was killed, the checkpoint aborted, a newer
+      attempt started); it does nothing once the job has ended. It may be called from another
+      thread while :meth:`submit` blocks.
+    * :meth:`job_ref` names where the job about to be submitted will run when it can outlive
+      the worker (a Spark Connect session); the write phase records it on the attempt before
+      :meth:`submit`, and the next attempt of the checkpoint hands it to the class method
+      :meth:`stop_orphan` of the runner it names, which stops the job if it still runs (the
+      worker died under it). A runner whose job dies with the worker returns ``None``.
 
     Runners are registered by name (the connection type) in
     :data:`airflow_provider_walsink.core.runners.RUNNERS` as ``"module:Class"``, imported only
@@ -91,3 +97,16 @@ class JobRunner(ABC):
     @abstractmethod
     def cancel(self) -> None:
         """Stop the job if it runs."""
+
+    def job_ref(self) -> dict[str, Any] | None:
+        """Where the job :meth:`submit` will start runs, as JSON with ``"runner"`` (this runner's
+        name) and never a secret; ``None``: the job ends when the worker does."""
+        return None
+
+    @classmethod
+    def stop_orphan(
+        cls, ref: Mapping[str, Any], log: logging.Logger | logging.LoggerAdapter[Any]
+    ) -> str | None:
+        """Stop the job ``ref`` (:meth:`job_ref` of an earlier attempt) if it still runs, and say
+        what was done in one line (``None``: nothing to do). A job already gone is not an error."""
+        return None

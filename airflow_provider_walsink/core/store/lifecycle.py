@@ -191,8 +191,12 @@ class CheckpointLifecycle(CheckpointTransitions):
         actor: Actor,
         start_offsets: Mapping[str, Any] | None = None,
         staging_root: str | None = None,
+        write_job: Mapping[str, Any] | None = None,
     ) -> CheckpointRecord:
         """Start a new write attempt; any earlier attempt, sealed or not, no longer counts.
+
+        ``write_job``: where the new attempt's job will run, when it can outlive the worker
+        (recorded, and named in the history, in place of the earlier attempt's).
 
         The attempt gets a globally unique ``attempt_id`` (its number repeats
         once retention has trimmed the row and the interval is re-run).
@@ -240,6 +244,7 @@ class CheckpointLifecycle(CheckpointTransitions):
                     attempt_id=uuid.uuid4().hex,
                     # The run of the newest attempt (the only one that can seal) names the row.
                     **_run_of(actor),
+                    write_job=_dump(write_job) if write_job else None,
                 )
                 if start_offsets is not None:
                     values["start_offsets"] = _dump(start_offsets)

@@ -156,6 +156,10 @@ class Checkpoint(Base):
     sealed_attempt_id: Mapped[str | None] = mapped_column(String(40))
     #: What the commit published (JSON: target, files or table snapshot).
     publication: Mapped[str | None] = mapped_column(Text)
+    #: JSON: where the current write attempt's Spark job runs, when it can outlive its task's
+    #: worker (a Spark Connect session: ``{"runner", "conn_id", "session_id"}``, never a secret),
+    #: so the next attempt stops it (migration 0012, ``core/runners/base.py: JobRunner.job_ref``).
+    write_job: Mapped[str | None] = mapped_column(Text)
     #: Reprocess: the checkpoint's version (1, then +1 per reprocess), the run
     #: (``dag/run#clear``) that started it, and the attempt id of the committed
     #: version it replaces (``None`` for a first version).

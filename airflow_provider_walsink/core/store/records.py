@@ -92,13 +92,15 @@ class CheckpointRecord:
     #: The staging root every attempt of this checkpoint is staged under, as the write
     #: phase used it; None on rows written before walsink recorded it (see :meth:`layout`).
     staging_root: str | None = None
+    #: Where the current attempt's job runs when it can outlive its worker (``JobRunner.job_ref``).
+    write_job: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> CheckpointRecord:
         values = {name: row[name] for name in _RECORD_FIELDS}
         values["state"] = CheckpointState(values["state"])
         values["error"] = plain_text(values["error"])  # also as just written, not only as read back
-        for key in ("start_offsets", "end_offsets", "publication"):
+        for key in ("start_offsets", "end_offsets", "publication", "write_job"):
             values[key] = json.loads(values[key]) if values[key] is not None else None
         return cls(**values)
 
