@@ -70,8 +70,12 @@ def connect_jar() -> Path:
 class ConnectServer:
     """One Spark Connect server process (see the module docstring)."""
 
-    def __init__(self, work_dir: Path, *, master: str = "local[2]", port: int | None = None) -> None:
+    def __init__(
+        self, work_dir: Path, *, master: str = "local[2]", port: int | None = None, token: str | None = None
+    ) -> None:
         self.work_dir = Path(work_dir)
+        #: The token clients must send (``spark.connect.authenticate.token``); ``None``: any.
+        self.token = token
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.master = master
         self.port = port or free_port()
@@ -96,6 +100,8 @@ class ConnectServer:
             "spark.sql.shuffle.partitions": "2",
             "spark.default.parallelism": "2",
         }
+        if self.token:
+            conf["spark.connect.authenticate.token"] = self.token
         cmd = [str(pyspark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master", self.master]
         cmd += ["--driver-memory", "1g", "--name", "walsink-tests-connect"]
         for key, value in conf.items():
