@@ -92,6 +92,9 @@ class CheckpointRecord:
     #: The staging root every attempt of this checkpoint is staged under, as the write
     #: phase used it; None on rows written before walsink recorded it (see :meth:`layout`).
     staging_root: str | None = None
+    #: The commit deadline Airflow's deadline alert found missed for this version (naive
+    #: UTC; None: none missed, or no deadline). See :mod:`.deadlines`.
+    commit_due_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> CheckpointRecord:
