@@ -209,6 +209,17 @@ def test_the_callback_reports_a_held_back_checkpoint_once_and_not_one_committed_
     fields = call["context"]["walsink"]
     assert (fields["state"], fields["checkpoint_key"]) == ("NOT REGISTERED", "20260102T000000Z")
     assert call["channel"] == "#data" and fields["reason"].startswith("not registered")
+    # A templated key: the checkpoint is found by the run only, and none is guessed from the interval.
+    CALLS.clear()
+    notify_commit_deadline_sync(
+        walsink={**walsink, "notifier": f"{__name__}.user_alert_sync", "key_from_interval": False},
+        context=_context("run-none", utcnow(), "2026-01-01T00:00:00+00:00"),
+    )
+    (call,) = CALLS
+    assert (call["context"]["walsink"]["state"], call["context"]["walsink"]["checkpoint_key"]) == (
+        "NOT REGISTERED",
+        None,
+    )
 
 
 def test_0012_adds_commit_due_at_to_existing_rows_and_downgrades_keeping_them(db_url):

@@ -206,10 +206,14 @@ def deadline_report(walsink: Mapping[str, Any], context: Mapping[str, Any]) -> d
     dag_id, run_id = dag_run.get("dag_id"), dag_run.get("dag_run_id") or dag_run.get("run_id")
     due = _naive_utc(_moment((context.get("deadline") or {}).get("deadline_time"))) or _utcnow()
     store = WalsinkHook(walsink["walsink_conn_id"]).get_store()
-    record = _run_checkpoint(store, pipeline, dag_id, run_id, dag_run, walsink.get("key_from_interval", True))
+    from_interval = walsink.get("key_from_interval", True)
+    record = _run_checkpoint(store, pipeline, dag_id, run_id, dag_run, from_interval)
     report: dict[str, Any] = {
         "pipeline": pipeline,
-        "checkpoint_key": record.checkpoint_key if record else _interval_key(dag_run),
+        # Unregistered: the key the run would write, when walsink can tell it (no templated key).
+        "checkpoint_key": record.checkpoint_key
+        if record
+        else (_interval_key(dag_run) if from_interval else None),
         "state": record.state.value if record else NOT_REGISTERED,
         "deadline": due.isoformat() + "Z",
         "dag_id": dag_id,
