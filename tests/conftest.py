@@ -249,6 +249,11 @@ def airflow_stack():
                 # every 30 s took about a fifth of one core for as long as the stack ran
                 # (25 s of CPU per idle 120 s measured, 1.6 s with this setting).
                 "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
+                # The test tooling importable by every component: the triggerer imports a deadline
+                # alert's notifier by module path (tests/deadline_notifier.py).
+                "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")])
+                ),
             },
         )
     except Exception as exc:  # noqa: BLE001 - any connect failure

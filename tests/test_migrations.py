@@ -363,11 +363,12 @@ def test_0009_adds_the_consumer_group_table_and_downgrades_keeping_rows(db_url):
         ("0010", "walsink_pipeline", ("target_connections",)),
         ("0011", "walsink_pipeline", ("group_leader", "group_leader_until")),
         ("0012", "walsink_checkpoint", ("write_job",)),
+        ("0013", "walsink_checkpoint", ("commit_due_at",)),
     ],
 )
 def test_a_column_revision_adds_its_columns_and_downgrades_keeping_rows(db_url, revision, table, added):
     """0010 adds the pipeline's recorded target connection references, 0011 its group-commit
-    lead, 0012 the checkpoint's write job (nullable columns); a downgrade drops only them: no
+    lead, 0012 the checkpoint's write job, 0013 its missed commit deadline (nullable columns); a downgrade drops only them: no
     pipeline or checkpoint row cascades away."""
     from sqlalchemy import func, select
 

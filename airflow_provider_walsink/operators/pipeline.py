@@ -23,11 +23,17 @@ commit, and the commit publishes only what passed it (docs/audit.md).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.operators.audit import WalAuditOperator
 from airflow_provider_walsink.operators.commit import WalCommitOperator
+from airflow_provider_walsink.operators.commit_deadline import (
+    add_commit_deadline,
+    check_commit_deadline,
+    commit_deadline_alert,
+)
 from airflow_provider_walsink.operators.deprecations import source_argument, warn_deprecated
 from airflow_provider_walsink.operators.write import WalWriteOperator
 from airflow_provider_walsink.sensors.durable import CheckpointDurableSensor
@@ -82,6 +88,8 @@ def walsink_pipeline(
     durable: Mapping[str, Any] | None = None,
     audit: Sequence[Any] | Mapping[str, Any] | None = None,
     commit: Mapping[str, Any] | None = None,
+    commit_deadline: timedelta | None = None,
+    commit_deadline_callback: Any = None,
     **group_kwargs: Any,
 ) -> TaskGroup:
     """Create (inside the current DAG) a TaskGroup ``write >> durable >> [audit >>] commit``.
@@ -137,11 +145,22 @@ def walsink_pipeline(
         and makes the commit publish only AUDITED checkpoints.
     :param commit: arguments of the commit task (:class:`WalCommitOperator`): ``group_commit``,
         ``lease_ttl``, ``allow_older_overwrite``, ``retries``...
+    :param commit_deadline: a positive ``timedelta``: a checkpoint not COMMITTED that long after
+        its run was queued calls ``commit_deadline_callback`` once, through a deadline alert this
+        adds to the DAG (Airflow's scheduler and triggerer run it), and the UI marks it overdue
+        (docs/deadlines.md). Anything else is refused here, at parse time.
+    :param commit_deadline_callback: Airflow's ``AsyncCallback`` or ``SyncCallback`` around a
+        notifier or a function (``AsyncCallback(SlackWebhookNotifier, kwargs={"text": "{{
+        walsink.pipeline }} {{ walsink.checkpoint_key }} {{ walsink.state }}: {{ walsink.reason
+        }}"})``); its context has ``walsink``: pipeline, checkpoint_key, state, reason,
+        deadline, dag_id, run_id, link.
     :param group_kwargs: arguments of the :class:`TaskGroup` (``tooltip``, ``default_args``...).
         The spellings of earlier releases listed in :data:`DEPRECATED_ARGUMENTS`
         (``conf=``, ``poke_interval=``, ``write_kwargs=``...) and the source's old spelling are
         still accepted, with a DeprecationWarning naming the new one.
     """
+    # Refused before any task exists: a deadline that is not a positive duration, no callback.
+    check_commit_deadline(pipeline, commit_deadline, commit_deadline_callback)
     settings: dict[str, dict[str, Any]] = {
         "write": dict(write or {}),
         "durable": {**DURABLE_DEFAULTS, **dict(durable or {})},
@@ -246,4 +265,13 @@ def walsink_pipeline(
                 **settings["audit"],
             )
             write_task >> durable_task >> audit_task >> commit_task
+    if commit_deadline is not None:
+        alert = commit_deadline_alert(
+            pipeline=pipeline,
+            commit_deadline=commit_deadline,
+            callback=commit_deadline_callback,
+            walsink_conn_id=walsink_conn_id,
+            checkpoint_key=checkpoint_key,
+        )
+        add_commit_deadline(getattr(group, "dag", None), alert, pipeline)
     return group

@@ -20,6 +20,7 @@ from airflow_provider_walsink.core.protocol.errors import WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME
 from airflow_provider_walsink.core.protocol.states import AUDIT_VERDICTS, ERROR_STATES, CheckpointState
 from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.store.deadlines import is_overdue
 from airflow_provider_walsink.core.store.models import plain_text
 from airflow_provider_walsink.core.store.queries import wait_status
 from airflow_provider_walsink.core.store.records import VersionRecord
@@ -239,6 +240,9 @@ def checkpoint_dict(
         "sealed_at": _iso(record.sealed_at),
         "durable_at": _iso(record.durable_at),
         "committed_at": _iso(record.committed_at),
+        # Its pipeline's commit deadline (Airflow's deadline alert) passed and it is not COMMITTED.
+        "commit_due_at": _iso(record.commit_due_at),
+        "overdue": is_overdue(record, now),
         "phases": current_phases,
         # What the commit published (target, files or snapshot), when the committer recorded it.
         "publication": getattr(record, "publication", None),

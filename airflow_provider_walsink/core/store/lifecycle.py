@@ -314,6 +314,7 @@ class CheckpointLifecycle(CheckpointTransitions):
                 **_NO_SEALED_ATTEMPT,
                 publication=None,
                 committed_at=None,
+                commit_due_at=None,  # the new version has its own run, so its own deadline
                 lease_owner=None,
                 lease_expires_at=None,
             )

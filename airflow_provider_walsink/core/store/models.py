@@ -175,6 +175,9 @@ class Checkpoint(Base):
     sealed_at: Mapped[datetime | None] = mapped_column(Timestamp)
     durable_at: Mapped[datetime | None] = mapped_column(Timestamp)
     committed_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    #: The commit deadline Airflow found missed for this version (migration 0013,
+    #: :mod:`.deadlines`): with a state other than COMMITTED, the checkpoint is overdue.
+    commit_due_at: Mapped[datetime | None] = mapped_column(Timestamp)
 
 
 class Transition(Base):

@@ -94,6 +94,9 @@ class CheckpointRecord:
     staging_root: str | None = None
     #: Where the current attempt's job runs when it can outlive its worker (``JobRunner.job_ref``).
     write_job: dict[str, Any] | None = None
+    #: The commit deadline Airflow's deadline alert found missed for this version (naive
+    #: UTC; None: none missed, or no deadline). See :mod:`.deadlines`.
+    commit_due_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> CheckpointRecord:
