@@ -72,24 +72,38 @@ def test_the_connection_type_picks_the_runner(monkeypatch):
 
 
 @pytest.mark.spark
-def test_an_unreachable_connect_server_fails_the_attempt_naming_the_connection(
-    monkeypatch, sqlite_store, database_urls, tmp_path
+@pytest.mark.parametrize("how", ["unreachable", "wrong token"])
+def test_an_unreachable_connect_server_or_a_wrong_token_fails_the_attempt_naming_the_connection(
+    how, monkeypatch, sqlite_store, database_urls, tmp_path
 ):
-    """Nothing listens on the port: the write task fails within seconds, naming the connection
-    and the server; the attempt is recorded FAILED with that error, nothing is sealed, and the
-    token is in neither the error nor the committer table."""
-    from spark_connect_server import free_port
-
-    from airflow_provider_walsink.hooks.spark_connect_runner import SparkConnectJobError
+    """Nothing listens on the port, or the server (requiring a token) refuses the connection's:
+    the write task fails within seconds, naming the connection and the server; the attempt is
+    recorded FAILED with that error, nothing is sealed, and the token is in neither the error
+    nor the committer table."""
+    from spark_connect_server import ConnectServer, free_port
 
     url = database_urls("sqlite")
     staging = tmp_path / "staging"
     use_committer(monkeypatch, url, staging)
-    port = free_port()
+    server = None
+    if how == "wrong token":  # a server of its own: the session's takes any token
+        server = ConnectServer.start(tmp_path / "server", master="local[1]", token="the-servers-token-8Kx")
+    port = server.port if server else free_port()
+    # "localhost": the client sends a token without TLS only there.
     monkeypatch.setenv(
         "AIRFLOW_CONN_SPARK_CONNECT_DOWN",
-        json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": port, "password": TOKEN}),
+        json.dumps({"conn_type": "spark_connect", "host": "localhost", "port": port, "password": TOKEN}),
     )
+    try:
+        _fails_naming_the_connection(how, port, staging, url, tmp_path)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _fails_naming_the_connection(how: str, port: int, staging: Path, url: str, tmp_path: Path) -> None:
+    from airflow_provider_walsink.hooks.spark_connect_runner import SparkConnectJobError
+
     job = tmp_path / "job.py"
     job.write_text("raise SystemExit('the job must not start')\n")
     op = WalWriteOperator(
@@ -107,9 +121,8 @@ def test_an_unreachable_connect_server_fails_the_attempt_naming_the_connection(
     with pytest.raises(SparkConnectJobError) as failed:
         op.execute(context)
     message = str(failed.value)
-    assert (
-        "'spark_connect_down'" in message and f"127.0.0.1:{port}" in message and "did not answer" in message
-    )
+    what = "did not answer" if how == "unreachable" else "refused the connection's token (UNAUTHENTICATED)"
+    assert "'spark_connect_down'" in message and f"localhost:{port}" in message and what in message, message
     assert TOKEN not in message
     record = CommitterStore.from_url(url).require("events", "20260401T000000Z")
     assert record.state is S.FAILED and record.sealed_attempt is None

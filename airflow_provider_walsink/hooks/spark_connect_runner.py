@@ -307,6 +307,13 @@ class SparkConnectRunner(JobRunner):
             version = session.version
         except Exception as exc:
             self._release(session)
+            if "UNAUTHENTICATED" in str(exc):
+                raise SparkConnectJobError(
+                    self._redact(
+                        f"{self._where()} refused the connection's token (UNAUTHENTICATED): set the "
+                        f"server's token as the password of connection {self.spark_conn_id!r}"
+                    )
+                ) from None
             raise SparkConnectJobError(
                 self._redact(
                     f"{self._where()} did not answer: {_first_line(exc)} (is the server running and "
