@@ -121,6 +121,41 @@ def test_executors_write_to_a_local_root_and_the_manifest_is_their_report(spark,
     assert check_stored_attempt(job.store, job.manifest(), job.location, verify_checksums=True).durable
 
 
+@pytest.mark.parametrize("zone", ["Etc/UTC", "Europe/Paris"])
+def test_executors_stage_timestamps_as_utc_whatever_the_session_time_zone(spark, tmp_path, zone):
+    """Spark labels the instants it hands the executors with the session's time zone; the staged
+    files label them UTC (what Delta and Iceberg take: delta-rs refuses ``Etc/UTC``), same values.
+    (The Connect cluster run met this: its server's session zone was ``Etc/UTC``.)"""
+    from datetime import UTC, datetime
+
+    from deltalake import write_deltalake
+
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", zone)
+    try:
+        frame = spark.createDataFrame(
+            [("a", "2026-01-01 10:00:00"), ("b", "2026-01-01 23:30:00")], "id string, t string"
+        )
+        frame = frame.selectExpr("id", "to_utc_timestamp(to_timestamp(t), 'UTC') AS ts")
+        with CheckpointJob(
+            spark, _protocol(str(tmp_path / "staging"), partition_by=()), writer="executors"
+        ) as job:
+            job.stage(frame.coalesce(1))
+        manifest = job.manifest()
+        (committable,) = manifest.committables
+        table = pq.read_table(job.store.committable(job.location, committable.path))
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+    assert table.schema.field("ts").type == pa.timestamp("us", tz="UTC")
+    instants = sorted(v.astimezone(UTC) for v in table["ts"].to_pylist())
+    # to_timestamp read the strings in the session's zone: the instants are those wall times there.
+    from zoneinfo import ZoneInfo
+
+    want = [datetime(2026, 1, 1, h, m, tzinfo=ZoneInfo(zone)).astimezone(UTC) for h, m in ((10, 0), (23, 30))]
+    assert instants == want
+    write_deltalake(str(tmp_path / "delta"), table)  # a Delta table takes the file's schema
+
+
 def test_a_real_spark_job_stages_to_s3_and_seals_there_once(spark, s3_server):  # noqa: F811
     root = f"s3://{s3_server.bucket}/{uuid.uuid4().hex[:12]}/staging"
     days = {"2026-01-01": 300, "2026-01-02": 150, "2026-01-03": 1}

@@ -152,7 +152,7 @@ def executor_writer(
             for batch in batches:
                 if batch.num_rows == 0:
                     continue
-                table = pa.Table.from_batches([batch])
+                table = _utc_timestamps(pa.Table.from_batches([batch]))
                 for values, part in _split(table, columns):
                     f = files.get(values)
                     if f is None:
@@ -201,6 +201,27 @@ def executor_writer(
             yield pa.RecordBatch.from_pylist(rows, schema=_written_schema())
 
     return write
+
+
+def _utc_timestamps(table: Any) -> Any:
+    """``table`` with every zoned timestamp column labelled ``UTC``.
+
+    Spark hands ``mapInArrow`` its instants labelled with the session's time zone (for example
+    ``Etc/UTC`` or ``Europe/Paris``); the values are UTC instants either way, so relabelling
+    changes no value. Table formats take only ``UTC`` (delta-rs refuses a Parquet file whose
+    Arrow schema says ``Etc/UTC``), and the staged files are published by reference, as written.
+    """
+    import pyarrow as pa
+
+    fields = [
+        f.with_type(pa.timestamp(f.type.unit, tz="UTC"))
+        if pa.types.is_timestamp(f.type) and f.type.tz not in (None, "UTC")
+        else f
+        for f in table.schema
+    ]
+    if all(a.type == b.type for a, b in zip(fields, table.schema, strict=True)):
+        return table
+    return table.cast(pa.schema(fields, metadata=table.schema.metadata))
 
 
 def _written_schema() -> Any:
