@@ -24,7 +24,9 @@ the topic ``walsink_events`` with JSON values ``{"event_id": ..., "user_id":
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from airflow.sdk import DAG
 from walsink_example_common import JOBS_DIR, home_template
@@ -34,40 +36,53 @@ from airflow_provider_walsink.operators.pipeline import walsink_pipeline
 HOME = home_template()
 TOPIC = "walsink_events"
 
-with DAG(
-    dag_id="walsink_kafka_append",
-    description="Kafka topic → Delta Lake table, each record exactly once (walsink, append mode)",
-    schedule="@hourly",
-    start_date=datetime(2026, 1, 1, tzinfo=UTC),
-    catchup=False,
-    max_active_runs=1,
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
-    tags=["walsink", "example", "kafka", "delta"],
-    doc_md=__doc__,
-) as dag:
-    walsink_pipeline(
-        "kafka_events",
-        pipeline="kafka_events",
-        application=str(JOBS_DIR / "kafka_events_job.py"),
-        target=f"delta://{HOME}/target/kafka_events?create_table=true",
-        # Stage inside the table directory: Delta adds the files by path, never copies them.
-        staging_root=f"{HOME}/target/kafka_events/_walsink_staging",
-        mode="append",
-        partition_by=["dt"],
-        source={
-            "kind": "kafka",
-            "conn_id": "kafka_default",  # a ``kafka`` connection: the client configuration in its extra
-            "topics": [TOPIC],
-            "starting": "earliest",  # the first checkpoint only; later ones start where the last ended
-            "group_id": "walsink_kafka_append",  # committed after each target commit, for lag tools
-            "accept_data_loss": False,  # a retention gap fails the write, naming the range
-        },
-        write={
-            "conf": {
-                "spark.sql.shuffle.partitions": "2",
-                "spark.default.parallelism": "2",
-                "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+
+def kafka_example_dag(
+    dag_id: str, *, spark_conn_id: str | None = None, write_kwargs: Mapping[str, Any] | None = None
+) -> DAG:
+    """The example's DAG; the Connect cluster test builds the same DAG under its own id and Spark
+    connection. Bind the result to a module-level name (the DAG is not auto-registered)."""
+    with DAG(
+        dag_id=dag_id,
+        description="Kafka topic → Delta Lake table, each record exactly once (walsink, append mode)",
+        schedule="@hourly",
+        start_date=datetime(2026, 1, 1, tzinfo=UTC),
+        catchup=False,
+        max_active_runs=1,
+        default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
+        tags=["walsink", "example", "kafka", "delta"],
+        doc_md=__doc__,
+        auto_register=False,
+    ) as dag:
+        walsink_pipeline(
+            "kafka_events",
+            pipeline="kafka_events",
+            application=str(JOBS_DIR / "kafka_events_job.py"),
+            target=f"delta://{HOME}/target/kafka_events?create_table=true",
+            # Stage inside the table directory: Delta adds the files by path, never copies them.
+            staging_root=f"{HOME}/target/kafka_events/_walsink_staging",
+            mode="append",
+            partition_by=["dt"],
+            source={
+                "kind": "kafka",
+                "conn_id": "kafka_default",  # a ``kafka`` connection: the client configuration in its extra
+                "topics": [TOPIC],
+                "starting": "earliest",  # the first checkpoint only; later ones start where the last ended
+                "group_id": "walsink_kafka_append",  # committed after each target commit, for lag tools
+                "accept_data_loss": False,  # a retention gap fails the write, naming the range
             },
-        },
-        durable={"poke_interval": 2},
-    )
+            write={
+                "conf": {
+                    "spark.sql.shuffle.partitions": "2",
+                    "spark.default.parallelism": "2",
+                    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+                },
+                "spark_conn_id": spark_conn_id,
+                **(write_kwargs or {}),
+            },
+            durable={"poke_interval": 2},
+        )
+    return dag
+
+
+dag = kafka_example_dag("walsink_kafka_append")

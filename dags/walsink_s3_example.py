@@ -31,8 +31,9 @@ Where things live (nothing secret in this file):
   environment, never on its command line.
 
 docs/production.md ("Object storage") lists the IAM permissions this needs.
-``tests/test_s3_cluster_e2e.py`` runs this DAG's pipelines through the real
-scheduler on a two-worker standalone cluster against moto's S3 server, and
+``tests/test_e2e_connect_cluster.py`` runs this DAG's pipelines through the real
+scheduler with the Spark Connect runner, on a Connect server over a two-worker
+standalone cluster, against moto's S3 server, and
 ``bash scripts/cluster-demo.sh`` shows it.
 """
 

@@ -71,11 +71,19 @@ class ConnectServer:
     """One Spark Connect server process (see the module docstring)."""
 
     def __init__(
-        self, work_dir: Path, *, master: str = "local[2]", port: int | None = None, token: str | None = None
+        self,
+        work_dir: Path,
+        *,
+        master: str = "local[2]",
+        port: int | None = None,
+        token: str | None = None,
+        conf: dict[str, str] | None = None,
     ) -> None:
         self.work_dir = Path(work_dir)
         #: The token clients must send (``spark.connect.authenticate.token``); ``None``: any.
         self.token = token
+        #: More ``--conf`` for the server's Spark application (executor sizes on a cluster).
+        self.conf = dict(conf or {})
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.master = master
         self.port = port or free_port()
@@ -102,6 +110,7 @@ class ConnectServer:
         }
         if self.token:
             conf["spark.connect.authenticate.token"] = self.token
+        conf.update(self.conf)
         cmd = [str(pyspark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master", self.master]
         cmd += ["--driver-memory", "1g", "--name", "walsink-tests-connect"]
         for key, value in conf.items():

@@ -1,27 +1,42 @@
-"""Issue 23 end to end: the S3 example through the real scheduler on the Spark standalone cluster.
+"""Issue 36, Must show: the S3 example and the Kafka example through the real scheduler with
+the Spark Connect job runner, against a Connect server whose application runs on the session's
+two-worker standalone cluster (each worker its own loopback host, ``tests/spark_cluster.py``).
 
-No shared file system between the parts that move data: the DAG is
-``dags/walsink_s3_example.py``'s, built by its own builder under the id
-``walsink_s3_cluster_e2e`` (``tests/dags/walsink_s3_cluster_test.py``) and
-submitted to the session's two-worker standalone cluster (each worker its own
-loopback host, ``tests/spark_cluster.py``). The executors write the day's
-Parquet files straight into moto's S3 server (loopback) and the job seals the
-manifest there; the durability sensor (deferred, in the triggerer) checks the
-objects by listing; the commit tasks add the staged objects by reference to a
-Delta table (``delta+s3://``, credentials from the ``aws_default`` connection)
-and an Iceberg table (catalog on PostgreSQL, warehouse on the bucket, from the
-connection ``walsink_s3_lake``). The committer table is on PostgreSQL.
+The server is started once for this module (``connect_on_cluster``) with the cluster as its
+master; the DAGs are the examples' own builders under test ids whose write tasks name the
+``spark_connect`` connection ``spark_connect_cluster`` (``tests/dags/walsink_s3_connect_test.py``,
+``tests/dags/walsink_kafka_connect_test.py``). Each job file runs unchanged as a Connect client
+in its write task; its Spark jobs run on the cluster's executors, which get walsink shipped with
+the session.
 
-Checked, reading each table with its own library (deltalake, pyiceberg): every
-source event of each day once, the data files are the staged objects (nothing
-copied), each checkpoint recorded its ``s3://`` staging root and was COMMITTED
-once. (A re-run of committed intervals is skipped by the write task before it touches
-S3: proven through the scheduler by the quickstart and backfill tests, not again here.)
+* **S3** (issue 23's scenario, now through Connect): no shared file system between the parts
+  that move data. The executors write the day's Parquet files straight into moto's S3 server
+  (loopback) and the job seals the manifest there; the durability sensor (deferred, in the
+  triggerer) checks the objects by listing; the commit tasks add the staged objects by
+  reference to a Delta table (``delta+s3://``, credentials from the ``aws_default``
+  connection) and an Iceberg table (catalog on PostgreSQL, warehouse on the bucket, from the
+  connection ``walsink_s3_lake``). The committer table is on PostgreSQL. Checked, reading each
+  table with its own library (deltalake, pyiceberg): every source event of the day once, the
+  data files are the staged objects (nothing copied), each checkpoint recorded its ``s3://``
+  staging root and was COMMITTED once.
+* **Kafka** (issue 28's scenario, now through Connect): librdkafka's mock cluster in a child
+  process, reached through an Airflow connection ``kafka_default`` of the official ``kafka``
+  type. Two intervals run one after another: the first while a producer thread appends to the
+  topic (its end, the second's start, planned under appends), then the producer stops and the
+  second one drains the topic. Then the Delta table (read with deltalake) holds every produced
+  record exactly once, each checkpoint started where the previous one ended, and the group's
+  committed offsets (read with a plain consumer) equal the last committed checkpoint's end
+  offsets.
+
+The same examples through spark-submit: ``tests/test_example_dags.py`` (``dag.test()``), the
+cluster through spark-submit: ``tests/test_cluster_e2e.py``.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+import threading
 import uuid
 from collections import Counter
 from datetime import date
@@ -36,9 +51,9 @@ from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, s3_server  # no
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
-DAG_ID = "walsink_s3_cluster_e2e"  # tests/dags/walsink_s3_cluster_test.py
-#: One day (two Spark applications on the cluster, one per table): the claim here is the S3
-#: path end to end on a cluster; a multi-day backfill on the cluster is tests/test_cluster_e2e.py's.
+DAG_ID = "walsink_s3_connect_e2e"  # tests/dags/walsink_s3_connect_test.py
+#: One day (two write jobs, one per table): the claim here is the S3 path end to end on a
+#: cluster; a multi-day backfill on the cluster is tests/test_cluster_e2e.py's.
 DAYS = [date(2026, 5, 1)]
 PIPELINES = ("s3_delta_events", "s3_iceberg_events")
 
@@ -77,9 +92,37 @@ def _check_days(rows: list[dict], days: list[date]) -> None:
         ), r["event_id"]  # fmt: skip
 
 
-def test_the_s3_example_on_a_spark_cluster_through_the_scheduler_commits_each_day_once(
+@pytest.fixture(scope="module")
+def connect_on_cluster(spark_cluster, tmp_path_factory):
+    """A Spark Connect server whose Spark application runs on the session's cluster (this
+    module only: it holds the cluster's cores while it lives)."""
+    from spark_connect_server import ConnectServer
+
+    server = ConnectServer(
+        tmp_path_factory.mktemp("connect-on-cluster"),
+        master=spark_cluster.master_url,
+        conf={
+            "spark.executor.memory": "512m",
+            "spark.cores.max": "2",
+            # As the cluster test's executors (tests/dags/walsink_cluster_test.py): C1 and the
+            # serial GC start a short executor JVM with about half the CPU. Test runs only.
+            "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        },
+    ).launch()
+    with server:
+        yield server
+
+
+def _use_connect(stack, server) -> None:
+    server.wait_ready()
+    _add_connection(stack, "spark_connect_cluster", {"conn_type": "spark_connect", "host": "127.0.0.1",
+                                                     "port": server.port})  # fmt: skip
+
+
+def test_the_s3_example_through_spark_connect_on_a_cluster_commits_each_day_once(
     airflow_stack,
     spark_cluster,
+    connect_on_cluster,
     s3_server,  # noqa: F811
     pg_url,
     capsys,
@@ -105,7 +148,7 @@ def test_the_s3_example_on_a_spark_cluster_through_the_scheduler_commits_each_da
     })  # fmt: skip
     _add_connection(stack, "walsink_s3_lake", {"conn_type": "generic", "extra": catalog})
     _add_connection(stack, "walsink_s3_e2e", {"conn_type": "walsink", "extra": {"url": committer}})
-    _add_connection(stack, "spark_cluster", cluster.connections()["spark_cluster"])
+    _use_connect(stack, connect_on_cluster)
     stack.set_variable("walsink_s3_example_root", root)
 
     store = CommitterStore.from_url(pg_url)
@@ -126,6 +169,7 @@ def test_the_s3_example_on_a_spark_cluster_through_the_scheduler_commits_each_da
                 assert record.staging_root.endswith("/_walsink_staging"), record.staging_root
                 history = [e.to_state for e in store.history(pipeline, key)]
                 assert history.count("COMMITTED") == 1, history
+                assert record.write_job["runner"] == "spark_connect", record.write_job  # a Connect client
         delta_root = store.require("s3_delta_events", _key(DAYS[0])).staging_root
 
         # Read back with each table's own library.
@@ -139,11 +183,111 @@ def test_the_s3_example_on_a_spark_cluster_through_the_scheduler_commits_each_da
         iceberg_root = store.require("s3_iceberg_events", _key(DAYS[0])).staging_root
         assert iceberg_files and all(f.startswith(f"{iceberg_root}/") for f in iceberg_files), iceberg_files
 
-        # Who wrote the committables: the cluster's executors (a Spark app id, not a local one).
-        apps = {a["id"] for a in cluster.master_status()["completedapps"]}
+        # Who wrote the committables: the Connect server's application on the cluster.
+        _ran_on_the_cluster(cluster, connect_on_cluster)
         with capsys.disabled():
-            print(f"\nS3 example on {cluster.master_url}: {len(delta_files)} Delta and "
-                  f"{len(iceberg_files)} Iceberg data files, {len(apps)} applications completed")  # fmt: skip
+            print(f"\nS3 example through Spark Connect on {cluster.master_url}: {len(delta_files)} Delta "
+                  f"and {len(iceberg_files)} Iceberg data files")  # fmt: skip
 
     finally:
         store.dispose()
+
+
+def _ran_on_the_cluster(cluster, server) -> None:
+    """The server's Spark application runs on the cluster's master, with executors on its workers."""
+    (app,) = [a for a in cluster.master_status()["activeapps"] if a["name"] == "walsink-tests-connect"]
+    log = server.log_path.read_text(errors="replace")
+    assert cluster.master_url in log and "Granted executor ID" in log, server.log_tail()
+    assert app["cores"] >= 1
+
+
+# ---------------------------------------------------------------------------------------- Kafka
+
+KAFKA_DAG_ID, PIPELINE, TOPIC, GROUP = (
+    "walsink_kafka_connect_e2e",  # tests/dags/walsink_kafka_connect_test.py
+    "kafka_events",
+    "walsink_events",
+    "walsink_kafka_append",
+)
+
+
+class Producer(threading.Thread):
+    """Appends small batches of JSON events until stopped; remembers every acknowledged offset."""
+
+    def __init__(self, kafka) -> None:
+        super().__init__(daemon=True)
+        self.kafka, self.stopped, self.acked = kafka, threading.Event(), []
+        self.sent = 0
+
+    def batch(self, n: int) -> None:
+        records = [
+            {"key": f"user-{(self.sent + i) % 7}".encode(), "partition": (self.sent + i) % 4,
+             "value": json.dumps({"event_id": self.sent + i, "user_id": (self.sent + i) % 7,
+                                  "amount_cents": 100 + i}).encode()}
+            for i in range(n)
+        ]  # fmt: skip
+        self.acked += [(TOPIC, p, o) for p, o in self.kafka.produce(TOPIC, records)]
+        self.sent += n
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.5):
+            self.batch(25)
+
+
+@pytest.fixture(scope="module")
+def kafka():
+    pytest.importorskip("confluent_kafka")  # the kafka extra: CI installs it
+    from tests.kafka_mock import MockKafka
+
+    cluster = MockKafka()
+    yield cluster
+    cluster.stop()
+
+
+def test_the_kafka_example_through_spark_connect_on_a_cluster_while_a_producer_appends(
+    airflow_stack, spark_cluster, connect_on_cluster, kafka
+):
+    from deltalake import DeltaTable
+
+    stack = airflow_stack
+    stack.set_connection("kafka_default", {"conn_type": "kafka", "extra": kafka.config})
+    _use_connect(stack, connect_on_cluster)
+    producer = Producer(kafka)
+    producer.batch(100)  # the topic exists (4 partitions) before the first run plans
+    stack.wait_for_dag(KAFKA_DAG_ID)
+    stack.unpause(KAFKA_DAG_ID)
+    producer.start()
+    try:
+        run_id = stack.trigger(KAFKA_DAG_ID, "2026-03-01T01:00:00Z")
+        run = stack.wait_for_runs(KAFKA_DAG_ID, [run_id], timeout=900)[run_id]
+        assert run["state"] == "success", stack.task_states(KAFKA_DAG_ID, run_id)
+    finally:
+        producer.stopped.set()
+        producer.join()
+    # The last interval drains what the producer appended meanwhile.
+    run_id = stack.trigger(KAFKA_DAG_ID, "2026-03-01T02:00:00Z")
+    run = stack.wait_for_runs(KAFKA_DAG_ID, [run_id], timeout=900)[run_id]
+    assert run["state"] == "success", stack.task_states(KAFKA_DAG_ID, run_id)
+    stack.pause(KAFKA_DAG_ID)
+
+    store = CommitterStore.from_url(f"sqlite:///{stack.home}/walsink/committer.db", migrate=False)
+    try:
+        checkpoints = sorted(store.checkpoints(PIPELINE), key=lambda c: c.sequence)
+        assert [c.state.value for c in checkpoints] == ["COMMITTED"] * 2
+        for earlier, later in zip(checkpoints, checkpoints[1:], strict=False):
+            assert later.start_offsets == earlier.end_offsets  # contiguous: nothing skipped, nothing twice
+        last = checkpoints[-1].end_offsets
+        # Each attempt ran as a Connect client (its session recorded on the row), not spark-submit.
+        assert all(c.write_job and c.write_job["runner"] == "spark_connect" for c in checkpoints)
+    finally:
+        store.dispose()
+
+    table = DeltaTable(str(stack.home / "walsink" / "examples" / "target" / "kafka_events"))
+    rows = table.to_pyarrow_table(columns=["topic", "partition", "offset", "event_id"]).to_pylist()
+    seen = Counter((r["topic"], r["partition"], r["offset"]) for r in rows)
+    assert max(seen.values()) == 1  # nothing doubled
+    assert set(seen) == set(producer.acked)  # nothing lost: every produced record, once
+    assert sorted(r["event_id"] for r in rows) == list(range(producer.sent))
+    assert last == {TOPIC: {str(p): high for p, (_, high) in kafka.watermarks(TOPIC).items()}}
+    assert kafka.committed(GROUP, TOPIC) == {int(p): o for p, o in last[TOPIC].items()}
+    _ran_on_the_cluster(spark_cluster, connect_on_cluster)

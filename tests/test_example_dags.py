@@ -101,7 +101,7 @@ def test_example_dags_are_three_task_pipelines_built_by_the_helper():
 
 def test_kafka_example_dag_reads_kafka_in_append_mode_into_delta():
     """Shape only (no Spark, no broker): the Kafka example (docs/kafka.md) gives both the write and
-    the commit task the same source; its run through the scheduler is tests/test_e2e_kafka.py."""
+    the commit task the same source; its run through the scheduler (Spark Connect on the cluster) is tests/test_e2e_connect_cluster.py."""
     from airflow_provider_walsink.core.sources.kafka import KafkaSourceSpec
 
     dag = importlib.import_module("walsink_kafka_append").dag

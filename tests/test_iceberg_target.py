@@ -454,7 +454,7 @@ def test_a_namespace_created_meanwhile_still_gives_the_table_location_as_staging
     """Two write tasks of a new table race to create its namespace (pyiceberg checks, then
     inserts); the loser's insert fails on the catalog's unique key. Its staging root must still be
     the table's location, never "none" (the attempt would silently stage under the connection's root:
-    seen in the fresh-clone run of tests/test_s3_cluster_e2e.py). The race is injected at the
+    seen in a fresh-clone run of the S3 example on the cluster, tests/test_e2e_connect_cluster.py). The race is injected at the
     catalog's boundary: the namespace appears, then the losing insert's error is raised."""
     import sqlalchemy.exc
     from pyiceberg.catalog import load_catalog
