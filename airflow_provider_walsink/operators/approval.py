@@ -13,6 +13,7 @@ the scheduler then resumes it in :meth:`WalAuditApprovalOperator.execute_complet
 * The audit passed (AUDITED), or there is nothing to decide (COMMITTING,
   COMMITTED, or any state but REJECTED): the task is skipped and the commit
   task decides as it does without this step (it publishes only AUDITED).
+  ABORTED: the commit task is skipped as well (nothing can be published).
 * REJECTED: the person sees the failed checks and chooses
 
   - **Publish anyway**: the rejected attempt becomes AUDITED, the history row
@@ -129,8 +130,14 @@ class WalAuditApprovalOperator(HITLOperator, SkipMixin):
         key = checkpoint_key_from_context(context, self.checkpoint_key)
         record = WalsinkHook(self.walsink_conn_id).get_store().require(self.pipeline, key)
         name = f"checkpoint {self.pipeline}/{key}"
+        if record.state is S.ABORTED:
+            # Aborted (by this step's earlier try, whose report Airflow lost, or by a person in the
+            # UI or CLI): nothing is left to decide or publish, so the commit is skipped too.
+            self.log.info("%s is ABORTED: nothing to approve or publish", name)
+            self.skip(ti=context["ti"], tasks=self.get_direct_relatives(upstream=False))
         if record.state is not S.REJECTED:
-            # AUDITED: the audit passed. Anything else: the commit task decides, as without this step.
+            # AUDITED: the audit passed (or an earlier try recorded the approval). Anything else:
+            # the commit task decides, as without this step.
             raise AirflowSkipException(f"{name} is {record.state}: no approval needed")
         context["ti"].xcom_push(key=SHOWN_ATTEMPT_KEY, value=record.sealed_attempt_id)
         self.body = "\n\n".join(
