@@ -406,9 +406,10 @@ def test_rejected_checkpoint_shows_why_in_the_airflow_ui(airflow_stack, rejected
         # Aborted in Airflow: ABORTED, the person and the reason in the history.
         page.goto(f"{base}/{approval.key_of(approval.ABORTED_DAY)}")
         expect(page.locator("h1 .badge")).to_have_text("ABORTED")
-        expect(page.locator("table.history tr", has_text=approval.ABORT_REASON)).to_contain_text(
-            "admin (id admin)"
-        )
+        # (two rows: the abort's start, REJECTED -> REJECTED, and REJECTED -> ABORTED)
+        aborted = page.locator("table.history tr", has_text=approval.ABORT_REASON).last
+        expect(aborted).to_contain_text("ABORTED")
+        expect(aborted).to_contain_text("admin (id admin) via")
     except Exception:
         shot(page, "failure-rejected")
         raise
