@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
-from airflow_provider_walsink.operators.approval import WalAuditApprovalOperator
 from airflow_provider_walsink.operators.audit import WalAuditOperator
 from airflow_provider_walsink.operators.commit import WalCommitOperator
 from airflow_provider_walsink.operators.deprecations import source_argument, warn_deprecated
@@ -63,6 +62,19 @@ DEPRECATED_ARGUMENTS: dict[str, tuple[str, str | None]] = {
 
 #: The durability sensor's defaults in a pipeline (wait in the triggerer, holding no worker slot).
 DURABLE_DEFAULTS: dict[str, Any] = {"deferrable": True, "poke_interval": 5, "timeout": 3600}
+
+
+def _approval_operator() -> type:
+    """The approval step's operator, imported only when asked for: it needs the standard
+    provider's human-in-the-loop operators (Airflow 3.1+), which a pipeline without it does not."""
+    try:
+        from airflow_provider_walsink.operators.approval import WalAuditApprovalOperator
+    except ImportError as exc:
+        raise ImportError(
+            "walsink_pipeline: audit_approval needs Airflow's human-in-the-loop operators "
+            f"(apache-airflow-providers-standard with operators.hitl, Airflow 3.1+): {exc}"
+        ) from exc
+    return WalAuditApprovalOperator
 
 
 def walsink_pipeline(
@@ -140,7 +152,7 @@ def walsink_pipeline(
         (:class:`WalAuditOperator`) with the checks under ``"checks"``: adds the task ``audit``
         and makes the commit publish only AUDITED checkpoints.
     :param audit_approval: ``True``, or a mapping of the approval task's arguments
-        (:class:`WalAuditApprovalOperator`: ``assigned_users``, ``notifiers``,
+        (:class:`~airflow_provider_walsink.operators.approval.WalAuditApprovalOperator`: ``assigned_users``, ``notifiers``,
         ``response_timeout``...): when the audit rejects a checkpoint, the task ``approval``
         (Airflow's human-in-the-loop operator; it waits holding no worker slot) asks a person to
         publish it anyway or abort it, records who and why in the checkpoint's history, and the
@@ -269,7 +281,7 @@ def walsink_pipeline(
             )
             write_task >> durable_task >> audit_task >> commit_task
             if audit_approval:
-                approval_task = WalAuditApprovalOperator(
+                approval_task = _approval_operator()(
                     task_id="approval", staging_root=staged_at, **shared, **approval_args
                 )
                 audit_task >> approval_task >> commit_task
