@@ -33,6 +33,7 @@ def get_provider_info() -> dict:
                 "integration-name": INTEGRATION,
                 "python-modules": [
                     "airflow_provider_walsink.operators.audit",
+                    "airflow_provider_walsink.operators.approval",
                     "airflow_provider_walsink.operators.commit",
                     "airflow_provider_walsink.operators.write",
                     "airflow_provider_walsink.operators.gc",

@@ -23,6 +23,10 @@ from urllib.parse import quote
 
 import pytest
 
+# Under the name pytest imports that test module as (tests/ on sys.path, as ui_fixtures), so its
+# once-per-session runs are shared with it, not run twice.
+import test_e2e_audit_approval as approval
+
 from airflow_provider_walsink.core.store.store import CommitterStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.spark, pytest.mark.slow]
@@ -339,8 +343,16 @@ def rejected_run(airflow_stack) -> dict:
     return {"key": key, "run_id": record.run_id}
 
 
-def test_rejected_checkpoint_shows_why_in_the_airflow_ui(airflow_stack, rejected_run, browser):
-    """Issue 15: an audit that fails leaves the checkpoint REJECTED, and the UI says why."""
+@pytest.fixture(scope="module")
+def approval_runs(airflow_stack) -> dict:
+    """The approved and aborted checkpoints of ``tests/test_e2e_audit_approval.py`` (its runs)."""
+    return approval.decided_runs(airflow_stack)
+
+
+def test_rejected_checkpoint_shows_why_in_the_airflow_ui(airflow_stack, rejected_run, approval_runs, browser):
+    """Issue 15: an audit that fails leaves the checkpoint REJECTED, and the UI says why.
+    Issue 37: a REJECTED checkpoint a person approved (or aborted) in Airflow's HITL step shows
+    who decided and why in its history (the runs of ``tests/test_e2e_audit_approval.py``)."""
     from playwright.sync_api import expect
 
     stack, key = airflow_stack, rejected_run["key"]
@@ -380,6 +392,24 @@ def test_rejected_checkpoint_shows_why_in_the_airflow_ui(airflow_stack, rejected
         expect(frame.locator("#publication")).to_have_count(0)
         expect(frame.locator("table.committables")).to_be_visible()
         shot(page, "10-rejected-checkpoint")
+
+        # Approved in Airflow: COMMITTED, and the history names the person and the reason.
+        base = f"{stack.base_url}/walsink/pipelines/{approval.PIPELINE}/checkpoints"
+        page.goto(f"{base}/{approval.key_of(approval.APPROVED_DAY)}")
+        expect(page.locator("h1 .badge")).to_have_text("COMMITTED")
+        decided = page.locator("table.history tr", has_text="approved by admin (id admin)")
+        expect(decided).to_have_count(1)
+        expect(decided).to_contain_text(approval.APPROVE_REASON)
+        expect(decided).to_contain_text("admin (id admin) via")
+        expect(decided).to_contain_text(approval.APPROVAL_TASK)
+        shot(page, "10b-approved-checkpoint")
+        # Aborted in Airflow: ABORTED, the person and the reason in the history.
+        page.goto(f"{base}/{approval.key_of(approval.ABORTED_DAY)}")
+        expect(page.locator("h1 .badge")).to_have_text("ABORTED")
+        # (two rows: the abort's start, REJECTED -> REJECTED, and REJECTED -> ABORTED)
+        aborted = page.locator("table.history tr", has_text=approval.ABORT_REASON).last
+        expect(aborted).to_contain_text("ABORTED")
+        expect(aborted).to_contain_text("admin (id admin) via")
     except Exception:
         shot(page, "failure-rejected")
         raise

@@ -47,6 +47,11 @@ class WalAuditOperator(BaseOperator):
     :param staging_root: templated; where to look for a checkpoint whose row records no
         staging root (written before walsink recorded it); defaults to the connection's
         ``staging_root``. A root recorded by the write task always wins.
+    :param fail_on_reject: ``True`` (default): a REJECTED verdict fails the task, as above.
+        ``False``: the task succeeds and returns the verdict, for a step after it that lets a
+        person decide (``walsink_pipeline(..., audit_approval=True)``,
+        :class:`~airflow_provider_walsink.operators.approval.WalAuditApprovalOperator`); the
+        checkpoint is REJECTED either way and the commit refuses it until someone approves it.
     """
 
     operator_extra_links = (WalsinkCheckpointLink(),)
@@ -61,9 +66,11 @@ class WalAuditOperator(BaseOperator):
         checkpoint_key: str | None = None,
         walsink_conn_id: str = WalsinkHook.default_conn_name,
         staging_root: str | None = None,
+        fail_on_reject: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.fail_on_reject = fail_on_reject
         validate_static_identifier(pipeline, "pipeline id")
         validate_static_identifier(checkpoint_key, "checkpoint key")
         self.pipeline = pipeline
@@ -90,6 +97,9 @@ class WalAuditOperator(BaseOperator):
             self.log.info("%s %s: %s", "PASS" if check["passed"] else "FAIL", check["check"], check["reason"])
         if outcome.verdict is None:
             raise AirflowSkipException(outcome.message)
+        if outcome.rejected and not self.fail_on_reject:
+            self.log.error("%s; a person decides in the approval step", outcome.message)
+            return outcome.to_dict()
         if outcome.rejected:
             self.log.error("%s", outcome.message)
             raise AirflowFailException(

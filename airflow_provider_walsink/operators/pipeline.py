@@ -17,7 +17,9 @@
 The tasks share the pipeline id, the checkpoint key (default: the run's
 data interval start), the committer connection and the staging root. With
 ``audit=[...]`` an audit task checks the staged data between durable and
-commit, and the commit publishes only what passed it (docs/audit.md).
+commit, and the commit publishes only what passed it (docs/audit.md); with
+``audit_approval=True`` a person decides about a REJECTED checkpoint in Airflow
+(publish anyway, or abort) before the commit (docs/audit.md#approving-a-rejected-checkpoint-in-airflow).
 """
 
 from __future__ import annotations
@@ -68,6 +70,19 @@ DEPRECATED_ARGUMENTS: dict[str, tuple[str, str | None]] = {
 DURABLE_DEFAULTS: dict[str, Any] = {"deferrable": True, "poke_interval": 5, "timeout": 3600}
 
 
+def _approval_operator() -> type:
+    """The approval step's operator, imported only when asked for: it needs the standard
+    provider's human-in-the-loop operators (Airflow 3.1+), which a pipeline without it does not."""
+    try:
+        from airflow_provider_walsink.operators.approval import WalAuditApprovalOperator
+    except ImportError as exc:
+        raise ImportError(
+            "walsink_pipeline: audit_approval needs Airflow's human-in-the-loop operators "
+            f"(apache-airflow-providers-standard with operators.hitl, Airflow 3.1+): {exc}"
+        ) from exc
+    return WalAuditApprovalOperator
+
+
 def walsink_pipeline(
     group_id: str,
     *,
@@ -90,6 +105,7 @@ def walsink_pipeline(
     commit: Mapping[str, Any] | None = None,
     commit_deadline: timedelta | None = None,
     commit_deadline_callback: Any = None,
+    audit_approval: bool | Mapping[str, Any] = False,
     **group_kwargs: Any,
 ) -> TaskGroup:
     """Create (inside the current DAG) a TaskGroup ``write >> durable >> [audit >>] commit``.
@@ -143,6 +159,12 @@ def walsink_pipeline(
         callables; docs/audit.md), or a mapping of the audit task's arguments
         (:class:`WalAuditOperator`) with the checks under ``"checks"``: adds the task ``audit``
         and makes the commit publish only AUDITED checkpoints.
+    :param audit_approval: ``True``, or a mapping of the approval task's arguments
+        (:class:`~airflow_provider_walsink.operators.approval.WalAuditApprovalOperator`: ``assigned_users``, ``notifiers``,
+        ``response_timeout``...): when the audit rejects a checkpoint, the task ``approval``
+        (Airflow's human-in-the-loop operator; it waits holding no worker slot) asks a person to
+        publish it anyway or abort it, records who and why in the checkpoint's history, and the
+        commit publishes it or is skipped. Skipped when the audit passes. Needs ``audit``.
     :param commit: arguments of the commit task (:class:`WalCommitOperator`): ``group_commit``,
         ``lease_ttl``, ``allow_older_overwrite``, ``retries``...
     :param commit_deadline: a positive ``timedelta``: a checkpoint not COMMITTED that long after
@@ -174,6 +196,13 @@ def walsink_pipeline(
             raise ValueError("walsink_pipeline: audit={...} needs its checks under 'checks'")
     else:
         checks = audit
+    if audit_approval and checks is None:
+        # Refused at parse time: without an audit nothing is REJECTED, so nothing could be approved.
+        raise ValueError(
+            f"walsink_pipeline {pipeline!r}: audit_approval needs an audit (audit=[...]): the approval "
+            "step decides about checkpoints the audit REJECTED, and this pipeline has no audit"
+        )
+    approval_args = dict(audit_approval) if isinstance(audit_approval, Mapping) else {}
     for old in [name for name in group_kwargs if name in DEPRECATED_ARGUMENTS]:
         task, name = DEPRECATED_ARGUMENTS[old]
         value = group_kwargs.pop(old)
@@ -241,6 +270,10 @@ def walsink_pipeline(
             **shared,
             **settings["durable"],
         )
+        if audit_approval:
+            # The approval step is skipped when the audit passes; the commit then runs on the
+            # audit's success alone (and is skipped, as before, when every upstream was).
+            commit_args.setdefault("trigger_rule", "none_failed_min_one_success")
         commit_task = WalCommitOperator(
             task_id="commit",
             staging_root=staged_at,
@@ -261,10 +294,16 @@ def walsink_pipeline(
                 task_id="audit",
                 staging_root=staged_at,
                 checks=checks,
+                **({"fail_on_reject": False} if audit_approval else {}),
                 **shared,
                 **settings["audit"],
             )
             write_task >> durable_task >> audit_task >> commit_task
+            if audit_approval:
+                approval_task = _approval_operator()(
+                    task_id="approval", staging_root=staged_at, **shared, **approval_args
+                )
+                audit_task >> approval_task >> commit_task
     if commit_deadline is not None:
         alert = commit_deadline_alert(
             pipeline=pipeline,

@@ -8,8 +8,10 @@ The life cycle is DESIGN.md's::
 
 AUDITED and REJECTED are the optional audit gate (write-audit-publish): a
 pipeline that declares an audit publishes only an AUDITED checkpoint, and a
-REJECTED one (its staged data failed a check) is never published; only a new
-write attempt (or an abort) leaves REJECTED.
+REJECTED one (its staged data failed a check) is never published by itself: a
+new write attempt, an abort, or a person's recorded approval (REJECTED ->
+AUDITED, :meth:`~..store.verdicts.AuditVerdicts.approve_rejected`, the
+pipeline's ``audit_approval`` step) leaves REJECTED.
 
 A reprocess (``reprocess="replace"``) starts a new *version* of a COMMITTED
 checkpoint: the row goes back to REGISTERED under the same key, and the
@@ -73,8 +75,9 @@ TRANSITIONS: dict[CheckpointState, frozenset[CheckpointState]] = {
     S.FAILED: frozenset({S.WRITING, S.DURABLE, S.AUDITED, S.REJECTED, S.COMMITTING, S.FAILED, S.ABORTED}),
     # A later run starts a fresh attempt; the aborted attempt is never committed as-is.
     S.ABORTED: frozenset({S.WRITING}),
-    # Its data failed the audit: never committed; a fixed job writes a new attempt.
-    S.REJECTED: frozenset({S.WRITING, S.ABORTED}),
+    # Its data failed the audit: never committed as it is; a fixed job writes a new attempt, or
+    # a person approves the rejected attempt with a recorded reason (-> AUDITED; verdicts.py).
+    S.REJECTED: frozenset({S.WRITING, S.ABORTED, S.AUDITED}),
     S.SUPERSEDED: frozenset(),
 }
 

@@ -1,7 +1,9 @@
 """Audit verdicts (write-audit-publish): a sealed attempt passes (AUDITED) or fails (REJECTED).
 
 A verdict is owned by the attempt it judged: a stale audit never records a
-verdict on a newer attempt. :meth:`~AuditVerdicts._audit_verdict` also tells
+verdict on a newer attempt. Only a person overturns a REJECTED verdict
+(:meth:`~AuditVerdicts.approve_rejected`: REJECTED -> AUDITED, who and why in
+the history); an audit never does. :meth:`~AuditVerdicts._audit_verdict` also tells
 the lease take and :mod:`.tablefence` whether the sealed attempt passed.
 """
 
@@ -82,7 +84,59 @@ class AuditVerdicts(CheckpointTransitions):
             row, done = self._audit_row(conn, pipeline, checkpoint_key, attempt_id, S.AUDITED)
             if done:
                 return CheckpointRecord.from_row(row)
+            if row["state"] == S.REJECTED.value:
+                # REJECTED -> AUDITED is a person's decision (approve_rejected), never an audit's.
+                raise TransitionError(
+                    f"checkpoint {pipeline}/{checkpoint_key} was REJECTED by its audit; only an approval "
+                    "with a recorded reason (approve_rejected) moves it to AUDITED"
+                )
             return self._move(conn, row, S.AUDITED, actor, detail=detail, error=None)
+
+    @retrying
+    def approve_rejected(
+        self,
+        pipeline: str,
+        checkpoint_key: str,
+        *,
+        attempt_id: str,
+        approver: str,
+        reason: str,
+        actor: Actor,
+    ) -> CheckpointRecord:
+        """A person approves the REJECTED attempt ``attempt_id`` for publishing (REJECTED -> AUDITED).
+
+        One transaction on the locked row: the history row names ``approver``
+        and ``reason`` in its ``detail`` (``approved by <approver>: <reason>
+        (published despite the audit: <the failed checks>)``, first line first,
+        as ``walsink history`` and the UI show it) and ``actor`` (the task or
+        face that recorded it); the rejection's ``error`` is cleared. The
+        commit then publishes the attempt as any AUDITED one.
+
+        Raises ``ValueError`` for an empty ``approver`` or ``reason``,
+        :class:`StaleAttemptError` if ``attempt_id`` is no longer the sealed
+        attempt (a person approved data that has since been written again:
+        the new attempt needs its own audit), :class:`TransitionError` if the
+        checkpoint is not REJECTED (nor already approved). Repeating it after
+        it took effect returns the row and records nothing.
+        """
+        approver, reason = approver.strip(), reason.strip()
+        if not approver or not reason:
+            raise ValueError("an approval of a REJECTED checkpoint needs who approves it and a reason")
+        with self._tx() as conn:
+            row = self._lock(conn, pipeline, checkpoint_key)
+            name = f"checkpoint {pipeline}/{checkpoint_key}"
+            if row["sealed_attempt_id"] != attempt_id:
+                raise StaleAttemptError(
+                    f"the approval of attempt {attempt_id} of {name} is stale: its sealed attempt is now "
+                    f"{row['sealed_attempt_id']} ({row['state']}); nothing is recorded"
+                )
+            state = CheckpointState(row["state"])
+            if state is not S.REJECTED:
+                if self._audit_verdict(conn, row) is S.AUDITED and state is not S.ABORTED:
+                    return CheckpointRecord.from_row(row)  # approved (or passed) already
+                raise TransitionError(f"{name} is {state}; only a REJECTED checkpoint can be approved")
+            detail = f"approved by {approver}: {reason} (published despite the audit: {row['error'] or '-'})"
+            return self._move(conn, row, S.AUDITED, actor, detail=detail[:10000], error=None)
 
     @retrying
     def reject(
