@@ -21,7 +21,7 @@ import pytest
 
 from airflow_provider_walsink.core import faults
 from tests.harness import run_harness
-from tests.harness.runner import POINTS_BY_STEP, all_combos, make_schedule
+from tests.harness.runner import POINTS_BY_STEP, SPARK_WRITE_POINTS, all_combos, make_schedule
 from tests.helpers import REPO
 
 
@@ -141,6 +141,24 @@ def test_crash_campaign_with_a_real_spark_write(tmp_path):
     (its Python driver SIGKILLed inside seal), retry with a new attempt, record the seal."""
     result = run_harness(seed=11, schedules=0, workdir=tmp_path, spark_schedules=1, spark_checkpoints=1)
     print("\n" + result.describe())
+    assert "1 with spark-submit writes" in result.describe()
     assert result.spark_schedules == 1 and result.covered["write.after_staging"] == 1  # in the driver
+    assert result.covered["publish.after_k"] == 1
+    assert result.violations == []
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_crash_campaign_with_a_spark_connect_write(tmp_path, spark_connect_server, monkeypatch):
+    """The same schedule with the write job run through Spark Connect: the job file runs as a
+    Connect client in the write task's process, which the crash point SIGKILLs inside seal (a
+    worker dying mid-job; the server goes on), then a retry's new attempt seals and commits."""
+    for key, value in spark_connect_server.connection_env("harness_connect").items():
+        monkeypatch.setenv(key, value)
+    result = run_harness(seed=12, schedules=0, workdir=tmp_path, spark_schedules=1, spark_checkpoints=1,
+                         spark_connect="harness_connect")  # fmt: skip
+    print("\n" + result.describe())
+    assert "1 with Spark Connect writes" in result.describe()
+    assert result.spark_schedules == 1 and sum(result.covered[p] for p in SPARK_WRITE_POINTS) == 1
     assert result.covered["publish.after_k"] == 1
     assert result.violations == []

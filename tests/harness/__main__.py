@@ -24,6 +24,11 @@ def main(argv: list[str] | None = None) -> int:
         help="extra schedules whose writes are real spark-submit jobs",
     )
     parser.add_argument(
+        "--spark-connect",
+        metavar="CONN_ID",
+        help="run the --spark-schedules' writes through this spark_connect connection (AIRFLOW_CONN_<ID>)",
+    )
+    parser.add_argument(
         "--db-url", help="committer database (default: a fresh SQLite file in a temporary directory)"
     )
     parser.add_argument("--workdir", help="where staging and targets live (default: a temporary directory)")
@@ -66,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             verbose=args.verbose,
             spark_schedules=args.spark_schedules,
             workers=args.workers,
+            spark_connect=args.spark_connect,
         )
     print(result.describe())
     return 0 if result.violations == [] and not result.uncovered else 1

@@ -275,6 +275,10 @@ class Env:
     staging: Path
     targets: Path
     scratch: Path
+    #: A ``spark_connect`` connection id: the Spark writes run through Spark Connect (the job file
+    #: as a Connect client in the write task's process, as ``SparkConnectRunner`` runs it), not
+    #: spark-submit.
+    spark_connect: str | None = None
 
     def target(self, sched: Schedule) -> Path:
         return self.targets / sched.pipeline
@@ -407,13 +411,18 @@ def task_write_spark(
     if crash is not None:
         child_env[faults.ENV] = f"{crash[0]}:{crash[1]}"
     child_env[faults.LOG_ENV] = crash_log
-    cmd = [
-        default_spark_binary(), "--master", "local[1]",
-        "--conf", "spark.ui.enabled=false",
-        "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-        str(Path(__file__).with_name("spark_job.py")), *protocol.to_argv(), str(job_input),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=900)
+    job = [str(Path(__file__).with_name("spark_job.py")), *protocol.to_argv(), str(job_input)]
+    if env.spark_connect:  # the write task's process is the job's driver program
+        cmd = [sys.executable, "-m", "tests.harness.connect_write", env.spark_connect, *job]
+    else:
+        cmd = [
+            default_spark_binary(), "--master", "local[1]",
+            "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+            *job,
+        ]  # fmt: skip
+    cwd = Path(__file__).resolve().parents[2] if env.spark_connect else None  # for ``-m tests.harness...``
+    proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=900, cwd=cwd)
     if proc.returncode != 0:
         return proc.returncode, proc.stderr[-2000:]
     # The operator's own seal recording (manifest identity and offsets checked, then store.seal).
@@ -692,6 +701,8 @@ class HarnessResult:
     seed: int
     schedules: int = 0
     spark_schedules: int = 0
+    #: How the Spark writes ran: ``spark-submit`` or ``Spark Connect``.
+    spark_runner: str = "spark-submit"
     checkpoints: int = 0
     task_tries: int = 0
     crashes: int = 0
@@ -709,7 +720,7 @@ class HarnessResult:
         lines = [
             f"walsink crash harness, seed {self.seed}",
             f"schedules run:        {self.schedules} ({self.checkpoints} checkpoints, {self.task_tries} task tries"
-            + (f"; {self.spark_schedules} with spark-submit writes" if self.spark_schedules else "")
+            + (f"; {self.spark_schedules} with {self.spark_runner} writes" if self.spark_schedules else "")
             + ")",
             f"crashes injected:     {self.crashes} SIGKILLs ({self.planned_not_reached} planned past the last hit)",
             f"lease takeovers:      {self.takeovers}",
@@ -863,6 +874,7 @@ def run_harness(
     spark_schedules: int = 0,
     spark_checkpoints: int = 2,
     workers: int = 1,
+    spark_connect: str | None = None,
 ) -> HarnessResult:
     """Run ``schedules`` seeded crash schedules; see the module docstring.
 
@@ -870,13 +882,22 @@ def run_harness(
     ``i`` in worker ``i % workers``, each with its own committer database, staging and targets:
     schedules share nothing but that database in one process, so the same schedules run, with
     the same checks, in less wall time (a schedule mostly waits: retry delays, lease expiry).
+    ``spark_connect``: the Spark schedules' writes run through that ``spark_connect`` connection.
     """
     started = time.monotonic()
     if workers > 1 and db_url is None and not spark_schedules:
         result = _run_in_workers(seed, schedules, workdir, verbose, workers)
     else:
         result = _run_schedules(
-            seed, range(schedules), workdir, db_url, verbose, spark_schedules, spark_checkpoints, schedules
+            seed,
+            range(schedules),
+            workdir,
+            db_url,
+            verbose,
+            spark_schedules,
+            spark_checkpoints,
+            schedules,
+            spark_connect,
         )
     result.seconds = time.monotonic() - started
     return result
@@ -891,6 +912,7 @@ def _run_schedules(
     spark_schedules: int = 0,
     spark_checkpoints: int = 2,
     schedules: int = 0,
+    spark_connect: str | None = None,
 ) -> HarnessResult:
     work = Path(workdir) / f"run-{uuid.uuid4().hex[:8]}"
     env = Env(
@@ -898,6 +920,7 @@ def _run_schedules(
         staging=work / "staging",
         targets=work / "targets",
         scratch=work / "scratch",
+        spark_connect=spark_connect,
     )
     for d in (env.staging, env.targets, env.scratch):
         d.mkdir(parents=True)
@@ -913,6 +936,7 @@ def _run_schedules(
                 store, env, make_spark_schedule(seed, schedules + i, spark_checkpoints), result, verbose
             )
         result.spark_schedules = spark_schedules
+        result.spark_runner = "Spark Connect" if spark_connect else "spark-submit"
     finally:
         store.dispose()
         shutil.rmtree(work, ignore_errors=True)
