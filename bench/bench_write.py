@@ -158,20 +158,31 @@ def walsink_once(
     return elapsed()
 
 
-def run(sizes: tuple[int, ...], repeats: int, scratch: Path, event_log_dir: str | None = None) -> Table:
+#: The kinds of Spark session benchmark 1 runs in: ``classic`` (what a spark-submit job gets) and
+#: ``connect`` (a Spark Connect client of a local server, what the Connect runner's job gets).
+SESSIONS = ("classic", "connect")
+
+
+def _connect_session(scratch: Path):
+    """A Spark Connect server over ``local[2]`` (the tests' launcher) and a client session of it."""
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from spark_connect_server import ConnectServer
+
+    server = ConnectServer(scratch / "connect-server", master="local[2]", driver_memory="3g",
+                           conf={"spark.sql.shuffle.partitions": "4"}).launch()  # fmt: skip
+    return server, SparkSession.builder.remote(server.url).getOrCreate()
+
+
+def _measure(spark, sizes, repeats, scratch: Path, label: str, table: Table, notes: list[str]) -> None:
     from airflow_provider_walsink.core.staging.layout import StagingLayout
     from airflow_provider_walsink.core.store import CommitterStore
 
-    scratch.mkdir(parents=True, exist_ok=True)
-    logging.getLogger("airflow_provider_walsink").setLevel(logging.WARNING)  # one line per run is enough
-    spark = _session(event_log_dir)
     store = CommitterStore.from_url(f"sqlite:///{scratch}/committer.db")
     layout = StagingLayout(scratch / "staging")
-    t = Table(
-        "Benchmark 1: Spark write + durability check + commit vs plain df.write.parquet (goal ≤ 1.10×)",
-        ["rows", "plain write (median)", "walsink total (median)", "ratio", "plain range", "walsink range"],
-    )
-    phase_rows = []
     try:
         # Warm-up (JIT, class loading, first-job costs), not counted.
         plain_once(spark, 100_000, scratch / "warmup")
@@ -190,8 +201,9 @@ def run(sizes: tuple[int, ...], repeats: int, scratch: Path, event_log_dir: str 
                                 spark, rows, store, layout, scratch / "target", f"n{rows}_r{r}", phases
                             )
                         )
-            t.rows.append(
+            table.rows.append(
                 [
+                    label,
                     f"{rows:,}",
                     fmt_s(median(plain)),
                     fmt_s(median(ws)),
@@ -200,17 +212,59 @@ def run(sizes: tuple[int, ...], repeats: int, scratch: Path, event_log_dir: str 
                     spread(ws),
                 ]
             )
-            phase_rows.append(
-                f"{rows:,} rows, walsink phases (medians): "
+            notes.append(
+                f"{label}, {rows:,} rows, walsink phases (medians): "
                 + ", ".join(f"{name} {fmt_s(median(v))}" for name, v in phases.items())
             )
     finally:
         store.dispose()
-        spark.stop()
+
+
+def run(
+    sizes: tuple[int, ...],
+    repeats: int,
+    scratch: Path,
+    event_log_dir: str | None = None,
+    sessions: tuple[str, ...] = ("classic",),
+) -> Table:
+    """Benchmark 1 in each kind of session of ``sessions`` (:data:`SESSIONS`), one after another
+    in this run; each ratio compares walsink with the plain write in the same session."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("airflow_provider_walsink").setLevel(logging.WARNING)  # one line per run is enough
+    t = Table(
+        "Benchmark 1: Spark write + durability check + commit vs plain df.write.parquet (goal ≤ 1.10×)",
+        [
+            "session",
+            "rows",
+            "plain write (median)",
+            "walsink total (median)",
+            "ratio",
+            "plain range",
+            "walsink range",
+        ],
+    )
+    phase_rows: list[str] = []
+    for kind in sessions:
+        if kind == "classic":
+            spark = _session(event_log_dir)
+            try:
+                _measure(spark, sizes, repeats, scratch / kind, "classic (spark-submit's)", t, phase_rows)
+            finally:
+                spark.stop()
+        elif kind == "connect":
+            server, spark = _connect_session(scratch / kind)
+            with server:
+                try:
+                    _measure(spark, sizes, repeats, scratch / kind, "Spark Connect client", t, phase_rows)
+                finally:
+                    spark.stop()
+        else:
+            raise ValueError(f"session must be one of {SESSIONS}, got {kind!r}")
     t.notes.append(
-        f"{repeats} repeats per size, plain and walsink alternating in one local[2] Spark session "
-        "(driver 3 GiB); both replace the previous run's partition; committer table on SQLite; "
-        "checksums CRC32 (the job's default)."
+        f"{repeats} repeats per size, plain and walsink alternating in one Spark session per kind over "
+        "local[2] (driver 3 GiB): a classic session, as a spark-submit job has, and a Spark Connect "
+        "client of a local Connect server, as the Connect runner's job has; both replace the previous "
+        "run's partition; committer table on SQLite; checksums CRC32 (the job's default)."
     )
     t.notes.extend(phase_rows)
     return t

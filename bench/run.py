@@ -73,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         help="committer database for the commit benchmark (the table benchmark is PostgreSQL)",
     )
     parser.add_argument("--spark-event-log", help="write Spark event logs here (for profiling benchmark 1)")
+    parser.add_argument(
+        "--write-sessions",
+        default="classic,connect",
+        help="benchmark 1's Spark sessions, one after another: classic (a spark-submit job's), "
+        "connect (a Spark Connect client's); default both",
+    )
     parser.add_argument("--work-dir", help="where scratch files go (default: the system temp dir)")
     parser.add_argument("--markdown", help="also write the tables to this file")
     args = parser.parse_args(argv)
@@ -138,7 +144,11 @@ def run_write(size: Size, repeats: int, args: argparse.Namespace, scratch: Path)
     from bench import bench_write
 
     return bench_write.run(
-        size.write_rows, args.write_repeats or repeats, scratch / "write", args.spark_event_log
+        size.write_rows,
+        args.write_repeats or repeats,
+        scratch / "write",
+        args.spark_event_log,
+        sessions=tuple(args.write_sessions.split(",")),
     )
 
 

@@ -78,12 +78,14 @@ class ConnectServer:
         port: int | None = None,
         token: str | None = None,
         conf: dict[str, str] | None = None,
+        driver_memory: str = "1g",
     ) -> None:
         self.work_dir = Path(work_dir)
         #: The token clients must send (``spark.connect.authenticate.token``); ``None``: any.
         self.token = token
         #: More ``--conf`` for the server's Spark application (executor sizes on a cluster).
         self.conf = dict(conf or {})
+        self.driver_memory = driver_memory
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.master = master
         self.port = port or free_port()
@@ -112,7 +114,7 @@ class ConnectServer:
             conf["spark.connect.authenticate.token"] = self.token
         conf.update(self.conf)
         cmd = [str(pyspark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master", self.master]
-        cmd += ["--driver-memory", "1g", "--name", "walsink-tests-connect"]
+        cmd += ["--driver-memory", self.driver_memory, "--name", "walsink-tests-connect"]
         for key, value in conf.items():
             cmd += ["--conf", f"{key}={value}"]
         return [*cmd, str(connect_jar())]
