@@ -28,6 +28,7 @@ pytestmark = pytest.mark.airflow
 
 PIPELINE = "audited"
 REJECTED_KEY, AUDITED_KEY, REWRITTEN_KEY = "20260201T000000Z", "20260202T000000Z", "20260203T000000Z"
+APPROVED_KEY = "20260204T000000Z"
 REASON = "not_null(user_id): 3 of 1,000 rows are NULL"
 
 
@@ -46,7 +47,7 @@ def world(airflow_db, tmp_path_factory):
         for w in build_world(f"sqlite:///{tmp}/committer.db", tmp, mp):
             writer = Actor(name="w", dag_id=DAG_A, run_id="audit-run", task_id="events.write", try_number=1)
             auditor = Actor(name="a", dag_id=DAG_A, run_id="audit-run", task_id="events.audit", try_number=1)
-            for key, nulls in ((REJECTED_KEY, 3), (AUDITED_KEY, 0), (REWRITTEN_KEY, 3)):
+            for key, nulls in ((REJECTED_KEY, 3), (AUDITED_KEY, 0), (REWRITTEN_KEY, 3), (APPROVED_KEY, 3)):
                 tables = {f"dt={key[:4]}-{key[4:6]}-{key[6:8]}/part-0.parquet": _table(nulls)}
                 stage_tables(
                     w.store, w.layout, PIPELINE, key, tables, partition_columns=("dt",), actor=writer
@@ -54,6 +55,10 @@ def world(airflow_db, tmp_path_factory):
                 audit_checkpoint(w.store, w.layout, PIPELINE, key, _checks(), actor=auditor)
             # A fixed job started a new attempt of a rejected checkpoint: the old verdict is history.
             w.store.start_attempt(PIPELINE, REWRITTEN_KEY, actor=writer)
+            # A person published a rejected one anyway (the HITL step of issue 37).
+            sealed = w.store.require(PIPELINE, APPROVED_KEY).sealed_attempt_id
+            w.store.approve_rejected(PIPELINE, APPROVED_KEY, attempt_id=sealed, approver=f"ann{XSS}",
+                                     reason="known partner gap", actor=auditor)  # fmt: skip
             yield w
 
 
@@ -66,7 +71,7 @@ def _get(world, path):
 def test_the_pipeline_counts_rejected_and_names_it_as_the_last_error(world):
     body = _get(world, f"/walsink/api/pipelines/{PIPELINE}").json()
     assert (
-        body["counts"]["REJECTED"] == 1 and body["counts"]["AUDITED"] == 1 and body["counts"]["WRITING"] == 1
+        body["counts"]["REJECTED"] == 1 and body["counts"]["AUDITED"] == 2 and body["counts"]["WRITING"] == 1
     )
     assert body["last_error"]["state"] == "REJECTED" and body["last_error"]["error"] == REASON
     html = _get(world, f"/walsink/pipelines/{PIPELINE}").text
@@ -98,6 +103,18 @@ def test_the_checkpoint_api_gives_the_verdict_and_every_check(world):
     rewritten = _get(world, f"/walsink/api/pipelines/{PIPELINE}/checkpoints/{REWRITTEN_KEY}").json()
     assert rewritten["audit"] is None and rewritten["checkpoint"]["state"] == "WRITING"
     assert "REJECTED" in [t["to_state"] for t in rewritten["history"]]
+    assert audit["approved"] is None and passed["audit"]["approved"] is None
+
+
+def test_a_rejected_checkpoint_a_person_approved_shows_the_rejection_and_who_published_it(world):
+    body = _get(world, f"/walsink/api/pipelines/{PIPELINE}/checkpoints/{APPROVED_KEY}").json()
+    assert body["checkpoint"]["state"] == "AUDITED"
+    assert body["audit"]["verdict"] == "REJECTED"  # the checks' verdict stays what it was
+    assert body["audit"]["approved"].startswith(f"approved by ann{XSS}: known partner gap (published despite")
+    html = _get(world, f"/walsink/pipelines/{PIPELINE}/checkpoints/{APPROVED_KEY}").text
+    line = re.search(r'<p class="audit-approved" id="audit-approved">(.*?)</p>', html, re.S)
+    assert line and line.group(1).startswith("Published anyway: approved by ann&lt;script&gt;")
+    assert XSS not in html
 
 
 def test_the_checkpoint_page_shows_rejected_with_the_failed_check(world):

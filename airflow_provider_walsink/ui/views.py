@@ -349,12 +349,18 @@ def audit_results(record: CheckpointRecord, history: list[dict[str, Any]]) -> di
     """The latest audit verdict on the checkpoint's sealed attempt (given ``transition_dict`` rows):
     ``{"verdict", "at", "task_id", "summary", "checks": [{"check", "passed", "reason"}]}``, or None.
 
-    A verdict on an earlier attempt is not shown as this attempt's.
+    A verdict on an earlier attempt is not shown as this attempt's. A REJECTED verdict a person
+    then approved (``approve_rejected``: REJECTED -> AUDITED) carries ``approved``: that history
+    row's detail (who, why), so the page never shows the rejection alone.
     """
+    approved: str | None = None
     for t in reversed(history):
         audit = t.get("audit")
         if t["to_state"] == S.WRITING.value:
             return None  # a newer attempt than any verdict before this row
+        if audit is None and t["from_state"] == S.REJECTED.value and t["to_state"] == S.AUDITED.value:
+            approved = approved or t["detail"]
+            continue
         if audit is not None and t["to_state"] in _VERDICTS:
             if record.sealed_attempt_id and audit.get("attempt_id") not in (None, record.sealed_attempt_id):
                 return None
@@ -365,6 +371,7 @@ def audit_results(record: CheckpointRecord, history: list[dict[str, Any]]) -> di
                 "summary": audit.get("summary"),
                 "passed_not_listed": audit.get("passed_not_listed", 0),
                 "checks": [c for c in audit["checks"] if isinstance(c, dict)],
+                "approved": approved if t["to_state"] == S.REJECTED.value else None,
             }
     return None
 
