@@ -260,3 +260,41 @@ def test_each_bad_partition_key_is_refused_before_anything_is_recorded_or_the_jo
             in log
         ), run_id
         assert why in log, run_id
+
+
+def test_on_an_airflow_without_partitions_a_pipeline_keeps_interval_keys_with_one_log_line(
+    monkeypatch, caplog
+):
+    """Airflow before 3.2 has no ``CronPartitionTimetable`` and gives no run a partition key.
+    Its absence is simulated (this venv has 3.3): the pipeline's partition settings are dropped
+    with one warning, never an import error, and its runs keep their data-interval keys."""
+    import logging
+
+    from airflow.sdk import DAG
+
+    from airflow_provider_walsink.operators import partitioned
+    from airflow_provider_walsink.operators.pipeline import walsink_pipeline
+
+    assert partitioned.airflow_has_partitions()  # the installed Airflow has them
+    monkeypatch.setattr(partitioned, "airflow_has_partitions", lambda: False)
+    # On the module's logger itself: Airflow's logging setup may stop propagation to the root.
+    partitioned.log.addHandler(caplog.handler)
+    monkeypatch.setattr(partitioned.log, "level", logging.WARNING)
+    try:
+        with DAG(
+            "walsink_old_airflow_test", schedule="@daily", start_date=datetime(2026, 1, 1, tzinfo=UTC)
+        ) as dag:
+            walsink_pipeline(
+                "events",
+                pipeline="events",
+                application="/opt/job.py",
+                target="/data/events",
+                partition_by=["dt"],
+                partition_column="dt",
+                partition_key_format="%Y-%m-%d",
+            )
+    finally:
+        partitioned.log.removeHandler(caplog.handler)
+    lines = [r.getMessage() for r in caplog.records if r.name == partitioned.__name__]
+    assert len(lines) == 1 and "has no asset partitions (they need Airflow 3.2+)" in lines[0], lines
+    assert dag.get_task("events.write").partitions == PartitionSpec()
