@@ -129,14 +129,29 @@ def test_runs_without_a_partition_keep_their_data_interval_key():
 
 JOB = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys
+    from airflow_provider_walsink.core.protocol.manifest import Committable, build_manifest
     from airflow_provider_walsink.core.spark import ProtocolArgs
+    from airflow_provider_walsink.core.staging.object_store import StagingStore
 
     protocol, args = ProtocolArgs.from_argv(sys.argv[1:])
     with open(args[0], "a") as f:
         f.write(json.dumps({"key": protocol.checkpoint_key, "partition_key": protocol.partition_key,
                             "target_partition": protocol.target_partition,
                             "start": protocol.interval_start}) + "\\n")
+    if len(args) > 1:  # stage one two-row CSV file under partition args[1] and seal, as CheckpointJob does
+        store = StagingStore.open(protocol.staging_root)
+        location = store.attempt(protocol.pipeline, protocol.checkpoint_key, protocol.attempt, protocol.attempt_id)
+        relative = f"{args[1]}/part-0.csv"
+        path = store.committable(location, relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(b"a\\nb\\n")
+        store.seal(location, build_manifest(
+            pipeline=protocol.pipeline, checkpoint_key=protocol.checkpoint_key, sequence=protocol.sequence,
+            attempt=protocol.attempt, attempt_id=protocol.attempt_id, file_format="csv",
+            partition_columns=protocol.partition_by, partitions=[protocol.target_partition],
+            committables=[Committable(path=relative, size=4, rows=2)]))
     """
 )
 
@@ -195,7 +210,7 @@ def _received(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _trigger_and_run_write(dag, run_id: str, partition_key: str) -> str:
+def _trigger_and_run_write(dag, run_id: str, partition_key: str, stage_into: str | None = None) -> str:
     """``airflow dags trigger --partition-key`` (Airflow's trigger_dag), then the write task as
     dag.test() runs a task; returns its state."""
     from airflow import settings
@@ -210,16 +225,38 @@ def _trigger_and_run_write(dag, run_id: str, partition_key: str) -> str:
     dr = session.query(DagRun).filter_by(dag_id=DAG_ID, run_id=run_id).one()
     assert dr.partition_key == partition_key  # as Airflow stored it
     dr.state = DagRunState.RUNNING
+    task = dag.task_dict["write"]
+    task.application_args = [*task.application_args[:1], *([stage_into] if stage_into else [])]
     ti = dr.get_task_instance("write", session=session)
     ti.try_number += 1
     ti.state = TaskInstanceState.SCHEDULED
     session.commit()
     try:
-        _run_task(ti=ti, task=dag.task_dict["write"])
+        _run_task(ti=ti, task=task)
     except Exception:  # noqa: BLE001 - the state says how it ended
         pass
     session.expire_all()
     return dr.get_task_instance("write", session=session).state
+
+
+def test_a_sealed_attempt_is_recorded_only_inside_its_runs_target_partition(setup):
+    """The write task records the seal of an attempt staged in its key's partition (dt=2026-03-05),
+    and refuses one staged in another day's (dt=2026-03-04): that checkpoint is FAILED, never
+    SEALED, so nothing of it can be published."""
+    dag, store, received = setup
+    assert (
+        _trigger_and_run_write(dag, "partition_inside", "2026-03-05", stage_into="dt=2026-03-05") == "success"
+    )
+    inside = store.require("events", "pk=2026-03-05")
+    assert inside.state.value == "SEALED" and inside.rows == 2
+    assert (
+        _trigger_and_run_write(dag, "partition_outside", "2026-03-06", stage_into="dt=2026-03-04")
+        != "success"
+    )
+    outside = store.require("events", "pk=2026-03-06")
+    assert outside.state.value == "FAILED" and outside.sealed_attempt is None
+    assert "stages into partition(s) ['dt=2026-03-04']" in outside.error
+    assert "names target partition dt=2026-03-06" in outside.error
 
 
 def test_a_run_triggered_with_a_partition_key_writes_that_partitions_checkpoint(setup):
@@ -262,9 +299,7 @@ def test_each_bad_partition_key_is_refused_before_anything_is_recorded_or_the_jo
         assert why in log, run_id
 
 
-def test_on_an_airflow_without_partitions_a_pipeline_keeps_interval_keys_with_one_log_line(
-    monkeypatch, caplog
-):
+def test_on_an_airflow_without_partitions_a_pipeline_keeps_interval_keys_with_one_log_line(monkeypatch):
     """Airflow before 3.2 has no ``CronPartitionTimetable`` and gives no run a partition key.
     Its absence is simulated (this venv has 3.3): the pipeline's partition settings are dropped
     with one warning, never an import error, and its runs keep their data-interval keys."""
@@ -277,8 +312,12 @@ def test_on_an_airflow_without_partitions_a_pipeline_keeps_interval_keys_with_on
 
     assert partitioned.airflow_has_partitions()  # the installed Airflow has them
     monkeypatch.setattr(partitioned, "airflow_has_partitions", lambda: False)
-    # On the module's logger itself: Airflow's logging setup may stop propagation to the root.
-    partitioned.log.addHandler(caplog.handler)
+    # A handler on the module's logger itself: Airflow's logging setup may or may not propagate
+    # to the root (where caplog listens), so caplog could see the line zero or two times.
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    partitioned.log.addHandler(handler)
     monkeypatch.setattr(partitioned.log, "level", logging.WARNING)
     try:
         with DAG(
@@ -294,7 +333,7 @@ def test_on_an_airflow_without_partitions_a_pipeline_keeps_interval_keys_with_on
                 partition_key_format="%Y-%m-%d",
             )
     finally:
-        partitioned.log.removeHandler(caplog.handler)
-    lines = [r.getMessage() for r in caplog.records if r.name == partitioned.__name__]
+        partitioned.log.removeHandler(handler)
+    lines = [r.getMessage() for r in seen]
     assert len(lines) == 1 and "has no asset partitions (they need Airflow 3.2+)" in lines[0], lines
     assert dag.get_task("events.write").partitions == PartitionSpec()
