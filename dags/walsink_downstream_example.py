@@ -77,3 +77,45 @@ with DAG(
         return commits
 
     report_new_commits()
+
+
+# --- Per partition: runs once per newly committed partition of walsink_partitioned_example ---
+# The commit task's asset event carries the run's partition key (Airflow gives an event added
+# through an alias the run's partition_key), so a DAG on a PartitionedAssetTimetable runs once
+# per partition that landed, with that key as its own ``partition_key``, and never for a re-run
+# that changed nothing (no event). A mapper rolls partitions up, e.g. days into months:
+# ``default_partition_mapper=RollupMapper(upstream_mapper=StartOfMonthMapper(input_format="%Y-%m-%d"),
+# window=MonthWindow())`` runs once per month, when every day of it has committed (WaitForAll).
+PARTITIONED_PIPELINE = "delta_partitioned_events"
+PARTITIONED_ASSET = target_asset(
+    PARTITIONED_PIPELINE,
+    f"delta://{default_example_home()}/target/{PARTITIONED_PIPELINE}?create_table=true",
+)
+
+try:
+    from airflow.sdk import PartitionedAssetTimetable
+except ImportError:  # Airflow before 3.2: no partitions, so no per-partition downstream DAG
+    log.warning("walsink_partitioned_downstream_example needs Airflow 3.2+ (asset partitions); not defined")
+    PartitionedAssetTimetable = None  # type: ignore[assignment,misc]
+
+if PartitionedAssetTimetable is not None:
+    with DAG(
+        dag_id="walsink_partitioned_downstream_example",
+        description="Runs once per newly committed partition of the delta_partitioned_events pipeline",
+        schedule=PartitionedAssetTimetable(assets=PARTITIONED_ASSET),
+        start_date=datetime(2026, 1, 1, tzinfo=UTC),
+        catchup=False,
+        tags=["walsink", "example", "partitions"],
+    ) as partitioned_dag:
+
+        @task
+        def report_partition(dag_run: Any = None, triggering_asset_events: Any = None) -> dict[str, Any]:
+            """The partition this run is for, and what its commit published."""
+            commits = [
+                dict(event.extra or {})
+                for event in (triggering_asset_events or {}).get(PARTITIONED_ASSET, [])
+            ]
+            log.info("partition %s committed: %s", dag_run.partition_key, commits)
+            return {"partition_key": dag_run.partition_key, "commits": commits}
+
+        report_partition()

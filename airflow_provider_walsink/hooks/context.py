@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
 from airflow_provider_walsink.core.protocol.modes import REPROCESS_CONF_KEY, REPROCESS_POLICIES, Reprocess
+from airflow_provider_walsink.core.protocol.partition_keys import PartitionKeyError, PartitionSpec
 from airflow_provider_walsink.core.store.store import Actor, new_instance_id
 
 try:
@@ -51,19 +52,40 @@ class RunInterval:
     """Which checkpoint a run writes and which interval its job reads.
 
     ``key`` is the checkpoint key; ``start``/``end`` are the run's data interval
-    as Airflow recorded it (both ``None`` only for a run with an explicit
-    checkpoint key and no logical date).
+    as Airflow recorded it (both ``None`` for a run with an explicit checkpoint
+    key and no logical date, and for a partitioned run without one).
+    ``partition_key``/``partition_date`` are the run's partition (Airflow 3.2+), and
+    ``target_partition`` the target partition its checkpoint replaces (``dt=2026-01-05``,
+    when the pipeline declares ``partition_column``).
     """
 
     key: str
     start: datetime | None
     end: datetime | None
+    partition_key: str | None = None
+    partition_date: datetime | None = None
+    target_partition: str | None = None
 
 
-def run_interval(context: Any, checkpoint_key: str | None = None) -> RunInterval:
+def run_partition_key(context: Any) -> str | None:
+    """The run's partition key (``CronPartitionTimetable``, a partitioned backfill, a run triggered
+    with ``partition_key``), or ``None``: no partition, or an Airflow older than 3.2, whose
+    context has none (the run keeps its data-interval key)."""
+    key = context.get("partition_key")
+    if key is None:
+        key = getattr(context.get("dag_run"), "partition_key", None)
+    return key
+
+
+def run_interval(
+    context: Any, checkpoint_key: str | None = None, partitions: PartitionSpec | None = None
+) -> RunInterval:
     """The run's checkpoint key and data interval, taken from the run as Airflow 3 defines it.
 
-    The key is ``checkpoint_key`` when given, else the data interval's start
+    The key is ``checkpoint_key`` when given; else, for a run with a partition key, the
+    partition's checkpoint key (``pk=2026-01-05``:
+    :func:`~airflow_provider_walsink.core.protocol.partition_keys.checkpoint_key_for_partition`,
+    checked against ``partitions``, the pipeline's declared column and format); else the data interval's start
     (``20260105T000000Z``), so two runs over the same interval write the same
     checkpoint. Airflow derives a run's data interval from its logical date:
     a scheduled or backfill run's interval starts at it, a manual run's
@@ -75,12 +97,17 @@ def run_interval(context: Any, checkpoint_key: str | None = None) -> RunInterval
 
     Raises:
         RunIntervalError: the run has no logical date (asset-triggered runs,
-            manual runs triggered without one) and no ``checkpoint_key`` is
-            given, or its data interval does not start or end at its logical
-            date. Nothing is recorded; retrying cannot help.
+            manual runs triggered without one), no partition key and no
+            ``checkpoint_key`` is given, or its data interval does not start or
+            end at its logical date; or its partition key cannot name a checkpoint
+            or a target partition (``PartitionKeyError``'s message). Nothing is
+            recorded; retrying cannot help.
 
     Safe to repeat: reads the context only.
     """
+    partition_key = run_partition_key(context)
+    if partition_key is not None:
+        return _partition_interval(context, partition_key, checkpoint_key, partitions or PartitionSpec())
     logical = _aware(context.get("logical_date"))
     start = _aware(context.get("data_interval_start"))
     end = _aware(context.get("data_interval_end"))
@@ -108,6 +135,26 @@ def run_interval(context: Any, checkpoint_key: str | None = None) -> RunInterval
             "the interval from the logical date; docs/backfill.md"
         )
     return RunInterval(checkpoint_key or format_checkpoint_key(start.astimezone(UTC)), start, end)
+
+
+def _partition_interval(
+    context: Any, partition_key: str, checkpoint_key: str | None, partitions: PartitionSpec
+) -> RunInterval:
+    """A partitioned run: the key from its partition (unless given), its interval if it has one."""
+    try:
+        key = partitions.checkpoint_key(partition_key)
+    except PartitionKeyError as exc:
+        raise RunIntervalError(f"{_run_name(context)}: {exc}") from None
+    start = _aware(context.get("data_interval_start"))
+    end = _aware(context.get("data_interval_end"))
+    return RunInterval(
+        checkpoint_key or key,
+        start,
+        end,
+        partition_key=partition_key,
+        partition_date=_aware(context.get("partition_date")),
+        target_partition=partitions.target_partition(partition_key),
+    )
 
 
 def checkpoint_key_from_context(context: Any, checkpoint_key: str | None = None) -> str:

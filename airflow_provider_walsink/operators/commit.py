@@ -30,7 +30,11 @@ from airflow_provider_walsink.core.targets.registry import (
     resolve_target,
 )
 from airflow_provider_walsink.hooks.connections import airflow_connection_fields
-from airflow_provider_walsink.hooks.context import actor_from_context, checkpoint_key_from_context
+from airflow_provider_walsink.hooks.context import (
+    actor_from_context,
+    checkpoint_key_from_context,
+    run_partition_key,
+)
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.operators.deprecations import source_argument
 from airflow_provider_walsink.operators.lineage import (
@@ -403,18 +407,22 @@ class WalCommitOperator(BaseOperator):
     def _add_asset_event(self, context: Any, store: Any, key: str, summary: CommitSummary) -> None:
         assert self.asset_alias is not None
         self._await_first_event(context, store)
-        context["outlet_events"][self.asset_alias].add(
-            target_asset(self.pipeline, self.target),
-            extra={
-                "pipeline": self.pipeline,
-                "checkpoint_key": key,
-                "attempt": summary.attempt,
-                "attempt_id": summary.attempt_id,
-                "rows": summary.rows,
-                "files": summary.committables,
-                "published": summary.published,
-            },
-        )
+        extra: dict[str, Any] = {
+            "pipeline": self.pipeline,
+            "checkpoint_key": key,
+            "attempt": summary.attempt,
+            "attempt_id": summary.attempt_id,
+            "rows": summary.rows,
+            "files": summary.committables,
+            "published": summary.published,
+        }
+        if (partition_key := run_partition_key(context)) is not None:
+            # Airflow itself gives an event added through an alias the run's partition key
+            # (models/taskinstance.py, register_asset_changes_in_db: alias events carry
+            # dag_run.partition_key; add_partitions() refuses alias accessors), so a downstream
+            # DAG on a PartitionedAssetTimetable runs for this partition. Shown in the extra too.
+            extra["partition_key"] = partition_key
+        context["outlet_events"][self.asset_alias].add(target_asset(self.pipeline, self.target), extra=extra)
 
     def _await_first_event(self, context: Any, store: Any) -> None:
         """Return when this task may add an event through the pipeline's alias.

@@ -37,6 +37,7 @@ from airflow_provider_walsink.operators.commit_deadline import (
     commit_deadline_alert,
 )
 from airflow_provider_walsink.operators.deprecations import source_argument, warn_deprecated
+from airflow_provider_walsink.operators.partitioned import partition_arguments
 from airflow_provider_walsink.operators.write import WalWriteOperator
 from airflow_provider_walsink.sensors.durable import CheckpointDurableSensor
 
@@ -94,6 +95,8 @@ def walsink_pipeline(
     reprocess: str = "skip",
     fencing: str = "lease",
     checkpoint_key: str | None = None,
+    partition_column: str | None = None,
+    partition_key_format: str | None = None,
     walsink_conn_id: str = WalsinkHook.default_conn_name,
     staging_root: str | None = None,
     target_options: Mapping[str, Any] | None = None,
@@ -129,8 +132,15 @@ def walsink_pipeline(
     :param fencing: how the commit is fenced: ``"lease"`` (default) or ``"table"``
         (Iceberg and Delta targets: the table's atomic commit is the only fence,
         one committer-table transaction per commit; docs/protocol.md).
-    :param checkpoint_key: the checkpoint key (templated; default: the run's data interval
-        start, ``20260101T000000Z``).
+    :param checkpoint_key: the checkpoint key (templated; default: for a run with a partition key,
+        ``pk=<key>``; else the run's data interval start, ``20260101T000000Z``;
+        docs/backfill.md, "Partitioned runs").
+    :param partition_column: for partitioned runs (a ``CronPartitionTimetable``, a run triggered
+        with a ``partition_key``; Airflow 3.2+): the ``partition_by`` column a key names. The
+        checkpoint of key ``K`` replaces target partition ``<partition_column>=K`` and stages
+        nothing outside it.
+    :param partition_key_format: a ``strftime`` format (``%Y-%m-%d``) every partition key must be
+        exactly a rendering of; a run with another key is refused before anything is written.
     :param walsink_conn_id: the ``walsink`` connection of the committer table and staging root.
     :param staging_root: where the write phase stages (default: a table target's own staging
         location, else the connection's ``staging_root``); the other tasks read the root the
@@ -260,6 +270,7 @@ def walsink_pipeline(
             target=target,
             reprocess=reprocess,
             target_options=target_options,
+            **partition_arguments(partition_column, partition_key_format),
             **shared,
             **write_args,
         )

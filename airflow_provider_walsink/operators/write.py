@@ -12,6 +12,7 @@ from airflow_provider_walsink.core.commit.write_phase import (
 )
 from airflow_provider_walsink.core.protocol.errors import PreflightError
 from airflow_provider_walsink.core.protocol.modes import Reprocess, WriteMode
+from airflow_provider_walsink.core.protocol.partition_keys import PartitionSpec
 from airflow_provider_walsink.core.runners import JobRunner, runner_class, runner_name
 from airflow_provider_walsink.core.sources import source_from
 from airflow_provider_walsink.core.staging.layout import StagingLayout
@@ -128,6 +129,12 @@ class WalWriteOperator(BaseOperator):
         later attempt and version (docs/protocol.md, "Staging root").
     :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments
         (``py_files``, ``driver_memory``, ``packages``...).
+    :param partition_column: for partitioned runs (a ``CronPartitionTimetable``, a run triggered
+        with a ``partition_key``): the partition column a key names; the checkpoint of key ``K``
+        replaces target partition ``<partition_column>=K`` and no other (docs/backfill.md,
+        "Partitioned runs"). Must be one of ``partition_by``.
+    :param partition_key_format: a ``strftime`` format every partition key must be exactly a
+        rendering of (``%Y-%m-%d``); a run whose key is not is refused before anything is written.
     :param source: what the job reads (default: it finds its own input), as
         ``{"kind": <a name in core/sources SOURCES>, "conn_id": <its connection>, **its
         settings}`` or a :class:`~airflow_provider_walsink.core.sources.base.Source`. A source
@@ -175,10 +182,14 @@ class WalWriteOperator(BaseOperator):
         lineage_inputs: Sequence[str] = (),
         target_options: Mapping[str, Any] | None = None,
         source: Any = None,
+        partition_column: str | None = None,
+        partition_key_format: str | None = None,
         **kwargs: Any,
     ) -> None:
         source = source_argument(type(self).__name__, source, kwargs)
         super().__init__(**kwargs)
+        self.partitions = PartitionSpec(column=partition_column, key_format=partition_key_format)
+        self.partitions.check_declaration(list(partition_by))
         self.target_options = dict(target_options or {})
         if source is not None and (planned := source_from(source)).plans_input and mode != "append":
             raise ValueError(
@@ -241,7 +252,7 @@ class WalWriteOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         # First: a run walsink cannot place is refused before anything is recorded or submitted.
-        interval = run_interval(context, self.checkpoint_key)
+        interval = run_interval(context, self.checkpoint_key, self.partitions)
         hook = WalsinkHook(self.walsink_conn_id)
         try:
             phase = self._write_phase(context, hook, interval)  # resolves and checks the target
@@ -283,6 +294,9 @@ class WalWriteOperator(BaseOperator):
             target_connections=connection_references(self.target_options) if self.target else None,
             interval_start=interval.start.isoformat() if interval.start else None,
             interval_end=interval.end.isoformat() if interval.end else None,
+            partition_key=interval.partition_key,
+            partition_date=interval.partition_date.isoformat() if interval.partition_date else None,
+            target_partition=interval.target_partition,
             file_format=self.file_format,
             partition_by=self.partition_by,
             checksum=self.checksum,

@@ -4,14 +4,15 @@ Started by WalWriteOperator with the walsink protocol arguments, then
 ``--raw <raw root>``. Reads the day's raw CSV (generating it on first use),
 types the columns, and stages the day as partition ``dt=<day>`` of a Parquet
 table; the commit replaces that partition, so re-running a day never
-duplicates it.
+duplicates it. The day is the run's data interval start, or, for a partitioned
+run (``walsink_partitioned_example``: keys ``%Y-%m-%d``), its partition key.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from datetime import datetime
+from datetime import date, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the dags folder: shared helpers
@@ -41,9 +42,14 @@ def main() -> None:
         parser = argparse.ArgumentParser()
         parser.add_argument("--raw", required=True)
         options = parser.parse_args(job.args)
-        if job.protocol.interval_start is None:
-            raise SystemExit("this job needs the run's data interval (a scheduled or backfill run)")
-        day = datetime.fromisoformat(job.protocol.interval_start).date()
+        if job.protocol.partition_key is not None:
+            day = date.fromisoformat(job.protocol.partition_key)  # the pipeline declares "%Y-%m-%d"
+        elif job.protocol.interval_start is not None:
+            day = datetime.fromisoformat(job.protocol.interval_start).date()
+        else:
+            raise SystemExit(
+                "this job needs the run's data interval or partition (a scheduled or backfill run)"
+            )
         raw = ensure_daily_events(options.raw, day)
         events = (
             spark.read.schema(RAW_SCHEMA)

@@ -131,6 +131,10 @@ class WritePhase:
     target_connections: Mapping[str, str] | None = None
     interval_start: str | None = None
     interval_end: str | None = None
+    #: The run's partition (a partitioned run), and the one target partition its checkpoint replaces.
+    partition_key: str | None = None
+    partition_date: str | None = None
+    target_partition: str | None = None
     file_format: str = "parquet"
     partition_by: Sequence[str] = ()
     checksum: str | None = "crc32"
@@ -212,6 +216,9 @@ class WritePhase:
             attempt_id=record.attempt_id or "",
             until_offsets=until_offsets,
             extra=source_extra,
+            partition_key=self.partition_key,
+            partition_date=self.partition_date,
+            target_partition=self.target_partition,
         )
         self.log.info(
             "Checkpoint %s/%s sequence %d: attempt %d stages into %s (start offsets %s)",
@@ -387,6 +394,26 @@ class WritePhase:
         raise CheckpointSkipped(message, record, why)
 
 
+def check_target_partition(replaced: Sequence[str], target_partition: str | None, path: str) -> None:
+    """A partitioned run's checkpoint stages into its own target partition only (``dt=2026-01-05``,
+    the pipeline's ``partition_column``): a sealed attempt naming another partition is refused
+    before its seal is recorded, so it is never published (docs/backfill.md, "Partitioned runs").
+
+    Raises:
+        ManifestError: a replaced (written or declared) partition lies outside ``target_partition``.
+    """
+    if target_partition is None:
+        return
+    outside = sorted(p for p in replaced if target_partition not in p.split("/"))
+    if outside:
+        raise ManifestError(
+            f"manifest {path} stages into partition(s) {outside[:5]}, but this run's partition key "
+            f"names target partition {target_partition} and its checkpoint replaces that one only: "
+            "refused before the seal is recorded, nothing will be published. The job must write only "
+            "the rows of its partition (read job.protocol.partition_key)"
+        )
+
+
 def record_seal(
     store: Any, staging: StagingStore, protocol: ProtocolArgs, actor: Actor, *, log: Log
 ) -> CheckpointRecord:
@@ -414,6 +441,7 @@ def record_seal(
             f"manifest {path} starts at offsets {manifest.start_offsets}, but the attempt was "
             f"started at {protocol.start_offsets}"
         )
+    check_target_partition(manifest.replaced_partitions(), protocol.target_partition, path)
     if protocol.until_offsets is not None and manifest.end_offsets != protocol.until_offsets:
         raise ManifestError(
             f"manifest {path} ends at offsets {manifest.end_offsets}, but this reprocess must end "

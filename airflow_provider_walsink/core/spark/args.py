@@ -51,6 +51,13 @@ class ProtocolArgs:
         ``append`` checkpoint as a new version: the job must read exactly up
         to these offsets (the end of the version it replaces) and end there,
         or the checkpoints after it would be read twice or skipped.
+    :param partition_key: the run's partition key (a partitioned run: ``CronPartitionTimetable``,
+        a partitioned backfill, a run triggered with one), else ``None``; the checkpoint key is
+        derived from it (docs/backfill.md, "Partitioned runs").
+    :param partition_date: ISO timestamp of the run's partition date, if Airflow gave one.
+    :param target_partition: the one target partition (``dt=2026-01-05``) this checkpoint
+        replaces (the pipeline declares ``partition_column``); an ``overwrite`` job names it
+        replaced even if it writes no row to it, and stages nothing outside it.
     """
 
     pipeline: str
@@ -69,6 +76,9 @@ class ProtocolArgs:
     #: The attempt's globally unique id (from the committer table); the manifest carries it.
     attempt_id: str = ""
     until_offsets: dict[str, Any] | None = None
+    partition_key: str | None = None
+    partition_date: str | None = None
+    target_partition: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partition_by", tuple(self.partition_by))

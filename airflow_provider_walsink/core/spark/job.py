@@ -234,6 +234,10 @@ class CheckpointJob:
         #: The schema of each committable's file (Parquet), in the order of ``_committables``.
         self._schemas: list[FileSchema | None] = []
         self._partitions: list[str] = []
+        target = self.protocol.target_partition
+        if target and self.protocol.mode == "overwrite" and len(self.protocol.partition_by) == 1:
+            # A partitioned run's checkpoint replaces its partition even if the job writes no row to it.
+            self._partitions.append(target)
         self._formats: set[str] = set()
         self._stages = 0
         self._application_id: str | None = None
