@@ -323,7 +323,7 @@ def test_abort_swaps_back_the_partitions_an_overwrite_had_swapped_in(store, layo
     before = target_files(target)
     new = {"dt=1/part-0.csv": b"new-1\n", "dt=3/part-0.csv": b"new-3\n", "dt=4/part-0.csv": b"new-4\n"}
     stage_checkpoint(store, layout, "p", "k1", new)
-    real_swap, swaps = files_module._swap_in, []
+    real_swap, swaps = files_module.fsops._swap_in, []
 
     def swap_twice_then_fail(*args):
         if len(swaps) == 2:
@@ -331,7 +331,7 @@ def test_abort_swaps_back_the_partitions_an_overwrite_had_swapped_in(store, layo
         real_swap(*args)
         swaps.append(args)
 
-    monkeypatch.setattr(files_module, "_swap_in", swap_twice_then_fail)
+    monkeypatch.setattr(files_module.fsops, "_swap_in", swap_twice_then_fail)
     with pytest.raises(OSError):
         committer(store, layout, target, "overwrite").commit("p", "k1", actor=ACTOR)
     monkeypatch.undo()
@@ -351,7 +351,7 @@ def test_the_next_run_rolls_back_what_an_unfinished_abort_left(store, layout, tm
     rolls the aborted attempt's files back from the journal, so the interval lands once."""
     target = tmp_path / "target"
     stage_checkpoint(store, layout, "p", "k1", DAY, mode="append")
-    real_move, moved = files_module._move, []
+    real_move, moved = files_module.fsops._move, []
 
     def move_twice_then_fail(*args):
         if len(moved) == 2:
@@ -359,7 +359,7 @@ def test_the_next_run_rolls_back_what_an_unfinished_abort_left(store, layout, tm
         real_move(*args)
         moved.append(args)
 
-    monkeypatch.setattr(files_module, "_move", move_twice_then_fail)
+    monkeypatch.setattr(files_module.fsops, "_move", move_twice_then_fail)
     with pytest.raises(OSError):
         committer(store, layout, target, "append").commit("p", "k1", actor=ACTOR)
     monkeypatch.undo()

@@ -106,13 +106,13 @@ KILL_AFTER = textwrap.dedent("""
     from airflow_provider_walsink.core.targets import FilePublisher, files
     url, staging, target, mode, kill_after = sys.argv[1:6]
     moved = [0]
-    real_move = files._move
+    real_move = files.fsops._move
     def move_then_maybe_die(*args):
         if moved[0] == int(kill_after):
             os.kill(os.getpid(), signal.SIGKILL)  # a crash in the middle of the publish
         real_move(*args)
         moved[0] += 1
-    files._move = move_then_maybe_die
+    files.fsops._move = move_then_maybe_die
     store = CommitterStore.from_url(url)
     layout = StagingLayout(staging)
     from datetime import timedelta

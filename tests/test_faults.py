@@ -82,7 +82,7 @@ def test_harness_detects_a_duplicate(tmp_path, monkeypatch):
     """The checker can fail: a publisher that publishes every file twice is caught."""
     from airflow_provider_walsink.core.targets import files
 
-    real = files._move
+    real = files.fsops._move
 
     def move_and_copy(src, dest):
         data = open(src, "rb").read()
@@ -90,7 +90,7 @@ def test_harness_detects_a_duplicate(tmp_path, monkeypatch):
         with open(str(dest) + ".dup.csv", "wb") as f:
             f.write(data)
 
-    monkeypatch.setattr(files, "_move", move_and_copy)
+    monkeypatch.setattr(files.fsops, "_move", move_and_copy)
     result = run_harness(seed=5, schedules=2, workdir=tmp_path)
     assert result.violations and any("duplicate" in v or "none of" in v for v in result.violations)
 

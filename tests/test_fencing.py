@@ -77,13 +77,13 @@ STOPPING_COMMITTER = textwrap.dedent("""
     from airflow_provider_walsink.core.targets import FilePublisher, files
     url, staging, target, mode, stop_after, ttl = sys.argv[1:7]
     moved = [0]
-    real_move = files._move
+    real_move = files.fsops._move
     def move_then_stop(*args):
         if moved[0] == int(stop_after):
             os.kill(os.getpid(), signal.SIGSTOP)
         real_move(*args)
         moved[0] += 1
-    files._move = move_then_stop
+    files.fsops._move = move_then_stop
     store = CommitterStore.from_url(url)
     layout = StagingLayout(staging)
     committer = CheckpointCommitter(store, layout, FilePublisher(target, mode, layout=layout), mode=mode,
@@ -205,13 +205,13 @@ def test_a_slow_publish_keeps_its_lease_alive(store, layout, tmp_path, monkeypat
     target = tmp_path / "target"
     stage_checkpoint(store, layout, "p", "k1", DAY1)
     ttl = timedelta(seconds=1.5)
-    real_move = files_module._move
+    real_move = files_module.fsops._move
 
     def slow_move(*args):
         time.sleep(0.6)  # four moves: 2.4 s in all, longer than the TTL
         real_move(*args)
 
-    monkeypatch.setattr(files_module, "_move", slow_move)
+    monkeypatch.setattr(files_module.fsops, "_move", slow_move)
     result: dict = {}
     slow = threading.Thread(
         target=lambda: result.update(
@@ -343,14 +343,14 @@ def test_a_link_swapped_in_after_planning_cannot_redirect_the_swap(store, layout
     (target / "dt=1" / "keep.csv").write_bytes(b"keep\n")
     (target / "dt=2").mkdir()
     stage_checkpoint(store, layout, "p", "k1", {"dt=2/part-0.csv": b"two\n"})
-    real_swap = files_module._swap_in
+    real_swap = files_module.fsops._swap_in
 
     def swap_after_an_attack(*args):
         os.rmdir(target / "dt=2")
         os.symlink(target / "dt=1", target / "dt=2")
         real_swap(*args)
 
-    monkeypatch.setattr(files_module, "_swap_in", swap_after_an_attack)
+    monkeypatch.setattr(files_module.fsops, "_swap_in", swap_after_an_attack)
     with pytest.raises(SymlinkRefusedError):
         committer(store, layout, target, "overwrite").commit("p", "k1", actor=ACTOR)
     assert sorted(os.listdir(target / "dt=1")) == ["keep.csv"]
@@ -387,7 +387,7 @@ def test_an_os_error_while_publishing_is_recorded_and_releases_the_lease(
     def no_space(*args):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(files_module, "_move", no_space)
+    monkeypatch.setattr(files_module.fsops, "_move", no_space)
     with pytest.raises(OSError):
         committer(store, layout, target, "overwrite").commit("p", "k1", actor=ACTOR)
     record = store.require("p", "k1")

@@ -601,7 +601,7 @@ def test_kafka_checker_catches_a_group_committed_ahead(kafka_cluster, tmp_path, 
         commit_group_offsets(config, spec.group_id, offsets)
         return offsets
 
-    monkeypatch.setattr(core_kafka, "commit_group", ahead)
+    monkeypatch.setattr(core_kafka.source, "commit_group", ahead)  # as KafkaOffsetSource finds it
     found = replay(_kafka_world(tmp_path, kafka_cluster), [{"op": "run", "key": K1, "n": 3}], verbose=False)
     assert any("ahead of the committed end offsets" in v for v in found), found
 
@@ -618,7 +618,7 @@ def test_kafka_checker_catches_a_retry_that_replans(kafka_cluster, tmp_path, mon
         return original(self, pipeline, checkpoint_key, plan, actor=actor, detail=detail, replace=True)
 
     monkeypatch.setattr(CommitterStore, "fix_source_plan", latest_wins)
-    monkeypatch.setattr(core_kafka, "_same", lambda a, b: False)
+    monkeypatch.setattr(core_kafka.writeplan, "_same", lambda a, b: False)
     steps = [
         {"op": "run", "key": K1, "n": 2},
         {"op": "crash", "key": K2, "point": "kafka.read.after_batch", "retry": True},

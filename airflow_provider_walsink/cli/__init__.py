@@ -1,1 +1,2 @@
-"""The ``walsink`` command (``cli/commands.py``): commit state, history, abort, GC and migrations."""
+"""The ``walsink`` command: commit state, history, abort, GC and migrations (the parser and
+``main`` in ``cli/commands.py``, one module per group of commands beside it)."""

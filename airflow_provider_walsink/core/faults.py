@@ -32,7 +32,7 @@ SIGNAL_ENV = "WALSINK_CRASH_SIGNAL"
 #: check and delete, ``core/staging/cleanup.py``) and of the executors' writer (``executor.after_file``:
 #: a task's first attempt, after one of its files is complete, ``core/spark/executor_write.py``) and
 #: of the Kafka source (``kafka.read.after_batch``: an executor handed Spark a batch of its range,
-#: ``core/sources/kafka.py``; ``commit.before_group_offsets``: COMMITTED recorded and the target
+#: ``core/sources/kafka/reading.py``; ``commit.before_group_offsets``: COMMITTED recorded and the target
 #: committed, the consumer group's offsets not yet committed, ``operators/commit.py``) are
 #: reached by their own tests.
 CRASH_POINTS: dict[str, str] = {

@@ -204,7 +204,7 @@ MUTATIONS: list[Mutation] = [
     ),
     M(
         "files-overwrite-order-not-checked",
-        "core/targets/files.py",
+        "core/targets/files/publisher.py",
         '        """Invariant 10 (:func:`.base.check_partition_order`), on the partition\'s marker file."""\n',
         '        """Invariant 10 (:func:`.base.check_partition_order`), on the partition\'s marker file."""\n'
         "        return\n",
