@@ -8,7 +8,11 @@ from datetime import UTC, timedelta
 from typing import Any
 
 from airflow.sdk import AssetAlias, BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
+
+try:
+    from airflow.sdk.exceptions import AirflowFailException
+except ImportError:  # Airflow 3.1 (task-sdk 1.1): still in airflow.exceptions
+    from airflow.exceptions import AirflowFailException  # type: ignore[no-redef]
 
 from airflow_provider_walsink.core.commit.aftercommit import commit_then_follow
 from airflow_provider_walsink.core.commit.commit import CheckpointCommitter, CommitSummary
