@@ -1,6 +1,6 @@
 """Which of walsink's Airflow features this Airflow has (docs/production.md, "Supported Airflow versions").
 
-walsink supports Airflow 3.1 and later 3.x (``setup.cfg``). The write, durability gate, audit,
+walsink supports Airflow 3.1.1 and later 3.x (``setup.cfg``). The write, durability gate, audit,
 commit, UI and CLI work on all of them. Some features need a newer Airflow; each is detected by
 what walsink imports for it (not by the version number, which a backport would make wrong):
 
@@ -13,13 +13,16 @@ commit_deadline     ``DeadlineAlert(name=...)``, ``airflow.sdk.definitions.``  A
 audit_approval      ``airflow.providers.standard.operators.hitl`` with         Airflow 3.1,
                     ``assigned_users`` and ``responded_by_user``                providers-standard
                                                                                1.8.0
+asset_event_queries ``inlet_events[alias].after(...)/.limit(...)``             Airflow 3.2
+                    (``InletEventsAccessor``)                                  (task-sdk 1.2)
 asset_partitions    ``airflow.sdk.CronPartitionTimetable`` and partitioned     Airflow 3.2
                     asset events                                               (task-sdk 1.2)
 ==================  =========================================================  ================
 
 A feature the user asked for by name (``commit_deadline=``, ``audit_approval=``) is refused when
 the DAG is parsed (:func:`require`, :class:`FeatureUnavailable`: which feature, what it needs,
-which Airflow this is). A feature walsink would only use when it is there (asset partitions)
+which Airflow this is). A feature walsink would only use when it is there (asset partitions,
+reading an asset alias's events)
 degrades to the behaviour without it, logging one line per process (:func:`available`). Nothing
 here is imported when ``airflow_provider_walsink`` is imported, so an older Airflow never meets an
 import error from the provider itself.
@@ -38,7 +41,7 @@ from importlib import metadata
 log = logging.getLogger(__name__)
 
 #: The oldest Airflow walsink supports (``setup.cfg`` says the same; ``tests/test_versions.py`` checks).
-OLDEST_AIRFLOW = "3.1.0"
+OLDEST_AIRFLOW = "3.1.1"
 
 
 class FeatureUnavailable(ValueError):
@@ -106,6 +109,10 @@ def _audit_approval() -> str | None:
     return None
 
 
+def _asset_event_queries() -> str | None:
+    return _missing("airflow.sdk.execution_time.context", "InletEventsAccessor")
+
+
 def _asset_partitions() -> str | None:
     return _missing("airflow.sdk", "CronPartitionTimetable", "PartitionedAssetTimetable")
 
@@ -126,6 +133,14 @@ FEATURES: dict[str, Feature] = {
             without="remove audit_approval= (a REJECTED checkpoint then stays REJECTED, as without the "
             "step; `walsink abort` or the UI's Abort button aborts it)",
             probe=_audit_approval,
+        ),
+        Feature(
+            "asset_event_queries",
+            needs="Airflow 3.2 or later (task-sdk 1.2: inlet_events[alias].after()/.limit())",
+            without="the commit task adds its asset event without first reading the alias's events: "
+            "a new pipeline's first event is not held back for Airflow's first-event race, and a "
+            "commit whose try was killed before it succeeded is not announced again",
+            probe=_asset_event_queries,
         ),
         Feature(
             "asset_partitions",

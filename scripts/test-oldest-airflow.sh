@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run walsink's core and dag.test() tests against the OLDEST Airflow it supports (setup.cfg:
-# apache-airflow>=3.1.0), in a venv of its own (.venv-oldest, git-ignored), beside the CI's
+# apache-airflow>=3.1.1), in a venv of its own (.venv-oldest, git-ignored), beside the CI's
 # Airflow 3.3 in .venv. Not part of CI (scripts/test.sh): run it before a release and after
 # changing what walsink imports from Airflow. docs/production.md, "Supported Airflow versions".
 #
@@ -17,14 +17,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The oldest supported Airflow and the matching task SDK and providers (exact versions).
-AIRFLOW_VERSION="${AIRFLOW_VERSION:-3.1.0}"
-TASK_SDK_VERSION="${TASK_SDK_VERSION:-1.1.0}"
-STANDARD_PROVIDER_VERSION="${STANDARD_PROVIDER_VERSION:-1.8.0}"
+AIRFLOW_VERSION="${AIRFLOW_VERSION:-3.1.1}"
+TASK_SDK_VERSION="${TASK_SDK_VERSION:-1.1.1}"
+STANDARD_PROVIDER_VERSION="${STANDARD_PROVIDER_VERSION:-1.9.0}"
 SPARK_PROVIDER_VERSION="${SPARK_PROVIDER_VERSION:-6.3.0}"
 PYSPARK_VERSION="${PYSPARK_VERSION:-4.0.1}"
-# Libraries released after Airflow 3.1.0 that break it (its constraint file is not reachable
-# from every machine): structlog 26 drops dev.Styles; Airflow 3.1.8 itself caps fastapi below
-# 0.118; SQLAlchemy 2.1 is newer than anything Airflow 3.1 was tested with.
+# Libraries released after Airflow 3.1 that break it (its constraint file is not reachable
+# from every machine): structlog 26 drops dev.Styles; SQLAlchemy 2.1 is newer than anything
+# Airflow 3.1 was tested with; fastapi below 0.118 as Airflow 3.1.1 itself requires.
 ERA_PINS=("structlog==25.4.0" "fastapi<0.118" "sqlalchemy>=2.0,<2.1")
 VENV="${VENV:-.venv-oldest}"
 PYTHON="${PYTHON:-python3.11}"
@@ -58,8 +58,9 @@ if [ -n "${REINSTALL:-}" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     "apache-airflow-providers-apache-spark==$SPARK_PROVIDER_VERSION" \
     "pyspark==$PYSPARK_VERSION" \
     "${ERA_PINS[@]}" \
-    -e ".[delta,audit]" \
-    pytest pytest-timeout pytest-xdist hypothesis psycopg2-binary pymysql
+    -e ".[delta,audit,iceberg,psycopg]" \
+    pytest pytest-timeout pytest-xdist hypothesis psycopg2-binary pymysql "moto[server]" boto3 \
+    setuptools wheel
   echo "$WANT" >"$STAMP"
 fi
 

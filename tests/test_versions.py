@@ -44,7 +44,7 @@ def test_setup_cfg_and_the_oldest_airflow_script_state_the_same_oldest_version()
     cfg.read(ROOT / "setup.cfg")
     requires = cfg["options"]["install_requires"]
     assert re.search(rf"^apache-airflow>={re.escape(versions.OLDEST_AIRFLOW)},<4$", requires, re.M)
-    assert re.search(r"^apache-airflow-providers-standard>=1\.8\.0$", requires, re.M)
+    assert re.search(r"^apache-airflow-providers-standard>=1\.9\.0$", requires, re.M)
     script = (ROOT / "scripts" / "test-oldest-airflow.sh").read_text()
     assert f'AIRFLOW_VERSION="${{AIRFLOW_VERSION:-{versions.OLDEST_AIRFLOW}}}"' in script
 
@@ -54,7 +54,7 @@ def test_the_probes_find_the_features_of_this_airflows_version():
     # on the oldest (scripts/test-oldest-airflow.sh runs this file there too).
     major_minor = tuple(int(p) for p in versions.airflow_version().split(".")[:2])
     expected = {"audit_approval"}
-    expected |= {"asset_partitions"} if major_minor >= (3, 2) else set()
+    expected |= {"asset_partitions", "asset_event_queries"} if major_minor >= (3, 2) else set()
     expected |= {"commit_deadline"} if major_minor >= (3, 3) else set()
     found = {name for name in versions.FEATURES if versions.missing(name) is None}
     assert found == expected, {name: versions.missing(name) for name in versions.FEATURES}
