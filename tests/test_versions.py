@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from airflow.sdk import DAG
 
-from airflow_provider_walsink import versions
 from airflow_provider_walsink.core.commit.audit import RowCountCheck
+from airflow_provider_walsink.hooks import versions
 from airflow_provider_walsink.operators.pipeline import walsink_pipeline
 
 ROOT = Path(__file__).resolve().parent.parent

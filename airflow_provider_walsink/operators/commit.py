@@ -14,7 +14,6 @@ try:
 except ImportError:  # Airflow 3.1 (task-sdk 1.1): still in airflow.exceptions
     from airflow.exceptions import AirflowFailException  # type: ignore[no-redef]
 
-from airflow_provider_walsink import versions
 from airflow_provider_walsink.core.commit.aftercommit import commit_then_follow
 from airflow_provider_walsink.core.commit.commit import CheckpointCommitter, CommitSummary
 from airflow_provider_walsink.core.commit.group import commit_waiting_for_group, committed_by_group
@@ -34,6 +33,7 @@ from airflow_provider_walsink.core.targets.registry import (
     TargetOptions,
     resolve_target,
 )
+from airflow_provider_walsink.hooks import versions
 from airflow_provider_walsink.hooks.connections import airflow_connection_fields
 from airflow_provider_walsink.hooks.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.walsink import WalsinkHook

@@ -38,11 +38,11 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from airflow_provider_walsink import versions
 from airflow_provider_walsink.core.store.deadlines import on_call_reason
 from airflow_provider_walsink.core.store.queries import wait_status
 from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord
 from airflow_provider_walsink.core.store.store import CommitterStore
+from airflow_provider_walsink.hooks import versions
 from airflow_provider_walsink.hooks.context import format_checkpoint_key
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.ui.links import checkpoint_link
