@@ -146,10 +146,9 @@ def _good(n=10):
 
 
 def test_the_audit_task_passes_then_is_a_noop_then_skips_once_committed(audit_env, tmp_path):
-    from airflow.sdk.exceptions import AirflowSkipException
-
     from airflow_provider_walsink.core.commit import CheckpointCommitter
     from airflow_provider_walsink.core.targets import FilePublisher
+    from airflow_provider_walsink.operators.audit import AirflowSkipException  # as the operator raises it
 
     store, layout = audit_env.store, audit_env.layout
     stage_tables(store, layout, "events", KEY, _good(), partition_columns=("dt",))
@@ -171,7 +170,7 @@ def test_the_audit_task_passes_then_is_a_noop_then_skips_once_committed(audit_en
 
 
 def test_the_audit_task_fails_without_retry_naming_the_failed_check(audit_env):
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow_provider_walsink.operators.audit import AirflowFailException  # as the operator raises it
 
     store, layout = audit_env.store, audit_env.layout
     tables = {"dt=2026-03-01/part-0.parquet": pa.table({"id": [1, 2, 3], "user_id": [1, None, 3]})}
@@ -186,7 +185,7 @@ def test_the_audit_task_fails_without_retry_naming_the_failed_check(audit_env):
 
 
 def test_an_audit_that_cannot_run_fails_the_task_and_leaves_the_checkpoint_durable(audit_env):
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow_provider_walsink.operators.audit import AirflowFailException  # as the operator raises it
 
     store, layout = audit_env.store, audit_env.layout
     stage_tables(store, layout, "events", KEY, {"part-0.orc": pa.table({"id": [1]})}, file_format="orc")

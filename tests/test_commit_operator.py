@@ -10,7 +10,15 @@ import pytest
 from airflow_provider_walsink.core.protocol import CheckpointState as S
 from airflow_provider_walsink.core.staging import StagingLayout
 from airflow_provider_walsink.core.store import CommitterStore
-from tests.helpers import stage_checkpoint, target_files
+from airflow_provider_walsink.hooks import versions
+from tests.helpers import missing_prerequisite, stage_checkpoint, target_files
+
+#: These claims rest on reading the alias's asset events, which Airflow 3.1 cannot (the commit task
+#: then adds its event without reading; docs/production.md, "Supported Airflow versions").
+needs_event_queries = pytest.mark.skipif(
+    versions.missing("asset_event_queries") is not None,
+    reason=f"asset event queries need Airflow 3.2+: {versions.missing('asset_event_queries')}",
+)
 
 FILES = {f"dt=2026-03-0{d}/part-0.csv": f"2026-03-0{d},x\n".encode() * d for d in (1,)}
 INTERVAL_START = datetime(2026, 3, 1, tzinfo=UTC)
@@ -25,6 +33,18 @@ def walsink_conn(monkeypatch, db_url, tmp_path):
         json.dumps({"conn_type": "walsink", "extra": {"url": db_url, "staging_root": str(staging)}}),
     )
     return CommitterStore.from_url(db_url), StagingLayout(staging)
+
+
+class _Events:
+    """``context["outlet_events"]`` with one alias's accessor, looked up by equality as Airflow's
+    accessors are (a plain dict would need the alias to be hashable, which it is not on Airflow 3.1)."""
+
+    def __init__(self, alias, accessor):
+        self.alias, self.accessor = alias, accessor
+
+    def __getitem__(self, key):
+        assert key == self.alias
+        return self.accessor
 
 
 def build_dag(target, *, key=None, **operator_kwargs):
@@ -123,6 +143,7 @@ def test_asset_event_only_when_the_commit_is_new(airflow_db, walsink_conn, tmp_p
         assert session.query(AssetEvent).count() == before
 
 
+@needs_event_queries
 def test_a_table_commit_reconciled_by_the_retry_is_announced_once(airflow_db, walsink_conn, tmp_path):
     """``fencing="table"``: a try that made the table commit and died before COMMITTED delivered
     no asset event; the write task was then cleared (attempt 2 sealed). The next commit try
@@ -169,6 +190,7 @@ def test_a_table_commit_reconciled_by_the_retry_is_announced_once(airflow_db, wa
         assert session.query(AssetEvent).count() == before
 
 
+@needs_event_queries
 def test_a_checkpoint_committed_by_a_group_is_announced_once_by_its_own_task(
     airflow_db, walsink_conn, tmp_path
 ):
@@ -229,6 +251,10 @@ def test_openlineage_facets_of_an_executed_commit_name_the_target_and_the_checkp
     """
     from types import SimpleNamespace
 
+    try:
+        import airflow.providers.openlineage  # noqa: F401 - the provider this lineage is for
+    except ImportError as exc:  # the oldest-Airflow venv has no OpenLineage provider; CI does
+        missing_prerequisite(f"apache-airflow-providers-openlineage is not installed: {exc}")
     store, layout = walsink_conn
     target = tmp_path / "target"
     stage_checkpoint(store, layout, "events", KEY, FILES)
@@ -246,7 +272,8 @@ def test_openlineage_facets_of_an_executed_commit_name_the_target_and_the_checkp
         "logical_date": INTERVAL_START,
         "data_interval_start": INTERVAL_START,
         "data_interval_end": INTERVAL_START,
-        "outlet_events": {task.asset_alias: Accessor()},
+        # Looked up by the alias, as Airflow's accessors are (an alias is not hashable on Airflow 3.1).
+        "outlet_events": _Events(task.asset_alias, Accessor()),
     }
     summary = task.execute(context)
     assert summary["state"] == "COMMITTED" and added == [(f"file://{target}", added[0][1])]
@@ -260,6 +287,7 @@ def test_openlineage_facets_of_an_executed_commit_name_the_target_and_the_checkp
     assert task.execute(context)["already_committed"] and len(added) == 1
 
 
+@needs_event_queries
 def test_a_first_event_claim_left_by_a_dead_commit_task_is_taken_over(
     airflow_db, walsink_conn, tmp_path, monkeypatch
 ):
@@ -292,6 +320,7 @@ def test_a_first_event_claim_left_by_a_dead_commit_task_is_taken_over(
     )  # taken over from the dead one
 
 
+@needs_event_queries
 def test_asset_events_that_cannot_be_read_do_not_hold_the_commit_back(
     airflow_db, walsink_conn, tmp_path, monkeypatch
 ):

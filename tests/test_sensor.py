@@ -14,7 +14,11 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import AirflowSensorTimeout, TaskDeferred
+
+try:
+    from airflow.sdk.exceptions import AirflowSensorTimeout, TaskDeferred
+except ImportError:  # Airflow 3.1 (scripts/test-oldest-airflow.sh)
+    from airflow.exceptions import AirflowSensorTimeout, TaskDeferred  # type: ignore[no-redef]
 
 from airflow_provider_walsink.core.protocol import CheckpointState as S
 from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME

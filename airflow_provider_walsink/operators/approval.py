@@ -39,8 +39,13 @@ from typing import Any
 
 from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import Param
-from airflow.sdk.bases.skipmixin import SkipMixin
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+try:
+    from airflow.sdk.bases.skipmixin import SkipMixin
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+except ImportError:  # Airflow 3.1 (task-sdk 1.1): the standard provider's SkipMixin, airflow.exceptions
+    from airflow.exceptions import AirflowFailException, AirflowSkipException  # type: ignore[no-redef]
+    from airflow.providers.standard.utils.skipmixin import SkipMixin  # type: ignore[no-redef]
 
 from airflow_provider_walsink.core.protocol.states import CheckpointState
 from airflow_provider_walsink.hooks.aborts import aborter_for

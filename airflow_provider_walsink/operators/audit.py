@@ -6,7 +6,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+try:
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+except ImportError:  # Airflow 3.1 (task-sdk 1.1): still in airflow.exceptions
+    from airflow.exceptions import AirflowFailException, AirflowSkipException  # type: ignore[no-redef]
 
 from airflow_provider_walsink.core.commit.audit import AuditCheck, AuditError, as_checks, audit_checkpoint
 from airflow_provider_walsink.hooks.context import actor_from_context, checkpoint_key_from_context

@@ -42,6 +42,7 @@ from airflow_provider_walsink.core.store.deadlines import on_call_reason
 from airflow_provider_walsink.core.store.queries import wait_status
 from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord
 from airflow_provider_walsink.core.store.store import CommitterStore
+from airflow_provider_walsink.hooks import versions
 from airflow_provider_walsink.hooks.context import format_checkpoint_key
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.ui.links import checkpoint_link
@@ -59,14 +60,17 @@ def check_commit_deadline(pipeline: str, commit_deadline: Any, callback: Any) ->
         ValueError: ``commit_deadline`` is not a positive :class:`~datetime.timedelta`, no
             callback (or a callback without a deadline) is given, or the callback is not an
             Airflow deadline callback (``AsyncCallback`` / ``SyncCallback``).
+        FeatureUnavailable: a commit deadline on an Airflow older than 3.3 (a ``ValueError``).
     """
-    from airflow.sdk.definitions.callback import AsyncCallback, SyncCallback
-
     where = f"walsink_pipeline({pipeline!r})"
     if commit_deadline is None:
         if callback is not None:
             raise ValueError(f"{where}: commit_deadline_callback is given without commit_deadline")
         return
+    # Only a pipeline that asks for a deadline imports Airflow's deadline API (3.3+).
+    versions.require("commit_deadline", where)
+    from airflow.sdk.definitions.callback import AsyncCallback, SyncCallback
+
     if not isinstance(commit_deadline, timedelta):
         raise ValueError(
             f"{where}: commit_deadline must be a duration, a datetime.timedelta such as "

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from airflow_provider_walsink.hooks import versions
+
 log = logging.getLogger(__name__)
 
 #: The oldest Airflow whose runs carry a partition key (AIP-76).
@@ -19,12 +21,8 @@ PARTITIONS_SINCE = "3.2"
 
 
 def airflow_has_partitions() -> bool:
-    """Does the installed Airflow give runs partition keys (``airflow.sdk.CronPartitionTimetable``)?"""
-    try:
-        from airflow.sdk import CronPartitionTimetable  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Does the installed Airflow give runs partition keys (``hooks/versions.py``: asset_partitions)?"""
+    return versions.missing("asset_partitions") is None
 
 
 def partition_arguments(column: str | None, key_format: str | None) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
+from airflow_provider_walsink.hooks import versions
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.operators.audit import WalAuditOperator
 from airflow_provider_walsink.operators.commit import WalCommitOperator
@@ -72,15 +73,11 @@ DURABLE_DEFAULTS: dict[str, Any] = {"deferrable": True, "poke_interval": 5, "tim
 
 
 def _approval_operator() -> type:
-    """The approval step's operator, imported only when asked for: it needs the standard
-    provider's human-in-the-loop operators (Airflow 3.1+), which a pipeline without it does not."""
-    try:
-        from airflow_provider_walsink.operators.approval import WalAuditApprovalOperator
-    except ImportError as exc:
-        raise ImportError(
-            "walsink_pipeline: audit_approval needs Airflow's human-in-the-loop operators "
-            f"(apache-airflow-providers-standard with operators.hitl, Airflow 3.1+): {exc}"
-        ) from exc
+    """The approval step's operator, imported only when asked for (and checked first:
+    ``versions.require("audit_approval")``): it needs the standard provider's human-in-the-loop
+    operators, which a pipeline without it does not."""
+    from airflow_provider_walsink.operators.approval import WalAuditApprovalOperator
+
     return WalAuditApprovalOperator
 
 
@@ -212,6 +209,8 @@ def walsink_pipeline(
             f"walsink_pipeline {pipeline!r}: audit_approval needs an audit (audit=[...]): the approval "
             "step decides about checkpoints the audit REJECTED, and this pipeline has no audit"
         )
+    if audit_approval:  # refused before any task exists on an Airflow without HITL operators
+        versions.require("audit_approval", f"walsink_pipeline({pipeline!r})")
     approval_args = dict(audit_approval) if isinstance(audit_approval, Mapping) else {}
     for old in [name for name in group_kwargs if name in DEPRECATED_ARGUMENTS]:
         task, name = DEPRECATED_ARGUMENTS[old]
