@@ -279,6 +279,8 @@ def test_the_write_task_registers_its_targets_connection_references_never_its_se
     monkeypatch.setattr(op, "_configured_root", lambda hook: "s3://bucket/events/_walsink_staging")
     monkeypatch.setattr(op, "get_runner", lambda: None)
     hook = SimpleNamespace(get_source=lambda source: None, get_write_phase=lambda **kwargs: kwargs)
-    interval = SimpleNamespace(key="2026-01-01", start=None, end=None)
+    from airflow_provider_walsink.hooks.context import RunInterval
+
+    interval = RunInterval(key="2026-01-01", start=None, end=None)
     phase = op._write_phase({}, hook, interval)
     assert phase["target_connections"] == {"conn_id": "lake"}
