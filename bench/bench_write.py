@@ -198,7 +198,13 @@ def _measure(spark, sizes, repeats, scratch: Path, label: str, table: Table, not
                     else:
                         ws.append(
                             walsink_once(
-                                spark, rows, store, layout, scratch / "target", f"n{rows}_r{r}", phases
+                                spark,
+                                rows,
+                                store,
+                                layout,
+                                scratch / "target",
+                                f"n{rows:012d}_r{r}",  # keys ascend across sizes (the order check)
+                                phases,
                             )
                         )
             table.rows.append(
