@@ -128,3 +128,19 @@ def target_files(root: Path) -> dict[str, bytes]:
                 path = Path(dirpath) / name
                 out[str(path.relative_to(root))] = path.read_bytes()
     return out
+
+
+def python_spark_submit(directory: Path, application: Path) -> Path:
+    """A stand-in ``spark-submit`` in ``directory`` that runs ``application`` with this Python and
+    its arguments (spark-submit's command line is ``[binary, options..., application, args...]``):
+    for tests of what a write task hands its job, without starting Spark."""
+    import stat
+    import sys
+
+    submit = directory / "spark-submit"
+    submit.write_text(
+        f"#!{sys.executable}\nimport os, sys\nargs = sys.argv[1:]\ni = args.index({str(application)!r})\n"
+        "os.execv(sys.executable, [sys.executable, *args[i:]])\n"
+    )
+    submit.chmod(submit.stat().st_mode | stat.S_IXUSR)
+    return submit

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import sys
 import textwrap
 from datetime import UTC, datetime
@@ -27,6 +26,7 @@ from airflow_provider_walsink.core.protocol.partition_keys import (
     checkpoint_key_for_partition,
     partition_key_of_checkpoint,
 )
+from tests.helpers import python_spark_submit
 
 DAG_ID = "walsink_partition_keys_test"
 
@@ -155,16 +155,6 @@ JOB = textwrap.dedent(
     """
 )
 
-SPARK_SUBMIT = textwrap.dedent(
-    """\
-    #!{python}
-    import os, sys
-    args = sys.argv[1:]
-    i = args.index({app!r})
-    os.execv(sys.executable, [sys.executable, *args[i:]])
-    """
-)
-
 
 @pytest.fixture
 def setup(airflow_db, monkeypatch, sqlite_store, database_urls, tmp_path):
@@ -181,9 +171,7 @@ def setup(airflow_db, monkeypatch, sqlite_store, database_urls, tmp_path):
     )
     job = tmp_path / "job.py"
     job.write_text(JOB)
-    submit = tmp_path / "spark-submit"
-    submit.write_text(SPARK_SUBMIT.format(python=sys.executable, app=str(job)))
-    submit.chmod(submit.stat().st_mode | stat.S_IXUSR)
+    submit = python_spark_submit(tmp_path, job)
     received = tmp_path / "received.jsonl"
     # Partitioned at run time: runs "triggered with a partition_key", which the timetable does not
     # check (a CronPartitionTimetable refuses a key off its own format before walsink sees it).

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import sys
 import textwrap
 from datetime import UTC, datetime
 
 import pytest
+
+from tests.helpers import python_spark_submit
 
 pytestmark = pytest.mark.airflow
 
@@ -35,17 +36,6 @@ JOB = textwrap.dedent(
     with open(args[0], "a") as f:
         f.write(json.dumps({"key": protocol.checkpoint_key, "start": protocol.interval_start,
                             "end": protocol.interval_end}) + "\\n")
-    """
-)
-
-# spark-submit's command line is [binary, options..., application, args...]: run the application.
-SPARK_SUBMIT = textwrap.dedent(
-    """\
-    #!{python}
-    import os, sys
-    args = sys.argv[1:]
-    i = args.index({app!r})
-    os.execv(sys.executable, [sys.executable, *args[i:]])
     """
 )
 
@@ -65,9 +55,7 @@ def setup(airflow_db, monkeypatch, sqlite_store, database_urls, tmp_path):
     )
     job = tmp_path / "job.py"
     job.write_text(JOB)
-    submit = tmp_path / "spark-submit"
-    submit.write_text(SPARK_SUBMIT.format(python=sys.executable, app=str(job)))
-    submit.chmod(submit.stat().st_mode | stat.S_IXUSR)
+    submit = python_spark_submit(tmp_path, job)
     received = tmp_path / "received.jsonl"
     with DAG(DAG_ID, schedule="@daily", start_date=datetime(2026, 1, 1, tzinfo=UTC), catchup=False) as dag:
         WalWriteOperator(
