@@ -150,7 +150,7 @@ def commit_task(
             # A group's hold or lead is waited out (as the commit operator does); anything else fails.
             grouped += len(commit_waiting_for_group(committer, PIPELINE, key, actor=actor, poll=poll).group)
         except Exception:  # noqa: BLE001 - a failed task, reported
-            failures.append(f"{key}: {traceback.format_exc()[-600:]}")
+            failures.append(f"{key}: {where_it_failed()}")
     out.put((time.time(), failures, grouped))
     store.dispose()
 
@@ -162,6 +162,18 @@ def warm_up(committer: Any, key: str) -> None:
     interpreter and Airflow's imports, whether its checkpoint commits in a group or alone."""
     committer.store.get(PIPELINE, key)
     committer.publisher.load_table()
+    # The SQL catalog's pooled connection is given back: K processes each holding two before the
+    # clock would exceed PostgreSQL's 100 at K = 64 (the run itself opens it when it commits).
+    engine = getattr(getattr(committer.publisher, "_catalog", None), "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
+def where_it_failed() -> str:
+    """The current exception with walsink's frames (where in the sequence it failed), briefly."""
+    lines = traceback.format_exc().splitlines()
+    ours = [ln.strip() for ln in lines if "airflow_provider_walsink" in ln]
+    return " <- ".join(reversed(ours[-4:])) + " | " + lines[-1][:300]
 
 
 def walsink_run(

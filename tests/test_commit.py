@@ -237,3 +237,29 @@ def test_committers_in_separate_processes_racing_on_postgres_publish_exactly_onc
     assert [h.to_state for h in history].count("COMMITTED") == 1
     assert [h.to_state for h in history].count("COMMITTING") == 1
     store.dispose()
+
+
+@pytest.mark.parametrize("already", [False, True], ids=["fresh commit", "answered no-op"])
+def test_a_clean_up_that_fails_never_fails_a_recorded_commit(sqlite_store, layout, tmp_path, caplog, already):
+    """After COMMITTED the clean-up is best effort: a table or catalog that cannot be read then
+    (64 tasks over PostgreSQL's connection limit: pyiceberg's SQL catalog raised
+    OperationalError) leaves the staging to GC, and the task still answers COMMITTED."""
+    target = tmp_path / "target"
+    stage_checkpoint(sqlite_store, layout, "p", "k1", DAY1)
+    committer = make_committer(sqlite_store, layout, target, "overwrite")
+    if already:
+        failing = make_committer(sqlite_store, layout, target, "overwrite")
+        failing.publisher.finish = lambda *a, **k: None  # the first commit left its staging
+        failing.commit("p", "k1", actor=ACTOR)
+
+    def unreachable(*args, **kwargs):
+        raise RuntimeError("catalog unreachable: too many clients already")
+
+    committer.publisher.finish = unreachable
+    summary = committer.commit("p", "k1", actor=ACTOR)
+
+    assert summary.already_committed is already
+    assert sqlite_store.require("p", "k1").state is S.COMMITTED
+    assert rows(target_files(target)) == rows(DAY1)
+    assert layout.checkpoint_dir("p", "k1").exists()  # left whole, for GC
+    assert "not fully removed (GC will): catalog unreachable" in caplog.text

@@ -81,12 +81,15 @@ def finish(store: CommitterStore, staging: StagingStore, publisher: Publisher, m
             manifest.checkpoint_key,
             exc,
         )
-    except OSError as exc:
+    except Exception as exc:  # noqa: BLE001 - an OS error, or the table or its catalog unreachable
+        # Nothing the commit depends on: the staging is left whole (deletions are checked against
+        # the table, so one that cannot be read deletes nothing) for GC or the next ask.
         log.warning(
             "committed %s/%s, but its staging was not fully removed (GC will): %s",
             manifest.pipeline,
             manifest.checkpoint_key,
             exc,
+            exc_info=not isinstance(exc, OSError),
         )
 
 
