@@ -430,7 +430,9 @@ def test_a_commit_process_never_imports_pandas(tmp_path):
     released-together run spent most of its leader's time there). Staged here, published by a
     fresh interpreter that imports only walsink."""
     target = Target(Place("local", str(tmp_path / "tables")))
-    attempts = [target.stage(key, [r for r in ROWS_A if r[0] == key])[1] for key in ("2026-01-01", "2026-01-02")]
+    attempts = [
+        target.stage(key, [r for r in ROWS_A if r[0] == key])[1] for key in ("2026-01-01", "2026-01-02")
+    ]
     script = f"""
 import sys
 from airflow_provider_walsink.core.protocol.manifest import read_manifest
@@ -442,7 +444,9 @@ for attempt_dir in {attempts!r}:
     publisher.publish(manifest, attempt_dir, StaticContext.for_manifest(manifest, epoch=1))
 print(sorted(m for m in sys.modules if m.split(".")[0] == "pandas")[:3])
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(target.table().file_uris()) == 2  # both published: the overwrite listed the table's files
     assert done.stdout.strip() == "[]", f"pandas imported by a Delta commit: {done.stdout.strip()}"
