@@ -459,6 +459,42 @@ def test_found_schedule_replays_clean(kind, mode, fencing, steps, database_urls,
     assert not found, "\n".join(found)
 
 
+#: A fixed schedule whose writes run a real PySpark job (issue 36): a run, a retried write (a new
+#: attempt, the first fenced), a commit SIGKILLed before the table commit and retried, a reprocess.
+SPARK_STEPS = [
+    {"op": "run", "key": K1, "n": 3, "parts": [0, 1]},
+    {"op": "write", "key": K2, "n": 2, "parts": [2]},
+    {"op": "write", "key": K2, "n": 3, "parts": [2]},
+    {"op": "durable", "key": K2},
+    {"op": "crash", "key": K2, "point": "table.before_table_commit"},
+    {"op": "reprocess", "key": K1, "n": 2},
+    {"op": "durable", "key": K1},
+    {"op": "commit", "key": K1},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("runner", ["spark-submit", "connect"])
+def test_model_checker_with_the_writes_run_by_spark(runner, tmp_path, request, monkeypatch):
+    """Issue 36: the checker's write steps through each job runner (spark-submit on local[1], or a
+    Spark Connect client against the session's Connect server), the rest of the schedule as ever,
+    checked against the model after every step: every row once, the fenced attempt never published."""
+    spark_write = "spark-submit"
+    if runner == "connect":
+        server = request.getfixturevalue("spark_connect_server")
+        for key, value in server.connection_env("model_connect").items():
+            monkeypatch.setenv(key, value)
+        spark_write = "connect:model_connect"
+    cfg = Config("delta", "overwrite", "lease", str(tmp_path / "w"), f"sqlite:///{tmp_path}/c.db",
+                 pipeline="spark", spark_write=spark_write)  # fmt: skip
+    world = World(cfg)
+    try:
+        log = run_checked(world, SPARK_STEPS)
+    finally:
+        world.close()
+    writes = [line for line in log.splitlines() if "sealed " in line]
+    assert len(writes) == 4 and all(f"by {spark_write})" in line for line in writes), log
+
+
 @pytest.mark.parametrize("kind", ["iceberg", "delta"])
 def test_group_commits_under_the_model_checker(kind, tmp_path):
     """Issue 24: a fixed schedule where a leader's group commit (two durable checkpoints of disjoint

@@ -370,7 +370,6 @@ def task_write_spark(
     from airflow_provider_walsink.core.commit.write_phase import record_seal
     from airflow_provider_walsink.core.spark.args import ProtocolArgs
     from airflow_provider_walsink.core.staging.resolve import as_store
-    from airflow_provider_walsink.hooks.spark_submit_runner import default_spark_binary
 
     actor = _actor("write", spec.key, try_number)
     layout = env.layout()
@@ -411,9 +410,26 @@ def task_write_spark(
     if crash is not None:
         child_env[faults.ENV] = f"{crash[0]}:{crash[1]}"
     child_env[faults.LOG_ENV] = crash_log
-    job = [str(Path(__file__).with_name("spark_job.py")), *protocol.to_argv(), str(job_input)]
-    if env.spark_connect:  # the write task's process is the job's driver program
-        cmd = [sys.executable, "-m", "tests.harness.connect_write", env.spark_connect, *job]
+    proc = run_spark_job([*protocol.to_argv(), str(job_input)], env.spark_connect, child_env)
+    if proc.returncode != 0:
+        return proc.returncode, proc.stderr[-2000:]
+    # The operator's own seal recording (manifest identity and offsets checked, then store.seal).
+    record_seal(store, as_store(layout), protocol, actor, log=logging.getLogger("harness"))
+    return 0, ""
+
+
+def run_spark_job(
+    arguments: list[str], spark_connect: str | None, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """Run the harness's job file (``spark_job.py``) with ``arguments`` as the write task does:
+    spark-submit on ``local[1]``, or with ``spark_connect`` (a ``spark_connect`` connection id,
+    from ``AIRFLOW_CONN_<ID>``) as a Connect client in a process of its own, the job's driver
+    program (``tests/harness/connect_write.py``). The model checker's Spark writes run it too."""
+    from airflow_provider_walsink.hooks.spark_submit_runner import default_spark_binary
+
+    job = [str(Path(__file__).with_name("spark_job.py")), *arguments]
+    if spark_connect:
+        cmd = [sys.executable, "-m", "tests.harness.connect_write", spark_connect, *job]
     else:
         cmd = [
             default_spark_binary(), "--master", "local[1]",
@@ -421,13 +437,8 @@ def task_write_spark(
             "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
             *job,
         ]  # fmt: skip
-    cwd = Path(__file__).resolve().parents[2] if env.spark_connect else None  # for ``-m tests.harness...``
-    proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=900, cwd=cwd)
-    if proc.returncode != 0:
-        return proc.returncode, proc.stderr[-2000:]
-    # The operator's own seal recording (manifest identity and offsets checked, then store.seal).
-    record_seal(store, as_store(layout), protocol, actor, log=logging.getLogger("harness"))
-    return 0, ""
+    cwd = Path(__file__).resolve().parents[2] if spark_connect else None  # for ``-m tests.harness...``
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=cwd)
 
 
 TASKS: dict[str, Callable[..., None]] = {"write": task_write, "durable": task_durable, "commit": task_commit}

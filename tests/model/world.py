@@ -125,8 +125,13 @@ class Config:
     #: after the durability gate is refused before anything is published; off, the commit does
     #: not re-read staged bytes, so a same-size change is published as it is (by design).
     verify_checksums: bool = True
+    #: How write steps stage: ``None``, the model writes the Parquet files itself; ``"spark-submit"``
+    #: or ``"connect:<conn id>"``, a real PySpark job does (``tests/model/spark_write.py``).
+    spark_write: str | None = None
 
     def __post_init__(self) -> None:
+        if self.spark_write and (self.staging != "local" or self.kafka or self.domain is not None):
+            raise ValueError("Spark writes stage locally, from the files source, into the dt column")
         if self.staging == "s3" and (self.kind not in S3_KINDS or not self.s3_endpoint):
             raise ValueError(f"S3 staging needs an S3 endpoint and a target of {S3_KINDS}, not {self.kind}")
         if self.kafka and self.mode != "append":
@@ -533,6 +538,11 @@ class World:
                 for _j in range(n if i == 0 else max(0, n - 1)):
                     serial = self._next()
                     rows.append((dt, f"{key}.{serial}", None if nulls and serial % 3 == 0 else serial))
+        if cfg.spark_write:
+            from . import spark_write
+
+            spark_write.stage_and_seal(self, key, writer.record, a, rows, partitions, directories, start, end)
+            return self._sealed(key, version, rows, partitions, start, end)
         files: dict[str, int] = {}
         for dt in partitions:
             mine = [r for r in rows if r[0] == dt]
@@ -563,10 +573,17 @@ class World:
         writer.add_files(list(files), rows=files, checksum="crc32", writer="model")
         offsets = {"start_offsets": {"src": start}, "end_offsets": {"src": end}} if start is not None else {}
         writer.seal(file_format="parquet", job="model", **offsets)
-        rec = store.require(cfg.pipeline, key)
+        return self._sealed(key, version, rows, partitions, start, end)
+
+    def _sealed(self, key: str, version: int, rows: list, partitions: list[str], start: Any, end: Any) -> str:
+        """The model of the attempt just sealed for ``key``."""
+        rec = self.store.require(self.cfg.pipeline, key)
         self.model.attempts[rec.sealed_attempt_id] = Attempt(key, rec.sealed_attempt_id, version, rows,
                                                              partitions, start, end)  # fmt: skip
-        return f"sealed {rec.sealed_attempt_id[:8]} v{version} ({len(rows)} rows, offsets {start}..{end})"
+        how = f", by {self.cfg.spark_write}" if self.cfg.spark_write else ""
+        return (
+            f"sealed {rec.sealed_attempt_id[:8]} v{version} ({len(rows)} rows, offsets {start}..{end}{how})"
+        )
 
     def op_run(self, key: str, n: int, parts: list[int] | None = None, nulls: bool = True) -> str:
         """A whole DAG run of the interval: write, durability check, commit."""
