@@ -473,17 +473,8 @@ SPARK_STEPS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("runner", ["spark-submit", "connect"])
-def test_model_checker_with_the_writes_run_by_spark(runner, tmp_path, request, monkeypatch):
-    """Issue 36: the checker's write steps through each job runner (spark-submit on local[1], or a
-    Spark Connect client against the session's Connect server), the rest of the schedule as ever,
-    checked against the model after every step: every row once, the fenced attempt never published."""
-    spark_write = "spark-submit"
-    if runner == "connect":
-        server = request.getfixturevalue("spark_connect_server")
-        for key, value in server.connection_env("model_connect").items():
-            monkeypatch.setenv(key, value)
-        spark_write = "connect:model_connect"
+def run_spark_schedule(spark_write: str, tmp_path) -> None:
+    """:data:`SPARK_STEPS` with the write steps run by ``spark_write``, checked after every step."""
     cfg = Config("delta", "overwrite", "lease", str(tmp_path / "w"), f"sqlite:///{tmp_path}/c.db",
                  pipeline="spark", spark_write=spark_write)  # fmt: skip
     world = World(cfg)
@@ -493,6 +484,21 @@ def test_model_checker_with_the_writes_run_by_spark(runner, tmp_path, request, m
         world.close()
     writes = [line for line in log.splitlines() if "sealed " in line]
     assert len(writes) == 4 and all(f"by {spark_write})" in line for line in writes), log
+
+
+def test_model_checker_with_the_writes_run_by_spark_submit(tmp_path):
+    """Issue 36: the checker's write steps through spark-submit (``local[1]``), the rest of the
+    schedule as ever, checked against the model after every step: every row once, the fenced
+    attempt never published."""
+    run_spark_schedule("spark-submit", tmp_path)
+
+
+def test_model_checker_with_the_writes_run_by_spark_connect(spark_connect_server, tmp_path, monkeypatch):
+    """The same schedule with each write a Spark Connect client of the session's Connect server
+    (on the worker that runs the other Connect tests: one server per session)."""
+    for key, value in spark_connect_server.connection_env("model_connect").items():
+        monkeypatch.setenv(key, value)
+    run_spark_schedule("connect:model_connect", tmp_path)
 
 
 @pytest.mark.parametrize("kind", ["iceberg", "delta"])
