@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pyarrow.dataset as ds
+import pyspark
 import pytest
 
 from airflow_provider_walsink.core.protocol import CheckpointState as S
@@ -101,7 +102,31 @@ def test_an_unreachable_connect_server_or_a_wrong_token_fails_the_attempt_naming
             server.stop()
 
 
-def _fails_naming_the_connection(how: str, port: int, staging: Path, url: str, tmp_path: Path) -> None:
+@pytest.mark.spark
+def test_a_server_older_than_the_job_needs_fails_the_attempt_naming_the_connection(
+    spark_connect_server, monkeypatch, database_urls, tmp_path
+):
+    """A server whose Spark version cannot run the job (below ``MIN_SERVER_VERSION``, 3.5) is
+    refused after its one version call, before the job file runs: the attempt FAILED with the
+    versions named, nothing sealed. No Spark older than 4.0 has a Connect server that runs here
+    (Maven Central is unreachable; pyspark wheels before 4.0 ship none), so the session's real
+    server answers its real version and the oldest version the job accepts is raised above it."""
+    from airflow_provider_walsink.hooks import spark_connect_runner
+
+    url = database_urls("sqlite")
+    staging = tmp_path / "staging"
+    use_committer(monkeypatch, url, staging)
+    monkeypatch.setattr(spark_connect_runner, "MIN_SERVER_VERSION", (99, 0))
+    env = spark_connect_server.connection_env("spark_connect_down")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    _fails_naming_the_connection("old server", spark_connect_server.port, staging, url, tmp_path,
+                                 host="127.0.0.1")  # fmt: skip
+
+
+def _fails_naming_the_connection(
+    how: str, port: int, staging: Path, url: str, tmp_path: Path, host: str = "localhost"
+) -> None:
     from airflow_provider_walsink.hooks.spark_connect_runner import SparkConnectJobError
 
     job = tmp_path / "job.py"
@@ -121,8 +146,12 @@ def _fails_naming_the_connection(how: str, port: int, staging: Path, url: str, t
     with pytest.raises(SparkConnectJobError) as failed:
         op.execute(context)
     message = str(failed.value)
-    what = "did not answer" if how == "unreachable" else "refused the connection's token (UNAUTHENTICATED)"
-    assert "'spark_connect_down'" in message and f"localhost:{port}" in message and what in message, message
+    what = {
+        "unreachable": "did not answer",
+        "wrong token": "refused the connection's token (UNAUTHENTICATED)",
+        "old server": f"runs Spark {pyspark.__version__}; the write job needs Spark 99.0 or later",
+    }[how]
+    assert "'spark_connect_down'" in message and f"{host}:{port}" in message and what in message, message
     assert TOKEN not in message
     record = CommitterStore.from_url(url).require("events", "20260401T000000Z")
     assert record.state is S.FAILED and record.sealed_attempt is None
