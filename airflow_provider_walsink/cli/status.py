@@ -113,14 +113,35 @@ def _waiting(c: Any, waits: dict[str, tuple[str | None, Any]] | None) -> dict[st
 
 
 def _why(c: Any, waits: dict[str, tuple[str | None, Any]] | None, width: int = 80) -> str:
-    """The error column: why a checkpoint waits or was refused (with the fix), else its error."""
+    """The error column: why a checkpoint waits or was refused (with the fix), else its error;
+    first, OVERDUE when its pipeline's commit deadline passed (as the UI's badge)."""
     waiting = _waiting(c, waits)
     if waiting is None:
-        return _first_line(c.error, width)
-    text = waiting["reason"]
-    if waiting["status"] != "blocked":
-        text = f"{waiting['status']}: {text}"
-    return _first_line(text, width)
+        text = c.error or ""
+    else:
+        text = waiting["reason"]
+        if waiting["status"] != "blocked":
+            text = f"{waiting['status']}: {text}"
+    if _overdue(c):
+        text = f"OVERDUE (commit due {_iso(c.commit_due_at)})" + (f"; {text}" if text else "")
+    return _first_line(text or None, width)
+
+
+def _overdue(c: Any) -> bool:
+    from airflow_provider_walsink.core.store.deadlines import is_overdue
+    from airflow_provider_walsink.core.store.records import utcnow
+
+    return is_overdue(c, utcnow())
+
+
+def _write_job(c: Any) -> str | None:
+    """Where the current attempt's job runs, when it can outlive its write task (a Spark Connect
+    session): what to look for on the server, or to stop by hand."""
+    job = c.write_job
+    if not job:
+        return None
+    where = f"{job.get('runner', 'job')} on connection {job.get('conn_id')!r}"
+    return where + (f", session {job['session_id']}" if job.get("session_id") else "")
 
 
 def _record_dict(c: Any, waits: dict[str, tuple[str | None, Any]] | None = None) -> dict[str, Any]:
@@ -146,6 +167,12 @@ def _record_dict(c: Any, waits: dict[str, tuple[str | None, Any]] | None = None)
         "error": c.error,
         # blocked (by which checkpoint) / refused (for what) / unblocked, with the fix; else None.
         "waiting": _waiting(c, waits),
+        # Its pipeline's commit deadline (Airflow's deadline alert) passed and it is not COMMITTED.
+        "commit_due_at": _iso(c.commit_due_at),
+        "overdue": _overdue(c),
+        # Where the current attempt's job runs when it can outlive the task ({runner, conn_id,
+        # session_id}; never a secret), else None.
+        "write_job": c.write_job,
     }
 
 
@@ -282,6 +309,10 @@ def cmd_history(args: argparse.Namespace, out: IO[str]) -> int:
     )
     if record.error:
         print(f"error: {_first_line(record.error, 200)}", file=out)
+    if _overdue(record):
+        print(f"OVERDUE: its pipeline's commit deadline passed at {_iso(record.commit_due_at)}", file=out)
+    if (job := _write_job(record)) is not None:
+        print(f"write job: {job}", file=out)
     if not history:
         # Retention (`walsink gc --history-retention`) may have compacted it away.
         print("no transitions recorded (trimmed by history retention?)", file=out)
