@@ -55,6 +55,23 @@ def _log_events(stack: Any, run_id: str, task_id: str, try_number: int) -> list[
     return events
 
 
+def _why_failed(stack: Any, runs: list[dict[str, Any]]) -> str:
+    """Each run's state, and for each task try that did not succeed its state and last log lines."""
+    out = []
+    for run in runs:
+        out.append(f"run {run['dag_run_id']}: {run['state']}")
+        for ti in stack.task_instances(DAG_ID, run["dag_run_id"]):
+            if ti["state"] == "success":
+                continue
+            out.append(f"  {ti['task_id']} try {ti['try_number']}: {ti['state']}")
+            try:
+                events = _log_events(stack, run["dag_run_id"], ti["task_id"], ti["try_number"])
+                out.extend(f"    {e[:300]}" for _, e in events[-15:])
+            except OSError as exc:
+                out.append(f"    (no log: {exc})")
+    return "\n".join(out)
+
+
 def _spark_seconds(stack: Any, run_id: str, write_ti: dict[str, Any]) -> tuple[float, bool]:
     """Spark job time from the write task's log; falls back to the task's duration (flag False)."""
     try:
@@ -92,7 +109,7 @@ def _one_run(stack: Any, day: date, conf: dict[str, Any] | None) -> dict[str, An
         stop.set()
         watcher.join()
     if len(runs) != 1 or runs[0]["state"] != "success":
-        raise RuntimeError(f"bench: the run of {day} did not succeed: {runs}")
+        raise RuntimeError(f"bench: the run of {day} did not succeed: {_why_failed(stack, runs)}")
     run = runs[0]
     tis = {ti["operator"]: ti for ti in stack.task_instances(DAG_ID, run["dag_run_id"])}
     wall = (_ts(run["end_date"]) - _ts(run["start_date"])).total_seconds()
