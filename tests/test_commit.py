@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import subprocess
@@ -12,6 +14,7 @@ from datetime import timedelta
 import pytest
 
 from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.commit.commit import collector_paused
 from airflow_provider_walsink.core.protocol import CheckpointState as S
 from airflow_provider_walsink.core.protocol import NotDurableError
 from airflow_provider_walsink.core.store import Actor, CommitterStore
@@ -263,3 +266,37 @@ def test_a_clean_up_that_fails_never_fails_a_recorded_commit(sqlite_store, layou
     assert rows(target_files(target)) == rows(DAY1)
     assert layout.checkpoint_dir("p", "k1").exists()  # left whole, for GC
     assert "not fully removed (GC will): catalog unreachable" in caplog.text
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["published", "publish_raises"])
+def test_a_publish_runs_with_the_cycle_collector_paused_and_leaves_it_as_it_was(
+    sqlite_store, layout, tmp_path, fails
+):
+    """The cyclic collector is off while the committables are read and published (a full
+    collection per commit of 10,000 files otherwise, benchmark 2), and on again afterwards,
+    also when the publish raises; a collector the caller had turned off stays off."""
+    stage_checkpoint(sqlite_store, layout, "p", "k1", DAY1)
+    committer = make_committer(sqlite_store, layout, tmp_path / "target", "overwrite")
+    seen = []
+    publish = committer.publisher.publish
+
+    def watched(*args, **kwargs):
+        seen.append(gc.isenabled())
+        if fails:
+            raise OSError("disk full")
+        return publish(*args, **kwargs)
+
+    committer.publisher.publish = watched
+    assert gc.isenabled()
+    with pytest.raises(OSError) if fails else contextlib.nullcontext():
+        committer.commit("p", "k1", actor=ACTOR)
+    assert seen == [False]
+    assert gc.isenabled()
+
+    gc.disable()
+    try:
+        with collector_paused(), collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the caller's choice stands
+    finally:
+        gc.enable()

@@ -341,18 +341,19 @@ class FilePublisher(SchemaChecks, Retraction, Publisher):
         """Move the planned files in: ``append`` where readers see them, ``overwrite`` into the
         pending partitions (``_plan``'s destinations), each then swapped in whole."""
         pending_rel = f"{self._pending_rel(manifest)}/{manifest.attempt_id}"
+        relatives = [self._relative(dest) for _c, _staged, dest, _there in plan]
         with _DirFds(self.target_root) as dirs:
-            for _c, staged, dest, there in plan:
+            for (_c, staged, dest, there), rel in zip(plan, relatives, strict=True):
                 if there:
                     result.already += 1
                     continue
                 ctx.fence()
-                parent, name = self._relative(dest).rpartition("/")[::2]
+                parent, name = rel.rpartition("/")[::2]
                 fsops._move(staged, dirs.open(parent, create=True), name, dest)
                 result.published += 1
                 ctx.event("publish.after_k")
             if self.mode == "append":
-                result.target_files += [self._relative(dest) for _c, _staged, dest, _there in plan]
+                result.target_files += relatives
                 dirs.fsync_all()
                 return
             for partition in manifest.replaced_partitions():
@@ -373,8 +374,7 @@ class FilePublisher(SchemaChecks, Retraction, Publisher):
                 ctx.event("publish.after_swap")
             # Where each file now is, relative to the target: a string slice, not relpath per file.
             prefix = pending_rel + "/"
-            for _c, _staged, dest, _there in plan:
-                rel = self._relative(dest)
+            for rel in relatives:
                 result.target_files.append(rel[len(prefix) :] if rel.startswith(prefix) else rel)
             # The old partitions now sit in the pending directory: they leave last.
             ctx.fence()
