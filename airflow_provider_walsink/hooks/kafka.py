@@ -29,10 +29,7 @@ _CALLBACKS = ("error_cb", "throttle_cb", "stats_cb", "log_cb", "oauth_cb", "on_c
 
 def kafka_client_config(conn_id: str) -> dict[str, Any]:
     """The client configuration of a ``kafka`` connection (its extra), checked for use by walsink."""
-    try:
-        from airflow.sdk import BaseHook
-    except ImportError:  # pragma: no cover
-        from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
+    from airflow.sdk import BaseHook
 
     try:
         import confluent_kafka  # noqa: F401

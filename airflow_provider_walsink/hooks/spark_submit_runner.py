@@ -15,14 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from airflow.providers.apache.spark.hooks.spark_submit import DEFAULT_SPARK_BINARY, SparkSubmitHook
+from airflow.sdk import BaseHook
 
 from airflow_provider_walsink.core.runners.base import JobRunner
 from airflow_provider_walsink.core.spark.args import S3_OPTION_ENV, SECRET_OPTIONS
-
-try:
-    from airflow.sdk import BaseHook
-except ImportError:  # pragma: no cover
-    from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
 
 #: Master used when the operator names no Spark connection.
 DEFAULT_MASTER = "local[*]"

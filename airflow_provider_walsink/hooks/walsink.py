@@ -8,6 +8,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from airflow.sdk import BaseHook
 from sqlalchemy.engine import URL
 
 from airflow_provider_walsink.core.commit.preflight import check_staging
@@ -30,11 +31,6 @@ from airflow_provider_walsink.hooks.staging import (
     s3_options_from_connection,
     staging_connection,
 )
-
-try:
-    from airflow.sdk import BaseHook
-except ImportError:  # pragma: no cover - Airflow < 3
-    from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
 
 _DRIVERS = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg2", "mysql": "mysql+pymysql"}
 _stores: dict[str, CommitterStore] = {}

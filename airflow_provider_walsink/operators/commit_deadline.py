@@ -40,7 +40,7 @@ from typing import Any
 
 from airflow_provider_walsink.core.store.deadlines import on_call_reason
 from airflow_provider_walsink.core.store.queries import wait_status
-from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord
+from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord, utcnow
 from airflow_provider_walsink.core.store.store import CommitterStore
 from airflow_provider_walsink.hooks import versions
 from airflow_provider_walsink.hooks.context import format_checkpoint_key
@@ -208,7 +208,7 @@ def deadline_report(walsink: Mapping[str, Any], context: Mapping[str, Any]) -> d
     pipeline = walsink["pipeline"]
     dag_run = context.get("dag_run") or {}
     dag_id, run_id = dag_run.get("dag_id"), dag_run.get("dag_run_id") or dag_run.get("run_id")
-    due = _naive_utc(_moment((context.get("deadline") or {}).get("deadline_time"))) or _utcnow()
+    due = _naive_utc(_moment((context.get("deadline") or {}).get("deadline_time"))) or utcnow()
     store = WalsinkHook(walsink["walsink_conn_id"]).get_store()
     from_interval = walsink.get("key_from_interval", True)
     record = _run_checkpoint(store, pipeline, dag_id, run_id, dag_run, from_interval)
@@ -273,7 +273,3 @@ def _naive_utc(moment: datetime | None) -> datetime | None:
     if moment is None:
         return None
     return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC).replace(tzinfo=None)

@@ -6,13 +6,10 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from airflow.sdk import BaseOperator
+
 from airflow_provider_walsink.core.commit.gc import collect_garbage
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
-
-try:
-    from airflow.sdk import BaseOperator
-except ImportError:  # pragma: no cover
-    from airflow.models import BaseOperator  # type: ignore[no-redef]
 
 
 class WalGarbageCollectOperator(BaseOperator):

@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
+from airflow.sdk import TaskGroup
+
 from airflow_provider_walsink.hooks import versions
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.operators.audit import WalAuditOperator
@@ -41,12 +43,6 @@ from airflow_provider_walsink.operators.deprecations import source_argument, war
 from airflow_provider_walsink.operators.partitioned import partition_arguments
 from airflow_provider_walsink.operators.write import WalWriteOperator
 from airflow_provider_walsink.sensors.durable import CheckpointDurableSensor
-
-try:
-    from airflow.sdk import TaskGroup
-except ImportError:  # pragma: no cover
-    from airflow.utils.task_group import TaskGroup  # type: ignore[no-redef]
-
 
 #: Spellings of earlier releases -> (the task's settings they belong to, the argument's name there).
 #: Accepted for one release, each with a DeprecationWarning naming the new spelling (the source's:

@@ -218,11 +218,7 @@ def check_operator_placement(operator: object, hook: object, staging_root: str |
     connection: the embedded default, a local directory).
     """
     from airflow.exceptions import AirflowNotFoundException
-
-    try:
-        from airflow.sdk import BaseHook
-    except ImportError:  # pragma: no cover
-        from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
+    from airflow.sdk import BaseHook
 
     spark_conn_id = getattr(operator, "spark_conn_id", None)
     if spark_conn_id is None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from airflow.sdk import BaseHook, BaseOperator
+
 from airflow_provider_walsink.core.commit.write_phase import (
     AttemptCancelledError,
     CheckpointSkipped,
@@ -35,12 +37,9 @@ from airflow_provider_walsink.operators.placement import check_operator_placemen
 from airflow_provider_walsink.ui.links import WalsinkCheckpointLink
 
 try:
-    from airflow.sdk import BaseHook, BaseOperator
     from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
-except ImportError:  # pragma: no cover
+except ImportError:  # Airflow 3.1 (task-sdk 1.1): still in airflow.exceptions
     from airflow.exceptions import AirflowFailException, AirflowSkipException  # type: ignore[no-redef]
-    from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
-    from airflow.models import BaseOperator  # type: ignore[no-redef]
 
 
 class WalWriteOperator(BaseOperator):

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from airflow.sdk import BaseSensorOperator
+
 from airflow_provider_walsink.hooks.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
 from airflow_provider_walsink.triggers.durable import (
@@ -17,11 +19,9 @@ from airflow_provider_walsink.triggers.durable import (
 from airflow_provider_walsink.ui.links import WalsinkCheckpointLink
 
 try:
-    from airflow.sdk import BaseSensorOperator
     from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
-except ImportError:  # pragma: no cover
+except ImportError:  # Airflow 3.1 (task-sdk 1.1): still in airflow.exceptions
     from airflow.exceptions import AirflowException, AirflowSensorTimeout  # type: ignore[no-redef]
-    from airflow.sensors.base import BaseSensorOperator  # type: ignore[no-redef]
 try:  # Airflow 2.10+/3: a task can start in the triggerer
     from airflow.triggers.base import StartTriggerArgs
 except ImportError:  # pragma: no cover

@@ -5,12 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from airflow_provider_walsink.ui import URL_PREFIX
+from airflow.sdk import BaseOperatorLink
 
-try:
-    from airflow.sdk import BaseOperatorLink
-except ImportError:  # pragma: no cover - Airflow < 3
-    from airflow.models.baseoperatorlink import BaseOperatorLink  # type: ignore[no-redef]
+from airflow_provider_walsink.ui import URL_PREFIX
 
 if TYPE_CHECKING:
     from airflow.models.taskinstancekey import TaskInstanceKey

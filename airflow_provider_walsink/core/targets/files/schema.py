@@ -76,7 +76,7 @@ class SchemaChecks:
         staged = self._staged_schema(manifest, plan)
         if staged is None:
             return None
-        recorded = self._has_schema_record()
+        recorded = os.path.lexists(self.target_root / BOOKKEEPING_DIR / SCHEMA_RECORD)
         held = self._held_schema()
         if held is None:
             return staged, not recorded
@@ -148,9 +148,6 @@ class SchemaChecks:
                         "target left unchanged"
                     )
         return pa.schema(list(merged.values()))
-
-    def _has_schema_record(self) -> bool:
-        return os.path.lexists(self.target_root / BOOKKEEPING_DIR / SCHEMA_RECORD)
 
     def _held_schema(self) -> Any | None:
         """What the target holds: its schema record, else one existing file's footer, else ``None``."""
