@@ -380,6 +380,35 @@ def test_a_committed_checkpoint_shows_what_it_published(world, monkeypatch):
     assert 'id="publication"' not in plain and 'id="committables-status"' in plain
 
 
+def test_a_writing_checkpoint_says_where_its_job_runs(world, monkeypatch):
+    """An attempt whose job can outlive its write task (Spark Connect) records where it runs; the
+    page and the JSON API name the runner, the connection and the session, as ``walsink status``
+    does. A row without one shows nothing."""
+    import dataclasses
+
+    from airflow_provider_walsink.core.store.store import CommitterStore
+
+    job = {"runner": "spark_connect", "conn_id": "spark_connect_prod", "session_id": "3f1c0a5e-session"}
+    real_get = CommitterStore.get
+
+    def get(self, pipeline, key):
+        record = real_get(self, pipeline, key)
+        if record is not None and (pipeline, key) == ("sales_a", "20260104T000000Z"):
+            return dataclasses.replace(record, write_job=job)
+        return record
+
+    monkeypatch.setattr(CommitterStore, "get", get)
+    page = _page(world, "/walsink/pipelines/sales_a/checkpoints/20260104T000000Z")
+    shown = page[page.index('id="write-job"') :]
+    assert shown.index("spark_connect") < shown.index("spark_connect_prod") < shown.index("3f1c0a5e-session")
+    api = world.client.get(
+        "/walsink/api/pipelines/sales_a/checkpoints/20260104T000000Z", headers=world.headers("admin")
+    ).json()
+    assert api["checkpoint"]["write_job"] == job
+    plain = _page(world, "/walsink/pipelines/sales_a/checkpoints/20260103T000000Z")
+    assert 'id="write-job"' not in plain
+
+
 def test_extra_link_is_relative_whatever_base_url_says(monkeypatch):
     from airflow_provider_walsink.ui.links import WalsinkCheckpointLink
 

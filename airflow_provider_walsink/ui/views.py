@@ -244,6 +244,9 @@ def checkpoint_dict(
         "commit_due_at": _iso(record.commit_due_at),
         "overdue": is_overdue(record, now),
         "phases": current_phases,
+        # Where the current attempt's job runs when it can outlive its write task (a Spark
+        # Connect session): what to look for on the server, or to stop by hand.
+        "write_job": record.write_job,
         # What the commit published (target, files or snapshot), when the committer recorded it.
         "publication": getattr(record, "publication", None),
         "airflow": airflow_links(record.dag_id, record.run_id),
