@@ -586,7 +586,8 @@ def kafka_cluster():
 
 #: Every Kafka operation once: a commit killed between the target commit and the group commit (no
 #: retry), a write killed mid-read and retried after more records, the group caught up by the next
-#: commit, a replace reprocess, retention, and runs while producers append.
+#: commit, a replace reprocess, retention, runs while producers append, and a sealed manifest
+#: rewritten to claim further offsets (refused, never published).
 KAFKA_STEPS = [
     {"op": "run", "key": K1, "n": 5, "parts": [0], "nulls": True},
     {"op": "crash", "key": K2, "point": "commit.before_group_offsets", "retry": False},
@@ -597,6 +598,9 @@ KAFKA_STEPS = [
     {"op": "commit", "key": K1},
     {"op": "retention"},
     {"op": "run", "key": K2, "n": 3},
+    {"op": "write", "key": K4, "n": 2},
+    {"op": "tamper", "key": K4, "how": "manifest"},
+    {"op": "commit", "key": K4},
 ]  # fmt: skip
 
 
@@ -614,6 +618,7 @@ def test_kafka_source_every_operation_replays_clean(kafka_cluster, tmp_path):
         assert c["kill@commit.before_group_offsets"] == 1 and c["kill@kafka.read.after_batch"] == 1, (
             f"{dict(c)}\n{log}"
         )
+        assert c["tamper.manifest"] == 1, f"{dict(c)}\n{log}"
         assert "retry sealed" in world.log[2], log  # the killed write's retry read its recorded range
         assert world.kafka.records and world.rows()
     finally:

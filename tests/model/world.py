@@ -1200,7 +1200,7 @@ class World:
             every = tuple(d for _, d in self.cfg.partitions())
             changed = replace(sealed, partitions=tuple(dict.fromkeys((*sealed.partitions, *every))))
         elif sealed.end_offsets:
-            changed = replace(sealed, end_offsets={k: v + 5 for k, v in sealed.end_offsets.items()})
+            changed = replace(sealed, end_offsets=_offsets_moved_on(sealed.end_offsets))
         else:
             changed = replace(sealed, job="tampered")
         write_manifest(path, changed)
@@ -1597,3 +1597,13 @@ __all__ = [
     "LeaseHeldError",
     "replay",
 ]
+
+
+def _offsets_moved_on(offsets: Any) -> Any:
+    """Every offset in ``offsets`` 5 further on: a file source's ``{name: offset}`` as a Kafka
+    source's nested ``{topic: {partition: offset}}`` (what a tampered manifest would claim)."""
+    if isinstance(offsets, dict):
+        return {k: _offsets_moved_on(v) for k, v in offsets.items()}
+    if isinstance(offsets, int) and not isinstance(offsets, bool):
+        return offsets + 5
+    return offsets
