@@ -400,7 +400,11 @@ def test_a_writing_checkpoint_says_where_its_job_runs(world, monkeypatch):
     monkeypatch.setattr(CommitterStore, "get", get)
     page = _page(world, "/walsink/pipelines/sales_a/checkpoints/20260104T000000Z")
     shown = page[page.index('id="write-job"') :]
-    assert shown.index("spark_connect") < shown.index("spark_connect_prod") < shown.index("3f1c0a5e-session")
+    # The words walsink history prints (core/runners: describe_job_ref), HTML-escaped.
+    assert shown.startswith(
+        'id="write-job" class="path">spark_connect on connection &#39;spark_connect_prod&#39;, '
+        "session 3f1c0a5e-session</dd>"
+    ), shown[:200]
     api = world.client.get(
         "/walsink/api/pipelines/sales_a/checkpoints/20260104T000000Z", headers=world.headers("admin")
     ).json()

@@ -135,13 +135,9 @@ def _overdue(c: Any) -> bool:
 
 
 def _write_job(c: Any) -> str | None:
-    """Where the current attempt's job runs, when it can outlive its write task (a Spark Connect
-    session): what to look for on the server, or to stop by hand."""
-    job = c.write_job
-    if not job:
-        return None
-    where = f"{job.get('runner', 'job')} on connection {job.get('conn_id')!r}"
-    return where + (f", session {job['session_id']}" if job.get("session_id") else "")
+    from airflow_provider_walsink.core.runners import describe_job_ref
+
+    return describe_job_ref(c.write_job)
 
 
 def _record_dict(c: Any, waits: dict[str, tuple[str | None, Any]] | None = None) -> dict[str, Any]:

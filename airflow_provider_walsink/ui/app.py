@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field
 
 from airflow_provider_walsink.core.commit.abort import AbortOutcome, AbortRefusedError
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
+from airflow_provider_walsink.core.runners import describe_job_ref
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.staging.resolve import as_store, staging_for
@@ -134,6 +135,7 @@ def templates() -> Environment:
     env.filters["plural"] = views.plural
     env.filters["kv"] = views.key_values
     env.filters["local"] = local_time
+    env.filters["job"] = describe_job_ref
     env.globals["STATES"] = views.STATE_ORDER
     env.globals["FAILURES"] = views.FAILURE_STATES
     env.globals["q"] = quote  # URL path segments (macros see globals, not the render context)

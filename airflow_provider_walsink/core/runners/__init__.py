@@ -8,7 +8,7 @@ imports.
 from __future__ import annotations
 
 from airflow_provider_walsink.core.registry import load_registered
-from airflow_provider_walsink.core.runners.base import JobRunner
+from airflow_provider_walsink.core.runners.base import JobRunner, describe_job_ref
 
 #: Runner name (the Airflow connection type of where the job runs) -> ``"module:Class"``.
 RUNNERS: dict[str, str] = {
@@ -31,4 +31,4 @@ def runner_class(name: str) -> type[JobRunner]:
     return load_registered(RUNNERS, name, JobRunner, "job runner")
 
 
-__all__ = ["DEFAULT_RUNNER", "RUNNERS", "JobRunner", "runner_class", "runner_name"]
+__all__ = ["DEFAULT_RUNNER", "RUNNERS", "JobRunner", "describe_job_ref", "runner_class", "runner_name"]

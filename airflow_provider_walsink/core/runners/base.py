@@ -110,3 +110,12 @@ class JobRunner(ABC):
         """Stop the job ``ref`` (:meth:`job_ref` of an earlier attempt) if it still runs, and say
         what was done in one line (``None``: nothing to do). A job already gone is not an error."""
         return None
+
+
+def describe_job_ref(ref: Mapping[str, Any] | None) -> str | None:
+    """:meth:`JobRunner.job_ref` in one line for people (``walsink status``, the UI): the runner,
+    its connection and the session to look for on the server, or to stop by hand."""
+    if not ref:
+        return None
+    where = f"{ref.get('runner', 'job')} on connection {ref.get('conn_id')!r}"
+    return where + (f", session {ref['session_id']}" if ref.get("session_id") else "")
