@@ -552,42 +552,43 @@ class AirflowStack:
         With ``backfills_via_api`` the same backfill is created by ``POST /api/v2/backfills``
         (the UI's call; Airflow creates it with the same function as the CLI), which spares
         the 3-4 s of CPU an ``airflow`` process takes to start.
+
+        On SQLite a creation that fails "database is locked" is tried again. Airflow commits
+        the backfill row before it creates (or, to reprocess, clears) its runs in a second
+        transaction; when that one is refused (a read snapshot the scheduler wrote past fails
+        at once, whatever the busy timeout) the row can be left behind with no runs, and would
+        refuse the next try as "another backfill is running". That orphan is cancelled first.
         """
         if self.backfills_via_api:
-            return self._backfill_via_api(
+            create = self._backfill_request_via_api(
+                dag_id, start, end, reprocess_behavior=reprocess_behavior,
+                max_active_runs=max_active_runs, conf=conf,
+            )  # fmt: skip
+        else:
+            create = self._backfill_command(
                 dag_id, start, end, reprocess_behavior=reprocess_behavior,
                 max_active_runs=max_active_runs, conf=conf,
             )  # fmt: skip
         before = {b["id"] for b in self.backfills(dag_id)}
-        args = ["backfill", "create", "--dag-id", dag_id, "--from-date", start, "--to-date", end]
-        if reprocess_behavior:
-            args += ["--reprocess-behavior", reprocess_behavior]
-        if max_active_runs:
-            args += ["--max-active-runs", str(max_active_runs)]
-        if conf is not None:
-            args += ["--dag-run-conf", json.dumps(dict(conf))]
         for attempt in range(LOCK_RETRIES + 1):
-            result = self.airflow(*args, check=False, retry_locked=False)
+            failure, locked = create()
             new = [b for b in self.backfills(dag_id) if b["id"] not in before]
-            locked = result.returncode != 0 and _LOCKED in result.stdout + result.stderr
-            # Retried only when the lock left nothing behind (no new backfill).
-            if not (locked and not new and self.is_sqlite and attempt < LOCK_RETRIES):
+            if failure is None or not (locked and self.is_sqlite and attempt < LOCK_RETRIES):
                 break
+            for orphan in new:
+                self._cancel_backfill(orphan["id"])
+                before.add(orphan["id"])
             print(
-                f"  `airflow backfill create`: SQLite database locked, retrying ({attempt + 1})",
-                file=sys.stderr,
+                f"  backfill of {dag_id}: SQLite database locked, retrying ({attempt + 1})", file=sys.stderr
             )
             time.sleep(2 + 3 * attempt)
-        if result.returncode != 0:
-            raise StackError(
-                f"`airflow {' '.join(args)}` exited {result.returncode}\n"
-                f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}"
-            )
+        if failure is not None:
+            raise StackError(failure)
         if len(new) != 1:
-            raise StackError(f"`airflow {' '.join(args)}` created {len(new)} backfills, expected 1")
+            raise StackError(f"creating a backfill of {dag_id} made {len(new)} backfills, expected 1")
         return new[0]["id"]
 
-    def _backfill_via_api(
+    def _backfill_command(
         self,
         dag_id: str,
         start: str,
@@ -596,8 +597,42 @@ class AirflowStack:
         reprocess_behavior: str | None,
         max_active_runs: int | None,
         conf: Mapping[str, Any] | None,
-    ) -> int:
-        """``backfill`` through ``POST /api/v2/backfills``: dates as the CLI reads them (midnight UTC)."""
+    ) -> Callable[[], tuple[str | None, bool]]:
+        """One try of ``airflow backfill create``: (failure text or None, whether SQLite was locked)."""
+        args = ["backfill", "create", "--dag-id", dag_id, "--from-date", start, "--to-date", end]
+        if reprocess_behavior:
+            args += ["--reprocess-behavior", reprocess_behavior]
+        if max_active_runs:
+            args += ["--max-active-runs", str(max_active_runs)]
+        if conf is not None:
+            args += ["--dag-run-conf", json.dumps(dict(conf))]
+
+        def create() -> tuple[str | None, bool]:
+            result = self.airflow(*args, check=False, retry_locked=False)
+            if result.returncode == 0:
+                return None, False
+            failure = (
+                f"`airflow {' '.join(args)}` exited {result.returncode}\n"
+                f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}"
+            )
+            return failure, _LOCKED in result.stdout + result.stderr
+
+        return create
+
+    def _backfill_request_via_api(
+        self,
+        dag_id: str,
+        start: str,
+        end: str,
+        *,
+        reprocess_behavior: str | None,
+        max_active_runs: int | None,
+        conf: Mapping[str, Any] | None,
+    ) -> Callable[[], tuple[str | None, bool]]:
+        """One try of ``POST /api/v2/backfills``, dates as the CLI reads them (midnight UTC).
+
+        Airflow answers a lock it could not take with 503; on SQLite any 5xx is taken for one.
+        """
         body: dict[str, Any] = {
             "dag_id": dag_id,
             "from_date": f"{start}T00:00:00Z" if len(start) == 10 else start,
@@ -609,19 +644,28 @@ class AirflowStack:
             body["max_active_runs"] = max_active_runs
         if conf is not None:
             body["dag_run_conf"] = dict(conf)
-        before = {b["id"] for b in self.backfills(dag_id)}
-        for attempt in range(LOCK_RETRIES + 1):
+
+        def create() -> tuple[str | None, bool]:
             response = self.client().post("/api/v2/backfills", json=body)
-            new = [b for b in self.backfills(dag_id) if b["id"] not in before]
-            # A 5xx (SQLite locked under load) is asked again only when it left nothing behind.
-            if response.status_code < 500 or new or attempt == LOCK_RETRIES:
-                break
+            if response.status_code < 400:
+                return None, False
+            failure = f"POST /api/v2/backfills {body} -> {response.status_code}: {response.text}"
+            return failure, response.status_code >= 500
+
+        return create
+
+    def _cancel_backfill(self, backfill_id: int) -> None:
+        """Cancel a backfill (``PUT /api/v2/backfills/{id}/cancel``), asked again while SQLite is locked."""
+        for attempt in range(LOCK_RETRIES + 1):
+            response = self.client().put(f"/api/v2/backfills/{backfill_id}/cancel")
+            # 409: already completed (the scheduler marks a run-less orphan complete after 2 min).
+            if response.status_code in (200, 409):
+                return
+            if response.status_code < 500 or attempt == LOCK_RETRIES:
+                raise StackError(
+                    f"cancelling backfill {backfill_id} -> {response.status_code}: {response.text}"
+                )
             time.sleep(2 + 3 * attempt)
-        if response.status_code >= 400 and not new:
-            raise StackError(f"POST /api/v2/backfills {body} -> {response.status_code}: {response.text}")
-        if len(new) != 1:
-            raise StackError(f"POST /api/v2/backfills {body} created {len(new)} backfills, expected 1")
-        return new[0]["id"]
 
     # -- REST ---------------------------------------------------------------------------------
 
