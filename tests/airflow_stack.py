@@ -559,16 +559,14 @@ class AirflowStack:
         at once, whatever the busy timeout) the row can be left behind with no runs, and would
         refuse the next try as "another backfill is running". That orphan is cancelled first.
         """
-        if self.backfills_via_api:
-            create = self._backfill_request_via_api(
-                dag_id, start, end, reprocess_behavior=reprocess_behavior,
-                max_active_runs=max_active_runs, conf=conf,
-            )  # fmt: skip
-        else:
-            create = self._backfill_command(
-                dag_id, start, end, reprocess_behavior=reprocess_behavior,
-                max_active_runs=max_active_runs, conf=conf,
-            )  # fmt: skip
+        create = self._backfill_try(
+            dag_id,
+            start,
+            end,
+            reprocess_behavior=reprocess_behavior,
+            max_active_runs=max_active_runs,
+            conf=conf,
+        )
         before = {b["id"] for b in self.backfills(dag_id)}
         for attempt in range(LOCK_RETRIES + 1):
             failure, locked = create()
@@ -588,7 +586,7 @@ class AirflowStack:
             raise StackError(f"creating a backfill of {dag_id} made {len(new)} backfills, expected 1")
         return new[0]["id"]
 
-    def _backfill_command(
+    def _backfill_try(
         self,
         dag_id: str,
         start: str,
@@ -598,7 +596,33 @@ class AirflowStack:
         max_active_runs: int | None,
         conf: Mapping[str, Any] | None,
     ) -> Callable[[], tuple[str | None, bool]]:
-        """One try of ``airflow backfill create``: (failure text or None, whether SQLite was locked)."""
+        """One try of the creation: returns (failure text or None, whether it was a lock).
+
+        ``POST /api/v2/backfills`` takes the dates as the CLI reads them (midnight UTC); Airflow
+        answers a lock it could not take with 503, and on SQLite any 5xx is taken for one.
+        """
+        if self.backfills_via_api:
+            body: dict[str, Any] = {
+                "dag_id": dag_id,
+                "from_date": f"{start}T00:00:00Z" if len(start) == 10 else start,
+                "to_date": f"{end}T00:00:00Z" if len(end) == 10 else end,
+            }
+            if reprocess_behavior:
+                body["reprocess_behavior"] = reprocess_behavior
+            if max_active_runs:
+                body["max_active_runs"] = max_active_runs
+            if conf is not None:
+                body["dag_run_conf"] = dict(conf)
+
+            def post() -> tuple[str | None, bool]:
+                response = self.client().post("/api/v2/backfills", json=body)
+                if response.status_code < 400:
+                    return None, False
+                failure = f"POST /api/v2/backfills {body} -> {response.status_code}: {response.text}"
+                return failure, response.status_code >= 500
+
+            return post
+
         args = ["backfill", "create", "--dag-id", dag_id, "--from-date", start, "--to-date", end]
         if reprocess_behavior:
             args += ["--reprocess-behavior", reprocess_behavior]
@@ -607,7 +631,7 @@ class AirflowStack:
         if conf is not None:
             args += ["--dag-run-conf", json.dumps(dict(conf))]
 
-        def create() -> tuple[str | None, bool]:
+        def run() -> tuple[str | None, bool]:
             result = self.airflow(*args, check=False, retry_locked=False)
             if result.returncode == 0:
                 return None, False
@@ -617,42 +641,7 @@ class AirflowStack:
             )
             return failure, _LOCKED in result.stdout + result.stderr
 
-        return create
-
-    def _backfill_request_via_api(
-        self,
-        dag_id: str,
-        start: str,
-        end: str,
-        *,
-        reprocess_behavior: str | None,
-        max_active_runs: int | None,
-        conf: Mapping[str, Any] | None,
-    ) -> Callable[[], tuple[str | None, bool]]:
-        """One try of ``POST /api/v2/backfills``, dates as the CLI reads them (midnight UTC).
-
-        Airflow answers a lock it could not take with 503; on SQLite any 5xx is taken for one.
-        """
-        body: dict[str, Any] = {
-            "dag_id": dag_id,
-            "from_date": f"{start}T00:00:00Z" if len(start) == 10 else start,
-            "to_date": f"{end}T00:00:00Z" if len(end) == 10 else end,
-        }
-        if reprocess_behavior:
-            body["reprocess_behavior"] = reprocess_behavior
-        if max_active_runs:
-            body["max_active_runs"] = max_active_runs
-        if conf is not None:
-            body["dag_run_conf"] = dict(conf)
-
-        def create() -> tuple[str | None, bool]:
-            response = self.client().post("/api/v2/backfills", json=body)
-            if response.status_code < 400:
-                return None, False
-            failure = f"POST /api/v2/backfills {body} -> {response.status_code}: {response.text}"
-            return failure, response.status_code >= 500
-
-        return create
+        return run
 
     def _cancel_backfill(self, backfill_id: int) -> None:
         """Cancel a backfill (``PUT /api/v2/backfills/{id}/cancel``), asked again while SQLite is locked."""
