@@ -19,6 +19,7 @@ from airflow_provider_walsink.cli.common import (
     _table,
 )
 from airflow_provider_walsink.cli.database import CliError, open_store, resolve
+from airflow_provider_walsink.core.runners import describe_job_ref
 
 #: The all-pipelines view of ``walsink status``: pipelines per page and newest checkpoints each.
 STATUS_PIPELINES = 20
@@ -132,12 +133,6 @@ def _overdue(c: Any) -> bool:
     from airflow_provider_walsink.core.store.records import utcnow
 
     return is_overdue(c, utcnow())
-
-
-def _write_job(c: Any) -> str | None:
-    from airflow_provider_walsink.core.runners import describe_job_ref
-
-    return describe_job_ref(c.write_job)
 
 
 def _record_dict(c: Any, waits: dict[str, tuple[str | None, Any]] | None = None) -> dict[str, Any]:
@@ -307,7 +302,7 @@ def cmd_history(args: argparse.Namespace, out: IO[str]) -> int:
         print(f"error: {_first_line(record.error, 200)}", file=out)
     if _overdue(record):
         print(f"OVERDUE: its pipeline's commit deadline passed at {_iso(record.commit_due_at)}", file=out)
-    if (job := _write_job(record)) is not None:
+    if (job := describe_job_ref(record.write_job)) is not None:
         print(f"write job: {job}", file=out)
     if not history:
         # Retention (`walsink gc --history-retention`) may have compacted it away.
