@@ -63,7 +63,7 @@ MUTATIONS: list[Mutation] = [
     # ---------------------------------------------------------------- the kinds of the issue
     M(
         "iceberg-append-reprocess-after-compaction",
-        "core/targets/iceberg.py",
+        "core/targets/iceberg/publisher.py",
         'if self.mode == "append" or recorded is None:\n                    check_retractable(',
         "if recorded is None:\n                    check_retractable(",
         "an Iceberg append reprocess retracts the old version without checking its files are still "
@@ -176,7 +176,7 @@ MUTATIONS: list[Mutation] = [
     ),
     M(
         "iceberg-overwrite-order-not-checked",
-        "core/targets/iceberg.py",
+        "core/targets/iceberg/publisher.py",
         "            self._check_order(table, manifest)\n            if footers is None:",
         "            if footers is None:",
         "an Iceberg overwrite lets an older checkpoint replace a newer one's partition (invariant 10)",

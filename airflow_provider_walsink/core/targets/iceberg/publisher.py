@@ -120,32 +120,6 @@ from pyiceberg.transforms import IdentityTransform
 from airflow_provider_walsink.core.protocol.errors import NOTHING_DONE, LayoutError, WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.protocol.modes import WriteMode
-from airflow_provider_walsink.core.targets._icebergcatalog import (
-    EMBEDDED_CATALOG,
-    catalog_properties_from_connection,
-    check_catalog_properties,
-    embedded_catalog_properties,
-    not_configured,
-    pyiceberg_configured,
-)
-from airflow_provider_walsink.core.targets._icebergfiles import (
-    IcebergTargetError,
-    from_path,
-    new_table_schema,
-)
-from airflow_provider_walsink.core.targets._icebergfiles import data_files as data_files_of
-from airflow_provider_walsink.core.targets._icebergmarkers import (
-    ABORTED_PREFIX,
-    aborted_of,
-    marker_of,
-    marker_properties,
-    partition_holder,
-    partitions_held,
-)
-
-# Named from here by tests and the benchmarks: the Iceberg target's public names.
-from airflow_provider_walsink.core.targets._icebergmarkers import MARKER_PREFIX as MARKER_PREFIX
-from airflow_provider_walsink.core.targets._icebergmarkers import marker_property as marker_property
 from airflow_provider_walsink.core.targets._reach import REACH_TIMEOUT, host_port, one_line, within
 from airflow_provider_walsink.core.targets._tables import (
     STAGING_DIR,
@@ -179,13 +153,36 @@ from airflow_provider_walsink.core.targets.base import (
     check_partition_order,
     conflict_backoff,
 )
+from airflow_provider_walsink.core.targets.iceberg.catalog import (
+    EMBEDDED_CATALOG,
+    catalog_properties_from_connection,
+    check_catalog_properties,
+    embedded_catalog_properties,
+    not_configured,
+    pyiceberg_configured,
+)
+from airflow_provider_walsink.core.targets.iceberg.files import (
+    IcebergTargetError,
+    from_path,
+    new_table_schema,
+)
+from airflow_provider_walsink.core.targets.iceberg.files import data_files as data_files_of
+from airflow_provider_walsink.core.targets.iceberg.markers import (
+    ABORTED_PREFIX,
+    aborted_of,
+    marker_of,
+    marker_properties,
+    partition_holder,
+    partitions_held,
+)
 from airflow_provider_walsink.core.targets.registry import (
     TargetNotConfiguredError,
     TargetUnreachableError,
     lookup_connection,
 )
 
-log = logging.getLogger(__name__)
+# One logger for the whole target (its name is what users filter on), whichever module logs.
+log = logging.getLogger("airflow_provider_walsink.core.targets.iceberg")
 
 #: Check + commit attempts before giving up on a table that keeps changing.
 MAX_COMMIT_ATTEMPTS = 20
