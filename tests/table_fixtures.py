@@ -145,13 +145,17 @@ def stage_attempt(
     table: pa.Table | None = None,
     sequence: int = 1,
     record_schema: bool = True,
+    attempt_id: str | None = None,
 ) -> tuple[Manifest, str]:
     """Write an attempt's Parquet files where executors would; return (manifest, attempt location).
 
     ``record_schema``: seal the files' common schema in the manifest as the write job does
     (``file_schema``); False: a manifest without it (an older writer), publishers read every footer.
+    ``attempt_id``: the committer table's id of the attempt (the store's ``attempt-<n>-<id>``).
     """
-    attempt_dir = f"{staging_root.rstrip('/')}/{pipeline}/{key}/attempt-{attempt}"
+    # With the committer table's attempt id, where the store's layout puts that attempt.
+    suffix = f"-{attempt_id}" if attempt_id else ""
+    attempt_dir = f"{staging_root.rstrip('/')}/{pipeline}/{key}/attempt-{attempt}{suffix}"
     data = table if table is not None else events_table(rows)
     groups: dict[str, pa.Table] = {}
     if partitioned:
@@ -185,7 +189,7 @@ def stage_attempt(
         attempt=attempt,
         file_format="parquet",
         committables=committables,
-        attempt_id=uuid.uuid4().hex,
+        attempt_id=attempt_id or uuid.uuid4().hex,
         partition_columns=("dt",) if partitioned else (),
         partitions=tuple(p for p in groups if p),
         file_schema=common_file_schema(schemas) if record_schema else None,

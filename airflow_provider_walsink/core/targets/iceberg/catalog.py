@@ -80,13 +80,41 @@ def check_catalog_properties(uri: str, name: str, source: str, props: Mapping[st
         )
 
 
+#: The connection type of the official Iceberg provider (``apache-airflow-providers-apache-iceberg``).
+ICEBERG_CONN_TYPE = "iceberg"
+
+
 def catalog_properties_from_connection(conn: Mapping[str, Any]) -> dict[str, str]:
-    """Catalog properties from a connection's fields: ``extra`` as is, ``host``/``login`` filling gaps."""
+    """Catalog properties from a connection's fields.
+
+    A connection of type ``iceberg`` (the official Iceberg provider's) is read exactly as its
+    ``IcebergHook`` reads it: the ``extra`` as pyiceberg properties (``warehouse``, ``s3.*``,
+    ``token``, ``scope``, ``header.X-Iceberg-Access-Delegation`` for vended credentials...), the
+    host as the catalog ``uri`` (winning over the extra's), ``type`` ``rest`` unless the extra
+    says otherwise, and for a REST catalog the OAuth2 client credential ``login:password``.
+
+    Any other type keeps walsink's earlier reading: ``extra`` as is, ``host``/``login`` filling
+    gaps (an ``http`` connection's host as a REST ``uri``; ``login``/``password`` as S3 keys).
+    """
     extra = conn.get("extra") or {}
     if isinstance(extra, str):
         extra = json.loads(extra) if extra.strip() else {}
     props = {str(k): str(v) for k, v in extra.items()}
     conn_type = (conn.get("conn_type") or "").lower()
+    if conn_type == ICEBERG_CONN_TYPE:
+        if conn.get("host"):
+            props["uri"] = str(conn["host"]).rstrip("/")
+        props.setdefault("type", "rest")
+        login, password = conn.get("login"), conn.get("password")
+        if props["type"] == "rest" and login and password:
+            props["credential"] = f"{login}:{password}"
+        elif props["type"] == "rest" and (login or password):
+            log.warning(
+                "Iceberg connection %r has only one of Client ID / Client Secret: both are needed for the "
+                "OAuth2 client credential, so none is used",
+                conn.get("conn_id", ""),
+            )
+        return props
     if "type" not in props:
         props["type"] = "rest" if conn_type in ("http", "https", "iceberg_rest", "rest") else "sql"
     if "uri" not in props and conn.get("host"):

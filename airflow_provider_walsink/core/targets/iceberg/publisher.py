@@ -175,6 +175,14 @@ from airflow_provider_walsink.core.targets.iceberg.markers import (
     partition_holder,
     partitions_held,
 )
+from airflow_provider_walsink.core.targets.iceberg.outcome import (
+    CommitOutcomeUnknownError,
+    UnknownCommitOutcome,
+    bound_requests,
+    describe,
+    request_timeout,
+    unknown_outcome_errors,
+)
 from airflow_provider_walsink.core.targets.registry import (
     TargetNotConfiguredError,
     TargetUnreachableError,
@@ -246,6 +254,8 @@ class IcebergPublisher(Publisher):
         self.catalog_properties = dict(
             catalog_properties if catalog_properties is not None else embedded_catalog_properties()
         )
+        #: Seconds every request of a REST catalog may take (:mod:`.outcome`); never sent to the catalog.
+        self.request_timeout = request_timeout(self.catalog_properties)
         self.partition_by = tuple(partition_by)
         self.create_table = create_table
         self.table_properties = dict(table_properties or {})
@@ -297,12 +307,17 @@ class IcebergPublisher(Publisher):
 
     def check_writable(self) -> None:
         """1. Before the write phase (``core/commit/preflight.py``): the catalog answers one cheap
-        call (``table_exists``) within :data:`._reach.REACH_TIMEOUT` seconds.
+        call (``table_exists``) within :data:`._reach.REACH_TIMEOUT` seconds, with the credential
+        it was given.
 
         Raises:
+            TargetNotConfiguredError: the catalog refused the credential or token (401/403, an
+                OAuth2 error), naming where it comes from (the connection to fix).
             TargetUnreachableError: naming the catalog, where its configuration comes from (the
                 connection to fix), its ``host:port`` and what went wrong.
         """
+        from pyiceberg.exceptions import ForbiddenError, OAuthError, UnauthorizedError
+
         uri = self.catalog_properties.get("uri")
         where = host_port(uri) if uri else "(its configured location)"
         try:
@@ -311,6 +326,12 @@ class IcebergPublisher(Publisher):
                 lambda: self.catalog.table_exists(self.identifier),
                 what=f"Iceberg catalog {self.catalog_name!r} at {where}",
             )
+        except (OAuthError, UnauthorizedError, ForbiddenError) as exc:
+            raise TargetNotConfiguredError(
+                f"Iceberg target iceberg://{self.catalog_name}/{self.identifier}: catalog {self.catalog_name!r} at "
+                f"{where} refused the credential from {self.catalog_source} ({one_line(exc)}): fix the client id "
+                f"and secret (or the token, scope) there; {NOTHING_DONE}"
+            ) from None
         except Exception as exc:  # noqa: BLE001 - whatever the catalog's client raises is the answer
             raise TargetUnreachableError(
                 f"Iceberg target iceberg://{self.catalog_name}/{self.identifier}: catalog {self.catalog_name!r} "
@@ -334,6 +355,7 @@ class IcebergPublisher(Publisher):
     def catalog(self) -> Catalog:
         if self._catalog is None:
             self._catalog = load_catalog(self.catalog_name, **self.catalog_properties)
+            bound_requests(self._catalog, self.request_timeout)
         return self._catalog
 
     def load_table(self) -> Table | None:
@@ -363,7 +385,12 @@ class IcebergPublisher(Publisher):
                 self._create_namespace()
             try:
                 name = self.identifier.rpartition(".")[2]
-                location = self.catalog._resolve_table_location(None, self.namespace, name)
+                resolve = getattr(self.catalog, "_resolve_table_location", None)
+                if resolve is None:  # a REST catalog: its server chooses the location on creation
+                    raise NotImplementedError(
+                        f"{type(self.catalog).__name__} names a table's location on creation"
+                    )
+                location = resolve(None, self.namespace, name)
             except (NoSuchNamespaceError, NotImplementedError, ValueError) as exc:
                 # Namespace missing, or a catalog that cannot say before the table exists: the
                 # attempt stages under the connection's root (said here, since it is a choice).
@@ -437,7 +464,7 @@ class IcebergPublisher(Publisher):
         manifest and its attempt: a local directory, or a :class:`StagedAttempt` on any store) when the target may create it;
         otherwise :class:`IcebergTargetError`.
         """
-        for _ in range(MAX_COMMIT_ATTEMPTS):
+        for attempt in range(MAX_COMMIT_ATTEMPTS):
             table = self.load_table()
             if table is None:
                 if create_from is None or not self.create_table:
@@ -473,6 +500,16 @@ class IcebergPublisher(Publisher):
             )
             try:
                 tx.commit_transaction()
+            except unknown_outcome_errors() as e:
+                # The tombstone may have landed: the next load reads the aborted ids and decides.
+                log.warning(
+                    "Iceberg tombstone of %s/%s: the catalog did not report the outcome (%s); checking again",
+                    ref.pipeline,
+                    ref.checkpoint_key,
+                    describe(e),
+                )
+                time.sleep(conflict_backoff(attempt))
+                continue
             except (CommitFailedException, ValidationException) as e:
                 log.info(
                     "Iceberg tombstone of %s/%s conflicted (%s); checking again",
@@ -527,12 +564,15 @@ class IcebergPublisher(Publisher):
         storage = staging_storage(self.storage, attempt_dir)
         footers: list[Any] | None = None
         last_conflict: Exception | None = None
-        for _ in range(MAX_COMMIT_ATTEMPTS):
-            table = self.load_table()
+        # Commits whose outcome the catalog did not report, by the snapshot id each built
+        # (:mod:`.outcome`): the table's marker says whether one landed.
+        pending: dict[str, PublishResult] = {}
+        for attempt in range(MAX_COMMIT_ATTEMPTS):
+            table = self._load_deciding(manifest, pending)
             marker = marker_of(table, manifest) if table is not None else None
             aborted = aborted_of(table, manifest) if table is not None else frozenset()
             if decide(marker, manifest, ctx, self.mode, aborted):
-                return self._already(manifest, marker, locations)
+                return self._landed(manifest, marker, pending) or self._already(manifest, marker, locations)
             self._check_order(table, manifest)
             if footers is None:
                 footers = storage.footers(
@@ -546,6 +586,13 @@ class IcebergPublisher(Publisher):
             data_files = data_files_of(table, manifest, locations, footers, identifier=self.identifier)
             deletes, replaced = self._files_to_delete(
                 table, manifest, marker, base, superseded_attempt(ctx, manifest)
+            )
+            result = PublishResult(
+                published=len(data_files),
+                files_rolled_back=len(deletes),
+                partitions_replaced=manifest.replaced_partitions() if self.mode == "overwrite" else [],
+                target_files=locations,
+                rows=manifest.total_rows,
             )
             try:
                 snapshot = call_with_events(
@@ -564,18 +611,69 @@ class IcebergPublisher(Publisher):
                 )
                 last_conflict = e
                 continue
-            return PublishResult(
-                published=len(data_files),
-                files_rolled_back=len(deletes),
-                partitions_replaced=manifest.replaced_partitions() if self.mode == "overwrite" else [],
-                target_files=locations,
-                snapshot=str(snapshot),
-                rows=manifest.total_rows,
-            )
+            except UnknownCommitOutcome as unknown:
+                # It may have landed: delete nothing, retract nothing; the next load decides.
+                pending[str(unknown.snapshot_id)] = result
+                last_conflict = unknown.cause
+                self._log_unknown(f"{manifest.pipeline}/{manifest.checkpoint_key}", unknown)
+                time.sleep(conflict_backoff(attempt))
+                continue
+            result.snapshot = str(snapshot)
+            return result
+        if pending:  # the last commit's outcome is still to be read from the table
+            table = self._load_deciding(manifest, pending)
+            marker = marker_of(table, manifest) if table is not None else None
+            if (landed := self._landed(manifest, marker, pending)) is not None:
+                return landed
         raise TableCommitConflict(
             f"Iceberg table {self.identifier} changed under each of {MAX_COMMIT_ATTEMPTS} commit attempts of "
             f"{manifest.pipeline}/{manifest.checkpoint_key} (last: {last_conflict}); nothing was published, "
             "retry the commit"
+        )
+
+    def _load_deciding(self, manifest: Manifest | None, pending: Mapping[str, Any]) -> Table | None:
+        """The table, loaded to decide what to do next; after a commit of unknown outcome, a table
+        that cannot be loaded is :class:`~.outcome.CommitOutcomeUnknownError` (nothing deleted)."""
+        if not pending:
+            return self.load_table()
+        try:
+            return self.load_table()
+        except Exception as exc:  # noqa: BLE001 - whatever the catalog's client raises, the outcome stays unknown
+            what = (
+                f"{manifest.pipeline}/{manifest.checkpoint_key}" if manifest else f"{len(pending)} commit(s)"
+            )
+            raise CommitOutcomeUnknownError(
+                f"Iceberg table {self.identifier}: catalog {self.catalog_name!r} did not report whether the commit "
+                f"of {what} landed, and the table could not be loaded to decide it ({describe(exc)}). Nothing was "
+                "deleted or retracted; the next commit try reads the table's marker and records the checkpoint "
+                "COMMITTED if the commit landed, or commits it if it did not"
+            ) from exc
+
+    @staticmethod
+    def _landed(
+        manifest: Manifest, marker: Marker | None, pending: Mapping[str, PublishResult]
+    ) -> PublishResult | None:
+        """This try's own commit, found in the table after its outcome was unknown (or ``None``)."""
+        if marker is None or marker.attempt_id != manifest.attempt_id or marker.snapshot not in pending:
+            return None
+        result = pending[marker.snapshot]
+        result.snapshot = marker.snapshot
+        log.warning(
+            "Iceberg commit of %s/%s landed (snapshot %s) although the catalog did not say so: recorded as committed",
+            manifest.pipeline,
+            manifest.checkpoint_key,
+            marker.snapshot,
+        )
+        return result
+
+    def _log_unknown(self, what: str, unknown: UnknownCommitOutcome) -> None:
+        log.warning(
+            "Iceberg commit of %s to %s: the catalog did not report the outcome (%s); nothing is deleted, "
+            "the table is loaded again and the marker decides whether snapshot %s landed",
+            what,
+            self.identifier,
+            describe(unknown.cause),
+            unknown.snapshot_id,
         )
 
     def publish_group(self, members: list[GroupMember]) -> list[PublishResult | Exception]:
@@ -599,8 +697,11 @@ class IcebergPublisher(Publisher):
             except WalsinkError as exc:
                 results[i] = exc
         last_conflict: Exception | None = None
+        # Per member, the results of group commits whose outcome the catalog did not report, by
+        # the snapshot id each built (:mod:`.outcome`): each member's marker decides for it.
+        pending: dict[int, dict[str, PublishResult]] = {}
         for attempt in range(GROUP_COMMIT_ATTEMPTS):
-            table = self.load_table()
+            table = self._load_deciding(None, {s: r for p in pending.values() for s, r in p.items()})
             live: list[tuple[int, Any]] = []
             for i, m in enumerate(members):
                 if results[i] is not None:
@@ -609,7 +710,9 @@ class IcebergPublisher(Publisher):
                     marker = marker_of(table, m.manifest) if table is not None else None
                     aborted = aborted_of(table, m.manifest) if table is not None else frozenset()
                     if decide(marker, m.manifest, m.ctx, self.mode, aborted):
-                        results[i] = self._already(m.manifest, marker, where[i][1])
+                        results[i] = self._landed(m.manifest, marker, pending.get(i, {})) or self._already(
+                            m.manifest, marker, where[i][1]
+                        )
                         continue
                     self._check_order(table, m.manifest)
                     if i not in footers:
@@ -679,6 +782,22 @@ class IcebergPublisher(Publisher):
             try:
                 leader.event("table.before_group_commit")
                 tx.commit_transaction()
+            except unknown_outcome_errors() as exc:
+                # It may have landed: delete nothing; the next load decides for each member.
+                for i, _marker, data_files, deletes, replaced in prepared:
+                    pending.setdefault(i, {})[snapshot] = PublishResult(
+                        published=len(data_files),
+                        files_rolled_back=len(deletes),
+                        partitions_replaced=list(replaced),
+                        target_files=where[i][1],
+                        rows=members[i].manifest.total_rows,
+                    )
+                last_conflict = exc
+                self._log_unknown(
+                    f"a group of {len(prepared)} checkpoints", UnknownCommitOutcome(exc, int(snapshot))
+                )
+                time.sleep(conflict_backoff(attempt))
+                continue
             except (CommitFailedException, ValidationException) as exc:
                 # Nothing committed: reload, check every member again (after a pause: the others go on).
                 last_conflict = exc
@@ -701,10 +820,26 @@ class IcebergPublisher(Publisher):
                 )
             break
         else:
-            raise TableCommitConflict(
-                f"Iceberg table {self.identifier} changed under each of {GROUP_COMMIT_ATTEMPTS} group commit attempts "
-                f"(last: {last_conflict}); nothing was published, retry the commit"
-            )
+            if not pending:
+                raise TableCommitConflict(
+                    f"Iceberg table {self.identifier} changed under each of {GROUP_COMMIT_ATTEMPTS} group commit "
+                    f"attempts (last: {last_conflict}); nothing was published, retry the commit"
+                )
+            # The last commit's outcome is still to be read from the table, member by member.
+            table = self._load_deciding(None, {s: r for p in pending.values() for s, r in p.items()})
+            for i, m in enumerate(members):
+                if results[i] is None and table is not None:
+                    results[i] = self._landed(m.manifest, marker_of(table, m.manifest), pending.get(i, {}))
+            return [
+                r
+                if r is not None
+                else TableCommitConflict(
+                    f"Iceberg table {self.identifier}: none of {GROUP_COMMIT_ATTEMPTS} group commit attempts of "
+                    f"{members[i].manifest.pipeline}/{members[i].manifest.checkpoint_key} landed (last: "
+                    f"{last_conflict}); nothing of it was published, retry the commit"
+                )
+                for i, r in enumerate(results)
+            ]
         return [r if r is not None else WalsinkError("not published") for r in results]
 
     def _already(self, manifest: Manifest, marker: Marker | None, locations: list[str]) -> PublishResult:
@@ -752,7 +887,10 @@ class IcebergPublisher(Publisher):
             # Staged files carry no Iceberg field ids: readers map their columns by name.
             props[TableProperties.DEFAULT_NAME_MAPPING] = table.schema().name_mapping.model_dump_json()
         tx.set_properties(props)
-        tx.commit_transaction()
+        try:
+            tx.commit_transaction()
+        except unknown_outcome_errors() as exc:
+            raise UnknownCommitOutcome(exc, producer.snapshot_id) from exc
         return producer.snapshot_id
 
     # ------------------------------------------------------------------ files
