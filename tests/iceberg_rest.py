@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import pytest
 from pyiceberg.catalog.rest import CreateTableRequest
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import (
@@ -409,3 +410,11 @@ def _load_result(table: Any) -> bytes:
             "config": {},
         }
     ).encode()
+
+
+@pytest.fixture(scope="session")
+def rest_catalog(tmp_path_factory) -> Iterator[RestCatalogServer]:
+    """One REST catalog on local files for the test session (tables live under its warehouse)."""
+    server = RestCatalogServer(tmp_path_factory.mktemp("iceberg-rest"))
+    yield server
+    server.stop()

@@ -12,9 +12,12 @@ durability and commit tasks are skipped with it, and no table changes
 (same snapshots, same Delta version, same SQL rows and marker).
 
 The stack is the session's one (``airflow_stack``); the targets are configured the way a user
-would: an Airflow connection ``walsink_iceberg`` for the Iceberg catalog (an SQL catalog on
-SQLite under the stack's home) and ``walsink_sql_target`` for the PostgreSQL database (the
-session's private one); the Delta table lives under the example home.
+would: an Airflow connection ``walsink_iceberg`` of the official Iceberg provider's type
+``iceberg`` for the catalog (issue 45: an Iceberg REST catalog, the test server of
+``tests/iceberg_rest.py`` on a loopback port, reached with its OAuth2 client id and secret and
+nothing else) and ``walsink_sql_target`` for the PostgreSQL database (the session's private one);
+the Delta table lives under the example home. The SQL catalog through a connection's extra is
+what the demo and the examples' other tests run.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import pytest
 import sqlalchemy as sa
 
 from airflow_provider_walsink.core.store.store import CommitterStore
+from tests.iceberg_rest import CLIENT_ID, CLIENT_SECRET, rest_catalog  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
 
@@ -122,7 +126,7 @@ def _tasks_by_operator(stack, dag_id: str, run_id: str) -> dict[str, dict]:
 
 
 def test_table_and_sql_examples_run_through_the_scheduler_stage_in_the_table_and_a_cleared_run_changes_nothing(
-    airflow_stack, database_urls, tmp_path
+    airflow_stack, database_urls, rest_catalog, tmp_path  # noqa: F811
 ):
     """Also what the examples' ``dag.test()`` runs proved (merged here: the same DAGs, the same
     checks, through the real scheduler): each source row once, the staging root inside the table,
@@ -130,21 +134,22 @@ def test_table_and_sql_examples_run_through_the_scheduler_stage_in_the_table_and
     day run again changing nothing."""
     from deltalake import DeltaTable
 
-    from airflow_provider_walsink.core.staging.layout import StagingLayout
     from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
 
     stack = airflow_stack
     # The stack's metadata database is on PostgreSQL, so PostgreSQL is here for the SQL target too.
     target = sa.engine.make_url(database_urls("postgresql"))
     target_url = target.render_as_string(hide_password=False)
-    iceberg_home = stack.home / "walsink" / "iceberg"
-    iceberg_home.mkdir(parents=True, exist_ok=True)
-    catalog = {
-        "type": "sql",
-        "uri": f"sqlite:///{iceberg_home / 'catalog.db'}",
-        "warehouse": f"file://{iceberg_home / 'warehouse'}",
-    }
-    _add_connection(stack, "walsink_iceberg", {"conn_type": "generic", "extra": catalog})
+    # The Iceberg catalog: a REST catalog, configured only by an `iceberg` connection (host, client
+    # id and secret), read as the Iceberg provider's IcebergHook reads it.
+    rest = rest_catalog
+    rest.clear()
+    catalog = rest.properties()
+    _add_connection(
+        stack,
+        "walsink_iceberg",
+        {"conn_type": "iceberg", "host": rest.uri, "login": CLIENT_ID, "password": CLIENT_SECRET},
+    )
     _add_connection(
         stack,
         "walsink_sql_target",
@@ -178,9 +183,15 @@ def test_table_and_sql_examples_run_through_the_scheduler_stage_in_the_table_and
         _check_events(table.scan().to_arrow().to_pylist(), DAY)
         snapshots = [(s.snapshot_id, s.summary["walsink.checkpoint"]) for s in table.snapshots()]
         assert [key for _, key in snapshots] == [KEY]  # one commit, one snapshot
-        # Issue 23: the write task recorded where it staged: inside the table, not the connection's root.
+        # A REST catalog names a new table's location only when it creates it (at the first
+        # commit): the write task staged under the walsink connection's root, as documented, and
+        # the snapshot references those files in place.
         iceberg_record = store.require(PIPELINES[ICEBERG], KEY)
-        assert iceberg_record.staging_root == str(StagingLayout(f"{table.location()}/_walsink_staging").root)
+        assert not iceberg_record.staging_root.startswith(table.location().removeprefix("file://"))
+        assert all(t.file.file_path.startswith(Path(iceberg_record.staging_root).as_uri())
+                   for t in table.scan().plan_files())  # fmt: skip
+        assert not [e for e in rest.log if e.status and e.status >= 500], "the catalog answered an error"
+        assert [e.status for e in rest.log if e.method == "POST" and "/tables/" in e.path] == [200]
 
         delta_path = stack.home / "walsink" / "examples" / "target" / "delta_daily_events"
         delta = DeltaTable(str(delta_path))
