@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
     "run": ("bench.run", ["--size", "medium"], ["--size", "smoke"]),
     "tables": ("bench.bench_tables", [], ["--files", "10", "--history", "10", "--repeats", "1", "--samples", "2"]),
     "group": ("bench.bench_group", [], ["--checkpoints", "20", "--tasks", "4"]),
+    "rest_catalog": ("bench.bench_rest_catalog", [], ["--files", "10", "--repeats", "1"]),
     "together": (
         "bench.bench_group",
         ["--together", "16,32,64", "--poll", "0.25", "--repeats", "3"],
