@@ -231,7 +231,7 @@ def test_a_zombie_committer_paused_inside_its_transaction_is_fenced_when_it_resu
             zombie.wait()
     # LeaseLostError is the committer's FencedError, raised by the fence just before the SQL COMMIT.
     assert zombie.returncode != 0 and "LeaseLostError" in err and "was taken over" in err, err[-2000:]
-    assert "core/targets/sql.py" in err.rsplit("ctx.fence()", 1)[0], err[-2000:]
+    assert "core/targets/sql/publisher.py" in err.rsplit("ctx.fence()", 1)[0], err[-2000:]
     assert "summary" in outcome, outcome
     assert outcome["summary"].state == "COMMITTED" and outcome["summary"].lease_taken_over_from
     assert ids_in(target_url, table) == list(range(100))

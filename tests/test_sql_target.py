@@ -1,4 +1,4 @@
-"""The transactional SQL target (core/targets/sql.py) on real PostgreSQL and MariaDB.
+"""The transactional SQL target (core/targets/sql/publisher.py) on real PostgreSQL and MariaDB.
 
 Each test stages Parquet with pyarrow under a real staging layout, seals a v2
 manifest and publishes it through ``SqlPublisher`` into a private database
@@ -588,8 +588,8 @@ def test_a_value_the_column_cannot_hold_rolls_the_whole_load_back(url, names, la
 
 def test_a_conversion_error_in_a_worker_thread_reaches_the_load(tmp_path):
     """The CSV converter threads hand their errors to the consumer (the load then rolls back)."""
-    from airflow_provider_walsink.core.targets._sqlload import csv_chunks
-    from airflow_provider_walsink.core.targets._sqlplan import LoadPlan
+    from airflow_provider_walsink.core.targets.sql.load import csv_chunks
+    from airflow_provider_walsink.core.targets.sql.plan import LoadPlan
 
     good = tmp_path / "good.parquet"
     pq.write_table(pa.table({"id": list(range(10))}), good)

@@ -183,7 +183,7 @@ MUTATIONS: list[Mutation] = [
     ),
     M(
         "delta-append-reprocess-after-compaction",
-        "core/targets/delta.py",
+        "core/targets/delta/publisher.py",
         'if self.mode == "append" or recorded is None:\n                check_retractable(',
         "if recorded is None:\n                check_retractable(",
         "a Delta append reprocess retracts the old version without checking its files are still live",

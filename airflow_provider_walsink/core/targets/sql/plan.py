@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from airflow_provider_walsink.core.protocol.errors import CommittableError, LayoutError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.protocol.partitions import parse_partition_dir, partition_values
-from airflow_provider_walsink.core.targets._sqltypes import (
+from airflow_provider_walsink.core.targets.sql.schema import (
     SchemaMismatchError,
     SqlTargetError,
     sql_type_for,

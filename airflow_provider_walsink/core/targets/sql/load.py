@@ -30,8 +30,8 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from airflow_provider_walsink.core.targets._sqlplan import LoadPlan
-from airflow_provider_walsink.core.targets._sqltypes import SqlTargetError
+from airflow_provider_walsink.core.targets.sql.plan import LoadPlan
+from airflow_provider_walsink.core.targets.sql.schema import SqlTargetError
 
 #: Rows per Parquet record batch read, and so per CSV chunk sent.
 _BATCH_ROWS = 64 * 1024

@@ -57,9 +57,9 @@ Identifiers (schema, table, columns) are validated and quoted by the
 dialect's identifier preparer; every value is a bound parameter.
 
 This module is the publisher and its transaction; what it builds on has a
-module each: the load plan (:mod:`._sqlplan`), the marker table
-(:mod:`._sqlmarkers`), names, types and errors (:mod:`._sqltypes`) and the
-bulk load (:mod:`._sqlload`).
+module each: the load plan (:mod:`.plan`), the marker table
+(:mod:`.markers`), names, types and errors (:mod:`.schema`) and the
+bulk load (:mod:`.load`).
 """
 
 from __future__ import annotations
@@ -90,27 +90,6 @@ from airflow_provider_walsink.core.staging.cleanup import remove_staged_attempts
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.targets._reach import REACH_TIMEOUT, host_port, one_line, within
-from airflow_provider_walsink.core.targets._sqlload import bulk_load
-from airflow_provider_walsink.core.targets._sqlmarkers import (
-    Marker,
-    as_text,
-    define_marker_table,
-    define_order_table,
-    marker_key,
-    read_marker,
-    upgrade_marker_table,
-)
-from airflow_provider_walsink.core.targets._sqlplan import LoadPlan, plan_load, replace_values
-
-# The target's errors and validate_sql_identifier are imported from this module, their public home.
-from airflow_provider_walsink.core.targets._sqltypes import SchemaMismatchError as SchemaMismatchError
-from airflow_provider_walsink.core.targets._sqltypes import (
-    SqlTargetError,
-    check_schema,
-    exact_string,
-    sql_type_for,
-    validate_sql_identifier,
-)
 from airflow_provider_walsink.core.targets._tables import refuse_supersede, superseded_attempt
 from airflow_provider_walsink.core.targets.base import (
     Publisher,
@@ -125,8 +104,30 @@ from airflow_provider_walsink.core.targets.registry import (
     connection_missing,
     lookup_connection,
 )
+from airflow_provider_walsink.core.targets.sql.load import bulk_load
+from airflow_provider_walsink.core.targets.sql.markers import (
+    Marker,
+    as_text,
+    define_marker_table,
+    define_order_table,
+    marker_key,
+    read_marker,
+    upgrade_marker_table,
+)
+from airflow_provider_walsink.core.targets.sql.plan import LoadPlan, plan_load, replace_values
 
-log = logging.getLogger(__name__)
+# The target's errors and validate_sql_identifier are imported from this module, their public home.
+from airflow_provider_walsink.core.targets.sql.schema import SchemaMismatchError as SchemaMismatchError
+from airflow_provider_walsink.core.targets.sql.schema import (
+    SqlTargetError,
+    check_schema,
+    exact_string,
+    sql_type_for,
+    validate_sql_identifier,
+)
+
+# One logger for the whole target (its name is what users filter on), whichever module logs.
+log = logging.getLogger("airflow_provider_walsink.core.targets.sql")
 
 MODES = ("append", "replace")
 #: Pipeline modes that mean ``replace`` here (the file target calls it ``overwrite``).

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from airflow_provider_walsink.core.protocol.manifest import Manifest
-from airflow_provider_walsink.core.targets._sqltypes import SqlTargetError, exact_string, inexact_columns
+from airflow_provider_walsink.core.targets.sql.schema import SqlTargetError, exact_string, inexact_columns
 
 #: The marker columns that name a row: compared exactly, or ``Sales`` and ``sales`` share a row.
 KEY_COLUMNS = ("pipeline", "checkpoint_key", "attempt_id")

@@ -67,21 +67,6 @@ from airflow_provider_walsink.core.protocol.partitions import (
     partition_string,
     partition_values,
 )
-from airflow_provider_walsink.core.targets._deltalog import (
-    ABORTED_TXN,
-    app_id,
-    append_commit,
-    commit_holders,
-    commit_info,
-    commit_properties,
-    delta_stats,
-    delta_stats_columns,
-    files_app_id,
-    held_version,
-    history,
-    marker_transactions,
-    partition_app_id,
-)
 from airflow_provider_walsink.core.targets._reach import check_bucket, missing_credentials
 from airflow_provider_walsink.core.targets._tables import (
     STAGING_DIR,
@@ -119,13 +104,29 @@ from airflow_provider_walsink.core.targets.base import (
     check_partition_order,
     conflict_backoff,
 )
+from airflow_provider_walsink.core.targets.delta.log import (
+    ABORTED_TXN,
+    app_id,
+    append_commit,
+    commit_holders,
+    commit_info,
+    commit_properties,
+    delta_stats,
+    delta_stats_columns,
+    files_app_id,
+    held_version,
+    history,
+    marker_transactions,
+    partition_app_id,
+)
 from airflow_provider_walsink.core.targets.registry import (
     TargetUnreachableError,
     connection_missing,
     lookup_connection,
 )
 
-log = logging.getLogger(__name__)
+# One logger for the whole target (its name is what users filter on), whichever module logs.
+log = logging.getLogger("airflow_provider_walsink.core.targets.delta")
 
 MAX_COMMIT_ATTEMPTS = 20
 #: Check + commit attempts of one group before giving up on a table that keeps changing.
@@ -550,10 +551,10 @@ class DeltaPublisher(Publisher):
 
         The one commit carries every member's add (and, in ``overwrite``, remove) actions and, per
         member, exactly the application transactions a single commit carries
-        (:func:`._deltalog.marker_transactions`, at the member's own fencing token). Its
+        (:func:`.log.marker_transactions`, at the member's own fencing token). Its
         ``commitInfo`` has no single ``walsink.checkpoint``: ``walsink.group`` lists the members
         (checkpoint, attempt id, token, partitions), read where a single commit's fields are read
-        (:func:`._deltalog.commit_holders`).
+        (:func:`.log.commit_holders`).
         """
         check_group(members, self.mode)
         results: list[PublishResult | Exception | None] = [None] * len(members)

@@ -1,0 +1,17 @@
+"""The Delta Lake target (deltalake): ``delta:///abs/path``, ``delta+s3://bucket/path``.
+
+One module per concern, as ``core/targets/files/``:
+
+* :mod:`.publisher`: :class:`DeltaPublisher`, the target contract (publish one attempt or a
+  group in one table version, the marker rule through application transactions, tombstones,
+  clean-up); its docstring is the design;
+* :mod:`.log`: what a commit writes to the Delta log (application transactions, commit info,
+  partition holders, file statistics).
+"""
+
+from __future__ import annotations
+
+from airflow_provider_walsink.core.targets.delta.log import app_id, delta_stats, delta_stats_columns
+from airflow_provider_walsink.core.targets.delta.publisher import DeltaPublisher, DeltaTargetError
+
+__all__ = ["DeltaPublisher", "DeltaTargetError", "app_id", "delta_stats", "delta_stats_columns"]
