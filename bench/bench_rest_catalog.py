@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> list[Table]:
                     else:
                         with server.lock:  # a fresh table of the same name in the server's catalog
                             if server.catalog.table_exists("bench.t"):
-                                server.catalog.purge_table("bench.t")
+                                server.catalog.drop_table("bench.t")  # its files went with the last work dir
                         rest.append(commit(d, n, server.properties(warehouse="bench")))
                     remove(d)
             table.rows.append([n, fmt_s(median(sql)), fmt_s(median(rest)), ratio(median(rest), median(sql)),
