@@ -176,7 +176,10 @@ def test_a_table_commit_reconciled_by_the_retry_is_announced_once(airflow_db, wa
     assert states == {"commit": "success"}
     assert "reconciled from the table" in store.history("events", manifest.checkpoint_key)[-1].detail
     [event] = asset_events(first)
-    assert event["attempt"] == manifest.attempt and event["published"] == 0
+    assert event["attempt"] == manifest.attempt
+    # Issue 47: the event counts the files this version made visible (the dead try published them).
+    assert event["published"] == event["files"] == manifest.expected_count == 2
+    assert event["announced"] == "reconciled"
     assert table_rows("delta", spec) == sorted(DAY)
 
     from airflow.models.asset import AssetEvent
@@ -241,6 +244,53 @@ def test_a_checkpoint_committed_by_a_group_is_announced_once_by_its_own_task(
     assert asset_events(again) == []
     with create_session() as session:
         assert session.query(AssetEvent).count() == before
+
+
+def test_every_member_of_a_group_commit_announces_its_own_files_and_the_group(
+    airflow_db, walsink_conn, tmp_path
+):
+    """Issue 47: four partitions' commit tasks in one run; the first leads a group commit of all
+    four, the other three find theirs committed by it. Each of the four asset events carries its
+    own checkpoint's files (published > 0: a consumer filtering on it sees all four) and the same
+    group identity (leader, size, table version)."""
+    from airflow.sdk import DAG
+
+    from airflow_provider_walsink.operators.commit import WalCommitOperator
+    from tests.test_group_commit import make_publisher, stage, table_rows
+
+    store, _ = walsink_conn
+    spec = {"uri": str(tmp_path / "events_table")}
+    layout = StagingLayout(make_publisher("delta", spec).staging_root())
+    keys = [f"2026030{d}T000000Z" for d in range(1, 5)]
+    for d, key in enumerate(keys, start=1):
+        stage(store, layout, key, [(f"2026-03-0{d}", 10 * d + n, "x") for n in range(d)])
+    with DAG("walsink_group_events_test", schedule="@daily", start_date=INTERVAL_START, catchup=False) as dag:
+        previous = None
+        for key in keys:
+            task = WalCommitOperator(
+                task_id=f"commit_{key[:8]}", pipeline="events", target=f"delta://{spec['uri']}?create_table=true",
+                mode="overwrite", partition_by=["dt"], walsink_conn_id="walsink_test", checkpoint_key=key,
+                group_commit=8,
+            )  # fmt: skip
+            if previous is not None:
+                previous >> task
+            previous = task
+    states, dag_run = run(dag)
+    assert set(states.values()) == {"success"}, states
+    events = {e["checkpoint_key"]: e for e in asset_events(dag_run)}
+    assert sorted(events) == keys
+    groups = {json.dumps(e["group"], sort_keys=True) for e in events.values()}
+    assert len(groups) == 1, groups
+    group = events[keys[0]]["group"]
+    assert (group["leader"], group["size"]) == (keys[0], 4) and group["snapshot"] is not None
+    for key, event in events.items():
+        record = store.require("events", key)
+        assert event["files"] == record.committables == 1
+        assert event["published"] == 1, (key, event)
+        assert event["rows"] == record.rows
+        assert event["announced"] == ("new commit" if key == keys[0] else "group member")
+    assert [k for k, e in events.items() if e["published"] > 0] == keys
+    assert sum(table_rows("delta", spec).values()) == 1 + 2 + 3 + 4
 
 
 def test_openlineage_facets_of_an_executed_commit_name_the_target_and_the_checkpoint(walsink_conn, tmp_path):

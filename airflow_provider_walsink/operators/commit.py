@@ -16,7 +16,7 @@ except ImportError:  # Airflow 3.1 (task-sdk 1.1): still in airflow.exceptions
 
 from airflow_provider_walsink.core.commit.aftercommit import commit_then_follow
 from airflow_provider_walsink.core.commit.commit import CheckpointCommitter, CommitSummary
-from airflow_provider_walsink.core.commit.group import commit_waiting_for_group, committed_by_group
+from airflow_provider_walsink.core.commit.group import commit_waiting_for_group
 from airflow_provider_walsink.core.protocol.identifiers import validate_identifier
 from airflow_provider_walsink.core.protocol.modes import FencingMode, WriteMode
 from airflow_provider_walsink.core.staging.layout import StagingLayout
@@ -41,6 +41,12 @@ from airflow_provider_walsink.hooks.context import (
     run_partition_key,
 )
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
+from airflow_provider_walsink.operators.announce import (
+    Announcement,
+    announces,
+    decide_announcement,
+    event_extra,
+)
 from airflow_provider_walsink.operators.deprecations import source_argument
 from airflow_provider_walsink.operators.lineage import (
     asset_alias_name,
@@ -260,16 +266,34 @@ class WalCommitOperator(BaseOperator):
         key = checkpoint_key_from_context(context, self.checkpoint_key)
         hook = WalsinkHook(self.walsink_conn_id)
         store = hook.get_store()
+        committer = self.get_committer(hook, store, key)
+        actor = actor_from_context(context)
+        refused: list[str] = []
+        # The source's step after COMMITTED (a consumer group's offsets follow the table): the one
+        # order, in the core, that the model checker runs too.
+        summary, extra = commit_then_follow(
+            lambda: self._commit(committer, key, actor),
+            (lambda: self._after_commit(hook, store, refused)) if self.source is not None else None,
+        )
+        self._summary = summary.to_dict() | extra
+        if self.asset_alias is not None:
+            self._announce(context, store, committer, summary, actor)
+        if refused:
+            # After the asset event: the commit stands; only the group's offsets were not sent.
+            raise AirflowFailException(refused[0])  # retrying cannot help: the group is another's
+        return self._summary
+
+    def get_committer(self, hook: WalsinkHook, store: Any, key: str) -> CheckpointCommitter:
+        """The commit sequence for ``key``: its staging where the write phase recorded it (whatever
+        the connection or the target say now), and the target's publisher."""
         record = store.get(self.pipeline, key)
-        # Where the write phase staged it, whatever the connection or the target say now.
         staging = as_store(staging_for(record, lambda: self._derived_root(hook), hook.get_staging_store))
         if staging.layout is None:
             # Staged on an object store: table targets publish the staged objects by reference.
             publisher = self._object_store_publisher(staging.root_uri)
         else:
             publisher = self.get_publisher(staging.layout)
-        actor = actor_from_context(context)
-        committer = CheckpointCommitter(
+        return CheckpointCommitter(
             store,
             staging,
             publisher,
@@ -281,32 +305,16 @@ class WalCommitOperator(BaseOperator):
             verify_checksums=self.verify_checksums,
         )
 
-        def commit() -> CommitSummary:
-            try:
-                return self._commit_waiting_for_group(committer, key, actor)
-            except AuditRejectedError as exc:
-                raise AirflowFailException(str(exc)) from None  # retrying cannot help
-            except OrderingError as exc:
-                # A wait (not an offsets refusal, recorded by the committer): say on the checkpoint why.
-                if not isinstance(exc, OffsetsError):
-                    store.record_blocked(self.pipeline, key, actor=actor, waiting_to="commit")
-                raise
-
-        refused: list[str] = []
-
-        def follow() -> Mapping[str, Any] | None:
-            try:
-                return self._after_commit(hook, store)
-            except ConsumerGroupMovedError as exc:
-                # Reported once the commit's asset event is done: the commit stands, nothing was sent.
-                self.log.error("%s", exc)
-                refused.append(str(exc))
-                return None
-
-        # The source's step after COMMITTED (a consumer group's offsets follow the table): the one
-        # order, in the core, that the model checker runs too.
-        summary, extra = commit_then_follow(commit, follow if self.source is not None else None)
-        self._summary = summary.to_dict() | extra
+    def _commit(self, committer: CheckpointCommitter, key: str, actor: Actor) -> CommitSummary:
+        try:
+            summary = self._commit_waiting_for_group(committer, key, actor)
+        except AuditRejectedError as exc:
+            raise AirflowFailException(str(exc)) from None  # retrying cannot help
+        except OrderingError as exc:
+            # A wait (not an offsets refusal, recorded by the committer): say on the checkpoint why.
+            if not isinstance(exc, OffsetsError):
+                committer.store.record_blocked(self.pipeline, key, actor=actor, waiting_to="commit")
+            raise
         if summary.group:
             self.log.info(
                 "Checkpoint %s/%s led a group commit: %d checkpoints in one table commit (%s)",
@@ -315,42 +323,37 @@ class WalCommitOperator(BaseOperator):
                 len(summary.group),
                 ", ".join(summary.group),
             )
-        if not summary.already_committed:
-            if self.asset_alias is not None:
-                self._add_asset_event(context, store, key, summary)
-        elif (group := self._group_commit_of(committer, key)) is not None:
-            self.log.info(
-                "Checkpoint %s/%s was committed by another task's group commit: %s", self.pipeline, key, group
+        return summary
+
+    def _announce(
+        self, context: Any, store: Any, committer: CheckpointCommitter, summary: CommitSummary, actor: Actor
+    ) -> None:
+        """Add the commit's asset event when :func:`~.announce.decide_announcement` says so."""
+        key = summary.checkpoint_key
+        decision = decide_announcement(
+            summary,
+            self._committed(committer, key) if summary.already_committed else None,
+            actor,
+            lambda committed: self._unannounced(context, summary, committed),
+        )
+        (self.log.warning if decision.case is Announcement.RECONCILED else self.log.info)(
+            "%s", decision.message
+        )
+        if decision.announce:
+            publication = store.require(self.pipeline, key).publication
+            extra = event_extra(
+                summary, decision.case, publication=publication, partition_key=run_partition_key(context)
             )
-            if self.asset_alias is not None and self._unannounced(context, key, summary, group_at=group):
-                self.log.info(
-                    "Adding the asset event of %s/%s, which its group commit's leader does not add",
-                    self.pipeline,
-                    key,
-                )
-                self._add_asset_event(context, store, key, summary)
-            elif self.asset_alias is not None:
-                self.log.info("The asset event of %s/%s was already added; adding none", self.pipeline, key)
-        elif self.asset_alias is not None and self._commit_unannounced(
-            context, committer, key, summary, actor
-        ):
-            self.log.warning(
-                "Checkpoint %s/%s was committed by this task (an earlier try that did not finish, or "
-                "this try reconciling a dead try's table commit) and no asset event announces it; adding it",
-                self.pipeline,
-                key,
-            )
-            self._add_asset_event(context, store, key, summary)
-        else:
-            self.log.info(
-                "Checkpoint %s/%s was already committed; nothing changed and no asset event",
-                self.pipeline,
-                key,
-            )
-        if refused:
-            # After the asset event: the commit stands; only the group's offsets were not sent.
-            raise AirflowFailException(refused[0])  # retrying cannot help: the group is another's
-        return self._summary
+            self._add_asset_event(context, store, extra)
+
+    def _add_asset_event(self, context: Any, store: Any, extra: Mapping[str, Any]) -> None:
+        """Add one event of the target's asset through the pipeline's alias (its first one waits
+        for its turn: :meth:`_await_first_event`)."""
+        assert self.asset_alias is not None
+        self._await_first_event(context, store)
+        context["outlet_events"][self.asset_alias].add(
+            target_asset(self.pipeline, self.target), extra=dict(extra)
+        )
 
     def _commit_waiting_for_group(
         self, committer: CheckpointCommitter, key: str, actor: Actor
@@ -371,14 +374,15 @@ class WalCommitOperator(BaseOperator):
         ]
         return committed[-1] if committed else None
 
-    def _group_commit_of(self, committer: CheckpointCommitter, key: str) -> Any:
-        """The COMMITTED transition of the committed version if another task's group commit recorded it."""
-        last = self._committed(committer, key)
-        return last if last is not None and committed_by_group(last.detail) else None
-
-    def _after_commit(self, hook: WalsinkHook, store: Any) -> Mapping[str, Any] | None:
-        """The source's step after COMMITTED (a consumer group's offsets follow the table): its summary entries."""
-        return hook.get_source(self.source).after_commit(store, self.pipeline)
+    def _after_commit(self, hook: WalsinkHook, store: Any, refused: list[str]) -> Mapping[str, Any] | None:
+        """The source's step after COMMITTED (a consumer group's offsets follow the table): its summary
+        entries; a consumer group moved by someone else is reported once the asset event is done."""
+        try:
+            return hook.get_source(self.source).after_commit(store, self.pipeline)
+        except ConsumerGroupMovedError as exc:
+            self.log.error("%s", exc)
+            refused.append(str(exc))
+            return None
 
     def _object_store_publisher(self, root: str) -> Publisher:
         """The publisher of a checkpoint staged on an object store; only a target that publishes a
@@ -408,26 +412,6 @@ class WalCommitOperator(BaseOperator):
     first_event_stale_after = timedelta(minutes=2)
     #: How often a commit task waiting for the pipeline's first event looks for it.
     first_event_poll = 1.0
-
-    def _add_asset_event(self, context: Any, store: Any, key: str, summary: CommitSummary) -> None:
-        assert self.asset_alias is not None
-        self._await_first_event(context, store)
-        extra: dict[str, Any] = {
-            "pipeline": self.pipeline,
-            "checkpoint_key": key,
-            "attempt": summary.attempt,
-            "attempt_id": summary.attempt_id,
-            "rows": summary.rows,
-            "files": summary.committables,
-            "published": summary.published,
-        }
-        if (partition_key := run_partition_key(context)) is not None:
-            # Airflow itself gives an event added through an alias the run's partition key
-            # (models/taskinstance.py, register_asset_changes_in_db: alias events carry
-            # dag_run.partition_key; add_partitions() refuses alias accessors), so a downstream
-            # DAG on a PartitionedAssetTimetable runs for this partition. Shown in the extra too.
-            extra["partition_key"] = partition_key
-        context["outlet_events"][self.asset_alias].add(target_asset(self.pipeline, self.target), extra=extra)
 
     def _await_first_event(self, context: Any, store: Any) -> None:
         """Return when this task may add an event through the pipeline's alias.
@@ -492,66 +476,19 @@ class WalCommitOperator(BaseOperator):
         event_asset = newest[0].asset
         return (event_asset.name, event_asset.uri) == (asset.name, asset.uri)
 
-    def _commit_unannounced(
-        self, context: Any, committer: CheckpointCommitter, key: str, summary: CommitSummary, actor: Actor
-    ) -> bool:
-        """Is the committed attempt this task's own commit, which no asset event announces yet?
-
-        Airflow records a task's asset events only when the task succeeds. A try
-        killed between COMMITTED and its success delivered no event, and so did
-        a try killed after a table commit whose retry then *reconciled* it
-        (``fencing="table"``: the retry records COMMITTED, as already
-        committed). Only a COMMITTED recorded by a try of this task instance,
-        this one or an earlier one, counts: those tries run one after another,
-        so none of them can still deliver the event (a commit recorded by any
-        other task is that task's to announce). Then the alias's events are
-        read: one naming this (pipeline, checkpoint, attempt) means it was
-        announced (a cleared task whose first try succeeded adds nothing). When
-        the events cannot be read, no event is added: a missed downstream run
-        is repairable, a second one is not.
-        """
-        last = self._committed(committer, key)
-        if last is None:
-            return False
-        same_task = (last.dag_id, last.run_id, last.task_id, last.actor) == (
-            actor.dag_id,
-            actor.run_id,
-            actor.task_id,
-            actor.name[:255],
-        )
-        if not same_task or last.try_number is None or actor.try_number is None:
-            return False
-        if last.try_number > actor.try_number:
-            return False
-        return self._unannounced(context, key, summary, group_at=last)
-
-    def _unannounced(self, context: Any, key: str, summary: CommitSummary, *, group_at: Any) -> bool:
-        """No event of the alias since the COMMITTED transition ``group_at`` names this commit.
-
-        A checkpoint committed by another task's group commit is this task's to announce (the
-        leader announces its own checkpoint only); a run of this task again finds the event and
-        adds none. When the events cannot be read, none is added (see :meth:`_commit_unannounced`).
-        """
+    def _unannounced(self, context: Any, summary: CommitSummary, committed: Any) -> bool:
+        """No event of the alias since the COMMITTED transition ``committed`` names this commit
+        (:func:`~.announce.announces`); ``False`` when the events cannot be read (see :mod:`.announce`)."""
         if not versions.available("asset_event_queries"):  # Airflow 3.1: one log line says so
             return False
         try:
             # The events were added at or after COMMITTED; an hour covers the clocks' skew.
-            since = group_at.at.replace(tzinfo=UTC) - timedelta(hours=1)
+            since = committed.at.replace(tzinfo=UTC) - timedelta(hours=1)
             events = list(context["inlet_events"][self.asset_alias].after(since.isoformat()))
         except Exception as exc:  # noqa: BLE001 - any failure to read: add nothing (see above)
             self.log.warning("Could not read the asset events of %s (%s); adding none", self.asset_alias, exc)
             return False
-        return not any(self._announces(event.extra or {}, key, summary) for event in events)
-
-    def _announces(self, extra: Mapping[str, Any], key: str, summary: CommitSummary) -> bool:
-        """Does an event's extra name this commit? By attempt id (unique across a checkpoint's lives,
-        where numbers repeat after retention), or by number for events written before the id was added."""
-        return (
-            extra.get("pipeline") == self.pipeline
-            and extra.get("checkpoint_key") == key
-            and extra.get("attempt") == summary.attempt
-            and extra.get("attempt_id", summary.attempt_id) == summary.attempt_id
-        )
+        return not any(announces(event.extra or {}, summary) for event in events)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The target as output (with its rows) and the checkpoint as a run facet."""

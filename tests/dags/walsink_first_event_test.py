@@ -39,7 +39,7 @@ BARRIER_TIMEOUT = 120.0
 class CommitMeetingAtABarrier(WalCommitOperator):
     """The commit task, waiting for its siblings' commits before it adds its asset event."""
 
-    def _add_asset_event(self, context: Any, store: Any, key: str, summary: Any) -> None:
+    def _add_asset_event(self, context: Any, store: Any, extra: Any) -> None:
         barrier = Path(WalsinkHook().staging_root).parent / "first_event_barrier" / context["run_id"]
         barrier.mkdir(parents=True, exist_ok=True)
         (barrier / context["ti"].task_id).touch()
@@ -47,7 +47,7 @@ class CommitMeetingAtABarrier(WalCommitOperator):
         while len(list(barrier.iterdir())) < COMMITS and time.monotonic() < deadline:
             time.sleep(0.05)
         self.log.info("Barrier passed by %d commit tasks", len(list(barrier.iterdir())))
-        super()._add_asset_event(context, store, key, summary)
+        super()._add_asset_event(context, store, extra)
 
 
 with DAG(

@@ -359,7 +359,9 @@ def commit_as_leader(
                     actor=actor,
                     end_offsets=member_manifest.end_offsets,
                     detail=f"{detail}; published {result.published}, already there {result.already}",
-                    publication=publication(committer.publisher, result),
+                    # The group's identity on every member: its asset event names the group.
+                    publication=publication(committer.publisher, result)
+                    | {"group": {"leader": record.checkpoint_key, "size": len(keys)}},
                 )
             except FencedError as exc:
                 log.error("stopped committing %s/%s: %s", pipeline, key, exc)
