@@ -294,6 +294,19 @@ def write_env_sh(path: Path, env: dict[str, str]) -> None:
     path.write_text("".join(lines))
 
 
+def demo_stack(airflow_home: Path) -> AirflowStack:
+    """The demo's Airflow: SQLite metadata database, the checkout's ``dags/``, one admin user."""
+    users = (StackUser("admin", "admin", "admin"),)
+    # Two task slots: on SQLite every writer queues on one file lock, and a busy laptop
+    # gains nothing from a third Spark JVM.
+    return AirflowStack(airflow_home, users=users, dags_folder=REPO / "dags", parallelism=2)
+
+
+def follow_up_command(airflow_home: Path) -> str:
+    """What the demo tells its user to run next, in a new shell (a test runs it as printed)."""
+    return f"source {shlex.quote(str(airflow_home / 'env.sh'))} && airflow dags list"
+
+
 def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--days", type=int, default=3, help="intervals run first (default 3)")
@@ -312,10 +325,7 @@ def run(argv: list[str] | None = None) -> int:
     airflow_home = home / "airflow"
     if not (REPO / "dags").is_dir():
         raise SystemExit(f"the demo runs from a walsink checkout; {REPO / 'dags'} is missing")
-    users = (StackUser("admin", "admin", "admin"),)
-    # Two task slots: on SQLite every writer queues on one file lock, and a busy laptop
-    # gains nothing from a third Spark JVM.
-    stack = AirflowStack(airflow_home, users=users, dags_folder=REPO / "dags", parallelism=2)
+    stack = demo_stack(airflow_home)
     committer_db = airflow_home / "walsink" / "committer.db"
     staging = airflow_home / "walsink" / "staging"
     iceberg_home = airflow_home / "walsink" / "iceberg"
@@ -463,7 +473,7 @@ def run(argv: list[str] | None = None) -> int:
         f"\nAll {len(states)} checkpoints COMMITTED; every table holds each source row once. "
         f"File targets: {airflow_home / 'walsink/examples/target'}"
     )
-    print(f"Use the CLI on this Airflow home: source {airflow_home / 'env.sh'} && airflow dags list")
+    print(f"Use the CLI on this Airflow home: {follow_up_command(airflow_home)}")
     return 0
 
 

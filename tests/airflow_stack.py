@@ -6,8 +6,8 @@ when the real components talk to each other (the scheduler creates runs, the
 LocalExecutor's task processes report to the api-server's execution API, the
 triggerer runs deferred sensors). ``dag.test()`` exercises none of that.
 
-One home for the demo (``scripts/demo.py``) and the end-to-end
-tests (``tests/airflow_stack.py`` re-exports this module). Usage (pytest: the
+One runner for the demo (``scripts/demo.py``) and the end-to-end
+tests. Usage (pytest: the
 session-scoped ``airflow_stack`` fixture in ``conftest.py`` builds one with the repo's
 ``dags/`` folder and a private PostgreSQL metadata database, started once and shared)::
 
@@ -49,7 +49,7 @@ stack dies without stopping it (SIGKILL, a CI timeout's SIGTERM), the guards end
 component within seconds: nothing keeps running, holding ports and CPU.
 
 On SQLite (the embedded default, used by the demo) every Airflow process gets a long
-busy timeout through ``[database] sql_alchemy_connect_args`` (Airflow itself turns on
+busy timeout in the metadata database's URL (``?timeout=``; Airflow itself turns on
 WAL), CLI steps that still meet "database is locked" are retried, and the scheduler
 heartbeats less often. Every component's output and the task logs are copied to
 ``artifacts_dir`` when the stack stops; ``StackError`` messages (timeouts,
@@ -92,10 +92,10 @@ TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 # Airflow's SQLite metadata database (the embedded default): Airflow turns on WAL itself
 # (airflow.utils.orm_event_handlers); the driver's 5 s busy timeout is what a busy laptop
 # exceeds ("database is locked" from `airflow backfill create` while the scheduler writes).
-# Airflow reads connect args from an import path ([database] sql_alchemy_connect_args).
+# The timeout goes in the URL (SQLAlchemy's pysqlite and aiosqlite dialects read `?timeout=`),
+# not in `[database] sql_alchemy_connect_args`: that is an import path, and the demo's env.sh
+# must work in any shell, with no module of this checkout on the path (issue 47).
 SQLITE_BUSY_TIMEOUT_S = 120
-SQLITE_CONNECT_ARGS: dict[str, Any] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
-SQLITE_CONNECT_ARGS_ASYNC: dict[str, Any] = {"timeout": SQLITE_BUSY_TIMEOUT_S}  # aiosqlite passes it on
 _LOCKED = "database is locked"
 LOCK_RETRIES = 5
 
@@ -177,7 +177,9 @@ class AirflowStack:
         self.home.mkdir(parents=True, exist_ok=True)
         self.logs_dir = self.home / "logs"
         self.logs_dir.mkdir(exist_ok=True)
-        self.metadata_url = metadata_url or f"sqlite:///{self.home}/airflow.db"
+        self.metadata_url = (
+            metadata_url or f"sqlite:///{self.home}/airflow.db?timeout={SQLITE_BUSY_TIMEOUT_S}"
+        )
         self.dags_folder = Path(dags_folder).resolve()
         self.users = {u.name: u for u in users}
         self.components = tuple(components)
@@ -302,12 +304,6 @@ class AirflowStack:
         if self.metadata_url.startswith("sqlite"):
             env.update(
                 {
-                    # Airflow imports the connect args by name: this file's folder on its path.
-                    "PYTHONPATH": os.pathsep.join(
-                        filter(None, [str(Path(__file__).resolve().parent), env.get("PYTHONPATH")])
-                    ),
-                    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": f"{__name__}.SQLITE_CONNECT_ARGS",
-                    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": f"{__name__}.SQLITE_CONNECT_ARGS_ASYNC",
                     # Fewer writers on the one file lock: a slower scheduler heartbeat.
                     "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "5",
                 }

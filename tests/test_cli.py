@@ -426,31 +426,38 @@ def test_history_shows_one_checkpoints_transitions(filled):
 def test_status_and_history_show_an_overdue_checkpoint_and_where_its_job_runs(filled):
     """What the UI's OVERDUE badge and checkpoint page show, from a shell: a checkpoint whose
     pipeline's commit deadline passed before it committed, and the Spark Connect session its
-    current attempt runs in (recorded on the row, never a secret); a committed one is not overdue."""
+    current attempt runs in (recorded on the row, never a secret); a committed one is not overdue,
+    nor is one aborted after its deadline passed (issue 47: nothing is late any more)."""
     url = str(filled.engine.url)
     filled.register("orders", "k4", mode="overwrite", actor=ACTOR)
     job = {"runner": "spark_connect", "conn_id": "spark_connect_prod", "session_id": "5f0c-1d2e"}
     filled.start_attempt("orders", "k4", actor=ACTOR, write_job=job)
     due = utcnow() - timedelta(minutes=5)
-    for key in ("k4", "k1"):  # k1 is COMMITTED: the miss is in its history, it is not overdue
+    # k1 is COMMITTED: the miss is in its history, it is not overdue; k3 is aborted after its miss.
+    for key in ("k4", "k1", "k3"):
         filled.record_deadline_miss("orders", key, due_at=due, actor=ACTOR, detail="commit deadline missed")
+    filled.abort("orders", "k3", reason="INC-8: interval given up", actor=ACTOR)
 
     text = walsink("--url", url, "status", "--pipeline", "orders")
     assert text.returncode == 0, text.stderr
     k4 = next(line for line in text.stdout.splitlines() if " k4 " in line)
     assert "WRITING" in k4 and "OVERDUE (commit due " in k4, text.stdout
-    assert "OVERDUE" not in next(line for line in text.stdout.splitlines() if " k1 " in line)
+    for key in ("k1", "k3"):
+        assert "OVERDUE" not in next(line for line in text.stdout.splitlines() if f" {key} " in line)
 
     listed = json.loads(walsink("--url", url, "status", "--pipeline", "orders", "--json").stdout)
     by_key = {c["key"]: c for c in listed[0]["checkpoints"]}
     assert by_key["k4"]["overdue"] is True and by_key["k4"]["commit_due_at"].endswith("Z")
     assert by_key["k4"]["write_job"] == job
     assert by_key["k1"]["overdue"] is False and by_key["k1"]["write_job"] is None
+    assert by_key["k3"]["state"] == "ABORTED" and by_key["k3"]["overdue"] is False
 
     history = walsink("--url", url, "history", "orders", "k4")
     assert history.returncode == 0, history.stderr
     assert "OVERDUE: its pipeline's commit deadline passed at " in history.stdout
     assert "write job: spark_connect on connection 'spark_connect_prod', session 5f0c-1d2e" in history.stdout
+    aborted = walsink("--url", url, "history", "orders", "k3")
+    assert aborted.returncode == 0 and "OVERDUE" not in aborted.stdout, aborted.stdout + aborted.stderr
 
 
 def test_every_time_the_cli_prints_says_its_zone(filled, tmp_path):

@@ -1,5 +1,6 @@
 """`source var/demo/airflow/env.sh` puts the demo's `walsink` and `airflow` on the PATH (issue 25):
-scripts/demo.sh runs the venv's interpreter without activating the venv."""
+scripts/demo.sh runs the venv's interpreter without activating the venv. And the command the demo
+prints last works in a new shell: its settings name no module of the test suite (issue 47)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # the demo lives in scripts/
 
-from demo import write_env_sh  # noqa: E402
+from demo import demo_stack, follow_up_command, write_env_sh  # noqa: E402
 
 
 def test_env_sh_puts_walsink_and_airflow_on_the_path(tmp_path):
@@ -28,3 +29,18 @@ def test_env_sh_puts_walsink_and_airflow_on_the_path(tmp_path):
     walsink, airflow, version, home = result.stdout.splitlines()
     assert walsink == str(bin_dir / "walsink") and airflow == str(bin_dir / "airflow")
     assert version.startswith("walsink ") and home == str(tmp_path / "home it's")  # quoting kept
+
+
+def test_the_demos_follow_up_command_works_in_a_fresh_shell(tmp_path):
+    airflow_home = tmp_path / "airflow"
+    stack = demo_stack(airflow_home)  # the demo's own settings, written as the demo writes them
+    write_env_sh(airflow_home / "env.sh", stack.env)
+    stack.airflow("db", "migrate", timeout=600)  # what the demo has done before it prints the command
+    # A new terminal: nothing of this session's environment (no PYTHONPATH, no AIRFLOW__*).
+    result = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", follow_up_command(airflow_home)],
+        capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "AirflowConfigException" not in result.stderr
+    assert "airflow_stack" not in (airflow_home / "env.sh").read_text()

@@ -5,7 +5,9 @@ before anything is recorded and before spark-submit, and each refusal names the 
   bucket exists and a probe object can be put and deleted, with the staging connection);
 * a Delta target whose ``aws`` connection holds no credentials (read from the connection, not from
   this process's environment), or whose bucket does not exist;
-* an Iceberg catalog that does not answer (its URI on a closed loopback port).
+* an Iceberg catalog that does not answer (its URI on a closed loopback port);
+* (issue 47) a ``spark_conn_id`` or ``walsink_conn_id`` naming no connection, and a Spark Connect
+  server that does not answer (its connection on a closed loopback port).
 
 The write task runs for real (``dag.test()``), with ``retries`` set: it fails at once (no retry:
 a retry meets the same configuration), its spark-submit is a stand-in that would leave a mark if
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 import socket
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -266,3 +268,51 @@ def test_the_write_task_refuses_an_iceberg_catalog_on_a_closed_port(
     out = capfd.readouterr().out
     assert_refused_before_spark(tmp_path, store, states, out)
     assert f"catalog 'lake_down' (from connection 'lake_down') is unreachable at 127.0.0.1:{port}" in out
+
+
+@pytest.mark.airflow
+@pytest.mark.parametrize("wrong", ["spark_conn_id", "walsink_conn_id", "connect server down"])
+def test_the_write_task_refuses_a_connection_it_names_that_cannot_serve(
+    airflow_db, committer, monkeypatch, tmp_path, capfd, wrong
+):
+    """Issue 47: a typo in either connection id, or a Spark Connect server that does not answer,
+    is refused naming the connection, before anything is recorded, without a retry (Airflow's
+    bare ``AirflowNotFoundException`` and ``up_for_retry`` before; the Connect server found down
+    only after the checkpoint was registered, then retried)."""
+    store, url = committer
+    walsink_conn(monkeypatch, url, str(tmp_path / "staging"))
+    port = closed_port()
+    token = "tok-never-logged-4Qz"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_CONNECT_DOWN",
+        json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": port, "password": token}),
+    )
+    kwargs, refusal = {
+        "spark_conn_id": (
+            {"spark_conn_id": "spark_typo"},
+            "connection 'spark_typo' (spark_conn_id of write task 'write') does not exist",
+        ),
+        "walsink_conn_id": (
+            {"walsink_conn_id": "walsink_typo"},
+            "connection 'walsink_typo' (walsink_conn_id) does not exist",
+        ),
+        "connect server down": (
+            {"spark_conn_id": "spark_connect_down", "spark_binary": None},
+            f"Spark Connect server 127.0.0.1:{port} (connection 'spark_connect_down') does not answer",
+        ),
+    }[wrong]
+    capfd.readouterr()
+    # No retry delay: a task that would be retried (as before) is, at once, and the test says so.
+    dag = write_dag(
+        tmp_path,
+        None,
+        retries=2,
+        retry_delay=timedelta(0),
+        **{"walsink_conn_id": "walsink_pf_test", **kwargs},
+    )
+    [ti] = dag.test(logical_date=DAY).get_task_instances()
+    out = capfd.readouterr().out
+    assert ti.try_number == 1, f"tried {ti.try_number} times"
+    assert_refused_before_spark(tmp_path, store, {ti.task_id: ti.state}, out)
+    assert refusal in out and "nothing was recorded and the Spark job was not started" in out, out[-3000:]
+    assert "AirflowNotFoundException" not in out and token not in out

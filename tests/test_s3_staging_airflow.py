@@ -149,6 +149,26 @@ def test_the_amazon_providers_other_spellings_and_refusals():
         assert SECRET_KEY not in str(info.value)
 
 
+def test_extra_fields_staging_does_not_read_are_said_once_and_a_delta_targets_not_at_all():
+    """Issue 47: "staging ignores the extra fields ['storage_options']" was logged four times per
+    write. A field another part of walsink reads (a Delta target's ``storage_options``) is not
+    "ignored"; one nothing reads is said once per process, however often the connection is read."""
+    from tests.test_target_configuration import module_log
+
+    conn = SimpleNamespace(
+        conn_id=f"lake_{uuid.uuid4().hex[:6]}",
+        conn_type="aws",
+        login="k",
+        password=SECRET_KEY,
+        extra_dejson={"storage_options": {"AWS_ALLOW_HTTP": "true"}, "colour": "blue"},
+    )
+    with module_log("airflow_provider_walsink.hooks.staging") as records:
+        for _ in range(4):
+            assert s3_options_from_connection(conn) == {"access_key": "k", "secret_key": SECRET_KEY}
+    said = [r.getMessage() for r in records]
+    assert said == [f"Connection {conn.conn_id!r}: staging ignores the extra fields ['colour']"], said
+
+
 def test_which_connection_a_root_uses(monkeypatch, caplog, capfd, database_urls):
     caplog.set_level(logging.INFO)
     url = database_urls("sqlite")

@@ -92,9 +92,8 @@ def write_dag(tmp_path, target: str | None, walsink_conn_id: str = "walsink_tc_t
             pipeline="events",
             target=target,
             walsink_conn_id=walsink_conn_id,
-            spark_binary=str(submit),
             env_vars={"PYTHONPATH": os.pathsep.join(sys.path)},
-            **kwargs,
+            **{"spark_binary": str(submit), **kwargs},  # spark_binary=None: a runner without one
         )
     return dag
 

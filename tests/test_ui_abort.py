@@ -141,3 +141,51 @@ def test_the_api_aborts_for_an_editor_and_answers_409_when_there_is_nothing_to_a
     empty = world.client.post(url, json={"reason": ""}, headers=world.headers("admin"))
     assert empty.status_code == 422
     assert len(audit_rows(FAILED_KEY)) == 1
+
+
+def test_an_aborted_checkpoint_is_neither_overdue_nor_the_last_error(world):
+    """Issue 47: a checkpoint that failed and missed its commit deadline is OVERDUE and the
+    pipeline's last error; once a person aborts it, it is neither (an abort is a decision, and
+    nothing is late any more), in the JSON API, the checkpoint page and the overview."""
+    from datetime import timedelta
+
+    from airflow_provider_walsink.core.store import Actor
+    from airflow_provider_walsink.core.store.store import utcnow
+    from tests.helpers import stage_checkpoint
+
+    pipeline, key = "late_sales", "20260110T000000Z"
+    actor = Actor(name="w", dag_id=DAG_A, run_id="run-late", task_id="write", try_number=1)
+    store, admin = world.store, world.headers("admin")
+    stage_checkpoint(store, world.layout, pipeline, key, {"dt=x/a.csv": b"1\n"}, durable=False, actor=actor)
+    store.fail(pipeline, key, error="PublishError: target refused", actor=actor, attempt=1)
+    store.record_deadline_miss(
+        pipeline, key, due_at=utcnow() - timedelta(minutes=5), actor=actor, detail="commit deadline missed"
+    )
+    api = f"/walsink/api/pipelines/{pipeline}"
+
+    def overview_last_error() -> dict | None:
+        listed = world.client.get("/walsink/api/pipelines", headers=admin).json()["pipelines"]
+        return next(p for p in listed if p["pipeline"] == pipeline)["last_error"]
+
+    def overdue() -> bool:
+        return world.client.get(f"{api}/checkpoints/{key}", headers=admin).json()["checkpoint"]["overdue"]
+
+    assert overdue() is True
+    assert overview_last_error()["checkpoint_key"] == key
+
+    aborted = world.client.post(
+        f"{api}/checkpoints/{key}/abort",
+        json={"reason": "INC-43: interval given up", "attempt": 1},
+        headers=admin,
+    )
+    assert aborted.status_code == 200 and aborted.json()["state"] == "ABORTED", aborted.text
+
+    assert overdue() is False
+    listed = world.client.get(f"{api}/checkpoints", headers=admin).json()["checkpoints"]
+    assert [(c["checkpoint_key"], c["overdue"]) for c in listed] == [(key, False)]
+    assert overview_last_error() is None
+    assert world.client.get(api, headers=admin).json()["last_error"] is None
+    page = world.client.get(f"/walsink/pipelines/{pipeline}/checkpoints/{key}", headers=admin).text
+    assert "badge overdue" not in page and "missed; aborted since" in page
+    overview = world.client.get("/walsink/", headers=admin).text
+    assert f"/checkpoints/{key}" not in overview  # neither the last error nor "Not committed"

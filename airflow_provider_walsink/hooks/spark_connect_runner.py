@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import runpy
+import socket
 import sys
 import tempfile
 import uuid
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit
 
+from airflow_provider_walsink.core.protocol.errors import PreflightError
 from airflow_provider_walsink.core.runners.base import JobRunner
 from airflow_provider_walsink.hooks.spark_submit_runner import PLAIN_ENV
 
@@ -56,6 +58,10 @@ PROBE_RETRY_POLICY: dict[str, Any] = {
     "backoff_multiplier": 2.0,
     "max_backoff": 2000,
 }
+#: Seconds the write task's preflight waits for the server to accept a TCP connection.
+REACH_TIMEOUT_S = 5.0
+#: The Connect server's port when the connection names none (Spark's default).
+DEFAULT_PORT = 15002
 #: The oldest server Spark version the job's calls need (``mapInArrow``, ``Observation`` over Connect).
 MIN_SERVER_VERSION = (3, 5)
 #: Connection extra: the Connect client's retry policy while the job runs (``max_retries``,
@@ -103,6 +109,11 @@ def _truthy(value: object) -> bool:
 class SparkConnectJobError(RuntimeError):
     """The write job could not run, or failed, on a Spark Connect server; the message names the
     connection and the server (never the token)."""
+
+
+class SparkConnectUnreachableError(PreflightError):
+    """Before anything is recorded: nothing accepts a connection at the Spark Connect server's
+    host and port; the message names the connection and the server (never the token)."""
 
 
 #: A gRPC error's status and details, as the Connect client's exceptions print them.
@@ -194,6 +205,27 @@ class SparkConnectRunner(JobRunner):
 
     def wait(self) -> None:
         """Nothing left to wait for: :meth:`submit` returned when the job ended."""
+
+    def check_reachable(self) -> None:
+        """The server accepts a TCP connection at its host and port within :data:`REACH_TIMEOUT_S`
+        (no session is opened: the token, TLS and the server's version are checked by
+        :meth:`submit`'s first call). A server that is down, or a wrong host or port, is refused
+        here, before the write phase records anything, naming the connection."""
+        url, _ = self._connection_url()
+        parts = urlsplit(url.split(";", 1)[0])
+        host, port = parts.hostname or "", parts.port or DEFAULT_PORT
+        try:
+            with socket.create_connection((host, port), timeout=REACH_TIMEOUT_S):
+                pass
+        except OSError as exc:
+            why = exc.strerror or str(exc) or type(exc).__name__
+            raise SparkConnectUnreachableError(
+                self._redact(
+                    f"{self._where()} does not answer: nothing accepted a connection at {host}:{port} "
+                    f"within {REACH_TIMEOUT_S:g}s ({why}): start the server, or fix the host and port of "
+                    f"connection {self.spark_conn_id!r}"
+                )
+            ) from None
 
     def describe_failure(self, exc: BaseException) -> str:
         return self._redact(super().describe_failure(exc))

@@ -56,6 +56,11 @@ _READ_EXTRA = frozenset(
         "service_config",
     }
 )
+#: Extra keys another part of walsink reads from the same ``aws`` connection: not "ignored".
+_READ_ELSEWHERE = frozenset({"storage_options"})  # a Delta target's conn_id (core/targets/delta.py)
+#: ``(conn_id, ignored keys)`` already said in this process: the connection is read several times
+#: per task (preflight, the store, the job's environment), the line is worth reading once.
+_SAID_IGNORED: set[tuple[str | None, tuple[str, ...]]] = set()
 
 
 class StagingConnectionError(PreflightError, ValueError):
@@ -139,9 +144,10 @@ def s3_options_from_connection(conn: Any) -> dict[str, str]:
                 "default credential chain is used"
             )
             raise StagingConnectionError(f"connection {conn_id!r} sets {key!r}: {why}; {fix}")
-    ignored = sorted(set(extra) - _READ_EXTRA - set(_UNSUPPORTED_EXTRA))
-    if ignored:
-        log.info("Connection %r: staging ignores the extra fields %s", conn_id, ignored)
+    ignored = tuple(sorted(set(extra) - _READ_EXTRA - _READ_ELSEWHERE - set(_UNSUPPORTED_EXTRA)))
+    if ignored and (conn_id, ignored) not in _SAID_IGNORED:
+        _SAID_IGNORED.add((conn_id, ignored))
+        log.info("Connection %r: staging ignores the extra fields %s", conn_id, list(ignored))
     options: dict[str, str] = {}
     login, password = getattr(conn, "login", None), getattr(conn, "password", None)
     if login or password:

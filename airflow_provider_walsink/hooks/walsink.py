@@ -21,6 +21,7 @@ from airflow_provider_walsink.core.staging.probe import local_root_status
 from airflow_provider_walsink.core.store.engine import missing_database_hint
 from airflow_provider_walsink.core.store.errors import CommitterDatabaseError
 from airflow_provider_walsink.core.store.store import CommitterStore
+from airflow_provider_walsink.hooks.connections import ConnectionNotFoundError, WrongConnectionTypeError
 from airflow_provider_walsink.hooks.form import CONN_TYPE, HOOK_NAME, UI_FIELD_BEHAVIOUR
 from airflow_provider_walsink.hooks.staging import (
     DEFAULT_AWS_CONN_ID,
@@ -112,7 +113,12 @@ class WalsinkHook(BaseHook):
             conn = self.get_connection(self.walsink_conn_id)
         except AirflowNotFoundException:
             if self.walsink_conn_id != self.default_conn_name:
-                raise
+                # A typo, not a reason to fall back on the embedded default: said with the fix.
+                raise ConnectionNotFoundError(
+                    f"connection {self.walsink_conn_id!r} (walsink_conn_id) does not exist: create it as a "
+                    f"{self.conn_type!r} connection to the committer database (docs/production.md), or fix "
+                    "the name"
+                ) from None
             self._url = default_database_url()
             self.log.info("No connection %r: using the embedded default %s", self.walsink_conn_id, self._url)
             return
@@ -120,9 +126,9 @@ class WalsinkHook(BaseHook):
             # Another kind (a target's postgres connection, a generic one) would be read as a
             # committer database: the committer table created in a target database, or the
             # embedded default used under another name.
-            raise ValueError(
-                f"connection {self.walsink_conn_id!r} is of type {conn.conn_type!r}, not {self.conn_type!r}: "
-                "the committer table needs a walsink connection (docs/production.md)"
+            raise WrongConnectionTypeError(
+                f"connection {self.walsink_conn_id!r} (walsink_conn_id) is of type {conn.conn_type!r}, not "
+                f"{self.conn_type!r}: the committer table needs a walsink connection (docs/production.md)"
             )
         self._extra = dict(conn.extra_dejson or {})
         backend = self._field("backend") or ("sqlite" if not conn.host else "postgresql")

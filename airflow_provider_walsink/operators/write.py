@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow.sdk import BaseHook, BaseOperator
+from airflow.sdk import BaseOperator
 
 from airflow_provider_walsink.core.commit.write_phase import (
     AttemptCancelledError,
     CheckpointSkipped,
     WritePhase,
 )
-from airflow_provider_walsink.core.protocol.errors import PreflightError
+from airflow_provider_walsink.core.protocol.errors import NOTHING_DONE, PreflightError
 from airflow_provider_walsink.core.protocol.modes import Reprocess, WriteMode
 from airflow_provider_walsink.core.protocol.partition_keys import PartitionSpec
 from airflow_provider_walsink.core.runners import JobRunner, runner_class, runner_name
@@ -21,6 +21,7 @@ from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.store.errors import PipelineOwnedError
 from airflow_provider_walsink.core.store.store import CheckpointRecord
 from airflow_provider_walsink.core.targets.registry import connection_references, target_scheme
+from airflow_provider_walsink.hooks.connections import require_connection
 from airflow_provider_walsink.hooks.context import (
     actor_from_context,
     reprocess_decision,
@@ -229,8 +230,12 @@ class WalWriteOperator(BaseOperator):
         through spark-submit (:data:`~airflow_provider_walsink.core.runners.RUNNERS`)."""
         conn_type = None
         if self.spark_conn_id is not None:
-            # A missing connection fails here: never spark-submit's silent fallback to yarn.
-            conn_type = BaseHook.get_connection(self.spark_conn_id).conn_type
+            # A missing connection is refused here: never spark-submit's silent fallback to yarn.
+            conn_type = require_connection(
+                self.spark_conn_id,
+                named_by=f"spark_conn_id of write task {self.task_id!r}",
+                create="create it as a 'spark' connection (spark-submit) or a 'spark_connect' one (Spark Connect)",
+            ).conn_type
         name = runner_name(conn_type)
         # spark-submit's own arguments, passed only when set: a runner that does not take them refuses.
         options: dict[str, Any] = {}
@@ -268,7 +273,9 @@ class WalWriteOperator(BaseOperator):
             # Aborted by a person, or another try writes it now: a retry must not undo either.
             raise AirflowFailException(str(exc)) from None
         except PreflightError as exc:
-            raise AirflowFailException(str(exc)) from None  # a retry meets the same configuration
+            # A retry meets the same configuration. Every refusal says that nothing was done.
+            message = str(exc) if NOTHING_DONE in str(exc) else f"{exc}; {NOTHING_DONE}"
+            raise AirflowFailException(message) from None
         self._staging_root = phase.staging_root
         return self._result(context, record, skipped=False)
 

@@ -240,7 +240,7 @@ def checkpoint_dict(
         "sealed_at": _iso(record.sealed_at),
         "durable_at": _iso(record.durable_at),
         "committed_at": _iso(record.committed_at),
-        # Its pipeline's commit deadline (Airflow's deadline alert) passed and it is not COMMITTED.
+        # Its pipeline's commit deadline (Airflow's deadline alert) passed and it is not COMMITTED or ABORTED.
         "commit_due_at": _iso(record.commit_due_at),
         "overdue": is_overdue(record, now),
         "phases": current_phases,
@@ -293,7 +293,7 @@ def version_phases(history: list[TransitionRecord], now: datetime | None = None)
             sealed = None
         newest = number == len(segments)
         state = segment[-1].to_state
-        running = newest and committed is None and state not in {s.value for s in ERROR_STATES}
+        running = newest and committed is None and not S(state).is_final and state not in ERROR_STATES
         out.append(
             {
                 "version": number,

@@ -16,6 +16,15 @@ without a retry, since a retry meets the same configuration). In order:
    ``check_writable()`` (a local root can be created and written; an object store's bucket
    exists and a probe object can be put and deleted under the prefix with the staging
    connection's credentials), re-raised naming that connection.
+3. **Where the job runs** (:meth:`~..write_phase.WritePhase.run`, after the staging root): the
+   job runner's ``check_reachable()`` (``JobRunner.check_reachable``): a Spark Connect server
+   accepts a connection at its host and port within seconds, else the refusal names the
+   ``spark_conn_id`` connection.
+
+Before all of these, the write task looks up the connections it names (``walsink_conn_id``,
+``spark_conn_id``): one that does not exist, or is of a type that cannot serve, is refused
+naming it and the argument (``hooks/connections.py: ConnectionNotFoundError``), not left to
+Airflow's bare ``AirflowNotFoundException`` and a retry.
 
 Each check changes nothing that stays (a probe object is deleted at once).
 """

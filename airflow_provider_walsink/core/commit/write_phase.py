@@ -162,6 +162,7 @@ class WritePhase:
         self.log.info("Staging placement: %s", self.check_placement(root))
         if self.check_staging is not None:
             self.check_staging(root)  # the bucket exists and takes writes, before Spark (preflight.py)
+        self.runner.check_reachable()  # a Spark Connect server answers (preflight.py)
         actor = actor_of()
 
         record = store.register(

@@ -88,5 +88,6 @@ VERIFIED_DURABLE = frozenset({S.DURABLE, S.AUDITED, S.REJECTED, S.COMMITTING, S.
 COMMITTABLE = frozenset(s for s, nxt in TRANSITIONS.items() if S.COMMITTING in nxt)
 #: Audit verdicts: each names the sealed attempt it judged in its history row.
 AUDIT_VERDICTS = frozenset({S.AUDITED, S.REJECTED})
-#: States shown as a pipeline's "last error".
-ERROR_STATES = frozenset({S.FAILED, S.ABORTED, S.REJECTED})
+#: States shown as a pipeline's "last error". Not ABORTED: an abort is a person's decision,
+#: recorded with its reason, not an error to look into.
+ERROR_STATES = frozenset({S.FAILED, S.REJECTED})

@@ -30,6 +30,10 @@ class JobRunner(ABC):
     * :meth:`cancel` stops a running job (the task was killed, the checkpoint aborted, a newer
       attempt started); it does nothing once the job has ended. It may be called from another
       thread while :meth:`submit` blocks.
+    * :meth:`check_reachable` is asked before the write phase records anything: a runner whose
+      job runs on a server (Spark Connect) checks, quickly, that the server answers, and refuses
+      with a :class:`~airflow_provider_walsink.core.protocol.errors.PreflightError` naming its
+      connection (the write task then fails without a retry). Default: nothing to check.
     * :meth:`job_ref` names where the job about to be submitted will run when it can outlive
       the worker (a Spark Connect session); the write phase records it on the attempt before
       :meth:`submit`, and the next attempt of the checkpoint hands it to the class method
@@ -97,6 +101,11 @@ class JobRunner(ABC):
     @abstractmethod
     def cancel(self) -> None:
         """Stop the job if it runs."""
+
+    def check_reachable(self) -> None:
+        """Before anything is recorded: raise a ``PreflightError`` naming the connection when
+        the job could not be started (its server does not answer). Quick; changes nothing."""
+        return None  # a job started by this process (spark-submit) has no server to reach first
 
     def job_ref(self) -> dict[str, Any] | None:
         """Where the job :meth:`submit` will start runs, as JSON with ``"runner"`` (this runner's

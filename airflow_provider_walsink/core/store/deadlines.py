@@ -40,13 +40,12 @@ _PHASE_REASONS = {
 
 
 def is_overdue(record: CheckpointRecord, now: datetime) -> bool:
-    """``True`` when the checkpoint's recorded commit deadline has passed and it is not COMMITTED.
+    """``True`` when the checkpoint's recorded commit deadline has passed and it is still due:
+    not final (COMMITTED, or ABORTED: a person ended it, nothing is late any more).
 
     ``now`` and ``commit_due_at`` are naive UTC (the committer table's convention).
     """
-    return (
-        record.commit_due_at is not None and record.state is not S.COMMITTED and now >= record.commit_due_at
-    )
+    return record.commit_due_at is not None and not record.state.is_final and now >= record.commit_due_at
 
 
 def on_call_reason(record: CheckpointRecord | None, waiting: dict[str, Any] | None = None) -> str:
