@@ -166,6 +166,7 @@ def _empty(store) -> None:
     from airflow_provider_walsink.core.store.models import (
         checkpoint_table,
         consumer_group_table,
+        deadline_notice_table,
         pipeline_table,
         transition_table,
         version_table,
@@ -178,6 +179,7 @@ def _empty(store) -> None:
             checkpoint_table,
             pipeline_table,
             consumer_group_table,
+            deadline_notice_table,
         ):
             conn.execute(table.delete())
 
