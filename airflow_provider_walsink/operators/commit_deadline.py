@@ -46,16 +46,14 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_provider_walsink.core.store.deadlines import FAILED, NOTIFIED, on_call_reason
-from airflow_provider_walsink.core.store.queries import wait_status
-from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord, utcnow
-from airflow_provider_walsink.core.store.store import CommitterStore
-from airflow_provider_walsink.hooks import versions
-from airflow_provider_walsink.hooks.context import format_checkpoint_key
-from airflow_provider_walsink.hooks.walsink import WalsinkHook
-from airflow_provider_walsink.ui.links import checkpoint_link
+# The triggerer imports this module on its event loop (an AsyncCallback's path): the committer
+# table's modules (SQLAlchemy, Alembic) and the hooks are imported where they are used, in a
+# worker thread (issue 46).
+if TYPE_CHECKING:
+    from airflow_provider_walsink.core.store.records import CheckpointRecord
+    from airflow_provider_walsink.core.store.store import CommitterStore
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +78,8 @@ def check_commit_deadline(pipeline: str, commit_deadline: Any, callback: Any) ->
             raise ValueError(f"{where}: commit_deadline_callback is given without commit_deadline")
         return
     # Only a pipeline that asks for a deadline imports Airflow's deadline API (3.3+).
+    from airflow_provider_walsink.hooks import versions
+
     versions.require("commit_deadline", where)
     from airflow.sdk.definitions.callback import AsyncCallback, SyncCallback
 
@@ -226,6 +226,8 @@ class NoticeClaim:
     claimant: str
 
     def notified(self) -> None:
+        from airflow_provider_walsink.core.store.deadlines import NOTIFIED
+
         self.store.finish_deadline_notice(
             self.pipeline, self.deadline, claimant=self.claimant, outcome=NOTIFIED
         )
@@ -233,6 +235,8 @@ class NoticeClaim:
     def failed(self, error: BaseException) -> None:
         # Claimed before the call, so never called twice: the failure is logged and recorded
         # (the notice, the checkpoint's history), and the callback fails in Airflow.
+        from airflow_provider_walsink.core.store.deadlines import FAILED
+
         log.exception("commit deadline notifier of %s failed; it is not called again", self.pipeline)
         self.store.finish_deadline_notice(
             self.pipeline,
@@ -268,6 +272,12 @@ def deadline_report(
     (a triggerer restart, a reassigned trigger, two triggerers; ``claimed_by`` names it). The
     claim records the miss on a registered checkpoint that is not COMMITTED in time, once.
     """
+    from airflow_provider_walsink.core.store.deadlines import on_call_reason
+    from airflow_provider_walsink.core.store.queries import wait_status
+    from airflow_provider_walsink.core.store.records import Actor, utcnow
+    from airflow_provider_walsink.hooks.walsink import WalsinkHook
+    from airflow_provider_walsink.ui.links import checkpoint_link
+
     pipeline = walsink["pipeline"]
     dag_run = context.get("dag_run") or {}
     dag_id, run_id = dag_run.get("dag_id"), dag_run.get("dag_run_id") or dag_run.get("run_id")
@@ -336,6 +346,8 @@ def _run_checkpoint(
 
 
 def _interval_key(dag_run: Mapping[str, Any]) -> str | None:
+    from airflow_provider_walsink.hooks.context import format_checkpoint_key
+
     start = _moment(dag_run.get("data_interval_start"))
     return format_checkpoint_key(start.astimezone(UTC)) if start else None
 
