@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import time
 import psutil
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, missing_prerequisite
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -40,6 +41,11 @@ def _alive(procs: list[dict]) -> list[str]:
 
 
 def test_a_session_ended_by_sigterm_stops_every_process_it_started(tmp_path):
+    java_home = os.environ.get("JAVA_HOME")
+    if not (
+        shutil.which("java") or (java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK))
+    ):
+        missing_prerequisite("Java (17) is not installed: the Spark cluster cannot start")
     pids_file = tmp_path / "pids.json"
     # A session of its own: not this session's Airflow home, databases or xdist worker.
     env = {
