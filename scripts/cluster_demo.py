@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from datetime import date, timedelta
@@ -47,6 +46,7 @@ sys.path.insert(0, str(REPO))
 
 from airflow_stack import AirflowStack, StackUser, create_postgres_database  # noqa: E402
 from demo import Progress, say, trigger  # noqa: E402
+from guard import interrupt_on_sigterm  # noqa: E402
 from spark_cluster import SparkCluster  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
@@ -86,7 +86,7 @@ def run(argv: list[str] | None = None) -> int:
     master_env = cluster.compose["services"]["spark-master"].get("environment", {})
     cluster.env["SPARK_MASTER_OPTS"] = master_env.get("SPARK_MASTER_OPTS", "-Dspark.deploy.defaultCores=1")
     # SIGTERM (a CI job cancelled, `kill`) stops everything the demo started, as Ctrl-C does.
-    signal.signal(signal.SIGTERM, _interrupted)
+    interrupt_on_sigterm()
     stack = None
     drop_committer = None
     s3 = None
@@ -212,10 +212,6 @@ def run(argv: list[str] | None = None) -> int:
         f"\nAll {len(states)} checkpoints COMMITTED on the cluster. Target tables: {shared / 'examples/target'}"
     )
     return 0
-
-
-def _interrupted(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 class S3Demo:

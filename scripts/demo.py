@@ -57,6 +57,7 @@ from airflow_provider_walsink.core.store.store import CommitterStore
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the stack runner the e2e tests use
 
 from airflow_stack import AirflowStack, StackError, StackUser  # noqa: E402
+from guard import interrupt_on_sigterm  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DAILY = "walsink_daily_overwrite"
@@ -341,6 +342,8 @@ def run(argv: list[str] | None = None) -> int:
     say(f"Airflow home {airflow_home} (SQLite metadata database, LocalExecutor, dags folder {REPO / 'dags'})")
     # Everything Airflow needs is in this environment; `source env.sh` to use the CLI afterwards.
     write_env_sh(airflow_home / "env.sh", stack.env)
+    # SIGTERM (a CI job cancelled, `kill`) stops the components, as Ctrl-C does.
+    interrupt_on_sigterm()
     try:
         stack.airflow("db", "migrate", timeout=600)
         print("  metadata database migrated")

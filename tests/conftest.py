@@ -68,6 +68,12 @@ os.environ["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{AIRFLOW_HOME}/airflow.db"
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
 
+# A session ended by SIGTERM (a CI time-out, `timeout`) tears down as on Ctrl-C: the session
+# fixtures stop the servers, clusters and stacks they started (tests/guard.py; issue 46).
+from guard import interrupt_on_sigterm  # noqa: E402 - after the environment above
+
+interrupt_on_sigterm()
+
 PG_ADMIN_URL = os.environ.get("WALSINK_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 MYSQL_ADMIN_URL = os.environ.get("WALSINK_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 BACKENDS = ["sqlite", "postgresql", "mysql"]
@@ -166,6 +172,7 @@ def _empty(store) -> None:
     from airflow_provider_walsink.core.store.models import (
         checkpoint_table,
         consumer_group_table,
+        deadline_notice_table,
         pipeline_table,
         transition_table,
         version_table,
@@ -178,6 +185,7 @@ def _empty(store) -> None:
             checkpoint_table,
             pipeline_table,
             consumer_group_table,
+            deadline_notice_table,
         ):
             conn.execute(table.delete())
 

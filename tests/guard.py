@@ -18,6 +18,10 @@ COMMAND as its child and stays beside it:
 
 Linux only (prctl); elsewhere the guard still works by polling its parent id, without
 the subreaper (orphans then escape to init).
+
+The process that starts guarded commands (a test session, the demo) calls
+:func:`interrupt_on_sigterm`, so a SIGTERM runs its clean-up (fixture teardown, ``finally``)
+as Ctrl-C does, instead of leaving the guards to notice that it died.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -47,6 +52,30 @@ def _prctl(option: int, value: int) -> bool:
         return libc.prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, as Ctrl-C raises KeyboardInterrupt."""
+
+
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM (a CI time-out, ``timeout``, ``kill``) stop this process as Ctrl-C does: raise
+    :class:`Terminated` in the main thread, so pytest tears down its fixtures and a script runs
+    its ``finally`` blocks, stopping what they started. Later SIGTERMs while that clean-up runs
+    are only reported (``timeout`` signals the process and then its whole group, so two arrive at
+    once); SIGKILL still ends the process, and the guards then end what it started. A no-op
+    outside the main thread (only the main thread can set a handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def again(_signum: int, _frame: object) -> None:
+        print("SIGTERM again: still stopping (SIGKILL ends it at once)", file=sys.stderr, flush=True)
+
+    def first(_signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, again)
+        raise Terminated("SIGTERM: stopping as on Ctrl-C, so that everything started is stopped")
+
+    signal.signal(signal.SIGTERM, first)
 
 
 def _reap() -> dict[int, int]:

@@ -125,14 +125,15 @@ def test_a_second_commit_deadline_for_the_pipeline_in_one_dag_is_refused():
     assert len(dag.deadline) == 1
 
 
-def _context(run_id: str, due: datetime, interval_start: str) -> dict:
-    """The simple context Airflow's ``Deadline.handle_miss`` hands a deadline callback (JSON)."""
+def _context(run_id: str, due: datetime, interval_start: str, deadline_id: str = "x") -> dict:
+    """The simple context Airflow's ``Deadline.handle_miss`` hands a deadline callback (JSON;
+    ``deadline_id``: Airflow's id of the run's deadline)."""
     return {
         "dag_run": {
             "dag_run_id": run_id, "dag_id": "d", "data_interval_start": interval_start,
             "queued_at": (due - timedelta(hours=2)).isoformat(),
         },
-        "deadline": {"id": "x", "deadline_time": due.replace(tzinfo=UTC).isoformat()},
+        "deadline": {"id": deadline_id, "deadline_time": due.replace(tzinfo=UTC).isoformat()},
     }  # fmt: skip
 
 
@@ -203,7 +204,7 @@ def test_the_callback_reports_a_held_back_checkpoint_once_and_not_one_committed_
     # A run whose write task never registered its checkpoint is reported as such.
     notify_commit_deadline_sync(
         walsink={**walsink, "notifier": f"{__name__}.user_alert_sync"},
-        context=_context("run-none", utcnow(), "2026-01-02T00:00:00+00:00"),
+        context=_context("run-none", utcnow(), "2026-01-02T00:00:00+00:00", "none-1"),
     )
     (call,) = CALLS
     fields = call["context"]["walsink"]
@@ -213,10 +214,126 @@ def test_the_callback_reports_a_held_back_checkpoint_once_and_not_one_committed_
     CALLS.clear()
     notify_commit_deadline_sync(
         walsink={**walsink, "notifier": f"{__name__}.user_alert_sync", "key_from_interval": False},
-        context=_context("run-none", utcnow(), "2026-01-01T00:00:00+00:00"),
+        context=_context("run-none", utcnow(), "2026-01-01T00:00:00+00:00", "none-2"),
     )
     (call,) = CALLS
     assert (call["context"]["walsink"]["state"], call["context"]["walsink"]["checkpoint_key"]) == (
         "NOT REGISTERED",
         None,
     )
+
+
+# Once per deadline (issue 46): a triggerer restart, a reassigned trigger or two triggerers run the
+# callback again for the same deadline; the second run finds the first one's claim and does nothing.
+
+WALSINK = {
+    "pipeline": "p", "walsink_conn_id": "walsink_default", "key_from_interval": True,
+    "notifier": f"{__name__}.user_alert", "notifier_kwargs": {"channel": "#data"},
+}  # fmt: skip
+HELD_KEY = "20260101T000000Z"
+
+
+def failing_alert_sync(context, channel):  # a notifier whose service is down
+    CALLS.append({"context": context, "channel": channel})
+    raise ConnectionError("slack is down")
+
+
+@pytest.fixture
+def held_back(db_url, monkeypatch, tmp_path):
+    """A SEALED checkpoint of run ``run-held`` in a committer table on each backend, the callback's
+    connection pointing at it."""
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_WALSINK_DEFAULT",
+        json.dumps(
+            {"conn_type": "walsink", "extra": {"url": db_url, "staging_root": str(tmp_path / "staging")}}
+        ),
+    )
+    store = CommitterStore.from_url(db_url)
+    held = Actor(name="w", dag_id="d", run_id="run-held", task_id="write", try_number=1)
+    stage_checkpoint(
+        store, StagingLayout(tmp_path / "staging"), "p", HELD_KEY, {"dt=1/a.csv": b"1\n"}, durable=False,
+        actor=held,
+    )  # fmt: skip
+    CALLS.clear()
+    yield store
+    store.dispose()
+
+
+def _missed_rows(store: CommitterStore) -> list:
+    return [h for h in store.history("p", HELD_KEY) if "commit deadline missed" in (h.detail or "")]
+
+
+def _run_callback(kind: str, context: dict, notifier: str = "") -> str:
+    if kind == "async":
+        walsink = {**WALSINK, "notifier": notifier or f"{__name__}.user_alert"}
+        return asyncio.run(notify_commit_deadline(walsink=walsink, context=context))
+    walsink = {**WALSINK, "notifier": notifier or f"{__name__}.user_alert_sync"}
+    return notify_commit_deadline_sync(walsink=walsink, context=context)
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_the_callback_run_twice_for_one_deadline_notifies_once_and_records_one_row(held_back, kind):
+    store = held_back
+    context = _context("run-held", utcnow() - timedelta(seconds=1), "2026-01-01T00:00:00+00:00")
+    first = _run_callback(kind, context)
+    second = _run_callback(kind, json.loads(json.dumps(context)))  # a restarted triggerer's copy
+
+    assert first.startswith("notified (commit deadline ")
+    assert second.startswith("not notified again (commit deadline ") and "claimed" in second
+    assert len(CALLS) == 1
+    assert [(h.run_id, h.to_state) for h in _missed_rows(store)] == [("run-held", "SEALED")]
+    record = store.require("p", HELD_KEY)
+    assert record.state.value == "SEALED" and is_overdue(record, utcnow())  # the deadline moves no state
+    notice = store.deadline_notice("p", "x")
+    assert (notice["outcome"], notice["run_id"], notice["checkpoint_key"]) == (
+        "notified",
+        "run-held",
+        HELD_KEY,
+    )
+
+    # Another deadline of the same run (a new run of the interval has its own) notifies again.
+    _run_callback(kind, {**context, "deadline": {**context["deadline"], "id": "y"}})
+    assert len(CALLS) == 2 and len(_missed_rows(store)) == 2
+
+
+def test_two_callbacks_racing_for_one_deadline_notify_once(held_back):
+    """Two triggerers run the callback for the same deadline at the same moment: the claim's
+    primary key lets one notify; the other finds its claim."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = held_back
+    context = _context("run-held", utcnow() - timedelta(seconds=1), "2026-01-01T00:00:00+00:00")
+    start = threading.Barrier(4)
+
+    def run(kind: str) -> str:
+        start.wait()
+        return _run_callback(kind, json.loads(json.dumps(context)))
+
+    with ThreadPoolExecutor(4) as pool:
+        outputs = list(pool.map(run, ["sync", "async", "sync", "async"]))
+    assert sorted(o.split(" (")[0] for o in outputs) == ["not notified again"] * 3 + ["notified"]
+    assert len(CALLS) == 1
+    assert len(_missed_rows(store)) == 1
+    assert store.require("p", HELD_KEY).state.value == "SEALED"
+
+
+def test_a_notifier_that_fails_after_the_claim_is_recorded_and_never_called_again(held_back):
+    """At most once: the claim is recorded before the notifier is called, so a notifier that
+    raises is not called by a second run; its failure is on the claim and in the history, and the
+    callback fails in Airflow."""
+    store = held_back
+    context = _context("run-held", utcnow() - timedelta(seconds=1), "2026-01-01T00:00:00+00:00")
+    failing = f"{__name__}.failing_alert_sync"
+    with pytest.raises(ConnectionError, match="slack is down"):
+        _run_callback("sync", context, notifier=failing)
+    assert _run_callback("sync", context, notifier=failing).startswith("not notified again")
+    assert len(CALLS) == 1
+    notice = store.deadline_notice("p", "x")
+    assert (notice["outcome"], notice["detail"]) == ("failed", "ConnectionError: slack is down")
+    details = [h.detail for h in store.history("p", HELD_KEY)]
+    assert sum("commit deadline missed" in (d or "") for d in details) == 1
+    assert "commit deadline notifier failed (not called again): ConnectionError: slack is down" in details
+    assert store.require("p", HELD_KEY).state.value == "SEALED"

@@ -7,7 +7,10 @@ missed and queues walsink's callback, the triggerer runs it: it reads the commit
 calls the user's notifier once with the pipeline, the checkpoint, its state and the on-call
 reason, and records the miss (history, ``commit_due_at``). The run that committed in time
 finished before its deadline, so Airflow deleted it: nothing fires. The held-back checkpoint is
-then let through; its run commits late, and still exactly one notification exists.
+then let through; its run commits late, and still exactly one notification exists. Before that,
+the triggerer is restarted while the notifier is still sending: the restarted triggerer runs the
+callback again for the same deadline, and it finds the first run's claim and does nothing
+(issue 46).
 """
 
 from __future__ import annotations
@@ -61,6 +64,22 @@ def test_a_checkpoint_held_back_past_its_deadline_notifies_once_and_one_committe
     assert call["message"] == f"{PIPELINE}/{HELD_KEY} is SEALED: {report['reason']}"
     assert report["link"].endswith(f"dag_id={DAG_ID}&run_id=deadline__{HELD_KEY}&pipeline={PIPELINE}")
 
+    # The notifier is still sending (it holds until released) when the triggerer restarts: the
+    # new triggerer runs the callback again for the same deadline, which finds the first run's
+    # claim and neither notifies nor records again (issue 46).
+    stack.stop_component("triggerer")
+    stack.start_component("triggerer")
+    try:
+        callback = stack.wait_until(
+            "the deadline callback run again by the restarted triggerer",
+            lambda: _callback_done(stack, held),
+            timeout=300,
+        )
+    finally:
+        (stack.home / "deadline-release").touch()
+    assert callback.output.startswith("not notified again (commit deadline "), callback.output
+    assert len(_calls(calls)) == 1
+
     store = CommitterStore.from_url(f"sqlite:///{stack.home}/walsink/committer.db")
     try:
         record = store.require(PIPELINE, HELD_KEY)
@@ -69,6 +88,9 @@ def test_a_checkpoint_held_back_past_its_deadline_notifies_once_and_one_committe
             h for h in store.history(PIPELINE, HELD_KEY) if "commit deadline missed" in (h.detail or "")
         ]
         assert [(h.run_id, h.to_state) for h in missed] == [(held, "SEALED")]
+        # Claimed, and the claimer stopped while its notifier ran: "claimed" says it may have sent.
+        (notice,) = [n for n in _notices(store) if n["run_id"] == held]
+        assert notice["outcome"] == "claimed" and notice["checkpoint_key"] == HELD_KEY
         assert store.require(PIPELINE, ON_TIME_KEY).state is CheckpointState.COMMITTED
 
         # Let the held-back checkpoint through: its run commits (late), nothing fires again.
@@ -96,11 +118,37 @@ def test_a_checkpoint_held_back_past_its_deadline_notifies_once_and_one_committe
     finally:
         engine.dispose()
     assert [(r.run_id, r.missed, r.state) for r in rows] == [(held, True, "success")]
+    # The second run's answer (the first run was stopped with its triggerer).
     assert (
-        rows[0].output.startswith("notified (commit deadline ")
-        and f"{PIPELINE}/{HELD_KEY} SEALED" in rows[0].output
+        rows[0].output.startswith("not notified again") and f"{PIPELINE}/{HELD_KEY} SEALED" in rows[0].output
     )
     assert len(_calls(calls)) == 1  # once, although the run went on (and committed) after it
+
+
+def _callback_done(stack: Any, run_id: str) -> Any:
+    """Airflow's callback row of the run's deadline once it ended (success or failed), else ``None``."""
+    engine = create_engine(stack.metadata_url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(
+                text(
+                    "SELECT c.state, c.output FROM deadline d JOIN dag_run dr ON d.dagrun_id = dr.id "
+                    "JOIN callback c ON d.callback_id = c.id WHERE dr.dag_id = :dag AND dr.run_id = :run "
+                    "AND c.state IN ('success', 'failed')"
+                ),
+                {"dag": DAG_ID, "run": run_id},
+            ).first()
+    finally:
+        engine.dispose()
+
+
+def _notices(store: CommitterStore) -> list[dict]:
+    from sqlalchemy import select
+
+    from airflow_provider_walsink.core.store.models import deadline_notice_table
+
+    with store.engine.connect() as conn:
+        return [dict(r) for r in conn.execute(select(deadline_notice_table)).mappings()]
 
 
 def stack_attempt_dir(store: CommitterStore, stack: Any, key: str) -> Path:

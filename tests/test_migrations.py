@@ -27,6 +27,7 @@ TABLES = {
     "walsink_checkpoint",
     "walsink_transition",
     "walsink_consumer_group",
+    "walsink_deadline_notice",
     VERSION_TABLE,
 }
 
@@ -327,31 +328,37 @@ def test_0008_adds_the_first_event_claim_and_downgrades_keeping_rows(db_url):
     engine.dispose()
 
 
-def test_0009_adds_the_consumer_group_table_and_downgrades_keeping_rows(db_url):
+@pytest.mark.parametrize(
+    ("revision", "table", "key"),
+    [
+        ("0009", "walsink_consumer_group", ["cluster", "group_id"]),
+        ("0014", "walsink_deadline_notice", ["pipeline", "deadline"]),
+    ],
+)
+def test_a_table_revision_adds_its_table_and_downgrades_keeping_rows(db_url, revision, table, key):
     """0009 adds ``walsink_consumer_group`` (which pipeline a Kafka consumer group belongs to,
-    keyed by cluster and group id); a downgrade drops only it."""
+    keyed by cluster and group id), 0014 ``walsink_deadline_notice`` (a commit deadline's claimed
+    notification, keyed by pipeline and Airflow deadline); a downgrade drops only it."""
     from sqlalchemy import func, select
 
     from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
 
+    before = f"{int(revision) - 1:04d}"
     engine = create_committer_engine(db_url)
     _drop_all(engine)
-    upgrade(engine, "0008")
-    assert "walsink_consumer_group" not in inspect(engine).get_table_names()
+    upgrade(engine, before)
+    assert table not in inspect(engine).get_table_names()
     _one_pipeline_with_a_checkpoint(engine)
 
-    upgrade(engine)
-    assert inspect(engine).get_pk_constraint("walsink_consumer_group")["constrained_columns"] == [
-        "cluster",
-        "group_id",
-    ]
+    upgrade(engine, revision)
+    assert inspect(engine).get_pk_constraint(table)["constrained_columns"] == key
     with engine.connect() as conn:
-        assert current_revision(conn) == head_revision()
+        assert current_revision(conn) == revision
 
-    _downgrade(engine, "0008")
-    assert "walsink_consumer_group" not in inspect(engine).get_table_names()
+    _downgrade(engine, before)
+    assert table not in inspect(engine).get_table_names()
     with engine.connect() as conn:
-        assert current_revision(conn) == "0008"
+        assert current_revision(conn) == before
         assert conn.execute(select(func.count()).select_from(ckpt)).scalar_one() == 1
     upgrade(engine)
     engine.dispose()

@@ -23,29 +23,39 @@ When Airflow runs it, and what it does:
   ``airflow/models/dagrun.py``: the prune on success; the scheduler's loop).
 * Airflow's deadline is about the DAG run; walsink's is about the checkpoint. The callback
   finds the run's checkpoint of the pipeline in the committer table; one COMMITTED by the
-  deadline (the run went on with later tasks) is not reported. Otherwise walsink records the
-  miss on the checkpoint (the UI marks it overdue until it commits, its history says when)
-  and calls the user's notifier once, its context holding ``walsink``: ``pipeline``,
-  ``checkpoint_key``, ``state``, ``reason`` (the on-call reason walsink records: why it waits
-  or was refused, else its error), ``deadline``, ``dag_id``, ``run_id``, ``link``.
+  deadline (the run went on with later tasks) is not reported. Otherwise walsink claims the
+  deadline's notification in the committer table, recording the miss on the checkpoint with
+  it (the UI marks it overdue until it commits, its history says when), and calls the user's
+  notifier, its context holding ``walsink``: ``pipeline``, ``checkpoint_key``, ``state``,
+  ``reason`` (the on-call reason walsink records: why it waits or was refused, else its
+  error), ``deadline``, ``dag_id``, ``run_id``, ``link``.
+* Once per deadline, also when the callback runs again (a triggerer restart, a reassigned
+  trigger, two triggerers): the claim is a unique insert (``core/store/deadlines.py``), so
+  only one run records and notifies. It comes before the call: a notifier that raises is
+  recorded as failed and not called again (at most once; docs/deadlines.md says why).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
+import os
+import socket
+import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_provider_walsink.core.store.deadlines import on_call_reason
-from airflow_provider_walsink.core.store.queries import wait_status
-from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord, utcnow
-from airflow_provider_walsink.core.store.store import CommitterStore
-from airflow_provider_walsink.hooks import versions
-from airflow_provider_walsink.hooks.context import format_checkpoint_key
-from airflow_provider_walsink.hooks.walsink import WalsinkHook
-from airflow_provider_walsink.ui.links import checkpoint_link
+# The triggerer imports this module on its event loop (an AsyncCallback's path): the committer
+# table's modules (SQLAlchemy, Alembic) and the hooks are imported where they are used, in a
+# worker thread (issue 46).
+if TYPE_CHECKING:
+    from airflow_provider_walsink.core.store.records import CheckpointRecord
+    from airflow_provider_walsink.core.store.store import CommitterStore
+
+log = logging.getLogger(__name__)
 
 #: The name of the deadline alert walsink adds for a pipeline (one per pipeline and DAG).
 ALERT_NAME = "walsink commit deadline: {pipeline}"
@@ -68,6 +78,8 @@ def check_commit_deadline(pipeline: str, commit_deadline: Any, callback: Any) ->
             raise ValueError(f"{where}: commit_deadline_callback is given without commit_deadline")
         return
     # Only a pipeline that asks for a deadline imports Airflow's deadline API (3.3+).
+    from airflow_provider_walsink.hooks import versions
+
     versions.require("commit_deadline", where)
     from airflow.sdk.definitions.callback import AsyncCallback, SyncCallback
 
@@ -150,29 +162,42 @@ def add_commit_deadline(dag: Any, alert: Any, pipeline: str) -> None:
 
 async def notify_commit_deadline(*, walsink: Mapping[str, Any], context: Mapping[str, Any]) -> str:
     """Airflow's ``AsyncCallback`` (triggerer): report the run's checkpoint, then await the user's
-    notifier unless the checkpoint was COMMITTED in time. Returns :func:`summary` of the report.
+    notifier unless the checkpoint was COMMITTED in time or another run of this callback claimed
+    the deadline's notification first. Returns :func:`summary` of the report.
 
     Text, not the report: Airflow 3.3.2's triggerer stores a callback's return value in the
     ``callback.output`` text column as it is, and a dict there makes the whole triggerer exit
     (psycopg2 "can't adapt type 'dict'"; ``airflow/triggers/callback.py`` yields the result as the
     event's body, ``airflow/models/callback.py`` sets ``self.output`` from it).
     """
-    report = await asyncio.to_thread(deadline_report, walsink, context)
-    if report["notify"]:
-        result = _call(walsink, {**context, "walsink": report})
-        if inspect.isawaitable(result):
-            await result
+    # The committer table and the notifier's import run off the triggerer's event loop.
+    report, claim = await asyncio.to_thread(deadline_report, walsink, context)
+    if claim is not None:
+        full = {**context, "walsink": report}
+        try:
+            result = await asyncio.to_thread(_call, walsink, full)
+            if inspect.isawaitable(result):
+                await result
+        except Exception as error:
+            await asyncio.to_thread(claim.failed, error)
+            raise
+        await asyncio.to_thread(claim.notified)
     return summary(report)
 
 
 def notify_commit_deadline_sync(*, walsink: Mapping[str, Any], context: Mapping[str, Any]) -> str:
     """Airflow's ``SyncCallback`` (an executor): as :func:`notify_commit_deadline`."""
-    report = deadline_report(walsink, context)
-    if report["notify"]:
+    report, claim = deadline_report(walsink, context)
+    if claim is not None:
         full = {**context, "walsink": report}
-        result = _call(walsink, full)
-        if callable(result):  # a notifier class: its instance sends when called with the context
-            result(full)
+        try:
+            result = _call(walsink, full)
+            if callable(result):  # a notifier class: its instance sends when called with the context
+                result(full)
+        except Exception as error:
+            claim.failed(error)
+            raise
+        claim.notified()
     return summary(report)
 
 
@@ -180,9 +205,46 @@ def summary(report: Mapping[str, Any]) -> str:
     """One line: whom the callback notified about what, or why it did not (Airflow keeps it as the
     callback's output)."""
     what = f"{report['pipeline']}/{report['checkpoint_key']} {report['state']}: {report['reason']}"
+    if report.get("claimed_by"):
+        return (
+            f"not notified again (commit deadline {report['deadline']}): {report['claimed_by']} claimed "
+            f"this deadline's notification first; {what}"
+        )
     return (
         f"{'notified' if report['notify'] else 'not notified'} (commit deadline {report['deadline']}): {what}"
     )
+
+
+@dataclass(frozen=True)
+class NoticeClaim:
+    """This run's claim on a deadline's notification (``core/store/deadlines.py``): it notifies,
+    then writes what the notifier did on the claim."""
+
+    store: CommitterStore
+    pipeline: str
+    deadline: str
+    claimant: str
+
+    def notified(self) -> None:
+        from airflow_provider_walsink.core.store.deadlines import NOTIFIED
+
+        self.store.finish_deadline_notice(
+            self.pipeline, self.deadline, claimant=self.claimant, outcome=NOTIFIED
+        )
+
+    def failed(self, error: BaseException) -> None:
+        # Claimed before the call, so never called twice: the failure is logged and recorded
+        # (the notice, the checkpoint's history), and the callback fails in Airflow.
+        from airflow_provider_walsink.core.store.deadlines import FAILED
+
+        log.exception("commit deadline notifier of %s failed; it is not called again", self.pipeline)
+        self.store.finish_deadline_notice(
+            self.pipeline,
+            self.deadline,
+            claimant=self.claimant,
+            outcome=FAILED,
+            detail=f"{type(error).__name__}: {error}",
+        )
 
 
 def _call(walsink: Mapping[str, Any], context: dict[str, Any]) -> Any:
@@ -198,17 +260,29 @@ def _call(walsink: Mapping[str, Any], context: dict[str, Any]) -> Any:
     return result
 
 
-def deadline_report(walsink: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
-    """The run's checkpoint at its missed commit deadline, recorded on the checkpoint if it is
-    not COMMITTED in time.
+def deadline_report(
+    walsink: Mapping[str, Any], context: Mapping[str, Any]
+) -> tuple[dict[str, Any], NoticeClaim | None]:
+    """The run's checkpoint at its missed commit deadline, and this run's claim on notifying about
+    it (``None``: do not notify).
 
-    ``{"notify", "pipeline", "checkpoint_key", "state", "reason", "deadline", "dag_id",
-    "run_id", "link"}``; ``notify`` is ``False`` only for a checkpoint COMMITTED by the deadline.
+    The report is ``{"notify", "pipeline", "checkpoint_key", "state", "reason", "deadline",
+    "dag_id", "run_id", "link"}``; ``notify`` is ``False`` for a checkpoint COMMITTED by the
+    deadline, and for a deadline whose notification another run of the callback claimed first
+    (a triggerer restart, a reassigned trigger, two triggerers; ``claimed_by`` names it). The
+    claim records the miss on a registered checkpoint that is not COMMITTED in time, once.
     """
+    from airflow_provider_walsink.core.store.deadlines import on_call_reason
+    from airflow_provider_walsink.core.store.queries import wait_status
+    from airflow_provider_walsink.core.store.records import Actor, utcnow
+    from airflow_provider_walsink.hooks.walsink import WalsinkHook
+    from airflow_provider_walsink.ui.links import checkpoint_link
+
     pipeline = walsink["pipeline"]
     dag_run = context.get("dag_run") or {}
     dag_id, run_id = dag_run.get("dag_id"), dag_run.get("dag_run_id") or dag_run.get("run_id")
-    due = _naive_utc(_moment((context.get("deadline") or {}).get("deadline_time"))) or utcnow()
+    deadline = context.get("deadline") or {}
+    due = _naive_utc(_moment(deadline.get("deadline_time"))) or utcnow()
     store = WalsinkHook(walsink["walsink_conn_id"]).get_store()
     from_interval = walsink.get("key_from_interval", True)
     record = _run_checkpoint(store, pipeline, dag_id, run_id, dag_run, from_interval)
@@ -225,14 +299,32 @@ def deadline_report(walsink: Mapping[str, Any], context: Mapping[str, Any]) -> d
         "link": checkpoint_link(dag_id, run_id, pipeline) if dag_id and run_id else None,
     }
     if record is not None and record.is_committed and record.committed_at and record.committed_at <= due:
-        return {**report, "notify": False, "reason": "committed in time"}
+        return {**report, "notify": False, "reason": "committed in time"}, None
     mode, first_open = store.wait_heads([pipeline]).get(pipeline, (None, None))
     reason = on_call_reason(record, wait_status(record, mode, first_open) if record else None)
-    if record is not None:
-        actor = Actor(name=f"airflow deadline alert@{run_id}", dag_id=dag_id, run_id=run_id)
-        detail = f"commit deadline missed: due {report['deadline']}, {record.state.value}: {reason}"
-        store.record_deadline_miss(pipeline, record.checkpoint_key, due_at=due, actor=actor, detail=detail)
-    return {**report, "notify": True, "reason": reason}
+    # Airflow's id of the run's deadline names it; a context without one, the run and the time.
+    deadline_id = str(deadline.get("id") or f"{dag_id}/{run_id}@{report['deadline']}")
+    claimant = (
+        f"airflow deadline alert@{run_id} ({socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]})"
+    )
+    actor = Actor(name=f"airflow deadline alert@{run_id}"[:255], dag_id=dag_id, run_id=run_id)
+    state = record.state.value if record else NOT_REGISTERED
+    claimed = store.claim_deadline_notice(
+        pipeline,
+        deadline_id,
+        checkpoint_key=record.checkpoint_key if record else None,
+        due_at=due,
+        actor=actor,
+        claimant=claimant,
+        detail=f"commit deadline missed: due {report['deadline']}, {state}: {reason}",
+    )
+    if not claimed:
+        holder = store.deadline_notice(pipeline, deadline_id) or {}
+        log.info(
+            "commit deadline %s of %s: already claimed by %s", deadline_id, pipeline, holder.get("claimed_by")
+        )
+        return {**report, "notify": False, "reason": reason, "claimed_by": holder.get("claimed_by")}, None
+    return {**report, "notify": True, "reason": reason}, NoticeClaim(store, pipeline, deadline_id, claimant)
 
 
 def _run_checkpoint(
@@ -254,6 +346,8 @@ def _run_checkpoint(
 
 
 def _interval_key(dag_run: Mapping[str, Any]) -> str | None:
+    from airflow_provider_walsink.hooks.context import format_checkpoint_key
+
     start = _moment(dag_run.get("data_interval_start"))
     return format_checkpoint_key(start.astimezone(UTC)) if start else None
 

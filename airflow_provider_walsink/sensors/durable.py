@@ -11,11 +11,8 @@ from airflow.sdk import BaseSensorOperator
 
 from airflow_provider_walsink.hooks.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
-from airflow_provider_walsink.triggers.durable import (
-    CheckpointDurableTrigger,
-    DurabilityStatus,
-    evaluate_with_hook,
-)
+from airflow_provider_walsink.triggers.durability_check import DurabilityStatus, evaluate_with_hook
+from airflow_provider_walsink.triggers.durable import CheckpointDurableTrigger
 from airflow_provider_walsink.ui.links import WalsinkCheckpointLink
 
 try:
@@ -35,7 +32,7 @@ class CheckpointDurableSensor(BaseSensorOperator):
     """Wait until a checkpoint's sealed attempt is durable, then mark it DURABLE.
 
     Durable means (one implementation for every mode,
-    :func:`~airflow_provider_walsink.triggers.durable.evaluate_durability`):
+    :func:`~airflow_provider_walsink.triggers.durability_check.evaluate_durability`):
     the manifest is sealed (the committer table holds its digest and the file
     matches it), every committable exists with its recorded size (and
     checksum when ``verify_checksums``), and the totals match the counts

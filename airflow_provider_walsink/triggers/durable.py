@@ -1,39 +1,33 @@
-"""The durability gate, shared by the poke sensor and the deferrable trigger.
+"""The durability gate in the triggerer: :class:`CheckpointDurableTrigger`.
 
-:func:`evaluate_durability` is the one implementation: it reads the
-checkpoint's row, and for a SEALED checkpoint reads the sealed manifest
-(digest-checked against the committer table), checks every committable with
-:func:`~airflow_provider_walsink.core.staging.durability.check_attempt` (size, and
-checksum when asked), checks the manifest's totals against the counts
-recorded at sealing, and then marks the checkpoint DURABLE.
+It runs :func:`~airflow_provider_walsink.triggers.durability_check.evaluate_durability` (the one
+check the sensor shares) every ``poke_interval`` seconds in the triggerer, and fires when the
+checkpoint is durable, or when its own deadline passes with a message naming what is still
+missing. Started by the sensor's ``execute`` (``defer``), it hands the event back to the sensor
+on a worker; started by the scheduler (the sensor's ``start_from_trigger``), it ends the task
+itself (``TaskSuccessEvent`` / ``TaskFailedEvent``), so the sensor never occupies a worker.
 
-:class:`CheckpointDurableTrigger` runs it in a thread (``asyncio.to_thread``:
-it does blocking file and database I/O) every ``poke_interval`` seconds in the
-triggerer, and fires when the checkpoint is durable, or when its own deadline
-passes with a message naming what is still missing. Started by the sensor's
-``execute`` (``defer``), it hands the event back to the sensor on a worker;
-started by the scheduler (the sensor's ``start_from_trigger``), it ends the
-task itself (``TaskSuccessEvent`` / ``TaskFailedEvent``), so the sensor never
-occupies a worker.
+Nothing it does blocks the triggerer's event loop, which every deferred task of the deployment
+shares (issue 46). Airflow imports this module on the loop, so it imports only the standard
+library and Airflow's trigger base; the check, with every import it needs (SQLAlchemy, Alembic,
+pyarrow, walsink's core), the connection lookups, the committer-table queries, the staging
+listings and the checksum reads, runs in a thread pool of :data:`CHECK_THREADS` threads shared
+by every walsink trigger of the triggerer process. That bounds what hundreds of triggers do at
+once (and the committer connections they hold: one engine per committer URL and process,
+``hooks/walsink.py: store_for_url``), and leaves the default executor, which Airflow's own
+``sync_to_async`` and other triggers use, to them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass
-from typing import Any
-
-from airflow_provider_walsink.core.faults import crashpoint
-from airflow_provider_walsink.core.protocol.errors import ManifestError
-from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME
-from airflow_provider_walsink.core.protocol.states import VERIFIED_DURABLE, CheckpointState
-from airflow_provider_walsink.core.staging.durability import check_stored_attempt
-from airflow_provider_walsink.core.staging.layout import StagingLayout
-from airflow_provider_walsink.core.staging.object_store import StagingStore
-from airflow_provider_walsink.core.staging.resolve import staging_for, store_for
-from airflow_provider_walsink.core.store.store import Actor, CommitterStore, StaleAttemptError
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
 
 try:
     from airflow.triggers.base import BaseTrigger, TaskFailedEvent, TaskSuccessEvent, TriggerEvent
@@ -45,121 +39,49 @@ except ImportError:  # pragma: no cover
         TriggerEvent,
     )
 
-S = CheckpointState
-#: States in which the checkpoint was verified durable already (audited or rejected included).
-DURABLE_OR_LATER = VERIFIED_DURABLE
+if TYPE_CHECKING:
+    from airflow_provider_walsink.core.store.records import Actor
+    from airflow_provider_walsink.triggers.durability_check import DurabilityStatus
+
+T = TypeVar("T")
+
+#: Threads of the pool every walsink trigger of one triggerer process checks in: at most this
+#: many checks (and committer connections) at once, whatever the number of triggers.
+CHECK_THREADS = 4
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+#: Names this module served before the check moved to :mod:`.durability_check`; imported from
+#: there when asked for (never on the triggerer's loop).
+_MOVED = {"DURABLE_OR_LATER", "DurabilityStatus", "evaluate_durability", "evaluate_with_hook"}
 
 
-@dataclass(frozen=True)
-class DurabilityStatus:
-    """The outcome of one check: ``durable``, the checkpoint's state and what is missing."""
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        from airflow_provider_walsink.triggers import durability_check
 
-    durable: bool
-    state: str | None
-    message: str
-    attempt: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return getattr(durability_check, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def evaluate_durability(
-    store: CommitterStore,
-    layout: StagingLayout | StagingStore | Callable[[], StagingLayout],
-    pipeline: str,
-    checkpoint_key: str,
-    *,
-    actor: Actor,
-    verify_checksums: bool = False,
-) -> DurabilityStatus:
-    """Check one checkpoint and mark it DURABLE when it is; never raises for "not yet".
-
-    ``layout`` is the staging root: a local :class:`StagingLayout`, or a
-    :class:`StagingStore` (any root, object stores included: sizes from one
-    listing of the attempt, :func:`check_stored_attempt`).
-
-    Not durable yet (with the reason in ``message``): not registered, still
-    writing, FAILED/ABORTED, manifest missing or not matching its recorded
-    digest, a committable missing or of the wrong size/checksum, or totals
-    that differ from the counts recorded at sealing.
-
-    The staged attempt is read under the checkpoint's recorded staging root
-    (:meth:`CheckpointRecord.layout`); ``layout`` (or the function giving it)
-    is used only for a row that records none (written before walsink
-    recorded roots).
-    """
-    name = f"checkpoint {pipeline}/{checkpoint_key}"
-    record = store.get(pipeline, checkpoint_key)
-    if record is None:
-        return DurabilityStatus(False, None, f"{name} is not registered (the write task has not run)")
-    if record.state in DURABLE_OR_LATER:
-        return DurabilityStatus(True, record.state.value, f"{name} is {record.state}", record.sealed_attempt)
-
-    def not_yet(message: str, attempt: int | None) -> DurabilityStatus:
-        return DurabilityStatus(False, record.state.value, message, attempt)
-
-    if record.state is not S.SEALED or record.sealed_attempt is None or record.manifest_digest is None:
-        detail = f": {record.error}" if record.error else ""
-        why = f"at attempt {record.attempt}, no sealed manifest yet{detail}"
-        return not_yet(f"{name} is {record.state} {why}", record.attempt)
-    attempt = record.sealed_attempt
-    staging = store_for(record, layout)
-    location = staging.attempt(pipeline, checkpoint_key, attempt, record.sealed_attempt_id)
-    manifest_path = f"{location.uri}/{MANIFEST_NAME}"
-    try:
-        manifest = staging.read_manifest(location, expected_digest=record.manifest_digest)
-    except ManifestError as e:
-        return not_yet(f"{name} attempt {attempt}: {e}", attempt)
-    identity = (manifest.pipeline, manifest.checkpoint_key, manifest.attempt)
-    if identity != (pipeline, checkpoint_key, attempt):
-        return not_yet(
-            f"{name}: manifest {manifest_path} describes {identity}, not attempt {attempt}", attempt
-        )
-    totals = (manifest.expected_count, manifest.total_rows, manifest.total_bytes)
-    recorded = (record.committables, record.rows, record.bytes)
-    if totals != recorded:
-        why = f"manifest totals (count, rows, bytes) {totals} differ from the sealed record {recorded}"
-        return not_yet(f"{name}: {why}", attempt)
-    report = check_stored_attempt(staging, manifest, location, verify_checksums=verify_checksums)
-    if not report.durable:
-        return not_yet(f"{name} attempt {attempt}: {report.describe()}", attempt)
-    crashpoint("durable.before_mark")
-    try:
-        done = store.mark_durable(
-            pipeline, checkpoint_key, attempt=attempt, actor=actor, detail=report.describe()
-        )
-    except StaleAttemptError as e:  # a newer attempt started meanwhile: check that one next time
-        return not_yet(str(e), attempt)
-    return DurabilityStatus(True, done.state.value, f"{name} attempt {attempt}: {report.describe()}", attempt)
+def _checks_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="walsink-durability")
+        return _pool
 
 
-def evaluate_with_hook(
-    hook: Any,
-    staging_root: str | None,
-    pipeline: str,
-    checkpoint_key: str,
-    *,
-    actor: Actor,
-    verify_checksums: bool = False,
-) -> DurabilityStatus:
-    """:func:`evaluate_durability` through a :class:`~airflow_provider_walsink.hooks.walsink.WalsinkHook`.
-
-    The staging root is the checkpoint's recorded one (else ``staging_root``, else
-    the connection's). A local root is read through the file system; an object
-    store (``s3://``...) through :meth:`WalsinkHook.get_staging_store`, which opens
-    it with the credentials of the connection the walsink connection names, here
-    (in the worker or the triggerer), so no secret is ever passed around.
-    """
-    store = hook.get_store()
-    record = store.get(pipeline, checkpoint_key)
-    layout = staging_for(record, lambda: staging_root or hook.staging_root, hook.get_staging_store)
-    return evaluate_durability(
-        store, layout, pipeline, checkpoint_key, actor=actor, verify_checksums=verify_checksums
-    )
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in the walsink triggers' thread pool, with the caller's context variables
+    (as :func:`asyncio.to_thread` passes them: Airflow's trigger logging reads them)."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(_checks_pool(), call)
 
 
 class CheckpointDurableTrigger(BaseTrigger):
-    """Fires when a checkpoint is durable (see :func:`evaluate_durability`).
+    """Fires when a checkpoint is durable (see
+    :func:`~airflow_provider_walsink.triggers.durability_check.evaluate_durability`).
 
     Events: ``{"status": "durable", ...}`` or, once ``timeout_at`` (epoch
     seconds) has passed, ``{"status": "timeout", "message": <what is missing>}``.
@@ -235,6 +157,7 @@ class CheckpointDurableTrigger(BaseTrigger):
 
         Raises ``RunIntervalError`` (the run has no interval walsink can take as its own).
         """
+        from airflow_provider_walsink.core.store.records import Actor
         from airflow_provider_walsink.hooks.context import actor_from_context, checkpoint_key_from_context
 
         ti = self.task_instance
@@ -255,22 +178,29 @@ class CheckpointDurableTrigger(BaseTrigger):
         return key, actor
 
     def _check(self, key: str, actor: Actor) -> DurabilityStatus:
+        """One check (in the pool's thread); a failure is a "not yet" naming it."""
         from airflow_provider_walsink.hooks.walsink import WalsinkHook
+        from airflow_provider_walsink.triggers.durability_check import DurabilityStatus, evaluate_with_hook
 
-        # Credentials of an object-store root are read here, in the triggerer, from the
-        # connections: the trigger's kwargs (stored in Airflow's database) hold only ids.
-        return evaluate_with_hook(
-            WalsinkHook(self.walsink_conn_id),
-            self.staging_root or None,  # "" when rendered from a write task that pushed no root
-            self.pipeline,
-            key,
-            actor=actor,
-            verify_checksums=self.verify_checksums,
-        )
+        try:
+            # Credentials of an object-store root are read here, in the triggerer, from the
+            # connections: the trigger's kwargs (stored in Airflow's database) hold only ids.
+            return evaluate_with_hook(
+                WalsinkHook(self.walsink_conn_id),
+                self.staging_root or None,  # "" when rendered from a write task that pushed no root
+                self.pipeline,
+                key,
+                actor=actor,
+                verify_checksums=self.verify_checksums,
+            )
+        except Exception as e:  # noqa: BLE001 - e.g. database down: report, and try again
+            status = DurabilityStatus(False, None, f"durability check failed: {e}")
+            self.log.warning("%s", status.message)
+            return status
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
-            key, actor = await asyncio.to_thread(self._resolve)
+            key, actor = await off_loop(self._resolve)
         except Exception as e:  # noqa: BLE001 - no interval walsink can take: nothing to wait for
             self.log.error("cannot tell which checkpoint to wait for: %s", e)
             yield (
@@ -283,11 +213,7 @@ class CheckpointDurableTrigger(BaseTrigger):
         if deadline is None and self.timeout is not None:
             deadline = time.time() + self.timeout
         while True:
-            try:
-                status = await asyncio.to_thread(self._check, key, actor)
-            except Exception as e:  # noqa: BLE001 - e.g. database down: report, and try again
-                status = DurabilityStatus(False, None, f"durability check failed: {e}")
-                self.log.warning("%s", status.message)
+            status = await off_loop(self._check, key, actor)
             if status.durable:
                 self.log.info("%s", status.message)
                 yield (

@@ -6,7 +6,8 @@ functions), missed by a checkpoint held back and not by one committed in time.
 deadline, so no Spark job). For the run at ``HELD_DATE`` it moves the file aside, so the
 checkpoint is sealed but never durable: the durability sensor waits in the triggerer, past the
 deadline, until the test puts the file back. Every other run commits at once. The notifier
-(``tests/deadline_notifier.py``) appends each notification to ``$AIRFLOW_HOME/deadline-calls.jsonl``.
+(``tests/deadline_notifier.py``) appends each notification to ``$AIRFLOW_HOME/deadline-calls.jsonl``
+and returns only once ``$AIRFLOW_HOME/deadline-release`` exists.
 Manual runs only.
 """
 
@@ -42,6 +43,8 @@ HELD = ".held-back"
 #: Long enough for the run that is not held back to commit on a busy machine, short for a test.
 DEADLINE = timedelta(seconds=60)
 CALLS = Path(os.environ.get("AIRFLOW_HOME", ".")) / "deadline-calls.jsonl"
+#: The notifier returns once this file exists: until then, the test restarts the triggerer.
+RELEASE = Path(os.environ.get("AIRFLOW_HOME", ".")) / "deadline-release"
 
 with DAG(
     dag_id="walsink_deadline_test",
@@ -96,6 +99,7 @@ with DAG(
                     "path": str(CALLS),
                     "message": "{{ walsink.pipeline }}/{{ walsink.checkpoint_key }} is {{ walsink.state }}: "
                     "{{ walsink.reason }}",
+                    "hold_until": str(RELEASE),
                 },
             ),
             walsink_conn_id=WalsinkHook.default_conn_name,

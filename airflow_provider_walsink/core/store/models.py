@@ -245,8 +245,33 @@ class ConsumerGroup(Base):
     claimed_at: Mapped[datetime] = mapped_column(Timestamp)
 
 
+class DeadlineNotice(Base):
+    """A missed commit deadline whose notification one deadline callback claimed (migration 0014,
+    :mod:`.deadlines`). The primary key is the claim: of two runs of the callback for the same
+    deadline (a triggerer restart, a reassigned trigger, two triggerers), one inserts the row and
+    notifies; the other finds it and does nothing. No foreign key: a run whose write task never
+    registered its checkpoint (nor its pipeline) is notified about too."""
+
+    __tablename__ = "walsink_deadline_notice"
+
+    pipeline: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    #: Airflow's id of the run's deadline (a UUID), else ``<dag_id>/<run_id>@<due>``.
+    deadline: Mapped[str] = mapped_column(Name, primary_key=True)
+    dag_id: Mapped[str | None] = mapped_column(String(250))
+    run_id: Mapped[str | None] = mapped_column(String(250))
+    checkpoint_key: Mapped[str | None] = mapped_column(Identifier)
+    due_at: Mapped[datetime] = mapped_column(Timestamp)
+    #: Who claimed it (one token per run of the callback) and when, on the database's clock.
+    claimed_by: Mapped[str] = mapped_column(String(255))
+    claimed_at: Mapped[datetime] = mapped_column(Timestamp)
+    #: ``claimed`` until the notifier returns, then ``notified`` or ``failed`` (``detail``: why).
+    outcome: Mapped[str] = mapped_column(String(16))
+    detail: Mapped[str | None] = mapped_column(PlainText)
+
+
 checkpoint_table = Checkpoint.__table__
 version_table = CheckpointVersion.__table__
 pipeline_table = Pipeline.__table__
 consumer_group_table = ConsumerGroup.__table__
 transition_table = Transition.__table__
+deadline_notice_table = DeadlineNotice.__table__

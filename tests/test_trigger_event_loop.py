@@ -1,0 +1,132 @@
+"""The durability trigger and the deadline's async callback never block the triggerer's event loop
+(issue 46).
+
+A triggerer runs every deferred task of a deployment on one asyncio loop; a callback on it that
+takes longer than Airflow's slow-callback threshold stalls them all (Airflow 3.3's triggerer warns
+"async thread was blocked ... badly-written trigger", and a long enough stall gets it marked
+unhealthy). Here a cold interpreter (Airflow imported, as in the triggerer, walsink not yet) does
+what the triggerer does, on a loop in asyncio's debug mode with a 0.2 s slow-callback threshold:
+imports the trigger class by its path on the loop and runs four walsink durability triggers at
+once (each on its own sealed checkpoint, checksums verified) until they fire; another imports and
+awaits the commit-deadline callback. No callback may have blocked the loop past 0.2 s, and the
+triggers and the callback did their work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.store.store import CommitterStore
+from tests.helpers import REPO, stage_checkpoint
+
+KEYS = [f"2026010{i}T000000Z" for i in range(1, 5)]
+
+TRIGGERER = textwrap.dedent(
+    """
+    import asyncio, json, logging, sys
+    from datetime import datetime, timedelta, timezone
+
+    import airflow.triggers.base  # loaded in the triggerer before any trigger
+    from airflow._shared.module_loading import import_string
+
+    what, keys = sys.argv[1], sys.argv[2:]
+    slow = []
+
+    class SlowCallbacks(logging.Handler):
+        # asyncio's debug mode logs "Executing <handle> took N seconds" past the threshold.
+        def emit(self, record):
+            message = record.getMessage()
+            if message.startswith("Executing ") and " took " in message:
+                slow.append(message[:300])
+
+    logging.getLogger("asyncio").addHandler(SlowCallbacks())
+    logging.getLogger("asyncio").setLevel(logging.WARNING)
+
+    async def first_event(trigger):
+        async for event in trigger.run():
+            return event.payload
+
+    async def triggers():
+        # As the triggerer's create_triggers: the class by its path, on the loop.
+        cls = import_string("airflow_provider_walsink.triggers.durable.CheckpointDurableTrigger")
+        triggers = [
+            cls(pipeline="p", checkpoint_key=key, verify_checksums=True, poke_interval=0.05,
+                actor={"name": "triggerer"})
+            for key in keys
+        ]
+        return await asyncio.gather(*(first_event(t) for t in triggers))
+
+    async def deadline():
+        # The deadline's AsyncCallback, as Airflow's CallbackTrigger runs it (asyncio.sleep is
+        # the notifier: an awaitable any interpreter can import).
+        callback = import_string("airflow_provider_walsink.operators.commit_deadline.notify_commit_deadline")
+        due = datetime.now(timezone.utc) - timedelta(seconds=1)
+        walsink = {"pipeline": "p", "walsink_conn_id": "walsink_default", "key_from_interval": True,
+                   "notifier": "asyncio.sleep", "notifier_kwargs": {"delay": 0}}
+        context = {
+            "dag_run": {"dag_run_id": "run", "dag_id": "tests", "data_interval_start": keys[0]},
+            "deadline": {"id": "d-1", "deadline_time": due.isoformat()},
+        }
+        return await callback(walsink=walsink, context=context)
+
+    loop = asyncio.new_event_loop()
+    loop.set_debug(True)
+    loop.slow_callback_duration = 0.2
+    result = loop.run_until_complete(triggers() if what == "triggers" else deadline())
+    loop.close()
+    print(json.dumps({"result": result, "slow": slow}))
+    """
+)
+
+
+@pytest.fixture
+def sealed(tmp_path):
+    """Four SEALED checkpoints in a committer table, and the connection naming it."""
+    url = f"sqlite:///{tmp_path}/committer.db"
+    store = CommitterStore.from_url(url)
+    layout = StagingLayout(tmp_path / "staging")
+    for key in KEYS:
+        files = {f"dt={key[:8]}/part-{i}.csv": f"{key},{i}\n".encode() * 1000 for i in range(3)}
+        stage_checkpoint(store, layout, "p", key, files, durable=False)
+    yield store, {"url": url, "staging_root": str(layout.root)}
+    store.dispose()
+
+
+def _triggerer(what: str, extra: dict, *args: str) -> dict:
+    """Run the triggerer's part ``what`` in a cold interpreter; its result and slow callbacks."""
+    env = {
+        **os.environ,
+        "AIRFLOW_CONN_WALSINK_DEFAULT": json.dumps({"conn_type": "walsink", "extra": extra}),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", TRIGGERER, what, *args], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_durability_triggers_never_block_the_event_loop(sealed):
+    store, extra = sealed
+    run = _triggerer("triggers", extra, *KEYS)
+    assert run["slow"] == []
+    assert [e["status"] for e in run["result"]] == ["durable"] * len(KEYS)
+    assert {store.require("p", key).state.value for key in KEYS} == {"DURABLE"}
+
+
+def test_the_deadline_callback_never_blocks_the_event_loop(sealed):
+    store, extra = sealed
+    run = _triggerer("deadline", extra, "2026-01-01T00:00:00+00:00")
+    assert run["slow"] == []
+    assert (
+        run["result"].startswith("notified (commit deadline ")
+        and "p/20260101T000000Z SEALED" in run["result"]
+    )
+    assert store.require("p", "20260101T000000Z").commit_due_at is not None
