@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME
 from airflow_provider_walsink.core.spark.args import storage_env, storage_options_from_env
 from airflow_provider_walsink.core.staging.gcs import GcsStagingStore
 from airflow_provider_walsink.core.staging.object_store import StagingStore, StagingStoreError
@@ -201,3 +203,68 @@ def test_the_write_task_refuses_a_gs_root_before_spark_missing_connection_or_buc
     assert_refused_before_spark(tmp_path, sqlite_store, states, out)
     assert "bucket 'no-such-staging-bucket' does not exist" in out
     assert "connection 'gcs_stage' (staging_conn_id of walsink connection 'walsink_pf_test'" in out
+
+
+# ------------------------------------------------------------------ a real write phase on GCS
+
+# Stages 42 rows with the executors' writer into the gs:// root, the options read from the
+# environment the write task gave the job (CheckpointJob.from_argv).
+JOB = """
+import os
+
+from pyspark.sql import SparkSession
+
+from airflow_provider_walsink.core.spark import CheckpointJob
+
+spark = SparkSession.builder.getOrCreate()
+with CheckpointJob.from_argv(spark) as job:
+    assert job.store.kind == "gs" and os.environ["WALSINK_GCS_ENDPOINT_URL"], job.store
+    job.stage(spark.range(42).selectExpr("id", "'2026-04-01' AS dt"), replace_partitions=["dt=2026-04-01"])
+spark.stop()
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.airflow
+@pytest.mark.slow
+def test_a_dag_run_stages_on_gcs_through_spark_submit_and_its_sensor_reads_it(
+    airflow_db, monkeypatch, sqlite_store, database_urls, gcs_server, tmp_path
+):
+    """dag.test(): the write task (a real task run) stages on fake-gcs-server through spark-submit
+    (the executors write the committables, the driver seals with a create-only upload); the
+    sensor reads the root the write task pushed and marks the checkpoint DURABLE."""
+    from airflow.sdk import DAG
+
+    from airflow_provider_walsink.operators.write import WalWriteOperator
+    from airflow_provider_walsink.sensors.durable import CheckpointDurableSensor
+
+    prefix = f"{uuid.uuid4().hex[:8]}/staging"
+    root = f"gs://{gcs_server.bucket}/{prefix}"
+    emulator_conn(monkeypatch, "gcs_stage", gcs_server)
+    walsink_conn(monkeypatch, database_urls("sqlite"), root, staging_conn_id="gcs_stage")
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    with DAG("walsink_gcs_staging_test", schedule="@daily", start_date=INTERVAL_START, catchup=False) as dag:
+        write = WalWriteOperator(
+            task_id="write", application=str(job), pipeline="gcsevents", partition_by=["dt"], master="local[2]"
+        )
+        durable = CheckpointDurableSensor(
+            task_id="durable",
+            pipeline="gcsevents",
+            staging_root="{{ ti.xcom_pull(task_ids='write', key='staging_root') or '' }}",
+            poke_interval=1,
+            timeout=120,
+        )
+        write >> durable
+    dr = dag.test(logical_date=INTERVAL_START)
+    states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
+    assert states == {"write": "success", "durable": "success"}, states
+    record = sqlite_store.require("gcsevents", KEY)
+    assert (record.state, record.rows, record.staging_root) == (S.DURABLE, 42, root)
+    attempt = f"{root}/gcsevents/{KEY}/attempt-1-{record.attempt_id}"
+    assert record.manifest_uri == f"{attempt}/{MANIFEST_NAME}"
+    # On the service: the manifest and every committable, each with the CRC32C GCS keeps.
+    store = StagingStore.open(root, gcs_server.options)
+    listed = store.stored_checksums(store.attempt("gcsevents", KEY, 1, record.attempt_id))
+    assert MANIFEST_NAME in listed and len(listed) == record.committables + 1, listed
+    assert all(checksum.startswith("crc32c:") and len(checksum) == 15 for _s, checksum in listed.values())
