@@ -246,7 +246,11 @@ def test_a_dag_run_stages_on_gcs_through_spark_submit_and_its_sensor_reads_it(
     job.write_text(JOB)
     with DAG("walsink_gcs_staging_test", schedule="@daily", start_date=INTERVAL_START, catchup=False) as dag:
         write = WalWriteOperator(
-            task_id="write", application=str(job), pipeline="gcsevents", partition_by=["dt"], master="local[2]"
+            task_id="write",
+            application=str(job),
+            pipeline="gcsevents",
+            partition_by=["dt"],
+            master="local[2]",
         )
         durable = CheckpointDurableSensor(
             task_id="durable",
