@@ -127,6 +127,88 @@ def test_a_key_path_or_keyfile_dict_is_the_key_and_never_shown(monkeypatch, tmp_
     assert "walsink-test-not-a-real-key" not in str(info.value)
 
 
+@pytest.fixture
+def token_endpoint():
+    """Google's OAuth token endpoint as a service account meets it, on a loopback port: it answers
+    a signed JWT assertion with an access token, and records each assertion it was sent."""
+    import threading
+    import urllib.parse
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    assertions: list[str] = []
+
+    class Token(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            form = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
+            assertions.append(form["assertion"][0])
+            body = json.dumps(
+                {"access_token": "walsink-access-token", "expires_in": 3600, "token_type": "Bearer"}
+            )
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Token)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/token", assertions
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_service_account_key_stages_with_tokens_it_signs_for(
+    monkeypatch, tmp_path, database_urls, gcs_server, token_endpoint
+):
+    """The production route: a key file on the worker, a token for pyarrow (the executors' file
+    system) and the service account's own credentials for the seal, both signed with that key."""
+    import pickle
+
+    import jwt
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    token_uri, assertions = token_endpoint
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    key_file = tmp_path / "stager.json"
+    key_file.write_text(json.dumps({**KEYFILE, "private_key": pem, "token_uri": token_uri}))
+    gcp_conn(monkeypatch, "gcs_key", key_path=str(key_file), endpoint_url=gcs_server.endpoint)
+    root = f"gs://{gcs_server.bucket}/{uuid.uuid4().hex[:8]}/staging"
+    walsink_conn(monkeypatch, database_urls("sqlite"), root, staging_conn_id="gcs_key")
+    store = WalsinkHook().get_staging_store()
+    # pyarrow got an access token for the key (one signed assertion, for the storage scope).
+    assert len(assertions) == 1
+    claims = jwt.decode(
+        assertions[0], private.public_key(), algorithms=["RS256"], options={"verify_aud": False}
+    )  # signed with the key's private key (verified with its public half)
+    assert claims["iss"] == KEYFILE["client_email"] and claims["scope"].endswith("devstorage.read_write")
+    assert "walsink-access-token" in repr(pickle.loads(pickle.dumps(store.filesystem)).__reduce__())
+    # Staged, sealed once and deleted with those credentials.
+    from tests.test_staging_store import ATTEMPT_ID, manifest_for, put
+
+    location = store.attempt("events", "k1", 1, ATTEMPT_ID)
+    put(store, f"{location.path}/dt=1/a.parquet", b"abc")
+    manifest = manifest_for({"dt=1/a.parquet": b"abc"})
+    store.seal(location, manifest)
+    assert store.read_manifest(location) == manifest
+    assert store.remove_attempt(location) and store.list_attempt(location) == {}
+    # The seal's client (google-cloud-storage) signed its own assertions with the same key.
+    assert len(assertions) > 1
+    for assertion in assertions[1:]:
+        signed = jwt.decode(
+            assertion, private.public_key(), algorithms=["RS256"], options={"verify_aud": False}
+        )
+        assert signed["iss"] == KEYFILE["client_email"]
+
+
 def test_the_google_providers_refusals_each_name_the_connection(tmp_path):
     (tmp_path / "notjson").write_text("not json")
     for bad, match in (
