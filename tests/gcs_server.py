@@ -34,6 +34,23 @@ class GcsServer:
         """The storage options of a ``gs://`` root on this server."""
         return {"endpoint_url": self.endpoint, "anonymous": True, "project": "walsink-test"}
 
+    def list(self, prefix: str) -> list[str]:
+        """The names of the bucket's objects under ``prefix``, from the JSON API itself."""
+        from urllib.parse import quote
+
+        names: list[str] = []
+        token = ""
+        while True:
+            url = f"{self.endpoint}/storage/v1/b/{self.bucket}/o?prefix={quote(prefix)}"
+            with urllib.request.urlopen(
+                url + (f"&pageToken={quote(token)}" if token else ""), timeout=10
+            ) as r:
+                page = json.load(r)
+            names += [item["name"] for item in page.get("items", [])]
+            token = page.get("nextPageToken", "")
+            if not token:
+                return names
+
     def create_bucket(self, name: str) -> None:
         request = urllib.request.Request(
             f"{self.endpoint}/storage/v1/b?project=walsink-test",

@@ -93,6 +93,17 @@ class GcsStagingStore(ObjectStagingStore):
             found[blob.name[len(prefix) :]] = (int(blob.size or 0), f"crc32c:{crc}")
         return found
 
+    def child_dirs(self, path: str) -> list[str]:
+        """The prefixes directly under ``path``, from the service's listing with a ``/`` delimiter:
+        ``pyarrow``'s GCS listing gives only objects there, and an attempt's prefix has no
+        object of its own (nothing writes directory markers)."""
+        bucket, _, key = path.partition("/")
+        prefix = f"{key}/" if key else ""
+        pages = self._gcs().list_blobs(bucket, prefix=prefix, delimiter="/")
+        for _blob in pages:  # the prefixes are known once every page is read
+            pass
+        return sorted(p[len(prefix) :].rstrip("/") for p in pages.prefixes)
+
     # ------------------------------------------------------------------ deleting
 
     def _delete_attempt(self, location: AttemptLocation) -> bool:

@@ -189,15 +189,21 @@ class StagingStore(StagingBackend):
         return self.root_uri.rstrip("/") + relative
 
     def _attempt_names(self, checkpoint: str) -> list[tuple[str, tuple[int, str | None]]]:
+        found = []
+        for name in self.child_dirs(checkpoint):
+            named = attempt_of(name)
+            if named is not None:
+                found.append((name, named))
+        return found
+
+    def child_dirs(self, path: str) -> list[str]:
+        """The names of the directories (on an object store: the prefixes) directly under ``path``
+        in :attr:`filesystem`; none when it does not exist. A store whose ``pyarrow`` listing
+        leaves out prefixes that have no marker object overrides it (``gs://``)."""
         import pyarrow.fs as pafs
 
-        infos = self.filesystem.get_file_info(pafs.FileSelector(checkpoint, allow_not_found=True))
-        found = []
-        for info in infos:
-            named = attempt_of(info.base_name)
-            if named is not None and info.type == pafs.FileType.Directory:
-                found.append((info.base_name, named))
-        return found
+        infos = self.filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        return [info.base_name for info in infos if info.type == pafs.FileType.Directory]
 
     def committable(self, location: AttemptLocation, relative: str) -> str:
         """The path of a manifest-relative file in :attr:`filesystem`, confined to the attempt.
