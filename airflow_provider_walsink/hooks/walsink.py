@@ -270,7 +270,7 @@ class WalsinkHook(BaseHook):
             except AirflowNotFoundException:
                 raise StagingConnectionError(
                     f"connection {conn_id!r} (staging_conn_id of walsink connection {self.walsink_conn_id!r}) "
-                    f"does not exist: create it as an {kind!r} connection for staging root {root!r}"
+                    f"does not exist: create it, of type {kind!r}, for staging root {root!r}"
                 ) from None
             read = gcs_options_from_connection if gcs else s3_options_from_connection
             credentials = StagingCredentials(conn_id, read(conn))
