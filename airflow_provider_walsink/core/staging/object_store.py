@@ -13,7 +13,7 @@ import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from airflow_provider_walsink.core.protocol.checksum import Hasher, file_checksum
 from airflow_provider_walsink.core.protocol.errors import (
@@ -600,7 +600,7 @@ class ObjectStagingStore(StagingStore):
         self._boto3().delete_object(Bucket=bucket, Key=key)
 
 
-def split_object_root(root: str) -> Any:
+def split_object_root(root: str) -> SplitResult:
     """``root``'s URI parts (``urlsplit``), refused with :class:`StagingStoreError` when it names no
     bucket (container) or carries a query or fragment (options are given separately)."""
     parts = urlsplit(root)
