@@ -127,6 +127,24 @@ def test_a_key_path_or_keyfile_dict_is_the_key_and_never_shown(monkeypatch, tmp_
     assert "walsink-test-not-a-real-key" not in str(info.value)
 
 
+def test_the_test_button_lists_a_gcs_root_with_its_connection(monkeypatch, database_urls, gcs_server):
+    from tests.conftest import _migrated_store
+
+    url = database_urls("sqlite")
+    _migrated_store(url)
+    emulator_conn(monkeypatch, "gcs_stage", gcs_server)
+    walsink_conn(monkeypatch, url, f"gs://{gcs_server.bucket}/test-button", staging_conn_id="gcs_stage")
+    ok, message = WalsinkHook().test_connection()
+    assert ok, message
+    assert (
+        f"Staging root gs://{gcs_server.bucket}/test-button can be listed with connection 'gcs_stage'"
+        in message
+    )
+    walsink_conn(monkeypatch, url, "gs://no-such-bucket/x", staging_conn_id="gcs_stage")
+    ok, message = WalsinkHook().test_connection()
+    assert not ok and "bucket no-such-bucket does not exist" in message, message
+
+
 @pytest.fixture
 def token_endpoint():
     """Google's OAuth token endpoint as a service account meets it, on a loopback port: it answers
