@@ -248,9 +248,10 @@ def gcs_options_from_connection(conn: Any) -> dict[str, str]:
                 f"connection {conn_id!r} sets {key!r}: {why}; give the connection a service account's "
                 "key (keyfile_dict or key_path), or no key so the hosts' default credentials are used"
             )
-    ignored = sorted(set(extra) - _GCP_READ_EXTRA - set(_GCP_UNSUPPORTED_EXTRA))
-    if ignored:
-        log.info("Connection %r: staging ignores the extra fields %s", conn_id, ignored)
+    ignored = tuple(sorted(set(extra) - _GCP_READ_EXTRA - set(_GCP_UNSUPPORTED_EXTRA)))
+    if ignored and (conn_id, ignored) not in _SAID_IGNORED:
+        _SAID_IGNORED.add((conn_id, ignored))
+        log.info("Connection %r: staging ignores the extra fields %s", conn_id, list(ignored))
     options: dict[str, str] = {}
     key_path, keyfile = extra.get("key_path"), extra.get("keyfile_dict")
     if key_path and keyfile:
