@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.gcs_server import gcs_server  # noqa: F401 - fake-gcs-server, one per session on first use
+
 REPO = Path(__file__).resolve().parent.parent
 
 # This module may be imported twice in one session (as ``conftest`` by pytest and

@@ -1,7 +1,8 @@
-"""GC, abort and the fenced clean-up on an object-store staging root (moto's S3 server).
+"""GC, abort and the fenced clean-up on an object-store staging root (moto's S3 server, and
+fake-gcs-server for the rules that hold on every object store: ``on_store``).
 
 The committer table is real (SQLite and PostgreSQL); staging is a prefix in
-moto's bucket, reached through ``StagingStore`` exactly as on S3. What each
+the server's bucket, reached through ``StagingStore`` exactly as in production. What each
 removes is checked key by key, and so is what it must leave: objects under
 the same prefix that walsink did not stage, a sibling prefix that only starts
 with the same letters, the attempts an open checkpoint still needs.
@@ -62,6 +63,24 @@ def s3(s3_server):  # noqa: F811
     return stores(f"s3://{s3_server.bucket}/{prefix}/staging"), stores, prefix
 
 
+@pytest.fixture(params=["s3", "gs"])
+def on_store(request):
+    """(staging store, opener, bucket prefix of this test, server) on S3 (moto) or GCS
+    (fake-gcs-server): the clean-up rules hold on every object store, so they run on both."""
+    prefix = uuid.uuid4().hex[:12]
+    if request.param == "gs":
+        server = request.getfixturevalue("gcs_server")
+        settings = server.options
+    else:
+        server = request.getfixturevalue("s3_server")
+        settings = options(server)
+
+    def stores(root: str) -> StagingStore:
+        return StagingStore.open(root, settings)
+
+    return stores(f"{request.param}://{server.bucket}/{prefix}/staging"), stores, prefix, server
+
+
 def put(sstore: StagingStore, key: str, data: bytes = b"x\n") -> None:
     """Write an object at ``<bucket>/<key>``."""
     bucket = sstore.base.split("/", 1)[0]
@@ -119,8 +138,8 @@ def mark_committed(committer, pipeline: str, key: str):
     return committer.mark_committed(lease, actor=ACTOR)
 
 
-def test_gc_on_an_s3_root_removes_only_walsink_attempts_after_retention(store, s3, s3_server):  # noqa: F811
-    sstore, stores, prefix = s3
+def test_gc_on_an_object_store_root_removes_only_walsink_attempts_after_retention(store, on_store):
+    sstore, stores, prefix, server = on_store
     # Committed with a superseded attempt 1 and the committed attempt 2; its committer died
     # before cleaning up: both are garbage once the retention has passed.
     stage(store, sstore, "p", "c1")
@@ -146,12 +165,12 @@ def test_gc_on_an_s3_root_removes_only_walsink_attempts_after_retention(store, s
     put(sstore, f"{prefix}/staging-old/p/c1/attempt-1/part-0.csv")
     put(sstore, f"{prefix}/staging/not a pipeline/k/attempt-1/x")
     put(sstore, f"{prefix}/staging/p/not a key/attempt-1/x")
-    before = keys(s3_server, prefix)
+    before = keys(server, prefix)
 
     # Younger than the retention period: everything kept, with its reason.
     young = collect_staging(store, StagingLayout(f"/nonexistent-{prefix}"), retention=DAY, stores=stores)
     assert young.attempts_removed == [] and young.checkpoint_dirs_removed == []
-    assert keys(s3_server, prefix) == before
+    assert keys(server, prefix) == before
     reasons = "\n".join(young.kept)
     assert "p/c1: COMMITTED" in reasons and "retention 1d" in reasons, reasons
     assert "p/a1: ABORTED" in reasons, reasons
@@ -166,7 +185,7 @@ def test_gc_on_an_s3_root_removes_only_walsink_attempts_after_retention(store, s
         clock=later,
         dry_run=True,
     )
-    assert keys(s3_server, prefix) == before  # a dry run removes nothing
+    assert keys(server, prefix) == before  # a dry run removes nothing
     report = collect_staging(
         store, StagingLayout(f"/nonexistent-{prefix}"), retention=DAY, stores=stores, clock=later
     )
@@ -188,7 +207,7 @@ def test_gc_on_an_s3_root_removes_only_walsink_attempts_after_retention(store, s
     assert any("other-team" in s and "no pipeline" in s for s in report.skipped), report.skipped
     assert any("not a pipeline id" in s for s in report.skipped)
     assert any("not a checkpoint key" in s for s in report.skipped)
-    left = keys(s3_server, prefix)
+    left = keys(server, prefix)
     assert [k for k in left if k.startswith("staging/p/o1/")] == [
         k for k in before if k.startswith("staging/p/o1/attempt-2-")
     ]
@@ -215,11 +234,11 @@ def test_gc_on_an_s3_root_removes_only_walsink_attempts_after_retention(store, s
         assert untouched in left, untouched
 
 
-def test_gc_on_an_s3_root_is_fenced_by_the_row_it_read(store, s3, monkeypatch):
+def test_gc_on_an_object_store_root_is_fenced_by_the_row_it_read(store, on_store, monkeypatch):
     """A reprocess that begins while GC works on a committed checkpoint stops it: nothing more goes."""
     import airflow_provider_walsink.core.commit.gc as gc
 
-    sstore, stores, _prefix = s3
+    sstore, stores, _prefix, _server = on_store
     stage(store, sstore, "p", "c1")
     stage(store, sstore, "p", "c1")
     mark_committed(store, "p", "c1")
@@ -241,15 +260,15 @@ def test_gc_on_an_s3_root_is_fenced_by_the_row_it_read(store, s3, monkeypatch):
     assert len(attempt_names(sstore, "p", "c1")) == 1
 
 
-def test_gc_refuses_a_recorded_root_that_is_not_a_plain_prefix(store, s3, s3_server):  # noqa: F811
+def test_gc_refuses_a_recorded_root_that_is_not_a_plain_prefix(store, on_store):
     """A row naming ``..`` in its object-store root: skipped, nothing under either prefix touched."""
-    sstore, stores, prefix = s3
-    sneaky = f"s3://{s3_server.bucket}/{prefix}/staging/../victim"
+    sstore, stores, prefix, server = on_store
+    sneaky = f"{sstore.kind}://{server.bucket}/{prefix}/staging/../victim"
     store.register("p", "k1", mode="overwrite", actor=ACTOR, staging_root=sneaky)
     store.start_attempt("p", "k1", actor=ACTOR)
     store.abort("p", "k1", reason="test", actor=ACTOR)
     put(sstore, f"{prefix}/victim/p/k1/attempt-1/part-0.csv")
-    before = keys(s3_server, prefix)
+    before = keys(server, prefix)
     report = collect_staging(
         store,
         StagingLayout("/nonexistent"),
@@ -259,41 +278,41 @@ def test_gc_refuses_a_recorded_root_that_is_not_a_plain_prefix(store, s3, s3_ser
     )
     assert report.attempts_removed == [] and report.checkpoint_dirs_removed == []
     assert any("not a bucket and a plain prefix" in s for s in report.skipped), report.skipped
-    assert keys(s3_server, prefix) == before
+    assert keys(server, prefix) == before
 
 
-def test_a_store_deletes_nothing_outside_its_root(s3, s3_server):  # noqa: F811
+def test_a_store_deletes_nothing_outside_its_root(on_store):
     """A location from elsewhere (a manifest, a row) naming ``..`` or another bucket is refused."""
-    sstore, stores, prefix = s3
+    sstore, stores, prefix, server = on_store
     put(sstore, f"{prefix}/elsewhere/p/k/attempt-1/x")
     attempt_id = "a" * 32
     for path in (
         f"{sstore.base}/p/k/../../elsewhere/p/k/attempt-1",
         f"other-bucket/{prefix}/staging/p/k/attempt-1-{attempt_id}",
-        f"{s3_server.bucket}/{prefix}/elsewhere/p/k/attempt-1",
+        f"{server.bucket}/{prefix}/elsewhere/p/k/attempt-1",
     ):
-        forged = AttemptLocation("p", "k", 1, None, path, "s3://" + path)
+        forged = AttemptLocation("p", "k", 1, None, path, f"{sstore.kind}://" + path)
         with pytest.raises(PathEscapeError, match="refusing to delete"):
             sstore.remove_attempt(forged)
     with pytest.raises(PathEscapeError, match="plain prefix"):
-        open_object_store(f"s3://{s3_server.bucket}/{prefix}/staging/../elsewhere", stores)
+        open_object_store(f"{sstore.kind}://{server.bucket}/{prefix}/staging/../elsewhere", stores)
     with pytest.raises(PathEscapeError, match="refusing to delete"):
         # An opener that hands back a store for another root is not trusted either.
         open_object_store(
-            f"s3://{s3_server.bucket}/{prefix}/staging",
-            lambda _r: stores(f"s3://{s3_server.bucket}/{prefix}"),
+            f"{sstore.kind}://{server.bucket}/{prefix}/staging",
+            lambda _r: stores(f"{sstore.kind}://{server.bucket}/{prefix}"),
         )
-    assert keys(s3_server, prefix) == ["elsewhere/p/k/attempt-1/x"]
+    assert keys(server, prefix) == ["elsewhere/p/k/attempt-1/x"]
 
 
-def test_remove_attempt_on_s3_leaves_attempts_sharing_its_name_prefix(s3, s3_server):  # noqa: F811
+def test_remove_attempt_on_an_object_store_leaves_attempts_sharing_its_name_prefix(on_store):
     """``attempt-1`` is a prefix of ``attempt-10`` and ``attempt-1-<id>`` as strings: only it goes."""
-    sstore, _stores, prefix = s3
+    sstore, _stores, prefix, server = on_store
     for name in ("attempt-1", "attempt-10", "attempt-10-" + "c" * 32):
         put(sstore, f"{prefix}/staging/p/k/{name}/x")
     put(sstore, f"{prefix}/staging/p/k/attempt-1.json")
     assert sstore.remove_attempt(sstore.attempt("p", "k", 1)) is True
-    assert keys(s3_server, prefix) == [
+    assert keys(server, prefix) == [
         "staging/p/k/attempt-1.json",
         "staging/p/k/attempt-10-" + "c" * 32 + "/x",
         "staging/p/k/attempt-10/x",
@@ -304,7 +323,7 @@ def test_remove_attempt_on_s3_leaves_attempts_sharing_its_name_prefix(s3, s3_ser
         put(sstore, f"{prefix}/staging/p/k/{name}/x")
     assert remove_staged_attempts(sstore, "p", "k", up_to=1, fence=lambda: None) == ["attempt-1-" + "b" * 32]
     assert remove_staged_attempts(sstore, "p", "k", up_to=2, fence=lambda: None) == ["attempt-2-" + "d" * 32]
-    assert keys(s3_server, prefix) == [
+    assert keys(server, prefix) == [
         "staging/p/k/attempt-1.json",
         "staging/p/k/attempt-10-" + "c" * 32 + "/x",
         "staging/p/k/attempt-10/x",
@@ -312,11 +331,11 @@ def test_remove_attempt_on_s3_leaves_attempts_sharing_its_name_prefix(s3, s3_ser
     ]
 
 
-def test_post_commit_cleanup_on_s3_is_fenced(store, s3, s3_server):  # noqa: F811
+def test_post_commit_cleanup_on_an_object_store_is_fenced(store, on_store):
     """The committer's clean-up after COMMITTED: a fenced-out committer (a reprocess began since)
     deletes nothing; the committer still in place removes its version's attempts, and never a
     later attempt or an object that is not an attempt."""
-    sstore, _stores, prefix = s3
+    sstore, _stores, prefix, server = on_store
     stage(store, sstore, "p", "k1")
     _record, manifest, _location = stage(store, sstore, "p", "k1")
     mark_committed(store, "p", "k1")
@@ -324,10 +343,10 @@ def test_post_commit_cleanup_on_s3_is_fenced(store, s3, s3_server):  # noqa: F81
     fence = committed_fence(store, manifest)
 
     store.begin_version("p", "k1", token="reprocess#1", actor=ACTOR, reason="late data")
-    before = keys(s3_server, prefix)
+    before = keys(server, prefix)
     with pytest.raises(CleanupFencedError, match="moved on"):
         remove_staged_attempts(sstore, "p", "k1", up_to=manifest.attempt, fence=fence)
-    assert keys(s3_server, prefix) == before
+    assert keys(server, prefix) == before
 
     # The same clean-up by a committer still in place (the row still its COMMITTED version).
     stage(store, sstore, "q", "k1")
@@ -339,22 +358,22 @@ def test_post_commit_cleanup_on_s3_is_fenced(store, s3, s3_server):  # noqa: F81
         sstore, "q", "k1", up_to=manifest.attempt, fence=committed_fence(store, manifest)
     )
     assert len(removed) == 2 and all(n.startswith(("attempt-1-", "attempt-2-")) for n in removed), removed
-    assert [k for k in keys(s3_server, prefix) if k.startswith("staging/q/")] == [
+    assert [k for k in keys(server, prefix) if k.startswith("staging/q/")] == [
         "staging/q/k1/attempt-3/x",
         "staging/q/k1/not-an-attempt/x",
     ]
 
 
-def test_abort_of_a_checkpoint_staged_on_s3_removes_its_attempts_only(store, s3, s3_server, tmp_path):  # noqa: F811
+def test_abort_of_a_checkpoint_staged_on_an_object_store_removes_its_attempts_only(store, on_store, tmp_path):
     from airflow_provider_walsink.hooks.aborts import aborter_for
 
-    sstore, stores, prefix = s3
+    sstore, stores, prefix, server = on_store
     stage(store, sstore, "p", "k1")
     stage(store, sstore, "p", "k1")  # attempt 2, sealed and durable
     stage(store, sstore, "p", "k2")  # another checkpoint: untouched
     put(sstore, f"{prefix}/staging/p/k1/not-an-attempt/x")
     put(sstore, f"{prefix}/staging/other-team/file")
-    before = keys(s3_server, prefix)
+    before = keys(server, prefix)
 
     aborter = aborter_for(
         store, "p", staging_root=str(tmp_path / "conn-root"), checkpoint_key="k1", stores=stores
@@ -364,7 +383,7 @@ def test_abort_of_a_checkpoint_staged_on_s3_removes_its_attempts_only(store, s3,
 
     assert outcome.state == "ABORTED" and outcome.warnings == [], outcome
     assert sorted(n.split("-")[1] for n in outcome.staging_removed) == ["1", "2"], outcome.staging_removed
-    left = keys(s3_server, prefix)
+    left = keys(server, prefix)
     assert sorted(set(before) - set(left)) == sorted(
         k for k in before if k.startswith("staging/p/k1/attempt-")
     )
@@ -372,26 +391,28 @@ def test_abort_of_a_checkpoint_staged_on_s3_removes_its_attempts_only(store, s3,
     assert any(k.startswith("staging/p/k2/attempt-1-") for k in left)
 
 
-def test_abort_refuses_a_recorded_root_with_dot_dot(store, s3, s3_server, tmp_path):  # noqa: F811
+def test_abort_refuses_a_recorded_root_with_dot_dot(store, on_store, tmp_path):
     """A row whose recorded root names ``..``: the abort is recorded, its staging is not touched."""
     from airflow_provider_walsink.hooks.aborts import aborter_for
 
-    sstore, stores, prefix = s3
-    sneaky = f"s3://{s3_server.bucket}/{prefix}/staging/../victim"
+    sstore, stores, prefix, server = on_store
+    sneaky = f"{sstore.kind}://{server.bucket}/{prefix}/staging/../victim"
     store.register("p", "k1", mode="overwrite", actor=ACTOR, staging_root=sneaky)
     store.start_attempt("p", "k1", actor=ACTOR)
     put(sstore, f"{prefix}/victim/p/k1/attempt-1/x")
     with pytest.raises(PathEscapeError, match="plain prefix"):
         aborter_for(store, "p", staging_root=str(tmp_path), checkpoint_key="k1", stores=stores)
-    assert keys(s3_server, prefix) == ["victim/p/k1/attempt-1/x"]
+    assert keys(server, prefix) == ["victim/p/k1/attempt-1/x"]
 
 
-def test_abort_cleanup_on_s3_stops_when_a_new_run_takes_the_checkpoint(store, s3, s3_server, monkeypatch):  # noqa: F811
+def test_abort_cleanup_on_an_object_store_stops_when_a_new_run_takes_the_checkpoint(
+    store, on_store, monkeypatch
+):
     """The abort's clean-up is fenced by its token on an object store too: a new run that reaches
     COMMITTING before the first delete stops it, and nothing is deleted."""
     import airflow_provider_walsink.core.staging.cleanup as cleanup
 
-    sstore, stores, prefix = s3
+    sstore, stores, prefix, server = on_store
     stage(store, sstore, "p", "k1")
     stage(store, sstore, "p", "k1")
     started = []
@@ -492,6 +513,48 @@ def test_walsink_gc_on_an_s3_staging_root_uses_the_walsink_connections_staging_c
     assert report["staging_root"] == sstore.root_uri and not report["skipped"], report
     assert attempt_names(sstore, "p", "c1") == [], report
     assert not [k for k in keys(s3_server, prefix) if k.startswith("staging/p/c1/attempt-")], report
+
+
+def test_walsink_gc_on_a_gcs_staging_root_opens_it_with_the_google_connection_only(
+    store, db_url, gcs_server, tmp_path
+):
+    """`walsink gc` on a ``gs://`` staging root (fake-gcs-server), with only the pipeline's
+    connections configured: the walsink connection's ``staging_conn_id`` names the
+    ``google_cloud_platform`` connection; naming one that does not exist fails, naming it."""
+    import json
+
+    from tests.test_cli import walsink
+
+    sstore = StagingStore.open(
+        f"gs://{gcs_server.bucket}/{uuid.uuid4().hex[:12]}/staging", gcs_server.options
+    )
+    stage(store, sstore, "p", "c1")
+    stage(store, sstore, "p", "c1")  # attempt 1 orphaned by attempt 2
+    mark_committed(store, "p", "c1")
+    google = json.dumps({"conn_type": "google_cloud_platform", "extra": {
+        "endpoint_url": gcs_server.endpoint, "is_anonymous": True}})  # fmt: skip
+
+    def walsink_conn(staging_conn_id: str) -> str:
+        return json.dumps({"conn_type": "walsink", "extra": {
+            "url": db_url, "staging_root": sstore.root_uri, "staging_conn_id": staging_conn_id}})  # fmt: skip
+
+    env = dict(AIRFLOW_CONN_GCS_CLI=google, AIRFLOW_CONN_WALSINK_GCS_CLI=walsink_conn("gcs_nowhere"))
+    time.sleep(1.5)  # older than --retention 1s
+    refused = walsink("--conn-id", "walsink_gcs_cli", "gc", "--retention", "1s", "--json", env=env)
+    # Reported, never guessed around: the root is skipped, naming the connection, nothing removed.
+    skipped = json.loads(refused.stdout)["skipped"]
+    assert skipped and all("connection 'gcs_nowhere'" in s and "does not exist" in s for s in skipped), (
+        skipped
+    )
+    assert len(attempt_names(sstore, "p", "c1")) == 2  # nothing removed
+
+    env["AIRFLOW_CONN_WALSINK_GCS_CLI"] = walsink_conn("gcs_cli")
+    result = walsink("--conn-id", "walsink_gcs_cli", "gc", "--retention", "1s", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["staging_root"] == sstore.root_uri and not report["skipped"], report
+    assert attempt_names(sstore, "p", "c1") == [], report
+    assert not [k for k in gcs_server.list(sstore.base.split("/", 1)[1] + "/p/c1/attempt-")], report
 
 
 def test_walsink_abort_of_an_s3_delta_table_reads_the_connection_its_target_options_name(

@@ -48,6 +48,16 @@ def _options(server) -> dict[str, str]:
     }
 
 
+@pytest.fixture(params=["s3", "gs"])
+def object_server(request):
+    """(scheme, server, storage options) of the session's S3 (moto) or GCS (fake-gcs-server)."""
+    if request.param == "gs":
+        server = request.getfixturevalue("gcs_server")
+        return "gs", server, server.options
+    server = request.getfixturevalue("s3_server")
+    return "s3", server, _options(server)
+
+
 def _protocol(root: str, **overrides) -> ProtocolArgs:
     values = dict(
         pipeline="events",
@@ -156,19 +166,18 @@ def test_executors_stage_timestamps_as_utc_whatever_the_session_time_zone(spark,
     write_deltalake(str(tmp_path / "delta"), table)  # a Delta table takes the file's schema
 
 
-def test_a_real_spark_job_stages_to_s3_and_seals_there_once(spark, s3_server):  # noqa: F811
-    root = f"s3://{s3_server.bucket}/{uuid.uuid4().hex[:12]}/staging"
+def test_a_real_spark_job_stages_to_an_object_store_and_seals_there_once(spark, object_server):
+    scheme, server, options = object_server
+    root = f"{scheme}://{server.bucket}/{uuid.uuid4().hex[:12]}/staging"
     days = {"2026-01-01": 300, "2026-01-02": 150, "2026-01-03": 1}
     protocol = _protocol(root, checksum="sha256")
-    with CheckpointJob(spark, protocol, storage_options=_options(s3_server)) as job:
+    with CheckpointJob(spark, protocol, storage_options=options) as job:
         assert job.writer == "executors"  # the default on an object store
         job.stage(_events(spark, days).repartition(4), options={"compression": "zstd"})
     assert job.attempt_dir == f"{root}/events/20260101T000000Z/attempt-1-{ATTEMPT_ID}"
     store, location = job.store, job.location
     # The seal is on the server, under the attempt's key.
-    assert f"{location.path.split('/', 1)[1]}/_manifest.json" in s3_server.list(
-        location.path.split("/", 1)[1]
-    )
+    assert f"{location.path.split('/', 1)[1]}/_manifest.json" in server.list(location.path.split("/", 1)[1])
     _assert_manifest_describes_the_files(job, days, "sha256")
     _data, meta = _read_back(store, location, job.committables[0].path)
     assert meta.row_group(0).column(0).compression == "ZSTD"
@@ -252,8 +261,9 @@ _LOST_EXECUTOR_JOB = textwrap.dedent(
 )
 
 
-def test_a_killed_task_attempts_file_never_reaches_the_manifest(s3_server, tmp_path):  # noqa: F811
-    root = f"s3://{s3_server.bucket}/{uuid.uuid4().hex[:12]}"
+def test_a_killed_task_attempts_file_never_reaches_the_manifest(object_server, tmp_path):
+    scheme, server, options = object_server
+    root = f"{scheme}://{server.bucket}/{uuid.uuid4().hex[:12]}"
     script = tmp_path / "job.py"
     script.write_text(_LOST_EXECUTOR_JOB)
     crash_log = tmp_path / "crashes"
@@ -265,7 +275,7 @@ def test_a_killed_task_attempts_file_never_reaches_the_manifest(s3_server, tmp_p
         "WALSINK_CRASH_LOG": str(crash_log),
     }
     done = subprocess.run(
-        [sys.executable, str(script), root, json.dumps(_options(s3_server))],
+        [sys.executable, str(script), root, json.dumps(options)],
         env=env,
         capture_output=True,
         text=True,
@@ -274,7 +284,7 @@ def test_a_killed_task_attempts_file_never_reaches_the_manifest(s3_server, tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     assert crash_log.read_text().splitlines() == ["executor.after_file:1"]  # it did die, once
 
-    store = StagingStore.open(root, _options(s3_server))
+    store = StagingStore.open(root, options)
     location = store.attempt("events", "k1", 1, "b" * 32)
     manifest = store.read_manifest(location)
     staged = store.list_attempt(location, visible_only=True)

@@ -1,8 +1,10 @@
-"""The staging store (``core/staging/object_store.py``) on a local root and on S3 (moto's server).
+"""The staging store (``core/staging/object_store.py``, ``core/staging/gcs.py``) on a local root,
+on S3 (moto's server) and on GCS (fake-gcs-server).
 
-Each behaviour runs on both kinds of root where it applies: the layout, the
-seal written once (a conditional put on S3, answered 412 by the server when a
-manifest is there), manifest reads, sizes from metadata, confinement, delete.
+Each behaviour runs on every kind of root where it applies: the layout, the
+seal written once (a conditional create on S3 and GCS, answered 412 by the
+server when a manifest is there), manifest reads, sizes from metadata,
+confinement, delete.
 """
 
 from __future__ import annotations
@@ -36,15 +38,29 @@ def s3_options(server) -> dict[str, str]:
     }
 
 
-@pytest.fixture(params=["local", "s3", "memory"])
+def object_store(request, kind: str) -> StagingStore:
+    """A fresh prefix in the session's S3 (moto) or GCS (fake-gcs-server) bucket."""
+    if kind == "gs":
+        server = request.getfixturevalue("gcs_server")
+        return StagingStore.open(f"gs://{server.bucket}/{uuid.uuid4().hex[:12]}/staging", server.options)
+    server = request.getfixturevalue("s3_server")
+    return StagingStore.open(f"s3://{server.bucket}/{uuid.uuid4().hex[:12]}/staging", s3_options(server))
+
+
+@pytest.fixture(params=["local", "s3", "gs", "memory"])
 def store(request, tmp_path) -> StagingStore:
     if request.param == "local":
         return StagingStore.open(str(tmp_path / "staging"))
     if request.param == "memory":
-        # A store without a conditional create here (as gs:// and abfs://): fsspec's in-memory one.
+        # A store without a conditional create here (as abfs://): fsspec's in-memory one.
         return StagingStore.open(f"memory://b{uuid.uuid4().hex[:12]}/staging")
-    server = request.getfixturevalue("s3_server")
-    return StagingStore.open(f"s3://{server.bucket}/{uuid.uuid4().hex[:12]}/staging", s3_options(server))
+    return object_store(request, request.param)
+
+
+@pytest.fixture(params=["s3", "gs"])
+def service_store(request) -> StagingStore:
+    """A store on a service with a conditional create and checksums of its own (S3, GCS)."""
+    return object_store(request, request.param)
 
 
 def put(store: StagingStore, path: str, data: bytes) -> None:
@@ -127,16 +143,64 @@ def test_seal_once_same_manifest_is_idempotent_another_is_refused(store):
         store.read_manifest(location, expected_digest=digest_of(other.to_bytes()))
 
 
-def test_s3_seal_is_a_conditional_put_the_server_refuses_with_412(s3_server):  # noqa: F811
-    from botocore.exceptions import ClientError
-
-    store = StagingStore.open(f"s3://{s3_server.bucket}/{uuid.uuid4().hex[:12]}", s3_options(s3_server))
+def test_the_seal_is_the_services_conditional_create_a_second_one_refused_with_412(service_store):
+    store = service_store
     location = store.attempt("events", "k1", 1, ATTEMPT_ID)
-    store.seal(location, manifest_for({"dt=2026-01-01/a.parquet": b"a"}))
+    first = manifest_for({"dt=2026-01-01/a.parquet": b"a"})
+    store.seal(location, first)
     bucket, _, key = location.manifest_path.partition("/")
-    with pytest.raises(ClientError) as raised:
-        store._boto3().put_object(Bucket=bucket, Key=key, Body=b"{}", IfNoneMatch="*")
-    assert raised.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    # A second create-only write of that key, straight through the service's client: refused by
+    # the service itself (not by a read before the write), and the seal stays as it was.
+    if store.kind == "s3":
+        from botocore.exceptions import ClientError
+
+        with pytest.raises(ClientError) as raised:
+            store._boto3().put_object(Bucket=bucket, Key=key, Body=b"{}", IfNoneMatch="*")
+        assert raised.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    else:
+        from google.api_core.exceptions import PreconditionFailed
+
+        with pytest.raises(PreconditionFailed) as raised:
+            store._gcs().bucket(bucket).blob(key).upload_from_string(b"{}", if_generation_match=0)
+        assert raised.value.code == 412
+    assert store.read_manifest_bytes(location) == first.to_bytes()
+
+
+def test_the_seal_reads_nothing_before_it_writes(service_store, monkeypatch):
+    """The refusal of a second seal comes from the service's answer: the store does not look first."""
+    store = service_store
+    location = store.attempt("events", "k1", 1, ATTEMPT_ID)
+    store.seal(location, manifest_for({"dt=1/a.parquet": b"a"}))
+    looked: list[str] = []
+    real = store.filesystem
+
+    class Watch:  # every read of the file system before the write is recorded
+        def __getattr__(self, name):
+            looked.append(name)
+            return getattr(real, name)
+
+    monkeypatch.setattr(store, "filesystem", Watch())
+    with pytest.raises(AlreadySealedError):
+        store.seal(location, manifest_for({"dt=1/b.parquet": b"b"}))
+    # Only the read of the sealed manifest, after the service refused the create.
+    assert looked == ["open_input_stream"], looked
+
+
+def test_listing_gives_sizes_and_the_services_own_checksums(service_store):
+    store = service_store
+    location = store.attempt("events", "k1", 1, ATTEMPT_ID)
+    put(store, f"{location.path}/dt=1/a.parquet", b"12345")
+    put(store, f"{location.path}/dt=2/b.parquet", b"abc")
+    listed = store.stored_checksums(location)
+    assert {rel: size for rel, (size, _sum) in listed.items()} == store.list_attempt(location)
+    if store.kind == "gs":  # CRC32C as the service computed it (the value in the object's metadata)
+        assert listed["dt=2/b.parquet"] == (3, "crc32c:364b3fb7")  # CRC32C("abc")
+    else:  # the ETag (pyarrow uploads in parts: not the MD5 of the bytes, but changed with them)
+        assert listed["dt=2/b.parquet"][0] == 3 and listed["dt=2/b.parquet"][1].startswith("etag:")
+    before = listed["dt=1/a.parquet"]
+    put(store, f"{location.path}/dt=1/a.parquet", b"12346")  # same size, other bytes
+    after = store.stored_checksums(location)["dt=1/a.parquet"]
+    assert after[0] == before[0] and after[1] != before[1]
 
 
 def test_an_unsealed_attempt_has_no_manifest(store):
@@ -185,10 +249,13 @@ def test_paths_that_escape_the_attempt_are_refused(store, relative, message):
 
 
 @pytest.mark.parametrize("relative", ["dt=1//x.parquet", "dt=1/./x.parquet"])
-def test_object_keys_with_empty_or_dot_segments_are_refused(s3_server, relative):  # noqa: F811
-    store = StagingStore.open(f"s3://{s3_server.bucket}/p", s3_options(s3_server))
+def test_object_keys_with_empty_or_dot_segments_are_refused(service_store, relative):
+    store = service_store
+    location = store.attempt("events", "k1", 1, ATTEMPT_ID)
     with pytest.raises(PathEscapeError, match="empty or '.' segment"):
-        store.committable(store.attempt("events", "k1", 1, ATTEMPT_ID), relative)
+        store.committable(location, relative)
+    with pytest.raises(PathEscapeError, match="empty or '.' segment"):
+        store.checksum(location, relative, "crc32")
 
 
 def test_local_symlinks_inside_staging_are_refused_not_followed(tmp_path):

@@ -18,7 +18,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import DEFAULT_SPARK_BINA
 from airflow.sdk import BaseHook
 
 from airflow_provider_walsink.core.runners.base import JobRunner
-from airflow_provider_walsink.core.spark.args import S3_OPTION_ENV, SECRET_OPTIONS
+from airflow_provider_walsink.core.spark.args import GCS_OPTION_ENV, S3_OPTION_ENV, SECRET_OPTIONS
 
 #: Master used when the operator names no Spark connection.
 DEFAULT_MASTER = "local[*]"
@@ -34,7 +34,11 @@ LOCAL_DEFAULT_CONF = {
 #: The job's environment variables that carry no secret (the staging store's region, endpoint...):
 #: every other one it is handed is a secret (staging credentials, a source's ``job_env``).
 PLAIN_ENV = frozenset(
-    name for option, names in S3_OPTION_ENV.items() if option not in SECRET_OPTIONS for name in names
+    name
+    for table in (S3_OPTION_ENV, GCS_OPTION_ENV)
+    for option, names in table.items()
+    if option not in SECRET_OPTIONS
+    for name in names
 )
 
 _EXIT_CODE = re.compile(r"Error code is: (-?\d+)")

@@ -1,5 +1,8 @@
 """Object-store credentials for the staging root, from Airflow connections.
 
+A ``gs://`` root takes a ``google_cloud_platform`` connection (the Google provider's type; the
+provider itself need not be installed): :func:`gcs_options_from_connection`, below the S3 part.
+
 An ``s3://`` staging root is reached with the credentials of an Airflow
 connection of the amazon provider's type ``aws``, read here field by field as
 that provider reads them (the provider itself need not be installed):
@@ -45,6 +48,20 @@ _UNSUPPORTED_EXTRA = {
     "session_kwargs": "session_kwargs are not supported for the staging root",
     "host": "the extra 'host' is the old name of the endpoint",
 }
+#: The Google provider's connection type, and the connection a ``gs://`` root uses when the
+#: walsink connection names none (as the provider's hooks default to it). It must exist: a
+#: ``gs://`` root is never opened with credentials found in the process environment.
+GCP_CONN_TYPE = "google_cloud_platform"
+DEFAULT_GCP_CONN_ID = "google_cloud_default"
+#: Extra fields of a ``google_cloud_platform`` connection that choose credentials staging cannot
+#: use (the key must reach the Spark job as a key): refused, with the fix.
+_GCP_UNSUPPORTED_EXTRA = {
+    "key_secret_name": "a key in Secret Manager is not supported for the staging root",
+    "credential_config_file": "workload identity federation is not supported for the staging root",
+    "impersonation_chain": "impersonation is not supported for the staging root",
+}
+#: Extra fields read here (the rest, such as ``scope`` and ``num_retries``, are ignored, named in the log).
+_GCP_READ_EXTRA = frozenset({"key_path", "keyfile_dict", "project", "is_anonymous", "endpoint_url"})
 #: Extra keys read here or harmless to leave out (the rest are ignored, named in the log).
 _READ_EXTRA = frozenset(
     {
@@ -86,9 +103,16 @@ class StagingCredentials:
         if self.conn_id is None:
             where = "the default credential chain"
         else:
-            keys = "keys" if self.options.get("access_key") else "no keys (default credential chain)"
+            if self.options.get("access_key"):
+                keys = "keys"
+            elif self.options.get("keyfile_dict"):
+                keys = "a service-account key"
+            elif self.options.get("anonymous"):
+                keys = "anonymous"
+            else:
+                keys = "no keys (default credential chain)"
             where = f"connection {self.conn_id!r} ({keys}"
-            for name in ("region", "endpoint_url"):
+            for name in ("region", "project", "endpoint_url"):
                 if self.options.get(name):
                     where += f", {name} {self.options[name]}"
             where += ")"
@@ -102,7 +126,7 @@ def staging_connection(walsink_conn_id: str, root: str, credentials: StagingCred
     if credentials is None or credentials.conn_id is None:
         return (
             f"the default credential chain of this host (walsink connection {walsink_conn_id!r} names no "
-            "staging_conn_id: set it to an 'aws' connection)"
+            "staging_conn_id: set it to an 'aws' connection for an s3:// root)"
         )
     return (
         f"connection {credentials.conn_id!r} (staging_conn_id of walsink connection {walsink_conn_id!r}; "
@@ -112,6 +136,10 @@ def staging_connection(walsink_conn_id: str, root: str, credentials: StagingCred
 
 def is_s3_root(root: str) -> bool:
     return urlsplit(root).scheme.lower() in ("s3", "s3a") if "://" in root else False
+
+
+def is_gcs_root(root: str) -> bool:
+    return urlsplit(root).scheme.lower() in ("gs", "gcs") if "://" in root else False
 
 
 def is_object_store_root(root: str) -> bool:
@@ -176,6 +204,96 @@ def s3_options_from_connection(conn: Any) -> dict[str, str]:
     service = extra.get("service_config") or {}
     s3_config = service.get("s3") if isinstance(service, Mapping) else None
     endpoint = (s3_config or {}).get("endpoint_url") or extra.get("endpoint_url")
+    if endpoint:
+        parts = urlsplit(str(endpoint))
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise StagingConnectionError(
+                f"connection {conn_id!r}: endpoint_url must look like http://host:port or "
+                f"https://host, got {str(endpoint)!r}"
+            )
+        options["endpoint_url"] = str(endpoint)
+    return options
+
+
+def gcs_options_from_connection(conn: Any) -> dict[str, str]:
+    """:meth:`StagingStore.open` options of a ``gs://`` root from a ``google_cloud_platform`` connection.
+
+    Read as the Google provider reads them (bare extra names, or the older
+    ``extra__google_cloud_platform__<name>``): ``keyfile_dict`` (the service account's JSON key)
+    or ``key_path`` (a key file on the machine the task runs on, read here, so the job gets the
+    key itself), ``project``, ``is_anonymous``; and walsink's own ``endpoint_url``
+    (``http://host:port``: an emulator or a private endpoint). No key and not anonymous: Google's
+    default credentials of the hosts (their attached service account), chosen by this connection.
+
+    Raises:
+        StagingConnectionError: a connection of another type, both or neither readable key given
+            wrongly, a key file that cannot be read, a key that is not JSON, or a credential kind
+            staging cannot carry to the job (Secret Manager, federation, impersonation).
+    """
+    import json
+
+    conn_id = getattr(conn, "conn_id", None)
+    if getattr(conn, "conn_type", None) != GCP_CONN_TYPE:
+        raise StagingConnectionError(
+            f"connection {conn_id!r} is of type {conn.conn_type!r}: a gs:// staging root needs a connection "
+            f"of type {GCP_CONN_TYPE!r} (Google Cloud: extra keyfile_dict or key_path, project; "
+            "docs/production.md)"
+        )
+    raw: Mapping[str, Any] = getattr(conn, "extra_dejson", None) or {}
+    prefix = f"extra__{GCP_CONN_TYPE}__"
+    extra = {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in raw.items()}
+    for key, why in _GCP_UNSUPPORTED_EXTRA.items():
+        if extra.get(key):
+            raise StagingConnectionError(
+                f"connection {conn_id!r} sets {key!r}: {why}; give the connection a service account's "
+                "key (keyfile_dict or key_path), or no key so the hosts' default credentials are used"
+            )
+    ignored = tuple(sorted(set(extra) - _GCP_READ_EXTRA - set(_GCP_UNSUPPORTED_EXTRA)))
+    if ignored and (conn_id, ignored) not in _SAID_IGNORED:
+        _SAID_IGNORED.add((conn_id, ignored))
+        log.info("Connection %r: staging ignores the extra fields %s", conn_id, list(ignored))
+    options: dict[str, str] = {}
+    key_path, keyfile = extra.get("key_path"), extra.get("keyfile_dict")
+    if key_path and keyfile:
+        raise StagingConnectionError(
+            f"connection {conn_id!r} gives both key_path and keyfile_dict: give one service-account key"
+        )
+    if key_path:
+        try:
+            with open(str(key_path), encoding="utf-8") as f:
+                keyfile = f.read()
+        except OSError as e:
+            raise StagingConnectionError(
+                f"connection {conn_id!r}: key_path {str(key_path)!r} cannot be read ({e.strerror}); the key "
+                "file must be on the machine the task runs on, or give its content as keyfile_dict"
+            ) from None
+    if keyfile:
+        if isinstance(keyfile, str):
+            try:
+                keyfile = json.loads(keyfile)
+            except ValueError:
+                where = "the file at key_path" if key_path else "keyfile_dict"
+                raise StagingConnectionError(
+                    f"connection {conn_id!r}: {where} is not JSON (a service account's key file)"
+                ) from None
+        if not isinstance(keyfile, Mapping) or keyfile.get("type") != "service_account":
+            raise StagingConnectionError(
+                f"connection {conn_id!r}: the key is not a service account's JSON key (its 'type' must be "
+                "'service_account')"
+            )
+        options["keyfile_dict"] = json.dumps(dict(keyfile))
+    anonymous = extra.get("is_anonymous")
+    if isinstance(anonymous, str):
+        anonymous = anonymous.strip().lower() in ("1", "true", "yes")
+    if anonymous:
+        if "keyfile_dict" in options:
+            raise StagingConnectionError(
+                f"connection {conn_id!r} is anonymous and gives a key: give one or the other"
+            )
+        options["anonymous"] = "true"
+    if extra.get("project"):
+        options["project"] = str(extra["project"])
+    endpoint = extra.get("endpoint_url")
     if endpoint:
         parts = urlsplit(str(endpoint))
         if parts.scheme not in ("http", "https") or not parts.netloc:

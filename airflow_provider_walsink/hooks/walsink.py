@@ -25,8 +25,12 @@ from airflow_provider_walsink.hooks.connections import ConnectionNotFoundError, 
 from airflow_provider_walsink.hooks.form import CONN_TYPE, HOOK_NAME, UI_FIELD_BEHAVIOUR
 from airflow_provider_walsink.hooks.staging import (
     DEFAULT_AWS_CONN_ID,
+    DEFAULT_GCP_CONN_ID,
+    GCP_CONN_TYPE,
     StagingConnectionError,
     StagingCredentials,
+    gcs_options_from_connection,
+    is_gcs_root,
     is_object_store_root,
     is_s3_root,
     s3_options_from_connection,
@@ -68,10 +72,11 @@ class WalsinkHook(BaseHook):
     file's path), or a whole *Database URL* that wins over them. The extra
     ``staging_root`` names where write phases stage their output (default:
     ``$AIRFLOW_HOME/walsink/staging``): a local or mounted path, or an object
-    store (``s3://bucket/prefix``). The extra ``staging_conn_id`` names the
+    store (``s3://bucket/prefix``, ``gs://bucket/prefix``). The extra ``staging_conn_id`` names the
     connection whose credentials reach an ``s3://`` root (an ``aws``
     connection; default ``aws_default`` when it exists, else the default
-    credential chain; ``""``: the default credential chain, explicitly). Every
+    credential chain; ``""``: the default credential chain, explicitly) or a ``gs://`` root (a
+    ``google_cloud_platform`` connection; default ``google_cloud_default``, which must exist). Every
     field the hook reads is on the connection form (:data:`CONN_FIELDS`,
     :data:`UI_FIELD_BEHAVIOUR`).
 
@@ -200,8 +205,9 @@ class WalsinkHook(BaseHook):
         """The connection whose credentials open ``staging_root``, or ``None`` (default chain).
 
         The walsink connection's extra ``staging_conn_id`` when it has the key (``""``
-        or ``null``: the default credential chain); else, for an ``s3://`` root,
-        ``aws_default`` if that connection exists. Local roots need none.
+        or ``null``: the default credential chain, refused for ``gs://`` by
+        :meth:`get_staging_credentials`); else, for an ``s3://`` root, ``aws_default`` if that
+        connection exists; for a ``gs://`` root, ``google_cloud_default``. Local roots need none.
         """
         self._load()
         if not is_object_store_root(staging_root):
@@ -209,6 +215,8 @@ class WalsinkHook(BaseHook):
         for key in ("staging_conn_id", f"extra__{self.conn_type}__staging_conn_id"):
             if key in self._extra:
                 return self._extra[key] or None
+        if is_gcs_root(staging_root):
+            return DEFAULT_GCP_CONN_ID
         if not is_s3_root(staging_root):
             return None
         from airflow.exceptions import AirflowNotFoundException
@@ -224,24 +232,36 @@ class WalsinkHook(BaseHook):
 
         For an ``s3://`` root: the options of the ``aws`` connection named by
         :meth:`staging_conn_id` (:func:`~airflow_provider_walsink.hooks.staging.s3_options_from_connection`),
-        or none (the default credential chain). Other object stores (``gs://``,
-        ``abfs://``) take the hosts' default credentials. Logged once per source,
+        or none (the default credential chain). For a ``gs://`` root: the options of the
+        ``google_cloud_platform`` connection it names (:func:`~.staging.gcs_options_from_connection`);
+        a ``gs://`` root always has one, never credentials found in the environment. Other object
+        stores (``abfs://``) take the hosts' default credentials. Logged once per source,
         never with a secret.
 
         Raises:
-            StagingConnectionError: the named connection does not exist, is not an ``aws``
-                connection, or cannot give a key pair (the message says how to fix it).
+            StagingConnectionError: the named connection does not exist, is not of the root's
+                type (``aws``, ``google_cloud_platform``), or cannot give its credentials (the
+                message says how to fix it); a ``gs://`` root without a connection.
         """
         root = staging_root or self.staging_root
         conn_id = self.staging_conn_id(root)
+        gcs = is_gcs_root(root)
+        kind = GCP_CONN_TYPE if gcs else "aws"
+        if conn_id is None and gcs:
+            raise StagingConnectionError(
+                f"walsink connection {self.walsink_conn_id!r} sets staging_conn_id to none, but staging root "
+                f"{root!r} is on gs://, which walsink opens only with a {GCP_CONN_TYPE!r} connection: name one "
+                f'("staging_conn_id": "{DEFAULT_GCP_CONN_ID}")'
+            )
         if conn_id is None:
             credentials = StagingCredentials(None)
         else:
-            if not is_s3_root(root):
+            if not (is_s3_root(root) or gcs):
                 raise StagingConnectionError(
                     f"walsink connection {self.walsink_conn_id!r} names staging_conn_id {conn_id!r}, but "
-                    f"staging root {root!r} is not on s3://: only s3:// roots take a connection; other object "
-                    'stores use the default credential chain (set "staging_conn_id": "" or remove it)'
+                    f"staging root {root!r} is on neither s3:// nor gs://: only those roots take a connection; "
+                    'other object stores use the default credential chain (set "staging_conn_id": "" or '
+                    "remove it)"
                 )
             from airflow.exceptions import AirflowNotFoundException
 
@@ -250,9 +270,10 @@ class WalsinkHook(BaseHook):
             except AirflowNotFoundException:
                 raise StagingConnectionError(
                     f"connection {conn_id!r} (staging_conn_id of walsink connection {self.walsink_conn_id!r}) "
-                    f"does not exist: create it as an 'aws' connection for staging root {root!r}"
+                    f"does not exist: create it, of type {kind!r}, for staging root {root!r}"
                 ) from None
-            credentials = StagingCredentials(conn_id, s3_options_from_connection(conn))
+            read = gcs_options_from_connection if gcs else s3_options_from_connection
+            credentials = StagingCredentials(conn_id, read(conn))
         if is_object_store_root(root) and conn_id not in self._said_credentials:
             self._said_credentials.add(conn_id)
             self.log.info("Staging root %s: credentials from %s", root, credentials.describe())

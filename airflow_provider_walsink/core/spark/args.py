@@ -158,32 +158,50 @@ S3_OPTION_ENV: dict[str, tuple[str, ...]] = {
     "region": ("AWS_REGION", "AWS_DEFAULT_REGION"),
     "endpoint_url": ("AWS_ENDPOINT_URL",),
 }
+#: The same for a ``gs://`` root's options (``core/staging/gcs.py``), from its ``google_cloud_platform``
+#: connection. walsink's own names: the job reads exactly what the write task's connection gave.
+GCS_OPTION_ENV: dict[str, tuple[str, ...]] = {
+    "keyfile_dict": ("WALSINK_GCS_KEYFILE_DICT",),
+    "project": ("WALSINK_GCS_PROJECT",),
+    "anonymous": ("WALSINK_GCS_ANONYMOUS",),
+    "endpoint_url": ("WALSINK_GCS_ENDPOINT_URL",),
+}
 #: The options that are secrets (never logged, never on a command line).
-SECRET_OPTIONS = frozenset({"access_key", "secret_key", "session_token"})
+SECRET_OPTIONS = frozenset({"access_key", "secret_key", "session_token", "keyfile_dict"})
 
 
 def _is_s3(root: str) -> bool:
     return root.split("://", 1)[0].lower() in ("s3", "s3a") if "://" in root else False
 
 
-def storage_env(staging_root: str, options: Mapping[str, Any]) -> dict[str, str]:
-    """The environment variables that carry ``options`` of an ``s3://`` root to the job.
+def _option_env(root: str) -> dict[str, tuple[str, ...]] | None:
+    """Which variables carry a root's options: S3's, GCS's, or ``None`` (the root takes none)."""
+    if _is_s3(root):
+        return S3_OPTION_ENV
+    if "://" in root and root.split("://", 1)[0].lower() in ("gs", "gcs"):
+        return GCS_OPTION_ENV
+    return None
 
-    ``{}`` for any other root (local roots take no options; ``gs://`` and
-    ``abfs://`` use the default credential chain of the hosts). Raises
-    :class:`ProtocolArgumentError` for an option that cannot travel this way.
+
+def storage_env(staging_root: str, options: Mapping[str, Any]) -> dict[str, str]:
+    """The environment variables that carry ``options`` of an ``s3://`` or ``gs://`` root to the job.
+
+    ``{}`` for any other root (local roots take no options; ``abfs://`` uses the
+    default credential chain of the hosts). Raises :class:`ProtocolArgumentError`
+    for an option that cannot travel this way.
     """
     if not options:
         return {}
-    if not _is_s3(staging_root):
+    table = _option_env(staging_root)
+    if table is None:
         raise ProtocolArgumentError(
-            f"storage options ({', '.join(sorted(options))}) can reach the job only for an s3:// staging "
-            f"root, not {staging_root!r}"
+            f"storage options ({', '.join(sorted(options))}) can reach the job only for an s3:// or gs:// "
+            f"staging root, not {staging_root!r}"
         )
-    unknown = sorted(set(options) - set(S3_OPTION_ENV))
+    unknown = sorted(set(options) - set(table))
     if unknown:
         raise ProtocolArgumentError(
-            f"storage options {unknown} cannot be passed to the job (it reads {sorted(S3_OPTION_ENV)})"
+            f"storage options {unknown} cannot be passed to the job (it reads {sorted(table)})"
         )
     env: dict[str, str] = {}
     if options.get("access_key") and not options.get("session_token"):
@@ -191,26 +209,28 @@ def storage_env(staging_root: str, options: Mapping[str, Any]) -> dict[str, str]
         env["AWS_SESSION_TOKEN"] = ""
     for option, value in options.items():
         if value:
-            for name in S3_OPTION_ENV[option]:
+            for name in table[option]:
                 env[name] = str(value)
     return env
 
 
 def storage_options_from_env(staging_root: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The job's side of :func:`storage_env`: the ``s3://`` root's options from the environment.
+    """The job's side of :func:`storage_env`: an ``s3://`` or ``gs://`` root's options from the
+    environment the write task gave the job.
 
-    ``{}`` for a root that is not on S3, and when none of the variables is set (then
+    ``{}`` for another root, and when none of the variables is set (then
     :class:`~airflow_provider_walsink.core.staging.object_store.StagingStore` uses the
     default credential chain). The values go into the job's ``pyarrow`` file system,
     which Spark ships to the executors inside their tasks.
     """
-    if not _is_s3(staging_root):
+    table = _option_env(staging_root)
+    if table is None:
         return {}
     import os
 
     environ = os.environ if environ is None else environ
     options: dict[str, str] = {}
-    for option, names in S3_OPTION_ENV.items():
+    for option, names in table.items():
         value = next((environ[n] for n in names if environ.get(n)), None)
         if value:
             options[option] = value

@@ -155,20 +155,16 @@ def store_attempts(store: StagingStore, pipeline: str, checkpoint_key: str) -> l
     n >= 1) directly under ``<root>/<pipeline>/<checkpoint>/``; any other
     object or prefix there is not an attempt and never listed.
     """
-    import pyarrow.fs as pafs
-
     validate_identifier(pipeline, "pipeline id")
     validate_identifier(checkpoint_key, "checkpoint key")
     cdir = f"{store.base}/{pipeline}/{checkpoint_key}"
     found = []
-    for info in store.filesystem.get_file_info(pafs.FileSelector(cdir, allow_not_found=True)):
-        named = attempt_of(info.base_name)
-        if named is None or named[0] < 1 or info.type != pafs.FileType.Directory:
+    for name in store.child_dirs(cdir):  # the prefixes directly under the checkpoint, by name
+        named = attempt_of(name)
+        if named is None or named[0] < 1 or "/" in name:
             continue
-        if info.path != f"{cdir}/{info.base_name}":
-            continue  # not directly under the checkpoint (never, from a non-recursive listing)
-        uri = f"{store.root_uri.rstrip('/')}/{pipeline}/{checkpoint_key}/{info.base_name}"
-        found.append(AttemptLocation(pipeline, checkpoint_key, named[0], named[1], info.path, uri))
+        uri = f"{store.root_uri.rstrip('/')}/{pipeline}/{checkpoint_key}/{name}"
+        found.append(AttemptLocation(pipeline, checkpoint_key, named[0], named[1], f"{cdir}/{name}", uri))
     return sorted(found, key=lambda loc: (loc.attempt, loc.attempt_id or ""))
 
 

@@ -165,12 +165,9 @@ class ObjectListing(StagingListing):
         self._locations: dict[str, AttemptLocation] = {}
 
     def _dirs(self, relative: str) -> list[tuple[str, str]]:
-        import pyarrow.fs as pafs
-
         path = f"{self.store.base}/{relative}" if relative else self.store.base
-        infos = self.store.filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
         shown = f"{self.label}/{relative}/" if relative else f"{self.label}/"
-        return sorted((i.base_name, shown + i.base_name) for i in infos if i.type == pafs.FileType.Directory)
+        return sorted((name, shown + name) for name in self.store.child_dirs(path))
 
     def pipelines(self) -> list[tuple[str, str]]:
         return self._dirs("")

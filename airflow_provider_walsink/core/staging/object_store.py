@@ -13,7 +13,7 @@ import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from airflow_provider_walsink.core.protocol.checksum import Hasher, file_checksum
 from airflow_provider_walsink.core.protocol.errors import (
@@ -106,7 +106,9 @@ class StagingStore(StagingBackend):
       conditional put (``If-None-Match: *``), atomic on the store. A second
       seal of the same bytes is a no-op returning the same digest; of other
       bytes, :class:`AlreadySealedError`, the sealed manifest untouched.
-      Other object stores (``gs://``, ``abfs://``, fsspec): written only if
+      GCS (:mod:`.gcs`): a create-only upload (``ifGenerationMatch=0``), refused by the
+      service with 412 when a manifest is there.
+      Other object stores (``abfs://``, fsspec): written only if
       absent (the attempt's unique prefix has one writer), and the committer
       table's record of the digest is the seal: every reader checks it.
     * **Reads.** :meth:`read_manifest` reads with a size cap and checks the
@@ -187,15 +189,21 @@ class StagingStore(StagingBackend):
         return self.root_uri.rstrip("/") + relative
 
     def _attempt_names(self, checkpoint: str) -> list[tuple[str, tuple[int, str | None]]]:
+        found = []
+        for name in self.child_dirs(checkpoint):
+            named = attempt_of(name)
+            if named is not None:
+                found.append((name, named))
+        return found
+
+    def child_dirs(self, path: str) -> list[str]:
+        """The names of the directories (on an object store: the prefixes) directly under ``path``
+        in :attr:`filesystem`; none when it does not exist. A store whose ``pyarrow`` listing
+        leaves out prefixes that have no marker object overrides it (``gs://``)."""
         import pyarrow.fs as pafs
 
-        infos = self.filesystem.get_file_info(pafs.FileSelector(checkpoint, allow_not_found=True))
-        found = []
-        for info in infos:
-            named = attempt_of(info.base_name)
-            if named is not None and info.type == pafs.FileType.Directory:
-                found.append((info.base_name, named))
-        return found
+        infos = self.filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        return [info.base_name for info in infos if info.type == pafs.FileType.Directory]
 
     def committable(self, location: AttemptLocation, relative: str) -> str:
         """The path of a manifest-relative file in :attr:`filesystem`, confined to the attempt.
@@ -233,7 +241,7 @@ class StagingStore(StagingBackend):
             os.makedirs(location.path, exist_ok=True)
             return write_manifest(path, manifest)
         if self.kind != "s3":
-            return self._seal_if_absent(location, data, digest)
+            return self._seal_once(location, data, digest)
         bucket, _, key = location.manifest_path.partition("/")
         client = self._boto3()
         from botocore.exceptions import ClientError
@@ -255,8 +263,9 @@ class StagingStore(StagingBackend):
             raise StagingStoreError(f"sealing {location.uri}/{MANIFEST_NAME} failed ({code or e})") from None
         return digest
 
-    def _seal_if_absent(self, location: AttemptLocation, data: bytes, digest: str) -> str:
-        """The seal on a store without a conditional create here (``gs://``, ``abfs://``, fsspec stores):
+    def _seal_once(self, location: AttemptLocation, data: bytes, digest: str) -> str:
+        """The seal on a store other than S3; a store whose service has a conditional create overrides
+        it (``gs://``: :class:`~.gcs.GcsStagingStore`). Here (``abfs://``, fsspec stores):
         written only if no manifest is there. The check and the write are two requests, but no second
         writer races them: an attempt's prefix carries its unique attempt id and only its job's driver
         writes the manifest. What makes it *the* seal is the committer table: the operator records this
@@ -375,6 +384,23 @@ class StagingStore(StagingBackend):
                 hasher.update(chunk)
         return hasher.value()
 
+    def stored_checksums(self, location: AttemptLocation) -> dict[str, tuple[int, str]] | None:
+        """Every object under the attempt with the size and the checksum the *service* keeps for it,
+        from one listing (no data read): relative path -> ``(size, "<kind>:<hex>")``. On S3 the
+        ETag (``"etag:<hex>"``: an upload's MD5, or for pyarrow's multipart uploads a digest of
+        the parts' MD5s, changed with the bytes all the same); GCS overrides it with CRC32C. ``None``
+        where the store keeps none (a local root, fsspec stores)."""
+        if self.kind != "s3":
+            return None
+        bucket, _, key = location.path.partition("/")
+        prefix = key + "/"
+        return {
+            obj["Key"][len(prefix) :]: (int(obj["Size"]), "etag:" + obj["ETag"].strip('"'))
+            for page in self._boto3().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            for obj in page.get("Contents", [])
+            if not obj["Key"].endswith("/")
+        }
+
     # ------------------------------------------------------------------ deleting
 
     def remove_attempt(self, location: AttemptLocation) -> bool:
@@ -390,6 +416,11 @@ class StagingStore(StagingBackend):
             return self.layout.remove_attempt(
                 location.pipeline, location.checkpoint_key, location.attempt, location.attempt_id
             )
+        return self._delete_attempt(location)
+
+    def _delete_attempt(self, location: AttemptLocation) -> bool:
+        """Delete every object of an attempt :meth:`remove_attempt` has checked; a store whose
+        service deletes by prefix better than ``pyarrow`` does overrides it (S3 here, ``gs://``)."""
         if self.kind == "s3":
             return self._delete_s3_prefix(location)
         if not self.list_attempt(location):  # an object store has no empty directories
@@ -503,8 +534,8 @@ class LocalStagingStore(StagingStore):
 
 
 class ObjectStagingStore(StagingStore):
-    """The object-store backend (``pyarrow.fs``): ``s3://``, ``gs://``, ``abfs://``, and any
-    other scheme through fsspec."""
+    """The object-store backend (``pyarrow.fs``): ``s3://``, ``abfs://``, and any other scheme
+    through fsspec (``gs://`` is :class:`~.gcs.GcsStagingStore`, a subclass)."""
 
     @classmethod
     def open_root(cls, root: str, options: Mapping[str, Any]) -> StagingStore:
@@ -512,22 +543,12 @@ class ObjectStagingStore(StagingStore):
 
         text = os.fspath(root)
         options = dict(options or {})
-        parts = urlsplit(text)
+        parts = split_object_root(text)
         scheme = parts.scheme.lower()
-        if not parts.netloc:
-            raise StagingStoreError(f"staging root {text!r} names no bucket or container")
-        if parts.query or parts.fragment:
-            raise StagingStoreError(f"staging root {text!r} has a query or fragment; give options separately")
         prefix = parts.path.strip("/")
         if scheme in ("s3", "s3a"):
             fs = _s3_filesystem(text, options)
             return cls(text, fs, f"{parts.netloc}/{prefix}".rstrip("/"), kind="s3", options=options)
-        if scheme in ("gs", "gcs"):
-            try:
-                fs = pafs.GcsFileSystem(**options)
-            except TypeError as e:
-                raise StagingStoreError(f"staging root {text!r}: bad storage options ({e})") from None
-            return cls(text, fs, f"{parts.netloc}/{prefix}".rstrip("/"), kind="gs", options=options)
         if scheme in ("abfs", "abfss", "az"):
             container, _, host = parts.netloc.partition("@")
             account = options.pop("account_name", None) or host.split(".", 1)[0]
@@ -571,12 +592,23 @@ class ObjectStagingStore(StagingStore):
 
     def _delete_object(self, path: str) -> None:
         """Delete one object; on S3 one ``DeleteObject`` (pyarrow's ``delete_file`` would leave a
-        marker object for the parent prefix)."""
+        marker object for the parent prefix). A store with its own client overrides it."""
         if self.kind != "s3":
             self.filesystem.delete_file(path)
             return
         bucket, _, key = path.partition("/")
         self._boto3().delete_object(Bucket=bucket, Key=key)
+
+
+def split_object_root(root: str) -> SplitResult:
+    """``root``'s URI parts (``urlsplit``), refused with :class:`StagingStoreError` when it names no
+    bucket (container) or carries a query or fragment (options are given separately)."""
+    parts = urlsplit(root)
+    if not parts.netloc:
+        raise StagingStoreError(f"staging root {root!r} names no bucket or container")
+    if parts.query or parts.fragment:
+        raise StagingStoreError(f"staging root {root!r} has a query or fragment; give options separately")
+    return parts
 
 
 def _s3_filesystem(root: str, options: Mapping[str, Any]) -> Any:

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 _LOCAL = "airflow_provider_walsink.core.staging.object_store:LocalStagingStore"
 _OBJECTS = "airflow_provider_walsink.core.staging.object_store:ObjectStagingStore"
+_GCS = "airflow_provider_walsink.core.staging.gcs:GcsStagingStore"
 
 #: URI scheme -> backend. ``""`` is a plain path. A scheme not listed is an
 #: object store reached through fsspec (:data:`FALLBACK`).
@@ -22,8 +23,8 @@ KNOWN_STAGING: dict[str, str] = {
     "file": _LOCAL,
     "s3": _OBJECTS,
     "s3a": _OBJECTS,
-    "gs": _OBJECTS,
-    "gcs": _OBJECTS,
+    "gs": _GCS,
+    "gcs": _GCS,
     "abfs": _OBJECTS,
     "abfss": _OBJECTS,
     "az": _OBJECTS,

