@@ -53,7 +53,9 @@ def server_of(uri: str) -> Any:
     try:
         return _SERVERS[uri]
     except KeyError:
-        raise RuntimeError(f"no REST catalog of this process at {uri} (start it with tests.model.rest.start)") from None
+        raise RuntimeError(
+            f"no REST catalog of this process at {uri} (start it with tests.model.rest.start)"
+        ) from None
 
 
 def connection(cfg: Any) -> dict[str, Any]:

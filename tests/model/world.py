@@ -223,7 +223,11 @@ class Config:
 
     def warehouse(self) -> str:
         """Where the schedule's Iceberg tables live: under ``<work>``, or its prefix in the bucket."""
-        return f"s3://{BUCKET}/{self.prefix}/warehouse" if self.staging == "s3" else f"file://{self.work}/warehouse"
+        return (
+            f"s3://{BUCKET}/{self.prefix}/warehouse"
+            if self.staging == "s3"
+            else f"file://{self.work}/warehouse"
+        )
 
     def connections(self, conn_id: str) -> dict[str, Any]:
         if conn_id == "model" and self.catalog == "rest":
@@ -760,8 +764,10 @@ class World:
             if hit and down:
                 rec = self.store.require(cfg.pipeline, key)
                 self.counts["unreported.undecided"] += 1
-                if first.get("error") != "CommitOutcomeUnknownError" or rec.is_committed or (
-                    "Nothing was deleted" not in (rec.error or "")
+                if (
+                    first.get("error") != "CommitOutcomeUnknownError"
+                    or rec.is_committed
+                    or ("Nothing was deleted" not in (rec.error or ""))
                 ):
                     self.notes.append(
                         f"{key}: the catalog applied the commit, answered {fault} and went down: the try should be "
