@@ -452,6 +452,15 @@ FOUND = [
     # the connection (the retry must not commit the attempt again: in overwrite the rows would not
     # show it, one table commit per attempt does).
     pytest.param(
+        # Found by the first REST run (seed 45): a group commit met a 500 after its leader left itself
+        # out (a newer checkpoint held its partition: invariant 10); the checker demanded the leader
+        # COMMITTED, not the members the table commit held (the checker's fault, fixed).
+        "iceberg-rest", "overwrite", "lease",
+        [{"op": "run", "key": K4, "n": 2, "parts": [0, 1]},
+         {"op": "unreported", "key": K3, "fault": "500", "down": False, "group": True, "also": [K1, K2]}],
+        id="rest-group-leader-left-out-by-the-order-check",
+    ),
+    pytest.param(
         "iceberg-rest", "append", "lease", [{"op": "unreported", "key": K1, "fault": "500"}],
         id="mutation-iceberg-unknown-outcome-cleaned-up-rest",
     ),

@@ -729,9 +729,11 @@ class World:
         runs it, where the combination groups).
 
         Besides the checks after every step (each row once, one table commit per attempt, every
-        file a snapshot references still on storage): when the fault hit, the checkpoint ends
-        COMMITTED; with the catalog up, by the try that met the fault (the marker decides); with it
-        down, that try is left uncommitted with the unknown outcome recorded, nothing deleted."""
+        file a snapshot references still on storage): when the fault hit, every checkpoint of the
+        step whose attempt the table holds ends COMMITTED (a group's leader may have left itself
+        out: a newer checkpoint holds its partition); a single commit, with the catalog up, by the
+        try that met the fault (the marker decides); with it down, that try is left uncommitted
+        with the unknown outcome recorded, nothing deleted."""
         cfg = self.cfg
         if cfg.catalog != "rest":
             return "skipped: a REST catalog's fault"
@@ -741,9 +743,10 @@ class World:
         table = f"m.{cfg.table}"
         grouping = group and cfg.mode == "overwrite" and cfg.fencing == "lease"
         down = down and not grouping  # a group's members are committed by their own tasks at once
-        leader = next((k for k in dict.fromkeys([key, *(also or [])]) if not self._committed(k)), None)
-        if leader is None or (not grouping and self._committed(key)):
+        named = [k for k in dict.fromkeys([key, *(also or [])]) if not self._committed(k)]
+        if not named or (not grouping and self._committed(key)):
             return "skipped: committed already"
+        touched = named if grouping else [key]
         seen = len(server.log)
         server.inject(fault, table=table, delay=SLOW_DELAY, then_down=down)
         first: dict[str, Any] = {}
@@ -783,12 +786,13 @@ class World:
                 )
             retried = "" if first.get("ok") else f"; retry {json.dumps(self._commit_until_done(key))}"
             done = f"{done}try {json.dumps({k: v for k, v in first.items() if k != 'text'})[:300]}{retried}"
-        if hit and not self._committed(leader):
-            rec = self.store.require(cfg.pipeline, leader)
-            self.notes.append(
-                f"{leader}: the catalog applied its commit ({fault}{', then down' if down else ''}), but after the "
-                f"commit task and its retries it is {rec.state.value} ({(rec.error or '')[:200]!r})"
-            )
+        for k in touched if hit else []:
+            rec = self.store.require(cfg.pipeline, k)
+            if not rec.is_committed and self._held_by_target(rec):
+                self.notes.append(
+                    f"{k}: the catalog applied the commit of its attempt ({fault}{', then down' if down else ''}), "
+                    f"but after the commit task and its retries it is {rec.state.value} ({(rec.error or '')[:200]!r})"
+                )
         return f"{fault}{' then down' if down else ''} {'met' if hit else 'not met'}: {done}"
 
     def op_group(
