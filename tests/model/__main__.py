@@ -8,6 +8,12 @@ mid-read, and the Kafka invariants checked after every step (``tests/model/kafka
 ``--staging s3`` runs the Iceberg and Delta combinations with the tables and their staging
 in a bucket of moto's S3 API server, which it starts on a loopback port (and stops).
 
+``--catalog rest`` (or ``sql,rest``) runs the Iceberg combinations through a REST catalog
+(``tests/model/rest.py``: ``tests/iceberg_rest.py``'s server, started in this process on a
+loopback port, and stopped), reached through an ``iceberg`` connection, and draws the
+``unreported`` step: the catalog applies a commit and answers 500/502/504, drops the connection,
+or answers past the client's time-out (sometimes then goes down until the try has ended).
+
 ``--domain wide`` draws each schedule's five partitions from the widened data domain
 (``tests/data_domain.py``: two partition columns ``(k, t)``, NULL and ``''``, Spark's escapes,
 spaces, unicode, timestamps) instead of one ``dt`` column of dates. Every schedule draws the
@@ -33,6 +39,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from . import rest
 from .machine import Combo, Figures, drawn, load_schedule, minimize, run_machine
 from .world import BUCKET, S3_KINDS, Config, replay
 
@@ -97,6 +104,8 @@ def combos_for(
     s3_endpoint: str | None = None,
     kafka: str | None = None,
     wide: bool = False,
+    catalogs: tuple[str, ...] = ("sql",),
+    rest_uri: str | None = None,
 ) -> list[Combo]:
     out = []
     for staging in stagings:
@@ -104,13 +113,15 @@ def combos_for(
             kind = target.split("-")[0]
             if staging == "s3" and kind not in S3_KINDS:
                 continue  # only the table targets commit a checkpoint staged on an object store
-            for mode in modes:
-                for fencing in fencings:
-                    if fencing == "table" and kind not in ("iceberg", "delta"):
-                        continue  # table fencing: Iceberg and Delta only
-                    out.append(Combo(kind, mode, fencing, sql_urls.get(target), staging,
-                                     s3_endpoint if staging == "s3" else None, kafka, wide,
-                                     corrupting=True))  # fmt: skip
+            # The catalog dimension is Iceberg's: the other targets run once, whatever it says.
+            for catalog in catalogs if kind == "iceberg" else ("sql",):
+                for mode in modes:
+                    for fencing in fencings:
+                        if fencing == "table" and kind not in ("iceberg", "delta"):
+                            continue  # table fencing: Iceberg and Delta only
+                        out.append(Combo(kind, mode, fencing, sql_urls.get(target), staging,
+                                         s3_endpoint if staging == "s3" else None, kafka, wide, corrupting=True,
+                                         catalog=catalog, rest_uri=rest_uri if catalog == "rest" else None))  # fmt: skip
     return out
 
 
@@ -126,6 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         "--staging",
         default="local",
         help="comma-separated, of local, s3 (s3: Iceberg and Delta only; starts its own moto S3 server on loopback)",
+    )
+    p.add_argument(
+        "--catalog",
+        default="sql",
+        help="comma-separated, of sql, rest: the Iceberg catalog (rest: starts the REST test catalog on loopback "
+        "and draws commits it applies without reporting them)",
     )
     p.add_argument(
         "--source",
@@ -170,9 +187,14 @@ def main(argv: list[str] | None = None) -> int:
                 endpoint, stop = s3_server()
                 drops.append(stop)
             bootstrap = kafka_cluster(drops) if config.get("source") == "kafka" else None
+            catalog, rest_uri = config.get("catalog", "sql"), None
+            if catalog == "rest":
+                rest_uri, stop = rest.start(tempfile.mkdtemp(prefix="rest-", dir=workdir), endpoint)
+                drops.append(stop)
             cfg = Config(config["kind"], config["mode"], config["fencing"], workdir, f"sqlite:///{workdir}/c.db",
                          sql_url, pipeline=f"m{uuid.uuid4().hex[:10]}", staging=staging,
-                         s3_endpoint=endpoint, kafka=bootstrap, **drawn(config))  # fmt: skip
+                         s3_endpoint=endpoint, kafka=bootstrap, catalog=catalog, rest_uri=rest_uri,
+                         **drawn(config))  # fmt: skip
             found = replay(cfg, steps, verbose=True)
             print(f"{len(found)} violation(s)")
             for v in found:
@@ -191,6 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         if "s3" in stagings:
             endpoint, stop = s3_server()
             drops.append(stop)
+        catalogs = tuple(x.strip() for x in args.catalog.split(",") if x.strip())
+        if not catalogs or set(catalogs) - {"sql", "rest"}:
+            p.error(f"--catalog: sql and/or rest, not {args.catalog!r}")
+        rest_uri = None
+        if "rest" in catalogs:
+            rest_uri, stop = rest.start(tempfile.mkdtemp(prefix="rest-", dir=workdir), endpoint)
+            drops.append(stop)
         modes = args.modes.split(",")
         bootstrap = None
         if args.source == "kafka":
@@ -201,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.domain == "wide":
                 p.error("--domain wide: the files source only (the Kafka source writes one dt column)")
         combos = combos_for(targets, modes, args.fencing.split(","), sql_urls, stagings, endpoint, bootstrap,
-                            wide=args.domain == "wide")  # fmt: skip
+                            wide=args.domain == "wide", catalogs=catalogs, rest_uri=rest_uri)  # fmt: skip
         if not combos:
             p.error("no combination: S3 staging takes the iceberg and delta targets only")
         per = max(1, args.schedules // len(combos))

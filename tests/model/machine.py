@@ -46,11 +46,16 @@ class Combo:
     #: off (CI's random schedules): verify_checksums on and no ``corrupt``, so CI draws exactly the
     #: schedules it drew before (its cost stays; CI pins ``corrupt`` in fixed schedules instead).
     corrupting: bool = False
+    #: The Iceberg catalog: ``sql``, or ``rest`` at ``rest_uri`` (``tests/model/rest.py``): then the
+    #: ``unreported`` step is drawn too (a commit the catalog applied but did not report).
+    catalog: str = "sql"
+    rest_uri: str | None = None
 
     @property
     def label(self) -> str:
         sql = f"-{self.sql_url.split(':', 1)[0].split('+')[0]}" if self.sql_url else ""
-        return (f"{self.kind}{sql}/{self.mode}/{self.fencing}" + ("/s3" if self.staging == "s3" else "")
+        rest = "-rest" if self.catalog == "rest" else ""
+        return (f"{self.kind}{sql}{rest}/{self.mode}/{self.fencing}" + ("/s3" if self.staging == "s3" else "")
                 + ("/kafka" if self.kafka else "") + ("/wide" if self.wide else ""))  # fmt: skip
 
     def config(
@@ -67,7 +72,7 @@ class Combo:
         return Config(self.kind, self.mode, self.fencing, work, url, self.sql_url,
                       pipeline=f"m{uuid.uuid4().hex[:10]}", staging=self.staging,
                       s3_endpoint=self.s3_endpoint, kafka=self.kafka, domain=domain,
-                      verify_checksums=verify_checksums)  # fmt: skip
+                      verify_checksums=verify_checksums, catalog=self.catalog, rest_uri=self.rest_uri)  # fmt: skip
 
 
 @st.composite
@@ -133,6 +138,9 @@ WEIGHTED = (
 #: ``Combo.corrupting``: the operations with ``corrupt`` (hostile, every staging store: a staged value
 #: changed in place, same size, after durability, then a commit), weighted as ``tamper``.
 WEIGHTED_CORRUPTING = [*WEIGHTED, "corrupt", "corrupt"]
+#: ``Combo.catalog == "rest"``: ``unreported`` too (issue 45: the catalog applied the commit, then
+#: answered 5xx, dropped the connection or answered past the time-out), more often than a crash.
+UNREPORTED = ["unreported"] * 8
 
 
 def machine_for(
@@ -176,8 +184,12 @@ def machine_for(
             """One operation, drawn with the weights of :data:`WEIGHTED` (Hypothesis has no rule weights)."""
             if self.world is None:
                 self._build(data)
-            if self.combo.corrupting:  # drawn again from the list with corrupt (CI's draws stay as they were)
-                op = data.draw(st.sampled_from(WEIGHTED_CORRUPTING), label="op")
+            if self.combo.corrupting or self.combo.catalog == "rest":
+                # Drawn again from the list with corrupt and/or unreported (CI's other draws stay as they were).
+                ops = (WEIGHTED_CORRUPTING if self.combo.corrupting else WEIGHTED) + (
+                    UNREPORTED if self.combo.catalog == "rest" else []
+                )
+                op = data.draw(st.sampled_from(ops), label="op")
             key = data.draw(KEY, label="key")
             if op in ("run", "write"):
                 n = data.draw(st.sampled_from([2, 1, 3, 0]), label="n")  # 0: an empty checkpoint
@@ -220,6 +232,15 @@ def machine_for(
                 also = data.draw(st.lists(KEY, max_size=3, unique=True), label="also")
                 race = data.draw(st.booleans(), label="race")
                 self._do({"op": op, "key": key, "point": point, "also": also, "race": race})
+            elif op == "unreported":
+                from .rest import UNREPORTED as FAULTS
+
+                # "slow" costs the client's time-out and more: drawn less often than the others.
+                fault = data.draw(st.sampled_from([*FAULTS, *FAULTS[:-1]]), label="fault")
+                down = data.draw(st.sampled_from([False, False, True]), label="down")
+                group = data.draw(st.booleans(), label="group")
+                also = data.draw(st.lists(KEY, max_size=2, unique=True), label="also") if group else []
+                self._do({"op": op, "key": key, "fault": fault, "down": down, "group": group, "also": also})
             elif op == "crash":
                 points = KILL_POINTS[self.kind] + (KAFKA_KILL_POINTS if self.world.cfg.kafka else ())
                 point = data.draw(st.sampled_from(points), label="point")

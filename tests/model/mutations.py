@@ -211,6 +211,26 @@ MUTATIONS: list[Mutation] = [
         "a files overwrite lets an older checkpoint replace a newer one's partition (invariant 10)",
     ),
     M(
+        "iceberg-unknown-outcome-cleaned-up",
+        "core/targets/iceberg/publisher.py",
+        "                # It may have landed: delete nothing, retract nothing; the next load decides.\n"
+        "                pending[str(unknown.snapshot_id)] = result\n",
+        "                for location in locations:  # cleaned up as a failed commit: the staged files deleted\n"
+        "                    table.io.delete(location)\n"
+        "                pending[str(unknown.snapshot_id)] = result\n",
+        "an Iceberg commit whose outcome the catalog did not report (it applied it, then answered 5xx) is "
+        "cleaned up as a failed one: the attempt's staged files, which the new snapshot references, deleted",
+    ),
+    M(
+        "iceberg-unknown-outcome-committed-again",
+        "core/targets/iceberg/publisher.py",
+        "            if decide(marker, manifest, ctx, self.mode, aborted):\n                return self._landed(",
+        "            if not pending and decide(marker, manifest, ctx, self.mode, aborted):\n"
+        "                return self._landed(",
+        "an Iceberg commit whose outcome the catalog did not report is treated as not landed: the retry "
+        "ignores the table's marker and commits the attempt again (its files added twice)",
+    ),
+    M(
         "abort-cleanup-unfenced",
         "core/commit/abort.py",
         "        if now.lease_epoch != self.epoch:\n            raise LeaseLostError(",

@@ -128,8 +128,18 @@ class Config:
     #: How write steps stage: ``None``, the model writes the Parquet files itself; ``"spark-submit"``
     #: or ``"connect:<conn id>"``, a real PySpark job does (``tests/model/spark_write.py``).
     spark_write: str | None = None
+    #: The Iceberg catalog: ``"sql"`` (an SQLite file), or ``"rest"``: the REST catalog at
+    #: ``rest_uri`` (``tests/model/rest.py``, in the checker's process), reached through an
+    #: ``iceberg`` connection; then the ``unreported`` step injects a commit the catalog applied
+    #: but did not report (5xx, a dropped connection, an answer past the time-out).
+    catalog: str = "sql"
+    rest_uri: str | None = None
 
     def __post_init__(self) -> None:
+        if self.catalog not in ("sql", "rest"):
+            raise ValueError(f"the Iceberg catalog is sql or rest, not {self.catalog!r}")
+        if self.catalog == "rest" and (self.kind != "iceberg" or not self.rest_uri):
+            raise ValueError("a REST catalog needs the iceberg target and the catalog's URI (rest_uri)")
         if self.spark_write and (self.staging != "local" or self.kafka or self.domain is not None):
             raise ValueError("Spark writes stage locally, from the files source, into the dt column")
         if self.staging == "s3" and (self.kind not in S3_KINDS or not self.s3_endpoint):
@@ -170,8 +180,8 @@ class Config:
     @property
     def label(self) -> str:
         sql = f"-{self.sql_url.split(':', 1)[0].split('+')[0]}" if self.sql_url else ""
-        return (f"{self.kind}{sql}/{self.mode}/{self.fencing}" + ("/s3" if self.staging == "s3" else "")
-                + ("/kafka" if self.kafka else ""))  # fmt: skip
+        return (f"{self.kind}{sql}{'-rest' if self.catalog == 'rest' else ''}/{self.mode}/{self.fencing}"
+                + ("/s3" if self.staging == "s3" else "") + ("/kafka" if self.kafka else ""))  # fmt: skip
 
     @property
     def s3(self) -> Any:
@@ -194,6 +204,8 @@ class Config:
 
     @property
     def table(self) -> str:
+        if self.catalog == "rest":  # one catalog serves every schedule of a run (and a test module)
+            return f"{self.pipeline.replace('-', '_')}_{self.prefix[:8]}"
         return self.pipeline.replace("-", "_")
 
     @property
@@ -211,16 +223,23 @@ class Config:
             return f"delta://{self.work}/delta/{self.table}?create_table=true"
         return f"sql://model_sql/{self.sql_schema + '.' if self.sql_schema else ''}{self.table}"
 
+    def warehouse(self) -> str:
+        """Where the schedule's Iceberg tables live: under ``<work>``, or its prefix in the bucket."""
+        return (
+            f"s3://{BUCKET}/{self.prefix}/warehouse"
+            if self.staging == "s3"
+            else f"file://{self.work}/warehouse"
+        )
+
     def connections(self, conn_id: str) -> dict[str, Any]:
+        if conn_id == "model" and self.catalog == "rest":
+            from .rest import connection
+
+            return connection(self)
         if conn_id == "model":
-            extra = {"type": "sql", "uri": f"sqlite:///{self.work}/catalog.db"}
+            extra = {"type": "sql", "uri": f"sqlite:///{self.work}/catalog.db", "warehouse": self.warehouse()}
             if self.staging == "s3":
-                extra |= {
-                    "warehouse": f"s3://{BUCKET}/{self.prefix}/warehouse",
-                    **self.s3.iceberg_properties(),
-                }
-            else:
-                extra["warehouse"] = f"file://{self.work}/warehouse"
+                extra |= self.s3.iceberg_properties()
             return {"conn_type": "iceberg", "extra": extra}
         raise KeyError(conn_id)
 
@@ -437,6 +456,10 @@ class World:
         self.cfg = cfg
         Path(cfg.work).mkdir(parents=True, exist_ok=True)
         self.store = CommitterStore.from_url(cfg.db_url)
+        if cfg.catalog == "rest":  # created first: its location is the catalog's to name (rest.py)
+            from .rest import create_table
+
+            create_table(cfg)
         self.layout = cfg.layout()
         self.model = Model()
         self.counts: Counter = Counter()
@@ -471,7 +494,7 @@ class World:
         self.counts[op] += 1
         if self.kafka is not None:
             self.kafka.produce(len(self.log) % 3)  # a producer keeps appending between steps
-        before = self.rows()
+        before = self.rows() if op == "recommit" else None  # read back by check() after every step anyway
         try:
             outcome = getattr(self, f"op_{op}")(**{k: v for k, v in step.items() if k != "op"})
         except WalsinkError as exc:
@@ -694,6 +717,83 @@ class World:
             time.sleep(LEASE_TTL.total_seconds() * 1.1)
         retried = json.dumps(self._commit_until_done(key)) if retry else "no retry"
         return f"{first_write}try 1 {'killed' if killed else json.dumps(first)}; retry {retried}"
+
+    def op_unreported(
+        self, key: str, fault: str, down: bool = False, group: bool = False, also: list[str] | None = None
+    ) -> str:
+        """REST catalog (issue 45): the catalog applies the next commit of the table and does not
+        report it: it answers 500, 502 or 504, closes the connection (``drop``) or holds the answer
+        past the client's time-out (``slow``); with ``down`` it is then down (every request 503)
+        until the commit try has ended. The commit runs as a commit step does (a commit task in a
+        child process, then Airflow's retries; ``group``: a group commit's leader, as ``group``
+        runs it, where the combination groups).
+
+        Besides the checks after every step (each row once, one table commit per attempt, every
+        file a snapshot references still on storage): when the fault hit, every checkpoint of the
+        step whose attempt the table holds ends COMMITTED (a group's leader may have left itself
+        out: a newer checkpoint holds its partition); a single commit, with the catalog up, by the
+        try that met the fault (the marker decides); with it down, that try is left uncommitted
+        with the unknown outcome recorded, nothing deleted."""
+        cfg = self.cfg
+        if cfg.catalog != "rest":
+            return "skipped: a REST catalog's fault"
+        from .rest import SLOW_DELAY, server_of
+
+        server = server_of(cfg.rest_uri or "")
+        table = f"m.{cfg.table}"
+        grouping = group and cfg.mode == "overwrite" and cfg.fencing == "lease"
+        down = down and not grouping  # a group's members are committed by their own tasks at once
+        named = [k for k in dict.fromkeys([key, *(also or [])]) if not self._committed(k)]
+        if not named or (not grouping and self._committed(key)):
+            return "skipped: committed already"
+        touched = named if grouping else [key]
+        seen = len(server.log)
+        server.inject(fault, table=table, delay=SLOW_DELAY, then_down=down)
+        first: dict[str, Any] = {}
+        try:
+            if grouping:
+                done = self.op_group(key, None, also, race=False)
+            else:
+                done = self._ensure_durable(key)
+                proc, out = self._spawn(key, None, stop=False)
+                proc.join(300)
+                first = self._result(out)
+                self._note_commit(first)
+        finally:
+            server.unavailable = False  # the catalog is back (``down``)
+            with server.lock:  # a fault no commit met is not left for a later step
+                server.faults[:] = [f for f in server.faults if f.table != table]
+        hit = any(entry.fault == fault for entry in server.log[seen:])
+        self.counts[f"unreported.{fault}" if hit else "unreported.missed"] += 1
+        if not grouping:
+            if hit and down:
+                rec = self.store.require(cfg.pipeline, key)
+                self.counts["unreported.undecided"] += 1
+                if (
+                    first.get("error") != "CommitOutcomeUnknownError"
+                    or rec.is_committed
+                    or ("Nothing was deleted" not in (rec.error or ""))
+                ):
+                    self.notes.append(
+                        f"{key}: the catalog applied the commit, answered {fault} and went down: the try should be "
+                        f"left uncommitted with the unknown outcome recorded, but it said {json.dumps(first)[:300]} "
+                        f"and the row is {rec.state.value} ({(rec.error or '')[:200]!r})"
+                    )
+            elif hit and not first.get("ok"):
+                self.notes.append(
+                    f"{key}: the catalog applied the commit and answered {fault}: the try did not decide it "
+                    f"from the table's marker ({json.dumps(first)[:400]})"
+                )
+            retried = "" if first.get("ok") else f"; retry {json.dumps(self._commit_until_done(key))}"
+            done = f"{done}try {json.dumps({k: v for k, v in first.items() if k != 'text'})[:300]}{retried}"
+        for k in touched if hit else []:
+            rec = self.store.require(cfg.pipeline, k)
+            if not rec.is_committed and self._held_by_target(rec):
+                self.notes.append(
+                    f"{k}: the catalog applied the commit of its attempt ({fault}{', then down' if down else ''}), "
+                    f"but after the commit task and its retries it is {rec.state.value} ({(rec.error or '')[:200]!r})"
+                )
+        return f"{fault}{' then down' if down else ''} {'met' if hit else 'not met'}: {done}"
 
     def op_group(
         self, key: str, point: str | None = None, also: list[str] | None = None, race: bool = False
@@ -1361,6 +1461,42 @@ class World:
             return [task.file.file_path for task in t.scan().plan_files()]
         return list(t.file_uris())
 
+    def _iceberg_history(self) -> list[str]:
+        """Iceberg, over every snapshot the table keeps (not only the current one, which the rows
+        are read from): each data file a snapshot references is still on storage (a clean-up after
+        a commit whose outcome was unknown deletes what a snapshot references), and each attempt
+        was added by one table commit at most (a retry that commits an attempt again adds its
+        files twice; in ``overwrite`` that replaces them, so the rows alone would not show it)."""
+        t = self.cfg.publisher(self.layout).load_table()
+        if t is None:
+            return []
+        problems: list[str] = []
+        commits: Counter = Counter()
+        checked: set[str] = set()
+        missing: list[str] = []
+        for snapshot in t.snapshots():
+            summary = snapshot.summary
+            if summary is not None:
+                if summary.get("walsink.attempt-id"):
+                    commits[summary.get("walsink.attempt-id")] += 1
+                for k, v in summary.additional_properties.items():
+                    if k.startswith("walsink.group.") and v.startswith("{"):
+                        commits[json.loads(v)["attempt_id"]] += 1
+            for listed in snapshot.manifests(t.io):
+                for entry in listed.fetch_manifest_entry(t.io, discard_deleted=False):
+                    path = entry.data_file.file_path
+                    if path not in checked:
+                        checked.add(path)
+                        if not t.io.new_input(path).exists():
+                            missing.append(path)
+        if missing:
+            problems.append(f"data files a snapshot references are gone from storage: {sorted(missing)[:3]}")
+        for aid, n in commits.items():
+            if n > 1:
+                key = self.model.attempts[aid].key if aid in self.model.attempts else "?"
+                problems.append(f"attempt {aid[:8]} ({key}) was added by {n} table commits")
+        return problems
+
     def _outside_the_prefix(self) -> list[str]:
         """S3: a table committed by reference references only objects under the schedule's prefix."""
         inside = f"s3://{BUCKET}/{self.cfg.prefix}/"
@@ -1493,6 +1629,8 @@ class World:
             got = self.rows()
             if cfg.staging == "s3":
                 problems += self._outside_the_prefix()
+            if cfg.kind == "iceberg":
+                problems += self._iceberg_history()
         except Exception as exc:  # noqa: BLE001 - an unreadable target is a violation
             return [*problems, f"the target cannot be read: {type(exc).__name__}: {str(exc)[:300]}"]
         tolerated = Counter(r for a in m.in_flight.values() for r in m.attempts[a].rows)
@@ -1566,6 +1704,8 @@ def schedule_text(cfg: Config, steps: list[dict[str, Any]]) -> str:
         c["staging"] = cfg.staging
     if cfg.kafka:
         c["source"] = "kafka"
+    if cfg.catalog != "sql":
+        c["catalog"] = cfg.catalog
     if cfg.sql_url:
         c["sql"] = cfg.sql_url.split(":", 1)[0].split("+")[0]
     return json.dumps({"config": c, "steps": steps}, indent=None)
