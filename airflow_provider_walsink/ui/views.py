@@ -18,6 +18,7 @@ from urllib.parse import quote
 from airflow_provider_walsink.core.commit.audit import AuditReport
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME
+from airflow_provider_walsink.core.protocol.partition_keys import partition_key_of_checkpoint
 from airflow_provider_walsink.core.protocol.states import AUDIT_VERDICTS, ERROR_STATES, CheckpointState
 from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.store.deadlines import is_overdue
@@ -208,6 +209,9 @@ def checkpoint_dict(
     return {
         "pipeline": record.pipeline,
         "checkpoint_key": record.checkpoint_key,
+        # The run's partition key as written (``münchen-ü`` for ``pk=m+C3+BCnchen-+C3+BC``);
+        # None for a data-interval or explicit checkpoint key.
+        "partition_key": partition_key_of_checkpoint(record.checkpoint_key),
         "sequence": record.sequence,
         "state": record.state.value,
         "attempt": record.attempt,
@@ -402,6 +406,7 @@ def pipeline_dict(
         "last_error": (
             {
                 "checkpoint_key": failed.checkpoint_key,
+                "partition_key": partition_key_of_checkpoint(failed.checkpoint_key),
                 "sequence": failed.sequence,
                 "state": failed.state.value,
                 "error": failed.error,
