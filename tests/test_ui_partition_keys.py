@@ -73,7 +73,9 @@ def test_the_api_finds_a_checkpoint_by_its_partition_key_as_written(world):
     assert _get(world, "/walsink/api/pipelines/regions/checkpoints/wien").status_code == 404
 
     # The pipeline page's search: by the key as written, to the checkpoint's page.
-    found = _get(world, "/walsink/pipelines/regions/find", params={"key": "eu west 1"}, follow_redirects=False)
+    found = _get(
+        world, "/walsink/pipelines/regions/find", params={"key": "eu west 1"}, follow_redirects=False
+    )
     assert found.status_code == 303
     assert found.headers["location"].endswith(f"/checkpoints/{quote(ENCODED['eu west 1'])}")
     missing = _get(world, "/walsink/pipelines/regions/find", params={"key": "wien"}, follow_redirects=False)

@@ -537,7 +537,11 @@ def create_app() -> FastAPI:
         if (record := _named_checkpoint(store, pipeline, checkpoint_key)) is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, "Checkpoint not found")
         return _json(
-            {"transitions": [views.transition_dict(t) for t in store.history(pipeline, record.checkpoint_key)]}
+            {
+                "transitions": [
+                    views.transition_dict(t) for t in store.history(pipeline, record.checkpoint_key)
+                ]
+            }
         )
 
     @app.post("/api/pipelines/{pipeline}/checkpoints/{checkpoint_key}/abort")
