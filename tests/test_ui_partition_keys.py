@@ -80,3 +80,43 @@ def test_the_api_finds_a_checkpoint_by_its_partition_key_as_written(world):
     assert found.headers["location"].endswith(f"/checkpoints/{quote(ENCODED['eu west 1'])}")
     missing = _get(world, "/walsink/pipelines/regions/find", params={"key": "wien"}, follow_redirects=False)
     assert missing.status_code == 404 and "'wien' or 'pk=wien'" in missing.text
+
+
+def _html(world, url: str) -> str:
+    response = _get(world, url)
+    assert response.status_code == 200, response.text
+    return response.text
+
+
+def test_the_pages_show_the_keys_as_written_the_timeline_in_partition_order(world):
+    from html import escape
+
+    for key in KEYS:
+        page = _html(world, f"/walsink/pipelines/regions/checkpoints/{quote(ENCODED[key], safe='')}")
+        heading = page[page.index("<h1>") : page.index("</h1>")]
+        assert f'<span class="key" id="checkpoint-key">{escape(key)}</span>' in heading
+        assert f"({escape(ENCODED[key])})" in heading  # the encoded key beside it
+
+    pipeline = _html(world, "/walsink/pipelines/regions")
+    timeline = pipeline[pipeline.index('id="timeline"') : pipeline.index("<h2>Checkpoints</h2>")]
+    cells = [ENCODED[k] for k in KEYS]
+    positions = [timeline.index(f"/checkpoints/{quote(c)}") for c in cells]
+    # Partition key order (a=b, eu west 1, münchen-ü), not registration order (münchen-ü first).
+    assert [KEYS[i] for i in sorted(range(3), key=positions.__getitem__)] == ["a=b", "eu west 1", "münchen-ü"]
+    for key in KEYS:
+        assert f"{escape(key)}: " in timeline
+    assert 'action="/walsink/pipelines/regions/find"' in pipeline
+
+    overview = _html(world, "/walsink/")
+    regions = overview[overview.index('href="/walsink/pipelines/regions"') :]
+    regions = regions[: regions.index("</tr>")]
+    assert f">{escape('a=b')}</a>:" in regions  # its last error, by the key as written
+    table = overview[overview.index('id="uncommitted"') :]
+    for key in KEYS:
+        assert f">{escape(key)}</a></td>" in table  # the not-committed list
+    # Interval pipelines keep their keys and their order (oldest left).
+    sales = _html(world, "/walsink/pipelines/sales_a")
+    sales_cells = sales[sales.index('id="timeline"') : sales.index("<h2>Checkpoints</h2>")]
+    assert [sales_cells.index(f"2026010{d}T000000Z") for d in range(1, 6)] == sorted(
+        sales_cells.index(f"2026010{d}T000000Z") for d in range(1, 6)
+    )

@@ -627,6 +627,7 @@ def create_app() -> FastAPI:
             "pipeline.html",
             pipeline=views.pipeline_dict(store, row),
             page=page,
+            timeline=views.timeline_order(page["checkpoints"]),
             selected_states=state or [],
             not_committed_for=not_committed_for or "",
             age_choices=views.AGE_CHOICES,

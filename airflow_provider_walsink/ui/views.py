@@ -257,6 +257,16 @@ def checkpoint_dict(
     }
 
 
+def timeline_order(checkpoints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pipeline timeline's cells, left to right: other checkpoints oldest first (sequence
+    order), then a partitioned run's checkpoints in partition key order, so a backfill reads
+    ``a=b``, ``eu west 1``, ``münchen-ü`` whatever order its runs registered in."""
+    return sorted(
+        checkpoints,
+        key=lambda c: (c["partition_key"] is not None, c["partition_key"] or "", c["sequence"]),
+    )
+
+
 def checkpoint_dicts(store: CommitterStore, records: list[CheckpointRecord]) -> list[dict[str, Any]]:
     """:func:`checkpoint_dict` for a list: blocked-or-not and, for reprocessed checkpoints,
     the start of their current version, in a few queries for the whole list."""
