@@ -8,6 +8,7 @@ the store with their encoded keys, as the write task registers them (no Spark ne
 
 from __future__ import annotations
 
+import re
 from urllib.parse import quote
 
 import pytest
@@ -120,3 +121,32 @@ def test_the_pages_show_the_keys_as_written_the_timeline_in_partition_order(worl
     assert [sales_cells.index(f"2026010{d}T000000Z") for d in range(1, 6)] == sorted(
         sales_cells.index(f"2026010{d}T000000Z") for d in range(1, 6)
     )
+
+
+def test_partitions_replaced_read_in_the_same_characters(world, monkeypatch):
+    """Spark escapes ``=`` (``k=a%3Db``) but not ``ü`` (``k=münchen-ü``): the page decodes
+    the escapes, so every key reads as written; the JSON keeps the directories as named."""
+    import dataclasses
+
+    from airflow_provider_walsink.core.store.store import CommitterStore
+
+    replaced = ["k=a%3Db", "k=eu west 1", "k=münchen-ü"]
+    publication = {"target": "/data/regions", "kind": "files", "files": [], "partitions_replaced": replaced}
+    real_get = CommitterStore.get
+
+    def get(self, pipeline, key):
+        record = real_get(self, pipeline, key)
+        if pipeline == "regions" and record is not None:
+            return dataclasses.replace(record, publication=publication)
+        return record
+
+    monkeypatch.setattr(CommitterStore, "get", get)
+    page = _html(world, f"/walsink/pipelines/regions/checkpoints/{quote(ENCODED['a=b'], safe='')}")
+    row = page[page.index("Partitions replaced</dt>") :]
+    row = row[: row.index("</dd>")]
+    shown = re.findall(r'<span title="[^"]*">([^<]*)</span>', row)
+    assert "k=a%3Db<" not in row and "k=a%3Db," not in row
+    assert shown == ["k=a=b", "k=eu west 1", "k=münchen-ü"]
+    assert 'title="k=a%3Db"' in row  # the directory as the target names it, on hover
+    api = _get(world, f"/walsink/api/pipelines/regions/checkpoints/{quote(ENCODED['a=b'], safe='')}").json()
+    assert api["checkpoint"]["publication"]["partitions_replaced"] == replaced

@@ -135,6 +135,7 @@ def templates() -> Environment:
     env.filters["size"] = _size
     env.filters["plural"] = views.plural
     env.filters["kv"] = views.key_values
+    env.filters["partition"] = views.partition_as_written
     env.filters["local"] = local_time
     env.filters["job"] = describe_job_ref
     env.globals["STATES"] = views.STATE_ORDER

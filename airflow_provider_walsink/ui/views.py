@@ -19,6 +19,7 @@ from airflow_provider_walsink.core.commit.audit import AuditReport
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME
 from airflow_provider_walsink.core.protocol.partition_keys import partition_key_of_checkpoint
+from airflow_provider_walsink.core.protocol.partitions import unescape_path_name
 from airflow_provider_walsink.core.protocol.states import AUDIT_VERDICTS, ERROR_STATES, CheckpointState
 from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.store.deadlines import is_overdue
@@ -255,6 +256,17 @@ def checkpoint_dict(
         "publication": getattr(record, "publication", None),
         "airflow": airflow_links(record.dag_id, record.run_id),
     }
+
+
+def partition_as_written(directory: str) -> str:
+    """A target partition as the page shows it: ``k=a=b`` for Spark's ``k=a%3Db``, so every
+    value reads in the same characters (Spark escapes ``=`` and ``:`` but not ``ü``). Display
+    only: the JSON keeps the directory as the target names it."""
+    return "/".join(
+        f"{column}={unescape_path_name(text)}" if sep else part
+        for part in directory.split("/")
+        for column, sep, text in [part.partition("=")]
+    )
 
 
 def timeline_order(checkpoints: list[dict[str, Any]]) -> list[dict[str, Any]]:
