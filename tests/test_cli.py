@@ -538,3 +538,48 @@ def test_reassign_group_hands_a_kafka_consumer_group_to_another_pipeline(sqlite_
     with pytest.raises(ConsumerGroupOwnedError, match="belongs to pipeline 'orders_v2'; pipeline 'orders'"):
         store.claim_consumer_group("cluster:c1", "lag", "orders")
     assert store.claim_consumer_group("cluster:c1", "lag", "orders_v2") == "orders_v2"
+
+
+#: Partition keys as a user writes them (docs/backfill.md, "Partitioned runs"), registered in
+#: this order: not the order of the keys.
+PARTITION_KEYS = ["münchen-ü", "eu west 1", "a=b"]
+
+
+def test_partition_checkpoints_are_named_and_found_by_the_key_as_written(sqlite_store):
+    from airflow_provider_walsink.core.protocol.partition_keys import checkpoint_key_for_partition
+
+    store = sqlite_store
+    encoded = {key: checkpoint_key_for_partition(key) for key in PARTITION_KEYS}
+    assert encoded["münchen-ü"] == "pk=m+C3+BCnchen-+C3+BC" and encoded["a=b"] == "pk=a+3Db"
+    for key in PARTITION_KEYS:
+        store.register("regions", encoded[key], mode="overwrite", actor=ACTOR)
+    store.register("regions", "20260101T000000Z", mode="overwrite", actor=ACTOR)  # not a partition
+    url = str(store.engine.url)
+
+    status = json.loads(walsink("--url", url, "status", "--pipeline", "regions", "--json").stdout)
+    listed = json.loads(walsink("--url", url, "checkpoints", "--pipeline", "regions", "--json").stdout)
+    for checkpoints in (status[0]["checkpoints"], listed["checkpoints"]):
+        assert {c["key"]: c["partition_key"] for c in checkpoints} == {
+            **{encoded[key]: key for key in PARTITION_KEYS},
+            "20260101T000000Z": None,
+        }
+    text = walsink("--url", url, "status", "--pipeline", "regions")
+    assert text.returncode == 0, text.stderr
+    for key in PARTITION_KEYS:
+        assert f"{key} ({encoded[key]})" in text.stdout, text.stdout
+
+    # `history` finds each by its key as written (the encoded one is found as before).
+    for key in ("a=b", "eu west 1"):
+        found = walsink("--url", url, "history", "regions", key, "--json")
+        assert found.returncode == 0, found.stderr
+        checkpoint = json.loads(found.stdout)["checkpoint"]
+        assert (checkpoint["key"], checkpoint["partition_key"]) == (encoded[key], key)
+    text = walsink("--url", url, "history", "regions", "münchen-ü")
+    assert text.stdout.startswith("regions/münchen-ü (pk=m+C3+BCnchen-+C3+BC): REGISTERED"), text
+
+    # A checkpoint whose key is exactly what was given wins over the partition key's encoding.
+    store.register("regions", "a", mode="overwrite", actor=ACTOR)
+    store.register("regions", "pk=a", mode="overwrite", actor=ACTOR)
+    exact = json.loads(walsink("--url", url, "history", "regions", "a", "--json").stdout)
+    assert exact["checkpoint"]["key"] == "a" and exact["checkpoint"]["partition_key"] is None
+    one_line_error(walsink("--url", url, "history", "regions", "wien"), "no checkpoint 'wien' or 'pk=wien'")

@@ -95,7 +95,12 @@ def test_the_api_says_blocked_by_which_checkpoint_and_the_fix(world):
     for key, waiting_to in (("k2", "start writing"), ("k3", "commit")):
         waiting = rows[key]["waiting"]
         assert waiting["status"] == "blocked", key
-        assert waiting["blocked_by"] == {"checkpoint_key": "k1", "sequence": 1, "state": "FAILED"}
+        assert waiting["blocked_by"] == {
+            "checkpoint_key": "k1",
+            "partition_key": None,
+            "sequence": 1,
+            "state": "FAILED",
+        }
         assert f"cannot {waiting_to}" in waiting["reason"] and "Fix:" in waiting["reason"]
         # Waiting is not writing: no phase counts up as running.
         assert rows[key]["phases"]["current"] == "blocked"

@@ -178,7 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: walsink history daily_events 20260101T000000Z",
     )
     hist.add_argument("pipeline", help="pipeline id")
-    hist.add_argument("checkpoint", help="checkpoint key, e.g. 20260101T000000Z")
+    hist.add_argument(
+        "checkpoint",
+        help="checkpoint key, e.g. 20260101T000000Z, or a run's partition key as written (münchen-ü for "
+        "pk=m+C3+BCnchen-+C3+BC)",
+    )
     hist.set_defaults(func=cmd_history)
 
     db = sub.add_parser("db", parents=[_common()], help="committer schema")

@@ -19,6 +19,11 @@ from airflow_provider_walsink.cli.common import (
     _table,
 )
 from airflow_provider_walsink.cli.database import CliError, open_store, resolve
+from airflow_provider_walsink.core.protocol.partition_keys import (
+    checkpoint_key_as_written,
+    checkpoint_keys_named_by,
+    partition_key_of_checkpoint,
+)
 from airflow_provider_walsink.core.runners import describe_job_ref
 
 #: The all-pipelines view of ``walsink status``: pipelines per page and newest checkpoints each.
@@ -96,7 +101,7 @@ def cmd_status(args: argparse.Namespace, out: IO[str]) -> int:
                 print(f"  ... {hidden} earlier checkpoints not shown (--limit {limit})", file=out)
             for c in shown:
                 print(
-                    f"  {c.sequence:>4}  {c.checkpoint_key:<20} {c.state.value:<11} {c.attempt:>3} "
+                    f"  {c.sequence:>4}  {checkpoint_key_as_written(c.checkpoint_key):<20} {c.state.value:<11} {c.attempt:>3} "
                     f"{c.rows if c.rows is not None else '-':>10} {_fmt_bytes(c.bytes):>10}  "
                     f"{_why(c, waits, 120)}",
                     file=out,
@@ -139,6 +144,9 @@ def _record_dict(c: Any, waits: dict[str, tuple[str | None, Any]] | None = None)
     return {
         "pipeline": c.pipeline,
         "key": c.checkpoint_key,
+        # The run's partition key as written (``münchen-ü`` for ``pk=m+C3+BCnchen-+C3+BC``);
+        # None for a data-interval or explicit checkpoint key.
+        "partition_key": partition_key_of_checkpoint(c.checkpoint_key),
         "sequence": c.sequence,
         "state": c.state.value,
         "attempt": c.attempt,
@@ -226,7 +234,7 @@ def cmd_checkpoints(args: argparse.Namespace, out: IO[str]) -> int:
         (
             c.pipeline,
             str(c.sequence),
-            c.checkpoint_key,
+            checkpoint_key_as_written(c.checkpoint_key),
             c.state.value,
             str(c.attempt),
             _iso(c.updated_at) or "",
@@ -273,13 +281,18 @@ def cmd_history(args: argparse.Namespace, out: IO[str]) -> int:
     target = resolve(args)
     with open_store(target) as store:
         _known_pipelines(store, [args.pipeline])
-        record = store.get(args.pipeline, args.checkpoint)
+        # The key as given, else (a partition key as written) its encoded checkpoint key.
+        candidates = checkpoint_keys_named_by(args.checkpoint)
+        record = next(
+            (found for key in candidates if (found := store.get(args.pipeline, key)) is not None), None
+        )
         if record is None:
+            tried = " or ".join(repr(key) for key in candidates)
             raise CliError(
-                f"pipeline {args.pipeline!r} has no checkpoint {args.checkpoint!r} "
+                f"pipeline {args.pipeline!r} has no checkpoint {tried} "
                 f"(see `walsink checkpoints --pipeline {args.pipeline}`)"
             )
-        history = store.history(args.pipeline, args.checkpoint)
+        history = store.history(args.pipeline, record.checkpoint_key)
     if args.json:
         _dump(
             out,
@@ -294,7 +307,7 @@ def cmd_history(args: argparse.Namespace, out: IO[str]) -> int:
         )
         return 0
     print(
-        f"{record.pipeline}/{record.checkpoint_key}: {record.state.value} (sequence {record.sequence}, "
+        f"{record.pipeline}/{checkpoint_key_as_written(record.checkpoint_key)}: {record.state.value} (sequence {record.sequence}, "
         f"attempt {record.attempt}, version {record.version}); committer database {target.display}",
         file=out,
     )

@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field
 
 from airflow_provider_walsink.core.commit.abort import AbortOutcome, AbortRefusedError
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
+from airflow_provider_walsink.core.protocol.partition_keys import checkpoint_keys_named_by
 from airflow_provider_walsink.core.runners import describe_job_ref
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.staging.object_store import StagingStore
@@ -134,6 +135,7 @@ def templates() -> Environment:
     env.filters["size"] = _size
     env.filters["plural"] = views.plural
     env.filters["kv"] = views.key_values
+    env.filters["partition"] = views.partition_as_written
     env.filters["local"] = local_time
     env.filters["job"] = describe_job_ref
     env.globals["STATES"] = views.STATE_ORDER
@@ -321,11 +323,21 @@ def _visible_pipelines(
     return views.pipeline_dicts(store, shown), next_after
 
 
-def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, key: str) -> dict[str, Any]:
+def _named_checkpoint(store: CommitterStore, pipeline: str, given: str) -> CheckpointRecord | None:
+    """The checkpoint ``given`` names: its exact key, else (a run's partition key as written,
+    ``münchen-ü``) its encoded checkpoint key; an exact key always wins, nothing is guessed."""
+    for key in checkpoint_keys_named_by(given):
+        if (record := store.get(pipeline, key)) is not None:
+            return record
+    return None
+
+
+def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, given: str) -> dict[str, Any]:
     _pipeline_or_404(store, user, pipeline)
-    record = store.get(pipeline, key)
+    record = _named_checkpoint(store, pipeline, given)
     if record is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "Checkpoint not found")
+    key = record.checkpoint_key
     history = store.history(pipeline, key)
     transitions = [views.transition_dict(t) for t in history]
     version_phases = views.version_phases(history) if record.version > 1 else []
@@ -523,10 +535,14 @@ def create_app() -> FastAPI:
     @app.get("/api/pipelines/{pipeline}/checkpoints/{checkpoint_key}/history")
     def api_history(pipeline: str, checkpoint_key: str, user: GetUserDep, store: StoreDep) -> JSONResponse:
         _pipeline_or_404(store, user, pipeline)
-        if store.get(pipeline, checkpoint_key) is None:
+        if (record := _named_checkpoint(store, pipeline, checkpoint_key)) is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, "Checkpoint not found")
         return _json(
-            {"transitions": [views.transition_dict(t) for t in store.history(pipeline, checkpoint_key)]}
+            {
+                "transitions": [
+                    views.transition_dict(t) for t in store.history(pipeline, record.checkpoint_key)
+                ]
+            }
         )
 
     @app.post("/api/pipelines/{pipeline}/checkpoints/{checkpoint_key}/abort")
@@ -612,11 +628,26 @@ def create_app() -> FastAPI:
             "pipeline.html",
             pipeline=views.pipeline_dict(store, row),
             page=page,
+            timeline=views.timeline_order(page["checkpoints"]),
             selected_states=state or [],
             not_committed_for=not_committed_for or "",
             age_choices=views.AGE_CHOICES,
             older=urlencode([*filters, ("before", page["next_before"])]) if page["next_before"] else None,
             newer=urlencode([*filters, ("after", page["next_after"])]) if page["next_after"] else None,
+        )
+
+    @app.get("/pipelines/{pipeline}/find")
+    def page_find(request: Request, pipeline: str, key: str, user: GetUserDep, store: StoreDep) -> Response:
+        """The pipeline page's search: a checkpoint by its key, or by the run's partition key as written."""
+        _pipeline_or_404(store, user, pipeline)
+        record = _named_checkpoint(store, pipeline, key.strip())
+        if record is None:
+            tried = " or ".join(repr(k) for k in checkpoint_keys_named_by(key.strip()))
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"Pipeline {pipeline!r} has no checkpoint {tried}")
+        base = request.scope.get("root_path", "").rstrip("/")
+        return RedirectResponse(
+            f"{base}/pipelines/{quote(pipeline)}/checkpoints/{quote(record.checkpoint_key)}",
+            status_code=status.HTTP_303_SEE_OTHER,
         )
 
     @app.get("/pipelines/{pipeline}/checkpoints/{checkpoint_key}", response_class=HTMLResponse)
@@ -632,9 +663,9 @@ def create_app() -> FastAPI:
     ) -> Response:
         """From a checkpoint to the Airflow log of the task try that failed, refused or waited on it."""
         _pipeline_or_404(store, user, pipeline)
-        if store.get(pipeline, checkpoint_key) is None:
+        if (record := _named_checkpoint(store, pipeline, checkpoint_key)) is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, "Checkpoint not found")
-        link = views.log_link(store.history(pipeline, checkpoint_key))
+        link = views.log_link(store.history(pipeline, record.checkpoint_key))
         if link is None:
             raise HTTPException(
                 status.HTTP_404_NOT_FOUND,

@@ -18,6 +18,8 @@ from urllib.parse import quote
 from airflow_provider_walsink.core.commit.audit import AuditReport
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
 from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME
+from airflow_provider_walsink.core.protocol.partition_keys import partition_key_of_checkpoint
+from airflow_provider_walsink.core.protocol.partitions import unescape_path_name
 from airflow_provider_walsink.core.protocol.states import AUDIT_VERDICTS, ERROR_STATES, CheckpointState
 from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.store.deadlines import is_overdue
@@ -208,6 +210,9 @@ def checkpoint_dict(
     return {
         "pipeline": record.pipeline,
         "checkpoint_key": record.checkpoint_key,
+        # The run's partition key as written (``münchen-ü`` for ``pk=m+C3+BCnchen-+C3+BC``);
+        # None for a data-interval or explicit checkpoint key.
+        "partition_key": partition_key_of_checkpoint(record.checkpoint_key),
         "sequence": record.sequence,
         "state": record.state.value,
         "attempt": record.attempt,
@@ -251,6 +256,27 @@ def checkpoint_dict(
         "publication": getattr(record, "publication", None),
         "airflow": airflow_links(record.dag_id, record.run_id),
     }
+
+
+def partition_as_written(directory: str) -> str:
+    """A target partition as the page shows it: ``k=a=b`` for Spark's ``k=a%3Db``, so every
+    value reads in the same characters (Spark escapes ``=`` and ``:`` but not ``ü``). Display
+    only: the JSON keeps the directory as the target names it."""
+    return "/".join(
+        f"{column}={unescape_path_name(text)}" if sep else part
+        for part in directory.split("/")
+        for column, sep, text in [part.partition("=")]
+    )
+
+
+def timeline_order(checkpoints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pipeline timeline's cells, left to right: other checkpoints oldest first (sequence
+    order), then a partitioned run's checkpoints in partition key order, so a backfill reads
+    ``a=b``, ``eu west 1``, ``münchen-ü`` whatever order its runs registered in."""
+    return sorted(
+        checkpoints,
+        key=lambda c: (c["partition_key"] is not None, c["partition_key"] or "", c["sequence"]),
+    )
 
 
 def checkpoint_dicts(store: CommitterStore, records: list[CheckpointRecord]) -> list[dict[str, Any]]:
@@ -402,6 +428,7 @@ def pipeline_dict(
         "last_error": (
             {
                 "checkpoint_key": failed.checkpoint_key,
+                "partition_key": partition_key_of_checkpoint(failed.checkpoint_key),
                 "sequence": failed.sequence,
                 "state": failed.state.value,
                 "error": failed.error,

@@ -99,6 +99,25 @@ def partition_key_of_checkpoint(checkpoint_key: str) -> str | None:
     return out.decode("utf-8", errors="replace")
 
 
+def checkpoint_key_as_written(checkpoint_key: str) -> str:
+    """How a person names a checkpoint: ``münchen-ü (pk=m+C3+BCnchen-+C3+BC)`` for a partition
+    checkpoint (the key as written, the encoded key beside it), the key itself for any other."""
+    partition_key = partition_key_of_checkpoint(checkpoint_key)
+    return checkpoint_key if partition_key is None else f"{partition_key} ({checkpoint_key})"
+
+
+def checkpoint_keys_named_by(given: str) -> list[str]:
+    """The checkpoint keys a key given by a person may mean, in the order to look them up:
+    ``given`` itself first (an existing checkpoint of exactly that key always wins), then, when
+    ``given`` is a valid partition key with another encoding, its checkpoint key
+    (``a=b`` -> ``pk=a+3Db``). Never more than these two, so nothing is guessed."""
+    try:
+        encoded = checkpoint_key_for_partition(given)
+    except PartitionKeyError:
+        return [given]
+    return [given] if encoded == given else [given, encoded]
+
+
 @dataclass(frozen=True)
 class PartitionSpec:
     """What a pipeline declares about its partition keys (both optional).

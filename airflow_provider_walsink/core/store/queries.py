@@ -15,6 +15,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
 from airflow_provider_walsink.core.protocol.identifiers import validate_identifier
+from airflow_provider_walsink.core.protocol.partition_keys import partition_key_of_checkpoint
 from airflow_provider_walsink.core.protocol.states import ERROR_STATES, CheckpointState
 from airflow_provider_walsink.core.store.errors import CheckpointNotFoundError
 from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
@@ -557,6 +558,7 @@ def wait_status(
             "status": "blocked",
             "blocked_by": {
                 "checkpoint_key": first_open.checkpoint_key,
+                "partition_key": partition_key_of_checkpoint(first_open.checkpoint_key),
                 "sequence": first_open.sequence,
                 "state": first_open.state.value,
             },
