@@ -17,11 +17,9 @@ container-specific values mapped to local ones:
 * the Airflow connections (``AIRFLOW_CONN_*`` of ``x-airflow-common``):
   :meth:`SparkCluster.connections` returns them with the same mapping.
 
-Every process runs under a guard (``tests/guard.py``) in its own process group (the
-workers' executor JVMs are in their worker's group); :meth:`SparkCluster.stop` stops
-them through their guards, kills what is left in the groups and copies the logs to
-``artifacts_dir``. The guards also end them when the process that started the
-cluster dies without stopping it. ``SPARK_LOCAL_IP`` (``127.0.0.1`` for the master, the
+Every process runs in its own process group (the workers' executor JVMs are in
+their worker's group); :meth:`SparkCluster.stop` kills the groups and copies the
+logs to ``artifacts_dir``. ``SPARK_LOCAL_IP`` (``127.0.0.1`` for the master, the
 worker's own ``127.0.0.<N+1>``) keeps the RPC endpoints and the web UIs on loopback.
 
 Usage::
@@ -225,20 +223,8 @@ class SparkCluster:
     def _spawn(self, name: str, command: list[str], *, host: str = "127.0.0.1") -> None:
         log = open(self.logs_dir / f"{name}.out", "ab")  # noqa: SIM115 - closed in stop()
         self._logs[name] = log
-        # Under a guard (tests/guard.py), as the Airflow stack's components: it ends the JVM and
-        # its executors on stop() and also when this process dies without stopping (SIGKILL, a
-        # timeout's second signal); a test session or demo SIGTERMed before it used to leave
-        # the master and workers running. start_new_session: its own group, so stop() can
-        # SIGKILL the lot if the guard itself hangs.
-        guarded = [
-            sys.executable,
-            str(Path(__file__).with_name("guard.py")),
-            str(os.getpid()),
-            "--",
-            *command,
-        ]
         self._procs[name] = subprocess.Popen(
-            guarded,
+            command,
             env={**self.env, "SPARK_LOCAL_IP": host},
             cwd=self.root,
             stdout=log,
@@ -261,11 +247,9 @@ class SparkCluster:
         self.wait_until(f"{len(want)} workers to register as ALIVE", all_alive, timeout)
 
     def stop(self, grace: float = 15) -> None:
-        """Stop every process (master, workers and their executors) through its guard, then kill
-        whatever is left in their groups; save the logs (idempotent)."""
+        """Kill every process group (master, workers and their executors), save the logs."""
         for proc in self._procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)  # the guard stops the JVM's whole tree
+            _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + grace
         for proc in self._procs.values():
             try:
