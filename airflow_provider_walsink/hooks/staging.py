@@ -205,14 +205,19 @@ def s3_options_from_connection(conn: Any) -> dict[str, str]:
     s3_config = service.get("s3") if isinstance(service, Mapping) else None
     endpoint = (s3_config or {}).get("endpoint_url") or extra.get("endpoint_url")
     if endpoint:
-        parts = urlsplit(str(endpoint))
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise StagingConnectionError(
-                f"connection {conn_id!r}: endpoint_url must look like http://host:port or "
-                f"https://host, got {str(endpoint)!r}"
-            )
-        options["endpoint_url"] = str(endpoint)
+        options["endpoint_url"] = checked_endpoint(conn_id, endpoint)
     return options
+
+
+def checked_endpoint(conn_id: str, endpoint: Any) -> str:
+    """A connection's ``endpoint_url``, refused unless it is ``http(s)://host[:port]``."""
+    parts = urlsplit(str(endpoint))
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise StagingConnectionError(
+            f"connection {conn_id!r}: endpoint_url must look like http://host:port or "
+            f"https://host, got {str(endpoint)!r}"
+        )
+    return str(endpoint)
 
 
 def gcs_options_from_connection(conn: Any) -> dict[str, str]:
@@ -295,11 +300,5 @@ def gcs_options_from_connection(conn: Any) -> dict[str, str]:
         options["project"] = str(extra["project"])
     endpoint = extra.get("endpoint_url")
     if endpoint:
-        parts = urlsplit(str(endpoint))
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise StagingConnectionError(
-                f"connection {conn_id!r}: endpoint_url must look like http://host:port or "
-                f"https://host, got {str(endpoint)!r}"
-            )
-        options["endpoint_url"] = str(endpoint)
+        options["endpoint_url"] = checked_endpoint(conn_id, endpoint)
     return options
