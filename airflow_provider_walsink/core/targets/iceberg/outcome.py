@@ -60,8 +60,9 @@ class UnknownCommitOutcome(Exception):
         self.snapshot_id = snapshot_id
 
 
+@functools.cache
 def unknown_outcome_errors() -> tuple[type[BaseException], ...]:
-    """What a commit call raises when the catalog may have applied it (module docstring)."""
+    """What a commit call raises when the catalog may have applied it (module docstring); built once."""
     errors: list[type[BaseException]] = [CommitStateUnknownException, ServiceUnavailableError, ServerError]
     try:  # the REST client's transport: a dropped connection, a time-out
         import requests

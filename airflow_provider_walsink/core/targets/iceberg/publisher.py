@@ -785,12 +785,8 @@ class IcebergPublisher(Publisher):
             except unknown_outcome_errors() as exc:
                 # It may have landed: delete nothing; the next load decides for each member.
                 for i, _marker, data_files, deletes, replaced in prepared:
-                    pending.setdefault(i, {})[snapshot] = PublishResult(
-                        published=len(data_files),
-                        files_rolled_back=len(deletes),
-                        partitions_replaced=list(replaced),
-                        target_files=where[i][1],
-                        rows=members[i].manifest.total_rows,
+                    pending.setdefault(i, {})[snapshot] = self._group_result(
+                        members[i], where[i][1], data_files, deletes, replaced, None
                     )
                 last_conflict = exc
                 self._log_unknown(
@@ -810,13 +806,8 @@ class IcebergPublisher(Publisher):
                 continue
             leader.event("table.after_group_commit")
             for i, _marker, data_files, deletes, replaced in prepared:
-                results[i] = PublishResult(
-                    published=len(data_files),
-                    files_rolled_back=len(deletes),
-                    partitions_replaced=list(replaced),
-                    target_files=where[i][1],
-                    snapshot=snapshot,
-                    rows=members[i].manifest.total_rows,
+                results[i] = self._group_result(
+                    members[i], where[i][1], data_files, deletes, replaced, snapshot
                 )
             break
         else:
@@ -841,6 +832,25 @@ class IcebergPublisher(Publisher):
                 for i, r in enumerate(results)
             ]
         return [r if r is not None else WalsinkError("not published") for r in results]
+
+    @staticmethod
+    def _group_result(
+        member: GroupMember,
+        locations: list[str],
+        data_files: list[Any],
+        deletes: list[Any],
+        replaced: Any,
+        snapshot: str | None,
+    ) -> PublishResult:
+        """What one member's part of a group snapshot published (``snapshot``: ``None`` while unknown)."""
+        return PublishResult(
+            published=len(data_files),
+            files_rolled_back=len(deletes),
+            partitions_replaced=list(replaced),
+            target_files=locations,
+            snapshot=snapshot,
+            rows=member.manifest.total_rows,
+        )
 
     def _already(self, manifest: Manifest, marker: Marker | None, locations: list[str]) -> PublishResult:
         return PublishResult(
