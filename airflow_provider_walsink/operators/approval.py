@@ -14,7 +14,10 @@ the scheduler then resumes it in :meth:`WalAuditApprovalOperator.execute_complet
   COMMITTED, or any state but REJECTED): the task is skipped and the commit
   task decides as it does without this step (it publishes only AUDITED).
   ABORTED: the commit task is skipped as well (nothing can be published).
-* REJECTED: the person sees the failed checks and chooses
+* REJECTED: the question is recorded in the checkpoint's history first
+  (:meth:`~airflow_provider_walsink.core.store.verdicts.AuditVerdicts.ask_decision`), so the
+  UI's checkpoint page says a person is asked, and links the run's *Required actions*, for as
+  long as Airflow has this task waiting. The person sees the failed checks and chooses
 
   - **Publish anyway**: the rejected attempt becomes AUDITED, the history row
     naming who decided and their reason
@@ -133,7 +136,8 @@ class WalAuditApprovalOperator(HITLOperator, SkipMixin):
     def execute(self, context: Any) -> Any:
         """Skip unless the checkpoint is REJECTED; else ask (the task parks until answered)."""
         key = checkpoint_key_from_context(context, self.checkpoint_key)
-        record = WalsinkHook(self.walsink_conn_id).get_store().require(self.pipeline, key)
+        store = WalsinkHook(self.walsink_conn_id).get_store()
+        record = store.require(self.pipeline, key)
         name = f"checkpoint {self.pipeline}/{key}"
         if record.state is S.ABORTED:
             # Aborted (by this step's earlier try, whose report Airflow lost, or by a person in the
@@ -145,6 +149,10 @@ class WalAuditApprovalOperator(HITLOperator, SkipMixin):
             # the commit task decides, as without this step.
             raise AirflowSkipException(f"{name} is {record.state}: no approval needed")
         context["ti"].xcom_push(key=SHOWN_ATTEMPT_KEY, value=record.sealed_attempt_id)
+        # In the checkpoint's history, so its page says a person is asked, and where to answer.
+        store.ask_decision(
+            self.pipeline, key, attempt_id=record.sealed_attempt_id, actor=actor_from_context(context)
+        )
         self.body = "\n\n".join(
             part
             for part in (

@@ -22,6 +22,9 @@ from airflow_provider_walsink.core.store.retry import retrying
 from airflow_provider_walsink.core.store.transitions import CheckpointTransitions
 
 S = CheckpointState
+#: How the history row of the approval step's question begins (a row that changes no state):
+#: a person is asked in Airflow whether a REJECTED attempt is published anyway or aborted.
+DECISION_ASKED = "waiting for a person's decision"
 
 
 class AuditVerdicts(CheckpointTransitions):
@@ -137,6 +140,30 @@ class AuditVerdicts(CheckpointTransitions):
                 raise TransitionError(f"{name} is {state}; only a REJECTED checkpoint can be approved")
             detail = f"approved by {approver}: {reason} (published despite the audit: {row['error'] or '-'})"
             return self._move(conn, row, S.AUDITED, actor, detail=detail[:10000], error=None)
+
+    @retrying
+    def ask_decision(
+        self, pipeline: str, checkpoint_key: str, *, attempt_id: str | None, actor: Actor
+    ) -> bool:
+        """Record that a person is asked whether the REJECTED attempt ``attempt_id`` is published
+        anyway or aborted (a history row that changes no state, naming the task that asks).
+
+        Returns False and records nothing when the checkpoint is no longer REJECTED with that
+        sealed attempt (decided, or written again meanwhile). Repeating it records the question
+        again (a cleared approval task asks again).
+        """
+        with self._tx() as conn:
+            row = self._lock(conn, pipeline, checkpoint_key)
+            if row["state"] != S.REJECTED.value or row["sealed_attempt_id"] != attempt_id:
+                return False
+            self._event(
+                conn,
+                row,
+                actor,
+                f"{DECISION_ASKED} in Airflow (Required actions): publish REJECTED attempt "
+                f"{row['sealed_attempt']} anyway, or abort the checkpoint",
+            )
+            return True
 
     @retrying
     def reject(
