@@ -7,25 +7,37 @@ blocked in its own colour (not as a running write), a refused one as refused, an
 that the overview's "not committed for longer than" control filters the list and
 each row links to the log of the task try that failed it; that a checkpoint two runs
 wrote names the run that committed it (``tests/test_ui_concurrent_runs.py``) and that a
-reprocessed checkpoint shows each version's own phases (``tests/test_ui_version_phases.py``).
-Screenshots go to ``test-artifacts/ui-oncall/``.
+reprocessed checkpoint shows each version's own phases (``tests/test_ui_version_phases.py``);
+and that a partition-scheduled pipeline's checkpoints are named by their partition keys as
+written, in partition order (issue 47). Screenshots go to ``test-artifacts/ui-oncall/``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
+import json
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
+from helpers import stage_checkpoint
 from sqlalchemy import update
 from test_ui_concurrent_runs import add_concurrent_runs
 from test_ui_layout import browser  # noqa: F401 - the shared Chromium fixture
+from test_ui_partition_keys import ENCODED, KEYS
 from test_ui_version_phases import add_reprocessed
 from test_ui_waiting import add_waiting_checkpoints
-from ui_fixtures import build_world, serve_on_loopback
+from ui_fixtures import DAG_A, build_world, serve_on_loopback
 
+from airflow_provider_walsink.core.commit import CheckpointCommitter
+from airflow_provider_walsink.core.protocol.partition_keys import PartitionSpec
+from airflow_provider_walsink.core.store import Actor
 from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
 from airflow_provider_walsink.core.store.store import utcnow
+from airflow_provider_walsink.core.targets import FilePublisher
 
 pytestmark = [pytest.mark.airflow, pytest.mark.browser]
 
@@ -36,6 +48,28 @@ ORANGE = "rgb(239, 108, 0)"  # --blocked
 PURPLE = "rgb(106, 27, 154)"  # --refused
 
 
+#: The partition-scheduled pipeline ``regions``: a run's partition key names its checkpoint
+#: and the target partition ``region=<key>`` it replaces (docs/backfill.md, "Partitioned runs").
+REGIONS = PartitionSpec(column="region")
+#: Not committed; the other two are.
+OPEN_KEY = "eu west 1"
+
+
+def add_partitioned(world, tmp) -> None:
+    """``regions``: one run per partition key of ``KEYS``, registered in that order (münchen-ü,
+    eu west 1, a=b: not sorted), each checkpoint named and staged as the write task of a
+    partitioned run names and stages it; the commit task published all but ``OPEN_KEY``."""
+    publisher = FilePublisher(tmp / "regions-target", "overwrite", layout=world.layout)
+    committer = CheckpointCommitter(world.store, world.layout, publisher, mode="overwrite")
+    for i, key in enumerate(KEYS):
+        checkpoint = REGIONS.checkpoint_key(key)
+        writer = Actor(name="w", dag_id=DAG_A, run_id=f"partitioned__{i}", task_id="write", try_number=1)
+        files = {f"{REGIONS.target_partition(key)}/part-0.csv": b"r\n"}
+        stage_checkpoint(world.store, world.layout, "regions", checkpoint, files, actor=writer)
+        if key != OPEN_KEY:
+            committer.commit("regions", checkpoint, actor=dataclasses.replace(writer, task_id="commit"))
+
+
 @pytest.fixture(scope="module")
 def served(airflow_db, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui-oncall")
@@ -44,6 +78,7 @@ def served(airflow_db, tmp_path_factory):
             add_waiting_checkpoints(world, tmp)
             add_concurrent_runs(world, tmp)
             add_reprocessed(world)
+            add_partitioned(world, tmp)
             then = utcnow() - timedelta(hours=3)
             with world.store.engine.begin() as conn:
                 conn.execute(
@@ -146,3 +181,87 @@ def test_a_reprocessed_checkpoint_shows_each_versions_phases(served, page):
     page.goto(f"{base}/walsink/pipelines/sales_a")
     row = page.locator("table.checkpoints tbody tr", has=page.locator("a.ckpt", has_text="20260101T000000Z"))
     assert " h" not in row.locator("td.phases").inner_text()
+
+
+def test_partition_keys_as_written_in_partition_order(served, page):
+    """Issue 47: a partition-scheduled pipeline whose runs registered münchen-ü, eu west 1 and a=b
+    in that order. The timeline reads a=b, eu west 1, münchen-ü; each checkpoint page is headed
+    by its key as written with the encoded key beside it, and names the partition it replaced in
+    the same characters for every key (``region=a=b``, not Spark's ``region=a%3Db``); the overview
+    and the JSON name them as written, and ``walsink history`` finds each by it."""
+    from airflow_provider_walsink.cli.commands import main
+
+    world, base = served
+    in_order = sorted(KEYS)
+    assert in_order == ["a=b", "eu west 1", "münchen-ü"] and KEYS != in_order
+
+    def on(key: str):
+        return lambda url: url.endswith(f"/walsink/pipelines/regions/checkpoints/{quote(ENCODED[key])}")
+
+    page.goto(f"{base}/walsink/pipelines/regions")
+    cells = page.locator("#timeline a.cell")
+    titles = cells.evaluate_all("cells => cells.map(c => c.title)")
+    assert titles == [
+        f"#{KEYS.index(k) + 1} {k}: {'DURABLE' if k == OPEN_KEY else 'COMMITTED'}" for k in in_order
+    ]
+    # The list below it: newest first, by the keys as written (the encoded key on hover).
+    keys = page.locator("table.checkpoints a.ckpt")
+    assert keys.all_inner_texts() == list(reversed(KEYS))
+    assert page.locator("table.checkpoints td.key").first.get_attribute("title") == ENCODED["a=b"]
+    assert "a=b (seq 3)" in page.locator("dl.facts").inner_text()
+    _shot(page, "pipeline-partition-keys")
+
+    # Each checkpoint page, from its cell of the timeline, left to right.
+    for i, key in enumerate(in_order):
+        if i:
+            page.goto(f"{base}/walsink/pipelines/regions")
+        cells.nth(i).click()
+        page.wait_for_url(on(key))
+        assert page.locator("#checkpoint-key").inner_text() == key
+        assert page.locator("#encoded-key").inner_text() == f"({ENCODED[key]})"
+        if key == OPEN_KEY:  # not published yet: its staged committables name the partition
+            assert page.locator("table.committables td.path").nth(1).inner_text() == f"region={key}"
+            continue
+        replaced = page.locator("#partitions-replaced span")
+        assert replaced.all_inner_texts() == [f"region={key}"]
+        # The directory as the target names it, on hover: Spark escaped '=' (and only that).
+        assert replaced.first.get_attribute("title") == REGIONS.target_partition(key)
+        if key == "a=b":
+            assert REGIONS.target_partition(key) == "region=a%3Db"
+            _shot(page, "checkpoint-partition-a=b")
+
+    # The pipeline page's search takes the key as written.
+    page.goto(f"{base}/walsink/pipelines/regions")
+    page.fill("#find input[name=key]", "münchen-ü")
+    page.get_by_role("button", name="Go").click()
+    page.wait_for_url(on("münchen-ü"))
+    assert page.locator("#checkpoint-key").inner_text() == "münchen-ü"
+
+    # The overview: the latest commit and what is not committed, by the keys as written.
+    page.goto(f"{base}/walsink/")
+    row = page.locator("table.pipelines tbody tr", has=page.locator("a.pipeline", has_text="regions"))
+    assert row.locator("td").nth(5).locator("a").inner_text() == "a=b"
+    open_row = page.locator("h2#uncommitted ~ table.checkpoints a.ckpt", has_text=OPEN_KEY)
+    assert open_row.count() == 1 and open_row.get_attribute("href").endswith(quote(ENCODED[OPEN_KEY]))
+    _shot(page, "overview-partition-keys")
+
+    # The JSON the pages are made from carries the key as written beside the checkpoint key.
+    listed = page.request.get(f"{base}/walsink/api/pipelines/regions/checkpoints").json()["checkpoints"]
+    assert [(c["checkpoint_key"], c["partition_key"]) for c in listed] == [
+        (ENCODED[k], k) for k in reversed(KEYS)
+    ]
+
+    # `walsink history` finds each checkpoint by its key as written.
+    url = world.store.engine.url.render_as_string(hide_password=False)
+
+    def walsink(*args: str) -> str:
+        # Its results only (the server thread's access log goes to the captured stdout).
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["--url", url, *args]) == 0
+        return out.getvalue()
+
+    for key in KEYS:
+        assert walsink("history", "regions", key).startswith(f"regions/{key} ({ENCODED[key]}): ")
+        checkpoint = json.loads(walsink("history", "regions", key, "--json"))["checkpoint"]
+        assert (checkpoint["key"], checkpoint["partition_key"]) == (ENCODED[key], key)

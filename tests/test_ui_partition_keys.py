@@ -15,6 +15,7 @@ import pytest
 from ui_fixtures import DAG_A, build_world
 
 from airflow_provider_walsink.core.protocol.partition_keys import checkpoint_key_for_partition
+from airflow_provider_walsink.core.protocol.partitions import partition_dir
 from airflow_provider_walsink.core.store import Actor
 from tests.helpers import stage_checkpoint
 
@@ -37,7 +38,9 @@ def world(airflow_db, tmp_path_factory):
                     world.layout,
                     "regions",
                     ENCODED[key],
-                    {"part-0.csv": b"r\n"},
+                    {
+                        f"{partition_dir(['k'], [key])}/part-0.csv": b"r\n"
+                    },  # k=a%3Db for a=b, as Spark writes it
                     actor=actor,
                     durable=key != "a=b",
                 )
@@ -150,3 +153,7 @@ def test_partitions_replaced_read_in_the_same_characters(world, monkeypatch):
     assert 'title="k=a%3Db"' in row  # the directory as the target names it, on hover
     api = _get(world, f"/walsink/api/pipelines/regions/checkpoints/{quote(ENCODED['a=b'], safe='')}").json()
     assert api["checkpoint"]["publication"]["partitions_replaced"] == replaced
+    # The staged committables' partition reads the same way (the directory on hover, and in the JSON).
+    table = page[page.index('<table class="grid committables">') :]
+    assert '<td class="path" title="k=a%3Db">k=a=b</td>' in table[: table.index("</table>")]
+    assert api["committables"]["items"][0]["partition"] == "k=a%3Db"
