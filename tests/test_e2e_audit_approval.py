@@ -19,6 +19,7 @@ real.
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -73,6 +74,10 @@ def _hitl_path(run_id: str) -> str:
     return f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{APPROVAL_TASK}/-1/hitlDetails"
 
 
+def _checkpoint_path(day: str) -> str:
+    return f"/walsink/api/pipelines/{PIPELINE}/checkpoints/{key_of(day)}"
+
+
 @pytest.fixture(scope="module")
 def approval_runs(airflow_stack) -> dict:
     return decided_runs(airflow_stack)
@@ -104,6 +109,8 @@ def decided_runs(stack) -> dict:
                 lambda run_id=runs[day]: _park_seen(stack, run_id),
             )
         seen["question"] = stack.get(_hitl_path(runs[APPROVED_DAY]))
+        # While the person is asked, the checkpoint's page says so (issue 47).
+        seen["asked"] = stack.get(_checkpoint_path(APPROVED_DAY))
         # The viewer may not answer (not an assigned user, nor allowed to edit the DAG).
         seen["viewer_answer"] = stack.client("viewer").patch(
             _hitl_path(runs[APPROVED_DAY]),
@@ -125,6 +132,7 @@ def decided_runs(stack) -> dict:
             day: store.require(PIPELINE, key_of(day)) for day in (PASSED_DAY, APPROVED_DAY, ABORTED_DAY)
         }
         seen["history"] = {day: store.history(PIPELINE, key_of(day)) for day in (APPROVED_DAY, ABORTED_DAY)}
+        seen["decided"] = stack.get(_checkpoint_path(APPROVED_DAY))
         seen["committer_url"] = store.engine.url.render_as_string(hide_password=False)
         seen["target"] = stack.home / "walsink" / "audit-approval-test" / "target"
     except BaseException:
@@ -145,6 +153,18 @@ def test_a_rejected_audit_approved_in_airflow_commits_once_and_aborted_publishes
     assert question["options"] == ["Publish anyway", "Abort"] and not question["multiple"]
     assert REJECTION in question["body"] and "reason" in question["params"]
     assert seen["viewer_answer"].status_code == 403, seen["viewer_answer"].text
+    # The checkpoint's page said a person is asked, by which task, and linked the run's
+    # Required actions in Airflow's UI; once answered and committed, it says no more, and its
+    # task log is the commit task's (not the audit's overruled REJECTED).
+    asked, approved_run = seen["asked"], seen["runs"][APPROVED_DAY]["dag_run_id"]
+    assert asked["checkpoint"]["state"] == "REJECTED"
+    assert asked["decision"]["task_id"] == APPROVAL_TASK
+    assert asked["decision"]["required_actions"] == (
+        f"/dags/{DAG_ID}/runs/{quote(approved_run, safe='')}/required_actions"
+    )
+    decided = seen["decided"]
+    assert decided["decision"] is None and decided["checkpoint"]["state"] == "COMMITTED"
+    assert (decided["log"]["task_id"], decided["log"]["state"]) == ("events.commit", "COMMITTED")
 
     runs, tasks, records = seen["runs"], seen["tasks"], seen["records"]
     # The audit passed: the approval step skipped, the commit as without it.

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 from ui_fixtures import DAG_A, XSS, build_world
 
+from airflow_provider_walsink.core.commit import CheckpointCommitter
 from airflow_provider_walsink.core.commit.audit import (
     CallableCheck,
     NotNullCheck,
@@ -21,6 +22,7 @@ from airflow_provider_walsink.core.commit.audit import (
     audit_checkpoint,
 )
 from airflow_provider_walsink.core.store import Actor
+from airflow_provider_walsink.core.targets import FilePublisher
 from tests.helpers import stage_tables
 from tests.test_cli import walsink
 
@@ -29,7 +31,10 @@ pytestmark = pytest.mark.airflow
 PIPELINE = "audited"
 REJECTED_KEY, AUDITED_KEY, REWRITTEN_KEY = "20260201T000000Z", "20260202T000000Z", "20260203T000000Z"
 APPROVED_KEY = "20260204T000000Z"
+#: Rejected by the audit, approved by a person, then committed by the commit task.
+COMMITTED_KEY = "20260205T000000Z"
 REASON = "not_null(user_id): 3 of 1,000 rows are NULL"
+COMMITTER = Actor(name="c", dag_id=DAG_A, run_id="audit-run", task_id="events.commit", try_number=1)
 
 
 def _table(nulls: int) -> pa.Table:
@@ -47,7 +52,21 @@ def world(airflow_db, tmp_path_factory):
         for w in build_world(f"sqlite:///{tmp}/committer.db", tmp, mp):
             writer = Actor(name="w", dag_id=DAG_A, run_id="audit-run", task_id="events.write", try_number=1)
             auditor = Actor(name="a", dag_id=DAG_A, run_id="audit-run", task_id="events.audit", try_number=1)
-            for key, nulls in ((REJECTED_KEY, 3), (AUDITED_KEY, 0), (REWRITTEN_KEY, 3), (APPROVED_KEY, 3)):
+            approver = Actor(
+                name="ann via approval",
+                dag_id=DAG_A,
+                run_id="audit-run",
+                task_id="events.approval",
+                try_number=1,
+            )
+            keys = (
+                (REJECTED_KEY, 3),
+                (AUDITED_KEY, 0),
+                (REWRITTEN_KEY, 3),
+                (APPROVED_KEY, 3),
+                (COMMITTED_KEY, 3),
+            )
+            for key, nulls in keys:
                 tables = {f"dt={key[:4]}-{key[4:6]}-{key[6:8]}/part-0.parquet": _table(nulls)}
                 stage_tables(
                     w.store, w.layout, PIPELINE, key, tables, partition_columns=("dt",), actor=writer
@@ -59,7 +78,49 @@ def world(airflow_db, tmp_path_factory):
             sealed = w.store.require(PIPELINE, APPROVED_KEY).sealed_attempt_id
             w.store.approve_rejected(PIPELINE, APPROVED_KEY, attempt_id=sealed, approver=f"ann{XSS}",
                                      reason="known partner gap", actor=auditor)  # fmt: skip
+            # Rejected, approved in the HITL step, then published by the commit task (its try 1).
+            sealed = w.store.require(PIPELINE, COMMITTED_KEY).sealed_attempt_id
+            w.store.approve_rejected(PIPELINE, COMMITTED_KEY, attempt_id=sealed, approver="ann",
+                                     reason="known partner gap", actor=approver)  # fmt: skip
+            publisher = FilePublisher(tmp / "audited-target", "overwrite", layout=w.layout)
+            CheckpointCommitter(w.store, w.layout, publisher, mode="overwrite", require_audit=True).commit(
+                PIPELINE, COMMITTED_KEY, actor=COMMITTER
+            )
+            # The approval step asks a person about the REJECTED one (as WalAuditApprovalOperator
+            # does before it parks), and Airflow has that task awaiting input.
+            rejected = w.store.require(PIPELINE, REJECTED_KEY).sealed_attempt_id
+            assert w.store.ask_decision(PIPELINE, REJECTED_KEY, attempt_id=rejected, actor=approver)
+            set_task_state(DAG_A, "audit-run", approver.task_id, "awaiting_input")
             yield w
+
+
+def set_task_state(dag_id: str, run_id: str, task_id: str, state: str) -> None:
+    """The task instance in Airflow's metadata database (its run created if missing) in ``state``."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import insert, select, update
+
+    with create_session() as session:
+        if session.scalar(select(DagRun.id).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)) is None:
+            session.add(DagRun(dag_id=dag_id, run_id=run_id, run_type="manual", state="running"))
+            session.flush()
+        where = (
+            TaskInstance.dag_id == dag_id,
+            TaskInstance.run_id == run_id,
+            TaskInstance.task_id == task_id,
+        )
+        if session.execute(update(TaskInstance).where(*where).values(state=state)).rowcount == 0:
+            session.execute(
+                insert(TaskInstance).values(
+                    dag_id=dag_id,
+                    run_id=run_id,
+                    task_id=task_id,
+                    state=state,
+                    pool="default_pool",
+                    try_number=1,
+                )
+            )
 
 
 def _get(world, path):
@@ -115,6 +176,71 @@ def test_a_rejected_checkpoint_a_person_approved_shows_the_rejection_and_who_pub
     line = re.search(r'<p class="audit-approved" id="audit-approved">(.*?)</p>', html, re.S)
     assert line and line.group(1).startswith("Published anyway: approved by ann&lt;script&gt;")
     assert XSS not in html
+
+
+def test_an_approved_committed_checkpoint_links_the_commit_tasks_log_not_the_rejection(world):
+    """Rejected by the audit, approved by a person, committed: the page's task log is the commit
+    task try that committed it, not the audit try whose verdict a person overruled."""
+    from airflow_provider_walsink.ui.links import task_log_link
+
+    body = _get(world, f"/walsink/api/pipelines/{PIPELINE}/checkpoints/{COMMITTED_KEY}").json()
+    assert body["checkpoint"]["state"] == "COMMITTED"
+    assert [t["to_state"] for t in body["history"] if t["from_state"] != t["to_state"]][-4:] == [
+        "REJECTED", "AUDITED", "COMMITTING", "COMMITTED",
+    ]  # fmt: skip
+    expected = task_log_link(DAG_A, "audit-run", "events.commit", 1)
+    log = body["log"]
+    assert (log["task_id"], log["try_number"], log["state"], log["url"]) == (
+        "events.commit", 1, "COMMITTED", expected,
+    )  # fmt: skip
+    html = _get(world, f"/walsink/pipelines/{PIPELINE}/checkpoints/{COMMITTED_KEY}").text
+    link = re.search(r'<a class="af-log" id="task-log" href="([^"]*)">([^<]*)</a>', html)
+    assert (
+        link and link.group(1) == expected.replace("&", "&amp;") and link.group(2).startswith("events.commit")
+    )
+    redirect = world.client.get(
+        f"/walsink/pipelines/{PIPELINE}/checkpoints/{COMMITTED_KEY}/log",
+        headers=world.headers("admin"),
+        follow_redirects=False,
+    )
+    assert redirect.status_code == 303 and redirect.headers["location"] == expected
+    # A checkpoint still REJECTED keeps the audit try's log: that verdict is why it is there.
+    rejected = _get(world, f"/walsink/api/pipelines/{PIPELINE}/checkpoints/{REJECTED_KEY}").json()["log"]
+    assert (rejected["task_id"], rejected["state"]) == ("events.audit", "REJECTED")
+
+
+def test_a_checkpoint_waiting_for_a_persons_decision_says_so_and_links_required_actions(world):
+    """The approval step asked about the REJECTED checkpoint and Airflow has it awaiting input:
+    the page says so and links the run's Required actions; once Airflow's task no longer waits
+    (answered, timed out, failed), it does not."""
+    api = f"/walsink/api/pipelines/{PIPELINE}/checkpoints/{REJECTED_KEY}"
+    page = f"/walsink/pipelines/{PIPELINE}/checkpoints/{REJECTED_KEY}"
+    decision = _get(world, api).json()["decision"]
+    assert decision is not None
+    assert decision["required_actions"] == f"/dags/{DAG_A}/runs/audit-run/required_actions"
+    assert (decision["task_id"], decision["try_number"]) == ("events.approval", 1)
+    assert decision["question"].startswith("waiting for a person's decision")
+    html = _get(world, page).text
+    assert '<span class="badge decision" id="decision-badge"' in html
+    shown = re.search(r'<dd class="decision" id="decision">(.*?)</dd>', html, re.S)
+    assert shown and "Waiting for a person's decision since" in shown.group(1)
+    assert f'id="required-actions" href="/dags/{DAG_A}/runs/audit-run/required_actions"' in shown.group(1)
+    assert "events.approval" in shown.group(1)
+    # Its Error row still gives the audit's reason.
+    assert re.search(r'<dd class="error failure" id="error">(.*?)</dd>', html, re.S).group(1) == REASON
+    # No question on the others: none asked, or decided (approved, then committed).
+    for key in (AUDITED_KEY, APPROVED_KEY, COMMITTED_KEY):
+        assert _get(world, f"/walsink/api/pipelines/{PIPELINE}/checkpoints/{key}").json()["decision"] is None
+    # Only a REJECTED checkpoint with the attempt shown is asked about.
+    audited = world.store.require(PIPELINE, AUDITED_KEY).sealed_attempt_id
+    assert not world.store.ask_decision(PIPELINE, AUDITED_KEY, attempt_id=audited, actor=COMMITTER)
+    assert not world.store.ask_decision(PIPELINE, REJECTED_KEY, attempt_id="another", actor=COMMITTER)
+    try:
+        set_task_state(DAG_A, "audit-run", "events.approval", "failed")  # e.g. answered without a reason
+        assert _get(world, api).json()["decision"] is None
+        assert 'id="decision' not in _get(world, page).text
+    finally:
+        set_task_state(DAG_A, "audit-run", "events.approval", "awaiting_input")
 
 
 def test_the_checkpoint_page_shows_rejected_with_the_failed_check(world):

@@ -402,6 +402,8 @@ def test_rejected_checkpoint_shows_why_in_the_airflow_ui(airflow_stack, rejected
         expect(decided).to_contain_text(approval.APPROVE_REASON)
         expect(decided).to_contain_text("admin (id admin) via")
         expect(decided).to_contain_text(approval.APPROVAL_TASK)
+        # Its task log is the commit task's, not the audit try a person overruled (issue 47).
+        expect(page.locator("#task-log")).to_contain_text("events.commit")
         shot(page, "10b-approved-checkpoint")
         # Aborted in Airflow: ABORTED, the person and the reason in the history.
         page.goto(f"{base}/{approval.key_of(approval.ABORTED_DAY)}")

@@ -30,6 +30,7 @@ from fastapi import Depends, FastAPI, Form, HTTPException, Query, Request, statu
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import BaseModel, Field
+from sqlalchemy import select
 
 from airflow_provider_walsink.core.commit.abort import AbortOutcome, AbortRefusedError
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
@@ -332,7 +333,36 @@ def _named_checkpoint(store: CommitterStore, pipeline: str, given: str) -> Check
     return None
 
 
-def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, given: str) -> dict[str, Any]:
+#: Airflow task states in which a human-in-the-loop task waits for a person's answer: parked
+#: (Airflow 3.3) or deferred to its trigger (the HITL operators of Airflow 3.1 and 3.2).
+_AWAITING_A_PERSON = ("awaiting_input", "deferred")
+
+
+def _decision(session: Any, record: CheckpointRecord, history: list[Any]) -> dict[str, Any] | None:
+    """The question a person has yet to answer about this REJECTED checkpoint, or None.
+
+    The committer table names the task that asked (:func:`views.decision_asked`); Airflow's own
+    task instance says whether it still waits, so a question answered, timed out or abandoned
+    (the task failed, the run was deleted) is never shown as waiting.
+    """
+    asked = views.decision_asked(record, history)
+    if asked is None:
+        return None
+    from airflow.models.taskinstance import TaskInstance
+
+    states = session.scalars(
+        select(TaskInstance.state).where(
+            TaskInstance.dag_id == asked.dag_id,
+            TaskInstance.run_id == asked.run_id,
+            TaskInstance.task_id == asked.task_id,
+        )
+    ).all()
+    return views.decision_dict(asked) if any(s in _AWAITING_A_PERSON for s in states) else None
+
+
+def _checkpoint_or_404(
+    store: CommitterStore, user: Any, pipeline: str, given: str, session: Any
+) -> dict[str, Any]:
     _pipeline_or_404(store, user, pipeline)
     record = _named_checkpoint(store, pipeline, given)
     if record is None:
@@ -350,6 +380,9 @@ def _checkpoint_or_404(store: CommitterStore, user: Any, pipeline: str, given: s
         "version_phases": version_phases,
         # The Airflow task try whose log says why it is where it is (a failure, a refusal, a wait).
         "log": views.log_link(history),
+        # A person is asked in Airflow whether this REJECTED attempt is published anyway: which
+        # task asks, since when, and the run's Required actions page to answer it (else None).
+        "decision": _decision(session, record, history),
         # Under the root the write phase recorded; the connection's only for a row without one.
         "committables": views.committables(record, _staging_of(record)),
         "audit": views.audit_results(record, transitions),
@@ -522,15 +555,17 @@ def create_app() -> FastAPI:
         return _json({"checkpoints": _uncommitted(store, user, not_committed_for, limit)})
 
     @app.get("/api/pipelines/{pipeline}/checkpoints/{checkpoint_key}")
-    def api_checkpoint(pipeline: str, checkpoint_key: str, user: GetUserDep, store: StoreDep) -> JSONResponse:
+    def api_checkpoint(
+        pipeline: str, checkpoint_key: str, user: GetUserDep, store: StoreDep, session: SessionDep
+    ) -> JSONResponse:
         """One checkpoint with its committables (from the sealed manifest) and transition history."""
-        return _json(_checkpoint_or_404(store, user, pipeline, checkpoint_key))
+        return _json(_checkpoint_or_404(store, user, pipeline, checkpoint_key, session))
 
     @app.get("/api/pipelines/{pipeline}/checkpoints/{checkpoint_key}/committables")
     def api_committables(
-        pipeline: str, checkpoint_key: str, user: GetUserDep, store: StoreDep
+        pipeline: str, checkpoint_key: str, user: GetUserDep, store: StoreDep, session: SessionDep
     ) -> JSONResponse:
-        return _json(_checkpoint_or_404(store, user, pipeline, checkpoint_key)["committables"])
+        return _json(_checkpoint_or_404(store, user, pipeline, checkpoint_key, session)["committables"])
 
     @app.get("/api/pipelines/{pipeline}/checkpoints/{checkpoint_key}/history")
     def api_history(pipeline: str, checkpoint_key: str, user: GetUserDep, store: StoreDep) -> JSONResponse:
@@ -652,9 +687,14 @@ def create_app() -> FastAPI:
 
     @app.get("/pipelines/{pipeline}/checkpoints/{checkpoint_key}", response_class=HTMLResponse)
     def page_checkpoint(
-        request: Request, pipeline: str, checkpoint_key: str, user: GetUserDep, store: StoreDep
+        request: Request,
+        pipeline: str,
+        checkpoint_key: str,
+        user: GetUserDep,
+        store: StoreDep,
+        session: SessionDep,
     ) -> HTMLResponse:
-        data = _checkpoint_or_404(store, user, pipeline, checkpoint_key)
+        data = _checkpoint_or_404(store, user, pipeline, checkpoint_key, session)
         return render(request, "checkpoint.html", **data, abort=_abort_form(user, store, data["checkpoint"]))
 
     @app.get("/pipelines/{pipeline}/checkpoints/{checkpoint_key}/log")

@@ -37,11 +37,22 @@ def task_log_link(
     The shape of Airflow's own ``TaskInstance.log_url``:
     ``/dags/<dag>/runs/<run>/tasks/<task>?try_number=<n>``, every segment quoted.
     """
-    path = (
-        f"{base_path.rstrip('/')}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
-        f"/tasks/{quote(task_id, safe='')}"
-    )
+    path = f"{_run_path(dag_id, run_id, base_path)}/tasks/{quote(task_id, safe='')}"
     return f"{path}?{urlencode({'try_number': try_number})}" if try_number else path
+
+
+def _run_path(dag_id: str, run_id: str, base_path: str) -> str:
+    """``<base>/dags/<dag>/runs/<run>``: the Airflow 3 UI page of a DAG run, each segment quoted."""
+    return f"{base_path.rstrip('/')}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+
+
+def required_actions_link(dag_id: str, run_id: str, *, base_path: str = "") -> str:
+    """Airflow 3's *Required actions* of one DAG run (a path, never a host): the run's page with
+    its human-in-the-loop questions open, where a person answers them.
+
+    The route of Airflow's UI (``dags/:dagId/runs/:runId/required_actions``), every segment quoted.
+    """
+    return f"{_run_path(dag_id, run_id, base_path)}/required_actions"
 
 
 class WalsinkCheckpointLink(BaseOperatorLink):

@@ -32,7 +32,8 @@ from airflow_provider_walsink.core.store.store import (
     TransitionRecord,
     utcnow,
 )
-from airflow_provider_walsink.ui.links import task_log_link
+from airflow_provider_walsink.core.store.verdicts import DECISION_ASKED
+from airflow_provider_walsink.ui.links import required_actions_link, task_log_link
 
 S = CheckpointState
 #: Display order of a checkpoint row's states (life-cycle order, then the dead ends).
@@ -109,14 +110,20 @@ def airflow_links(
 
 
 def failing_try(history: list[TransitionRecord]) -> TransitionRecord | None:
-    """The task try whose log says why the checkpoint is where it is: the newest failure,
-    refusal or wait recorded by a task (a history row that fails it, or one that changes no
-    state), else the newest task that moved it. ``None`` when no Airflow task touched it."""
+    """The task try whose log says why the checkpoint is where it is: the newest row a task
+    recorded that fails it, refuses or waits on it (a row that changes no state, with a detail),
+    or moves it. A failure a later move went past is not why it is where it is: an audit's
+    REJECTED that a person approved and a commit task then COMMITTED links that commit try.
+
+    Rows that say nothing about the checkpoint's state are passed over: a skipped re-run of a
+    COMMITTED checkpoint, and the approval step's question (the page says that one is waiting,
+    with its own link; the REJECTED verdict's try stays the one whose log says why). ``None``
+    when no Airflow task touched it."""
     tasks = [t for t in history if t.dag_id and t.run_id and t.task_id]
     for t in reversed(tasks):
-        if t.to_state in _FAILING or (t.from_state == t.to_state and t.detail):
-            if (t.detail or "").startswith(SKIPPED_RERUN):
-                continue
+        if (t.detail or "").startswith((SKIPPED_RERUN, DECISION_ASKED)):
+            continue
+        if t.from_state != t.to_state or t.detail:
             return t
     return tasks[-1] if tasks else None
 
@@ -134,6 +141,37 @@ def log_link(history: list[TransitionRecord]) -> dict[str, Any] | None:
         "try_number": t.try_number,
         "state": t.to_state,
         "at": _iso(t.at),
+    }
+
+
+def decision_asked(record: CheckpointRecord, history: list[TransitionRecord]) -> TransitionRecord | None:
+    """The approval step's question on a REJECTED checkpoint, as the committer table has it: the
+    newest :data:`DECISION_ASKED` row a task recorded since the checkpoint last changed state
+    (a decision, or a new attempt, changes it and ends the question). ``None`` for any other
+    state, or when no question is recorded. Whether that task still waits is Airflow's to say."""
+    if record.state is not S.REJECTED:
+        return None
+    for t in reversed(history):
+        if t.from_state != t.to_state:
+            return None
+        if (t.detail or "").startswith(DECISION_ASKED) and t.dag_id and t.run_id and t.task_id:
+            return t
+    return None
+
+
+def decision_dict(asked: TransitionRecord) -> dict[str, Any]:
+    """A question waiting for a person: the task that asks, since when, and where to answer it
+    (the run's *Required actions* in Airflow's UI)."""
+    assert asked.dag_id and asked.run_id and asked.task_id
+    return {
+        "dag_id": asked.dag_id,
+        "run_id": asked.run_id,
+        "task_id": asked.task_id,
+        "try_number": asked.try_number,
+        "asked_at": _iso(asked.at),
+        "question": asked.detail,
+        "required_actions": required_actions_link(asked.dag_id, asked.run_id),
+        "task": airflow_links(asked.dag_id, asked.run_id, asked.task_id)["task"],
     }
 
 
@@ -371,7 +409,6 @@ def transition_dict(record: TransitionRecord) -> dict[str, Any]:
 
 
 _VERDICTS = frozenset(s.value for s in AUDIT_VERDICTS)
-_FAILING = frozenset({S.FAILED.value, S.REJECTED.value})
 
 
 def audit_results(record: CheckpointRecord, history: list[dict[str, Any]]) -> dict[str, Any] | None:
