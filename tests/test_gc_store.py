@@ -1,5 +1,5 @@
 """GC, abort and the fenced clean-up on an object-store staging root (moto's S3 server, and
-fake-gcs-server for the rules that hold on every object store: ``on_store``).
+fake-gcs-server and Azurite for the rules that hold on every object store: ``on_store``).
 
 The committer table is real (SQLite and PostgreSQL); staging is a prefix in
 the server's bucket, reached through ``StagingStore`` exactly as in production. What each
@@ -15,6 +15,7 @@ import time
 import uuid
 import zlib
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -63,13 +64,17 @@ def s3(s3_server):  # noqa: F811
     return stores(f"s3://{s3_server.bucket}/{prefix}/staging"), stores, prefix
 
 
-@pytest.fixture(params=["s3", "gs"])
+@pytest.fixture(params=["s3", "gs", "abfss"])
 def on_store(request):
-    """(staging store, opener, bucket prefix of this test, server) on S3 (moto) or GCS
-    (fake-gcs-server): the clean-up rules hold on every object store, so they run on both."""
+    """(staging store, opener, bucket prefix of this test, server) on S3 (moto), GCS
+    (fake-gcs-server) or Azure (Azurite): the clean-up rules hold on every object store, so they
+    run on each."""
     prefix = uuid.uuid4().hex[:12]
     if request.param == "gs":
         server = request.getfixturevalue("gcs_server")
+        settings = server.options
+    elif request.param == "abfss":
+        server = request.getfixturevalue("azurite_server")
         settings = server.options
     else:
         server = request.getfixturevalue("s3_server")
@@ -78,7 +83,15 @@ def on_store(request):
     def stores(root: str) -> StagingStore:
         return StagingStore.open(root, settings)
 
-    return stores(f"{request.param}://{server.bucket}/{prefix}/staging"), stores, prefix, server
+    return stores(uri(request.param, server, f"{prefix}/staging")), stores, prefix, server
+
+
+def uri(store: StagingStore | str, server: Any, path: str) -> str:
+    """``path`` in the server's bucket (container) as a root URI of the store's kind."""
+    kind = store if isinstance(store, str) else store.kind
+    if kind in ("abfs", "abfss"):  # abfss://<container>@<account>.dfs.core.windows.net/<path>
+        return server.root(path)
+    return f"{kind}://{server.bucket}/{path}"
 
 
 def put(sstore: StagingStore, key: str, data: bytes = b"x\n") -> None:
@@ -263,7 +276,7 @@ def test_gc_on_an_object_store_root_is_fenced_by_the_row_it_read(store, on_store
 def test_gc_refuses_a_recorded_root_that_is_not_a_plain_prefix(store, on_store):
     """A row naming ``..`` in its object-store root: skipped, nothing under either prefix touched."""
     sstore, stores, prefix, server = on_store
-    sneaky = f"{sstore.kind}://{server.bucket}/{prefix}/staging/../victim"
+    sneaky = uri(sstore, server, f"{prefix}/staging/../victim")
     store.register("p", "k1", mode="overwrite", actor=ACTOR, staging_root=sneaky)
     store.start_attempt("p", "k1", actor=ACTOR)
     store.abort("p", "k1", reason="test", actor=ACTOR)
@@ -295,12 +308,12 @@ def test_a_store_deletes_nothing_outside_its_root(on_store):
         with pytest.raises(PathEscapeError, match="refusing to delete"):
             sstore.remove_attempt(forged)
     with pytest.raises(PathEscapeError, match="plain prefix"):
-        open_object_store(f"{sstore.kind}://{server.bucket}/{prefix}/staging/../elsewhere", stores)
+        open_object_store(uri(sstore, server, f"{prefix}/staging/../elsewhere"), stores)
     with pytest.raises(PathEscapeError, match="refusing to delete"):
         # An opener that hands back a store for another root is not trusted either.
         open_object_store(
-            f"{sstore.kind}://{server.bucket}/{prefix}/staging",
-            lambda _r: stores(f"{sstore.kind}://{server.bucket}/{prefix}"),
+            uri(sstore, server, f"{prefix}/staging"),
+            lambda _r: stores(uri(sstore, server, f"{prefix}")),
         )
     assert keys(server, prefix) == ["elsewhere/p/k/attempt-1/x"]
 
@@ -396,7 +409,7 @@ def test_abort_refuses_a_recorded_root_with_dot_dot(store, on_store, tmp_path):
     from airflow_provider_walsink.hooks.aborts import aborter_for
 
     sstore, stores, prefix, server = on_store
-    sneaky = f"{sstore.kind}://{server.bucket}/{prefix}/staging/../victim"
+    sneaky = uri(sstore, server, f"{prefix}/staging/../victim")
     store.register("p", "k1", mode="overwrite", actor=ACTOR, staging_root=sneaky)
     store.start_attempt("p", "k1", actor=ACTOR)
     put(sstore, f"{prefix}/victim/p/k1/attempt-1/x")

@@ -337,8 +337,8 @@ def test_resolution_errors_name_the_problem(tmp_path):
             StagingStore.open(root, key)
     root = "abfss://stage@acct.dfs.core.windows.net/p"
     for options, message in (
-        ({}, "one of them; walsink never falls back to Azure's default credential"),
-        ({**key, "sas_token": "sv=x"}, "one of them"),
+        ({}, "give the storage account's key (account_key); walsink never falls back"),
+        ({**key, "sas_token": "sv=x"}, "unknown Azure storage options ['sas_token']"),
         ({"account_key": "not base64!"}, "the account key is not base64"),
         ({**key, "endpoint_url": "http://127.0.0.1:10000"}, "like http://127.0.0.1:10000/acct"),
         ({**key, "client_id": "x"}, "unknown Azure storage options ['client_id']"),

@@ -22,10 +22,11 @@ Two well-kept clients, each for what it does best:
   the parent "directory" on a flat namespace.
 
 Storage options (:data:`ADLS_OPTIONS`; values never logged or shown): ``account_key`` (the storage
-account's shared key, base64) or ``sas_token`` (a shared access signature), one of them, and
-``endpoint_url`` (the account's blob endpoint for an emulator or a proxy, path style:
-``http://127.0.0.1:10000/<account>``). Without a key or a token the store is not opened: Azure's
-default credential would read the process environment. In a deployment the options come from an
+account's shared key, base64), and ``endpoint_url`` (the account's blob endpoint for an emulator or
+a proxy, path style: ``http://127.0.0.1:10000/<account>``). Without a key the store is not opened:
+Azure's default credential would read the process environment. Not a SAS token: ``pyarrow`` puts it
+in the URLs its error messages show (a task log would carry it), and its batch delete of an
+attempt failed with one on Azurite. In a deployment the options come from an
 Airflow ``wasb`` or ``adls`` connection (``hooks/staging.py``); the core reads no environment
 variable for them.
 """
@@ -50,7 +51,7 @@ from airflow_provider_walsink.core.staging.object_store import (
 )
 
 #: Storage options an ``abfss://`` root understands.
-ADLS_OPTIONS = frozenset({"account_key", "sas_token", "endpoint_url"})
+ADLS_OPTIONS = frozenset({"account_key", "endpoint_url"})
 _INSTALL = "pip install 'airflow-provider-walsink[azure]'"
 #: Azure's rules for names (storage account: 3-24 lowercase letters and digits; container: 3-63
 #: lowercase letters, digits and single hyphens, starting and ending with a letter or digit).
@@ -181,7 +182,7 @@ class AdlsStagingStore(ObjectStagingStore):
         """The ``azure-storage-blob`` client of this root's options (made on first use)."""
         if self._blob_client is None:
             try:
-                from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
+                from azure.core.credentials import AzureNamedKeyCredential
                 from azure.storage.blob import BlobServiceClient
             except ImportError:
                 raise StagingStoreError(
@@ -193,11 +194,7 @@ class AdlsStagingStore(ObjectStagingStore):
             if http_log.level == logging.NOTSET:
                 http_log.setLevel(logging.WARNING)
             o, where = self._options, parse_adls_root(self.root_uri)
-            credential: Any
-            if o.get("account_key"):
-                credential = AzureNamedKeyCredential(where.account, o["account_key"])
-            else:
-                credential = AzureSasCredential(o["sas_token"])
+            credential = AzureNamedKeyCredential(where.account, o["account_key"])
             self._blob_client = BlobServiceClient(account_url=_account_url(where, o), credential=credential)
         return self._blob_client
 
@@ -217,22 +214,18 @@ def _settings(root: str, where: AdlsRoot, options: Mapping[str, Any]) -> dict[st
             f"staging root {root!r}: unknown Azure storage options {unknown}; known: {sorted(ADLS_OPTIONS)}"
         )
     settings: dict[str, Any] = {k: str(v) for k, v in options.items() if v not in (None, "")}
-    key, sas = settings.get("account_key"), settings.get("sas_token")
-    if bool(key) == bool(sas):
+    key = settings.get("account_key")
+    if not key:
         raise StagingStoreError(
-            f"staging root {root!r}: give the storage account's key (account_key) or a SAS token "
-            "(sas_token), one of them; walsink never falls back to Azure's default credential, which "
-            "reads the process environment"
+            f"staging root {root!r}: give the storage account's key (account_key); walsink never falls "
+            "back to Azure's default credential, which reads the process environment"
         )
-    if key:
-        try:
-            base64.b64decode(key, validate=True)
-        except (binascii.Error, ValueError):
-            raise StagingStoreError(
-                f"staging root {root!r}: the account key is not base64 (give the key as the portal shows it)"
-            ) from None
-    if sas:
-        settings["sas_token"] = sas.lstrip("?")
+    try:
+        base64.b64decode(key, validate=True)
+    except (binascii.Error, ValueError):
+        raise StagingStoreError(
+            f"staging root {root!r}: the account key is not base64 (give the key as the portal shows it)"
+        ) from None
     endpoint = settings.get("endpoint_url")
     if endpoint:
         parts = urlsplit(endpoint)
@@ -261,19 +254,14 @@ def _filesystem(root: str, where: AdlsRoot, settings: Mapping[str, Any]) -> Any:
         scheme, blob, dfs = parts.scheme, parts.netloc, parts.netloc
     else:
         scheme, blob, dfs = "https", f".blob.{where.suffix}", f".dfs.{where.suffix}"
-    credential = (
-        {"account_key": settings["account_key"]}
-        if settings.get("account_key")
-        else {"sas_token": settings["sas_token"]}
-    )
     try:
         return pafs.AzureFileSystem(
             account_name=where.account,
+            account_key=settings["account_key"],
             blob_storage_authority=blob,
             dfs_storage_authority=dfs,
             blob_storage_scheme=scheme,
             dfs_storage_scheme=scheme,
-            **credential,
         )
     except (TypeError, ValueError, OSError) as e:
         raise StagingStoreError(f"staging root {root!r}: pyarrow cannot open it ({_short(e)})") from None

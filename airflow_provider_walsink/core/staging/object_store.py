@@ -542,7 +542,6 @@ class ObjectStagingStore(StagingStore):
 
     @classmethod
     def open_root(cls, root: str, options: Mapping[str, Any]) -> StagingStore:
-
         text = os.fspath(root)
         options = dict(options or {})
         parts = split_object_root(text)
