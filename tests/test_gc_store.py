@@ -528,46 +528,56 @@ def test_walsink_gc_on_an_s3_staging_root_uses_the_walsink_connections_staging_c
     assert not [k for k in keys(s3_server, prefix) if k.startswith("staging/p/c1/attempt-")], report
 
 
-def test_walsink_gc_on_a_gcs_staging_root_opens_it_with_the_google_connection_only(
-    store, db_url, gcs_server, tmp_path
+@pytest.mark.parametrize("backend", ["sqlite"])  # the claim is the staging connection's, not the table's
+@pytest.mark.parametrize("kind", ["gs", "abfss"])
+def test_walsink_gc_on_a_gcs_or_azure_staging_root_opens_it_with_the_pipelines_connection_only(
+    store, db_url, request, kind
 ):
-    """`walsink gc` on a ``gs://`` staging root (fake-gcs-server), with only the pipeline's
-    connections configured: the walsink connection's ``staging_conn_id`` names the
-    ``google_cloud_platform`` connection; naming one that does not exist fails, naming it."""
+    """`walsink gc` on a ``gs://`` (fake-gcs-server) or ``abfss://`` (Azurite) staging root, with
+    only the pipeline's connections configured: the walsink connection's ``staging_conn_id``
+    names the ``google_cloud_platform`` or ``wasb`` connection; naming one that does not exist
+    fails, naming it."""
     import json
 
     from tests.test_cli import walsink
 
-    sstore = StagingStore.open(
-        f"gs://{gcs_server.bucket}/{uuid.uuid4().hex[:12]}/staging", gcs_server.options
-    )
+    if kind == "gs":
+        server = request.getfixturevalue("gcs_server")
+        staging = {"conn_type": "google_cloud_platform",
+                   "extra": {"endpoint_url": server.endpoint, "is_anonymous": True}}  # fmt: skip
+    else:
+        server = request.getfixturevalue("azurite_server")
+        staging = {
+            "conn_type": "wasb",
+            "login": server.account,
+            "password": server.key,
+            "host": server.endpoint,
+        }
+    sstore = StagingStore.open(uri(kind, server, f"{uuid.uuid4().hex[:12]}/staging"), server.options)
     stage(store, sstore, "p", "c1")
     stage(store, sstore, "p", "c1")  # attempt 1 orphaned by attempt 2
     mark_committed(store, "p", "c1")
-    google = json.dumps({"conn_type": "google_cloud_platform", "extra": {
-        "endpoint_url": gcs_server.endpoint, "is_anonymous": True}})  # fmt: skip
 
     def walsink_conn(staging_conn_id: str) -> str:
         return json.dumps({"conn_type": "walsink", "extra": {
             "url": db_url, "staging_root": sstore.root_uri, "staging_conn_id": staging_conn_id}})  # fmt: skip
 
-    env = dict(AIRFLOW_CONN_GCS_CLI=google, AIRFLOW_CONN_WALSINK_GCS_CLI=walsink_conn("gcs_nowhere"))
+    env = dict(AIRFLOW_CONN_STAGE_CLI=json.dumps(staging), AIRFLOW_CONN_WALSINK_CLI=walsink_conn("nowhere"))
     time.sleep(1.5)  # older than --retention 1s
-    refused = walsink("--conn-id", "walsink_gcs_cli", "gc", "--retention", "1s", "--json", env=env)
+    refused = walsink("--conn-id", "walsink_cli", "gc", "--retention", "1s", "--json", env=env)
     # Reported, never guessed around: the root is skipped, naming the connection, nothing removed.
     skipped = json.loads(refused.stdout)["skipped"]
-    assert skipped and all("connection 'gcs_nowhere'" in s and "does not exist" in s for s in skipped), (
-        skipped
-    )
+    assert skipped and all("connection 'nowhere'" in s and "does not exist" in s for s in skipped), skipped
     assert len(attempt_names(sstore, "p", "c1")) == 2  # nothing removed
 
-    env["AIRFLOW_CONN_WALSINK_GCS_CLI"] = walsink_conn("gcs_cli")
-    result = walsink("--conn-id", "walsink_gcs_cli", "gc", "--retention", "1s", "--json", env=env)
+    env["AIRFLOW_CONN_WALSINK_CLI"] = walsink_conn("stage_cli")
+    result = walsink("--conn-id", "walsink_cli", "gc", "--retention", "1s", "--json", env=env)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["staging_root"] == sstore.root_uri and not report["skipped"], report
     assert attempt_names(sstore, "p", "c1") == [], report
-    assert not [k for k in gcs_server.list(sstore.base.split("/", 1)[1] + "/p/c1/attempt-")], report
+    assert not [k for k in server.list(sstore.base.split("/", 1)[1] + "/p/c1/attempt-")], report
+    assert "password" not in staging or server.key not in result.stdout + result.stderr + refused.stdout
 
 
 def test_walsink_abort_of_an_s3_delta_table_reads_the_connection_its_target_options_name(
