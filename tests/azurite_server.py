@@ -14,15 +14,14 @@ import base64
 import os
 import secrets
 import shutil
-import subprocess
-import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from tests.gcs_server import _die_with_parent, _free_port
+from tests.gcs_server import emulator, free_port
 
 ACCOUNT = "walsinkdev"
 CONTAINER = "walsink"
@@ -68,34 +67,24 @@ def azurite_server():
     if program is None:
         missing_prerequisite("Azurite is not installed (bash scripts/setup.sh installs it from npm)")
     key = base64.b64encode(secrets.token_bytes(64)).decode()
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}/{ACCOUNT}"
-    process = subprocess.Popen(
-        [program, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
-         "--extentMemoryLimit", "256", "--blobKeepAliveTimeout", "600", "--disableTelemetry", "--silent", "--skipApiVersionCheck"],
-        env={**os.environ, "AZURITE_ACCOUNTS": f"{ACCOUNT}:{key}"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent,
-    )  # fmt: skip
-    try:
-        for _ in range(300):
-            if process.poll() is not None:
-                raise RuntimeError(f"Azurite exited: {process.stderr.read().decode()[-2000:]}")
-            try:  # any HTTP answer (403 without credentials) means it listens
-                urllib.request.urlopen(f"{endpoint}?comp=list", timeout=1).close()
-                break
-            except urllib.error.HTTPError:
-                break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            raise RuntimeError(f"Azurite did not answer on {endpoint}")
+
+    def answers() -> bool:
+        try:
+            urllib.request.urlopen(f"{endpoint}?comp=list", timeout=1).close()
+        except urllib.error.HTTPError:  # any HTTP answer (403 without credentials): it listens
+            return True
+        except OSError:
+            return False
+        return True
+
+    # Keep-alive longer than a test's pauses: pyarrow's Azure client reuses pooled connections,
+    # and one the server has closed costs it about 7 s of retries.
+    argv = [program, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
+            "--extentMemoryLimit", "256", "--blobKeepAliveTimeout", "600", "--disableTelemetry", "--silent",
+            "--skipApiVersionCheck"]  # fmt: skip
+    with emulator("Azurite", argv, answers, env={**os.environ, "AZURITE_ACCOUNTS": f"{ACCOUNT}:{key}"}):
         server = AzuriteServer(endpoint, ACCOUNT, key, CONTAINER)
         server.create_bucket(CONTAINER)
         yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()

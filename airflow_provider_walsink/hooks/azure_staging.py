@@ -20,14 +20,10 @@ be the root's (``abfss://<container>@<account>.dfs.core.windows.net/...``).
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from airflow_provider_walsink.hooks.staging import StagingConnectionError, say_ignored
-
-log = logging.getLogger(__name__)
+from airflow_provider_walsink.hooks.staging import StagingConnectionError, provider_extra
 
 #: The Azure provider's connection types; ``wasb_default`` is the connection an ``abfss://`` root
 #: uses when the walsink connection names none. It must exist: an ``abfss://`` root is never
@@ -70,16 +66,10 @@ def azure_options_from_connection(conn: Any, root: str) -> dict[str, str]:
             "(host = storage account, password = account key); docs/production.md"
         )
     root_account = _root_account(root)
-    raw: Mapping[str, Any] = getattr(conn, "extra_dejson", None) or {}
-    prefix = f"extra__{conn_type}__"
-    extra = {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in raw.items()}
-    for key, why in _UNSUPPORTED_EXTRA.items():
-        if extra.get(key):
-            raise StagingConnectionError(
-                f"connection {conn_id!r} sets {key!r}: {why}; give the connection the storage account's "
-                "key (password)"
-            )
-    say_ignored(conn_id, set(extra) - _READ_EXTRA - set(_UNSUPPORTED_EXTRA))
+    extra = provider_extra(
+        conn, conn_type, read=_READ_EXTRA, unsupported=_UNSUPPORTED_EXTRA,
+        fix="give the connection the storage account's key (password)",
+    )  # fmt: skip
     password = getattr(conn, "password", None)
     if conn_type == "wasb":
         account, url = getattr(conn, "login", None), getattr(conn, "host", None)

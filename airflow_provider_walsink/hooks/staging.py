@@ -209,6 +209,23 @@ def s3_options_from_connection(conn: Any) -> dict[str, str]:
     return options
 
 
+def provider_extra(
+    conn: Any, conn_type: str, *, read: frozenset[str], unsupported: Mapping[str, str], fix: str
+) -> dict[str, Any]:
+    """A provider connection's extra as its provider reads it: bare names or the older
+    ``extra__<conn_type>__<name>``. A field in ``unsupported`` (name -> why) is refused naming the
+    connection, with ``fix``; fields neither read nor refused are said once in the log."""
+    conn_id = getattr(conn, "conn_id", None)
+    raw: Mapping[str, Any] = getattr(conn, "extra_dejson", None) or {}
+    prefix = f"extra__{conn_type}__"
+    extra = {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in raw.items()}
+    for key, why in unsupported.items():
+        if extra.get(key):
+            raise StagingConnectionError(f"connection {conn_id!r} sets {key!r}: {why}; {fix}")
+    say_ignored(conn_id, set(extra) - read - set(unsupported))
+    return extra
+
+
 def say_ignored(conn_id: str | None, names: set[str]) -> None:
     """Log once per process which extra fields of a connection staging does not read."""
     ignored = tuple(sorted(names))
@@ -252,16 +269,14 @@ def gcs_options_from_connection(conn: Any) -> dict[str, str]:
             f"of type {GCP_CONN_TYPE!r} (Google Cloud: extra keyfile_dict or key_path, project; "
             "docs/production.md)"
         )
-    raw: Mapping[str, Any] = getattr(conn, "extra_dejson", None) or {}
-    prefix = f"extra__{GCP_CONN_TYPE}__"
-    extra = {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in raw.items()}
-    for key, why in _GCP_UNSUPPORTED_EXTRA.items():
-        if extra.get(key):
-            raise StagingConnectionError(
-                f"connection {conn_id!r} sets {key!r}: {why}; give the connection a service account's "
-                "key (keyfile_dict or key_path), or no key so the hosts' default credentials are used"
-            )
-    say_ignored(conn_id, set(extra) - _GCP_READ_EXTRA - set(_GCP_UNSUPPORTED_EXTRA))
+    extra = provider_extra(
+        conn,
+        GCP_CONN_TYPE,
+        read=_GCP_READ_EXTRA,
+        unsupported=_GCP_UNSUPPORTED_EXTRA,
+        fix="give the connection a service account's key (keyfile_dict or key_path), or no key so the "
+        "hosts' default credentials are used",
+    )
     options: dict[str, str] = {}
     key_path, keyfile = extra.get("key_path"), extra.get("keyfile_dict")
     if key_path and keyfile:

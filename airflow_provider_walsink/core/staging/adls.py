@@ -49,6 +49,7 @@ from airflow_provider_walsink.core.staging.object_store import (
     StagingStoreError,
     split_object_root,
 )
+from airflow_provider_walsink.core.staging.probe import first_line
 
 #: Storage options an ``abfss://`` root understands.
 ADLS_OPTIONS = frozenset({"account_key", "endpoint_url"})
@@ -126,7 +127,7 @@ class AdlsStagingStore(ObjectStagingStore):
         (or 412) means a manifest is there: the same bytes are that seal again, other bytes are
         refused (``AlreadySealedError``). The client retries a transient error; a retry of an
         upload that did land is answered 409 and then recognised as the same seal."""
-        from azure.core.exceptions import AzureError, HttpResponseError, ResourceExistsError
+        from azure.core.exceptions import AzureError, ResourceExistsError
         from azure.storage.blob import ContentSettings
 
         container, _, key = location.manifest_path.partition("/")
@@ -135,14 +136,14 @@ class AdlsStagingStore(ObjectStagingStore):
             blob.upload_blob(
                 data, overwrite=False, content_settings=ContentSettings(content_type="application/json")
             )
-        except ResourceExistsError:  # a manifest is there: sealed before
-            return self._same_seal(location, digest)
-        except HttpResponseError as e:
-            if e.status_code == 412:  # the same condition, answered as a failed precondition
-                return self._same_seal(location, digest)
-            raise StagingStoreError(f"sealing {location.uri}/{MANIFEST_NAME} failed ({_short(e)})") from None
         except (AzureError, OSError) as e:
-            raise StagingStoreError(f"sealing {location.uri}/{MANIFEST_NAME} failed ({_short(e)})") from None
+            # 409 BlobAlreadyExists, or the same condition answered as a failed precondition (412):
+            # a manifest is there, sealed before.
+            if isinstance(e, ResourceExistsError) or getattr(e, "status_code", None) == 412:
+                return self._same_seal(location, digest)
+            raise StagingStoreError(
+                f"sealing {location.uri}/{MANIFEST_NAME} failed ({first_line(e)})"
+            ) from None
         return digest
 
     # ------------------------------------------------------------------ listing with the service's checksums
@@ -264,9 +265,4 @@ def _filesystem(root: str, where: AdlsRoot, settings: Mapping[str, Any]) -> Any:
             dfs_storage_scheme=scheme,
         )
     except (TypeError, ValueError, OSError) as e:
-        raise StagingStoreError(f"staging root {root!r}: pyarrow cannot open it ({_short(e)})") from None
-
-
-def _short(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        raise StagingStoreError(f"staging root {root!r}: pyarrow cannot open it ({first_line(e)})") from None
