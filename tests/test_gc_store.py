@@ -1,5 +1,5 @@
 """GC, abort and the fenced clean-up on an object-store staging root (moto's S3 server, and
-fake-gcs-server for the rules that hold on every object store: ``on_store``).
+fake-gcs-server and Azurite for the rules that hold on every object store: ``on_store``).
 
 The committer table is real (SQLite and PostgreSQL); staging is a prefix in
 the server's bucket, reached through ``StagingStore`` exactly as in production. What each
@@ -15,6 +15,7 @@ import time
 import uuid
 import zlib
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -63,13 +64,17 @@ def s3(s3_server):  # noqa: F811
     return stores(f"s3://{s3_server.bucket}/{prefix}/staging"), stores, prefix
 
 
-@pytest.fixture(params=["s3", "gs"])
+@pytest.fixture(params=["s3", "gs", "abfss"])
 def on_store(request):
-    """(staging store, opener, bucket prefix of this test, server) on S3 (moto) or GCS
-    (fake-gcs-server): the clean-up rules hold on every object store, so they run on both."""
+    """(staging store, opener, bucket prefix of this test, server) on S3 (moto), GCS
+    (fake-gcs-server) or Azure (Azurite): the clean-up rules hold on every object store, so they
+    run on each."""
     prefix = uuid.uuid4().hex[:12]
     if request.param == "gs":
         server = request.getfixturevalue("gcs_server")
+        settings = server.options
+    elif request.param == "abfss":
+        server = request.getfixturevalue("azurite_server")
         settings = server.options
     else:
         server = request.getfixturevalue("s3_server")
@@ -78,7 +83,15 @@ def on_store(request):
     def stores(root: str) -> StagingStore:
         return StagingStore.open(root, settings)
 
-    return stores(f"{request.param}://{server.bucket}/{prefix}/staging"), stores, prefix, server
+    return stores(uri(request.param, server, f"{prefix}/staging")), stores, prefix, server
+
+
+def uri(store: StagingStore | str, server: Any, path: str) -> str:
+    """``path`` in the server's bucket (container) as a root URI of the store's kind."""
+    kind = store if isinstance(store, str) else store.kind
+    if kind in ("abfs", "abfss"):  # abfss://<container>@<account>.dfs.core.windows.net/<path>
+        return server.root(path)
+    return f"{kind}://{server.bucket}/{path}"
 
 
 def put(sstore: StagingStore, key: str, data: bytes = b"x\n") -> None:
@@ -263,7 +276,7 @@ def test_gc_on_an_object_store_root_is_fenced_by_the_row_it_read(store, on_store
 def test_gc_refuses_a_recorded_root_that_is_not_a_plain_prefix(store, on_store):
     """A row naming ``..`` in its object-store root: skipped, nothing under either prefix touched."""
     sstore, stores, prefix, server = on_store
-    sneaky = f"{sstore.kind}://{server.bucket}/{prefix}/staging/../victim"
+    sneaky = uri(sstore, server, f"{prefix}/staging/../victim")
     store.register("p", "k1", mode="overwrite", actor=ACTOR, staging_root=sneaky)
     store.start_attempt("p", "k1", actor=ACTOR)
     store.abort("p", "k1", reason="test", actor=ACTOR)
@@ -295,12 +308,12 @@ def test_a_store_deletes_nothing_outside_its_root(on_store):
         with pytest.raises(PathEscapeError, match="refusing to delete"):
             sstore.remove_attempt(forged)
     with pytest.raises(PathEscapeError, match="plain prefix"):
-        open_object_store(f"{sstore.kind}://{server.bucket}/{prefix}/staging/../elsewhere", stores)
+        open_object_store(uri(sstore, server, f"{prefix}/staging/../elsewhere"), stores)
     with pytest.raises(PathEscapeError, match="refusing to delete"):
         # An opener that hands back a store for another root is not trusted either.
         open_object_store(
-            f"{sstore.kind}://{server.bucket}/{prefix}/staging",
-            lambda _r: stores(f"{sstore.kind}://{server.bucket}/{prefix}"),
+            uri(sstore, server, f"{prefix}/staging"),
+            lambda _r: stores(uri(sstore, server, f"{prefix}")),
         )
     assert keys(server, prefix) == ["elsewhere/p/k/attempt-1/x"]
 
@@ -396,7 +409,7 @@ def test_abort_refuses_a_recorded_root_with_dot_dot(store, on_store, tmp_path):
     from airflow_provider_walsink.hooks.aborts import aborter_for
 
     sstore, stores, prefix, server = on_store
-    sneaky = f"{sstore.kind}://{server.bucket}/{prefix}/staging/../victim"
+    sneaky = uri(sstore, server, f"{prefix}/staging/../victim")
     store.register("p", "k1", mode="overwrite", actor=ACTOR, staging_root=sneaky)
     store.start_attempt("p", "k1", actor=ACTOR)
     put(sstore, f"{prefix}/victim/p/k1/attempt-1/x")
@@ -515,46 +528,56 @@ def test_walsink_gc_on_an_s3_staging_root_uses_the_walsink_connections_staging_c
     assert not [k for k in keys(s3_server, prefix) if k.startswith("staging/p/c1/attempt-")], report
 
 
-def test_walsink_gc_on_a_gcs_staging_root_opens_it_with_the_google_connection_only(
-    store, db_url, gcs_server, tmp_path
+@pytest.mark.parametrize("backend", ["sqlite"])  # the claim is the staging connection's, not the table's
+@pytest.mark.parametrize("kind", ["gs", "abfss"])
+def test_walsink_gc_on_a_gcs_or_azure_staging_root_opens_it_with_the_pipelines_connection_only(
+    store, db_url, request, kind
 ):
-    """`walsink gc` on a ``gs://`` staging root (fake-gcs-server), with only the pipeline's
-    connections configured: the walsink connection's ``staging_conn_id`` names the
-    ``google_cloud_platform`` connection; naming one that does not exist fails, naming it."""
+    """`walsink gc` on a ``gs://`` (fake-gcs-server) or ``abfss://`` (Azurite) staging root, with
+    only the pipeline's connections configured: the walsink connection's ``staging_conn_id``
+    names the ``google_cloud_platform`` or ``wasb`` connection; naming one that does not exist
+    fails, naming it."""
     import json
 
     from tests.test_cli import walsink
 
-    sstore = StagingStore.open(
-        f"gs://{gcs_server.bucket}/{uuid.uuid4().hex[:12]}/staging", gcs_server.options
-    )
+    if kind == "gs":
+        server = request.getfixturevalue("gcs_server")
+        staging = {"conn_type": "google_cloud_platform",
+                   "extra": {"endpoint_url": server.endpoint, "is_anonymous": True}}  # fmt: skip
+    else:
+        server = request.getfixturevalue("azurite_server")
+        staging = {
+            "conn_type": "wasb",
+            "login": server.account,
+            "password": server.key,
+            "host": server.endpoint,
+        }
+    sstore = StagingStore.open(uri(kind, server, f"{uuid.uuid4().hex[:12]}/staging"), server.options)
     stage(store, sstore, "p", "c1")
     stage(store, sstore, "p", "c1")  # attempt 1 orphaned by attempt 2
     mark_committed(store, "p", "c1")
-    google = json.dumps({"conn_type": "google_cloud_platform", "extra": {
-        "endpoint_url": gcs_server.endpoint, "is_anonymous": True}})  # fmt: skip
 
     def walsink_conn(staging_conn_id: str) -> str:
         return json.dumps({"conn_type": "walsink", "extra": {
             "url": db_url, "staging_root": sstore.root_uri, "staging_conn_id": staging_conn_id}})  # fmt: skip
 
-    env = dict(AIRFLOW_CONN_GCS_CLI=google, AIRFLOW_CONN_WALSINK_GCS_CLI=walsink_conn("gcs_nowhere"))
+    env = dict(AIRFLOW_CONN_STAGE_CLI=json.dumps(staging), AIRFLOW_CONN_WALSINK_CLI=walsink_conn("nowhere"))
     time.sleep(1.5)  # older than --retention 1s
-    refused = walsink("--conn-id", "walsink_gcs_cli", "gc", "--retention", "1s", "--json", env=env)
+    refused = walsink("--conn-id", "walsink_cli", "gc", "--retention", "1s", "--json", env=env)
     # Reported, never guessed around: the root is skipped, naming the connection, nothing removed.
     skipped = json.loads(refused.stdout)["skipped"]
-    assert skipped and all("connection 'gcs_nowhere'" in s and "does not exist" in s for s in skipped), (
-        skipped
-    )
+    assert skipped and all("connection 'nowhere'" in s and "does not exist" in s for s in skipped), skipped
     assert len(attempt_names(sstore, "p", "c1")) == 2  # nothing removed
 
-    env["AIRFLOW_CONN_WALSINK_GCS_CLI"] = walsink_conn("gcs_cli")
-    result = walsink("--conn-id", "walsink_gcs_cli", "gc", "--retention", "1s", "--json", env=env)
+    env["AIRFLOW_CONN_WALSINK_CLI"] = walsink_conn("stage_cli")
+    result = walsink("--conn-id", "walsink_cli", "gc", "--retention", "1s", "--json", env=env)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["staging_root"] == sstore.root_uri and not report["skipped"], report
     assert attempt_names(sstore, "p", "c1") == [], report
-    assert not [k for k in gcs_server.list(sstore.base.split("/", 1)[1] + "/p/c1/attempt-")], report
+    assert not [k for k in server.list(sstore.base.split("/", 1)[1] + "/p/c1/attempt-")], report
+    assert "password" not in staging or server.key not in result.stdout + result.stderr + refused.stdout
 
 
 def test_walsink_abort_of_an_s3_delta_table_reads_the_connection_its_target_options_name(

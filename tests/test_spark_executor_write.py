@@ -1,6 +1,7 @@
 """Executors write committables (``core/spark/executor_write.py``) on a real Spark session.
 
-To a local root and to ``s3://`` on moto's S3 server: the files each task wrote
+To a local root and to ``s3://`` on moto's S3 server (and ``gs://``, ``abfss://``: fake-gcs-server,
+Azurite, where the claim depends on the store): the files each task wrote
 and reported are the manifest's committables (sizes, rows, checksums, footer
 schema), the data reads back, the seal is written once on the store, and the
 durability check by listing finds a missing or resized object. A task attempt
@@ -50,12 +51,18 @@ def _options(server) -> dict[str, str]:
 
 @pytest.fixture(params=["s3", "gs"])
 def object_server(request):
-    """(scheme, server, storage options) of the session's S3 (moto) or GCS (fake-gcs-server)."""
+    """(root maker, server, storage options) of the session's S3 (moto) or GCS (fake-gcs-server), or
+    Azure (Azurite: only where a test asks for it, its claim depending on the store)."""
+    if request.param == "abfss":
+        server = request.getfixturevalue("azurite_server")
+        return server.root, server, server.options
     if request.param == "gs":
         server = request.getfixturevalue("gcs_server")
-        return "gs", server, server.options
-    server = request.getfixturevalue("s3_server")
-    return "s3", server, _options(server)
+        options = server.options
+    else:
+        server = request.getfixturevalue("s3_server")
+        options = _options(server)
+    return (lambda prefix: f"{request.param}://{server.bucket}/{prefix}"), server, options
 
 
 def _protocol(root: str, **overrides) -> ProtocolArgs:
@@ -167,8 +174,8 @@ def test_executors_stage_timestamps_as_utc_whatever_the_session_time_zone(spark,
 
 
 def test_a_real_spark_job_stages_to_an_object_store_and_seals_there_once(spark, object_server):
-    scheme, server, options = object_server
-    root = f"{scheme}://{server.bucket}/{uuid.uuid4().hex[:12]}/staging"
+    root_at, server, options = object_server
+    root = root_at(f"{uuid.uuid4().hex[:12]}/staging")
     days = {"2026-01-01": 300, "2026-01-02": 150, "2026-01-03": 1}
     protocol = _protocol(root, checksum="sha256")
     with CheckpointJob(spark, protocol, storage_options=options) as job:
@@ -261,9 +268,10 @@ _LOST_EXECUTOR_JOB = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("object_server", ["s3", "gs", "abfss"], indirect=True)
 def test_a_killed_task_attempts_file_never_reaches_the_manifest(object_server, tmp_path):
-    scheme, server, options = object_server
-    root = f"{scheme}://{server.bucket}/{uuid.uuid4().hex[:12]}"
+    root_at, server, options = object_server
+    root = root_at(uuid.uuid4().hex[:12])
     script = tmp_path / "job.py"
     script.write_text(_LOST_EXECUTOR_JOB)
     crash_log = tmp_path / "crashes"

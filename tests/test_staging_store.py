@@ -1,9 +1,9 @@
-"""The staging store (``core/staging/object_store.py``, ``core/staging/gcs.py``) on a local root,
-on S3 (moto's server) and on GCS (fake-gcs-server).
+"""The staging store (``core/staging/object_store.py``, ``gcs.py``, ``adls.py``) on a local root,
+on S3 (moto's server), on GCS (fake-gcs-server) and on Azure Blob Storage (Azurite).
 
 Each behaviour runs on every kind of root where it applies: the layout, the
-seal written once (a conditional create on S3 and GCS, answered 412 by the
-server when a manifest is there), manifest reads, sizes from metadata,
+seal written once (a conditional create on S3, GCS and Azure, refused by the
+server when a manifest is there: 412, or 409 on Azure), manifest reads, sizes from metadata,
 confinement, delete.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import uuid
 
 import pytest
@@ -39,7 +40,11 @@ def s3_options(server) -> dict[str, str]:
 
 
 def object_store(request, kind: str) -> StagingStore:
-    """A fresh prefix in the session's S3 (moto) or GCS (fake-gcs-server) bucket."""
+    """A fresh prefix in the session's S3 (moto) or GCS (fake-gcs-server) bucket, or Azure (Azurite)
+    container."""
+    if kind == "abfss":
+        server = request.getfixturevalue("azurite_server")
+        return StagingStore.open(server.root(f"{uuid.uuid4().hex[:12]}/staging"), server.options)
     if kind == "gs":
         server = request.getfixturevalue("gcs_server")
         return StagingStore.open(f"gs://{server.bucket}/{uuid.uuid4().hex[:12]}/staging", server.options)
@@ -47,19 +52,19 @@ def object_store(request, kind: str) -> StagingStore:
     return StagingStore.open(f"s3://{server.bucket}/{uuid.uuid4().hex[:12]}/staging", s3_options(server))
 
 
-@pytest.fixture(params=["local", "s3", "gs", "memory"])
+@pytest.fixture(params=["local", "s3", "gs", "abfss", "memory"])
 def store(request, tmp_path) -> StagingStore:
     if request.param == "local":
         return StagingStore.open(str(tmp_path / "staging"))
     if request.param == "memory":
-        # A store without a conditional create here (as abfs://): fsspec's in-memory one.
+        # A store without a conditional create: fsspec's in-memory one.
         return StagingStore.open(f"memory://b{uuid.uuid4().hex[:12]}/staging")
     return object_store(request, request.param)
 
 
-@pytest.fixture(params=["s3", "gs"])
+@pytest.fixture(params=["s3", "gs", "abfss"])
 def service_store(request) -> StagingStore:
-    """A store on a service with a conditional create and checksums of its own (S3, GCS)."""
+    """A store on a service with a conditional create and checksums of its own (S3, GCS, Azure)."""
     return object_store(request, request.param)
 
 
@@ -143,7 +148,7 @@ def test_seal_once_same_manifest_is_idempotent_another_is_refused(store):
         store.read_manifest(location, expected_digest=digest_of(other.to_bytes()))
 
 
-def test_the_seal_is_the_services_conditional_create_a_second_one_refused_with_412(service_store):
+def test_the_seal_is_the_services_conditional_create_a_second_one_refused_by_the_service(service_store):
     store = service_store
     location = store.attempt("events", "k1", 1, ATTEMPT_ID)
     first = manifest_for({"dt=2026-01-01/a.parquet": b"a"})
@@ -157,6 +162,12 @@ def test_the_seal_is_the_services_conditional_create_a_second_one_refused_with_4
         with pytest.raises(ClientError) as raised:
             store._boto3().put_object(Bucket=bucket, Key=key, Body=b"{}", IfNoneMatch="*")
         assert raised.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    elif store.kind == "abfs":  # Put Blob with If-None-Match: * (overwrite=False): 409 BlobAlreadyExists
+        from azure.core.exceptions import ResourceExistsError
+
+        with pytest.raises(ResourceExistsError) as raised:
+            store._blob_service().get_blob_client(bucket, key).upload_blob(b"{}", overwrite=False)
+        assert (raised.value.status_code, raised.value.error_code) == (409, "BlobAlreadyExists")
     else:
         from google.api_core.exceptions import PreconditionFailed
 
@@ -195,6 +206,13 @@ def test_listing_gives_sizes_and_the_services_own_checksums(service_store):
     assert {rel: size for rel, (size, _sum) in listed.items()} == store.list_attempt(location)
     if store.kind == "gs":  # CRC32C as the service computed it (the value in the object's metadata)
         assert listed["dt=2/b.parquet"] == (3, "crc32c:364b3fb7")  # CRC32C("abc")
+    elif store.kind == "abfs":  # blocks and a block list: no Content-MD5 kept, the ETag
+        assert listed["dt=2/b.parquet"][0] == 3 and listed["dt=2/b.parquet"][1].startswith("etag:")
+        # One Put Blob (the seal's upload): the Content-MD5 the service computed.
+        manifest = manifest_for({})
+        store.seal(location, manifest)
+        md5 = __import__("hashlib").md5(manifest.to_bytes()).hexdigest()
+        assert store.stored_checksums(location)["_manifest.json"] == (len(manifest.to_bytes()), f"md5:{md5}")
     else:  # the ETag (pyarrow uploads in parts: not the MD5 of the bytes, but changed with them)
         assert listed["dt=2/b.parquet"][0] == 3 and listed["dt=2/b.parquet"][1].startswith("etag:")
     before = listed["dt=1/a.parquet"]
@@ -306,11 +324,35 @@ def test_resolution_errors_name_the_problem(tmp_path):
         StagingStore.open("s3:///p")
     with pytest.raises(StagingStoreError, match="apply to object stores only"):
         StagingStore.open(str(tmp_path), {"region": "x"})
+    # Azure: the root as Spark writes it, and exactly one credential the connection holds.
+    key = {"account_key": "a2V5"}
+    for root, message in (
+        ("az://c/p", "write an Azure root as abfss://<container>@<account>.dfs.core.windows.net"),
+        ("abfss://c/p", "names no container and account"),
+        ("abfss://c@acct.example.com/p", "names no container and account"),
+        ("abfss://Stage@acct.dfs.core.windows.net/p", "'Stage' is not a container name"),
+        ("abfss://stage@my_acct.dfs.core.windows.net/p", "'my_acct' is not a storage account name"),
+    ):
+        with pytest.raises(StagingStoreError, match=re.escape(message)):
+            StagingStore.open(root, key)
+    root = "abfss://stage@acct.dfs.core.windows.net/p"
+    for options, message in (
+        ({}, "give the storage account's key (account_key); walsink never falls back"),
+        ({**key, "sas_token": "sv=x"}, "unknown Azure storage options ['sas_token']"),
+        ({"account_key": "not base64!"}, "the account key is not base64"),
+        ({**key, "endpoint_url": "http://127.0.0.1:10000"}, "like http://127.0.0.1:10000/acct"),
+        ({**key, "client_id": "x"}, "unknown Azure storage options ['client_id']"),
+    ):
+        with pytest.raises(StagingStoreError, match=re.escape(message)) as info:
+            StagingStore.open(root, options)
+        assert "a2V5" not in str(info.value)
 
 
 def test_options_never_show_in_repr():
     store = StagingStore.open("s3://b/p", {"access_key": "AKIDSECRETID", "secret_key": "SUPERSECRET"})
     assert "SUPERSECRET" not in repr(store) and "AKIDSECRETID" not in repr(store)
+    store = StagingStore.open("abfss://c01@acct.dfs.core.windows.net/p", {"account_key": "U1VQRVJTRUNSRVQ="})
+    assert "U1VQRVJTRUNSRVQ=" not in repr(store)
 
 
 def test_a_local_file_checksum_matches_the_protocols(tmp_path):

@@ -36,14 +36,16 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
     "staging_root": {
         "label": "Staging root",
         "description": "Where write phases stage checkpoints: a directory every node sees, or "
-        "s3://bucket/prefix (default $AIRFLOW_HOME/walsink/staging)",
+        "s3://bucket/prefix, gs://bucket/prefix, abfss://container@account.dfs.core.windows.net/prefix "
+        "(default $AIRFLOW_HOME/walsink/staging)",
         "schema": {"type": ["string", "null"]},
     },
     "staging_conn_id": {
         "label": "Staging connection",
-        "description": "An 'aws' connection whose credentials (and endpoint_url, for MinIO and other "
-        "S3-compatible stores) reach an s3:// staging root; default aws_default if it exists, else "
-        "the default credential chain",
+        "description": "The connection whose credentials reach an object-store staging root: 'aws' for "
+        "s3:// (default aws_default if it exists, else the default credential chain), "
+        "'google_cloud_platform' for gs:// (default google_cloud_default), 'wasb' or 'adls' for abfss:// "
+        "(default wasb_default)",
         "schema": {"type": ["string", "null"]},
     },
 }

@@ -18,7 +18,12 @@ from airflow.providers.apache.spark.hooks.spark_submit import DEFAULT_SPARK_BINA
 from airflow.sdk import BaseHook
 
 from airflow_provider_walsink.core.runners.base import JobRunner
-from airflow_provider_walsink.core.spark.args import GCS_OPTION_ENV, S3_OPTION_ENV, SECRET_OPTIONS
+from airflow_provider_walsink.core.spark.args import (
+    AZURE_OPTION_ENV,
+    GCS_OPTION_ENV,
+    S3_OPTION_ENV,
+    SECRET_OPTIONS,
+)
 
 #: Master used when the operator names no Spark connection.
 DEFAULT_MASTER = "local[*]"
@@ -35,7 +40,7 @@ LOCAL_DEFAULT_CONF = {
 #: every other one it is handed is a secret (staging credentials, a source's ``job_env``).
 PLAIN_ENV = frozenset(
     name
-    for table in (S3_OPTION_ENV, GCS_OPTION_ENV)
+    for table in (S3_OPTION_ENV, GCS_OPTION_ENV, AZURE_OPTION_ENV)
     for option, names in table.items()
     if option not in SECRET_OPTIONS
     for name in names

@@ -2,6 +2,7 @@
 
 A ``gs://`` root takes a ``google_cloud_platform`` connection (the Google provider's type; the
 provider itself need not be installed): :func:`gcs_options_from_connection`, below the S3 part.
+An ``abfss://`` root takes a ``wasb`` or ``adls`` connection: ``hooks/azure_staging.py``.
 
 An ``s3://`` staging root is reached with the credentials of an Airflow
 connection of the amazon provider's type ``aws``, read here field by field as
@@ -109,6 +110,8 @@ class StagingCredentials:
                 keys = "a service-account key"
             elif self.options.get("anonymous"):
                 keys = "anonymous"
+            elif self.options.get("account_key"):
+                keys = "an account key"
             else:
                 keys = "no keys (default credential chain)"
             where = f"connection {self.conn_id!r} ({keys}"
@@ -172,10 +175,7 @@ def s3_options_from_connection(conn: Any) -> dict[str, str]:
                 "default credential chain is used"
             )
             raise StagingConnectionError(f"connection {conn_id!r} sets {key!r}: {why}; {fix}")
-    ignored = tuple(sorted(set(extra) - _READ_EXTRA - _READ_ELSEWHERE - set(_UNSUPPORTED_EXTRA)))
-    if ignored and (conn_id, ignored) not in _SAID_IGNORED:
-        _SAID_IGNORED.add((conn_id, ignored))
-        log.info("Connection %r: staging ignores the extra fields %s", conn_id, list(ignored))
+    say_ignored(conn_id, set(extra) - _READ_EXTRA - _READ_ELSEWHERE - set(_UNSUPPORTED_EXTRA))
     options: dict[str, str] = {}
     login, password = getattr(conn, "login", None), getattr(conn, "password", None)
     if login or password:
@@ -207,6 +207,31 @@ def s3_options_from_connection(conn: Any) -> dict[str, str]:
     if endpoint:
         options["endpoint_url"] = checked_endpoint(conn_id, endpoint)
     return options
+
+
+def provider_extra(
+    conn: Any, conn_type: str, *, read: frozenset[str], unsupported: Mapping[str, str], fix: str
+) -> dict[str, Any]:
+    """A provider connection's extra as its provider reads it: bare names or the older
+    ``extra__<conn_type>__<name>``. A field in ``unsupported`` (name -> why) is refused naming the
+    connection, with ``fix``; fields neither read nor refused are said once in the log."""
+    conn_id = getattr(conn, "conn_id", None)
+    raw: Mapping[str, Any] = getattr(conn, "extra_dejson", None) or {}
+    prefix = f"extra__{conn_type}__"
+    extra = {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in raw.items()}
+    for key, why in unsupported.items():
+        if extra.get(key):
+            raise StagingConnectionError(f"connection {conn_id!r} sets {key!r}: {why}; {fix}")
+    say_ignored(conn_id, set(extra) - read - set(unsupported))
+    return extra
+
+
+def say_ignored(conn_id: str | None, names: set[str]) -> None:
+    """Log once per process which extra fields of a connection staging does not read."""
+    ignored = tuple(sorted(names))
+    if ignored and (conn_id, ignored) not in _SAID_IGNORED:
+        _SAID_IGNORED.add((conn_id, ignored))
+        log.info("Connection %r: staging ignores the extra fields %s", conn_id, list(ignored))
 
 
 def checked_endpoint(conn_id: str, endpoint: Any) -> str:
@@ -244,19 +269,14 @@ def gcs_options_from_connection(conn: Any) -> dict[str, str]:
             f"of type {GCP_CONN_TYPE!r} (Google Cloud: extra keyfile_dict or key_path, project; "
             "docs/production.md)"
         )
-    raw: Mapping[str, Any] = getattr(conn, "extra_dejson", None) or {}
-    prefix = f"extra__{GCP_CONN_TYPE}__"
-    extra = {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in raw.items()}
-    for key, why in _GCP_UNSUPPORTED_EXTRA.items():
-        if extra.get(key):
-            raise StagingConnectionError(
-                f"connection {conn_id!r} sets {key!r}: {why}; give the connection a service account's "
-                "key (keyfile_dict or key_path), or no key so the hosts' default credentials are used"
-            )
-    ignored = tuple(sorted(set(extra) - _GCP_READ_EXTRA - set(_GCP_UNSUPPORTED_EXTRA)))
-    if ignored and (conn_id, ignored) not in _SAID_IGNORED:
-        _SAID_IGNORED.add((conn_id, ignored))
-        log.info("Connection %r: staging ignores the extra fields %s", conn_id, list(ignored))
+    extra = provider_extra(
+        conn,
+        GCP_CONN_TYPE,
+        read=_GCP_READ_EXTRA,
+        unsupported=_GCP_UNSUPPORTED_EXTRA,
+        fix="give the connection a service account's key (keyfile_dict or key_path), or no key so the "
+        "hosts' default credentials are used",
+    )
     options: dict[str, str] = {}
     key_path, keyfile = extra.get("key_path"), extra.get("keyfile_dict")
     if key_path and keyfile:

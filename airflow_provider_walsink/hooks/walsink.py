@@ -21,6 +21,12 @@ from airflow_provider_walsink.core.staging.probe import local_root_status
 from airflow_provider_walsink.core.store.engine import missing_database_hint
 from airflow_provider_walsink.core.store.errors import CommitterDatabaseError
 from airflow_provider_walsink.core.store.store import CommitterStore
+from airflow_provider_walsink.hooks.azure_staging import (
+    AZURE_CONN_TYPES,
+    DEFAULT_AZURE_CONN_ID,
+    azure_options_from_connection,
+    is_azure_root,
+)
 from airflow_provider_walsink.hooks.connections import ConnectionNotFoundError, WrongConnectionTypeError
 from airflow_provider_walsink.hooks.form import CONN_TYPE, HOOK_NAME, UI_FIELD_BEHAVIOUR
 from airflow_provider_walsink.hooks.staging import (
@@ -72,11 +78,13 @@ class WalsinkHook(BaseHook):
     file's path), or a whole *Database URL* that wins over them. The extra
     ``staging_root`` names where write phases stage their output (default:
     ``$AIRFLOW_HOME/walsink/staging``): a local or mounted path, or an object
-    store (``s3://bucket/prefix``, ``gs://bucket/prefix``). The extra ``staging_conn_id`` names the
+    store (``s3://bucket/prefix``, ``gs://bucket/prefix``,
+    ``abfss://container@account.dfs.core.windows.net/prefix``). The extra ``staging_conn_id`` names the
     connection whose credentials reach an ``s3://`` root (an ``aws``
     connection; default ``aws_default`` when it exists, else the default
-    credential chain; ``""``: the default credential chain, explicitly) or a ``gs://`` root (a
-    ``google_cloud_platform`` connection; default ``google_cloud_default``, which must exist). Every
+    credential chain; ``""``: the default credential chain, explicitly), a ``gs://`` root (a
+    ``google_cloud_platform`` connection; default ``google_cloud_default``, which must exist) or an
+    ``abfss://`` root (a ``wasb`` or ``adls`` connection; default ``wasb_default``, which must exist). Every
     field the hook reads is on the connection form (:data:`CONN_FIELDS`,
     :data:`UI_FIELD_BEHAVIOUR`).
 
@@ -205,9 +213,10 @@ class WalsinkHook(BaseHook):
         """The connection whose credentials open ``staging_root``, or ``None`` (default chain).
 
         The walsink connection's extra ``staging_conn_id`` when it has the key (``""``
-        or ``null``: the default credential chain, refused for ``gs://`` by
+        or ``null``: the default credential chain, refused for ``gs://`` and ``abfss://`` by
         :meth:`get_staging_credentials`); else, for an ``s3://`` root, ``aws_default`` if that
-        connection exists; for a ``gs://`` root, ``google_cloud_default``. Local roots need none.
+        connection exists; for a ``gs://`` root, ``google_cloud_default``; for an ``abfss://``
+        root, ``wasb_default``. Local roots need none.
         """
         self._load()
         if not is_object_store_root(staging_root):
@@ -217,6 +226,8 @@ class WalsinkHook(BaseHook):
                 return self._extra[key] or None
         if is_gcs_root(staging_root):
             return DEFAULT_GCP_CONN_ID
+        if is_azure_root(staging_root):
+            return DEFAULT_AZURE_CONN_ID
         if not is_s3_root(staging_root):
             return None
         from airflow.exceptions import AirflowNotFoundException
@@ -234,34 +245,43 @@ class WalsinkHook(BaseHook):
         :meth:`staging_conn_id` (:func:`~airflow_provider_walsink.hooks.staging.s3_options_from_connection`),
         or none (the default credential chain). For a ``gs://`` root: the options of the
         ``google_cloud_platform`` connection it names (:func:`~.staging.gcs_options_from_connection`);
-        a ``gs://`` root always has one, never credentials found in the environment. Other object
-        stores (``abfs://``) take the hosts' default credentials. Logged once per source,
-        never with a secret.
+        a ``gs://`` root always has one, never credentials found in the environment. For an
+        ``abfss://`` root: the options of the ``wasb`` or ``adls`` connection it names
+        (:func:`~.azure_staging.azure_options_from_connection`), likewise always one. Logged once
+        per source, never with a secret.
 
         Raises:
             StagingConnectionError: the named connection does not exist, is not of the root's
-                type (``aws``, ``google_cloud_platform``), or cannot give its credentials (the
-                message says how to fix it); a ``gs://`` root without a connection.
+                type (``aws``, ``google_cloud_platform``, ``wasb``/``adls``), or cannot give its
+                credentials (the message says how to fix it); a ``gs://`` or ``abfss://`` root
+                without a connection.
         """
         root = staging_root or self.staging_root
         conn_id = self.staging_conn_id(root)
-        gcs = is_gcs_root(root)
-        kind = GCP_CONN_TYPE if gcs else "aws"
-        if conn_id is None and gcs:
+        # Which connection types open the root, and whether it opens only with one of them.
+        if is_gcs_root(root):
+            kinds, default, required = (GCP_CONN_TYPE,), DEFAULT_GCP_CONN_ID, True
+        elif is_azure_root(root):
+            kinds, default, required = AZURE_CONN_TYPES, DEFAULT_AZURE_CONN_ID, True
+        else:
+            kinds, default, required = ("aws",), DEFAULT_AWS_CONN_ID, False
+        kind = " or ".join(repr(k) for k in kinds)
+        if conn_id is None and required:
+            scheme = root.split("://", 1)[0]
             raise StagingConnectionError(
                 f"walsink connection {self.walsink_conn_id!r} sets staging_conn_id to none, but staging root "
-                f"{root!r} is on gs://, which walsink opens only with a {GCP_CONN_TYPE!r} connection: name one "
-                f'("staging_conn_id": "{DEFAULT_GCP_CONN_ID}")'
+                f"{root!r} is on {scheme}://, which walsink opens only with a {kind} connection: name one "
+                f'("staging_conn_id": "{default}")'
             )
         if conn_id is None:
             credentials = StagingCredentials(None)
         else:
-            if not (is_s3_root(root) or gcs):
+            if not (is_s3_root(root) or required):
                 raise StagingConnectionError(
                     f"walsink connection {self.walsink_conn_id!r} names staging_conn_id {conn_id!r}, but "
-                    f"staging root {root!r} is on neither s3:// nor gs://: only those roots take a connection; "
-                    'other object stores use the default credential chain (set "staging_conn_id": "" or '
-                    "remove it)"
+                    f"staging root {root!r} is on none of s3://, gs://, abfss://: only those roots take a "
+                    'connection; other object stores use the default credential chain (set "staging_conn_id": '
+                    '"" or remove it)'
                 )
             from airflow.exceptions import AirflowNotFoundException
 
@@ -270,10 +290,15 @@ class WalsinkHook(BaseHook):
             except AirflowNotFoundException:
                 raise StagingConnectionError(
                     f"connection {conn_id!r} (staging_conn_id of walsink connection {self.walsink_conn_id!r}) "
-                    f"does not exist: create it, of type {kind!r}, for staging root {root!r}"
+                    f"does not exist: create it, of type {kind}, for staging root {root!r}"
                 ) from None
-            read = gcs_options_from_connection if gcs else s3_options_from_connection
-            credentials = StagingCredentials(conn_id, read(conn))
+            if is_gcs_root(root):
+                options = gcs_options_from_connection(conn)
+            elif is_azure_root(root):
+                options = azure_options_from_connection(conn, root)
+            else:
+                options = s3_options_from_connection(conn)
+            credentials = StagingCredentials(conn_id, options)
         if is_object_store_root(root) and conn_id not in self._said_credentials:
             self._said_credentials.add(conn_id)
             self.log.info("Staging root %s: credentials from %s", root, credentials.describe())

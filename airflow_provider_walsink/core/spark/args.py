@@ -166,8 +166,14 @@ GCS_OPTION_ENV: dict[str, tuple[str, ...]] = {
     "anonymous": ("WALSINK_GCS_ANONYMOUS",),
     "endpoint_url": ("WALSINK_GCS_ENDPOINT_URL",),
 }
+#: The same for an ``abfss://`` root's options (``core/staging/adls.py``), from its ``wasb`` or
+#: ``adls`` connection.
+AZURE_OPTION_ENV: dict[str, tuple[str, ...]] = {
+    "account_key": ("WALSINK_AZURE_ACCOUNT_KEY",),
+    "endpoint_url": ("WALSINK_AZURE_ENDPOINT_URL",),
+}
 #: The options that are secrets (never logged, never on a command line).
-SECRET_OPTIONS = frozenset({"access_key", "secret_key", "session_token", "keyfile_dict"})
+SECRET_OPTIONS = frozenset({"access_key", "secret_key", "session_token", "keyfile_dict", "account_key"})
 
 
 def _is_s3(root: str) -> bool:
@@ -175,19 +181,22 @@ def _is_s3(root: str) -> bool:
 
 
 def _option_env(root: str) -> dict[str, tuple[str, ...]] | None:
-    """Which variables carry a root's options: S3's, GCS's, or ``None`` (the root takes none)."""
+    """Which variables carry a root's options: S3's, GCS's, Azure's, or ``None`` (the root takes none)."""
     if _is_s3(root):
         return S3_OPTION_ENV
-    if "://" in root and root.split("://", 1)[0].lower() in ("gs", "gcs"):
+    scheme = root.split("://", 1)[0].lower() if "://" in root else ""
+    if scheme in ("gs", "gcs"):
         return GCS_OPTION_ENV
+    if scheme in ("abfs", "abfss"):
+        return AZURE_OPTION_ENV
     return None
 
 
 def storage_env(staging_root: str, options: Mapping[str, Any]) -> dict[str, str]:
-    """The environment variables that carry ``options`` of an ``s3://`` or ``gs://`` root to the job.
+    """The environment variables that carry ``options`` of an ``s3://``, ``gs://`` or ``abfss://``
+    root to the job.
 
-    ``{}`` for any other root (local roots take no options; ``abfs://`` uses the
-    default credential chain of the hosts). Raises :class:`ProtocolArgumentError`
+    ``{}`` for any other root (local roots take no options). Raises :class:`ProtocolArgumentError`
     for an option that cannot travel this way.
     """
     if not options:
@@ -195,8 +204,8 @@ def storage_env(staging_root: str, options: Mapping[str, Any]) -> dict[str, str]
     table = _option_env(staging_root)
     if table is None:
         raise ProtocolArgumentError(
-            f"storage options ({', '.join(sorted(options))}) can reach the job only for an s3:// or gs:// "
-            f"staging root, not {staging_root!r}"
+            f"storage options ({', '.join(sorted(options))}) can reach the job only for an s3://, gs:// or "
+            f"abfss:// staging root, not {staging_root!r}"
         )
     unknown = sorted(set(options) - set(table))
     if unknown:
@@ -215,8 +224,8 @@ def storage_env(staging_root: str, options: Mapping[str, Any]) -> dict[str, str]
 
 
 def storage_options_from_env(staging_root: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The job's side of :func:`storage_env`: an ``s3://`` or ``gs://`` root's options from the
-    environment the write task gave the job.
+    """The job's side of :func:`storage_env`: an ``s3://``, ``gs://`` or ``abfss://`` root's options
+    from the environment the write task gave the job.
 
     ``{}`` for another root, and when none of the variables is set (then
     :class:`~airflow_provider_walsink.core.staging.object_store.StagingStore` uses the

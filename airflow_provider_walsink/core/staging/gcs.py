@@ -34,6 +34,7 @@ from airflow_provider_walsink.core.staging.object_store import (
     StagingStoreError,
     split_object_root,
 )
+from airflow_provider_walsink.core.staging.probe import first_line
 
 #: Storage options a ``gs://`` root understands.
 GCS_OPTIONS = frozenset({"keyfile_dict", "project", "anonymous", "endpoint_url"})
@@ -75,7 +76,9 @@ class GcsStagingStore(ObjectStagingStore):
         except gexc.PreconditionFailed:  # a manifest is there: sealed before
             return self._same_seal(location, digest)
         except (gexc.GoogleAPIError, OSError) as e:
-            raise StagingStoreError(f"sealing {location.uri}/{MANIFEST_NAME} failed ({_short(e)})") from None
+            raise StagingStoreError(
+                f"sealing {location.uri}/{MANIFEST_NAME} failed ({first_line(e)})"
+            ) from None
         return digest
 
     # ------------------------------------------------------------------ listing with the service's checksums
@@ -121,7 +124,7 @@ class GcsStagingStore(ObjectStagingStore):
             except gexc.NotFound:
                 pass
             except (gexc.GoogleAPIError, OSError) as e:
-                failed.append(f"{blob.name}: {_short(e)}")
+                failed.append(f"{blob.name}: {first_line(e)}")
         if failed:
             raise StagingStoreError(
                 f"deleting {location.uri} failed for {len(failed)} objects (first: {failed[0]}); "
@@ -242,13 +245,8 @@ def _filesystem(root: str, settings: Mapping[str, Any]) -> Any:
             credentials.refresh(Request())
         except (GoogleAuthError, OSError) as e:
             raise StagingStoreError(
-                f"staging root {root!r}: no access token for the service account ({_short(e)})"
+                f"staging root {root!r}: no access token for the service account ({first_line(e)})"
             ) from None
         kwargs["access_token"] = credentials.token
         kwargs["credential_token_expiration"] = credentials.expiry.replace(tzinfo=UTC)
     return pafs.GcsFileSystem(**kwargs)
-
-
-def _short(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

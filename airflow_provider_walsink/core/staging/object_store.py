@@ -85,7 +85,7 @@ class StagingStore(StagingBackend):
 
     * **Resolution.** :meth:`open` takes the staging root as a local path,
       ``file://`` URI, ``s3://bucket/prefix``, ``gs://bucket/prefix`` or
-      ``abfs://container@account.dfs.core.windows.net/prefix`` (any other
+      ``abfss://container@account.dfs.core.windows.net/prefix`` (any other
       scheme through fsspec), plus storage options (S3: ``access_key``,
       ``secret_key``, ``session_token``, ``region``, ``endpoint_url`` or
       ``endpoint_override`` + ``scheme``; without keys, the provider's default
@@ -107,8 +107,9 @@ class StagingStore(StagingBackend):
       seal of the same bytes is a no-op returning the same digest; of other
       bytes, :class:`AlreadySealedError`, the sealed manifest untouched.
       GCS (:mod:`.gcs`): a create-only upload (``ifGenerationMatch=0``), refused by the
-      service with 412 when a manifest is there.
-      Other object stores (``abfs://``, fsspec): written only if
+      service with 412 when a manifest is there. Azure (:mod:`.adls`): one Put Blob with
+      ``If-None-Match: *``, refused by the service with 409 when a manifest is there.
+      Other object stores (fsspec): written only if
       absent (the attempt's unique prefix has one writer), and the committer
       table's record of the digest is the seal: every reader checks it.
     * **Reads.** :meth:`read_manifest` reads with a size cap and checks the
@@ -265,7 +266,8 @@ class StagingStore(StagingBackend):
 
     def _seal_once(self, location: AttemptLocation, data: bytes, digest: str) -> str:
         """The seal on a store other than S3; a store whose service has a conditional create overrides
-        it (``gs://``: :class:`~.gcs.GcsStagingStore`). Here (``abfs://``, fsspec stores):
+        it (``gs://``: :class:`~.gcs.GcsStagingStore`; ``abfss://``: :class:`~.adls.AdlsStagingStore`).
+        Here (fsspec stores):
         written only if no manifest is there. The check and the write are two requests, but no second
         writer races them: an attempt's prefix carries its unique attempt id and only its job's driver
         writes the manifest. What makes it *the* seal is the committer table: the operator records this
@@ -388,7 +390,7 @@ class StagingStore(StagingBackend):
         """Every object under the attempt with the size and the checksum the *service* keeps for it,
         from one listing (no data read): relative path -> ``(size, "<kind>:<hex>")``. On S3 the
         ETag (``"etag:<hex>"``: an upload's MD5, or for pyarrow's multipart uploads a digest of
-        the parts' MD5s, changed with the bytes all the same); GCS overrides it with CRC32C. ``None``
+        the parts' MD5s, changed with the bytes all the same); GCS overrides it with CRC32C, Azure with Content-MD5 or the ETag. ``None``
         where the store keeps none (a local root, fsspec stores)."""
         if self.kind != "s3":
             return None
@@ -534,13 +536,12 @@ class LocalStagingStore(StagingStore):
 
 
 class ObjectStagingStore(StagingStore):
-    """The object-store backend (``pyarrow.fs``): ``s3://``, ``abfs://``, and any other scheme
-    through fsspec (``gs://`` is :class:`~.gcs.GcsStagingStore`, a subclass)."""
+    """The object-store backend (``pyarrow.fs``): ``s3://``, and any other scheme through fsspec
+    (``gs://`` is :class:`~.gcs.GcsStagingStore` and ``abfss://`` :class:`~.adls.AdlsStagingStore`,
+    subclasses)."""
 
     @classmethod
     def open_root(cls, root: str, options: Mapping[str, Any]) -> StagingStore:
-        import pyarrow.fs as pafs
-
         text = os.fspath(root)
         options = dict(options or {})
         parts = split_object_root(text)
@@ -549,16 +550,6 @@ class ObjectStagingStore(StagingStore):
         if scheme in ("s3", "s3a"):
             fs = _s3_filesystem(text, options)
             return cls(text, fs, f"{parts.netloc}/{prefix}".rstrip("/"), kind="s3", options=options)
-        if scheme in ("abfs", "abfss", "az"):
-            container, _, host = parts.netloc.partition("@")
-            account = options.pop("account_name", None) or host.split(".", 1)[0]
-            if not account:
-                raise StagingStoreError(f"staging root {text!r} names no storage account")
-            try:
-                fs = pafs.AzureFileSystem(account_name=account, **options)
-            except TypeError as e:
-                raise StagingStoreError(f"staging root {text!r}: bad storage options ({e})") from None
-            return cls(text, fs, f"{container}/{prefix}".rstrip("/"), kind="abfs", options=options)
         try:
             import fsspec
             from pyarrow.fs import FSSpecHandler, PyFileSystem

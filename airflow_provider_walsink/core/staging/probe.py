@@ -69,7 +69,7 @@ def probe_object_root(
         found = filesystem.get_file_info(bucket).type
     except OSError as exc:
         raise StagingNotWritableError(
-            f"staging root {root_uri}: bucket {bucket!r} cannot be reached ({_first_line(exc)})"
+            f"staging root {root_uri}: bucket {bucket!r} cannot be reached ({first_line(exc)})"
         ) from None
     if found == pafs.FileType.NotFound:
         raise StagingNotWritableError(
@@ -82,17 +82,17 @@ def probe_object_root(
             out.write(b"")
     except OSError as exc:
         raise StagingNotWritableError(
-            f"staging root {root_uri}: an object cannot be put under it ({_first_line(exc)})"
+            f"staging root {root_uri}: an object cannot be put under it ({first_line(exc)})"
         ) from None
     try:
         (delete or filesystem.delete_file)(key)
     except Exception as exc:  # noqa: BLE001 - OSError from pyarrow, ClientError from boto3
         raise StagingNotWritableError(
-            f"staging root {root_uri}: a probe object was put but cannot be deleted ({_first_line(exc)}); "
+            f"staging root {root_uri}: a probe object was put but cannot be deleted ({first_line(exc)}); "
             "the write phase deletes the attempts a retry replaces: allow deletes under the prefix"
         ) from None
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

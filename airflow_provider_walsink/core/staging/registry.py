@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 _LOCAL = "airflow_provider_walsink.core.staging.object_store:LocalStagingStore"
 _OBJECTS = "airflow_provider_walsink.core.staging.object_store:ObjectStagingStore"
 _GCS = "airflow_provider_walsink.core.staging.gcs:GcsStagingStore"
+_ADLS = "airflow_provider_walsink.core.staging.adls:AdlsStagingStore"
 
 #: URI scheme -> backend. ``""`` is a plain path. A scheme not listed is an
 #: object store reached through fsspec (:data:`FALLBACK`).
@@ -25,9 +26,9 @@ KNOWN_STAGING: dict[str, str] = {
     "s3a": _OBJECTS,
     "gs": _GCS,
     "gcs": _GCS,
-    "abfs": _OBJECTS,
-    "abfss": _OBJECTS,
-    "az": _OBJECTS,
+    "abfs": _ADLS,
+    "abfss": _ADLS,
+    "az": _ADLS,  # refused there, naming the abfss:// form
 }
 FALLBACK = _OBJECTS
 
