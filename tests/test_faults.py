@@ -97,23 +97,25 @@ def test_harness_detects_a_duplicate(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_bounded_crash_campaign_sqlite(tmp_path):
-    """≥200 schedules, every crash point covered, no violation (figures printed).
+    """80 schedules, every crash point covered (each hit 6 to 27 times), no violation (figures printed).
 
     The schedules run in four driver processes, each with its own SQLite committer database
     (they share nothing else), in a memory file system where there is one: the faults are
     SIGKILLs, which the page cache survives, so fsync is no part of the claim. A schedule mostly
-    waits (retry delays, lease expiry): 200 schedules took about 44 s of CPU, so four drivers on
-    two cores finish in about half the wall time of two, with the same schedules and checks.
+    waits (retry delays, lease expiry), so four drivers on two cores finish in about half the wall
+    time of two, with the same schedules and checks. 80, not the 200 CI ran before: the 80 cover
+    all twelve crash points with 141 SIGKILLs, and CI's minutes are spent elsewhere; the long
+    runs (README) are where the count matters.
     """
     shm = Path("/dev/shm")
     workdir = Path(tempfile.mkdtemp(prefix="walsink-harness-", dir=shm)) if shm.is_dir() else tmp_path
     try:
-        result = run_harness(seed=20261122, schedules=200, workdir=workdir, workers=4)
+        result = run_harness(seed=20261122, schedules=80, workdir=workdir, workers=4)
     finally:
         if workdir != tmp_path:
             shutil.rmtree(workdir, ignore_errors=True)
     print("\n" + result.describe())
-    assert result.schedules == 200
+    assert result.schedules == 80
     assert result.uncovered == []
     assert result.violations == []
 
