@@ -366,7 +366,12 @@ def _xdist_group(item) -> str | None:
 #: fencing) does not differ by mode, and the modes' publish paths are the same code on each
 #: database; all six pairs cost CI about 75 s for no claim the four do not prove.
 #: ``WALSINK_TEST_ALL_PAIRS=1`` runs all six.
-BACKEND_MODE_PAIRS = {("sqlite", "append"), ("sqlite", "overwrite"), ("postgresql", "overwrite"), ("mysql", "append")}
+BACKEND_MODE_PAIRS = {
+    ("sqlite", "append"),
+    ("sqlite", "overwrite"),
+    ("postgresql", "overwrite"),
+    ("mysql", "append"),
+}
 
 
 def _outside_the_pairs(item) -> bool:
