@@ -450,3 +450,106 @@ print(sorted(m for m in sys.modules if m.split(".")[0] == "pandas")[:3])
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(target.table().file_uris()) == 2  # both published: the overwrite listed the table's files
     assert done.stdout.strip() == "[]", f"pandas imported by a Delta commit: {done.stdout.strip()}"
+
+
+# ------------------------------------------------------------------ GCS and Azure (issue 48)
+
+
+def wasb_resolver(server, conn_id: str = "wasb_lake"):
+    """A ``ConnectionResolver`` holding one ``wasb`` connection for Azurite's account, as Airflow gives it."""
+    fields = {"conn_id": conn_id, "conn_type": "wasb", "host": server.endpoint, "login": server.account,
+              "password": server.key, "extra": {}}  # fmt: skip
+    return lambda name: fields if name == conn_id else None
+
+
+@dataclasses.dataclass
+class StorePlace(Place):
+    """A place on a staging store of its own kind (``abfss://``), read through that store."""
+
+    options: dict | None = None
+
+    @property
+    def storage(self) -> Storage:
+        from airflow_provider_walsink.core.staging.object_store import StagingStore
+        from airflow_provider_walsink.core.targets._tables import StoreStorage
+
+        return StoreStorage(StagingStore.open(self.root, self.options))
+
+
+def test_a_delta_table_on_azure_publishes_by_reference_once_with_the_wasb_connections_credentials(
+    azurite_server,  # noqa: F811
+):
+    """``delta+abfss://`` on Azurite, its deltalake options and the log reads derived from a ``wasb``
+    connection only: first commit, a re-run (already published), a newer attempt replacing the
+    older in ``overwrite`` (whose id is then read from the log's commit records through the
+    store), a zombie with a lower token refused, and the clean-up keeping the referenced files."""
+    server = azurite_server
+    on_azure = StorePlace("abfss", server.root(f"delta-{uuid.uuid4().hex[:8]}"), options=server.options)
+    target = Target(on_azure)
+    uri = target.uri.replace("abfss://", "delta+abfss://")
+    options = TargetOptions(mode="overwrite", layout=None, partition_by=("dt",),
+                            connections=wasb_resolver(server), extra={"conn_id": "wasb_lake"})  # fmt: skip
+    publisher = resolve_target(uri + "?create_table=true", options)
+    assert publisher.storage_options == {"account_name": server.account, "account_key": server.key,
+                                         "endpoint": server.endpoint, "allow_http": "true"}  # fmt: skip
+    assert server.key not in publisher.describe() and server.endpoint in publisher.describe()
+    publisher.check_writable()  # the container and the table's location, with the connection's key
+    target.options = publisher.storage_options  # read back with the same options
+    target.publisher = lambda mode="overwrite", **kw: resolve_target(
+        uri + "?create_table=true", dataclasses.replace(options, mode=mode)
+    )
+    assert target.staging.startswith(on_azure.root) and target.staging.endswith("/_walsink_staging")
+
+    old, old_dir = target.stage("2026-01-01", [("2026-01-01", 1, "old")], attempt=1)
+    assert target.publisher().publish(old, old_dir, ctx(old, epoch=1)).outcome is PublishOutcome.PUBLISHED
+    again = target.publisher().publish(old, old_dir, ctx(old, epoch=1))
+    assert again.outcome is PublishOutcome.ALREADY_PUBLISHED
+    new, new_dir = target.stage("2026-01-01", ROWS_A, attempt=2)
+    result = target.publisher().publish(new, new_dir, ctx(new, epoch=2))
+    assert result.files_rolled_back == 1 and target.rows() == sorted(ROWS_A)
+    # By reference: the table's files are the staged objects, inside its _walsink_staging.
+    assert all(f.startswith(f"{new_dir}/") for f in target.table().file_uris())
+    assert target.publisher().published_attempt(old) == new.attempt_id  # from the log, through the store
+    with pytest.raises(FencedError):
+        target.publisher().publish(old, old_dir, ctx(old, epoch=1))
+    # The clean-up drops the committed attempt's manifest and keeps attempt 1, which older versions
+    # of the table still reference (until VACUUM).
+    removed = target.publisher().finish(new, target.staging)
+    assert [r.rsplit("/", 2)[1:] for r in removed] == [[new_dir.rsplit("/", 1)[1], "_manifest.json"]]
+    fs, path = on_azure.storage.fs_and_path(f"{old_dir}/{old.committables[0].path}")
+    assert fs.get_file_info(path).type.name == "File"
+    assert target.rows() == sorted(ROWS_A) and target.version() == 2
+
+
+def test_a_delta_table_on_gcs_or_azure_takes_its_credentials_from_a_connection_only(tmp_path):
+    """No conn_id: refused naming the kind of connection (never the environment's credentials); a
+    connection of the wrong type is refused by the staging connection readers; a ``google_cloud_platform``
+    connection's key or emulator endpoint becomes object_store's service-account key."""
+    import json
+
+    from airflow_provider_walsink.hooks.staging import StagingConnectionError
+
+    def options(conn: dict | None = None, **extra) -> TargetOptions:
+        return TargetOptions(mode="append", layout=None, connections=lambda name: conn,
+                             extra={"conn_id": "c", **extra} if conn else extra)  # fmt: skip
+
+    for uri, kind in (("delta+gs://b/t", "'google_cloud_platform'"),
+                      ("delta+abfss://c@acct.dfs.core.windows.net/t", "'wasb' or 'adls'")):  # fmt: skip
+        with pytest.raises(DeltaTargetError, match=f"names no conn_id: .* only with a {kind} connection"):
+            resolve_target(uri, options())
+    aws = {"conn_id": "c", "conn_type": "aws", "login": "a", "password": "b", "extra": {}}
+    with pytest.raises(StagingConnectionError, match="connection 'c' is of type 'aws'"):
+        resolve_target("delta+gs://b/t", options(aws))
+    emulator = {"conn_id": "c", "conn_type": "google_cloud_platform",
+                "extra": {"is_anonymous": True, "endpoint_url": "http://127.0.0.1:4443"}}  # fmt: skip
+    publisher = resolve_target("delta+gs://b/t", options(emulator))
+    key = json.loads(publisher.storage_options["google_service_account_key"])
+    assert key["gcs_base_url"] == "http://127.0.0.1:4443" and key["disable_oauth"] is True
+    assert publisher.storage_options["allow_http"] == "true"
+    keyfile = {"type": "service_account", "client_email": "w@p.iam.gserviceaccount.com",
+               "private_key": "-----BEGIN PRIVATE KEY-----\nnot-real\n", "private_key_id": "1",
+               "token_uri": "https://oauth2.googleapis.com/token"}  # fmt: skip
+    keyed = {"conn_id": "c", "conn_type": "google_cloud_platform", "extra": {"keyfile_dict": keyfile}}
+    publisher = resolve_target("delta+gs://b/t", options(keyed))
+    assert json.loads(publisher.storage_options["google_service_account_key"]) == keyfile
+    assert "not-real" not in publisher.describe()

@@ -11,6 +11,12 @@ task ends SKIPPED on the committed checkpoint (the pipelines' reprocess policy i
 durability and commit tasks are skipped with it, and no table changes
 (same snapshots, same Delta version, same SQL rows and marker).
 
+Issue 48: the Azure example (``dags/walsink_azure_example.py``) runs with them, staging on Azurite
+(``abfss://``) through its executors and committing into a Delta table on the same container, both
+with the one ``wasb`` connection ``wasb_default``; that table is read back with deltalake and with
+DuckDB (over deltalake's Arrow dataset: DuckDB's ``delta`` extension is not installed here and
+cannot be downloaded), and its data files are the staged blobs themselves.
+
 The stack is the session's one (``airflow_stack``); the targets are configured the way a user
 would: an Airflow connection ``walsink_iceberg`` of the official Iceberg provider's type
 ``iceberg`` for the catalog (issue 45: an Iceberg REST catalog, the test server of
@@ -23,6 +29,7 @@ what the demo and the examples' other tests run.
 from __future__ import annotations
 
 import sys
+import uuid
 from collections import Counter, defaultdict
 from datetime import date
 from pathlib import Path
@@ -39,7 +46,9 @@ REPO = Path(__file__).resolve().parent.parent
 DAY = date(2026, 2, 2)  # no other test on the shared stack runs these DAGs
 KEY = f"{DAY:%Y%m%d}T000000Z"
 ICEBERG, DELTA, SQL = "walsink_iceberg_example", "walsink_delta_example", "walsink_sql_example"
-PIPELINES = {ICEBERG: "iceberg_daily_events", DELTA: "delta_daily_events", SQL: "daily_country_totals"}
+AZURE = "walsink_azure_example"
+PIPELINES = {ICEBERG: "iceberg_daily_events", DELTA: "delta_daily_events", SQL: "daily_country_totals",
+             AZURE: "azure_delta_events"}  # fmt: skip
 WRITE_OP, COMMIT_OP = "WalWriteOperator", "WalCommitOperator"
 SQL_TABLE = "daily_country_totals"
 
@@ -121,12 +130,42 @@ def _sql_marker(url: str) -> tuple:
         engine.dispose()
 
 
+def _azure_table(server, root: str):
+    """The Azure example's Delta table, opened with deltalake's own Azure client (the account, its
+    key and Azurite's endpoint: what the wasb connection holds)."""
+    from deltalake import DeltaTable
+
+    options = {"account_name": server.account, "account_key": server.key, "endpoint": server.endpoint,
+               "allow_http": "true"}  # fmt: skip
+    return DeltaTable(f"{root}/delta_events", storage_options=options)
+
+
+def _duckdb_events(table) -> list[tuple]:
+    """(event_id, amount_cents, dt) of every row, as DuckDB reads the Delta table: deltalake's Arrow
+    dataset (the table's current files) scanned by DuckDB."""
+    import duckdb
+
+    with duckdb.connect() as con:
+        con.register("events", table.to_pyarrow_dataset())
+        return con.sql(
+            "SELECT event_id, amount_cents, CAST(dt AS VARCHAR) FROM events ORDER BY event_id"
+        ).fetchall()
+
+
+def _duckdb_expected(day: date) -> list[tuple]:
+    return sorted((e["event_id"], e["amount_cents"], day.isoformat()) for e in _examples().daily_events(day))
+
+
 def _tasks_by_operator(stack, dag_id: str, run_id: str) -> dict[str, dict]:
     return {ti["operator"]: ti for ti in stack.task_instances(dag_id, run_id)}
 
 
 def test_table_and_sql_examples_run_through_the_scheduler_stage_in_the_table_and_a_cleared_run_changes_nothing(
-    airflow_stack, database_urls, rest_catalog, tmp_path  # noqa: F811
+    airflow_stack,
+    database_urls,
+    rest_catalog,  # noqa: F811
+    azurite_server,
+    tmp_path,
 ):
     """Also what the examples' ``dag.test()`` runs proved (merged here: the same DAGs, the same
     checks, through the real scheduler): each source row once, the staging root inside the table,
@@ -161,7 +200,12 @@ def test_table_and_sql_examples_run_through_the_scheduler_stage_in_the_table_and
             "schema": target.database,
         },
     )
-    dag_ids = [ICEBERG, DELTA, SQL]
+    # The Azure example: its root on Azurite's container, and the one wasb connection it names.
+    azure_root = azurite_server.root(f"azure-example-{uuid.uuid4().hex[:8]}")
+    _add_connection(stack, "wasb_default", {"conn_type": "wasb", "host": azurite_server.endpoint,
+                                            "login": azurite_server.account, "password": azurite_server.key})  # fmt: skip
+    stack.set_variable("walsink_azure_example_root", azure_root)
+    dag_ids = [ICEBERG, DELTA, SQL, AZURE]
     for dag_id in dag_ids:
         stack.wait_for_dag(dag_id)
         stack.unpause(dag_id)
@@ -198,6 +242,15 @@ def test_table_and_sql_examples_run_through_the_scheduler_stage_in_the_table_and
         _check_events(delta.to_pyarrow_table().to_pylist(), DAY)
         assert delta.version() == 1  # the day's one commit, after the empty table it created (version 0)
         assert store.require(PIPELINES[DELTA], KEY).staging_root == str(delta_path / "_walsink_staging")
+
+        azure = _azure_table(azurite_server, azure_root)
+        _check_events(azure.to_pyarrow_table().to_pylist(), DAY)
+        assert azure.version() == 1
+        azure_record = store.require(PIPELINES[AZURE], KEY)
+        assert azure_record.staging_root == f"{azure_root}/delta_events/_walsink_staging"
+        attempt = f"{azure_record.staging_root}/{PIPELINES[AZURE]}/{KEY}/attempt-1-{azure_record.sealed_attempt_id}/"
+        assert azure.file_uris() and all(f.startswith(attempt) for f in azure.file_uris()), azure.file_uris()
+        assert _duckdb_events(azure) == _duckdb_expected(DAY)
 
         sql_rows = _sql_rows(target_url)
         totals = {(c, t): (ev, us, am) for dt, c, t, ev, us, am in sql_rows}
@@ -238,6 +291,7 @@ def test_table_and_sql_examples_run_through_the_scheduler_stage_in_the_table_and
         assert [(s.snapshot_id, s.summary["walsink.checkpoint"]) for s in table.snapshots()] == snapshots
         _check_events(table.scan().to_arrow().to_pylist(), DAY)
         assert DeltaTable(str(delta_path)).version() == 1
+        assert _azure_table(azurite_server, azure_root).version() == 1
         assert _sql_rows(target_url) == sql_rows
         assert _sql_marker(target_url) == marker
         for pipeline in PIPELINES.values():

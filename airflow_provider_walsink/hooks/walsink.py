@@ -24,7 +24,6 @@ from airflow_provider_walsink.core.store.store import CommitterStore
 from airflow_provider_walsink.hooks.azure_staging import (
     AZURE_CONN_TYPES,
     DEFAULT_AZURE_CONN_ID,
-    azure_options_from_connection,
     is_azure_root,
 )
 from airflow_provider_walsink.hooks.connections import ConnectionNotFoundError, WrongConnectionTypeError
@@ -35,13 +34,12 @@ from airflow_provider_walsink.hooks.staging import (
     GCP_CONN_TYPE,
     StagingConnectionError,
     StagingCredentials,
-    gcs_options_from_connection,
     is_gcs_root,
     is_object_store_root,
     is_s3_root,
-    s3_options_from_connection,
     staging_connection,
 )
+from airflow_provider_walsink.hooks.store_connections import options_from_connection
 
 _DRIVERS = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg2", "mysql": "mysql+pymysql"}
 _stores: dict[str, CommitterStore] = {}
@@ -292,13 +290,7 @@ class WalsinkHook(BaseHook):
                     f"connection {conn_id!r} (staging_conn_id of walsink connection {self.walsink_conn_id!r}) "
                     f"does not exist: create it, of type {kind}, for staging root {root!r}"
                 ) from None
-            if is_gcs_root(root):
-                options = gcs_options_from_connection(conn)
-            elif is_azure_root(root):
-                options = azure_options_from_connection(conn, root)
-            else:
-                options = s3_options_from_connection(conn)
-            credentials = StagingCredentials(conn_id, options)
+            credentials = StagingCredentials(conn_id, options_from_connection(conn, root))
         if is_object_store_root(root) and conn_id not in self._said_credentials:
             self._said_credentials.add(conn_id)
             self.log.info("Staging root %s: credentials from %s", root, credentials.describe())

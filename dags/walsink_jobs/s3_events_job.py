@@ -1,10 +1,11 @@
-"""PySpark job of the ``walsink_s3_example``: one day of events, staged straight to object storage.
+"""PySpark job of the ``walsink_s3_example`` and ``walsink_azure_example``: one day of events, staged
+straight to object storage.
 
 Started by WalWriteOperator with the walsink protocol arguments; no further
 arguments. The day's events come from the examples' deterministic generator
 (``walsink_example_common.daily_events``) in the driver, so nothing is read
 from a shared file system: the only storage this job touches is the staging
-root the operator gave it (``s3://...``), written by the executors themselves
+root the operator gave it (``s3://...``, ``abfss://...``), written by the executors themselves
 with pyarrow (the ``executors`` writer, the only one for an object store),
 with the credentials the operator passed in spark-submit's environment.
 """

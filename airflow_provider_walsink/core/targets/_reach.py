@@ -98,18 +98,41 @@ def probe_filesystem(settings: S3Settings) -> Any:
 
 def check_bucket(settings: S3Settings, location: str, *, target: str, connection: str) -> None:
     """The bucket of ``location`` (``s3://bucket/path``) exists and ``path`` can be looked up (a new
-    table's directory need not exist) with ``settings``' credentials.
+    table's directory need not exist) with ``settings``' credentials (:func:`check_location`)."""
+    parts = urlsplit(location)
+    where = f" at {settings.endpoint}" if settings.endpoint else ""
+    check_location(
+        lambda: probe_filesystem(settings),
+        f"{parts.netloc}{parts.path}".rstrip("/"),
+        location,
+        target=target,
+        connection=connection,
+        where=where,
+        fix="credentials, endpoint_url, region",
+    )
+
+
+def check_location(
+    filesystem: Callable[[], Any],
+    path: str,
+    location: str,
+    *,
+    target: str,
+    connection: str,
+    where: str = "",
+    fix: str = "credentials, endpoint_url",
+) -> None:
+    """``path``'s first component (the bucket or container) exists on ``filesystem()`` (a ``pyarrow``
+    file system) and ``path`` can be looked up there (a new table's directory need not exist).
 
     Raises:
         TargetUnreachableError: naming ``target``, the bucket, what the store answered and ``connection``.
     """
     import pyarrow.fs as pafs
 
-    parts = urlsplit(location)
-    bucket, path = parts.netloc, f"{parts.netloc}{parts.path}".rstrip("/")
-    where = f" at {settings.endpoint}" if settings.endpoint else ""
+    bucket = path.split("/", 1)[0]
     try:
-        fs = probe_filesystem(settings)
+        fs = filesystem()
         found = within(REACH_TIMEOUT, lambda: fs.get_file_info(bucket).type, what=f"bucket {bucket}{where}")
         if found == pafs.FileType.NotFound:
             raise TargetUnreachableError(
@@ -122,5 +145,5 @@ def check_bucket(settings: S3Settings, location: str, *, target: str, connection
     except (OSError, TimeoutError) as exc:
         raise TargetUnreachableError(
             f"{target}: {location}{where} cannot be reached with {connection} ({one_line(exc)}): fix that "
-            f"connection (credentials, endpoint_url, region); {NOTHING_DONE}"
+            f"connection ({fix}); {NOTHING_DONE}"
         ) from None

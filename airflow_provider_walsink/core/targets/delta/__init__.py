@@ -1,4 +1,5 @@
-"""The Delta Lake target (deltalake): ``delta:///abs/path``, ``delta+s3://bucket/path``.
+"""The Delta Lake target (deltalake): ``delta:///abs/path``, ``delta+s3://bucket/path``,
+``delta+gs://bucket/path``, ``delta+abfss://container@account.dfs.core.windows.net/path``.
 
 One module per concern, as ``core/targets/files/``:
 
@@ -6,7 +7,8 @@ One module per concern, as ``core/targets/files/``:
   group in one table version, the marker rule through application transactions, tombstones,
   clean-up); its docstring is the design;
 * :mod:`.log`: what a commit writes to the Delta log (application transactions, commit info,
-  partition holders, file statistics).
+  partition holders, file statistics);
+* :mod:`.stores`: a table on Google Cloud Storage or Azure: deltalake's options from its connection.
 """
 
 from __future__ import annotations

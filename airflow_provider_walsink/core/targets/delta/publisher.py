@@ -1,9 +1,12 @@
 """A Delta Lake table as a walsink target (deltalake), exactly once through the table's own commit.
 
-``delta:///abs/path`` (local) or ``delta+s3://bucket/path`` (S3-compatible:
+``delta:///abs/path`` (local), ``delta+s3://bucket/path`` (S3-compatible:
 ``TargetOptions.extra["storage_options"]`` as deltalake takes them, or
 ``extra["conn_id"]``, a connection whose login/password are the access key
-pair and whose extra may hold ``endpoint_url`` and ``region_name``).
+pair and whose extra may hold ``endpoint_url`` and ``region_name``), or
+``delta+gs://bucket/path`` / ``delta+abfss://container@account.dfs.core.windows.net/path``
+(``extra["conn_id"]`` required: a ``google_cloud_platform`` / ``wasb`` or ``adls`` connection,
+read as a staging root's is: :mod:`.stores`).
 
 **Commit = one table version.** The write phase stages Parquet files inside
 the table directory (:meth:`DeltaPublisher.staging_root`:
@@ -67,7 +70,7 @@ from airflow_provider_walsink.core.protocol.partitions import (
     partition_string,
     partition_values,
 )
-from airflow_provider_walsink.core.targets._reach import check_bucket, missing_credentials
+from airflow_provider_walsink.core.targets._reach import check_bucket, check_location, missing_credentials
 from airflow_provider_walsink.core.targets._tables import (
     STAGING_DIR,
     CheckpointRef,
@@ -104,6 +107,7 @@ from airflow_provider_walsink.core.targets.base import (
     check_partition_order,
     conflict_backoff,
 )
+from airflow_provider_walsink.core.targets.delta import stores
 from airflow_provider_walsink.core.targets.delta.log import (
     ABORTED_TXN,
     app_id,
@@ -129,6 +133,14 @@ from airflow_provider_walsink.core.targets.registry import (
 log = logging.getLogger("airflow_provider_walsink.core.targets.delta")
 
 MAX_COMMIT_ATTEMPTS = 20
+#: Table URI schemes (after ``delta+``) whose credentials come only from a connection (:mod:`.stores`).
+_STORE_SCHEMES = (*stores.GCS_SCHEMES, *stores.AZURE_SCHEMES)
+#: How to create a target's missing connection, by store.
+_HOW_TO_CREATE = {
+    "s3": "with the access key pair as login/password and endpoint_url/region_name in its extra",
+    "gs": "of type 'google_cloud_platform' (extra keyfile_dict or key_path, project; endpoint_url for an emulator)",
+    "abfss": "of type 'wasb' (login = storage account, password = its key) or 'adls'",
+}
 #: Check + commit attempts of one group before giving up on a table that keeps changing.
 GROUP_COMMIT_ATTEMPTS = 40
 
@@ -179,17 +191,41 @@ class DeltaPublisher(Publisher):
         partition_by: Sequence[str] = (),
         create_table: bool = False,
         allow_older_overwrite: bool = False,
+        store_options: Mapping[str, Any] | None = None,
     ) -> None:
         WriteMode.parse(mode, error=DeltaTargetError)
         if "://" not in table_uri and not os.path.isabs(table_uri):
-            raise DeltaTargetError(f"Delta table {table_uri!r} must be an absolute path or an s3:// URI")
+            raise DeltaTargetError(
+                f"Delta table {table_uri!r} must be an absolute path or an s3://, gs:// or abfss:// URI"
+            )
         self.table_uri = table_uri.rstrip("/")
         self.mode = mode
-        self.storage_options = dict(storage_options or {})
         self.partition_by = tuple(partition_by)
         self.create_table = create_table
         self.allow_older_overwrite = allow_older_overwrite
-        self.storage = Storage(self._s3_settings())
+        #: A table on GCS or Azure: its store's options as the staging store takes them (from the
+        #: target's connection), which also give deltalake's (explicit ``storage_options`` win).
+        self.store_options = dict(store_options or {})
+        self.storage_options = {
+            **(stores.deltalake_options(self.table_uri, self.store_options) if self.store_options else {}),
+            **dict(storage_options or {}),
+        }
+        self._storage: Storage | None = None
+
+    @property
+    def storage(self) -> Storage:
+        """What walsink reads the table's log (and a local attempt) with: pyarrow's S3 or local file
+        system, or for a table on GCS or Azure that store's staging backend opened on the table with
+        the connection's options (reads confined to the table), opened on first use."""
+        if self._storage is None:
+            if stores.store_scheme(self.table_uri) and self.store_options:
+                from airflow_provider_walsink.core.staging.object_store import StagingStore
+                from airflow_provider_walsink.core.targets._tables import StoreStorage
+
+                self._storage = StoreStorage(StagingStore.open(self.table_uri, self.store_options))
+            else:
+                self._storage = Storage(self._s3_settings())
+        return self._storage
 
     @classmethod
     def from_uri(cls, uri: str, options: Any) -> DeltaPublisher:
@@ -200,13 +236,25 @@ class DeltaPublisher(Publisher):
             if parts.netloc or not parts.path.startswith("/"):
                 raise DeltaTargetError(f"Delta target {uri!r} must be delta:///absolute/path (three slashes)")
             table_uri = parts.path
-        elif parts.scheme in ("delta+s3", "delta+s3a"):
+        elif parts.scheme in ("delta+s3", "delta+s3a", *(f"delta+{s}" for s in _STORE_SCHEMES)):
             if not parts.netloc or not parts.path.strip("/"):
-                raise DeltaTargetError(f"Delta target {uri!r} must be delta+s3://bucket/path")
-            table_uri = f"s3://{parts.netloc}{parts.path}"
+                raise DeltaTargetError(f"Delta target {uri!r} must be {parts.scheme}://bucket/path")
+            table_uri = f"{parts.scheme.removeprefix('delta+')}://{parts.netloc}{parts.path}"
         else:
-            raise DeltaTargetError(f"Delta target {uri!r}: use delta:///path or delta+s3://bucket/path")
+            raise DeltaTargetError(
+                f"Delta target {uri!r}: use delta:///path, delta+s3://bucket/path, delta+gs://bucket/path or "
+                "delta+abfss://container@account.dfs.core.windows.net/path"
+            )
         opts: dict[str, str] = {}
+        store_options: dict[str, str] = {}
+        on_store = stores.store_scheme(table_uri)
+        if on_store and not extra.get("conn_id"):
+            kind = "'google_cloud_platform'" if on_store == "gs" else "'wasb' or 'adls'"
+            raise DeltaTargetError(
+                f"Delta target {uri!r} names no conn_id: a table on {on_store}:// is reached only with a "
+                f'{kind} connection (target_options={{"conn_id": ...}}), never with credentials found in '
+                "the environment (docs/targets.md)"
+            )
         if extra.get("conn_id"):
             conn_id = str(extra["conn_id"])
             fields = lookup_connection(options, conn_id, needed_by=f"Delta target {uri!r}")
@@ -214,9 +262,12 @@ class DeltaPublisher(Publisher):
                 raise connection_missing(
                     conn_id,
                     needed_by=f"Delta target {uri!r}",
-                    how="with the access key pair as login/password and endpoint_url/region_name in its extra",
+                    how=_HOW_TO_CREATE.get(on_store or "s3", ""),
                 )
-            opts.update(storage_options_from_connection(fields))
+            if on_store:
+                store_options = stores.connection_options({"conn_id": conn_id, **fields}, table_uri)
+            else:
+                opts.update(storage_options_from_connection(fields))
         opts.update({str(k): str(v) for k, v in (extra.get("storage_options") or {}).items()})
         if table_uri.startswith("s3://") and not opts:
             # deltalake's documented default, not walsink's: said so, since nothing was configured.
@@ -233,6 +284,7 @@ class DeltaPublisher(Publisher):
             partition_by=tuple(options.partition_by or ()),
             create_table=flags.get("create_table", bool(extra.get("create_table", False))),
             allow_older_overwrite=bool(getattr(options, "allow_older_overwrite", False)),
+            store_options=store_options,
         )
         publisher.conn_id = str(extra["conn_id"]) if extra.get("conn_id") else None
         return publisher
@@ -246,9 +298,19 @@ class DeltaPublisher(Publisher):
         Raises:
             TargetUnreachableError: naming the connection to fix and what was wrong.
         """
+        target = f"Delta target {self.table_uri}"
+        if stores.store_scheme(self.table_uri) and self.store_options:
+            # The connection gave credentials (its reader refuses one that cannot); the bucket or
+            # container must exist and the table's location be listable with them.
+            fs, path = self.storage.fs_and_path(self.table_uri)
+            where = stores.endpoint_of(self.store_options)
+            check_location(
+                lambda: fs, path, self.table_uri, target=target, where=f" at {where}" if where else "",
+                connection=f"connection {self.conn_id!r} (the target's conn_id)",
+            )  # fmt: skip
+            return
         if not self.table_uri.startswith("s3://"):
             return
-        target = f"Delta target {self.table_uri}"
         if self.conn_id is not None:
             missing = missing_credentials(self.storage_options)
             if missing:
@@ -283,7 +345,7 @@ class DeltaPublisher(Publisher):
             return None
 
     def describe(self) -> str:
-        endpoint = self._s3_settings().endpoint
+        endpoint = stores.endpoint_of(self.store_options) or self._s3_settings().endpoint
         where = f" at {endpoint}" if endpoint else ""
         return f"Delta table {self.table_uri}{where}, {self.mode}"
 
