@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping
-from datetime import UTC
+from datetime import UTC, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -38,6 +38,8 @@ from airflow_provider_walsink.core.staging.probe import first_line
 
 #: Storage options a ``gs://`` root understands.
 GCS_OPTIONS = frozenset({"keyfile_dict", "project", "anonymous", "endpoint_url"})
+#: How long pyarrow's GCS client retries transient errors (its own default is 15 minutes).
+RETRY_TIME_LIMIT_S = 60
 #: The one scope staging needs: objects read, written and deleted, nothing else of the project.
 _SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 _INSTALL = "pip install 'airflow-provider-walsink[gcs]'"
@@ -227,7 +229,9 @@ def _filesystem(root: str, settings: Mapping[str, Any]) -> Any:
     which the executors receive with the pickled file system and use until it expires (one hour)."""
     import pyarrow.fs as pafs
 
-    kwargs: dict[str, Any] = {}
+    # pyarrow's default retries a GCS endpoint that does not answer for 15 minutes: a UI page
+    # or a trigger check would hang that long; transient errors rarely outlast a minute.
+    kwargs: dict[str, Any] = {"retry_time_limit": timedelta(seconds=RETRY_TIME_LIMIT_S)}
     endpoint = settings.get("endpoint_url")
     if endpoint:
         parts = urlsplit(str(endpoint))
