@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,7 +46,7 @@ def current_revision(conn: Connection) -> str | None:
 
     Read with SQLAlchemy, not through Alembic's ``MigrationContext``: configuring one logs two
     INFO lines ("Context impl ...", "Will assume ... DDL"), and every task opens the store, so
-    every task log carried them although nothing was migrated. A migration still logs them.
+    every task log carried them although nothing was migrated.
     """
     if not inspect(conn).has_table(VERSION_TABLE):
         return None
@@ -67,8 +68,27 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             return
         cfg = alembic_config()
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+        with _without_context_lines():
+            command.upgrade(cfg, revision)
         conn.commit()
+
+
+class _ContextLines(logging.Filter):
+    """Alembic's "Context impl SQLiteImpl." and "Will assume non-transactional DDL.": the
+    dialect, on every migration; the "Running upgrade ..." lines say what changed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(("Context impl ", "Will assume "))
+
+
+@contextlib.contextmanager
+def _without_context_lines() -> Iterator[None]:
+    logger, quiet = logging.getLogger("alembic.runtime.migration"), _ContextLines()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 @contextlib.contextmanager
