@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import re
 import sys
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -23,6 +22,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from airflow_provider_walsink.core.store.store import CommitterStore
+from tests.task_logs import noise, phase_lines
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "dags"))
@@ -116,41 +116,13 @@ def test_kafka_example_dag_reads_kafka_in_append_mode_into_delta():
     assert write.target.startswith("delta://") and write.target == commit.target
 
 
-#: What the tasks' logs may never say (issue 47, "Logs a person can read"): PySpark's warning about
-#: pandas 3 (twice per write job on pandas 3.x: constraints.txt pins pandas 2), Alembic's two lines
-#: per opening of the committer store, the staging connection's ignored extra fields and Airflow's
-#: too-short-secret notice on every call, a raw record's repr.
-LOG_NOISE = (
-    "PySpark does not yet fully support pandas",
-    "Context impl ",
-    "Will assume ",
-    "staging ignores the extra fields",
-    "Skipping masking for a secret",
-    "TransitionRecord(",
-)
-
-
-def phase_lines(log: str, pipeline: str, key: str, rows: int) -> dict[str, int]:
-    """How many lines of the tasks' log say each phase's outcome."""
-    name = re.escape(f"{pipeline}/{key}")
-    phases = {
-        "register": rf"Checkpoint {name} sequence \d+: attempt 1 stages into ",
-        "seal": rf"Sealed {name} attempt 1: 1 committables, {rows} rows, ",
-        "durable": rf"checkpoint {name} attempt 1: all 1 committables present and verified",
-        "publish": rf"committed {name} \(lease fencing\): 1 published, 0 already there, {rows} rows",
-        "announce": rf"Checkpoint {name} committed by this task",
-        "skip": rf"Checkpoint {name} is already COMMITTED .*: SKIPPED, nothing is rewritten",
-    }
-    return {phase: len(re.findall(pattern, log)) for phase, pattern in phases.items()}
-
-
 # With the SQLite committer this DAG runs through the real scheduler in tests/test_e2e_backfill.py
 # (the same checks and more: rows against the source, the staging cleaned, the re-run skipped).
 @pytest.mark.parametrize("committer_url", ["postgresql"], indirect=True)
 def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url, capfd):
     """The demo's daily pipeline (scripts/demo.py) through dag.test(): each source row once in the
     target, a re-run skipped; and its tasks' log at INFO says each phase once, without the noise
-    of LOG_NOISE."""
+    of tests/task_logs.py's LOG_NOISE."""
     dag = load_dag(airflow_db, "walsink_daily_overwrite")
     # A dag.test() run's data interval starts at its logical date: the checkpoint of that day.
     day = date(2026, 2, 12)
@@ -172,7 +144,7 @@ def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url, capfd):
         "announce": 1,
         "skip": 0,
     }, log[-5000:]
-    assert [n for n in LOG_NOISE if n in log] == [], log[-5000:]
+    assert noise(log) == [], log[-5000:]
 
     rows = read_target(walsink_env["home"] / "target/daily_events")
     assert len(rows) == len(expected)
@@ -198,7 +170,7 @@ def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url, capfd):
     run = run_dag(dag, day)
     log = "".join(capfd.readouterr())
     assert phase_lines(log, "daily_events", key, len(expected))["skip"] == 1, log[-5000:]
-    assert [n for n in LOG_NOISE if n in log] == [], log[-5000:]
+    assert noise(log) == [], log[-5000:]
     write = next(ti for ti in run.get_task_instances() if ti.task_id == "daily_events.write")
     assert write.try_number == 1 and write.state == "skipped"
     assert {
