@@ -145,6 +145,19 @@ def _file_in_heading(heading: str, dags_folder: Path) -> Path:
     return dags_folder / rel
 
 
+def _job_and_dag(
+    blocks: dict[str, list[tuple[str, str]]], job_section: str, dag_section: str, dags_folder: Path
+) -> tuple[dict[Path, str], Path]:
+    """A page's job and DAG (``{the path its heading names: code}``) and the DAG's target."""
+    files = {}
+    for prefix in (job_section, dag_section):
+        heading, section = _section(blocks, prefix)
+        (code,) = _code(section, "python")
+        files[_file_in_heading(heading, dags_folder)] = code
+    (target,) = re.findall(r'target="([^"]+)"', code)  # the DAG's, the last one read
+    return files, _under_tmp(Path(target))
+
+
 def _under_tmp(path: Path) -> Path:
     """The test removes the page's paths: only ever under the temporary directory."""
     tmp = Path(tempfile.gettempdir()).resolve()
@@ -305,20 +318,10 @@ def test_quickstart_then_own_airflow_to_the_letter_on_one_airflow(quickstart_loc
     dags_folder = Path(doc_env["AIRFLOW__CORE__DAGS_FOLDER"])
     assert dags_folder.resolve() == home / "dags"
 
-    # Quickstart 1 and 2: the job and the DAG, each saved where its heading says.
-    job_heading, job_blocks = _section(quick, "1.")
-    dag_heading, dag_blocks = _section(quick, "2.")
-    (job_code,) = _code(job_blocks, "python")
-    (dag_code,) = _code(dag_blocks, "python")
-    (target_text,) = re.findall(r'target="([^"]+)"', dag_code)
-    target = _under_tmp(Path(target_text))
-    # docs/own-airflow.md's files, its target and the connection's staging root.
-    own_job_heading, own_job_blocks = _section(own, "5.")
-    own_dag_heading, own_dag_blocks = _section(own, "6.")
-    (own_job_code,) = _code(own_job_blocks, "python")
-    (own_dag_code,) = _code(own_dag_blocks, "python")
-    (own_target_text,) = re.findall(r'target="([^"]+)"', own_dag_code)
-    own_target = _under_tmp(Path(own_target_text))
+    # Quickstart 1 and 2, docs/own-airflow.md 5 and 6: the jobs and the DAGs, each saved where
+    # its heading says (below), and their targets; the connection's staging root.
+    files, target = _job_and_dag(quick, "1.", "2.", dags_folder)
+    own_files, own_target = _job_and_dag(own, "5.", "6.", dags_folder)
     _, committer_blocks = _section(own, "3.")
     (staging_text,) = re.findall(r'"staging_root": "([^"]+)"', _code(committer_blocks, "bash")[0])
     staging = _under_tmp(Path(staging_text))
@@ -354,8 +357,8 @@ def test_quickstart_then_own_airflow_to_the_letter_on_one_airflow(quickstart_loc
     shell = PageShell(stack.env, overrides, Path(tempfile.mkdtemp(prefix="walsink-page-shell-")))
     try:
         shell.run(setup)  # exports, mkdir -p $AIRFLOW__CORE__DAGS_FOLDER/jobs, airflow db migrate
-        _file_in_heading(job_heading, dags_folder).write_text(job_code)
-        _file_in_heading(dag_heading, dags_folder).write_text(dag_code)
+        for path, code in files.items():
+            path.write_text(code)
 
         # own-airflow 1 and 2: the users, then the four components as the page starts them.
         _, users_blocks = _section(own, "1.")
@@ -470,8 +473,8 @@ def test_quickstart_then_own_airflow_to_the_letter_on_one_airflow(quickstart_loc
         assert json.loads(shell.run(aws_block)) == json.loads(aws_answer)
 
         # own-airflow 5 and 6: the partitioned job and DAG; 7: a run triggered with a partition key.
-        _file_in_heading(own_job_heading, dags_folder).write_text(own_job_code)
-        _file_in_heading(own_dag_heading, dags_folder).write_text(own_dag_code)
+        for path, code in own_files.items():
+            path.write_text(code)
         stack.wait_for_dag(PARTITIONED)
         connect_port = int(overrides["SPARK_CONNECT_PORT"])
         stack.wait_until("the page's Spark Connect server", lambda: _port_open(connect_port), timeout=180)
