@@ -142,15 +142,25 @@ def create_postgres_database(admin_url: str, prefix: str = "walsink_af") -> tupl
         conn.execute(text(f"CREATE DATABASE {name}"))
 
     def drop() -> None:
-        with admin.connect() as conn:
-            conn.execute(
-                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"), {"d": name}
-            )
-            conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+        drop_postgres_database(admin, name)
         admin.dispose()
 
     url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
     return url, drop
+
+
+def drop_postgres_database(admin: Any, name: str) -> None:
+    """Drop database ``name`` (its sessions ended first) through ``admin``, an AUTOCOMMIT engine
+    on the server; the name must be a plain identifier (DDL cannot bind it)."""
+    from sqlalchemy import text
+
+    if not name.replace("_", "").isalnum():
+        raise ValueError(f"not a plain database name: {name!r}")
+    with admin.connect() as conn:
+        conn.execute(
+            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"), {"d": name}
+        )
+        conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
 
 
 class AirflowStack:
@@ -170,9 +180,13 @@ class AirflowStack:
         parallelism: int = 4,
         scheduled_runs: bool = False,
         backfills_via_api: bool = False,
+        commands: Mapping[str, Sequence[str]] | None = None,
         on_stop: Iterable[Callable[[], None]] = (),
     ) -> None:
         self.home = Path(home).resolve()
+        #: A component's command line as a page writes it (``["airflow", "scheduler"]``), instead of
+        #: the stack's own (the api-server's host, port and workers flags, which the env also sets).
+        self.commands = {name: list(words) for name, words in (commands or {}).items()}
         self.backfills_via_api = backfills_via_api
         self.home.mkdir(parents=True, exist_ok=True)
         self.logs_dir = self.home / "logs"
@@ -329,18 +343,27 @@ class AirflowStack:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self, timeout: float = 240) -> None:
-        """Migrate the metadata database, start every component and wait for the api-server."""
-        self.airflow("db", "migrate", timeout=timeout)
+    def start(self, timeout: float = 240, *, migrate: bool = True) -> None:
+        """Migrate the metadata database (unless the caller did), start every component and wait
+        for the api-server."""
+        if migrate:
+            self.airflow("db", "migrate", timeout=timeout)
         for component in self.components:
             self._spawn(component)
         if "api-server" in self.components:
             self._wait_http_ready(timeout)
 
-    def _spawn(self, component: str) -> None:
-        args = [sys.executable, "-m", "airflow", component]
-        if component == "api-server":
-            args += ["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+    def _spawn(
+        self, component: str, command: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
+        words = list(command or self.commands.get(component) or ())
+        if words:
+            # `airflow ...` as written runs with this interpreter (the venv's), as its console script does.
+            args = [sys.executable, "-m", "airflow", *words[1:]] if words[0] == "airflow" else words
+        else:
+            args = [sys.executable, "-m", "airflow", component]
+            if component == "api-server":
+                args += ["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
         log = open(self.logs_dir / f"{component}.out", "ab")  # noqa: SIM115 - closed in stop()
         self._log_files[component] = log
         # Each component runs under a guard (tests/guard.py) that ends its whole tree -
@@ -357,7 +380,7 @@ class AirflowStack:
         ]
         self._procs[component] = subprocess.Popen(
             guarded,
-            env=self.env,
+            env=dict(env or self.env),
             cwd=self.home,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -387,11 +410,15 @@ class AirflowStack:
             proc.wait(timeout=10)
         self._log_files.pop(component).close()
 
-    def start_component(self, component: str) -> None:
-        """Start one component (again) with the stack's configuration."""
+    def start_component(
+        self, component: str, command: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
+        """Start one component (again) with the stack's configuration; with ``command`` (and
+        ``env``), any process beside the stack (a Spark Connect server), guarded and stopped with
+        it, its output in ``logs_dir/<component>.out``."""
         if component in self._procs:
             raise StackError(f"{component} is already running")
-        self._spawn(component)
+        self._spawn(component, command, env)
 
     def _wait_http_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

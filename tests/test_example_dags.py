@@ -22,6 +22,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from airflow_provider_walsink.core.store.store import CommitterStore
+from tests.task_logs import noise, phase_lines
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "dags"))
@@ -118,11 +119,16 @@ def test_kafka_example_dag_reads_kafka_in_append_mode_into_delta():
 # With the SQLite committer this DAG runs through the real scheduler in tests/test_e2e_backfill.py
 # (the same checks and more: rows against the source, the staging cleaned, the re-run skipped).
 @pytest.mark.parametrize("committer_url", ["postgresql"], indirect=True)
-def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url):
+def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url, capfd):
+    """The demo's daily pipeline (scripts/demo.py) through dag.test(): each source row once in the
+    target, a re-run skipped; and its tasks' log at INFO says each phase once, without the noise
+    of tests/task_logs.py's LOG_NOISE."""
     dag = load_dag(airflow_db, "walsink_daily_overwrite")
     # A dag.test() run's data interval starts at its logical date: the checkpoint of that day.
     day = date(2026, 2, 12)
+    capfd.readouterr()
     run_dag(dag, day)
+    log = "".join(capfd.readouterr())
 
     store = walsink_env["store"]
     key = f"{day:%Y%m%d}T000000Z"
@@ -130,6 +136,15 @@ def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url):
     assert record.state.value == "COMMITTED"
     expected = examples.daily_events(day)
     assert record.rows == len(expected)
+    assert phase_lines(log, "daily_events", key, len(expected)) == {
+        "register": 1,
+        "seal": 1,
+        "durable": 1,
+        "publish": 1,
+        "announce": 1,
+        "skip": 0,
+    }, log[-5000:]
+    assert noise(log) == [], log[-5000:]
 
     rows = read_target(walsink_env["home"] / "target/daily_events")
     assert len(rows) == len(expected)
@@ -153,6 +168,9 @@ def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url):
     # no Spark job; the write task ends skipped, and the sensor and commit task with it).
     published = {p: p.stat().st_mtime_ns for p in (walsink_env["home"] / "target/daily_events").rglob("*")}
     run = run_dag(dag, day)
+    log = "".join(capfd.readouterr())
+    assert phase_lines(log, "daily_events", key, len(expected))["skip"] == 1, log[-5000:]
+    assert noise(log) == [], log[-5000:]
     write = next(ti for ti in run.get_task_instances() if ti.task_id == "daily_events.write")
     assert write.try_number == 1 and write.state == "skipped"
     assert {

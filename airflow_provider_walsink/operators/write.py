@@ -266,7 +266,8 @@ class WalWriteOperator(BaseOperator):
             # The task ends skipped (no return value): the outcome is pushed as XCom "reprocess".
             result = self._result(context, skipped.record, skipped=True)
             context["ti"].xcom_push(key="reprocess", value={**result, "decision": "skip", "why": skipped.why})
-            raise AirflowSkipException(str(skipped)) from None
+            # The write phase logged the whole decision; Airflow logs this reason again ("Skipping task").
+            raise AirflowSkipException(f"already COMMITTED: {skipped.why}") from None
         except PipelineOwnedError as exc:
             raise AirflowFailException(str(exc)) from None  # a retry meets the same owner
         except AttemptCancelledError as exc:

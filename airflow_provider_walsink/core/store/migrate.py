@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, column, inspect, select, table, text
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 VERSION_TABLE = "walsink_alembic_version"
@@ -42,8 +42,19 @@ def head_revision() -> str | None:
 
 
 def current_revision(conn: Connection) -> str | None:
-    ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-    return ctx.get_current_revision()
+    """The revision Alembic recorded in the version table (``None`` before the first migration).
+
+    Read with SQLAlchemy, not through Alembic's ``MigrationContext``: configuring one logs two
+    INFO lines ("Context impl ...", "Will assume ... DDL"), and every task opens the store, so
+    every task log carried them although nothing was migrated.
+    """
+    if not inspect(conn).has_table(VERSION_TABLE):
+        return None
+    version = table(VERSION_TABLE, column("version_num"))
+    heads = conn.execute(select(version.c.version_num)).scalars().all()
+    if len(heads) > 1:  # walsink's migrations never branch: a hand-edited or foreign table
+        raise RuntimeError(f"{VERSION_TABLE} holds {len(heads)} revisions {sorted(heads)}; expected one")
+    return heads[0] if heads else None
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
@@ -57,8 +68,27 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             return
         cfg = alembic_config()
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+        with _without_context_lines():
+            command.upgrade(cfg, revision)
         conn.commit()
+
+
+class _ContextLines(logging.Filter):
+    """Alembic's "Context impl SQLiteImpl." and "Will assume non-transactional DDL.": the
+    dialect, on every migration; the "Running upgrade ..." lines say what changed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(("Context impl ", "Will assume "))
+
+
+@contextlib.contextmanager
+def _without_context_lines() -> Iterator[None]:
+    logger, quiet = logging.getLogger("alembic.runtime.migration"), _ContextLines()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 @contextlib.contextmanager
