@@ -39,12 +39,12 @@ PIPELINE = "backfill"
 PG_ADMIN = os.environ.get("WALSINK_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 
 
-def pg_database() -> tuple[str, Any]:
+def pg_database(admin_url: str = PG_ADMIN) -> tuple[str, Any]:
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
     name = f"walsink_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f"CREATE DATABASE {name}"))  # generated: hex digits only
 
@@ -56,7 +56,7 @@ def pg_database() -> tuple[str, Any]:
             conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
         admin.dispose()
 
-    return make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False), drop
+    return make_url(admin_url).set(database=name).render_as_string(hide_password=False), drop
 
 
 def make_publisher(kind: str, spec: dict[str, Any]) -> Any:
@@ -303,6 +303,7 @@ def together_main(
     poll: float,
     repeats: int = 3,
     pgbouncer: int = 0,
+    own_server: int = 0,
 ) -> None:
     """Issue 35's shape: K commit tasks released together, one per durable checkpoint.
 
@@ -311,29 +312,37 @@ def together_main(
     (as every benchmark here); the figures are medians, the ratio the median of the repeats'
     ratios, with its range. With ``pgbouncer`` (a pool size), both arms reach the committer table
     and the Iceberg catalog through PgBouncer in transaction mode (``tests/pgbouncer.py``) with
-    that many server connections (issue 46)."""
+    that many server connections (issue 46). With ``own_server`` (a ``max_connections``), the
+    database is on a private PostgreSQL server started for the run (:mod:`bench.pg_server`), whose
+    connection limit no one else spends."""
     import contextlib
 
-    work = Path(tempfile.mkdtemp(prefix="walsink-bench-together-"))
-    url, drop = pg_database()
     lines: list[str] = []
-    try:
-        with contextlib.ExitStack() as stack:
-            if pgbouncer:
-                from tests.pgbouncer import running_pgbouncer
+    with contextlib.ExitStack() as stack:
+        work = Path(tempfile.mkdtemp(prefix="walsink-bench-together-"))
+        stack.callback(shutil.rmtree, work, ignore_errors=True)
+        if own_server:
+            from bench.pg_server import private_postgres
 
-                bouncer = stack.enter_context(running_pgbouncer(PG_ADMIN, pool_size=pgbouncer))
-                task_url = bouncer.url(url)
-                via = f"through PgBouncer (transaction mode, pool {pgbouncer})"
-            else:
-                task_url, via = url, "directly"
-            print(
-                f"committer table and Iceberg catalog on PostgreSQL, max_connections {max_connections(url)}, {via}"
-            )
-            _together_cases(kinds, counts, group, poll, repeats, url, task_url, work, lines)
-    finally:
-        drop()
-        shutil.rmtree(work, ignore_errors=True)
+            admin = stack.enter_context(private_postgres(max_connections=own_server))
+        else:
+            admin = PG_ADMIN
+        url, drop = pg_database(admin)
+        stack.callback(drop)
+        if pgbouncer:
+            from tests.pgbouncer import running_pgbouncer
+
+            bouncer = stack.enter_context(running_pgbouncer(admin, pool_size=pgbouncer))
+            task_url = bouncer.url(url)
+            via = f"through PgBouncer (transaction mode, pool {pgbouncer})"
+        else:
+            task_url, via = url, "directly"
+        server = "a private PostgreSQL server" if own_server else "PostgreSQL"
+        print(
+            f"committer table and Iceberg catalog on {server} (max_connections {max_connections(url)}), {via}",
+            flush=True,
+        )
+        _together_cases(kinds, counts, group, poll, repeats, url, task_url, work, lines)
     print(
         f"| target | K tasks | walsink, K tasks released together (group_commit={group}), median | "
         f"walsink, the same checkpoints one after another, median | ratio, median of {repeats} (range) | "
@@ -500,6 +509,14 @@ def main() -> None:
         help="--together through PgBouncer (transaction mode, POOL server connections) started in front "
         "of the PostgreSQL server (Debian package pgbouncer)",
     )
+    p.add_argument(
+        "--own-server",
+        type=int,
+        default=0,
+        metavar="MAX_CONNECTIONS",
+        help="--together on a private PostgreSQL server started for the run with this max_connections "
+        "(a shared server's limit is spent by others too)",
+    )
     args = p.parse_args()
     if args.together:
         together_main(
@@ -509,6 +526,7 @@ def main() -> None:
             args.poll,
             args.repeats,
             args.pgbouncer,
+            args.own_server,
         )
         return
     from airflow_provider_walsink.core.staging.layout import StagingLayout

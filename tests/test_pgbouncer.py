@@ -9,7 +9,6 @@ pool of 20). The concurrent commits and group commits through it are
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 
 import pytest
@@ -30,13 +29,11 @@ def test_migrations_through_pgbouncer_run_in_one_transaction_and_leave_no_lock(p
     is given back with the transaction. A session-level advisory lock stays on whichever server
     connection took it when the unlock runs on another, and the next migration anywhere waits
     for it forever."""
-    from tests.conftest import PG_ADMIN_URL
+    from tests.conftest import PG_ADMIN_URL, _server_database
 
-    name = f"walsink_pgb_{uuid.uuid4().hex[:8]}"
+    direct, drop = _server_database(PG_ADMIN_URL, "postgresql")  # a fresh database, no schema yet
+    name = make_url(direct).database
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"CREATE DATABASE {name}"))  # generated: hex digits only
-    direct = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
     engine = create_committer_engine(pgbouncer.url(direct))
     other = create_engine(pgbouncer.url(direct))
     held: list = []
@@ -71,12 +68,8 @@ def test_migrations_through_pgbouncer_run_in_one_transaction_and_leave_no_lock(p
     finally:
         engine.dispose()
         other.dispose()
-        with admin.connect() as conn:
-            conn.execute(
-                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"), {"d": name}
-            )
-            conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
         admin.dispose()
+        drop()
 
 
 def test_psycopg3_through_pgbouncer_prepares_no_statement_on_the_server(pgbouncer, pg_url):
