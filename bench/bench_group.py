@@ -39,12 +39,12 @@ PIPELINE = "backfill"
 PG_ADMIN = os.environ.get("WALSINK_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 
 
-def pg_database() -> tuple[str, Any]:
+def pg_database(admin_url: str = PG_ADMIN) -> tuple[str, Any]:
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
     name = f"walsink_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f"CREATE DATABASE {name}"))  # generated: hex digits only
 
@@ -56,7 +56,7 @@ def pg_database() -> tuple[str, Any]:
             conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
         admin.dispose()
 
-    return make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False), drop
+    return make_url(admin_url).set(database=name).render_as_string(hide_password=False), drop
 
 
 def make_publisher(kind: str, spec: dict[str, Any]) -> Any:
@@ -131,7 +131,9 @@ def commit_task(
     from airflow_provider_walsink.core.staging.layout import StagingLayout
     from airflow_provider_walsink.core.store import Actor, CommitterStore
 
-    store = CommitterStore.from_url(url, migrate=False)
+    # As a commit task's (hooks/walsink.py: store_for_url): the process's one engine for the URL,
+    # which the Iceberg SQL catalog on the same database shares.
+    store = CommitterStore.shared(url, migrate=False)
     layout = StagingLayout(staging)
     committer = CheckpointCommitter(
         store,
@@ -162,11 +164,6 @@ def warm_up(committer: Any, key: str) -> None:
     interpreter and Airflow's imports, whether its checkpoint commits in a group or alone."""
     committer.store.get(PIPELINE, key)
     committer.publisher.load_table()
-    # The SQL catalog's pooled connection is given back: K processes each holding two before the
-    # clock would exceed PostgreSQL's 100 at K = 64 (the run itself opens it when it commits).
-    engine = getattr(getattr(committer.publisher, "_catalog", None), "engine", None)
-    if engine is not None:
-        engine.dispose()
 
 
 def where_it_failed() -> str:
@@ -185,8 +182,11 @@ def walsink_run(
     tasks: int,
     poll: float = 0.05,
     group: int = 16,
+    direct_url: str | None = None,
 ) -> tuple[float, list, int, int]:
-    """``tasks`` processes sharing ``keys``, released together; (wall, failures, grouped, peak connections)."""
+    """``tasks`` processes sharing ``keys``, released together; (wall, failures, grouped, peak server
+    connections to the database, sampled at ``direct_url``, the database itself when ``url`` goes
+    through a pooler)."""
     # A fork server imports the table libraries once, not once per process (64 spawned
     # interpreters would each import them on 2 cores before the clock starts).
     ctx = multiprocessing.get_context("forkserver")
@@ -199,7 +199,7 @@ def walsink_run(
     ]
     for p in procs:
         p.start()
-    sampler = ConnectionSampler(url)
+    sampler = ConnectionSampler(direct_url or url)
     barrier.wait(1200)  # every process imported and connected: the clock starts
     started = time.time()
     done = [out.get(timeout=3600) for _ in procs]
@@ -211,7 +211,8 @@ def walsink_run(
 
 
 class ConnectionSampler:
-    """The most connections to the bench database seen at once (``pg_stat_activity``, every 50 ms)."""
+    """The most server connections to the bench database seen at once (``pg_stat_activity``, every
+    50 ms; the sampler's own excluded): the tasks' own, or a pooler's in front of them."""
 
     def __init__(self, url: str) -> None:
         import threading
@@ -221,7 +222,9 @@ class ConnectionSampler:
 
         # Autocommit: pg_stat_activity is a snapshot taken once per transaction.
         self._engine = create_engine(url, pool_size=1, isolation_level="AUTOCOMMIT")
-        self._query = text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d")
+        self._query = text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()"
+        )
         self._database = make_url(url).database
         self.peak = 0
         self._stop = threading.Event()
@@ -293,86 +296,151 @@ def table_spec(kind: str, name: str, props: dict, work: Path) -> dict:
     return {"uri": str(work / f"{name}_{uuid.uuid4().hex[:6]}")}
 
 
-def together_main(kinds: list[str], counts: list[int], group: int, poll: float, repeats: int = 3) -> None:
+def together_main(
+    kinds: list[str],
+    counts: list[int],
+    group: int,
+    poll: float,
+    repeats: int = 3,
+    pgbouncer: int = 0,
+    own_server: int = 0,
+) -> None:
     """Issue 35's shape: K commit tasks released together, one per durable checkpoint.
 
     Each case runs ``repeats`` times, each time into fresh tables and a fresh committer table,
     the serial baseline first on even repeats and the released-together run first on odd ones
     (as every benchmark here); the figures are medians, the ratio the median of the repeats'
-    ratios, with its range."""
+    ratios, with its range. With ``pgbouncer`` (a pool size), both arms reach the committer table
+    and the Iceberg catalog through PgBouncer in transaction mode (``tests/pgbouncer.py``) with
+    that many server connections (issue 46). With ``own_server`` (a ``max_connections``), the
+    database is on a private PostgreSQL server started for the run (:mod:`bench.pg_server`), whose
+    connection limit no one else spends."""
+    import contextlib
 
-    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    lines: list[str] = []
+    with contextlib.ExitStack() as stack:
+        work = Path(tempfile.mkdtemp(prefix="walsink-bench-together-"))
+        stack.callback(shutil.rmtree, work, ignore_errors=True)
+        if own_server:
+            from bench.pg_server import private_postgres
 
-    work = Path(tempfile.mkdtemp(prefix="walsink-bench-together-"))
-    url, drop = pg_database()
-    lines = []
-    try:
-        for kind in kinds:
-            for k in counts:
-                walls, bases, ratios, peaks, fails, commits, once_all, loads = (
-                    [],
-                    [],
-                    [],
-                    [],
-                    0,
-                    set(),
-                    True,
-                    [],
-                )
-                committed = k
-                for r in range(repeats):
-                    store = fresh_committer(url)
-                    props = {"type": "sql", "uri": url, "warehouse": f"file://{work}/warehouse"}
-                    together, serial = (table_spec(kind, n, props, work) for n in ("together", "serial"))
-                    staging_t = make_publisher(kind, together).staging_root()
-                    staging_s = make_publisher(kind, serial).staging_root()
-                    keys = [key for key, _ in stage_all(store, StagingLayout(staging_t), k)]
-                    stage_all(store, StagingLayout(staging_s), k, pipeline="serial")
-                    loads.append(os.getloadavg()[0])
+            admin = stack.enter_context(private_postgres(max_connections=own_server))
+        else:
+            admin = PG_ADMIN
+        url, drop = pg_database(admin)
+        stack.callback(drop)
+        if pgbouncer:
+            from tests.pgbouncer import running_pgbouncer
 
-                    def run_serial(kind=kind, serial=serial, staging_s=staging_s, keys=keys):
-                        return serial_run(kind, serial, url, staging_s, keys, "serial")
-
-                    def run_together(kind=kind, together=together, staging_t=staging_t, keys=keys, k=k):
-                        return walsink_run(kind, together, url, staging_t, keys, k, poll, group)
-
-                    if r % 2 == 0:
-                        base = run_serial()
-                        wall, failures, _grouped, peak = run_together()
-                    else:
-                        wall, failures, _grouped, peak = run_together()
-                        base = run_serial()
-                    states = Counter(store.require(PIPELINE, key).state.value for key in keys)
-                    committed = min(committed, states.get("COMMITTED", 0))
-                    once_all = once_all and rows_once(kind, together, k) and rows_once(kind, serial, k)
-                    walls.append(wall)
-                    bases.append(base)
-                    ratios.append(base / wall)
-                    peaks.append(peak)
-                    fails += len(failures)
-                    commits.add(table_commits(kind, together))
-                    for f in failures[:5]:
-                        print("  failure:", f)
-                    store.dispose()
-                wall, base = statistics.median(walls), statistics.median(bases)
-                lines.append(
-                    f"| {kind} | {k} | {k / wall:.1f}/s ({wall:.2f} s) | {k / base:.1f}/s ({base:.2f} s) | "
-                    f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
-                    f"{committed}/{k} | {fails} | {'/'.join(map(str, sorted(commits)))} | "
-                    f"{'yes' if once_all else 'NO'} | {max(peaks)} | {min(loads):.1f}-{max(loads):.1f} |"
-                )
-                print(lines[-1], flush=True)
-    finally:
-        drop()
-        shutil.rmtree(work, ignore_errors=True)
+            bouncer = stack.enter_context(running_pgbouncer(admin, pool_size=pgbouncer))
+            task_url = bouncer.url(url)
+            via = f"through PgBouncer (transaction mode, pool {pgbouncer})"
+        else:
+            task_url, via = url, "directly"
+        server = "a private PostgreSQL server" if own_server else "PostgreSQL"
+        print(
+            f"committer table and Iceberg catalog on {server} (max_connections {max_connections(url)}), {via}",
+            flush=True,
+        )
+        _together_cases(kinds, counts, group, poll, repeats, url, task_url, work, lines)
     print(
         f"| target | K tasks | walsink, K tasks released together (group_commit={group}), median | "
         f"walsink, the same checkpoints one after another, median | ratio, median of {repeats} (range) | "
         "COMMITTED (worst repeat) | failed tasks (all repeats) | table commits | rows once | "
-        "peak DB connections | load avg at the repeats' starts |"
+        "peak server connections | load avg at the repeats' starts |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(lines))
+
+
+def max_connections(url: str) -> int:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        found = int(conn.execute(text("SHOW max_connections")).scalar_one())
+    engine.dispose()
+    return found
+
+
+def _together_cases(
+    kinds: list[str],
+    counts: list[int],
+    group: int,
+    poll: float,
+    repeats: int,
+    url: str,
+    task_url: str,
+    work: Path,
+    lines: list[str],
+) -> None:
+    """The cases of :func:`together_main`: the bench database at ``url`` (setup, checks, the
+    connection sampler), the tasks and the serial arm at ``task_url``."""
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.store.engine import shared_engine
+
+    for kind in kinds:
+        for k in counts:
+            walls, bases, ratios, peaks, fails, commits, once_all, loads = (
+                [],
+                [],
+                [],
+                [],
+                0,
+                set(),
+                True,
+                [],
+            )
+            committed = k
+            for r in range(repeats):
+                store = fresh_committer(url)
+                props = {"type": "sql", "uri": task_url, "warehouse": f"file://{work}/warehouse"}
+                together, serial = (table_spec(kind, n, props, work) for n in ("together", "serial"))
+                staging_t = make_publisher(kind, together).staging_root()
+                staging_s = make_publisher(kind, serial).staging_root()
+                keys = [key for key, _ in stage_all(store, StagingLayout(staging_t), k)]
+                stage_all(store, StagingLayout(staging_s), k, pipeline="serial")
+                loads.append(os.getloadavg()[0])
+
+                def run_serial(kind=kind, serial=serial, staging_s=staging_s, keys=keys):
+                    return serial_run(kind, serial, task_url, staging_s, keys, "serial")
+
+                def run_together(
+                    kind=kind, together=together, staging_t=staging_t, keys=keys, k=k, store=store
+                ):
+                    # This process's own connections closed: the sampler counts the tasks' only.
+                    store.engine.dispose()
+                    shared_engine(task_url).dispose()
+                    return walsink_run(
+                        kind, together, task_url, staging_t, keys, k, poll, group, direct_url=url
+                    )
+
+                if r % 2 == 0:
+                    base = run_serial()
+                    wall, failures, _grouped, peak = run_together()
+                else:
+                    wall, failures, _grouped, peak = run_together()
+                    base = run_serial()
+                states = Counter(store.require(PIPELINE, key).state.value for key in keys)
+                committed = min(committed, states.get("COMMITTED", 0))
+                once_all = once_all and rows_once(kind, together, k) and rows_once(kind, serial, k)
+                walls.append(wall)
+                bases.append(base)
+                ratios.append(base / wall)
+                peaks.append(peak)
+                fails += len(failures)
+                commits.add(table_commits(kind, together))
+                for f in failures[:5]:
+                    print("  failure:", f)
+                store.dispose()
+            wall, base = statistics.median(walls), statistics.median(bases)
+            lines.append(
+                f"| {kind} | {k} | {k / wall:.1f}/s ({wall:.2f} s) | {k / base:.1f}/s ({base:.2f} s) | "
+                f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
+                f"{committed}/{k} | {fails} | {'/'.join(map(str, sorted(commits)))} | "
+                f"{'yes' if once_all else 'NO'} | {max(peaks)} | {min(loads):.1f}-{max(loads):.1f} |"
+            )
+            print(lines[-1], flush=True)
 
 
 def baseline_run(kind: str, spec: dict, files: list[str]) -> float:
@@ -433,6 +501,22 @@ def main() -> None:
     )
     p.add_argument("--group", type=int, default=16, help="group_commit of the --together run")
     p.add_argument("--repeats", type=int, default=3, help="repeats of each --together case (medians)")
+    p.add_argument(
+        "--pgbouncer",
+        type=int,
+        default=0,
+        metavar="POOL",
+        help="--together through PgBouncer (transaction mode, POOL server connections) started in front "
+        "of the PostgreSQL server (Debian package pgbouncer)",
+    )
+    p.add_argument(
+        "--own-server",
+        type=int,
+        default=0,
+        metavar="MAX_CONNECTIONS",
+        help="--together on a private PostgreSQL server started for the run with this max_connections "
+        "(a shared server's limit is spent by others too)",
+    )
     args = p.parse_args()
     if args.together:
         together_main(
@@ -441,6 +525,8 @@ def main() -> None:
             args.group,
             args.poll,
             args.repeats,
+            args.pgbouncer,
+            args.own_server,
         )
         return
     from airflow_provider_walsink.core.staging.layout import StagingLayout

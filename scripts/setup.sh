@@ -42,7 +42,15 @@ azurite_ok() { [ "$(azurite-blob --version 2>/dev/null)" = "$AZURITE_VERSION" ];
 # same fingerprint is left as it is (the demos and the test command call this script first).
 STAMP=.venv/.walsink-setup
 FINGERPRINT=$(cat constraints.txt setup.cfg pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
-if [ -x .venv/bin/python ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$FINGERPRINT" ] && { [ -x /usr/bin/chromium ] || ! command -v apt-get >/dev/null; } &&
+# Debian packages the tests use, each installed only when missing: headless Chromium for the UI
+# tests (Playwright drives Debian's build, no browser download) and PgBouncer, which the tests
+# start in front of PostgreSQL (tests/pgbouncer.py).
+missing_debian_packages() {
+  [ -x /usr/bin/chromium ] || echo chromium chromium-driver
+  [ -x /usr/sbin/pgbouncer ] || echo pgbouncer
+}
+if [ -x .venv/bin/python ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$FINGERPRINT" ] &&
+  { [ -z "$(missing_debian_packages)" ] || ! command -v apt-get >/dev/null; } &&
   { azurite_ok || ! command -v npm >/dev/null; }; then
   echo "walsink is already set up in $PWD/.venv (constraints.txt and setup.cfg unchanged; remove .venv to reinstall)"
   exit 0
@@ -61,15 +69,16 @@ step "installing walsink, Airflow, Spark and the test tools (a few minutes the f
 PYSPARK_PIN=$(grep -i '^pyspark==' constraints.txt)
 step "restoring the full $PYSPARK_PIN over pyspark-client" \
   .venv/bin/pip install -q --force-reinstall --no-deps "$PYSPARK_PIN"
-# Headless Chromium for the UI tests (Playwright drives Debian's build, no browser download).
-if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
+MISSING=$(missing_debian_packages | xargs)
+if [ -n "$MISSING" ] && command -v apt-get >/dev/null; then
   SUDO=$([ "$(id -u)" -eq 0 ] || echo sudo)
-  install_chromium() {
+  install_debian_packages() {
+    # shellcheck disable=SC2086 # one word per package
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-      $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
+      $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $MISSING
   }
-  if ! (step "installing Chromium for the browser tests" install_chromium); then
-    echo "warning: could not install chromium; the browser tests will be skipped (failed under CI)" >&2
+  if ! (step "installing $MISSING for the tests" install_debian_packages); then
+    echo "warning: could not install $MISSING; the tests that need them will be skipped (failed under CI)" >&2
   fi
 fi
 if ! azurite_ok && command -v npm >/dev/null; then

@@ -212,6 +212,22 @@ def pg_url(database_urls) -> str:
     return url
 
 
+@pytest.fixture(scope="session")
+def pgbouncer():
+    """PgBouncer in transaction mode (pool of 20) in front of the test PostgreSQL, started once per
+    session on first use (``tests/pgbouncer.py``); ``pgbouncer.url(pg_url)`` reaches a database
+    through it."""
+    from pgbouncer import running_pgbouncer
+
+    from tests.helpers import missing_prerequisite
+
+    try:
+        with running_pgbouncer(PG_ADMIN_URL, pool_size=20) as bouncer:
+            yield bouncer
+    except FileNotFoundError as exc:
+        missing_prerequisite(str(exc))
+
+
 @pytest.fixture
 def layout(tmp_path):
     from airflow_provider_walsink.core.staging.layout import StagingLayout

@@ -139,8 +139,13 @@ def test_racing_committers_for_one_checkpoint_publish_it_once(pg_url, tmp_path, 
     store.dispose()
 
 
-def test_racing_committers_for_different_checkpoints_of_one_pipeline(pg_url, tmp_path):
+@pytest.mark.parametrize("via", ["direct", "pgbouncer"])
+def test_racing_committers_for_different_checkpoints_of_one_pipeline(pg_url, tmp_path, via, request):
+    """Six committers, each trying every checkpoint in its own order: each published once. Also
+    through PgBouncer in transaction mode (docs/production.md, "PgBouncer"): the leases'
+    compare-and-sets need no session of their own."""
     store = CommitterStore.from_url(pg_url, migrate=False)
+    url = request.getfixturevalue("pgbouncer").url(pg_url) if via == "pgbouncer" else pg_url
     layout = StagingLayout(tmp_path / "staging")
     target = tmp_path / "target"
     keys = [f"d{i:02d}" for i in range(8)]
@@ -153,7 +158,7 @@ def test_racing_committers_for_different_checkpoints_of_one_pipeline(pg_url, tmp
     for i in range(N):
         order = keys[:]
         random.Random(i).shuffle(order)
-        argsets.append((pg_url, layout.root, target, "overwrite", "many", order, f"committer-{i}"))
+        argsets.append((url, layout.root, target, "overwrite", "many", order, f"committer-{i}"))
     results = run_processes(commit_until_done, argsets, tmp_path)
     publishes = Counter(o["key"] for per in results for o in per if not o["already"])
     assert publishes == Counter(keys), publishes  # each checkpoint published by exactly one process

@@ -36,6 +36,7 @@ from airflow_provider_walsink.core.protocol import CheckpointState as S
 from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.store import Actor, CommitterStore
 from airflow_provider_walsink.core.store.errors import LeaseHeldError
+from airflow_provider_walsink.core.store.group_lead import GroupWait
 from tests.helpers import ACTOR, REPO
 from tests.table_fixtures import local_table_spec
 
@@ -275,28 +276,62 @@ def test_a_leader_killed_after_the_table_commit_leaves_members_its_tasks_reconci
     store.dispose()
 
 
+def _count_connections() -> dict[str, int]:
+    """Count this process's open database connections, every engine's (pyiceberg's own too):
+    ``{"open": now, "peak": most at once}``."""
+    from sqlalchemy import event
+    from sqlalchemy.pool import Pool
+
+    counts = {"open": 0, "peak": 0}
+
+    def opened(*_args) -> None:
+        counts["open"] += 1
+        counts["peak"] = max(counts["peak"], counts["open"])
+
+    def closed(*_args) -> None:
+        counts["open"] -= 1
+
+    event.listen(Pool, "connect", opened)
+    event.listen(Pool, "close", closed)
+    event.listen(Pool, "close_detached", closed)
+    return counts
+
+
 def _commit_own(kind: str, spec: dict, url: str, staging: str, key: str, group: int, barrier, out) -> None:
-    """One commit task in its own process: commit its own checkpoint, waiting while a group has it."""
+    """One commit task in its own process: commit its own checkpoint, waiting while a group has it;
+    the store as a task's (``CommitterStore.shared``, which an SQL catalog on its database shares)."""
     try:
-        store = CommitterStore.from_url(url, migrate=False)
+        connections = _count_connections()
+        store = CommitterStore.shared(url, migrate=False)
         c = committer(store, StagingLayout(staging), kind, spec, group=group, ttl=120)
         actor = Actor(name=f"dag.commit@{key}", dag_id="dag", run_id=key, task_id="commit", try_number=1)
         barrier.wait(120)  # released together, as a backfill's commit tasks whose writes finished at once
         summary = commit_waiting_for_group(c, PIPELINE, key, actor=actor, poll=0.2, patience=240)
-        out.put((key, "ok", summary.already_committed, len(summary.group)))
+        out.put((key, "ok", summary.already_committed, len(summary.group), connections["peak"]))
     except BaseException:  # noqa: BLE001 - reported to the test
-        out.put((key, "error", traceback.format_exc(), 0))
+        out.put((key, "error", traceback.format_exc(), 0, 0))
 
 
-def test_commit_tasks_released_together_form_full_groups_and_commit_every_row_once(kind, tmp_path, pg_url):
+# Iceberg through PgBouncer (committer table and catalog: a pooler changes nothing but the
+# transport, so it carries the direct case's claims too), Delta directly.
+@pytest.mark.parametrize(("kind", "via"), [("iceberg", "pgbouncer"), ("delta", "direct")])
+def test_commit_tasks_released_together_form_full_groups_and_commit_every_row_once(
+    kind, via, tmp_path, pg_url, request
+):
     """16 commit processes released at once, one per durable checkpoint, ``group_commit=7``: one
     leads at a time and the others leave their checkpoints to its group, so the table gets
     exactly ceil(16 / 8) = 2 commits, both by the first leader (before the group-commit lead, each
-    task leased its own checkpoint first: groups of 2-8 formed and met at the table)."""
+    task leased its own checkpoint first: groups of 2-8 formed and met at the table).
+
+    Each task holds at most one database connection, the leader included, for the committer
+    table and the Iceberg catalog on the same database together (before issue 46: a second for
+    the catalog, and a leader's third for its wake-up lock). Through PgBouncer in transaction
+    mode (``via="pgbouncer"``: committer and catalog both) the same."""
     store = fresh_store(pg_url)
+    url = request.getfixturevalue("pgbouncer").url(pg_url) if via == "pgbouncer" else pg_url
     spec = local_table_spec(kind, tmp_path)
     if kind == "iceberg":
-        spec["props"]["uri"] = pg_url  # the catalog on PostgreSQL too
+        spec["props"]["uri"] = url  # the catalog on the committer's database
     staging = make_publisher(kind, spec).staging_root()
     layout = StagingLayout(staging)
     keys = [key_of(i) for i in range(16)]
@@ -307,7 +342,7 @@ def test_commit_tasks_released_together_form_full_groups_and_commit_every_row_on
     ctx.set_forkserver_preload([__name__, "pyiceberg.catalog.sql", "deltalake"])
     barrier, out = ctx.Barrier(16), ctx.Queue()
     procs = [
-        ctx.Process(target=_commit_own, args=(kind, spec, pg_url, staging, k, 7, barrier, out)) for k in keys
+        ctx.Process(target=_commit_own, args=(kind, spec, url, staging, k, 7, barrier, out)) for k in keys
     ]
     for p in procs:
         p.start()
@@ -321,9 +356,10 @@ def test_commit_tasks_released_together_form_full_groups_and_commit_every_row_on
     assert table_rows(kind, spec) == Counter(r for i in range(16) for r in rows_of(i))  # each row once
     assert table_commits(kind, spec) == 2
     # One task led both groups of eight: the lead is not handed over while checkpoints wait for it.
-    assert [n for _k, _ok, _already, n in results if n] == [8]
+    assert [n for _k, _ok, _already, n, _peak in results if n] == [8]
     assert group_commits(store, keys) == 16
     assert store.group_leader(PIPELINE) is None  # the last leader gave the lead up
+    assert [peak for *_, peak in results] == [1] * 16  # one connection per task, never two
     store.dispose()
 
 
@@ -361,32 +397,28 @@ def test_a_commit_task_waits_while_a_group_holds_its_checkpoint_then_takes_it_ov
     assert table_rows("delta", spec) == Counter(rows_of(0))
 
 
-def test_one_group_leader_at_a_time_and_its_end_wakes_the_waiters(store):
-    """The pipeline's group-commit lead: one holder, a lead that ran out is taken over, and a task
-    waiting for it is woken when it is given up (PostgreSQL, MySQL: the leader's advisory lock;
-    SQLite has none and says so: its waiters look on their own clock)."""
-    import threading
-
+def test_one_group_leader_at_a_time_and_a_waiter_sees_the_lead_in_one_read(store):
+    """The pipeline's group-commit lead: one holder, a lead that ran out is taken over; a task
+    waiting for it looks with one read (``group_wait``) and sees the lead end when it is given up
+    or runs out, on the database's clock."""
     pipeline = f"lead_{uuid.uuid4().hex[:8]}"
     store.register(pipeline, key_of(0), mode="overwrite", actor=ACTOR, target="table")
-    signals = store.engine.dialect.name != "sqlite"
     assert store.lead_group(pipeline, "a", ttl=timedelta(minutes=1)) == "a"
     assert store.lead_group(pipeline, "b", ttl=timedelta(minutes=1)) == "a"  # one leader
     assert store.group_leader(pipeline) == "a"
-    assert store.wait_for_group_end(pipeline, 0.3) is (False if signals else None)  # still led
+    look = store.group_wait(pipeline, key_of(0))
+    assert look == GroupWait(S.REGISTERED, lease_owner=None, lease_live=False, lead_live=True)
+    assert store.group_wait(pipeline, "unknown") is None
 
-    woken: list[bool | None] = []
-    waiter = threading.Thread(target=lambda: woken.append(store.wait_for_group_end(pipeline, 120)))
-    waiter.start()
-    time.sleep(0.5)
     store.release_group_lead(pipeline, "a")
-    waiter.join(150)
-    assert woken == [True if signals else None]
+    assert store.group_wait(pipeline, key_of(0)).lead_live is False
     assert store.group_leader(pipeline) is None
 
     assert store.lead_group(pipeline, "c", ttl=timedelta(milliseconds=1)) == "c"
     time.sleep(0.05)
+    assert store.group_wait(pipeline, key_of(0)).lead_live is False  # ran out
     assert store.lead_group(pipeline, "b", ttl=timedelta(minutes=1)) == "b"  # c's lead ran out
     store.release_group_lead(pipeline, "c")  # no longer c's: changes nothing
     assert store.group_leader(pipeline) == "b"
+    assert store.group_wait(pipeline, key_of(0)).lead_live is True
     store.release_group_lead(pipeline, "b")

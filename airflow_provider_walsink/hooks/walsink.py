@@ -60,11 +60,12 @@ def default_staging_root() -> str:
 
 
 def store_for_url(url: str) -> CommitterStore:
-    """One migrated store per database URL and process (tasks, triggerer, api-server)."""
+    """One migrated store per database URL and process (tasks, triggerer, api-server), on the
+    process's one engine for the URL, which an Iceberg SQL catalog on the same database shares."""
     with _stores_lock:
         store = _stores.get(url)
         if store is None:
-            store = _stores[url] = CommitterStore.from_url(url)
+            store = _stores[url] = CommitterStore.shared(url)
         return store
 
 

@@ -177,7 +177,8 @@ class WalCommitOperator(BaseOperator):
         ``group_poll``) instead of racing it at the table; one it committed is an answered
         no-op whose asset event this task adds, once (docs/backfill.md).
     :param group_poll: how often a commit task waiting for a group commit looks again (one
-        indexed read of its checkpoint's row per look; default 0.5 s).
+        indexed read of its checkpoint's row and the pipeline's lead per look, no write;
+        default 0.5 s).
     """
 
     operator_extra_links = (WalsinkCheckpointLink(),)

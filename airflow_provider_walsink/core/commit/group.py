@@ -47,6 +47,7 @@ under its own lease.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -207,14 +208,12 @@ def commit_waiting_for_group(
             return committer.commit(pipeline, checkpoint_key, actor=actor)
         except GroupCommitInFlightError as exc:
             holder: str | None = exc.leader
-            _await_a_change(committer.store, pipeline, checkpoint_key, poll)
-            pause = False
         except LeaseHeldError:
             record = committer.store.get(pipeline, checkpoint_key)
             # Re-read after the refusal: a group may have finished meanwhile (no holder now: ask again).
             if record is None or (record.lease_owner and not is_group_owner(record.lease_owner)):
                 raise
-            holder, pause = record.lease_owner, True
+            holder = record.lease_owner
         now = time.monotonic()
         if holder != awaited:
             awaited, deadline = holder, now + patience
@@ -229,8 +228,7 @@ def commit_waiting_for_group(
                 f"checkpoint {pipeline}/{checkpoint_key} waited {patience:.0f} s for the group commit of "
                 f"{holder}, which neither finished nor gave it up"
             )
-        if pause:
-            time.sleep(poll)  # held by a group (or just released): ask again after a pause
+        _await_a_change(committer.store, pipeline, checkpoint_key, poll, until=deadline)
 
 
 def commit_as_leader(
@@ -397,26 +395,21 @@ def commit_as_leader(
     return summary
 
 
-#: Looks at a checkpoint left to a leader before the lead itself is asked about again.
-QUIET_LOOKS = 4
-
-
-def _await_a_change(store: Any, pipeline: str, checkpoint_key: str, poll: float) -> None:
-    """Wait for the lead to end: blocked on the database's signal where it has one (woken the
-    moment the leader gives the lead up or its session dies; asked again after a few polls'
-    time), else one read of the checkpoint per look (not the lead's compare-and-set), ending
-    when a leader takes or commits it; a lead that ends unnoticed is asked about every few looks."""
-    began = time.monotonic()
-    ended = store.wait_for_group_end(pipeline, QUIET_LOOKS * poll)
-    if ended is False or (
-        ended and (time.monotonic() - began >= poll or store.group_leader(pipeline) is None)
-    ):
-        return  # woken by the lead's end, or time to ask again
-    # No signal here (SQLite), or a leader that holds none: look on this task's own clock.
-    for _ in range(QUIET_LOOKS):
-        time.sleep(poll)
-        record = store.get(pipeline, checkpoint_key)
-        if record is None or record.lease_owner or record.state not in (S.DURABLE, S.AUDITED):
+def _await_a_change(store: Any, pipeline: str, checkpoint_key: str, poll: float, *, until: float) -> None:
+    """Wait, one read per look (:meth:`~...store.group_lead.GroupLeads.group_wait`) every ``poll``
+    seconds (jittered: tasks released together do not look in step), until asking again can change
+    the answer: the checkpoint is no longer waiting (COMMITTED, failed...), the group's lease on it
+    ran out, it is held by a single committer (raised), or it is unheld and no one leads; or until
+    ``until``. A leader publishing it, or a live lead it waits for, is waited out without a write."""
+    while time.monotonic() < until:
+        time.sleep(poll * random.uniform(0.8, 1.2))
+        look = store.group_wait(pipeline, checkpoint_key)
+        if look is None or look.state not in (S.DURABLE, S.AUDITED, S.COMMITTING):
+            return
+        if look.lease_owner:
+            if not (look.lease_live and is_group_owner(look.lease_owner)):
+                return
+        elif not look.lead_live:
             return
 
 

@@ -3,11 +3,23 @@
 SQLite gets WAL mode and a busy timeout so several task processes can share
 one file, and writes start with ``BEGIN IMMEDIATE`` so two writers never
 deadlock upgrading a read lock.
+
+A server database's engine keeps **one** idle connection (``pool_size=1``): a commit task
+uses the database one transaction at a time, so it holds one connection, and hundreds of
+tasks need hundreds of connections, not two or five each. Connections beyond it (threads of an
+api-server or a triggerer) are opened when needed and closed when given back, never kept idle.
+:func:`shared_engine` is the one engine per URL and process, shared by the committer store and
+an Iceberg SQL catalog on the same database (``core/targets/iceberg/catalog.py``).
+
+Every transaction stands alone (no session state, no lock held across transactions), so the
+committer works behind a pooler in transaction mode (PgBouncer): psycopg 3's server-side
+prepared statements, which belong to one server session, are turned off.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -15,6 +27,13 @@ from sqlalchemy.engine import URL, make_url
 
 WRITE = "walsink_write"
 SQLITE_BUSY_TIMEOUT_S = 30
+#: Idle connections a server database's engine keeps (module docstring).
+POOL_SIZE = 1
+#: Connections opened beyond it at once (closed when given back); a single-threaded task never does.
+MAX_OVERFLOW = 10
+
+_shared: dict[str, Engine] = {}
+_shared_lock = threading.Lock()
 
 
 def create_committer_engine(url: str, **kwargs: Any) -> Engine:
@@ -31,11 +50,45 @@ def create_committer_engine(url: str, **kwargs: Any) -> Engine:
     # No ping per checkout (a round trip each): the store retries every call
     # on a dropped connection instead (committer.retry.retrying).
     kwargs.setdefault("pool_pre_ping", False)
-    if parsed.get_backend_name() == "postgresql":
-        kwargs.setdefault("connect_args", {}).setdefault("connect_timeout", 10)
-    elif parsed.get_backend_name() in ("mysql", "mariadb"):
-        kwargs.setdefault("connect_args", {}).setdefault("connect_timeout", 10)
+    kwargs.setdefault("pool_size", POOL_SIZE)
+    kwargs.setdefault("max_overflow", MAX_OVERFLOW)
+    connect_args = kwargs.setdefault("connect_args", {})
+    if parsed.get_backend_name() in ("postgresql", "mysql", "mariadb"):
+        connect_args.setdefault("connect_timeout", 10)
+    if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "psycopg":
+        # psycopg 3 prepares a statement on the server after its 5th run; a pooler in transaction
+        # mode gives the next transaction another server session, which has no such statement.
+        connect_args.setdefault("prepare_threshold", None)
     return create_engine(parsed, **kwargs)
+
+
+def shared_engine(url: str | URL) -> Engine:
+    """This process's one engine for the database at ``url`` (:func:`create_committer_engine`).
+
+    The committer store of every task in the process and an Iceberg SQL catalog on the same
+    database share it, and with it its one pooled connection. URLs that differ only in how the
+    driver is named (``postgresql://`` and ``postgresql+psycopg2://``) share one engine.
+    """
+    parsed = make_url(url) if isinstance(url, str) else url
+    parsed = parsed.set(drivername=f"{parsed.get_backend_name()}+{parsed.get_driver_name()}")
+    key = parsed.render_as_string(hide_password=False)
+    with _shared_lock:
+        engine = _shared.get(key)
+        if engine is None:
+            engine = _shared[key] = create_committer_engine(key)
+        return engine
+
+
+def _forget_parents_connections() -> None:
+    """In a forked child: the parent's pooled connections are the parent's (a shared socket would
+    interleave both processes' statements); the child opens its own."""
+    global _shared_lock  # noqa: PLW0603 - a lock another thread held at the fork stays held
+    _shared_lock = threading.Lock()
+    for engine in _shared.values():
+        engine.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_forget_parents_connections)
 
 
 def missing_database_hint(

@@ -4,6 +4,14 @@ Many tasks may start at once against a fresh database; each takes a lock that
 the database itself holds (an advisory lock on PostgreSQL, ``GET_LOCK`` on
 MySQL/MariaDB, a file lock beside an SQLite file), checks the revision again
 and only then runs the migrations.
+
+On PostgreSQL the lock is transaction-scoped (``pg_advisory_xact_lock``) and the
+check, every migration and the new revision are one transaction (PostgreSQL's DDL
+is transactional), so ``walsink db upgrade`` and a task's first migration work
+through a pooler in transaction mode (PgBouncer) as directly: the commit releases
+the lock, and a session-level lock, which a pooler would leave on whichever server
+connection took it, is never taken. MySQL/MariaDB keep ``GET_LOCK`` (session-level;
+their DDL commits by itself): reach them directly.
 """
 
 from __future__ import annotations
@@ -110,9 +118,11 @@ def _migration_lock(engine: Engine) -> Iterator[Connection]:
         return
     with engine.connect() as conn:
         if backend == "postgresql":
-            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _PG_LOCK_KEY})
-            unlock = text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_LOCK_KEY}
-        elif backend in ("mysql", "mariadb"):
+            # Held until the caller's commit (or the rollback of a connection closed without one).
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
+            yield conn
+            return
+        if backend in ("mysql", "mariadb"):
             got = conn.execute(
                 text("SELECT GET_LOCK(:n, :t)"), {"n": _MYSQL_LOCK_NAME, "t": _LOCK_TIMEOUT_S}
             ).scalar()

@@ -47,7 +47,7 @@ from sqlalchemy import Engine
 
 from airflow_provider_walsink.core.store.abort_transitions import AbortTransitions
 from airflow_provider_walsink.core.store.deadlines import CommitDeadlines
-from airflow_provider_walsink.core.store.engine import create_committer_engine
+from airflow_provider_walsink.core.store.engine import create_committer_engine, shared_engine
 from airflow_provider_walsink.core.store.errors import (
     AuditRejectedError,
     CheckpointNotFoundError,
@@ -133,6 +133,16 @@ class CommitterStore(
     @classmethod
     def from_url(cls, url: str, *, migrate: bool = True, **engine_kwargs: Any) -> CommitterStore:
         store = cls(create_committer_engine(url, **engine_kwargs))
+        if migrate:
+            store.migrate()
+        return store
+
+    @classmethod
+    def shared(cls, url: str, *, migrate: bool = True) -> CommitterStore:
+        """A store on this process's one engine for ``url`` (:func:`.engine.shared_engine`): what a
+        task uses, so that its store and an Iceberg SQL catalog on the same database hold one
+        connection between them."""
+        store = cls(shared_engine(url))
         if migrate:
             store.migrate()
         return store

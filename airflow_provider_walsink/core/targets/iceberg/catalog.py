@@ -3,6 +3,10 @@
 The connection named like the catalog (its ``extra`` holds the catalog properties), else
 ``target_options={"catalog": {...}}``, else pyiceberg's own configuration of it; only
 :data:`EMBEDDED_CATALOG` may have none, and is then walsink's embedded SQLite catalog.
+
+An SQL catalog on a PostgreSQL or MySQL/MariaDB database uses this process's one engine for its
+URL (:func:`~airflow_provider_walsink.core.store.engine.shared_engine`): where the catalog and the
+committer table share a database, a commit task holds one connection for both, not one each.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_walsink.core.store.engine import shared_engine
 from airflow_provider_walsink.core.targets._tables import as_uri
 from airflow_provider_walsink.core.targets.registry import TargetNotConfiguredError
 
@@ -56,6 +61,51 @@ def pyiceberg_configured(name: str) -> dict[str, str] | None:
 
     found = Config().get_catalog_config(name)
     return {str(k): str(v) for k, v in found.items()} if found else None
+
+
+def open_catalog(name: str, props: Mapping[str, str]) -> Any:
+    """pyiceberg's catalog ``name`` with ``props``; an SQL catalog on a server database on the
+    process's shared engine for its URL (module docstring), any other through ``load_catalog``."""
+    from pyiceberg.catalog import load_catalog
+
+    merged = {**(pyiceberg_configured(name) or {}), **props}
+    if _on_shared_engine(merged):
+        return _shared_engine_sql_catalog()(name, **merged)
+    return load_catalog(name, **props)
+
+
+def _on_shared_engine(props: Mapping[str, str]) -> bool:
+    from sqlalchemy.engine import make_url
+
+    uri = props.get("uri", "")
+    kind = props.get("type", "sql" if uri.startswith("postgresql") else "").lower()
+    if kind != "sql" or props.get("py-catalog-impl"):
+        return False
+    # pyiceberg's own engine options: a catalog that asks for them keeps its own engine.
+    if any(props.get(k, "false").lower() not in ("false", "0", "no") for k in ("echo", "pool_pre_ping")):
+        return False
+    try:
+        return make_url(uri).get_backend_name() in ("postgresql", "mysql", "mariadb")
+    except Exception:  # noqa: BLE001 - pyiceberg reports a bad uri in its own words
+        return False
+
+
+def _shared_engine_sql_catalog() -> type:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    class SharedEngineSqlCatalog(SqlCatalog):
+        """pyiceberg's ``SqlCatalog`` on the process's shared engine for its ``uri``."""
+
+        def _init_catalog(self) -> None:
+            # SqlCatalog.__init__ made an engine of its own (not connected yet): use the shared one.
+            self.engine.dispose()
+            self.engine = shared_engine(self.properties["uri"])
+            super()._init_catalog()
+
+        def close(self) -> None:
+            """The engine is the process's, not this catalog's: nothing to close."""
+
+    return SharedEngineSqlCatalog
 
 
 def not_configured(uri: str, name: str) -> TargetNotConfiguredError:

@@ -105,7 +105,7 @@ from functools import partial
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
     CommitFailedException,
     NoSuchNamespaceError,
@@ -159,6 +159,7 @@ from airflow_provider_walsink.core.targets.iceberg.catalog import (
     check_catalog_properties,
     embedded_catalog_properties,
     not_configured,
+    open_catalog,
     pyiceberg_configured,
 )
 from airflow_provider_walsink.core.targets.iceberg.files import (
@@ -354,7 +355,7 @@ class IcebergPublisher(Publisher):
     @property
     def catalog(self) -> Catalog:
         if self._catalog is None:
-            self._catalog = load_catalog(self.catalog_name, **self.catalog_properties)
+            self._catalog = open_catalog(self.catalog_name, self.catalog_properties)
             bound_requests(self._catalog, self.request_timeout)
         return self._catalog
 
