@@ -7,10 +7,11 @@ bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/lint-imports --no-cache  # the core never imports Airflow; no import circle (setup.cfg)
 set +e
-# Two workers (pytest-xdist): every test that uses the running stack (Airflow components, the
-# Spark cluster) on one of them (tests/conftest.py: the "stack" group), the rest spread over both;
-# most of an end-to-end test is waiting on the scheduler, so the other core runs the rest meanwhile.
-.venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
+# Three workers (pytest-xdist) on two cores: every test that uses the running stack (Airflow
+# components, the Spark cluster) on one of them (tests/conftest.py: the "stack" group), the rest
+# spread over the other two. Most of a test is waiting (on the scheduler, a lease, a retry's delay):
+# two heavy tests measured alone used about half a core each, so two workers left a core idle.
+.venv/bin/python -m pytest -n 3 --dist loadgroup "$@"
 status=$?
 set -e
 exit $status

@@ -360,8 +360,8 @@ def spark():
 
 
 #: Fixtures that start the session's one running stack (Airflow components, the Spark cluster):
-#: under ``pytest -n 2 --dist loadgroup`` every test that uses one runs on the same worker, so
-#: the stack starts once while the other worker takes the rest of the suite.
+#: under ``pytest -n 3 --dist loadgroup`` every test that uses one runs on the same worker, so
+#: the stack starts once while the other workers take the rest of the suite.
 STACK_FIXTURES = {"airflow_stack", "spark_cluster"}
 
 
