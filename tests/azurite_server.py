@@ -62,9 +62,10 @@ class AzuriteServer:
 
 
 @contextlib.contextmanager
-def serve() -> Iterator[AzuriteServer]:
+def serve(memory_mib: int = 256) -> Iterator[AzuriteServer]:
     """Azurite on a free loopback port, with this session's account and the container, stopped on
-    leaving (the session fixture, the model checker's command line and bench/ start it through this)."""
+    leaving (the session fixture, the model checker's command line and bench/ start it through this);
+    ``memory_mib``: its in-memory store's limit (a write past it is answered 409)."""
     program = shutil.which("azurite-blob")
     if program is None:
         raise FileNotFoundError("Azurite is not installed (bash scripts/setup.sh installs it from npm)")
@@ -84,7 +85,7 @@ def serve() -> Iterator[AzuriteServer]:
     # Keep-alive longer than a test's pauses: pyarrow's Azure client reuses pooled connections,
     # and one the server has closed costs it about 7 s of retries.
     argv = [program, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
-            "--extentMemoryLimit", "256", "--blobKeepAliveTimeout", "600", "--disableTelemetry", "--silent",
+            "--extentMemoryLimit", str(memory_mib), "--blobKeepAliveTimeout", "600", "--disableTelemetry", "--silent",
             "--skipApiVersionCheck"]  # fmt: skip
     with emulator("Azurite", argv, answers, env={**os.environ, "AZURITE_ACCOUNTS": f"{ACCOUNT}:{key}"}):
         server = AzuriteServer(endpoint, ACCOUNT, key, CONTAINER)

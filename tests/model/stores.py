@@ -126,8 +126,9 @@ class ObjectStore:
 
 
 @contextlib.contextmanager
-def serve(scheme: str) -> Iterator[ObjectStore]:
-    """The emulator of ``scheme`` on a free loopback port, its bucket created; stopped on leaving."""
+def serve(scheme: str, *, memory_mib: int = 256) -> Iterator[ObjectStore]:
+    """The emulator of ``scheme`` on a free loopback port, its bucket created; stopped on leaving
+    (``memory_mib``: Azurite's in-memory limit)."""
     if scheme == "s3":
         import boto3
         from moto.server import ThreadedMotoServer
@@ -152,7 +153,7 @@ def serve(scheme: str) -> Iterator[ObjectStore]:
     elif scheme == "abfss":
         from tests.azurite_server import serve as azurite
 
-        with azurite() as server:
+        with azurite(memory_mib) as server:
             yield ObjectStore("abfss", server.endpoint, server.key)
     else:
         raise ValueError(f"an object store is one of {sorted(KINDS)}, not {scheme!r}")
