@@ -11,11 +11,13 @@ their options (``account_key``, ``endpoint_url``), as a ``wasb`` or ``adls`` con
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import secrets
 import shutil
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,13 +61,14 @@ class AzuriteServer:
         self._container(name).create_container()
 
 
-@pytest.fixture(scope="session")
-def azurite_server():
-    from tests.helpers import missing_prerequisite
-
+@contextlib.contextmanager
+def serve(memory_mib: int = 256) -> Iterator[AzuriteServer]:
+    """Azurite on a free loopback port, with this session's account and the container, stopped on
+    leaving (the session fixture, the model checker's command line and bench/ start it through this);
+    ``memory_mib``: its in-memory store's limit (a write past it is answered 409)."""
     program = shutil.which("azurite-blob")
     if program is None:
-        missing_prerequisite("Azurite is not installed (bash scripts/setup.sh installs it from npm)")
+        raise FileNotFoundError("Azurite is not installed (bash scripts/setup.sh installs it from npm)")
     key = base64.b64encode(secrets.token_bytes(64)).decode()
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}/{ACCOUNT}"
@@ -82,9 +85,19 @@ def azurite_server():
     # Keep-alive longer than a test's pauses: pyarrow's Azure client reuses pooled connections,
     # and one the server has closed costs it about 7 s of retries.
     argv = [program, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
-            "--extentMemoryLimit", "256", "--blobKeepAliveTimeout", "600", "--disableTelemetry", "--silent",
+            "--extentMemoryLimit", str(memory_mib), "--blobKeepAliveTimeout", "600", "--disableTelemetry", "--silent",
             "--skipApiVersionCheck"]  # fmt: skip
     with emulator("Azurite", argv, answers, env={**os.environ, "AZURITE_ACCOUNTS": f"{ACCOUNT}:{key}"}):
         server = AzuriteServer(endpoint, ACCOUNT, key, CONTAINER)
         server.create_bucket(CONTAINER)
+        yield server
+
+
+@pytest.fixture(scope="session")
+def azurite_server():
+    from tests.helpers import missing_prerequisite
+
+    if shutil.which("azurite-blob") is None:
+        missing_prerequisite("Azurite is not installed (bash scripts/setup.sh installs it from npm)")
+    with serve() as server:
         yield server

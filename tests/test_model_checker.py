@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import pytest
 
+from tests.model import stores
 from tests.model.machine import Combo, Figures, drawn, load_schedule, run_machine
 from tests.model.world import BUCKET, Config, World, replay
 from tests.table_fixtures import s3_server  # noqa: F401 - moto's S3 API server, session-scoped
@@ -83,7 +84,7 @@ def test_model_checker_finds_no_violation(kind, mode, fencing, database_urls, tm
 # ----------------------------------------------------------------------------- staged on S3 (issue 23)
 
 #: Fewer schedules and combinations (each kind, mode and fencing once): every step goes through
-#: moto's S3 API; :func:`test_every_operation_runs_through_the_store_on_s3` makes sure each
+#: moto's S3 API; :func:`test_every_operation_runs_through_the_store` makes sure each
 #: operation happens, and ``python -m tests.model --staging s3`` runs all eight combinations.
 S3_SCHEDULES = 3
 S3_CASES = [
@@ -116,15 +117,32 @@ WIDE = (("plain", "fraction"), ("trailing space", "fraction"), ("null", "null"),
         ("emoji", "date"))  # fmt: skip
 
 
-def test_every_operation_runs_through_the_store_on_s3(s3_server, tmp_path):  # noqa: F811
-    """A fixed schedule with every operation, staged on S3 (Delta, ``overwrite``; the random
-    schedules above are too few to be sure to draw each), on partitions of the widened data
-    domain: a commit SIGKILLed after its table commit and retried, a committer SIGSTOPped before
-    its table commit while an abort runs, two commits at once, a staged object rewritten with its
-    size after durability (refused by ``verify_checksums``, recorded, nothing published), an
-    abort racing a commit of a new version, a committer SIGSTOPped in its clean-up while a
-    reprocess commits, a re-run commit, compaction and vacuum, GC, retention, and a late run of
-    an older key (refused, invariant 10); checked after every step."""
+#: Where :func:`test_every_operation_runs_through_the_store` runs: the store, its emulator's session
+#: fixture, the target (GCS and ADLS: Iceberg only, ``tests/model/stores.py`` says why).
+STORES = {
+    "s3": ("s3_server", "delta"),
+    "gs": ("gcs_server", "iceberg"),
+    "abfss": ("azurite_server", "iceberg"),
+}
+
+
+@pytest.mark.parametrize("staging", list(STORES))
+def test_every_operation_runs_through_the_store(staging, request, tmp_path):
+    """A fixed schedule with every operation, staged on S3 (Delta), GCS and ADLS (Iceberg), each
+    in ``overwrite`` (the random schedules are too few to be sure to draw each, and run on S3 only),
+    on partitions of the widened data domain: a commit SIGKILLed after its table commit and
+    retried, a committer SIGSTOPped before its table commit while an abort runs, two commits at
+    once, a staged object rewritten with its size after durability (refused by
+    ``verify_checksums``, recorded, nothing published), an abort racing a commit of a new version,
+    a committer SIGSTOPped in its clean-up while a reprocess commits, a re-run commit, compaction
+    and vacuum (Iceberg: a rewrite and snapshot expiry), GC, retention, a second seal of a sealed
+    attempt (a zombie driver's, one committable fewer: refused by the service's conditional
+    create; the first seal is then published), and a late run of an older key (refused, invariant
+    10); checked after every step. So every store's seal, listing, checksum verification and deletes
+    (abort, clean-up, GC) run under the checker."""
+    fixture, kind = STORES[staging]
+    server = request.getfixturevalue(fixture)
+    K5 = "20260105"
     steps = [
         {"op": "run", "key": K1, "n": 2, "parts": [0, 1]},
         {"op": "crash", "key": K2, "point": "table.after_table_commit"},
@@ -141,10 +159,14 @@ def test_every_operation_runs_through_the_store_on_s3(s3_server, tmp_path):  # n
         {"op": "maintain", "action": "vacuum"},
         {"op": "gc"},
         {"op": "retention"},
+        {"op": "reseal", "key": K5},
+        {"op": "durable", "key": K5},
+        {"op": "commit", "key": K5},
         {"op": "run", "key": K1, "n": 1, "parts": [1]},
     ]
-    cfg = Config("delta", "overwrite", "lease", str(tmp_path / "w"), f"sqlite:///{tmp_path}/c.db", pipeline="every",
-                 staging="s3", s3_endpoint=s3_server.endpoint, domain=WIDE)  # fmt: skip
+    where = {"s3_endpoint": server.endpoint} if staging == "s3" else {"store": stores.of_server(server)}
+    cfg = Config(kind, "overwrite", "lease", str(tmp_path / "w"), f"sqlite:///{tmp_path}/c.db", pipeline="every",
+                 staging=staging, domain=WIDE, **where)  # fmt: skip
     world = World(cfg)
     try:
         log = run_checked(world, steps)
@@ -152,6 +174,10 @@ def test_every_operation_runs_through_the_store_on_s3(s3_server, tmp_path):  # n
         assert c["corrupt.refused"] == 1, f"{dict(c)}\n{log}"
         rec = world.store.require(cfg.pipeline, K4)
         assert rec.state.value == "FAILED" and "staged bytes changed" in rec.error, log
+        assert world.log[-4].endswith(
+            "seal refused (AlreadySealedError); record refused (StaleAttemptError)"
+        ), log
+        assert world.store.require(cfg.pipeline, K5).is_committed, log
         # The abort racing a commit may win or lose (either is fine: the checks above hold); the
         # abort while a committer is stopped always wins, and the late older key is refused unless
         # a lost race left a checkpoint uncommitted (then retention keeps K1's row: it is skipped).

@@ -1,4 +1,4 @@
-"""``python -m tests.model --seed S --schedules N [--targets files,delta,...] [--staging local,s3]`` or ``--replay FILE``.
+"""``python -m tests.model --seed S --schedules N [--targets files,delta,...] [--staging local,s3,gs,abfss]`` or ``--replay FILE``.
 
 ``--source kafka`` makes every pipeline read a topic of librdkafka's mock Kafka cluster (started in
 a child process on loopback, and stopped) through the real Kafka source path, ``append`` only, with
@@ -7,6 +7,8 @@ mid-read, and the Kafka invariants checked after every step (``tests/model/kafka
 
 ``--staging s3`` runs the Iceberg and Delta combinations with the tables and their staging
 in a bucket of moto's S3 API server, which it starts on a loopback port (and stops).
+``--staging gs`` and ``--staging abfss`` run the Iceberg combinations on fake-gcs-server and on
+Azurite, each started on a loopback port and stopped (``tests/model/stores.py``).
 
 ``--catalog rest`` (or ``sql,rest``) runs the Iceberg combinations through a REST catalog
 (``tests/model/rest.py``: ``tests/iceberg_rest.py``'s server, started in this process on a
@@ -39,9 +41,9 @@ import time
 import uuid
 from collections.abc import Callable
 
-from . import rest
+from . import rest, stores
 from .machine import Combo, Figures, drawn, load_schedule, minimize, run_machine
-from .world import BUCKET, S3_KINDS, Config, replay
+from .world import Config, replay
 
 TARGETS = ("files", "iceberg", "delta", "sql-postgresql", "sql-mysql")
 PG_ADMIN = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
@@ -70,22 +72,6 @@ def sql_database(backend: str) -> tuple[str, Callable[[], None]]:
     return make_url(admin_url).set(database=name).render_as_string(hide_password=False), drop
 
 
-def s3_server() -> tuple[str, Callable[[], None]]:
-    """moto's S3 API server on a free loopback port with the bucket created: (endpoint, stop)."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
-                 region_name=REGION).create_bucket(Bucket=BUCKET)  # fmt: skip
-    return endpoint, server.stop
-
-
 def kafka_cluster(drops: list[Callable[[], None]]) -> str:
     """librdkafka's mock cluster in a child process (stopped by ``drops``): its bootstrap address."""
     from tests.kafka_mock import MockKafka
@@ -101,7 +87,7 @@ def combos_for(
     fencings: list[str],
     sql_urls: dict[str, str],
     stagings: tuple[str, ...] = ("local",),
-    s3_endpoint: str | None = None,
+    objects: dict[str, stores.ObjectStore] | None = None,
     kafka: str | None = None,
     wide: bool = False,
     catalogs: tuple[str, ...] = ("sql",),
@@ -111,16 +97,18 @@ def combos_for(
     for staging in stagings:
         for target in targets:
             kind = target.split("-")[0]
-            if staging == "s3" and kind not in S3_KINDS:
-                continue  # only the table targets commit a checkpoint staged on an object store
-            # The catalog dimension is Iceberg's: the other targets run once, whatever it says.
-            for catalog in catalogs if kind == "iceberg" else ("sql",):
+            if staging != "local" and kind not in stores.KINDS[staging]:
+                continue  # only a table target on the same store commits a checkpoint staged there
+            store = (objects or {}).get(staging)
+            # The catalog dimension is Iceberg's, local or on S3: the others run once, whatever it says.
+            for catalog in catalogs if kind == "iceberg" and staging in ("local", "s3") else ("sql",):
                 for mode in modes:
                     for fencing in fencings:
                         if fencing == "table" and kind not in ("iceberg", "delta"):
                             continue  # table fencing: Iceberg and Delta only
                         out.append(Combo(kind, mode, fencing, sql_urls.get(target), staging,
-                                         s3_endpoint if staging == "s3" else None, kafka, wide, corrupting=True,
+                                         store.endpoint if staging == "s3" and store else None,
+                                         store if staging in ("gs", "abfss") else None, kafka, wide, corrupting=True,
                                          catalog=catalog, rest_uri=rest_uri if catalog == "rest" else None))  # fmt: skip
     return out
 
@@ -136,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--staging",
         default="local",
-        help="comma-separated, of local, s3 (s3: Iceberg and Delta only; starts its own moto S3 server on loopback)",
+        help="comma-separated, of local, s3, gs, abfss (s3: Iceberg and Delta; gs, abfss: Iceberg; each "
+        "starts its own emulator on loopback: moto, fake-gcs-server, Azurite)",
     )
     p.add_argument(
         "--catalog",
@@ -183,9 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                 sql_url, drop = sql_database(config.get("sql", "postgresql"))
                 drops.append(drop)
             staging = config.get("staging", "local")
-            if staging == "s3":
-                endpoint, stop = s3_server()
-                drops.append(stop)
+            store = stores.start(staging, drops) if staging != "local" else None
+            endpoint = store.endpoint if store and staging == "s3" else None
             bootstrap = kafka_cluster(drops) if config.get("source") == "kafka" else None
             catalog, rest_uri = config.get("catalog", "sql"), None
             if catalog == "rest":
@@ -193,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                 drops.append(stop)
             cfg = Config(config["kind"], config["mode"], config["fencing"], workdir, f"sqlite:///{workdir}/c.db",
                          sql_url, pipeline=f"m{uuid.uuid4().hex[:10]}", staging=staging,
-                         s3_endpoint=endpoint, kafka=bootstrap, catalog=catalog, rest_uri=rest_uri,
+                         s3_endpoint=endpoint, store=store if staging in ("gs", "abfss") else None,
+                         kafka=bootstrap, catalog=catalog, rest_uri=rest_uri,
                          **drawn(config))  # fmt: skip
             found = replay(cfg, steps, verbose=True)
             print(f"{len(found)} violation(s)")
@@ -207,12 +196,10 @@ def main(argv: list[str] | None = None) -> int:
                 sql_urls[t], drop = sql_database(t.split("-", 1)[1])
                 drops.append(drop)
         stagings = tuple(x.strip() for x in args.staging.split(",") if x.strip())
-        if set(stagings) - {"local", "s3"}:
-            p.error(f"--staging: local and/or s3, not {args.staging!r}")
-        endpoint = None
-        if "s3" in stagings:
-            endpoint, stop = s3_server()
-            drops.append(stop)
+        if set(stagings) - {"local", *stores.KINDS}:
+            p.error(f"--staging: of local, {', '.join(stores.KINDS)}, not {args.staging!r}")
+        objects = {staging: stores.start(staging, drops) for staging in stagings if staging != "local"}
+        endpoint = objects["s3"].endpoint if "s3" in objects else None
         catalogs = tuple(x.strip() for x in args.catalog.split(",") if x.strip())
         if not catalogs or set(catalogs) - {"sql", "rest"}:
             p.error(f"--catalog: sql and/or rest, not {args.catalog!r}")
@@ -229,10 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             bootstrap = kafka_cluster(drops)
             if args.domain == "wide":
                 p.error("--domain wide: the files source only (the Kafka source writes one dt column)")
-        combos = combos_for(targets, modes, args.fencing.split(","), sql_urls, stagings, endpoint, bootstrap,
+        combos = combos_for(targets, modes, args.fencing.split(","), sql_urls, stagings, objects, bootstrap,
                             wide=args.domain == "wide", catalogs=catalogs, rest_uri=rest_uri)  # fmt: skip
         if not combos:
-            p.error("no combination: S3 staging takes the iceberg and delta targets only")
+            p.error(f"no combination: an object store takes these targets only: {stores.KINDS}")
         per = max(1, args.schedules // len(combos))
         figures = Figures()
         started = time.monotonic()

@@ -100,6 +100,22 @@ MUTATIONS: list[Mutation] = [
         "a second seal of the same attempt (zombie or speculative driver) overwrites the sealed manifest",
     ),
     M(
+        "gcs-seal-overwrites",
+        "core/staging/gcs.py",
+        'blob.upload_from_string(data, content_type="application/json", if_generation_match=0)',
+        'blob.upload_from_string(data, content_type="application/json")',
+        "the GCS seal uploads without ifGenerationMatch=0: a second seal of the same attempt overwrites "
+        "the sealed manifest",
+    ),
+    M(
+        "adls-seal-overwrites",
+        "core/staging/adls.py",
+        "                data, overwrite=False, content_settings=",
+        "                data, overwrite=True, content_settings=",
+        "the ADLS seal's Put Blob overwrites (no If-None-Match: *): a second seal of the same attempt "
+        "overwrites the sealed manifest",
+    ),
+    M(
         "group-offsets-before-the-commit",
         "core/commit/aftercommit.py",
         "    done = commit()\n    extra = dict(follow() or {}) if follow is not None else {}\n",

@@ -66,7 +66,7 @@ def connection(cfg: Any) -> dict[str, Any]:
 
     extra: dict[str, str] = {"walsink.request-timeout": str(REQUEST_TIMEOUT), "warehouse": cfg.warehouse()}
     if cfg.staging == "s3":
-        extra |= cfg.s3.iceberg_properties()
+        extra |= cfg.objects.iceberg_properties()
     return {"conn_type": "iceberg", "host": cfg.rest_uri, "login": CLIENT_ID, "password": CLIENT_SECRET,
             "extra": extra}  # fmt: skip
 

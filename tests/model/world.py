@@ -16,7 +16,8 @@ of what must be visible, and returns the violations found.
 ``Config(staging="s3")`` puts an Iceberg or Delta table and its staging in a
 bucket of moto's S3 server: the same steps then stage, seal, check, commit,
 abort and clean up through a :class:`StagingStore`, and the target is read back
-on S3 (see :class:`Config`).
+on S3 (see :class:`Config`). ``staging="gs"`` and ``staging="abfss"`` do the same
+with an Iceberg table on fake-gcs-server and on Azurite (:mod:`tests.model.stores`).
 
 ``Config(kafka="HOST:PORT")`` reads a topic of librdkafka's mock cluster through the
 real Kafka source path, with producers appending between steps, SIGKILLs between the
@@ -56,6 +57,8 @@ from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.store.store import Actor, CommitterStore, LeaseHeldError
 from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
 
+from . import stores
+
 LEASE_TTL = timedelta(milliseconds=800)
 #: An abort waits out a holder's trusted confirmation: min(TTL/3, 2 s) with this TTL, plus margin.
 ABORT_GRACE = timedelta(milliseconds=500)
@@ -91,10 +94,12 @@ GROUP_KILL_POINTS = (
 GROUP_SIZE = 8
 
 
-#: The bucket of the S3 staging dimension (moto's real S3 API server on loopback).
-BUCKET = "walsink"
-#: Target kinds that can take a checkpoint staged on an object store (they commit by reference).
-S3_KINDS = ("iceberg", "delta")
+#: The bucket of the object-store staging dimension (moto's real S3 API server, fake-gcs-server,
+#: Azurite, each on loopback).
+BUCKET = stores.BUCKET
+#: Target kinds that can take a checkpoint staged on S3 (they commit by reference); GCS and ADLS:
+#: :data:`.stores.KINDS`.
+S3_KINDS = stores.KINDS["s3"]
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,8 @@ class Config:
     ``staging="s3"``: the table (Delta's log and data, Iceberg's warehouse; the catalog stays an
     SQLite file) and its staging live under a prefix of :data:`BUCKET` on the S3 server at
     ``s3_endpoint``; every step reaches staging through a :class:`StagingStore`, and the target is
-    read back through its library on S3.
+    read back through its library on S3. ``staging="gs"`` or ``"abfss"``: the same on the emulator
+    ``store`` (:class:`.stores.ObjectStore`), with the target kinds it takes (:data:`.stores.KINDS`).
     """
 
     kind: str  # files | iceberg | delta | sql
@@ -114,8 +120,10 @@ class Config:
     db_url: str
     sql_url: str | None = None
     pipeline: str = "p"
-    staging: str = "local"  # local | s3
+    staging: str = "local"  # local | s3 | gs | abfss
     s3_endpoint: str | None = None
+    #: The emulator of ``gs`` or ``abfss`` staging (S3's is ``s3_endpoint``).
+    store: stores.ObjectStore | None = None
     #: The mock Kafka cluster's bootstrap address: the pipeline reads a topic (tests/model/kafka.py).
     kafka: str | None = None
     #: The widened data domain (``tests/data_domain.py``): five partitions of two columns ``(k, t)``,
@@ -144,6 +152,16 @@ class Config:
             raise ValueError("Spark writes stage locally, from the files source, into the dt column")
         if self.staging == "s3" and (self.kind not in S3_KINDS or not self.s3_endpoint):
             raise ValueError(f"S3 staging needs an S3 endpoint and a target of {S3_KINDS}, not {self.kind}")
+        if self.staging in ("gs", "abfss"):
+            kinds = stores.KINDS[self.staging]
+            if self.kind not in kinds or self.store is None or self.store.scheme != self.staging:
+                raise ValueError(
+                    f"{self.staging} staging needs its emulator and a target of {kinds}, not {self.kind}"
+                )
+            if self.catalog != "sql":
+                raise ValueError("a REST catalog's tables are local or on S3 here")
+        elif self.staging not in ("local", "s3"):
+            raise ValueError(f"staging is local, s3, gs or abfss, not {self.staging!r}")
         if self.kafka and self.mode != "append":
             raise ValueError("a Kafka source reads in append mode only")
         if self.domain is not None:
@@ -181,26 +199,30 @@ class Config:
     def label(self) -> str:
         sql = f"-{self.sql_url.split(':', 1)[0].split('+')[0]}" if self.sql_url else ""
         return (f"{self.kind}{sql}{'-rest' if self.catalog == 'rest' else ''}/{self.mode}/{self.fencing}"
-                + ("/s3" if self.staging == "s3" else "") + ("/kafka" if self.kafka else ""))  # fmt: skip
-
-    @property
-    def s3(self) -> Any:
-        """The S3 server's settings (``tests.table_fixtures.S3Server``: credentials, library options)."""
-        from tests.table_fixtures import S3Server
-
-        return S3Server(self.s3_endpoint or "", BUCKET)
+                + (f"/{self.staging}" if self.staging != "local" else "") + ("/kafka" if self.kafka else ""))  # fmt: skip
 
     @property
     def prefix(self) -> str:
         """This schedule's prefix in the bucket (the same in every child: derived, not drawn)."""
         return hashlib.sha256(f"{self.work}/{self.pipeline}".encode()).hexdigest()[:16]
 
-    def store_options(self) -> dict[str, str]:
-        """:meth:`StagingStore.open` options for the S3 server."""
-        from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY
+    @property
+    def objects(self) -> stores.ObjectStore:
+        """The object store the schedule stages on (S3, GCS or ADLS)."""
+        if self.staging == "s3":
+            return stores.ObjectStore("s3", self.s3_endpoint or "")
+        if self.store is None:
+            raise ValueError(f"{self.label} stages locally")
+        return self.store
 
-        return {"endpoint_url": self.s3.endpoint, "access_key": ACCESS_KEY, "secret_key": SECRET_KEY,
-                "region": REGION}  # fmt: skip
+    @property
+    def bucket_root(self) -> str:
+        """This schedule's prefix on its object store, as a URI."""
+        return self.objects.root(self.prefix)
+
+    def store_options(self) -> dict[str, Any]:
+        """:meth:`StagingStore.open` options for the object store's emulator."""
+        return self.objects.options()
 
     @property
     def table(self) -> str:
@@ -217,19 +239,15 @@ class Config:
             return f"{self.work}/target"
         if self.kind == "iceberg":
             return f"iceberg://model/m.{self.table}?create_table=true"
-        if self.kind == "delta" and self.staging == "s3":
-            return f"delta+s3://{BUCKET}/{self.prefix}/delta/{self.table}?create_table=true"
+        if self.kind == "delta" and self.staging != "local":
+            return f"delta+{self.bucket_root}/delta/{self.table}?create_table=true"
         if self.kind == "delta":
             return f"delta://{self.work}/delta/{self.table}?create_table=true"
         return f"sql://model_sql/{self.sql_schema + '.' if self.sql_schema else ''}{self.table}"
 
     def warehouse(self) -> str:
         """Where the schedule's Iceberg tables live: under ``<work>``, or its prefix in the bucket."""
-        return (
-            f"s3://{BUCKET}/{self.prefix}/warehouse"
-            if self.staging == "s3"
-            else f"file://{self.work}/warehouse"
-        )
+        return f"{self.bucket_root}/warehouse" if self.staging != "local" else f"file://{self.work}/warehouse"
 
     def connections(self, conn_id: str) -> dict[str, Any]:
         if conn_id == "model" and self.catalog == "rest":
@@ -238,16 +256,16 @@ class Config:
             return connection(self)
         if conn_id == "model":
             extra = {"type": "sql", "uri": f"sqlite:///{self.work}/catalog.db", "warehouse": self.warehouse()}
-            if self.staging == "s3":
-                extra |= self.s3.iceberg_properties()
+            if self.staging != "local":
+                extra |= self.objects.iceberg_properties()
             return {"conn_type": "iceberg", "extra": extra}
         raise KeyError(conn_id)
 
     def publisher(self, layout: StagingLayout | StagingStore | None = None) -> Any:
         extra: dict[str, Any] = {"url": self.sql_url, "lock_timeout": 2} if self.kind == "sql" else {}
-        if self.staging == "s3":
+        if self.staging != "local":
             if self.kind == "delta":
-                extra["storage_options"] = self.s3.delta_options()
+                extra["storage_options"] = self.objects.delta_options()
             # As the commit operator builds it for a checkpoint staged on an object store: no local
             # layout; the publisher reads the attempt through the store the committer hands it.
             staged: Any = None
@@ -264,12 +282,12 @@ class Config:
 
     def layout(self) -> StagingLayout | StagingStore:
         """Where attempts are staged: the target's own staging root (tables), else ``<work>/staging``;
-        on S3 the :class:`StagingStore` of the table's root in the bucket."""
+        on an object store the :class:`StagingStore` of the table's root in the bucket."""
         probe = self.publisher()
         own = getattr(probe, "staging_root", None)
         root = own() if callable(own) else None
-        if self.staging == "s3":
-            if not root or not root.startswith(f"s3://{BUCKET}/{self.prefix}/"):
+        if self.staging != "local":
+            if not root or not root.startswith(f"{self.bucket_root}/"):
                 raise RuntimeError(
                     f"{self.label}: the target stages at {root!r}, not in the schedule's prefix"
                 )
@@ -279,18 +297,7 @@ class Config:
 
 def delete_prefix(cfg: Config) -> int:
     """Delete every object under the schedule's prefix in the bucket; how many."""
-    import boto3
-
-    o = cfg.store_options()
-    s3 = boto3.client("s3", endpoint_url=o["endpoint_url"], aws_access_key_id=o["access_key"],
-                      aws_secret_access_key=o["secret_key"], region_name=o["region"])  # fmt: skip
-    keys = [obj["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{cfg.prefix}/")
-            for obj in page.get("Contents", [])]  # fmt: skip
-    for i in range(0, len(keys), 1000):
-        s3.delete_objects(
-            Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True}
-        )
-    return len(keys)
+    return cfg.objects.delete(cfg.prefix)
 
 
 def actor(step: str, key: str, n: int) -> Actor:
@@ -481,7 +488,7 @@ class World:
         self.store.dispose()
         if self.kafka is not None:
             self.kafka.close()
-        if self.cfg.staging == "s3":  # the schedule's prefix: the server keeps every object in memory
+        if self.cfg.staging != "local":  # the schedule's prefix: the server keeps every object in memory
             try:
                 delete_prefix(self.cfg)
             except Exception:  # noqa: BLE001,S110 - best effort; the prefix is this schedule's alone
@@ -1006,8 +1013,8 @@ class World:
         from airflow_provider_walsink.core.commit.gc import collect_staging
 
         if isinstance(self.layout, StagingStore):
-            # The connection's (local) root holds nothing; the checkpoints' recorded s3:// root is
-            # walked through the store, opened with the S3 server's options.
+            # The connection's (local) root holds nothing; the checkpoints' recorded root on the
+            # object store is walked through the store, opened with the emulator's options.
             options = self.cfg.store_options()
             report = collect_staging(self.store, StagingLayout(f"{self.cfg.work}/staging"), retention=timedelta(0),
                                      stores=lambda root: StagingStore.open(root, options))  # fmt: skip
@@ -1055,7 +1062,7 @@ class World:
 
     def op_symlink(self, key: str) -> str:
         """Hostile: a staged file of the sealed attempt becomes a symlink to a same-content file outside staging."""
-        if self.cfg.staging == "s3":
+        if self.cfg.staging != "local":
             return "skipped: an object store has no symlinks"  # not drawn for S3 (machine.py); replays
         rec = self.store.get(self.cfg.pipeline, key)
         if rec is None or not rec.is_committed:
@@ -1093,8 +1100,8 @@ class World:
         if rec is None or not (rec.is_committed or rec.sealed_attempt is not None):
             self.op_write(key, 2, [0, 1])
         rec = self.store.require(self.cfg.pipeline, key)
-        if rec.sealed_attempt is None or rec.is_committed:
-            return rec, []
+        if rec.sealed_attempt is None or rec.is_committed or isinstance(self.layout, StagingStore):
+            return rec, []  # an object store: no local files (op_reseal reads it through the store)
         attempt_dir = self.layout.attempt_dir(
             self.cfg.pipeline, key, rec.sealed_attempt, rec.sealed_attempt_id
         )
@@ -1105,7 +1112,7 @@ class World:
         ``extend``ed, or rewritten with the ``same_size`` (other bytes); or its ``manifest`` rewritten. A durability check after it
         must refuse the attempt (sizes alone find the first two, checksums the third), and no commit
         may publish it (the model's commits verify checksums)."""
-        if self.cfg.staging == "s3":
+        if self.cfg.staging != "local":
             return "skipped: local staging only"
         rec, files = self._staged_files(key)
         if not files:
@@ -1391,7 +1398,7 @@ class World:
         """Why the sealed attempt of ``rec`` (uncommitted) is not in staging any more, or None."""
         from airflow_provider_walsink.core.protocol.manifest import MANIFEST_NAME
 
-        if self.cfg.staging == "s3" or rec is None or rec.sealed_attempt is None:
+        if self.cfg.staging != "local" or rec is None or rec.sealed_attempt is None:
             return None
         attempt_dir = self.layout.attempt_dir(
             self.cfg.pipeline, key, rec.sealed_attempt, rec.sealed_attempt_id
@@ -1498,8 +1505,9 @@ class World:
         return problems
 
     def _outside_the_prefix(self) -> list[str]:
-        """S3: a table committed by reference references only objects under the schedule's prefix."""
-        inside = f"s3://{BUCKET}/{self.cfg.prefix}/"
+        """An object store: a table committed by reference references only objects under the
+        schedule's prefix."""
+        inside = f"{self.cfg.bucket_root}/"
         outside = [f for f in self.data_files() if not f.startswith(inside)]
         return [f"the table references data files outside {inside}: {outside[:3]}"] if outside else []
 
@@ -1627,7 +1635,7 @@ class World:
             expected = [r for p, a in m.owners.items() for r in m.attempts[a].rows if r[0] == p]
         try:
             got = self.rows()
-            if cfg.staging == "s3":
+            if cfg.staging != "local":
                 problems += self._outside_the_prefix()
             if cfg.kind == "iceberg":
                 problems += self._iceberg_history()
