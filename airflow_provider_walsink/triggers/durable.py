@@ -13,9 +13,10 @@ library and Airflow's trigger base; the check, with every import it needs (SQLAl
 pyarrow, walsink's core), the connection lookups, the committer-table queries, the staging
 listings and the checksum reads, runs in a thread pool of :data:`CHECK_THREADS` threads shared
 by every walsink trigger of the triggerer process. That bounds what hundreds of triggers do at
-once (and the committer connections they hold: one engine per committer URL and process,
-``hooks/walsink.py: store_for_url``), and leaves the default executor, which Airflow's own
-``sync_to_async`` and other triggers use, to them.
+once, and leaves the default executor, which Airflow's own ``sync_to_async`` and other triggers
+use, to them. What the checks open is shared by the process's triggers too (:mod:`.shared`): one
+connection lookup per connection and minute, one committer engine per database URL (its pool
+never larger than the checks running at once), one staging client per root and credentials.
 """
 
 from __future__ import annotations
@@ -179,14 +180,15 @@ class CheckpointDurableTrigger(BaseTrigger):
 
     def _check(self, key: str, actor: Actor) -> DurabilityStatus:
         """One check (in the pool's thread); a failure is a "not yet" naming it."""
-        from airflow_provider_walsink.hooks.walsink import WalsinkHook
+        from airflow_provider_walsink.triggers import shared
         from airflow_provider_walsink.triggers.durability_check import DurabilityStatus, evaluate_with_hook
 
         try:
             # Credentials of an object-store root are read here, in the triggerer, from the
-            # connections: the trigger's kwargs (stored in Airflow's database) hold only ids.
+            # connections: the trigger's kwargs (stored in Airflow's database) hold only ids. The
+            # hook, its lookups, engine and staging client are shared by the process's triggers.
             return evaluate_with_hook(
-                WalsinkHook(self.walsink_conn_id),
+                shared.hook_for(self.walsink_conn_id),
                 self.staging_root or None,  # "" when rendered from a write task that pushed no root
                 self.pipeline,
                 key,
@@ -194,6 +196,7 @@ class CheckpointDurableTrigger(BaseTrigger):
                 verify_checksums=self.verify_checksums,
             )
         except Exception as e:  # noqa: BLE001 - e.g. database down: report, and try again
+            shared.expire(self.walsink_conn_id)  # e.g. rotated credentials: look them up again
             status = DurabilityStatus(False, None, f"durability check failed: {e}")
             self.log.warning("%s", status.message)
             return status
