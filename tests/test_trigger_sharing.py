@@ -1,15 +1,18 @@
 """The walsink triggers of one triggerer process share what they can (issue 46,
-``triggers/shared.py``): many durability triggers waiting at once on checkpoints staged on S3
-(moto's real S3 API) look each connection up once, open one committer engine and one staging
-client, however many times each checks; a connection changed in Airflow reaches them once the
-lookup's time is up (the committer URL it named before is let go), and at once after a check
-failed on it.
+``triggers/shared.py``, ``triggers/watch.py``): many durability triggers waiting at once on
+checkpoints staged on S3 (moto's real S3 API) look each connection up once, open one committer
+engine and one staging client, however many times each checks; a connection changed in Airflow
+reaches them once the lookup's time is up (the committer URL it named before is let go), and at
+once after a check failed on it. They read their checkpoints' rows together: while the rows say
+the checkpoints are being written no trigger checks, whatever its ``poke_interval``, and a seal
+wakes each trigger to one check, even one whose ``poke_interval`` is an hour.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections import Counter
 
@@ -21,7 +24,7 @@ from airflow_provider_walsink.core.protocol import CheckpointState as S
 from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.store.store import CommitterStore
 from airflow_provider_walsink.hooks import walsink as walsink_hooks
-from airflow_provider_walsink.triggers import shared
+from airflow_provider_walsink.triggers import durability_check, shared
 from airflow_provider_walsink.triggers.durable import CheckpointDurableTrigger
 from tests.helpers import ACTOR
 from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, s3_server  # noqa: F401
@@ -153,7 +156,7 @@ def test_many_triggers_share_one_lookup_engine_and_client_until_the_connection_c
     assert early["status"] == "timeout" and "is not registered" in early["message"], early
     # ...and once its time is up, the next trigger looks it up again and waits on the new one;
     # the first URL's engine is let go, the S3 client (same root, same keys) kept.
-    monkeypatch.setattr(shared, "CONNECTION_TTL", 0.0)
+    shared.hook_for("walsink_default").looked_up_at -= shared.CONNECTION_TTL
     (moved,) = _run_all(_triggers(["20260201T000000Z"]))
     assert moved["status"] == "durable", moved
     assert second.require("p", "20260201T000000Z").state is S.DURABLE
@@ -164,8 +167,7 @@ def test_many_triggers_share_one_lookup_engine_and_client_until_the_connection_c
     second.dispose()
 
 
-def test_a_failed_check_looks_the_connection_up_again(monkeypatch, tmp_path, counted, layout):
-    lookups, _opened, _engines = counted
+def test_a_failed_check_looks_the_connection_up_again(monkeypatch, tmp_path, layout):
     url = f"sqlite:///{tmp_path}/committer.db"
     store = CommitterStore.from_url(url)
     writer = CheckpointWriter(store, layout, "p", "k", actor=ACTOR)
@@ -182,7 +184,67 @@ def test_a_failed_check_looks_the_connection_up_again(monkeypatch, tmp_path, cou
     assert refused["status"] == "timeout" and "is of type 'generic'" in refused["message"], refused
     # ...and once it is fixed, the next check reads it afresh, well within the lookup's minute.
     _conn(monkeypatch, "walsink_default", "walsink", extra={"url": url, "staging_root": str(layout.root)})
-    (fixed,) = _run_all(_triggers(["k"]))
+    (fixed,) = _run_all(
+        [CheckpointDurableTrigger(pipeline="p", checkpoint_key="k", poke_interval=0.05, timeout=20)]
+    )
     assert fixed["status"] == "durable", fixed
-    assert lookups["walsink_default"] == 2, lookups
+    store.dispose()
+
+
+def test_triggers_check_when_their_rows_change_not_at_every_poke(monkeypatch, tmp_path, layout):
+    url = f"sqlite:///{tmp_path}/committer.db"
+    store = CommitterStore.from_url(url)
+    _conn(monkeypatch, "walsink_default", "walsink", extra={"url": url, "staging_root": str(layout.root)})
+    keys = [f"k{i}" for i in range(TRIGGERS)]
+    writers = []
+    for key in keys:  # every checkpoint being written: registered, its attempt staged, not sealed
+        store.register("p", key, mode="overwrite", actor=ACTOR)
+        writer = CheckpointWriter(store, layout, "p", key, actor=ACTOR)
+        (writer.begin() / "part-0.csv").write_bytes(b"a\n")
+        writer.add_files(["part-0.csv"], writer="t")
+        writers.append(writer)
+    checks: Counter[str] = Counter()
+    real_check = durability_check.evaluate_with_hook
+
+    def counting(hook, root, pipeline, key, **kwargs):
+        checks[key] += 1
+        return real_check(hook, root, pipeline, key, **kwargs)
+
+    monkeypatch.setattr(durability_check, "evaluate_with_hook", counting)
+    # Half of them poke every 50 ms, the other half once an hour.
+    triggers = [
+        CheckpointDurableTrigger(
+            pipeline="p", checkpoint_key=key, poke_interval=0.05 if i % 2 else 3600.0, timeout=60
+        )
+        for i, key in enumerate(keys)
+    ]
+    quiet: list[int] = []
+
+    def seal_all() -> None:
+        # Once the checks have settled (the watch has read every row since each trigger's check),
+        # none happens for a while; then every checkpoint is sealed, as its write task ends.
+        total, still, tries = -1, 0, 0
+        while still < 10 and tries < 200:
+            tries += 1
+            time.sleep(0.1)
+            total, still = sum(checks.values()), (still + 1 if sum(checks.values()) == total else 0)
+        checks.clear()
+        time.sleep(1.5)
+        quiet.append(sum(checks.values()))
+        for writer in writers:
+            writer.seal(file_format="csv")
+
+    async def main():
+        async def first_event(trigger):
+            async for event in trigger.run():
+                return event.payload
+
+        running = [asyncio.ensure_future(first_event(t)) for t in triggers]
+        await asyncio.to_thread(seal_all)
+        return await asyncio.gather(*running)
+
+    events = asyncio.run(main())
+    assert quiet == [0]  # rows being written: no trigger checked, not even those poking every 50 ms
+    assert [e["status"] for e in events] == ["durable"] * TRIGGERS, events
+    assert checks == dict.fromkeys(keys, 1)  # the seal woke each trigger to one check
     store.dispose()

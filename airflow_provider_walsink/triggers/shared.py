@@ -9,7 +9,7 @@ open a new committer engine and a new staging client. Here they share, per proce
   staging connection it names, are looked up once and kept for :data:`CONNECTION_TTL` seconds;
 * **one committer store per database URL** (its SQLAlchemy engine and pool:
   ``hooks/walsink.py: store_for_url``); the pool never holds more connections than the checks
-  running at once, which the triggers' thread pool bounds (``durable.py: CHECK_THREADS``);
+  running at once, which the triggers' thread pool bounds (``watch.py: CHECK_THREADS``);
 * **one staging store per root and credentials** (:func:`staging_store_for`; on S3 its
   ``pyarrow`` file system, and its boto3 client once made), the :data:`STAGING_STORES` most
   recently used kept.
