@@ -83,7 +83,9 @@ class CheckpointDurableTrigger(BaseTrigger):
         the walsink connection names (:meth:`WalsinkHook.get_staging_store`): the trigger's
         kwargs, stored in Airflow's database, never hold a secret.
     :param verify_checksums: also recompute every committable's checksum.
-    :param poke_interval: seconds between checks.
+    :param poke_interval: seconds between checks while the checkpoint's row is SEALED (its staged
+        files checked again) or the watch cannot read the committer table; a change of the row
+        wakes the trigger at once (:class:`~.watch.CommitterWatch`).
     :param timeout_at: epoch seconds after which the trigger gives up, or ``None``.
     :param timeout: seconds after its first check after which the trigger gives up (when
         ``timeout_at`` is not known: started from the trigger), or ``None``.
