@@ -45,6 +45,11 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
     "s3_stage": ("bench.bench_s3_stage", [], ["--rows", "10000", "--repeats", "1"]),
     "kafka_read": ("bench.bench_kafka_read", [], ["--records", "10000", "--repeats", "1"]),
     "stage_writer": ("bench.bench_stage_writer", [], ["--rows", "10000", "--repeats", "1"]),
+    "triggerer": (
+        "bench.bench_triggerer",
+        ["--n", "100,500,1000", "--staging", "local,s3"],
+        ["--n", "5", "--staging", "local,s3", "--window", "10"],
+    ),
 }  # fmt: skip
 
 

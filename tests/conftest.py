@@ -235,6 +235,16 @@ def layout(tmp_path):
     return StagingLayout(tmp_path / "staging")
 
 
+@pytest.fixture(autouse=True)
+def _fresh_trigger_connections():
+    """Triggers trust a connection lookup for a minute in their process (``triggers/shared.py``);
+    tests change connections from one test to the next, so each test's triggers look them up."""
+    yield
+    shared = sys.modules.get("airflow_provider_walsink.triggers.shared")
+    if shared is not None:
+        shared.clear()
+
+
 @pytest.fixture(scope="session")
 def airflow_db():
     """One migrated Airflow metadata database (SQLite in the session's Airflow home)."""

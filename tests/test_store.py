@@ -67,6 +67,21 @@ def test_pipelines_and_keys_differing_only_in_case_are_different_rows(store):
     assert (upper.sequence, lower.sequence, lower_key.sequence) == (1, 1, 2)
 
 
+def test_the_rows_of_many_checkpoints_are_read_together(store):
+    """What the triggers' watch reads (``triggers/watch.py``): state, attempt and sealed attempt
+    of each registered key; unregistered, differently cased and invalid keys are left out."""
+    keys = [("p", f"k{i:04d}") for i in range(8)]
+    for p, k in keys:
+        store.register(p, k, mode="overwrite", actor=A)
+    to_durable(store, "sealed")
+    writing = store.start_attempt("p", "k0001", actor=A)
+    states = store.checkpoint_states([*keys, ("p", "sealed"), ("p", "nope"), ("P", "K0002"), ("p", "a b")])
+    assert set(states) == {*keys, ("p", "sealed")}
+    assert states[("p", "k0000")] == ("REGISTERED", 0, None)
+    assert states[("p", "k0001")] == ("WRITING", writing.attempt, None)
+    assert states[("p", "sealed")] == ("DURABLE", 1, 1)
+
+
 def test_register_refuses_a_mode_change_and_bad_identifiers(store):
     store.register("p", "k1", mode="overwrite", actor=A)
     with pytest.raises(Exception, match="overwrite mode, not append"):

@@ -69,6 +69,16 @@ def store_for_url(url: str) -> CommitterStore:
         return store
 
 
+def forget_store_for_url(url: str) -> None:
+    """Close the pooled connections of the store :func:`store_for_url` keeps for ``url`` and
+    forget it (its connection now names another database). A caller still holding it keeps a
+    working store: SQLAlchemy opens a new pool on its next use."""
+    with _stores_lock:
+        store = _stores.pop(url, None)
+    if store is not None:
+        store.dispose()
+
+
 class WalsinkHook(BaseHook):
     """Reaches the committer table through an Airflow connection.
 
@@ -302,8 +312,13 @@ class WalsinkHook(BaseHook):
         credentials of :meth:`get_staging_credentials` for an object store."""
         root = staging_root or self.staging_root
         if not is_object_store_root(root):
-            return StagingStore.open(root)
-        return StagingStore.open(root, self.get_staging_credentials(root).options)
+            return self._open_staging_store(root, {})
+        return self._open_staging_store(root, self.get_staging_credentials(root).options)
+
+    def _open_staging_store(self, root: str, options: Mapping[str, str]) -> StagingStore:
+        """Open ``root`` with ``options``: a new store (and client) each time; the triggers' shared
+        hook (``triggers/shared.py``) keeps one per root and credentials instead."""
+        return StagingStore.open(root, options)
 
     def get_source(self, source: Source | Mapping[str, Any] | None = None) -> Source:
         """The pipeline's source (default ``files``: the job finds its own input), its kind looked

@@ -140,3 +140,19 @@ def evaluate_with_hook(
     return evaluate_durability(
         store, layout, pipeline, checkpoint_key, actor=actor, verify_checksums=verify_checksums
     )
+
+
+def checkpoint_states(
+    walsink_conn_id: str, keys: list[tuple[str, str]]
+) -> dict[tuple[str, str], tuple[tuple[Any, ...], bool]]:
+    """The rows of ``keys`` through the triggers' shared hook of ``walsink_conn_id``, for the
+    triggers' watch (``triggers/watch.py``): per registered checkpoint its fingerprint (state,
+    attempt, sealed attempt) and whether a check could find it durable (SEALED, or verified
+    durable already); a checkpoint not registered is left out."""
+    from airflow_provider_walsink.triggers.shared import hook_for
+
+    states = hook_for(walsink_conn_id).get_store().checkpoint_states(keys)
+    return {
+        key: (row, row[0] == S.SEALED.value or row[0] in {s.value for s in DURABLE_OR_LATER})
+        for key, row in states.items()
+    }

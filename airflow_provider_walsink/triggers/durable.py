@@ -1,33 +1,37 @@
 """The durability gate in the triggerer: :class:`CheckpointDurableTrigger`.
 
 It runs :func:`~airflow_provider_walsink.triggers.durability_check.evaluate_durability` (the one
-check the sensor shares) every ``poke_interval`` seconds in the triggerer, and fires when the
-checkpoint is durable, or when its own deadline passes with a message naming what is still
-missing. Started by the sensor's ``execute`` (``defer``), it hands the event back to the sensor
-on a worker; started by the scheduler (the sensor's ``start_from_trigger``), it ends the task
-itself (``TaskSuccessEvent`` / ``TaskFailedEvent``), so the sensor never occupies a worker.
+check the sensor shares) in the triggerer, and fires when the checkpoint is durable, or when its
+own deadline passes with a message naming what is still missing. Started by the sensor's
+``execute`` (``defer``), it hands the event back to the sensor on a worker; started by the
+scheduler (the sensor's ``start_from_trigger``), it ends the task itself (``TaskSuccessEvent`` /
+``TaskFailedEvent``), so the sensor never occupies a worker.
+
+It checks when its checkpoint's row changes and every ``poke_interval`` seconds while the row
+is SEALED (the staged files checked again): the triggers of one triggerer watch their rows
+together, one query per walsink connection every half second (:class:`~.watch.CommitterWatch`),
+so a seal is seen within about half a second whatever the number of triggers, and a trigger
+whose checkpoint is still being written costs nothing more.
 
 Nothing it does blocks the triggerer's event loop, which every deferred task of the deployment
 shares (issue 46). Airflow imports this module on the loop, so it imports only the standard
 library and Airflow's trigger base; the check, with every import it needs (SQLAlchemy, Alembic,
 pyarrow, walsink's core), the connection lookups, the committer-table queries, the staging
-listings and the checksum reads, runs in a thread pool of :data:`CHECK_THREADS` threads shared
-by every walsink trigger of the triggerer process. That bounds what hundreds of triggers do at
-once (and the committer connections they hold: one engine per committer URL and process,
-``hooks/walsink.py: store_for_url``), and leaves the default executor, which Airflow's own
-``sync_to_async`` and other triggers use, to them.
+listings and the checksum reads, runs in a thread pool of ``CHECK_THREADS`` threads shared
+by every walsink trigger of the triggerer process (:mod:`.watch`). That bounds what hundreds of
+triggers do at once, and leaves the default executor, which Airflow's own ``sync_to_async`` and
+other triggers use, to them. What the checks open is shared by the process's triggers too
+(:mod:`.shared`): one connection lookup per connection and minute, one committer engine per
+database URL (its pool never larger than the checks running at once), one staging client per
+root and credentials.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import functools
-import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 try:
     from airflow.triggers.base import BaseTrigger, TaskFailedEvent, TaskSuccessEvent, TriggerEvent
@@ -39,17 +43,11 @@ except ImportError:  # pragma: no cover
         TriggerEvent,
     )
 
+from airflow_provider_walsink.triggers.watch import CommitterWatch, off_loop, watch_for
+
 if TYPE_CHECKING:
     from airflow_provider_walsink.core.store.records import Actor
     from airflow_provider_walsink.triggers.durability_check import DurabilityStatus
-
-T = TypeVar("T")
-
-#: Threads of the pool every walsink trigger of one triggerer process checks in: at most this
-#: many checks (and committer connections) at once, whatever the number of triggers.
-CHECK_THREADS = 4
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
 
 #: Names this module served before the check moved to :mod:`.durability_check`; imported from
 #: there when asked for (never on the triggerer's loop).
@@ -62,21 +60,6 @@ def __getattr__(name: str) -> Any:
 
         return getattr(durability_check, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _checks_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="walsink-durability")
-        return _pool
-
-
-async def off_loop(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in the walsink triggers' thread pool, with the caller's context variables
-    (as :func:`asyncio.to_thread` passes them: Airflow's trigger logging reads them)."""
-    call = functools.partial(contextvars.copy_context().run, fn, *args)
-    return await asyncio.get_running_loop().run_in_executor(_checks_pool(), call)
 
 
 class CheckpointDurableTrigger(BaseTrigger):
@@ -100,7 +83,9 @@ class CheckpointDurableTrigger(BaseTrigger):
         the walsink connection names (:meth:`WalsinkHook.get_staging_store`): the trigger's
         kwargs, stored in Airflow's database, never hold a secret.
     :param verify_checksums: also recompute every committable's checksum.
-    :param poke_interval: seconds between checks.
+    :param poke_interval: seconds between checks while the checkpoint's row is SEALED (its staged
+        files checked again) or the watch cannot read the committer table; a change of the row
+        wakes the trigger at once (:class:`~.watch.CommitterWatch`).
     :param timeout_at: epoch seconds after which the trigger gives up, or ``None``.
     :param timeout: seconds after its first check after which the trigger gives up (when
         ``timeout_at`` is not known: started from the trigger), or ``None``.
@@ -179,14 +164,15 @@ class CheckpointDurableTrigger(BaseTrigger):
 
     def _check(self, key: str, actor: Actor) -> DurabilityStatus:
         """One check (in the pool's thread); a failure is a "not yet" naming it."""
-        from airflow_provider_walsink.hooks.walsink import WalsinkHook
+        from airflow_provider_walsink.triggers import shared
         from airflow_provider_walsink.triggers.durability_check import DurabilityStatus, evaluate_with_hook
 
         try:
             # Credentials of an object-store root are read here, in the triggerer, from the
-            # connections: the trigger's kwargs (stored in Airflow's database) hold only ids.
+            # connections: the trigger's kwargs (stored in Airflow's database) hold only ids. The
+            # hook, its lookups, engine and staging client are shared by the process's triggers.
             return evaluate_with_hook(
-                WalsinkHook(self.walsink_conn_id),
+                shared.hook_for(self.walsink_conn_id),
                 self.staging_root or None,  # "" when rendered from a write task that pushed no root
                 self.pipeline,
                 key,
@@ -194,6 +180,7 @@ class CheckpointDurableTrigger(BaseTrigger):
                 verify_checksums=self.verify_checksums,
             )
         except Exception as e:  # noqa: BLE001 - e.g. database down: report, and try again
+            shared.expire(self.walsink_conn_id)  # e.g. rotated credentials: look them up again
             status = DurabilityStatus(False, None, f"durability check failed: {e}")
             self.log.warning("%s", status.message)
             return status
@@ -212,24 +199,43 @@ class CheckpointDurableTrigger(BaseTrigger):
         deadline = self.timeout_at
         if deadline is None and self.timeout is not None:
             deadline = time.time() + self.timeout
-        while True:
+        watch = watch_for(self.walsink_conn_id)
+        with watch.watching(self.pipeline, key) as changed:
+            checked = time.monotonic()
             status = await off_loop(self._check, key, actor)
-            if status.durable:
-                self.log.info("%s", status.message)
-                yield (
-                    TaskSuccessEvent()
-                    if self.end_from_trigger
-                    else TriggerEvent({"status": "durable", **status.to_dict()})
-                )
-                return
-            self.log.info("not durable yet: %s", status.message)
-            if deadline is not None and time.time() >= deadline:
-                if self.end_from_trigger:
-                    self.log.error(
-                        "checkpoint not durable after %.0fs: %s", self.timeout or 0, status.message
-                    )
-                    yield TaskFailedEvent()
-                else:
-                    yield TriggerEvent({"status": "timeout", **status.to_dict()})
-                return
-            await asyncio.sleep(self.poke_interval)
+            while not status.durable:
+                self.log.info("not durable yet: %s", status.message)
+                if not await self._check_due(watch, key, changed, checked, deadline):
+                    break
+                checked = time.monotonic()
+                status = await off_loop(self._check, key, actor)
+        if status.durable:
+            self.log.info("%s", status.message)
+            yield (
+                TaskSuccessEvent()
+                if self.end_from_trigger
+                else TriggerEvent({"status": "durable", **status.to_dict()})
+            )
+        elif self.end_from_trigger:
+            self.log.error("checkpoint not durable after %.0fs: %s", self.timeout or 0, status.message)
+            yield TaskFailedEvent()
+        else:
+            yield TriggerEvent({"status": "timeout", **status.to_dict()})
+
+    async def _check_due(
+        self, watch: CommitterWatch, key: str, changed: asyncio.Event, checked: float, deadline: float | None
+    ) -> bool:
+        """Wait until the checkpoint's row changes (the watch wakes it) or ``poke_interval`` has
+        passed, then ``True``: a check is due; unless the watch read the row after the last check
+        (``checked``, monotonic) and no check could pass on it: then wait again. ``False`` once the
+        deadline has passed."""
+        while deadline is None or time.time() < deadline:
+            wait = self.poke_interval if deadline is None else min(self.poke_interval, deadline - time.time())
+            try:
+                await asyncio.wait_for(changed.wait(), max(0.0, wait))
+            except TimeoutError:
+                if watch.rules_out(self.pipeline, key, since=checked):
+                    continue
+            changed.clear()
+            return True
+        return False

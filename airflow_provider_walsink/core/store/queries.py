@@ -10,7 +10,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, or_, select
+from sqlalchemy import Connection, Engine, and_, func, or_, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
@@ -53,6 +53,32 @@ class CheckpointQueries:
         if row is None or (row["pipeline"], row["checkpoint_key"]) != (pipeline, checkpoint_key):
             return None  # not a case-insensitive match (MySQL/MariaDB collation): not this checkpoint
         return CheckpointRecord.from_row(row)
+
+    @retrying
+    def checkpoint_states(
+        self, keys: list[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[str, int, int | None]]:
+        """``(pipeline, checkpoint key) -> (state, attempt, sealed attempt)`` of each of ``keys`` that
+        is registered, in one statement per 500 keys (the unique index): what the durability
+        triggers of a triggerer watch for all of them at once instead of each reading its own row."""
+        wanted = {(p, k) for p, k in keys if _is_identifier(p) and _is_identifier(k)}
+        ordered = sorted(wanted)
+        out: dict[tuple[str, str], tuple[str, int, int | None]] = {}
+        columns = (
+            ckpt.c.pipeline,
+            ckpt.c.checkpoint_key,
+            ckpt.c.state,
+            ckpt.c.attempt,
+            ckpt.c.sealed_attempt,
+        )
+        with self.engine.connect() as conn:
+            for start in range(0, len(ordered), 500):
+                chunk = ordered[start : start + 500]
+                query = select(*columns).where(tuple_(ckpt.c.pipeline, ckpt.c.checkpoint_key).in_(chunk))
+                for row in conn.execute(query):
+                    if (row.pipeline, row.checkpoint_key) in wanted:  # not a case-insensitive match
+                        out[(row.pipeline, row.checkpoint_key)] = (row.state, row.attempt, row.sealed_attempt)
+        return out
 
     def require(self, pipeline: str, checkpoint_key: str) -> CheckpointRecord:
         record = self.get(pipeline, checkpoint_key)

@@ -1,0 +1,250 @@
+"""The walsink triggers of one triggerer process share what they can (issue 46,
+``triggers/shared.py``, ``triggers/watch.py``): many durability triggers waiting at once on
+checkpoints staged on S3 (moto's real S3 API) look each connection up once, open one committer
+engine and one staging client, however many times each checks; a connection changed in Airflow
+reaches them once the lookup's time is up (the committer URL it named before is let go), and at
+once after a check failed on it. They read their checkpoints' rows together: while the rows say
+the checkpoints are being written no trigger checks, whatever its ``poke_interval``, and a seal
+wakes each trigger to one check, even one whose ``poke_interval`` is an hour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections import Counter
+
+import pytest
+from airflow.sdk import BaseHook
+
+from airflow_provider_walsink.core.commit.writer import CheckpointWriter
+from airflow_provider_walsink.core.protocol import CheckpointState as S
+from airflow_provider_walsink.core.staging.object_store import StagingStore
+from airflow_provider_walsink.core.store.store import CommitterStore
+from airflow_provider_walsink.hooks import walsink as walsink_hooks
+from airflow_provider_walsink.triggers import durability_check, shared
+from airflow_provider_walsink.triggers.durable import CheckpointDurableTrigger
+from tests.helpers import ACTOR
+from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, s3_server  # noqa: F401
+
+TRIGGERS = 12
+
+
+def _conn(monkeypatch, conn_id: str, conn_type: str, **fields) -> None:
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": conn_type, **fields}))
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Every connection lookup (by id), staging store and committer store opened, from here on."""
+    lookups: Counter[str] = Counter()
+    opened: list[str] = []
+    engines: list[str] = []
+    real_lookup = BaseHook.get_connection.__func__
+    real_open = StagingStore.open.__func__
+    real_engine = CommitterStore.from_url.__func__
+
+    def lookup(cls, conn_id):
+        lookups[conn_id] += 1
+        return real_lookup(cls, conn_id)
+
+    def open_store(cls, root, options=None):
+        opened.append(str(root))
+        return real_open(cls, root, options)
+
+    def open_engine(cls, url, **kwargs):
+        engines.append(url)
+        return real_engine(cls, url, **kwargs)
+
+    monkeypatch.setattr(BaseHook, "get_connection", classmethod(lookup))
+    monkeypatch.setattr(StagingStore, "open", classmethod(open_store))
+    monkeypatch.setattr(CommitterStore, "from_url", classmethod(open_engine))
+    return lookups, opened, engines
+
+
+def _stage(store: CommitterStore, staging: StagingStore, key: str, *, held_back: bool) -> tuple | None:
+    """A SEALED checkpoint ``p/key`` on ``staging``; with ``held_back`` its second file is missing
+    (returned, to put back), so the triggers check it several times."""
+    store.register("p", key, mode="overwrite", actor=ACTOR)
+    writer = CheckpointWriter(store, staging, "p", key, actor=ACTOR)
+    location = writer.begin()
+    files = {f"part-{i}.csv": f"{key},{i}\n".encode() * 100 for i in range(2)}
+    for rel, data in files.items():
+        with staging.filesystem.open_output_stream(staging.committable(location, rel)) as out:
+            out.write(data)
+    writer.add_files(files, checksum="crc32", writer="t")
+    writer.seal(file_format="csv")
+    if not held_back:
+        return None
+    path = staging.committable(location, "part-1.csv")
+    staging.filesystem.delete_file(path)
+    return path, files["part-1.csv"]
+
+
+def _run_all(triggers: list[CheckpointDurableTrigger], before_second_look=None) -> list[dict]:
+    async def first_event(trigger):
+        async for event in trigger.run():
+            return event.payload
+
+    async def main():
+        running = [asyncio.ensure_future(first_event(t)) for t in triggers]
+        if before_second_look is not None:
+            await asyncio.sleep(0.5)  # every trigger has checked, and found the file missing, by now
+            await asyncio.to_thread(before_second_look)
+        return await asyncio.gather(*running)
+
+    return asyncio.run(main())
+
+
+def _triggers(keys: list[str]) -> list[CheckpointDurableTrigger]:
+    return [
+        CheckpointDurableTrigger(
+            pipeline="p", checkpoint_key=key, poke_interval=0.05, timeout=60, actor={"name": "triggerer"}
+        )
+        for key in keys
+    ]
+
+
+def test_many_triggers_share_one_lookup_engine_and_client_until_the_connection_changes(
+    monkeypatch,
+    tmp_path,
+    s3_server,  # noqa: F811
+    counted,
+):
+    lookups, opened, engines = counted
+    options = {"endpoint_url": s3_server.endpoint, "access_key": ACCESS_KEY, "secret_key": SECRET_KEY,
+               "region": REGION}  # fmt: skip
+    root = f"s3://{s3_server.bucket}/{uuid.uuid4().hex[:12]}/staging"
+    staging = StagingStore.open(root, options)
+    first_url, second_url = (f"sqlite:///{tmp_path}/{name}.db" for name in ("first", "second"))
+    first, second = CommitterStore.from_url(first_url), CommitterStore.from_url(second_url)
+    keys = [f"2026010{i // 10}T{i % 10:02d}0000Z" for i in range(TRIGGERS)]
+    held = [_stage(first, staging, key, held_back=True) for key in keys]
+    _stage(second, staging, "20260201T000000Z", held_back=False)
+    _conn(monkeypatch, "s3_stage", "aws", login=ACCESS_KEY, password=SECRET_KEY,
+          extra={"region_name": REGION, "endpoint_url": s3_server.endpoint})  # fmt: skip
+    _conn(monkeypatch, "walsink_default", "walsink",
+          extra={"url": first_url, "staging_root": root, "staging_conn_id": "s3_stage"})  # fmt: skip
+    lookups.clear()
+    opened.clear()
+    engines.clear()
+
+    def put_back() -> None:
+        for path, data in held:
+            with staging.filesystem.open_output_stream(path) as out:
+                out.write(data)
+
+    events = _run_all(_triggers(keys), before_second_look=put_back)
+
+    # Every trigger waited through several checks (the file was missing), then fired...
+    assert [e["status"] for e in events] == ["durable"] * TRIGGERS, events
+    assert {first.require("p", key).state for key in keys} == {S.DURABLE}
+    # ...and all of them together looked each connection up once, and opened one committer
+    # engine and one S3 client.
+    assert lookups == {"walsink_default": 1, "s3_stage": 1}, lookups
+    assert (engines, opened) == ([first_url], [root])
+
+    # The committer moves to another database: a trigger started within the lookup's minute
+    # still reads the first one (the looked-up connection is trusted that long)...
+    _conn(monkeypatch, "walsink_default", "walsink",
+          extra={"url": second_url, "staging_root": root, "staging_conn_id": "s3_stage"})  # fmt: skip
+    (early,) = _run_all(
+        [CheckpointDurableTrigger(pipeline="p", checkpoint_key="20260201T000000Z", timeout_at=0.0)]
+    )
+    assert early["status"] == "timeout" and "is not registered" in early["message"], early
+    # ...and once its time is up, the next trigger looks it up again and waits on the new one;
+    # the first URL's engine is let go, the S3 client (same root, same keys) kept.
+    shared.hook_for("walsink_default").looked_up_at -= shared.CONNECTION_TTL
+    (moved,) = _run_all(_triggers(["20260201T000000Z"]))
+    assert moved["status"] == "durable", moved
+    assert second.require("p", "20260201T000000Z").state is S.DURABLE
+    assert lookups == {"walsink_default": 2, "s3_stage": 2}, lookups
+    assert (engines, opened) == ([first_url, second_url], [root])
+    assert first_url not in walsink_hooks._stores and second_url in walsink_hooks._stores
+    first.dispose()
+    second.dispose()
+
+
+def test_a_failed_check_looks_the_connection_up_again(monkeypatch, tmp_path, layout):
+    url = f"sqlite:///{tmp_path}/committer.db"
+    store = CommitterStore.from_url(url)
+    writer = CheckpointWriter(store, layout, "p", "k", actor=ACTOR)
+    store.register("p", "k", mode="overwrite", actor=ACTOR)
+    (writer.begin() / "part-0.csv").write_bytes(b"a\n")
+    writer.add_files(["part-0.csv"], writer="t")
+    writer.seal(file_format="csv")
+    # A connection of the wrong type: every check fails, naming it...
+    _conn(monkeypatch, "walsink_default", "generic", extra={"url": url})
+    monkeypatch.setattr(shared, "RETRY_LOOKUP_AFTER", 0.0)
+    (refused,) = _run_all(
+        [CheckpointDurableTrigger(pipeline="p", checkpoint_key="k", timeout_at=0.0, actor={"name": "t"})]
+    )
+    assert refused["status"] == "timeout" and "is of type 'generic'" in refused["message"], refused
+    # ...and once it is fixed, the next check reads it afresh, well within the lookup's minute.
+    _conn(monkeypatch, "walsink_default", "walsink", extra={"url": url, "staging_root": str(layout.root)})
+    (fixed,) = _run_all(
+        [CheckpointDurableTrigger(pipeline="p", checkpoint_key="k", poke_interval=0.05, timeout=20)]
+    )
+    assert fixed["status"] == "durable", fixed
+    store.dispose()
+
+
+def test_triggers_check_when_their_rows_change_not_at_every_poke(monkeypatch, tmp_path, layout):
+    url = f"sqlite:///{tmp_path}/committer.db"
+    store = CommitterStore.from_url(url)
+    _conn(monkeypatch, "walsink_default", "walsink", extra={"url": url, "staging_root": str(layout.root)})
+    keys = [f"k{i}" for i in range(TRIGGERS)]
+    writers = []
+    for key in keys:  # every checkpoint being written: registered, its attempt staged, not sealed
+        store.register("p", key, mode="overwrite", actor=ACTOR)
+        writer = CheckpointWriter(store, layout, "p", key, actor=ACTOR)
+        (writer.begin() / "part-0.csv").write_bytes(b"a\n")
+        writer.add_files(["part-0.csv"], writer="t")
+        writers.append(writer)
+    checks: Counter[str] = Counter()
+    real_check = durability_check.evaluate_with_hook
+
+    def counting(hook, root, pipeline, key, **kwargs):
+        checks[key] += 1
+        return real_check(hook, root, pipeline, key, **kwargs)
+
+    monkeypatch.setattr(durability_check, "evaluate_with_hook", counting)
+    # Half of them poke every 50 ms, the other half once an hour.
+    triggers = [
+        CheckpointDurableTrigger(
+            pipeline="p", checkpoint_key=key, poke_interval=0.05 if i % 2 else 3600.0, timeout=60
+        )
+        for i, key in enumerate(keys)
+    ]
+    quiet: list[int] = []
+
+    def seal_all() -> None:
+        # Once the checks have settled (the watch has read every row since each trigger's check),
+        # none happens for a while; then every checkpoint is sealed, as its write task ends.
+        total, still, tries = -1, 0, 0
+        while still < 10 and tries < 200:
+            tries += 1
+            time.sleep(0.1)
+            total, still = sum(checks.values()), (still + 1 if sum(checks.values()) == total else 0)
+        checks.clear()
+        time.sleep(1.5)
+        quiet.append(sum(checks.values()))
+        for writer in writers:
+            writer.seal(file_format="csv")
+
+    async def main():
+        async def first_event(trigger):
+            async for event in trigger.run():
+                return event.payload
+
+        running = [asyncio.ensure_future(first_event(t)) for t in triggers]
+        await asyncio.to_thread(seal_all)
+        return await asyncio.gather(*running)
+
+    events = asyncio.run(main())
+    assert quiet == [0]  # rows being written: no trigger checked, not even those poking every 50 ms
+    assert [e["status"] for e in events] == ["durable"] * TRIGGERS, events
+    assert checks == dict.fromkeys(keys, 1)  # the seal woke each trigger to one check
+    store.dispose()
