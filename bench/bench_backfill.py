@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
-import textwrap
 import time
 from datetime import date, timedelta
 from pathlib import Path
@@ -44,7 +42,7 @@ if __package__ in (None, ""):
     __package__ = "bench"
 
 from bench.bench_orchestration import _ts  # noqa: E402
-from bench.common import PG_ADMIN_URL, REPO, Table, fmt_s, machine, median, private_pg_database, remove  # noqa: E402
+from bench.common import PG_ADMIN_URL, REPO, Table, fmt_s, median, print_run, private_pg_database  # noqa: E402
 
 FIRST_DAY = date(2026, 3, 1)
 PLAIN, WALSINK, WALSINK_SFT = "bench_plain_daily", "bench_walsink_daily", "bench_walsink_daily_sft"
@@ -282,16 +280,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--work-dir", default=None)
     args = parser.parse_args(argv)
-    scratch = Path(tempfile.mkdtemp(prefix="walsink-bench-backfill-", dir=args.work_dir))
-    try:
-        print(machine(str(scratch)).render())
-        started = time.monotonic()
-        table = run(args.days, args.max_active_runs, args.repeats, args.start_from_trigger, scratch)
-        print(table.render())
-        print(textwrap.fill(f"(benchmark took {time.monotonic() - started:.0f} s)"))
-    finally:
-        remove(scratch)
-    return 0
+    return print_run(
+        "walsink-bench-backfill-",
+        args.work_dir,
+        lambda scratch: [
+            run(args.days, args.max_active_runs, args.repeats, args.start_from_trigger, scratch)
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -53,8 +53,6 @@ import re
 import socket
 import subprocess
 import sys
-import tempfile
-import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -67,7 +65,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     __package__ = "bench"
 
-from bench.common import PG_ADMIN_URL, REPO, Table, fmt_s, machine, private_pg_database, remove  # noqa: E402
+from bench.common import PG_ADMIN_URL, REPO, Table, fmt_s, print_run, private_pg_database  # noqa: E402
 
 DAG_ID = "bench_triggerer"
 HEARTBEAT_S = 5.0
@@ -75,6 +73,8 @@ WATCHDOG_SLEEP_S = 0.1
 WATCHDOG_THRESHOLD_S = 0.15
 ACCESS_KEY, SECRET_KEY, REGION, BUCKET = "bench-key", "bench-secret", "us-east-1", "walsink-bench"
 FIRST_DAY = datetime(2001, 1, 1, tzinfo=UTC)
+#: --triggers: which of the DAG's tasks are deferred (durable: walsink's sensor; moment: DateTimeSensorAsync).
+TRIGGER_TASKS = {"both": ("durable", "moment"), "walsink": ("durable",), "datetime": ("moment",)}
 
 _DAG = """\
 from datetime import UTC, datetime
@@ -98,6 +98,28 @@ with DAG(dag_id={dag_id!r}, schedule="@daily", start_date=datetime(2000, 1, 1, t
         start_from_trigger=True,
         end_from_trigger=True,
     )
+"""
+
+
+#: With ``--gc-log``: a ``sitecustomize`` the triggerer's processes load, logging every garbage
+#: collection that takes over 50 ms (a collection stops the whole process, its event loop included).
+_GC_LOG = """\
+import gc, os, time
+
+_log = os.environ.get("WALSINK_BENCH_GC_LOG")
+_began = []
+
+
+def _timed(phase, info):
+    if phase == "start":
+        _began[:] = [time.perf_counter()]
+    elif _began and time.perf_counter() - _began[0] > 0.05:
+        with open(_log, "a") as out:
+            out.write(f"{time.time():.3f} {os.getpid()} {info['generation']} {time.perf_counter() - _began[0]:.3f}\\n")
+
+
+if _log:
+    gc.callbacks.append(_timed)
 """
 
 
@@ -147,6 +169,8 @@ def defer_runs(spec_file: str) -> None:
                     session=session,
                 )
                 for ti in dag_run.get_task_instances(session=session):
+                    if ti.task_id not in spec["tasks"]:
+                        continue  # left unscheduled (the benchmark's --triggers: one kind only)
                     ti.task = dag.get_task(ti.task_id)
                     if not ti.defer_task(session=session):
                         raise SystemExit(f"{ti.task_id} of {run['run_id']} does not start in the triggerer")
@@ -196,6 +220,8 @@ class Monitor(threading.Thread):
         self.phases: dict[str, Phase] = {}
         self.current: Phase | None = None
         self.beats: list[float] = []  # every heartbeat seen (epoch seconds)
+        self.supervisor: set[int] = set()  # the triggerer's own process
+        self.runner: set[int] = set()  # its trigger runner subprocess
         self.stopping = threading.Event()
         self.after_job = after_job  # the triggerer started for this configuration has a newer job
         self.job_id: int | None = None
@@ -223,6 +249,8 @@ class Monitor(threading.Thread):
         import psutil
 
         pids = self.stack.pids().get("triggerer", [])[1:]  # the guard's own pid first: not counted
+        self.supervisor.update(pids[:1])
+        self.runner.update(pids[1:])
         sizes = []
         for pid in pids:
             try:
@@ -258,14 +286,16 @@ class Monitor(threading.Thread):
                 print(f"  monitor: {exc}", file=sys.stderr)
 
 
-def _blocks(log_path: Path, phase: Phase) -> list[float]:
-    """The loop blocks Airflow's watchdog logged in ``phase``: each 0.1 s sleep's excess."""
+def _blocks(log_path: Path, phase: Phase) -> list[tuple[float, float]]:
+    """The loop blocks Airflow's watchdog logged in ``phase``: (when it ended, epoch; how long: the
+    excess of a 0.1 s sleep)."""
     with log_path.open("rb") as f:
         f.seek(phase.log_from)
         text_ = f.read(max(0, phase.log_to - phase.log_from)).decode(errors="replace")
+    found = re.findall(r"^(\S+)Z .*async thread was blocked for ([0-9.]+) seconds", text_, re.MULTILINE)
     return [
-        float(m) - WATCHDOG_SLEEP_S
-        for m in re.findall(r"async thread was blocked for ([0-9.]+) seconds", text_)
+        (datetime.fromisoformat(at).replace(tzinfo=UTC).timestamp(), float(took) - WATCHDOG_SLEEP_S)
+        for at, took in found
     ]
 
 
@@ -295,8 +325,10 @@ def one_config(
     poke: float,
     batch: int,
     scratch: Path,
+    tasks: list[str],
 ) -> dict[str, Any]:
-    """Load N + N triggers into a fresh triggerer, fire them over ``window``, and measure."""
+    """Load N + N triggers (``tasks``: of one kind only, to tell them apart) into a fresh triggerer,
+    fire them over ``window``, and measure."""
     from sqlalchemy import text
 
     from airflow_provider_walsink.core.commit.writer import CheckpointWriter
@@ -328,7 +360,7 @@ def one_config(
 
     def defer(runs: list[dict[str, Any]], name: str) -> None:
         spec_file = scratch / f"{prefix}_{name}.json"
-        spec_file.write_text(json.dumps({"batch": batch, "pause": 0.5, "runs": runs}))
+        spec_file.write_text(json.dumps({"batch": batch, "pause": 0.5, "runs": runs, "tasks": tasks}))
         done = subprocess.run(
             [sys.executable, "-m", "bench.bench_triggerer", "--defer-runs", str(spec_file)],
             env={
@@ -367,12 +399,14 @@ def one_config(
     # Start-up: one trigger of each kind, fired at once. A fresh triggerer's first connection lookup
     # starts Airflow's in-process execution API in its supervisor, and the trigger runner imports
     # what the triggers need: once per triggerer process, reported apart.
-    monitor.phase("start-up (1 + 1 triggers)")
+    monitor.phase("start-up (1 trigger of each kind)")
     monitor.start()
     warm_up.seal(file_format="csv")
     defer([run_spec(n, time.time())], "warm-up")
     up_by = time.time() + 600
-    while sum(r.state == "success" for r in states(f"{prefix}__{n:04d}")) < 2 and time.time() < up_by:
+    while (
+        sum(r.state == "success" for r in states(f"{prefix}__{n:04d}")) < len(tasks) and time.time() < up_by
+    ):
         time.sleep(1)
     monitor.phase("loading")
     # Loading N runs takes the triggerer a while (its supervisor builds each workload): the
@@ -393,7 +427,7 @@ def one_config(
                 ),
                 {"d": DAG_ID, "r": like},
             ).scalar()
-        if waiting >= 2 * n or time.time() > t0:
+        if waiting >= len(tasks) * n or time.time() > t0:
             break
         time.sleep(1)
     assigned_at = time.time()
@@ -410,9 +444,9 @@ def one_config(
         sealed_at.append(time.time())
     deadline = time.time() + 3 * poke + 180
     while True:
-        rows = [r for r in states(like) if r.run_id in index_of]
+        rows = [r for r in states(like) if r.run_id in index_of and r.task_id in tasks]
         done = [r for r in rows if r.state in ("success", "failed")]
-        if len(done) >= 2 * n or time.time() > deadline:
+        if len(done) >= len(tasks) * n or time.time() > deadline:
             break
         time.sleep(1)
     monitor.finish()
@@ -427,17 +461,34 @@ def one_config(
         i = index_of[r.run_id]
         since = sealed_at[i] if r.task_id == "durable" else moments[i]
         latency[r.task_id].append(r.end_date.timestamp() - since)
+    collections = []  # (epoch, pid, seconds) of the long garbage collections, with --gc-log
+    if (scratch / "gc.log").exists():
+        for line in (scratch / "gc.log").read_text().splitlines():
+            at, pid, _generation, pause = line.split()
+            collections.append((float(at), int(pid), float(pause)))
     phases = {}
     for name, phase in monitor.phases.items():
         gaps = monitor.gaps(phase)
         missed, gap = _missed(gaps)
         blocks = _blocks(log_path, phase)
+        pauses = [(pid, pause) for at, pid, pause in collections if phase.began <= at < phase.ended]
         phases[name] = {
+            "gc_runner": max((x for pid, x in pauses if pid in monitor.runner), default=None),
+            "gc_supervisor": max((x for pid, x in pauses if pid in monitor.supervisor), default=None),
             "missed": missed,
             "gap": gap,
             "beats": len(gaps),
-            "block": max(blocks, default=0.0),
-            "blocks_over": sum(b > 0.2 for b in blocks),
+            "block": max((b for _, b in blocks), default=0.0),
+            "blocks_over": sum(b > 0.2 for _, b in blocks),
+            # ...of them, those a long collection of the runner overlapped (a GC pause stops the loop).
+            "blocks_over_gc": sum(
+                b > 0.2
+                and any(
+                    pid in monitor.runner and at - pause - 0.05 <= end and end - b - 0.05 <= at
+                    for at, pid, pause in collections
+                )
+                for end, b in blocks
+            ),
             "rss": max((a + b for a, b in phase.rss), default=0),
             "rss_runner": max((b for _, b in phase.rss), default=0),
         }
@@ -461,6 +512,8 @@ def run(
     batch: int,
     scratch: Path,
     asyncio_debug: bool = False,
+    gc_log: bool = False,
+    tasks: tuple[str, ...] = ("durable", "moment"),
 ) -> list[Table]:
     sys.path.insert(0, str(REPO / "tests"))
     from airflow_stack import AirflowStack  # the e2e tests' stack
@@ -474,6 +527,11 @@ def run(
     dags.mkdir(parents=True)
     (dags / f"{DAG_ID}.py").write_text(_DAG.format(dag_id=DAG_ID, poke=poke))
     local_root = scratch / "staging"
+    diag: dict[str, str] = {}
+    if gc_log:
+        (scratch / "diag").mkdir()
+        (scratch / "diag" / "sitecustomize.py").write_text(_GC_LOG)
+        diag = {"WALSINK_BENCH_GC_LOG": str(scratch / "gc.log")}
     results = []
     moto = None
     artifacts = REPO / "test-artifacts" / f"bench-triggerer-{time.strftime('%Y%m%dT%H%M%S')}"
@@ -502,7 +560,17 @@ def run(
                     "AIRFLOW__TRIGGERER__BLOCKED_MAIN_THREAD_WARNING_THRESHOLD": str(WATCHDOG_THRESHOLD_S),
                     "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": str(HEARTBEAT_S),
                     # The triggerer imports this checkout's walsink, whatever the venv installed.
-                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                    "PYTHONPATH": os.pathsep.join(
+                        filter(
+                            None,
+                            [
+                                str(scratch / "diag") if gc_log else "",
+                                str(REPO),
+                                os.environ.get("PYTHONPATH"),
+                            ],
+                        )
+                    ),
+                    **diag,
                     # asyncio's debug mode names each slow callback in the triggerer's log (and slows it).
                     **({"PYTHONASYNCIODEBUG": "1"} if asyncio_debug else {}),
                 },
@@ -530,7 +598,7 @@ def run(
                         result = one_config(
                             stack=stack, engine=engine, committer=committer, n=n, staging_kind=kind,
                             staging=staging, index=index, window=window, poke=poke, batch=batch,
-                            scratch=scratch,
+                            scratch=scratch, tasks=list(tasks),
                         )  # fmt: skip
                         results.append(result)
                         print(f"    {_summary(result)}", flush=True)
@@ -540,7 +608,7 @@ def run(
         if moto is not None:
             moto.terminate()
             moto.wait(timeout=30)
-    return _tables(results, window, poke, artifacts)
+    return _tables(results, window, poke, artifacts, gc_log)
 
 
 def _summary(r: dict[str, Any]) -> str:
@@ -551,7 +619,9 @@ def _summary(r: dict[str, Any]) -> str:
     )
 
 
-def _tables(results: list[dict[str, Any]], window: float, poke: float, artifacts: Path) -> list[Table]:
+def _tables(
+    results: list[dict[str, Any]], window: float, poke: float, artifacts: Path, gc_log: bool
+) -> list[Table]:
     latency = Table(
         "Benchmark 10: one triggerer, N walsink durability triggers beside N DateTimeTriggers: from durable "
         "on storage (walsink: the seal recorded) or the moment (DateTimeTrigger) to the task succeeding "
@@ -570,6 +640,7 @@ def _tables(results: list[dict[str, Any]], window: float, poke: float, artifacts
             "heartbeat gaps seen",
             "missed heartbeats (longest gap)",
             "triggerer RSS (runner)",
+            "longest GC pause (runner / supervisor)",
         ],
     )
     for r in results:
@@ -577,6 +648,8 @@ def _tables(results: list[dict[str, Any]], window: float, poke: float, artifacts
         base = _pct(lat["moment"], 0.95)
         for task, label in (("durable", "walsink"), ("moment", "DateTimeTrigger")):
             values = lat[task]
+            if not values and not r["failed"][task]:
+                continue  # not loaded (--triggers)
             latency.rows.append(
                 [
                     r["n"],
@@ -586,7 +659,9 @@ def _tables(results: list[dict[str, Any]], window: float, poke: float, artifacts
                     fmt_s(_pct(values, 0.95)),
                     fmt_s(max(values, default=float("nan"))),
                     f"{len(values)} of {r['n']}",
-                    f"{_pct(values, 0.95) / base:.2f}×" if task == "durable" else "1.00×",
+                    "1.00×"
+                    if task == "moment"
+                    else (f"{_pct(values, 0.95) / base:.2f}×" if lat["moment"] else "-"),
                 ]
             )
         for name, p in r["phases"].items():
@@ -596,10 +671,16 @@ def _tables(results: list[dict[str, Any]], window: float, poke: float, artifacts
                     r["staging"],
                     name,
                     fmt_s(p["block"]) if p["block"] else "none over 0.05 s",
-                    p["blocks_over"],
+                    f"{p['blocks_over']} ({p['blocks_over_gc']} in a GC pause)"
+                    if gc_log
+                    else p["blocks_over"],
                     p["beats"],
                     f"{p['missed']} ({p['gap']:.1f} s)",
                     f"{p['rss'] / 2**20:.0f} MiB ({p['rss_runner'] / 2**20:.0f} MiB)",
+                    " / ".join(
+                        ("none over 50 ms" if gc_log else "-") if x is None else fmt_s(x)
+                        for x in (p["gc_runner"], p["gc_supervisor"])
+                    ),
                 ]
             )
     latency.notes.append(
@@ -640,6 +721,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--asyncio-debug", action="store_true", help="run the triggerer's loop in asyncio's debug mode"
     )
+    parser.add_argument(
+        "--gc-log", action="store_true", help="report the triggerer's garbage collections over 50 ms"
+    )
+    parser.add_argument(
+        "--triggers",
+        choices=sorted(TRIGGER_TASKS),
+        default="both",
+        help="load both kinds (the benchmark), or one alone (to tell their costs apart)",
+    )
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--defer-runs", help=argparse.SUPPRESS)  # the loader, in the stack's configuration
     args = parser.parse_args(argv)
@@ -648,19 +738,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = [int(x) for x in args.n.split(",") if x.strip()]
     kinds = [x.strip() for x in args.staging.split(",") if x.strip()]
-    scratch = Path(tempfile.mkdtemp(prefix="walsink-bench-triggerer-", dir=args.work_dir))
-    try:
-        print(machine(str(scratch)).render())
-        started = time.monotonic()
-        for table in run(
-            sizes, kinds, args.window, args.poke_interval, args.batch, scratch, args.asyncio_debug
-        ):
-            print()
-            print(table.render())
-        print(textwrap.fill(f"(benchmark took {time.monotonic() - started:.0f} s)"))
-    finally:
-        remove(scratch)
-    return 0
+    return print_run(
+        "walsink-bench-triggerer-",
+        args.work_dir,
+        lambda scratch: run(
+            sizes,
+            kinds,
+            args.window,
+            args.poke_interval,
+            args.batch,
+            scratch,
+            args.asyncio_debug,
+            args.gc_log,
+            TRIGGER_TASKS[args.triggers],
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -188,6 +188,24 @@ def remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def print_run(prefix: str, base: str | None, produce: Callable[[Path], Sequence[Table]]) -> int:
+    """Print the machine's table, then the tables ``produce(scratch)`` returns and how long it took,
+    in a private scratch directory under ``base`` removed afterwards; the exit status (0)."""
+    import textwrap
+
+    scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    try:
+        print(machine(str(scratch)).render())
+        started = time.monotonic()
+        for table in produce(scratch):
+            print()
+            print(table.render())
+        print(textwrap.fill(f"(benchmark took {time.monotonic() - started:.0f} s)"))
+    finally:
+        remove(scratch)
+    return 0
+
+
 @contextmanager
 def private_pg_database(admin_url: str = PG_ADMIN_URL) -> Iterator[str]:
     """Create a PostgreSQL database only this run uses; drop it afterwards. Yields its URL."""
