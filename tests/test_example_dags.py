@@ -12,8 +12,10 @@ Each test checks the target's content against the generated source.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+import logging
 import sys
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -118,6 +120,18 @@ def test_kafka_example_dag_reads_kafka_in_append_mode_into_delta():
 
 # With the SQLite committer this DAG runs through the real scheduler in tests/test_e2e_backfill.py
 # (the same checks and more: rows against the source, the staging cleaned, the re-run skipped).
+def _captured(capfd) -> str:
+    """What the run printed so far. The tasks of dag.test() log through streams on file
+    descriptors 1 and 2 that are block-buffered when they are not a terminal (a log handler may
+    hold ``sys.__stdout__``, not pytest's ``sys.stdout``): all flushed first, or the last lines (the
+    commit's, seen missing in a CI run under xdist) are still in a buffer when the file is read."""
+    handlers = [h for lg in logging.root.manager.loggerDict.values() for h in getattr(lg, "handlers", [])]
+    for stream in (*handlers, *logging.root.handlers, sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(Exception):  # a closed stream has nothing left to give
+            stream.flush()
+    return "".join(capfd.readouterr())
+
+
 @pytest.mark.parametrize("committer_url", ["postgresql"], indirect=True)
 def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url, capfd):
     """The demo's daily pipeline (scripts/demo.py) through dag.test(): each source row once in the
@@ -128,7 +142,7 @@ def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url, capfd):
     day = date(2026, 2, 12)
     capfd.readouterr()
     run_dag(dag, day)
-    log = "".join(capfd.readouterr())
+    log = _captured(capfd)
 
     store = walsink_env["store"]
     key = f"{day:%Y%m%d}T000000Z"
@@ -168,7 +182,7 @@ def test_daily_overwrite_dag(airflow_db, walsink_env, committer_url, capfd):
     # no Spark job; the write task ends skipped, and the sensor and commit task with it).
     published = {p: p.stat().st_mtime_ns for p in (walsink_env["home"] / "target/daily_events").rglob("*")}
     run = run_dag(dag, day)
-    log = "".join(capfd.readouterr())
+    log = _captured(capfd)
     assert phase_lines(log, "daily_events", key, len(expected))["skip"] == 1, log[-5000:]
     assert noise(log) == [], log[-5000:]
     write = next(ti for ti in run.get_task_instances() if ti.task_id == "daily_events.write")
