@@ -45,6 +45,7 @@ def counted(monkeypatch):
     real_lookup = BaseHook.get_connection.__func__
     real_open = StagingStore.open.__func__
     real_engine = CommitterStore.from_url.__func__
+    real_shared = CommitterStore.shared.__func__  # a task's (and a trigger's) store: its own engine
 
     def lookup(cls, conn_id):
         lookups[conn_id] += 1
@@ -60,7 +61,13 @@ def counted(monkeypatch):
 
     monkeypatch.setattr(BaseHook, "get_connection", classmethod(lookup))
     monkeypatch.setattr(StagingStore, "open", classmethod(open_store))
+
+    def open_shared(cls, url, **kwargs):
+        engines.append(url)
+        return real_shared(cls, url, **kwargs)
+
     monkeypatch.setattr(CommitterStore, "from_url", classmethod(open_engine))
+    monkeypatch.setattr(CommitterStore, "shared", classmethod(open_shared))
     return lookups, opened, engines
 
 

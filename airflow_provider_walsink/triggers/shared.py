@@ -54,6 +54,8 @@ _hooks: dict[str, SharedWalsinkHook] = {}
 #: walsink connection id -> the committer URL its current hook named (to dispose of a left one).
 _urls: dict[str, str] = {}
 _staging: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], StagingStore] = OrderedDict()
+#: Roots being opened: a lock each, held by the one thread opening it.
+_opening: dict[tuple[str, tuple[tuple[str, str], ...]], threading.Lock] = {}
 
 
 class SharedWalsinkHook(WalsinkHook):
@@ -117,16 +119,29 @@ def staging_store_for(root: str, options: Mapping[str, str]) -> StagingStore:
     ``pyarrow`` file systems and boto3 clients are)."""
     key = (root, tuple(sorted((str(k), str(v)) for k, v in options.items())))
     with _lock:
-        store = _staging.get(key)
-        if store is not None:
-            _staging.move_to_end(key)
+        if (store := _cached_staging(key)) is not None:
             return store
-    store = StagingStore.open(root, options)  # outside the lock: opening may take a while
-    with _lock:
-        store = _staging.setdefault(key, store)
+        opening = _opening.setdefault(key, threading.Lock())
+    # One thread opens a root while the others checking it wait (checks of other roots do not):
+    # opening may take a while, and two threads must not each open a client for one root.
+    with opening:
+        with _lock:
+            if (store := _cached_staging(key)) is not None:
+                return store
+        store = StagingStore.open(root, options)
+        with _lock:
+            _staging[key] = store
+            _opening.pop(key, None)
+            while len(_staging) > STAGING_STORES:
+                _staging.popitem(last=False)
+    return store
+
+
+def _cached_staging(key: tuple) -> StagingStore | None:
+    """The store opened for ``key``, now the most recently used (under ``_lock``)."""
+    store = _staging.get(key)
+    if store is not None:
         _staging.move_to_end(key)
-        while len(_staging) > STAGING_STORES:
-            _staging.popitem(last=False)
     return store
 
 
