@@ -63,9 +63,9 @@ MUTATIONS: list[Mutation] = [
     # ---------------------------------------------------------------- the kinds of the issue
     M(
         "iceberg-append-reprocess-after-compaction",
-        "core/targets/iceberg/publisher.py",
-        'if self.mode == "append" or recorded is None:\n                    check_retractable(',
-        "if recorded is None:\n                    check_retractable(",
+        "core/targets/iceberg/retract.py",
+        'if mode == "append" or recorded is None:\n                check_retractable(',
+        "if recorded is None:\n                check_retractable(",
         "an Iceberg append reprocess retracts the old version without checking its files are still "
         "live (a compaction moved its rows): the old rows stay beside the new version",
     ),

@@ -2,8 +2,12 @@
 
 One module per concern, as ``core/targets/files/``:
 
-* :mod:`.publisher`: :class:`IcebergPublisher`, the target contract (publish one attempt or a
-  group in one snapshot, the marker rule, tombstones, clean-up); its docstring is the design;
+* :mod:`.publisher`: :class:`IcebergPublisher`, the target contract (publish one attempt,
+  the marker rule, clean-up); its docstring is the design;
+* :mod:`.group`: several checkpoints in one snapshot (a group commit);
+* :mod:`.tombstone`: an abort's tombstone in the table;
+* :mod:`.commit`: one commit try (snapshot + marker in one transaction, library retries off);
+* :mod:`.retract`: what a commit removes (replaced partitions, an older attempt's files);
 * :mod:`.catalog`: where the catalog comes from (a connection, ``target_options``, pyiceberg's
   own configuration, or walsink's embedded SQL catalog), configured, never guessed;
 * :mod:`.markers`: what a commit records in the table (markers, partition holders, tombstones);
@@ -14,14 +18,14 @@ One module per concern, as ``core/targets/files/``:
 
 from __future__ import annotations
 
-from airflow_provider_walsink.core.targets.iceberg.files import IcebergTargetError
-from airflow_provider_walsink.core.targets.iceberg.markers import MARKER_PREFIX, marker_property
-from airflow_provider_walsink.core.targets.iceberg.publisher import (
+from airflow_provider_walsink.core.targets.iceberg.commit import (
     GROUP_COMMIT_ATTEMPTS,
     MAX_COMMIT_ATTEMPTS,
-    IcebergPublisher,
     without_library_retries,
 )
+from airflow_provider_walsink.core.targets.iceberg.files import IcebergTargetError
+from airflow_provider_walsink.core.targets.iceberg.markers import MARKER_PREFIX, marker_property
+from airflow_provider_walsink.core.targets.iceberg.publisher import IcebergPublisher
 
 __all__ = [
     "GROUP_COMMIT_ATTEMPTS",

@@ -96,7 +96,6 @@ created from the first staged file, partitioned by the declared columns.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -112,12 +111,9 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     ValidationException,
 )
-from pyiceberg.expressions import AlwaysTrue, And, EqualTo, IsNull, Or
-from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table, TableProperties
-from pyiceberg.transforms import IdentityTransform
+from pyiceberg.table import Table
 
-from airflow_provider_walsink.core.protocol.errors import NOTHING_DONE, LayoutError, WalsinkError
+from airflow_provider_walsink.core.protocol.errors import NOTHING_DONE
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.protocol.modes import WriteMode
 from airflow_provider_walsink.core.targets._reach import REACH_TIMEOUT, host_port, one_line, within
@@ -129,27 +125,22 @@ from airflow_provider_walsink.core.targets._tables import (
     Storage,
     TableCommitConflict,
     TableFenceState,
-    as_uri,
     call_with_events,
-    check_retractable,
     checkpoint_location,
     decide,
     layout_root,
-    partition_of_path,
     staged_locations,
     staging_storage,
     superseded_attempt,
     uri_flags,
 )
 from airflow_provider_walsink.core.targets.base import (
-    GroupMember,
     Publisher,
     PublisherContext,
     PublishOutcome,
     PublishResult,
     StagedAttempt,
     TargetCapabilities,
-    check_group,
     check_partition_order,
     conflict_backoff,
 )
@@ -162,19 +153,17 @@ from airflow_provider_walsink.core.targets.iceberg.catalog import (
     open_catalog,
     pyiceberg_configured,
 )
-from airflow_provider_walsink.core.targets.iceberg.files import (
-    IcebergTargetError,
-    from_path,
-    new_table_schema,
+from airflow_provider_walsink.core.targets.iceberg.commit import (
+    MAX_COMMIT_ATTEMPTS,
+    commit_snapshot,
 )
+from airflow_provider_walsink.core.targets.iceberg.files import IcebergTargetError, new_table_schema
 from airflow_provider_walsink.core.targets.iceberg.files import data_files as data_files_of
+from airflow_provider_walsink.core.targets.iceberg.group import IcebergGroupCommit
 from airflow_provider_walsink.core.targets.iceberg.markers import (
-    ABORTED_PREFIX,
     aborted_of,
     marker_of,
-    marker_properties,
     partition_holder,
-    partitions_held,
 )
 from airflow_provider_walsink.core.targets.iceberg.outcome import (
     CommitOutcomeUnknownError,
@@ -182,8 +171,9 @@ from airflow_provider_walsink.core.targets.iceberg.outcome import (
     bound_requests,
     describe,
     request_timeout,
-    unknown_outcome_errors,
 )
+from airflow_provider_walsink.core.targets.iceberg.retract import files_to_delete
+from airflow_provider_walsink.core.targets.iceberg.tombstone import IcebergTombstone
 from airflow_provider_walsink.core.targets.registry import (
     TargetNotConfiguredError,
     TargetUnreachableError,
@@ -193,27 +183,8 @@ from airflow_provider_walsink.core.targets.registry import (
 # One logger for the whole target (its name is what users filter on), whichever module logs.
 log = logging.getLogger("airflow_provider_walsink.core.targets.iceberg")
 
-#: Check + commit attempts before giving up on a table that keeps changing.
-MAX_COMMIT_ATTEMPTS = 20
-#: Check + commit attempts of one group before giving up on a table that keeps changing.
-GROUP_COMMIT_ATTEMPTS = 40
 
-
-def without_library_retries(table: Table) -> Table:
-    """``table`` with pyiceberg's own commit retries off: a conflict must come back to walsink,
-    which re-checks its marker and fence on the new state before it tries again."""
-    return Table(
-        table._identifier,
-        table.metadata.model_copy(
-            update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}}
-        ),
-        table.metadata_location,
-        table.io,
-        table.catalog,
-    )
-
-
-class IcebergPublisher(Publisher):
+class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
     """Publishes checkpoint attempts into one Iceberg table (module docstring)."""
 
     kind: ClassVar[str] = "iceberg"
@@ -443,88 +414,6 @@ class IcebergPublisher(Publisher):
         known = frozenset({marker.attempt_id, *marker.previous}) if marker else frozenset()
         return TableFenceState(marker.attempt_id if marker else None, aborted_of(table, ref), known)
 
-    def tombstone(
-        self,
-        ref: CheckpointRef,
-        attempt_ids: frozenset[str],
-        *,
-        superseded: str | None = None,
-        create_from: tuple[Manifest, StagedAttempt | str] | None = None,
-    ) -> str | None:
-        """Commit an abort's tombstone for ``attempt_ids``, or return the attempt that makes it refuse.
-
-        One snapshot with no data file (so the branch head moves, and a
-        committer whose commit is based on the state before it fails the
-        catalog's compare-and-swap and checks again) that adds the ids to the
-        ``walsink.aborted.<pipeline>/<key>`` property. The marker is checked in
-        the metadata the commit is based on: if the table holds *any* attempt
-        of the checkpoint but ``superseded`` (the committed version a
-        reprocess replaces), nothing is written and that attempt's id is
-        returned (the checkpoint is published). Ids the table holds or held are never
-        tombstoned. A missing table is created from ``create_from`` (a sealed
-        manifest and its attempt: a local directory, or a :class:`StagedAttempt` on any store) when the target may create it;
-        otherwise :class:`IcebergTargetError`.
-        """
-        for attempt in range(MAX_COMMIT_ATTEMPTS):
-            table = self.load_table()
-            if table is None:
-                if create_from is None or not self.create_table:
-                    raise IcebergTargetError(
-                        f"Iceberg table {self.identifier} does not exist, so it cannot carry the abort's "
-                        f"tombstone for {ref.pipeline}/{ref.checkpoint_key}; create it (or set create_table) "
-                        "and abort again"
-                    )
-                manifest, attempt_dir = create_from
-                _, created_from = staged_locations(attempt_dir, manifest, uri=True)
-                footers = staging_storage(self.storage, attempt_dir).footers(
-                    [(loc, c.size) for loc, c in zip(created_from, manifest.committables, strict=True)]
-                )
-                table = self._create(manifest, footers)
-            marker = marker_of(table, ref)  # type: ignore[arg-type]
-            if marker is not None and marker.attempt_id != superseded:
-                return marker.attempt_id
-            known = {marker.attempt_id, *marker.previous} if marker else set()
-            already = aborted_of(table, ref)
-            new = set(attempt_ids) - known - already
-            if not new:
-                return None
-            tx = without_library_retries(table).transaction()
-            summary = {
-                "walsink.pipeline": ref.pipeline,
-                "walsink.checkpoint": ref.checkpoint_key,
-                "walsink.aborted": ",".join(sorted(new)),
-            }
-            with tx.update_snapshot(snapshot_properties=summary).fast_append():
-                pass  # no data file: the snapshot moves the head, the property carries the tombstone
-            tx.set_properties(
-                {f"{ABORTED_PREFIX}{ref.pipeline}/{ref.checkpoint_key}": json.dumps(sorted(already | new))}
-            )
-            try:
-                tx.commit_transaction()
-            except unknown_outcome_errors() as e:
-                # The tombstone may have landed: the next load reads the aborted ids and decides.
-                log.warning(
-                    "Iceberg tombstone of %s/%s: the catalog did not report the outcome (%s); checking again",
-                    ref.pipeline,
-                    ref.checkpoint_key,
-                    describe(e),
-                )
-                time.sleep(conflict_backoff(attempt))
-                continue
-            except (CommitFailedException, ValidationException) as e:
-                log.info(
-                    "Iceberg tombstone of %s/%s conflicted (%s); checking again",
-                    ref.pipeline,
-                    ref.checkpoint_key,
-                    e,
-                )
-                continue
-            return None
-        raise TableCommitConflict(
-            f"Iceberg table {self.identifier} changed under each of {MAX_COMMIT_ATTEMPTS} tombstone commits of "
-            f"{ref.pipeline}/{ref.checkpoint_key}; nothing was written, abort again"
-        )
-
     def published_marker(self, manifest: Manifest) -> Marker | None:
         """The table's marker for the manifest's checkpoint (attempt id, fencing token, snapshot), or ``None``.
 
@@ -585,8 +474,14 @@ class IcebergPublisher(Publisher):
                 if decide(marker, manifest, ctx, self.mode, aborted_of(table, manifest)):
                     return self._already(manifest, marker, locations)
             data_files = data_files_of(table, manifest, locations, footers, identifier=self.identifier)
-            deletes, replaced = self._files_to_delete(
-                table, manifest, marker, base, superseded_attempt(ctx, manifest)
+            deletes, replaced = files_to_delete(
+                table,
+                manifest,
+                marker,
+                base,
+                superseded_attempt(ctx, manifest),
+                mode=self.mode,
+                identifier=self.identifier,
             )
             result = PublishResult(
                 published=len(data_files),
@@ -599,7 +494,9 @@ class IcebergPublisher(Publisher):
                 snapshot = call_with_events(
                     ctx,
                     "table_commit",
-                    partial(self._commit, table, manifest, ctx, marker, data_files, deletes, replaced),
+                    partial(
+                        commit_snapshot, table, manifest, ctx.epoch, marker, data_files, deletes, replaced
+                    ),
                 )
             except (CommitFailedException, ValidationException) as e:
                 # Nothing was committed: the catalog refused the commit, or the producer found
@@ -677,182 +574,6 @@ class IcebergPublisher(Publisher):
             unknown.snapshot_id,
         )
 
-    def publish_group(self, members: list[GroupMember]) -> list[PublishResult | Exception]:
-        """Several checkpoints in one snapshot, each with its own marker (:class:`~.base.GroupPublisher`).
-
-        The one snapshot adds every member's staged files (and, in ``overwrite``, deletes the files
-        of each member's partitions) and sets, per member, exactly the properties a single commit
-        sets (:func:`marker_properties`), so a member committed in a group is indistinguishable
-        from one committed alone. The snapshot summary names each member
-        (``walsink.group.<pipeline>/<key>`` = ``{attempt_id, epoch, sequence}``) but carries no
-        single ``walsink.attempt-id``: that key tells a reprocess which files one attempt's
-        snapshot added, and a group snapshot added several attempts' files.
-        """
-        check_group(members, self.mode)
-        results: list[PublishResult | Exception | None] = [None] * len(members)
-        where: dict[int, tuple[str, list[str]]] = {}
-        footers: dict[int, list[Any]] = {}
-        for i, m in enumerate(members):
-            try:
-                where[i] = staged_locations(m.attempt, m.manifest, uri=True)
-            except WalsinkError as exc:
-                results[i] = exc
-        last_conflict: Exception | None = None
-        # Per member, the results of group commits whose outcome the catalog did not report, by
-        # the snapshot id each built (:mod:`.outcome`): each member's marker decides for it.
-        pending: dict[int, dict[str, PublishResult]] = {}
-        for attempt in range(GROUP_COMMIT_ATTEMPTS):
-            table = self._load_deciding(None, {s: r for p in pending.values() for s, r in p.items()})
-            live: list[tuple[int, Any]] = []
-            for i, m in enumerate(members):
-                if results[i] is not None:
-                    continue
-                try:
-                    marker = marker_of(table, m.manifest) if table is not None else None
-                    aborted = aborted_of(table, m.manifest) if table is not None else frozenset()
-                    if decide(marker, m.manifest, m.ctx, self.mode, aborted):
-                        results[i] = self._landed(m.manifest, marker, pending.get(i, {})) or self._already(
-                            m.manifest, marker, where[i][1]
-                        )
-                        continue
-                    self._check_order(table, m.manifest)
-                    if i not in footers:
-                        locations = where[i][1]
-                        footers[i] = staging_storage(self.storage, m.attempt).footers(
-                            [(loc, c.size) for loc, c in zip(locations, m.manifest.committables, strict=True)]
-                        )
-                    live.append((i, marker))
-                except WalsinkError as exc:
-                    results[i] = exc
-            if not live:
-                break
-            if table is None:
-                first = live[0][0]
-                self._create(members[first].manifest, footers[first])
-                continue  # check every member again on the created table
-            prepared = []
-            for i, marker in live:
-                m = members[i]
-                try:
-                    base, locations = where[i]
-                    data_files = data_files_of(
-                        table, m.manifest, locations, footers[i], identifier=self.identifier
-                    )
-                    deletes, replaced = self._files_to_delete(table, m.manifest, marker, base, None)
-                    m.ctx.fence()  # the member's lease is still the leader's: else it is left out
-                except WalsinkError as exc:
-                    results[i] = exc
-                    continue
-                prepared.append((i, marker, data_files, deletes, replaced))
-            if not prepared:
-                break
-            tx = without_library_retries(table).transaction()
-            summary = {"walsink.group": str(len(prepared))}
-            for i, *_ in prepared:
-                m = members[i]
-                summary[f"walsink.group.{m.manifest.pipeline}/{m.manifest.checkpoint_key}"] = json.dumps(
-                    {
-                        "attempt_id": m.manifest.attempt_id,
-                        "epoch": m.ctx.epoch,
-                        "sequence": m.manifest.sequence,
-                    },
-                    sort_keys=True,
-                )
-            update = tx.update_snapshot(snapshot_properties=summary)
-            any_deletes = any(p[3] for p in prepared)
-            producer = update.overwrite() if any_deletes else update.fast_append()
-            if any_deletes:
-                _one_manifest_evaluator_per_manifest(producer)
-            with producer:
-                for _i, _marker, data_files, deletes, _replaced in prepared:
-                    for df in deletes:
-                        producer.delete_data_file(df)
-                    for df in data_files:
-                        producer.append_data_file(df)
-            snapshot = str(producer.snapshot_id)
-            props: dict[str, str] = {}
-            for i, marker, data_files, _deletes, replaced in prepared:
-                m = members[i]
-                props.update(
-                    marker_properties(m.manifest, m.ctx.epoch, snapshot, marker, len(data_files), replaced)
-                )
-            if table.metadata.name_mapping() is None:
-                props[TableProperties.DEFAULT_NAME_MAPPING] = table.schema().name_mapping.model_dump_json()
-            tx.set_properties(props)
-            leader = members[0].ctx
-            try:
-                leader.event("table.before_group_commit")
-                tx.commit_transaction()
-            except unknown_outcome_errors() as exc:
-                # It may have landed: delete nothing; the next load decides for each member.
-                for i, _marker, data_files, deletes, replaced in prepared:
-                    pending.setdefault(i, {})[snapshot] = self._group_result(
-                        members[i], where[i][1], data_files, deletes, replaced, None
-                    )
-                last_conflict = exc
-                self._log_unknown(
-                    f"a group of {len(prepared)} checkpoints", UnknownCommitOutcome(exc, int(snapshot))
-                )
-                time.sleep(conflict_backoff(attempt))
-                continue
-            except (CommitFailedException, ValidationException) as exc:
-                # Nothing committed: reload, check every member again (after a pause: the others go on).
-                last_conflict = exc
-                log.info(
-                    "Iceberg group commit of %d checkpoints conflicted (%s); checking again",
-                    len(prepared),
-                    exc,
-                )
-                time.sleep(conflict_backoff(attempt))
-                continue
-            leader.event("table.after_group_commit")
-            for i, _marker, data_files, deletes, replaced in prepared:
-                results[i] = self._group_result(
-                    members[i], where[i][1], data_files, deletes, replaced, snapshot
-                )
-            break
-        else:
-            if not pending:
-                raise TableCommitConflict(
-                    f"Iceberg table {self.identifier} changed under each of {GROUP_COMMIT_ATTEMPTS} group commit "
-                    f"attempts (last: {last_conflict}); nothing was published, retry the commit"
-                )
-            # The last commit's outcome is still to be read from the table, member by member.
-            table = self._load_deciding(None, {s: r for p in pending.values() for s, r in p.items()})
-            for i, m in enumerate(members):
-                if results[i] is None and table is not None:
-                    results[i] = self._landed(m.manifest, marker_of(table, m.manifest), pending.get(i, {}))
-            return [
-                r
-                if r is not None
-                else TableCommitConflict(
-                    f"Iceberg table {self.identifier}: none of {GROUP_COMMIT_ATTEMPTS} group commit attempts of "
-                    f"{members[i].manifest.pipeline}/{members[i].manifest.checkpoint_key} landed (last: "
-                    f"{last_conflict}); nothing of it was published, retry the commit"
-                )
-                for i, r in enumerate(results)
-            ]
-        return [r if r is not None else WalsinkError("not published") for r in results]
-
-    @staticmethod
-    def _group_result(
-        member: GroupMember,
-        locations: list[str],
-        data_files: list[Any],
-        deletes: list[Any],
-        replaced: Any,
-        snapshot: str | None,
-    ) -> PublishResult:
-        """What one member's part of a group snapshot published (``snapshot``: ``None`` while unknown)."""
-        return PublishResult(
-            published=len(data_files),
-            files_rolled_back=len(deletes),
-            partitions_replaced=list(replaced),
-            target_files=locations,
-            snapshot=snapshot,
-            rows=member.manifest.total_rows,
-        )
-
     def _already(self, manifest: Manifest, marker: Marker | None, locations: list[str]) -> PublishResult:
         return PublishResult(
             outcome=PublishOutcome.ALREADY_PUBLISHED,
@@ -861,149 +582,6 @@ class IcebergPublisher(Publisher):
             snapshot=marker.snapshot if marker else None,
             rows=manifest.total_rows,
         )
-
-    def _commit(
-        self,
-        table: Table,
-        manifest: Manifest,
-        ctx: PublisherContext,
-        marker: Marker | None,
-        data_files: list[DataFile],
-        deletes: list[DataFile],
-        replaced: Sequence[str] = (),
-    ) -> int:
-        """One transaction, library retries off: snapshot + marker (+ the holder of each replaced
-        partition), or ``CommitFailedException``."""
-        tx = without_library_retries(table).transaction()
-        summary = {
-            "walsink.pipeline": manifest.pipeline,
-            "walsink.checkpoint": manifest.checkpoint_key,
-            "walsink.sequence": str(manifest.sequence),
-            "walsink.attempt-id": manifest.attempt_id,
-            "walsink.epoch": str(ctx.epoch),
-        }
-        update = tx.update_snapshot(snapshot_properties=summary)
-        producer = update.overwrite() if deletes else update.fast_append()
-        if deletes:
-            _one_manifest_evaluator_per_manifest(producer)
-        with producer:
-            for df in deletes:
-                producer.delete_data_file(df)
-            for df in data_files:
-                producer.append_data_file(df)
-        props = marker_properties(
-            manifest, ctx.epoch, str(producer.snapshot_id), marker, len(data_files), replaced
-        )
-        if table.metadata.name_mapping() is None:
-            # Staged files carry no Iceberg field ids: readers map their columns by name.
-            props[TableProperties.DEFAULT_NAME_MAPPING] = table.schema().name_mapping.model_dump_json()
-        tx.set_properties(props)
-        try:
-            tx.commit_transaction()
-        except unknown_outcome_errors() as exc:
-            raise UnknownCommitOutcome(exc, producer.snapshot_id) from exc
-        return producer.snapshot_id
-
-    # ------------------------------------------------------------------ files
-
-    def _files_to_delete(
-        self, table: Table, manifest: Manifest, marker: Marker | None, base: str, supersedes: str | None
-    ) -> tuple[list[DataFile], list[str]]:
-        """Files this commit removes, and the partitions it replaces (``overwrite``).
-
-        ``overwrite`` replaces the interval's partitions and, for a reprocess, every partition
-        the checkpoint holds (its holder property): whatever files maintenance put there, they
-        hold only this checkpoint's rows. An older attempt's files of this checkpoint (a retry,
-        or the committed version a reprocess supersedes) are removed too; for a reprocess with
-        no partition to replace (``append``), :func:`check_retractable` first makes sure all of
-        the superseded version's files are still live (identity by file survives no rewrite).
-        """
-        found: dict[str, DataFile] = {}
-        replaced: list[str] = []
-        held: list[str] = []
-        if self.mode == "overwrite":
-            replaced = list(manifest.replaced_partitions())
-            if any(not p for p in replaced):
-                raise LayoutError(
-                    f"overwrite needs a partitioned table: {manifest.pipeline}/{manifest.checkpoint_key} has "
-                    "files outside any partition directory"
-                )
-        if table.current_snapshot() is None:
-            return [], replaced
-        if self.mode == "overwrite":
-            if supersedes:
-                held = [p for p in partitions_held(table, manifest) if p not in replaced]
-                replaced += held
-            schema = table.schema()
-            spec = table.spec()
-            names = {schema.find_column_name(pf.source_id): pf for pf in spec.fields}
-            records = set()
-            predicates = []
-            for partition in replaced:
-                pairs = partition_of_path(partition + "/x")
-                if [c for c, _ in pairs] != list(names) or not all(
-                    isinstance(names[c].transform, IdentityTransform) for c, _ in pairs
-                ):
-                    raise LayoutError(
-                        f"partition {partition!r} does not name the identity partition columns "
-                        f"{list(names)} of Iceberg table {self.identifier}; table unchanged"
-                    )
-                typed = [from_path(v, schema.find_field(c).field_type, partition) for c, v in pairs]
-                records.add(tuple(typed))
-                # The NULL partition is replaced by IS NULL: "= NULL" matches nothing.
-                terms = [
-                    IsNull(c) if v is None else EqualTo(c, v) for (c, _), v in zip(pairs, typed, strict=True)
-                ]
-                predicates.append(terms[0] if len(terms) == 1 else And(*terms))
-            if predicates:
-                row_filter = predicates[0] if len(predicates) == 1 else Or(*predicates)
-                for task in table.scan(row_filter=row_filter).plan_files():
-                    df = task.file
-                    if tuple(df.partition) in records:
-                        found[df.file_path] = df
-        if supersedes or (marker is not None and marker.attempt_id != manifest.attempt_id):
-            # Retract what an older attempt of this checkpoint published (rare: a full scan). Its
-            # files are the live ones staged under this checkpoint's directory by another attempt
-            # (files are added by path, never copied), plus, for a reprocess, those the snapshot
-            # that committed the superseded version added, wherever they were staged.
-            prefix = as_uri(base.rsplit("/", 1)[0]) + "/"  # <root>/<pipeline>/<key>/
-            ours = as_uri(base) + "/"
-            added = self._added_by(table, marker, manifest) if supersedes and marker else set()
-            older: dict[str, DataFile] = {}
-            for task in table.scan(row_filter=AlwaysTrue()).plan_files():
-                df = task.file
-                path = df.file_path
-                if (path.startswith(prefix) and not path.startswith(ours)) or path in added:
-                    older[path] = df
-            if supersedes and marker is not None and marker.attempt_id == supersedes:
-                recorded = marker.files
-                live = len(older)
-                if recorded is None and added:
-                    # A marker from before the file count: the committing snapshot still lists its files.
-                    recorded, live = len(added), len(added & older.keys())
-                if self.mode == "append" or recorded is None:
-                    check_retractable(
-                        manifest, supersedes, recorded, live, f"Iceberg table {self.identifier}"
-                    )
-            found.update(older)
-        return list(found.values()), replaced
-
-    @staticmethod
-    def _added_by(table: Table, marker: Marker, manifest: Manifest) -> set[str]:
-        """Data files the snapshot that committed ``marker``'s attempt added (empty once it is expired)."""
-        if marker.snapshot is None or not marker.snapshot.isdigit():
-            return set()
-        snapshot = table.snapshot_by_id(int(marker.snapshot))
-        if snapshot is None or (snapshot.summary or {}).get("walsink.attempt-id") != marker.attempt_id:
-            return set()
-        added = set()
-        for listed in snapshot.manifests(table.io):
-            if listed.added_snapshot_id != snapshot.snapshot_id:
-                continue
-            for entry in listed.fetch_manifest_entry(table.io, discard_deleted=True):
-                if entry.snapshot_id == snapshot.snapshot_id and entry.status.name == "ADDED":
-                    added.add(entry.data_file.file_path)
-        return added
 
     def _create(self, manifest: Manifest, footers: list[Any]) -> Table:
         """Create the table from the first staged file (plus path partition columns), if asked to."""
@@ -1057,21 +635,3 @@ class IcebergPublisher(Publisher):
         return staging_storage(self.storage, layout).remove_unreferenced_attempts(
             checkpoint_location(root, manifest), manifest, held_now, fence=fence
         )
-
-
-def _one_manifest_evaluator_per_manifest(producer: Any) -> None:
-    """Work around a race in pyiceberg's overwrite (0.12): give each manifest its own evaluator.
-
-    To find the files to delete, the producer evaluates the parent snapshot's
-    manifests in a thread pool with one shared evaluator per partition spec,
-    and that evaluator keeps the manifest being evaluated in an attribute: two
-    threads interleaving make it judge one manifest by another's partition
-    bounds, skip files it must delete, and fail the commit with "Missing
-    required files to delete" (safe, nothing committed, but a failed publish).
-    Without the private hook this does nothing, and the conflict retry in
-    :meth:`IcebergPublisher.publish` still recovers.
-    """
-    build = getattr(producer, "_build_manifest_evaluator", None)
-    if build is None:
-        return
-    producer._build_manifest_evaluator = lambda spec_id: lambda manifest: build(spec_id)(manifest)
