@@ -199,7 +199,7 @@ MUTATIONS: list[Mutation] = [
     ),
     M(
         "delta-append-reprocess-after-compaction",
-        "core/targets/delta/publisher.py",
+        "core/targets/delta/actions.py",
         'if self.mode == "append" or recorded is None:\n                check_retractable(',
         "if recorded is None:\n                check_retractable(",
         "a Delta append reprocess retracts the old version without checking its files are still live",

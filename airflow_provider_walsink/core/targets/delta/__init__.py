@@ -3,9 +3,12 @@
 
 One module per concern, as ``core/targets/files/``:
 
-* :mod:`.publisher`: :class:`DeltaPublisher`, the target contract (publish one attempt or a
-  group in one table version, the marker rule through application transactions, tombstones,
-  clean-up); its docstring is the design;
+* :mod:`.publisher`: :class:`DeltaPublisher`, the target contract (publish one attempt in one
+  table version, the marker rule through application transactions, clean-up); its docstring
+  is the design;
+* :mod:`.group`: several checkpoints in one table version (a group commit);
+* :mod:`.tombstone`: an abort's tombstone in the table;
+* :mod:`.actions`: the add and remove actions a commit writes, and the ordering rule;
 * :mod:`.log`: what a commit writes to the Delta log (application transactions, commit info,
   partition holders, file statistics);
 * :mod:`.stores`: a table on Google Cloud Storage or Azure: deltalake's options from its connection.

@@ -28,6 +28,10 @@ from airflow_provider_walsink.core.targets._tables import CheckpointRef, Storage
 ABORTED_TXN = -1
 #: How far back ``published_attempt`` looks for the id of another attempt (a rare, reconciling path).
 HISTORY_SCAN_LIMIT = 10_000
+#: Check + commit attempts before giving up on a table that keeps changing.
+MAX_COMMIT_ATTEMPTS = 20
+#: Check + commit attempts of one group before giving up on a table that keeps changing.
+GROUP_COMMIT_ATTEMPTS = 40
 
 
 def app_id(manifest: Manifest | CheckpointRef, attempt_id: str | None = None) -> str:

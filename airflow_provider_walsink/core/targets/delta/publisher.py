@@ -50,26 +50,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, ClassVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import DeltaTable
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
-from airflow_provider_walsink.core.protocol.errors import NOTHING_DONE, LayoutError, OrderError, WalsinkError
+from airflow_provider_walsink.core.protocol.errors import NOTHING_DONE
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.protocol.modes import WriteMode
-from airflow_provider_walsink.core.protocol.partitions import (
-    parse_partition_dir,
-    partition_dir,
-    partition_string,
-    partition_values,
-)
 from airflow_provider_walsink.core.targets._reach import check_bucket, check_location, missing_credentials
 from airflow_provider_walsink.core.targets._tables import (
     STAGING_DIR,
@@ -81,14 +74,11 @@ from airflow_provider_walsink.core.targets._tables import (
     TableCommitConflict,
     TableFenceState,
     call_with_events,
-    check_retractable,
     checkpoint_location,
     decide,
     layout_root,
     local_path,
     offsets_of,
-    partition_of_path,
-    schema_problems,
     staged_locations,
     staging_storage,
     superseded_attempt,
@@ -96,33 +86,27 @@ from airflow_provider_walsink.core.targets._tables import (
     uri_flags,
 )
 from airflow_provider_walsink.core.targets.base import (
-    GroupMember,
     Publisher,
     PublisherContext,
     PublishOutcome,
     PublishResult,
     StagedAttempt,
     TargetCapabilities,
-    check_group,
-    check_partition_order,
-    conflict_backoff,
 )
 from airflow_provider_walsink.core.targets.delta import stores
+from airflow_provider_walsink.core.targets.delta.actions import DeltaActions, DeltaTargetError
+from airflow_provider_walsink.core.targets.delta.group import DeltaGroupCommit
 from airflow_provider_walsink.core.targets.delta.log import (
     ABORTED_TXN,
+    MAX_COMMIT_ATTEMPTS,
     app_id,
     append_commit,
     commit_holders,
-    commit_info,
     commit_properties,
-    delta_stats,
-    delta_stats_columns,
-    files_app_id,
     held_version,
     history,
-    marker_transactions,
-    partition_app_id,
 )
+from airflow_provider_walsink.core.targets.delta.tombstone import DeltaTombstone
 from airflow_provider_walsink.core.targets.registry import (
     TargetUnreachableError,
     connection_missing,
@@ -132,7 +116,6 @@ from airflow_provider_walsink.core.targets.registry import (
 # One logger for the whole target (its name is what users filter on), whichever module logs.
 log = logging.getLogger("airflow_provider_walsink.core.targets.delta")
 
-MAX_COMMIT_ATTEMPTS = 20
 #: Table URI schemes (after ``delta+``) whose credentials come only from a connection (:mod:`.stores`).
 _STORE_SCHEMES = (*stores.GCS_SCHEMES, *stores.AZURE_SCHEMES)
 #: How to create a target's missing connection, by store.
@@ -141,12 +124,6 @@ _HOW_TO_CREATE = {
     "gs": "of type 'google_cloud_platform' (extra keyfile_dict or key_path, project; endpoint_url for an emulator)",
     "abfss": "of type 'wasb' (login = storage account, password = its key) or 'adls'",
 }
-#: Check + commit attempts of one group before giving up on a table that keeps changing.
-GROUP_COMMIT_ATTEMPTS = 40
-
-
-class DeltaTargetError(WalsinkError):
-    """The Delta target cannot be used as configured; the message says why (table unchanged)."""
 
 
 def storage_options_from_connection(conn: Mapping[str, Any]) -> dict[str, str]:
@@ -168,7 +145,7 @@ def storage_options_from_connection(conn: Mapping[str, Any]) -> dict[str, str]:
     return opts
 
 
-class DeltaPublisher(Publisher):
+class DeltaPublisher(DeltaGroupCommit, DeltaTombstone, DeltaActions, Publisher):
     """Publishes checkpoint attempts into one Delta table (module docstring)."""
 
     kind: ClassVar[str] = "delta"
@@ -450,78 +427,6 @@ class DeltaPublisher(Publisher):
         known = frozenset(a for a in attempts if held_version(dt.transaction_version(app_id(ref, a))))
         return TableFenceState(marker.attempt_id if marker else None, self._aborted(dt, ref, attempts), known)
 
-    def tombstone(
-        self,
-        ref: CheckpointRef,
-        attempt_ids: frozenset[str],
-        *,
-        superseded: str | None = None,
-        create_from: tuple[Manifest, StagedAttempt | str] | None = None,
-    ) -> str | None:
-        """Commit an abort's tombstone for ``attempt_ids``, or return the attempt that makes it refuse.
-
-        One table version with no data action carrying, for each attempt id,
-        the application transaction ``walsink/<pipeline>/<key>/<attempt id>``
-        at version :data:`ABORTED_TXN`: the same app id a publish of that
-        attempt carries, so whichever of the two commits second is refused by
-        the log's conflict check and checks the table again. If the table
-        holds *any* attempt of the checkpoint but ``superseded`` (the committed
-        version a reprocess replaces; checked in the version the commit is
-        based on), nothing is written and that attempt's id is returned. Ids the table holds or
-        held are never tombstoned. A missing table is created (with the
-        tombstone in the commit after its empty first version) from ``create_from`` (a sealed manifest
-        and its attempt: a local directory, or a :class:`StagedAttempt` on any store) when the target
-        may create it; otherwise :class:`DeltaTargetError`.
-        """
-        for _ in range(MAX_COMMIT_ATTEMPTS):
-            dt = self.load_table()
-            candidates = sorted(attempt_ids | ({superseded} if superseded else set()))
-            if dt is not None:
-                marker = self.marker_of(dt, ref, need_id=True, candidates=tuple(candidates))  # type: ignore[arg-type]
-                if marker is not None and marker.attempt_id != superseded:
-                    return marker.attempt_id
-                new = {a for a in attempt_ids if dt.transaction_version(app_id(ref, a)) is None}
-            else:
-                new = set(attempt_ids)
-            if not new:
-                return None
-            commit = CommitProperties(
-                custom_metadata={
-                    "walsink.pipeline": ref.pipeline,
-                    "walsink.checkpoint": ref.checkpoint_key,
-                    "walsink.aborted": ",".join(sorted(new)),
-                },
-                app_transactions=[Transaction(app_id(ref, a), ABORTED_TXN) for a in sorted(new)],
-            )
-            try:
-                if dt is None:
-                    if create_from is None or not self.create_table:
-                        raise DeltaTargetError(
-                            f"Delta table {self.table_uri} does not exist, so it cannot carry the abort's "
-                            f"tombstone for {ref.pipeline}/{ref.checkpoint_key}; create it (or set create_table) "
-                            "and abort again"
-                        )
-                    manifest, attempt_dir = create_from
-                    base, locations = staged_locations(attempt_dir, manifest)
-                    staged = staging_storage(self.storage, attempt_dir).describe(manifest, locations)
-                    _, schema, partition_by = self._adds_for_new_table(manifest, base, staged)
-                    self._create_empty(schema, partition_by)
-                    continue  # the tombstone goes in a normal (put-if-absent) commit on the new table
-                append_commit(dt, [], commit)
-            except CommitFailedError as e:
-                log.info(
-                    "Delta tombstone of %s/%s conflicted (%s); checking again",
-                    ref.pipeline,
-                    ref.checkpoint_key,
-                    e,
-                )
-                continue
-            return None
-        raise TableCommitConflict(
-            f"Delta table {self.table_uri} changed under each of {MAX_COMMIT_ATTEMPTS} tombstone commits of "
-            f"{ref.pipeline}/{ref.checkpoint_key}; nothing was written, abort again"
-        )
-
     def _create_empty(self, schema: DeltaSchema, partition_by: Sequence[str]) -> None:
         """Create the missing table as version 0 with no data, marker or tombstone.
 
@@ -608,132 +513,6 @@ class DeltaPublisher(Publisher):
             f"{manifest.pipeline}/{manifest.checkpoint_key}; nothing was published, retry the commit"
         )
 
-    def publish_group(self, members: list[GroupMember]) -> list[PublishResult | Exception]:
-        """Several checkpoints in one log version, each with its own marker (:class:`~.base.GroupPublisher`).
-
-        The one commit carries every member's add (and, in ``overwrite``, remove) actions and, per
-        member, exactly the application transactions a single commit carries
-        (:func:`.log.marker_transactions`, at the member's own fencing token). Its
-        ``commitInfo`` has no single ``walsink.checkpoint``: ``walsink.group`` lists the members
-        (checkpoint, attempt id, token, partitions), read where a single commit's fields are read
-        (:func:`.log.commit_holders`).
-        """
-        check_group(members, self.mode)
-        results: list[PublishResult | Exception | None] = [None] * len(members)
-        where: dict[int, tuple[str, list[str]]] = {}
-        staged: dict[int, list[Any]] = {}
-        for i, m in enumerate(members):
-            try:
-                where[i] = staged_locations(m.attempt, m.manifest)
-            except WalsinkError as exc:
-                results[i] = exc
-        for attempt in range(GROUP_COMMIT_ATTEMPTS):
-            dt = self.load_table()
-            live: list[tuple[int, Any]] = []
-            for i, m in enumerate(members):
-                if results[i] is not None:
-                    continue
-                try:
-                    marker = self.marker_of(dt, m.manifest) if dt is not None else None
-                    aborted = (
-                        self._aborted(dt, m.manifest, [m.manifest.attempt_id])
-                        if dt is not None
-                        else frozenset()
-                    )
-                    if decide(marker, m.manifest, m.ctx, self.mode, aborted):
-                        results[i] = self._already(m.manifest, marker, where[i][1], dt)
-                        continue
-                    if dt is not None:
-                        self._check_order(dt, m.manifest)
-                    if i not in staged:
-                        staged[i] = staging_storage(self.storage, m.attempt).describe(m.manifest, where[i][1])
-                    live.append((i, marker))
-                except WalsinkError as exc:
-                    results[i] = exc
-            if not live:
-                break
-            if dt is None:
-                first = live[0][0]
-                try:
-                    _, schema, partition_by = self._adds_for_new_table(
-                        members[first].manifest, where[first][0], staged[first]
-                    )
-                except WalsinkError as exc:
-                    results[first] = exc
-                    continue
-                self._create_empty(schema, partition_by)
-                continue  # the data goes in a normal (put-if-absent) commit on the new table
-            version = dt.version() + 1
-            # Every member's removes read the same table state: list its files once, not once per member.
-            listed_files = dt.get_add_actions(flatten=True)
-            dt.get_add_actions = lambda flatten=True, _files=listed_files: _files  # type: ignore[method-assign]
-            actions: list[Any] = []
-            transactions: list[Transaction] = []
-            listed: list[dict[str, Any]] = []
-            prepared = []
-            for i, marker in live:
-                m = members[i]
-                try:
-                    adds = self._adds(dt, m.manifest, where[i][0], staged[i])
-                    removes, replaced = self._removes(dt, m.manifest, marker, where[i][0], None)
-                    m.ctx.fence()  # the member's lease is still the leader's: else it is left out
-                except WalsinkError as exc:
-                    results[i] = exc
-                    continue
-                manifest, token = m.manifest, m.ctx.epoch
-                actions += [*removes, *adds]
-                transactions += marker_transactions(manifest, token, len(adds), replaced, version)
-                listed.append(
-                    {
-                        "pipeline": manifest.pipeline,
-                        "checkpoint": manifest.checkpoint_key,
-                        "attempt_id": manifest.attempt_id,
-                        "epoch": token,
-                        "sequence": manifest.sequence,
-                        "partitions": list(replaced),
-                    }
-                )
-                prepared.append((i, adds, removes, replaced))
-            if not prepared:
-                break
-            commit = CommitProperties(
-                custom_metadata={
-                    "walsink.pipeline": members[prepared[0][0]].manifest.pipeline,
-                    "walsink.group": json.dumps(listed, sort_keys=True),
-                },
-                app_transactions=transactions,
-                # Our own retries only: the partition holders name this exact version.
-                max_commit_retries=0,
-            )
-            leader = members[0].ctx
-            try:
-                leader.event("table.before_group_commit")
-                append_commit(dt, actions, commit)
-            except CommitFailedError as exc:
-                log.info(
-                    "Delta group commit of %d checkpoints conflicted (%s); checking again", len(prepared), exc
-                )
-                time.sleep(conflict_backoff(attempt))
-                continue
-            leader.event("table.after_group_commit")
-            dt.update_incremental()
-            for i, adds, removes, replaced in prepared:
-                results[i] = PublishResult(
-                    published=len(adds),
-                    files_rolled_back=len(removes),
-                    partitions_replaced=list(replaced),
-                    target_files=where[i][1],
-                    snapshot=str(dt.version()),
-                    rows=members[i].manifest.total_rows,
-                )
-            break
-        else:
-            raise TableCommitConflict(
-                f"Delta table {self.table_uri} changed under each of {GROUP_COMMIT_ATTEMPTS} group commit attempts; "
-                "nothing was published, retry the commit"
-            )
-        return [r if r is not None else WalsinkError("not published") for r in results]
-
     def _already(
         self, manifest: Manifest, marker: Marker | None, locations: list[str], dt: Any
     ) -> PublishResult:
@@ -744,258 +523,6 @@ class DeltaPublisher(Publisher):
             snapshot=str(dt.version()) if dt is not None else None,
             rows=manifest.total_rows,
         )
-
-    # ------------------------------------------------------------------ actions
-
-    def _relative(self, location: str) -> str:
-        """The path of a staged file relative to the table, as it is (not URI-encoded).
-
-        deltalake URI-encodes an action's path in the log itself (and ``get_add_actions`` answers
-        the encoded form): an add or remove action takes the path as it is, so a partition
-        directory Spark escaped (``k=a%3Ab``, ``k=a b``) is named once, never encoded twice."""
-        root = self.table_uri + "/"
-        if location.startswith(root):
-            return location[len(root) :]
-        raise LayoutError(
-            f"staged file {location} is outside the Delta table {self.table_uri}: stage into "
-            f"{self.staging_root()} (files are added by path, never copied)"
-        )
-
-    def _check(
-        self,
-        columns: Mapping[str, Any],
-        partition_by: Sequence[str],
-        manifest: Manifest,
-        staged: list[StagedFile],
-    ) -> None:
-        """Raise naming the first staged file whose columns (file + path) or partitioning do not fit.
-
-        Files sharing one schema and one set of partition columns (all of them, when the
-        manifest records the schema) are checked once.
-        """
-        checked: set[tuple[int, tuple[str, ...], tuple[str, ...]]] = set()
-        for c, f in zip(manifest.committables, staged, strict=True):
-            pairs = dict(c.partition)
-            key = (id(f.schema), f.int96, tuple(pairs))
-            if key in checked:
-                continue
-            checked.add(key)
-            problems = schema_problems(columns, f.schema, pairs, int96=f.int96)
-            if tuple(pairs) != tuple(partition_by):
-                problems.append(
-                    f"partition directories {list(pairs)}, the table is partitioned by {list(partition_by)}"
-                )
-            if problems:
-                raise DeltaTargetError(
-                    f"staged file {c.path} does not match Delta table {self.table_uri}: {'; '.join(problems)}; "
-                    "table unchanged"
-                )
-        self._check_partition_values(columns, partition_by, manifest)
-
-    def _check_partition_values(
-        self, columns: Mapping[str, Any], partition_by: Sequence[str], manifest: Manifest
-    ) -> None:
-        """Raise naming the first partition value its (typed) partition column cannot hold.
-
-        deltalake commits a partition value as text and parses it only when the table is read:
-        a value its column's type cannot take (a timestamp in a ``date`` column) would be
-        committed and then make every read of the table fail. Each distinct value is parsed
-        once, as Arrow casts text to the column's type."""
-        import pyarrow as pa
-
-        typed = {c: columns[c] for c in partition_by if c in columns and not pa.types.is_string(columns[c])}
-        if not typed:
-            return
-        seen: set[tuple[str, str | None]] = set()
-        for c in manifest.committables:
-            for column, value in partition_values(c.partition).items():
-                if column not in typed or value is None or (column, value) in seen:
-                    continue
-                seen.add((column, value))
-                want = typed[column]
-                if pa.types.is_timestamp(want) and want.tz:  # the log's text is UTC, without an offset
-                    want = pa.timestamp(want.unit)
-                try:
-                    pa.array([value], pa.string()).cast(want)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                    raise DeltaTargetError(
-                        f"staged file {c.path}: partition value {value!r} is not a valid {typed[column]} "
-                        f"(column {column!r} of Delta table {self.table_uri}); table unchanged"
-                    ) from None
-
-    def _add_actions(
-        self, manifest: Manifest, base: str, staged: list[StagedFile], stats_columns: Mapping[str, str]
-    ) -> list[AddAction]:
-        """One add action per staged file: its path relative to the table, size, partition values
-        and ``stats``: ``numRecords`` plus, where the file's column statistics are known, each
-        of ``stats_columns``' ``nullCount``, ``minValues`` and ``maxValues`` (:func:`delta_stats`)."""
-        now = int(time.time() * 1000)
-        prefix = self._relative(base) + "/"
-        adds = []
-        for c, f in zip(manifest.committables, staged, strict=True):
-            values = partition_values(c.partition)  # the values, not the escaped directory text
-            if f.stats is None or not stats_columns:
-                stats = '{"numRecords": %d}' % f.rows  # noqa: UP031 (json.dumps per file costs more)
-            else:
-                stats = delta_stats(f.rows, f.stats, stats_columns)
-            adds.append(AddAction(prefix + c.path, c.size, values, now, True, stats))
-        return adds
-
-    def _adds(
-        self, dt: DeltaTable, manifest: Manifest, base: str, staged: list[StagedFile]
-    ) -> list[AddAction]:
-        import pyarrow as pa
-
-        columns = {f.name: f.type for f in pa.schema(dt.schema().to_arrow())}
-        metadata = dt.metadata()
-        self._check(columns, metadata.partition_columns, manifest, staged)
-        stats_columns = delta_stats_columns(columns, metadata.partition_columns, metadata.configuration)
-        return self._add_actions(manifest, base, staged, stats_columns)
-
-    def _adds_for_new_table(
-        self, manifest: Manifest, base: str, staged: list[StagedFile]
-    ) -> tuple[list[AddAction], DeltaSchema, Sequence[str]]:
-        if not self.create_table:
-            raise DeltaTargetError(
-                f"Delta table {self.table_uri} does not exist; create it, or set "
-                'extra={"create_table": True} to create it from the staged files on the first commit'
-            )
-        if not staged:
-            raise DeltaTargetError(
-                f"Delta table {self.table_uri} does not exist and {manifest.pipeline}/{manifest.checkpoint_key} "
-                "staged no file to take its schema from"
-            )
-        import pyarrow as pa
-
-        partition_by = tuple(self.partition_by or manifest.partition_columns)
-        file_schema = staged[0].schema
-        fields = list(file_schema) + [
-            pa.field(c, pa.string()) for c in partition_by if c not in file_schema.names
-        ]
-        schema = pa.schema(fields)
-        columns = {f.name: f.type for f in schema}
-        self._check(columns, partition_by, manifest, staged)
-        adds = self._add_actions(manifest, base, staged, delta_stats_columns(columns, partition_by, {}))
-        return adds, DeltaSchema.from_arrow(schema), partition_by
-
-    def _removes(
-        self, dt: DeltaTable, manifest: Manifest, marker: Marker | None, base: str, supersedes: str | None
-    ) -> tuple[list[RemoveAction], list[str]]:
-        """The files this commit removes, and the partitions it replaces (``overwrite``).
-
-        ``overwrite`` replaces the interval's partitions and, for a reprocess, every partition
-        the checkpoint holds (:meth:`_holder_is`): whatever files maintenance put there, they
-        hold only this checkpoint's rows. An older attempt's files of this checkpoint (a retry,
-        or the committed version a reprocess supersedes) are the live ones staged under this
-        checkpoint's directory by another attempt (Delta adds files by path, never copied or
-        moved); for a reprocess with no partition to replace (``append``),
-        :func:`check_retractable` first makes sure all of them are still live.
-        """
-        import pyarrow as pa
-
-        retract = bool(supersedes) or (marker is not None and marker.attempt_id != manifest.attempt_id)
-        if self.mode != "overwrite" and not retract:
-            return [], []
-        # Through the Arrow C stream, not pa.table(): that asks pandas first whether it was given
-        # a DataFrame, importing pandas (about 0.2 s) into every commit process.
-        files = pa.RecordBatchReader.from_stream(dt.get_add_actions(flatten=True)).read_all()
-        partition_by = dt.metadata().partition_columns
-        columns = (
-            {name: files.column(f"partition.{name}").to_pylist() for name in partition_by}
-            if files.num_rows
-            else {}
-        )
-        paths = files.column("path").to_pylist() if files.num_rows else []
-        # As the strings Spark names them by (a timestamp column's 2026-01-02 12:30:45.5, not its
-        # str() with +00:00), so a typed partition compares with the directories' values.
-        values_of = [tuple(partition_string(columns[c][i]) for c in partition_by) for i in range(len(paths))]
-        replaced_paths: list[str] = []
-        if self.mode == "overwrite":
-            replaced_paths = list(manifest.replaced_partitions())
-            for partition in replaced_paths:
-                pairs = partition_of_path(partition + "/x")
-                if [c for c, _ in pairs] != list(partition_by):
-                    raise LayoutError(
-                        f"partition {partition!r} does not name the partition columns {list(partition_by)} of "
-                        f"Delta table {self.table_uri}; table unchanged"
-                    )
-            if supersedes:
-                for values in sorted(set(values_of), key=str):
-                    partition = partition_dir(partition_by, values)
-                    if partition not in replaced_paths and self._holder_is(dt, manifest, partition):
-                        replaced_paths.append(partition)
-        replaced = {tuple(v for _, v in parse_partition_dir(p)) for p in replaced_paths}
-        checkpoint_prefix = self._relative(base.rsplit("/", 1)[0]) + "/"
-        ours = self._relative(base) + "/"
-        sizes = files.column("size_bytes").to_pylist() if paths else []
-        now = int(time.time() * 1000)
-        removes = []
-        older = 0
-        for i, path in enumerate(paths):
-            values = values_of[i]
-            path = unquote(path)  # the log's (URI-encoded) path as it is, as a remove action takes it
-            old = retract and path.startswith(checkpoint_prefix) and not path.startswith(ours)
-            older += old
-            if values in replaced or old:
-                removes.append(
-                    RemoveAction(path, True, now, sizes[i], dict(zip(partition_by, values, strict=True)))
-                )
-        if supersedes and marker is not None and marker.attempt_id == supersedes:
-            recorded = dt.transaction_version(files_app_id(manifest, supersedes))
-            # overwrite: the partitions the checkpoint holds are replaced whole (above), so only a
-            # version committed before walsink recorded holders and file counts needs the check.
-            if self.mode == "append" or recorded is None:
-                check_retractable(manifest, supersedes, recorded, older, f"Delta table {self.table_uri}")
-        return removes, replaced_paths
-
-    # ------------------------------------------------------------------ order
-
-    @staticmethod
-    def _holder_is(dt: DeltaTable, manifest: Manifest, partition: str) -> bool:
-        """Whether the commit that last replaced ``partition`` was one of the manifest's checkpoint."""
-        version = dt.transaction_version(partition_app_id(manifest.pipeline, partition))
-        return version is not None and version == dt.transaction_version(
-            partition_app_id(manifest.pipeline, partition, manifest.checkpoint_key)
-        )
-
-    def _check_order(self, dt: DeltaTable, manifest: Manifest) -> None:
-        """Invariant 10 on the table version the commit is based on (``OrderError``).
-
-        Each ``overwrite`` commit carries, per partition it replaces, an application transaction
-        at its own table version: two racing commits of one partition carry the same app id and
-        the log's conflict check refuses the second, which reloads and checks again. The holder's
-        key is read from that version's commit record; if log cleanup removed it, the holder cannot
-        be told and the commit is refused (unless rolling back is allowed).
-        """
-        if self.mode != "overwrite":
-            return
-        target = f"Delta table {self.table_uri}"
-        for partition in manifest.replaced_partitions():
-            version = dt.transaction_version(partition_app_id(manifest.pipeline, partition))
-            if version is None or self._holder_is(dt, manifest, partition) or self.allow_older_overwrite:
-                continue
-            info = commit_info(self.storage, self.table_uri, version)
-            if info is None:
-                raise OrderError(
-                    f"checkpoint {manifest.pipeline}/{manifest.checkpoint_key} would replace partition "
-                    f"{partition!r} of {target}, last replaced by another checkpoint in table version {version}, "
-                    "whose commit record log cleanup removed: walsink cannot tell whether it is newer, so the "
-                    "commit is refused (pass allow_older_overwrite=True to the commit task to replace it on "
-                    "purpose); target left unchanged"
-                )
-            holders = commit_holders(info)
-            # A group commit names the member that replaced this partition; a single commit, itself.
-            holder = next(
-                (h for h in holders if h.get("partitions") is None or partition in h["partitions"]), {}
-            )
-            check_partition_order(
-                manifest,
-                partition,
-                holder.get("pipeline"),
-                holder.get("checkpoint"),
-                allow_older=False,
-                target=target,
-            )
 
     # ------------------------------------------------------------------ finish
 
