@@ -5,7 +5,6 @@ and partitioning), remove actions for what it replaces, and the ordering rule (i
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -41,10 +40,6 @@ from airflow_provider_walsink.core.targets.delta.log import (
     files_app_id,
     partition_app_id,
 )
-
-# One logger for the whole target (its name is what users filter on), whichever module logs.
-
-log = logging.getLogger("airflow_provider_walsink.core.targets.delta")
 
 
 class DeltaTargetError(WalsinkError):

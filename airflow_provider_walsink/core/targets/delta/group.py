@@ -25,14 +25,13 @@ from airflow_provider_walsink.core.targets.base import (
     check_group,
     conflict_backoff,
 )
-
-# One logger for the whole target (its name is what users filter on), whichever module logs.
 from airflow_provider_walsink.core.targets.delta.log import (
     GROUP_COMMIT_ATTEMPTS,
     append_commit,
     marker_transactions,
 )
 
+# The target's one logger (its name is what users filter on).
 log = logging.getLogger("airflow_provider_walsink.core.targets.delta")
 
 

@@ -20,8 +20,6 @@ from airflow_provider_walsink.core.targets._tables import (
 from airflow_provider_walsink.core.targets.base import (
     StagedAttempt,
 )
-
-# One logger for the whole target (its name is what users filter on), whichever module logs.
 from airflow_provider_walsink.core.targets.delta.actions import DeltaTargetError
 from airflow_provider_walsink.core.targets.delta.log import (
     ABORTED_TXN,
@@ -30,6 +28,7 @@ from airflow_provider_walsink.core.targets.delta.log import (
     append_commit,
 )
 
+# The target's one logger (its name is what users filter on).
 log = logging.getLogger("airflow_provider_walsink.core.targets.delta")
 
 
