@@ -30,6 +30,7 @@ from airflow_provider_walsink.core.store import CommitterStore
 from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
 from airflow_provider_walsink.core.targets.iceberg.catalog import catalog_properties_from_connection
 from airflow_provider_walsink.core.targets.iceberg.outcome import CommitOutcomeUnknownError
+from airflow_provider_walsink.core.targets.iceberg.publisher import WRITE_PROBE_PROPERTY
 from airflow_provider_walsink.core.targets.registry import (
     TargetNotConfiguredError,
     TargetOptions,
@@ -334,7 +335,10 @@ def test_a_table_configured_only_by_an_iceberg_connection_commits_and_never_show
     create_events_table(publisher)
     assert publisher.catalog_source == "connection 'lakehouse'"
     assert CLIENT_SECRET not in publisher.describe()
-    publisher.check_writable()
+    before = publisher.load_table().metadata_location
+    publisher.check_writable()  # its write probe (a commit that cannot apply) passes and changes nothing
+    assert publisher.load_table().metadata_location == before
+    assert WRITE_PROBE_PROPERTY not in publisher.load_table().properties
     root = stage(sqlite_store, publisher, place, key_of(0), rows_of(0))
     committer(sqlite_store, root, place, publisher, fencing="lease", group=0).commit(
         PIPELINE, key_of(0), actor=ACTOR
@@ -345,24 +349,35 @@ def test_a_table_configured_only_by_an_iceberg_connection_commits_and_never_show
     assert CLIENT_SECRET not in recorded
 
 
-@pytest.mark.parametrize("problem", ["wrong secret", "unreachable"])
+@pytest.mark.parametrize("problem", ["wrong secret", "unreachable", "read-only token"])
 def test_a_catalog_that_refuses_or_does_not_answer_is_refused_before_anything_is_written(
     problem, rest_servers, tmp_path
 ):
     place = Place("local", (tmp_path / "tables").as_uri())
     rest = rest_servers(place)
+    rest.clear()
     conn = iceberg_connection(rest, password="not-the-secret")
+    if problem != "wrong secret":
+        conn = iceberg_connection(rest, warehouse=place.uri("warehouse"))
     if problem == "unreachable":
-        conn = iceberg_connection(rest)
         conn["host"] = "http://127.0.0.1:9"  # discard port: nothing listens
     options = TargetOptions(
         mode="overwrite", layout=None, connections=lambda conn_id: conn if conn_id == "lakehouse" else None
     )
     publisher = resolve_target("iceberg://lakehouse/ns.refused", options)
-    expected = TargetNotConfiguredError if problem == "wrong secret" else TargetUnreachableError
+    metadata = None
+    if problem == "read-only token":  # the table exists and the token may read it, not write it
+        create_events_table(publisher)
+        rest.read_only.add("ns.refused")
+        metadata = publisher.load_table().metadata_location
+    expected = TargetUnreachableError if problem == "unreachable" else TargetNotConfiguredError
     with pytest.raises(expected) as refused:
         publisher.check_writable()
     message = str(refused.value)
     assert "connection 'lakehouse'" in message
     assert "not-the-secret" not in message and CLIENT_SECRET not in message
-    assert not Path(tmp_path / "tables").exists()
+    if metadata is None:
+        assert not Path(tmp_path / "tables").exists()
+    else:
+        assert "read the table but not write it" in message
+        assert publisher.load_table().metadata_location == metadata  # nothing written

@@ -99,6 +99,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, ClassVar
@@ -182,6 +183,10 @@ from airflow_provider_walsink.core.targets.registry import (
 
 # One logger for the whole target (its name is what users filter on), whichever module logs.
 log = logging.getLogger("airflow_provider_walsink.core.targets.iceberg")
+
+#: The property the write probe of :meth:`IcebergPublisher.check_writable` asks to set; the probe's
+#: requirement always fails, so no table ever carries it.
+WRITE_PROBE_PROPERTY = "walsink.write-probe"
 
 
 class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
@@ -280,11 +285,13 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
     def check_writable(self) -> None:
         """1. Before the write phase (``core/commit/preflight.py``): the catalog answers one cheap
         call (``table_exists``) within :data:`._reach.REACH_TIMEOUT` seconds, with the credential
-        it was given.
+        it was given; a REST catalog is then asked whether that credential may *write* the table
+        (:meth:`_probe_write`).
 
         Raises:
             TargetNotConfiguredError: the catalog refused the credential or token (401/403, an
-                OAuth2 error), naming where it comes from (the connection to fix).
+                OAuth2 error), or lets it read the table but not write it, naming where it comes
+                from (the connection to fix).
             TargetUnreachableError: naming the catalog, where its configuration comes from (the
                 connection to fix), its ``host:port`` and what went wrong.
         """
@@ -293,7 +300,7 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
         uri = self.catalog_properties.get("uri")
         where = host_port(uri) if uri else "(its configured location)"
         try:
-            within(
+            exists = within(
                 REACH_TIMEOUT,
                 lambda: self.catalog.table_exists(self.identifier),
                 what=f"Iceberg catalog {self.catalog_name!r} at {where}",
@@ -310,6 +317,66 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
                 f"(from {self.catalog_source}) is unreachable at {where} ({one_line(exc)}): fix the catalog's "
                 f"uri (host and port) there, or start the catalog; {NOTHING_DONE}"
             ) from None
+        if exists:
+            self._probe_write(where)
+
+    def _probe_write(self, where: str) -> None:
+        """Ask a REST catalog whether this credential may write the table, with a commit that cannot apply.
+
+        The REST protocol has no "may I write" call, and a read-only token is otherwise found only
+        at the commit, after Spark ran. The probe is a real commit request (a property update, the
+        kind walsink's commits carry) whose one requirement, that the table's UUID is a fresh random
+        one, always fails: the catalog authorises the write (403: refused, raised to the caller) and
+        then answers 409 with nothing applied. A catalog that checks the requirement before the
+        grant answers 409 as well and tells nothing: the commit then fails with its 403, recorded.
+        Other catalog kinds are asked nothing more (their writes are the storage's and the
+        database's, checked when they happen). Any other answer is logged and the write goes on:
+        an inconclusive probe refuses nothing.
+        """
+        from pyiceberg.catalog.rest import RestCatalog
+        from pyiceberg.exceptions import ForbiddenError, OAuthError, UnauthorizedError
+        from pyiceberg.table.update import AssertTableUUID, SetPropertiesUpdate
+
+        if not isinstance(self.catalog, RestCatalog):
+            return
+
+        def probe() -> None:
+            table = self.catalog.load_table(self.identifier)
+            self.catalog.commit_table(
+                table,
+                (AssertTableUUID(uuid=uuid.uuid4()),),
+                (SetPropertiesUpdate(updates={WRITE_PROBE_PROPERTY: "never applied"}),),
+            )
+
+        try:
+            within(REACH_TIMEOUT, probe, what=f"Iceberg catalog {self.catalog_name!r} at {where}")
+        except CommitFailedException:
+            return  # the grant passed; the requirement failed, as it always does: nothing applied
+        except (ForbiddenError, UnauthorizedError, OAuthError) as exc:
+            raise TargetNotConfiguredError(
+                f"Iceberg target iceberg://{self.catalog_name}/{self.identifier}: catalog {self.catalog_name!r} at "
+                f"{where} lets the credential from {self.catalog_source} read the table but not write it "
+                f"({one_line(exc)}): grant that principal write access to {self.identifier} (or configure one "
+                f"that has it) there; {NOTHING_DONE}"
+            ) from None
+        except Exception as exc:  # noqa: BLE001 - inconclusive: the commit will tell
+            log.warning(
+                "Iceberg catalog %r at %s did not say whether %s may write table %s (%s); going on, the commit "
+                "will tell",
+                self.catalog_name,
+                where,
+                self.catalog_source,
+                self.identifier,
+                one_line(exc),
+            )
+            return
+        # Applied although its requirement failed: the catalog does not check requirements, and
+        # walsink's exactly-once rests on them (the branch head it asserts).
+        raise TargetNotConfiguredError(
+            f"Iceberg target iceberg://{self.catalog_name}/{self.identifier}: catalog {self.catalog_name!r} at "
+            f"{where} accepted a commit whose requirement (the table's UUID) was false: it does not check commit "
+            f"requirements, which walsink's exactly-once commit relies on; use a catalog that does. {NOTHING_DONE}"
+        )
 
     # ------------------------------------------------------------------ catalog and table
 
