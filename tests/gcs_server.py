@@ -82,7 +82,7 @@ def emulator(name: str, argv: list[str], answers: Callable[[], bool], env: dict[
         argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent
     )
     try:
-        for _ in range(300):
+        for _ in range(1200):  # up to a minute: a loaded machine starts Node slowly
             if process.poll() is not None:
                 raise RuntimeError(f"{name} exited: {process.stderr.read().decode()[-2000:]}")
             if answers():

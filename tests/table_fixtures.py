@@ -113,12 +113,59 @@ class Place:
         return "/".join([self.root.rstrip("/"), *parts])
 
 
+@dataclass
+class StorePlace(Place):
+    """A place on a staging store of its own kind (``gs://`` on fake-gcs-server, ``abfss://`` on
+    Azurite), read through that store, as a table target reads what it staged there."""
+
+    options: dict | None = None
+    server: Any = None
+
+    @property
+    def storage(self) -> Storage:
+        from airflow_provider_walsink.core.targets._tables import StoreStorage
+
+        return StoreStorage(self.store())
+
+    def store(self, root: str | None = None) -> Any:
+        from airflow_provider_walsink.core.staging.object_store import StagingStore
+
+        return StagingStore.open(root or self.root, self.options)
+
+    def iceberg_properties(self) -> dict[str, str]:
+        """pyiceberg's file IO properties for this place's emulator (the model checker's)."""
+        from tests.model.stores import of_server
+
+        return of_server(self.server).iceberg_properties()
+
+
+#: ``place`` takes these too when a test asks for them (``indirect`` parametrisation): the
+#: emulators' session fixtures, for the behaviour that must hold on every object store.
+STORE_PLACES = ("gs", "abfss")
+
+
 @pytest.fixture(params=["local", "s3"])
 def place(request, tmp_path) -> Place:
     if request.param == "local":
         return Place("local", str(tmp_path / "tables"))
-    server: S3Server = request.getfixturevalue("s3_server")
-    return Place("s3", f"s3://{server.bucket}/{uuid.uuid4().hex[:12]}", server)
+    prefix = uuid.uuid4().hex[:12]
+    if request.param in STORE_PLACES:
+        server = request.getfixturevalue("gcs_server" if request.param == "gs" else "azurite_server")
+        root = f"gs://{server.bucket}/{prefix}" if request.param == "gs" else server.root(prefix)
+        return StorePlace(request.param, root, options=server.options, server=server)
+    s3: S3Server = request.getfixturevalue("s3_server")
+    return Place("s3", f"s3://{s3.bucket}/{prefix}", s3)
+
+
+def objects_under(place: Place, location: str) -> list[str]:
+    """Every object (local: file) under ``location``, relative to it, as the service itself lists
+    them: a marker object another client leaves behind is listed too."""
+    if place.kind == "local":
+        root = Path(location)
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    server = place.s3 or getattr(place, "server", None)
+    prefix = location.split("://", 1)[1].split("/", 1)[1].rstrip("/") + "/"
+    return sorted(k[len(prefix) :] for k in server.list(prefix))
 
 
 def events_table(rows: list[tuple[str, int, str]]) -> pa.Table:
@@ -205,7 +252,10 @@ def ctx(manifest: Manifest, epoch: int = 1, **kwargs: Any) -> StaticContext:
 
 
 def layout_for(place: Place, root: str) -> Any:
-    """What ``finish`` takes: a :class:`StagingLayout` for local roots, the root URI on S3."""
+    """What ``finish`` takes: a :class:`StagingLayout` for local roots, the root URI on S3, the
+    staging store on the other object stores (as the committer hands it)."""
+    if isinstance(place, StorePlace):
+        return place.store(root)
     return StagingLayout(root) if place.kind == "local" else root
 
 

@@ -24,7 +24,16 @@ from airflow_provider_walsink.core.targets._tables import SCHEMA_SAMPLE, Storage
 from airflow_provider_walsink.core.targets.base import PublishOutcome
 from airflow_provider_walsink.core.targets.delta import DeltaPublisher, DeltaTargetError, app_id
 from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
-from tests.table_fixtures import Place, ctx, layout_for, place, s3_server, stage_attempt  # noqa: F401
+from tests.table_fixtures import (  # noqa: F401
+    Place,
+    StorePlace,
+    ctx,
+    layout_for,
+    objects_under,
+    place,
+    s3_server,
+    stage_attempt,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS_A = [("2026-01-01", 1, "a"), ("2026-01-01", 2, "b"), ("2026-01-02", 3, "c")]
@@ -297,6 +306,11 @@ def test_finish_removes_only_what_no_version_references(target):
     assert target.rows() == sorted(ROWS_A)
     fs, path = target.place.storage.fs_and_path(f"{orphan_dir}/{orphan.committables[0].path}")
     assert fs.get_file_info(path).type.name == "NotFound"
+    # Nothing else left under the checkpoint (pyarrow's deletes left empty marker objects on S3).
+    checkpoint = f"{target.staging}/events/2026-01-01"
+    assert objects_under(target.place, checkpoint) == sorted(
+        f"attempt-2/{c.path}" for c in manifest.committables
+    )
 
 
 def test_resolved_from_uris(tmp_path):
@@ -462,20 +476,6 @@ def wasb_resolver(server, conn_id: str = "wasb_lake"):
     return lambda name: fields if name == conn_id else None
 
 
-@dataclasses.dataclass
-class StorePlace(Place):
-    """A place on a staging store of its own kind (``abfss://``), read through that store."""
-
-    options: dict | None = None
-
-    @property
-    def storage(self) -> Storage:
-        from airflow_provider_walsink.core.staging.object_store import StagingStore
-        from airflow_provider_walsink.core.targets._tables import StoreStorage
-
-        return StoreStorage(StagingStore.open(self.root, self.options))
-
-
 def test_a_delta_table_on_azure_publishes_by_reference_once_with_the_wasb_connections_credentials(
     azurite_server,  # noqa: F811
 ):
@@ -484,7 +484,9 @@ def test_a_delta_table_on_azure_publishes_by_reference_once_with_the_wasb_connec
     older in ``overwrite`` (whose id is then read from the log's commit records through the
     store), a zombie with a lower token refused, and the clean-up keeping the referenced files."""
     server = azurite_server
-    on_azure = StorePlace("abfss", server.root(f"delta-{uuid.uuid4().hex[:8]}"), options=server.options)
+    on_azure = StorePlace(
+        "abfss", server.root(f"delta-{uuid.uuid4().hex[:8]}"), options=server.options, server=server
+    )
     target = Target(on_azure)
     uri = target.uri.replace("abfss://", "delta+abfss://")
     options = TargetOptions(mode="overwrite", layout=None, partition_by=("dt",),
@@ -516,8 +518,11 @@ def test_a_delta_table_on_azure_publishes_by_reference_once_with_the_wasb_connec
     # of the table still reference (until VACUUM).
     removed = target.publisher().finish(new, target.staging)
     assert [r.rsplit("/", 2)[1:] for r in removed] == [[new_dir.rsplit("/", 1)[1], "_manifest.json"]]
-    fs, path = on_azure.storage.fs_and_path(f"{old_dir}/{old.committables[0].path}")
-    assert fs.get_file_info(path).type.name == "File"
+    # Exactly attempt 1 (kept whole) and attempt 2's data files stay: no other manifest, no marker blob.
+    checkpoint, files = old_dir.rsplit("/", 1)[0], [f"{old_dir.rsplit('/', 1)[1]}/_manifest.json"]
+    for manifest, where in ((old, old_dir), (new, new_dir)):
+        files += [f"{where.rsplit('/', 1)[1]}/{c.path}" for c in manifest.committables]
+    assert objects_under(on_azure, checkpoint) == sorted(files)
     assert target.rows() == sorted(ROWS_A) and target.version() == 2
 
 

@@ -15,14 +15,22 @@ import pytest
 
 from airflow_provider_walsink.core.protocol.errors import CommittableError, FencedError
 from airflow_provider_walsink.core.staging.layout import StagingLayout
-from airflow_provider_walsink.core.targets.base import PublishOutcome
+from airflow_provider_walsink.core.targets.base import PublishOutcome, StagedAttempt
 from airflow_provider_walsink.core.targets.iceberg import (
     IcebergPublisher,
     IcebergTargetError,
     marker_property,
 )
 from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
-from tests.table_fixtures import ctx, layout_for, place, s3_server, stage_attempt  # noqa: F401
+from tests.table_fixtures import (  # noqa: F401
+    StorePlace,
+    ctx,
+    layout_for,
+    objects_under,
+    place,
+    s3_server,
+    stage_attempt,
+)
 
 pytest.importorskip("pyiceberg")
 
@@ -41,6 +49,8 @@ class Target:
         }
         if place.s3:
             self.props.update(place.s3.iceberg_properties())
+        elif isinstance(place, StorePlace):
+            self.props.update(place.iceberg_properties())
         self.identifier = f"ns.events_{uuid.uuid4().hex[:6]}"
 
     def publisher(self, mode="append", **kwargs) -> IcebergPublisher:
@@ -54,7 +64,11 @@ class Target:
         return self.publisher().staging_root()
 
     def stage(self, key, rows, **kwargs):
-        return stage_attempt(self.place, self.staging, "events", key, rows, **kwargs)
+        manifest, attempt_dir = stage_attempt(self.place, self.staging, "events", key, rows, **kwargs)
+        if isinstance(self.place, StorePlace):  # as the committer hands it: read through its store
+            store = self.place.store(self.staging)
+            return manifest, StagedAttempt(store, store.attempt("events", key, manifest.attempt))
+        return manifest, attempt_dir
 
     def rows(self) -> list[tuple]:
         table = self.publisher().load_table()
@@ -208,8 +222,12 @@ def test_missing_table_without_create_table_is_a_clear_error(target):
         target.publisher(create_table=False).publish(manifest, attempt_dir, ctx(manifest))
 
 
+@pytest.mark.parametrize("place", ["local", "s3", "gs", "abfss"], indirect=True)
 def test_finish_removes_only_what_no_snapshot_references(target):
-    orphan, orphan_dir = target.stage("2026-01-01", [("2026-01-01", 5, "never committed")], attempt=1)
+    """On every store (issue 48: on gs:// the clean-up removed nothing, on abfss:// it left marker
+    blobs): the never-committed attempt goes and so does the committed one's manifest; every object
+    the table references stays, and nothing else is left under the checkpoint."""
+    target.stage("2026-01-01", [("2026-01-01", 5, "never committed")], attempt=1)
     manifest, attempt_dir = target.stage("2026-01-01", ROWS_A, attempt=2)
     publisher = target.publisher()
     publisher.publish(manifest, attempt_dir, ctx(manifest))
@@ -217,8 +235,10 @@ def test_finish_removes_only_what_no_snapshot_references(target):
     assert any(r.endswith("attempt-1") for r in removed)
     assert any(r.endswith("attempt-2/_manifest.json") for r in removed)
     assert target.rows() == sorted(ROWS_A)  # every referenced data file is still readable
-    fs, path = target.place.storage.fs_and_path(f"{orphan_dir}/{orphan.committables[0].path}")
-    assert fs.get_file_info(path).type.name == "NotFound"
+    checkpoint = f"{target.staging}/events/2026-01-01"
+    assert objects_under(target.place, checkpoint) == sorted(
+        f"attempt-2/{c.path}" for c in manifest.committables
+    )
 
 
 def test_resolved_from_a_uri_with_catalog_from_a_connection(tmp_path):

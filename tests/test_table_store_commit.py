@@ -26,7 +26,7 @@ from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.targets.base import StagedAttempt, StaticContext
 from airflow_provider_walsink.triggers.durable import evaluate_durability
 from tests.helpers import ACTOR, forget_checkpoint
-from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, s3_server  # noqa: F401
+from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY, S3Server, s3_server  # noqa: F401
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -34,6 +34,8 @@ DAYS = {"2026-01-01": 12, "2026-01-02": 7}
 
 
 def _store_options(server) -> dict[str, str]:
+    if not isinstance(server, S3Server):  # fake-gcs-server, Azurite: their roots' options
+        return dict(server.options)
     return {
         "endpoint_url": server.endpoint,
         "access_key": ACCESS_KEY,
@@ -42,15 +44,27 @@ def _store_options(server) -> dict[str, str]:
     }
 
 
+def _uri(server, path: str) -> str:
+    """``path`` in the server's bucket (Azure: container) as a URI of the server's kind."""
+    if isinstance(server, S3Server):
+        return f"s3://{server.bucket}/{path}"
+    return server.root(path) if hasattr(server, "root") else f"gs://{server.bucket}/{path}"
+
+
 def _publisher(kind: str, server, tmp_path: Path, prefix: str, mode: str):
     if kind == "iceberg":
         from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
+        from tests.model.stores import of_server
 
         props = {
             "type": "sql",
             "uri": f"sqlite:///{tmp_path}/catalog.db",
-            "warehouse": f"s3://{server.bucket}/{prefix}/warehouse",
-            **server.iceberg_properties(),
+            "warehouse": _uri(server, f"{prefix}/warehouse"),
+            **(
+                server.iceberg_properties()
+                if isinstance(server, S3Server)
+                else of_server(server).iceberg_properties()
+            ),
         }
         return IcebergPublisher(
             "ns.events", mode, catalog_properties=props, partition_by=["dt"], create_table=True
@@ -127,29 +141,38 @@ def bucket_prefix() -> str:
     return uuid.uuid4().hex[:12]
 
 
-@pytest.mark.parametrize("kind", ["iceberg", "delta"])
-def test_a_checkpoint_staged_on_s3_is_committed_into_a_table_on_the_same_store_by_reference(
+#: The emulators' session fixtures (Iceberg only on GCS and Azure here: Delta on abfss:// runs in
+#: test_delta_target.py and the e2e DAG; deltalake's GCS client needs the XML API fake-gcs-server lacks).
+STORES = {"s3": "s3_server", "gs": "gcs_server", "abfss": "azurite_server"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "on"), [("iceberg", "s3"), ("delta", "s3"), ("iceberg", "gs"), ("iceberg", "abfss")]
+)
+def test_a_checkpoint_staged_on_an_object_store_is_committed_into_a_table_on_the_same_store_by_reference(
     kind,
+    on,
+    request,
     spark,
-    s3_server,  # noqa: F811
     sqlite_store,
     tmp_path,
     bucket_prefix,
     monkeypatch,
 ):
-    """Staged by executors on moto, durable on the store, committed by reference: the table's data
-    files are exactly the staged objects, each row once; a re-run is a no-op that says so; a commit
-    raising after the table commit, re-run, publishes nothing twice, also after the committer rows
-    are deleted (the table's marker decides)."""
+    """Staged by executors on moto (and, for Iceberg, fake-gcs-server and Azurite), durable on the
+    store, committed by reference: the table's data files are exactly the staged objects, each row
+    once; a re-run is a no-op that says so; a commit raising after the table commit, re-run,
+    publishes nothing twice, also after the committer rows are deleted (the table's marker decides)."""
+    server = request.getfixturevalue(STORES[on])
     mode = "overwrite"
-    publisher = _publisher(kind, s3_server, tmp_path, bucket_prefix, mode)
+    publisher = _publisher(kind, server, tmp_path, bucket_prefix, mode)
     root = publisher.staging_root()
-    assert root is not None and root.startswith(f"s3://{s3_server.bucket}/{bucket_prefix}/")
-    staging = StagingStore.open(root, _store_options(s3_server))
+    assert root is not None and root.startswith(_uri(server, f"{bucket_prefix}/"))
+    staging = StagingStore.open(root, _store_options(server))
     source = _source(DAYS)
-    job, manifest = _stage(spark, sqlite_store, staging, "k1", source, mode, s3_server)
+    job, manifest = _stage(spark, sqlite_store, staging, "k1", source, mode, server)
     staged_uris = sorted(f"{job.location.uri}/{c.path}" for c in manifest.committables)
-    assert all(u.startswith(f"s3://{s3_server.bucket}/") for u in staged_uris)
+    assert all(u.startswith(_uri(server, "")) for u in staged_uris)
 
     committer = CheckpointCommitter(sqlite_store, staging, publisher, mode=mode)
     summary = committer.commit("events", "k1", actor=ACTOR)
@@ -157,7 +180,7 @@ def test_a_checkpoint_staged_on_s3_is_committed_into_a_table_on_the_same_store_b
     assert summary.published == len(manifest.committables)
     # By reference: the table's data files are the staged objects themselves, nothing copied.
     assert sorted(_data_files(kind, publisher)) == staged_uris
-    keys = {k for k in s3_server.list(f"{bucket_prefix}/") if k.endswith(".parquet")}
+    keys = {k for k in server.list(f"{bucket_prefix}/") if k.endswith(".parquet")}
     assert keys == {u.split("/", 3)[3] for u in staged_uris}
     assert _rows(kind, publisher) == sorted(source)
     committed_version = _version(kind, publisher)
@@ -173,7 +196,7 @@ def test_a_checkpoint_staged_on_s3_is_committed_into_a_table_on_the_same_store_b
 
     # A second checkpoint: the commit raises right after the table commit (before COMMITTED).
     second = _source({"2026-01-03": 5}, salt="b")
-    _stage(spark, sqlite_store, staging, "k2", second, mode, s3_server)
+    _stage(spark, sqlite_store, staging, "k2", second, mode, server)
 
     def crash_after_publish(name: str) -> None:
         if name == "commit.after_publish":
@@ -195,7 +218,7 @@ def test_a_checkpoint_staged_on_s3_is_committed_into_a_table_on_the_same_store_b
     # Retention deletes k1's committer rows; the interval is written and committed again: the
     # table's marker says it holds k1, so its partitions are replaced, never added twice.
     forget_checkpoint(sqlite_store, "events", "k1")
-    _stage(spark, sqlite_store, staging, "k1", source, mode, s3_server)
+    _stage(spark, sqlite_store, staging, "k1", source, mode, server)
     redo = CheckpointCommitter(sqlite_store, staging, publisher, mode=mode).commit(
         "events", "k1", actor=ACTOR
     )

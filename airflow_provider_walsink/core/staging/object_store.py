@@ -121,7 +121,9 @@ class StagingStore(StagingBackend):
       is set on a local root only.
     * **Delete.** :meth:`remove_attempt` deletes one attempt, located by
       :meth:`attempt`, and nothing else: only a prefix named
-      ``attempt-<n>[-<32 hex>]`` directly under ``<pipeline>/<checkpoint>``.
+      ``attempt-<n>[-<32 hex>]`` directly under ``<pipeline>/<checkpoint>``;
+      :meth:`remove_manifest` deletes only such an attempt's manifest (a table
+      target's clean-up: the committed attempt's files stay, the table references them).
     """
 
     def __init__(
@@ -407,6 +409,25 @@ class StagingStore(StagingBackend):
 
     def remove_attempt(self, location: AttemptLocation) -> bool:
         """Delete one attempt located by :meth:`attempt` (and only that); True if something was removed."""
+        self._check_own(location)
+        if self.layout is not None:
+            return self.layout.remove_attempt(
+                location.pipeline, location.checkpoint_key, location.attempt, location.attempt_id
+            )
+        return self._delete_attempt(location)
+
+    def remove_manifest(self, location: AttemptLocation) -> bool:
+        """Delete one attempt's manifest (located by :meth:`attempt`) and nothing else: its committables
+        stay, a table references them in place. True if there was one. An object store overrides it."""
+        self._check_own(location)
+        try:
+            os.unlink(location.manifest_path)  # a link is removed, never followed
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _check_own(self, location: AttemptLocation) -> None:
+        """Raise :class:`PathEscapeError` unless ``location`` is the attempt :meth:`attempt` builds."""
         expected = self.attempt(
             location.pipeline, location.checkpoint_key, location.attempt, location.attempt_id
         )
@@ -414,11 +435,6 @@ class StagingStore(StagingBackend):
             raise PathEscapeError(
                 f"{location.uri} is not an attempt of this staging root; refusing to delete"
             )
-        if self.layout is not None:
-            return self.layout.remove_attempt(
-                location.pipeline, location.checkpoint_key, location.attempt, location.attempt_id
-            )
-        return self._delete_attempt(location)
 
     def _delete_attempt(self, location: AttemptLocation) -> bool:
         """Delete every object of an attempt :meth:`remove_attempt` has checked; a store whose
@@ -580,6 +596,18 @@ class ObjectStagingStore(StagingStore):
 
     def check_writable(self) -> None:
         probe_object_root(self.filesystem, self.base, self.root_uri, delete=self._delete_object)
+
+    def remove_manifest(self, location: AttemptLocation) -> bool:
+        """The manifest object deleted through the service's own single delete (:meth:`_delete_object`):
+        ``pyarrow``'s ``delete_file`` leaves a marker object for the parent on S3 and Azure's flat
+        namespace, and its GCS listing sees no attempt prefix at all."""
+        import pyarrow.fs as pafs
+
+        self._check_own(location)
+        if self.filesystem.get_file_info(location.manifest_path).type != pafs.FileType.File:
+            return False
+        self._delete_object(location.manifest_path)
+        return True
 
     def _delete_object(self, path: str) -> None:
         """Delete one object; on S3 one ``DeleteObject`` (pyarrow's ``delete_file`` would leave a

@@ -22,6 +22,7 @@ from airflow_provider_walsink.core.protocol.errors import (
     CommittableError,
     FencedError,
     LayoutError,
+    PathEscapeError,
     SupersedeError,
     WalsinkError,
 )
@@ -539,6 +540,10 @@ class Storage:
         from airflow_provider_walsink.core.staging.cleanup import remove_attempts_fenced
         from airflow_provider_walsink.core.staging.layout import attempt_of
 
+        if is_remote(checkpoint_location):  # through the store, as the committer's clean-up does
+            return self._store_of(checkpoint_location, manifest).remove_unreferenced_attempts(
+                checkpoint_location, manifest, held, fence=fence
+            )
         crashpoint("cleanup.started")
         fs, base = self.fs_and_path(checkpoint_location)
         import pyarrow.fs as pafs
@@ -595,6 +600,27 @@ class Storage:
         )
         return [f"{p}/{MANIFEST_NAME}" if ids[p] == manifest.attempt_id else p for p in removed]
 
+    def _store_of(self, checkpoint_location: str, manifest: Manifest) -> StoreStorage:
+        """The staging store of an ``s3://`` checkpoint location, with this storage's S3 settings."""
+        self.fs_and_path(checkpoint_location)  # only what this storage reads (LayoutError otherwise)
+        suffix = f"/{manifest.pipeline}/{manifest.checkpoint_key}"
+        if not checkpoint_location.endswith(suffix):
+            raise LayoutError(
+                f"{checkpoint_location} is not the location of checkpoint {manifest.pipeline}/"
+                f"{manifest.checkpoint_key}; nothing deleted"
+            )
+        s3 = self.s3
+        options = {"access_key": s3.access_key, "secret_key": s3.secret_key,
+                   "session_token": s3.session_token, "region": s3.region or "us-east-1"}  # fmt: skip
+        if s3.endpoint:  # as S3Settings.filesystem reads it: a URL, or host:port over https
+            options |= (
+                {"endpoint_url": s3.endpoint}
+                if "://" in s3.endpoint
+                else {"endpoint_override": s3.endpoint, "scheme": "https"}
+            )
+        root = checkpoint_location[: -len(suffix)]
+        return StoreStorage(StagingStore.open(root, {k: v for k, v in options.items() if v}))
+
 
 class StoreStorage(Storage):
     """A :class:`Storage` bound to one object-store :class:`StagingStore`: reads and deletes only
@@ -611,6 +637,83 @@ class StoreStorage(Storage):
         if location.rstrip("/") == self._prefix.rstrip("/"):
             return self.store.filesystem, self.store.base
         raise LayoutError(f"{location} is outside the staging root {self.store.root_uri}; not read")
+
+    def remove_unreferenced_attempts(
+        self,
+        checkpoint_location: str,
+        manifest: Manifest,
+        held: Callable[[str], bool],
+        *,
+        fence: Callable[[], None] | None = None,
+    ) -> list[str]:
+        """:meth:`Storage.remove_unreferenced_attempts` through the store's own methods, whatever the
+        service: the attempts its listing names (``gs://``: the service's prefixes, which ``pyarrow``
+        does not list), each removed by :meth:`~.StagingStore.remove_attempt` or, for the committed
+        attempt, :meth:`~.StagingStore.remove_manifest` (only locations the store builds itself; no
+        marker object left behind), with the same fence and ``held`` check before each deletion."""
+        from airflow_provider_walsink.core.faults import crashpoint
+        from airflow_provider_walsink.core.staging.cleanup import remove_attempts_fenced, store_attempts
+
+        crashpoint("cleanup.started")
+        store = self.store
+        self.fs_and_path(checkpoint_location)  # LayoutError outside this store's root
+        suffix = f"/{manifest.pipeline}/{manifest.checkpoint_key}"
+        if not checkpoint_location.endswith(suffix):
+            raise LayoutError(
+                f"{checkpoint_location} is not the location of checkpoint {manifest.pipeline}/"
+                f"{manifest.checkpoint_key}; nothing deleted"
+            )
+        root = checkpoint_location[: -len(suffix)]
+        if root.rstrip("/") != store.root_uri.rstrip("/"):
+            # A staging root inside this store's (a Delta table's ``_walsink_staging``): that root,
+            # opened with the same options, so the store builds every location it deletes from it.
+            store = StagingStore.open(root, store._options)
+        try:
+            located = store_attempts(store, manifest.pipeline, manifest.checkpoint_key)
+        except OSError as e:
+            log.warning("cannot list %s: %s", checkpoint_location, e)
+            return []
+        attempts: list[tuple[int, str | None, str]] = []
+        where: dict[str, tuple[Any, str]] = {}
+        for loc in located:
+            attempt_id: str | None
+            try:
+                data = store.read_manifest_bytes(loc)
+                attempt_id = parse_manifest(data, source=f"{loc.uri}/{MANIFEST_NAME}").attempt_id
+            except FileNotFoundError:
+                # No manifest: never sealed, or committed once (its commit removed the manifest).
+                attempt_id = loc.attempt_id
+                if attempt_id is None:
+                    log.warning("leaving %s alone: no manifest and no attempt id in its name", loc.uri)
+                    continue
+            except (WalsinkError, OSError) as e:
+                log.warning("leaving %s alone: its manifest cannot be read (%s)", loc.uri, e)
+                continue
+            attempts.append((loc.attempt, attempt_id, loc.path))
+            where[loc.path] = (loc, attempt_id)
+
+        def referenced(attempt_id: str | None) -> bool:
+            # Our own attempt is referenced too, but only its manifest goes (delete() below).
+            return attempt_id != manifest.attempt_id and held(attempt_id or "")
+
+        def delete(path: str) -> bool:
+            loc, attempt_id = where[path]
+            try:
+                if attempt_id == manifest.attempt_id:
+                    return store.remove_manifest(loc)  # the data files stay: the table references them
+                return store.remove_attempt(loc)  # not referenced by the table now: nothing needs it
+            except PathEscapeError as e:  # a name the store would not build (ambiguous): left alone
+                log.warning("clean-up left %s: %s", loc.uri, e)
+                return False
+
+        removed = remove_attempts_fenced(
+            attempts,
+            up_to=manifest.attempt,
+            fence=fence or (lambda: None),
+            referenced=referenced,
+            delete=delete,
+        )
+        return [f"{p}/{MANIFEST_NAME}" if where[p][1] == manifest.attempt_id else p for p in removed]
 
 
 def _local_size_problems(files: Sequence[tuple[str, int]]) -> list[str]:
