@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> list[Table]:
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--samples", type=int, default=5, help="timed commits and loads per table")
     parser.add_argument(
-        "--checkpoint-samples", type=int, default=3, help="Delta: timed checkpoint-writing commits"
+        "--checkpoint-samples", type=int, default=3, help="Delta: timed checkpoint-writing commits (0: none)"
     )
     parser.add_argument("--work-dir", default=None)
     args = parser.parse_args(argv)
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> list[Table]:
                     _bytes,
                 ),
             ]
-            if kind == "delta":
+            if kind == "delta" and args.checkpoint_samples:
                 ck_s: dict[int, list[float]] = {n: [] for n in sizes}
                 ck_b: dict[int, list[int]] = {n: [] for n in sizes}
                 for i in range(args.checkpoint_samples):
