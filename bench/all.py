@@ -27,6 +27,7 @@ from bench.common import machine
 BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
     "run": ("bench.run", ["--size", "medium"], ["--size", "smoke"]),
     "tables": ("bench.bench_tables", [], ["--files", "10", "--history", "10", "--repeats", "1", "--samples", "2"]),
+    "history": ("bench.bench_history", [], ["--sizes", "10,20", "--samples", "1", "--checkpoint-samples", "0"]),
     "group": ("bench.bench_group", [], ["--checkpoints", "20", "--tasks", "4"]),
     "rest_catalog": ("bench.bench_rest_catalog", [], ["--files", "10", "--repeats", "1"]),
     "together": (

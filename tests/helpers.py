@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -144,3 +144,43 @@ def python_spark_submit(directory: Path, application: Path) -> Path:
     )
     submit.chmod(submit.stat().st_mode | stat.S_IXUSR)
     return submit
+
+
+def duckdb_iceberg_connection() -> Any:
+    """A DuckDB connection with DuckDB's own Iceberg reader (``iceberg_scan``) loaded offline, or ``None``.
+
+    The reader is the ``iceberg`` extension (it loads ``avro``) from the ``duckdb-ext-iceberg`` /
+    ``duckdb-ext-avro`` packages, which exist only for the DuckDB release they were built for
+    (1.4.4 today, not the 2.0 the constraints pin), so the suite does not install them yet.
+    Never downloads an extension.
+    """
+    import importlib.util
+
+    import duckdb
+
+    spec = importlib.util.find_spec("duckdb_ext")
+    found = [
+        d
+        for base in (spec.submodule_search_locations if spec else [])
+        for d in [Path(base) / "extensions"]
+        if list(d.glob(f"v{duckdb.__version__}/*/iceberg.duckdb_extension"))
+    ]
+    if not found:
+        return None
+    con = duckdb.connect()
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET extension_directory = ?", [str(found[0])])
+    con.execute("LOAD iceberg")
+    return con
+
+
+def duckdb_iceberg() -> Any:
+    """:func:`duckdb_iceberg_connection`, or a plain skip (not a CI failure: the extension is optional)."""
+    import duckdb
+
+    con = duckdb_iceberg_connection()
+    if con is None:
+        pytest.skip(
+            f"no offline DuckDB iceberg extension for duckdb {duckdb.__version__} (duckdb-ext-iceberg)"
+        )
+    return con

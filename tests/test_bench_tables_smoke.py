@@ -29,3 +29,29 @@ def test_bench_tables_runs_its_smallest_size(tmp_path, capsys):
     ]
     assert [row[0] for row in tables[3].rows] == [1, 3]
     assert "marker check" in capsys.readouterr().out
+
+
+def test_bench_history_runs_its_smallest_size(tmp_path):
+    """bench_history (issue 45) at N = 10 and 20: histories built from the targets' marker functions and
+    checked by walsink's lookups, one row per measure with its ratio and goal verdict."""
+    from bench import bench_history
+
+    tables = bench_history.main(
+        ["--sizes", "10,20", "--samples", "1", "--checkpoint-samples", "0", "--work-dir", str(tmp_path)]
+    )
+    result, built = tables[1], tables[2]
+    assert [(row[0], row[1]) for row in result.rows] == [
+        ("iceberg", "walsink commit (1 file)"),
+        ("iceberg", "reader's table load"),
+        ("iceberg", "metadata JSON written"),
+        ("delta", "walsink commit (1 file)"),
+        ("delta", "reader's table load"),
+        ("delta", "commit JSON written"),
+    ]  # the commit writing a Delta checkpoint (99 commits of padding each) is left to the real run
+    assert all(row[-1] in ("met", "missed") for row in result.rows)
+    assert [(row[0], row[1]) for row in built.rows] == [
+        ("iceberg", 10),
+        ("iceberg", 20),
+        ("delta", 10),
+        ("delta", 20),
+    ]
