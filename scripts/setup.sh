@@ -69,6 +69,17 @@ step "installing walsink, Airflow, Spark and the test tools (a few minutes the f
 PYSPARK_PIN=$(grep -i '^pyspark==' constraints.txt)
 step "restoring the full $PYSPARK_PIN over pyspark-client" \
   .venv/bin/pip install -q --force-reinstall --no-deps "$PYSPARK_PIN"
+# DuckDB's own Iceberg reader, for the tests that read Iceberg tables back with it. Its offline
+# extensions exist only for DuckDB 1.4.4, so it lives apart from the project's DuckDB, in
+# .venv/duckdb-iceberg (tests/helpers.py: duckdb_iceberg_scan runs it in a subprocess).
+DUCKDB_ICEBERG_PINS="duckdb==1.4.4 duckdb-ext-iceberg==1.4.4.20260205 duckdb-ext-avro==1.4.4.20260205"
+if [ "$(cat .venv/duckdb-iceberg/.pins 2>/dev/null)" != "$DUCKDB_ICEBERG_PINS" ]; then
+  rm -rf .venv/duckdb-iceberg
+  # shellcheck disable=SC2086 # one word per pin
+  step "installing DuckDB's Iceberg reader (DuckDB 1.4.4) for the tests" \
+    .venv/bin/pip install -q --no-deps --target .venv/duckdb-iceberg $DUCKDB_ICEBERG_PINS
+  echo "$DUCKDB_ICEBERG_PINS" >.venv/duckdb-iceberg/.pins
+fi
 MISSING=$(missing_debian_packages | xargs)
 if [ -n "$MISSING" ] && command -v apt-get >/dev/null; then
   SUDO=$([ "$(id -u)" -eq 0 ] || echo sudo)

@@ -38,7 +38,7 @@ import pytest
 import sqlalchemy as sa
 
 from airflow_provider_walsink.core.store.store import CommitterStore
-from tests.helpers import duckdb_iceberg_connection
+from tests.helpers import duckdb_iceberg_scan
 from tests.iceberg_rest import CLIENT_ID, CLIENT_SECRET, rest_catalog  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
@@ -226,14 +226,11 @@ def test_table_and_sql_examples_run_through_the_scheduler_stage_in_the_table_and
         )
         table = iceberg.load_table()
         _check_events(table.scan().to_arrow().to_pylist(), DAY)
-        duck = duckdb_iceberg_connection()  # DuckDB's own Iceberg reader, where its extension is installed
-        if duck is not None:
-            with duck:
-                read = duck.execute(
-                    "SELECT event_id, amount_cents, CAST(dt AS VARCHAR) FROM iceberg_scan(?) ORDER BY event_id",
-                    [table.metadata_location],
-                ).fetchall()
-            assert read == _duckdb_expected(DAY)
+        read = duckdb_iceberg_scan(  # DuckDB's own Iceberg reader
+            "SELECT event_id, amount_cents, CAST(dt AS VARCHAR) FROM iceberg_scan(?) ORDER BY event_id",
+            [table.metadata_location],
+        )
+        assert read == [tuple(row) for row in _duckdb_expected(DAY)]
         snapshots = [(s.snapshot_id, s.summary["walsink.checkpoint"]) for s in table.snapshots()]
         assert [key for _, key in snapshots] == [KEY]  # one commit, one snapshot
         # A REST catalog names a new table's location only when it creates it (at the first

@@ -22,7 +22,7 @@ from airflow_provider_walsink.core.targets.iceberg import (
     marker_property,
 )
 from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
-from tests.helpers import duckdb_iceberg
+from tests.helpers import duckdb_iceberg_scan
 from tests.table_fixtures import (  # noqa: F401
     Place,
     StorePlace,
@@ -414,7 +414,6 @@ def test_duckdb_own_iceberg_reader_reads_the_table_as_pyiceberg_does(tmp_path):
     """DuckDB's ``iceberg_scan`` (offline extension; skipped without it) reads a walsink table
     as pyiceberg does: ``dt`` from the metadata (the staged files have none), an overwrite's
     replaced partition and a reprocess's retracted attempt gone, the other day kept."""
-    con = duckdb_iceberg()
     target = Target(Place("local", str(tmp_path / "tables")), tmp_path)
     other, other_dir = target.stage("2026-01-03", OTHER_ROWS)
     target.publisher("overwrite").publish(other, other_dir, ctx(other, epoch=1))
@@ -423,9 +422,9 @@ def test_duckdb_own_iceberg_reader_reads_the_table_as_pyiceberg_does(tmp_path):
     v2, v2_dir = target.stage("2026-01-01", V2_ROWS, attempt=2)
     target.publisher("overwrite").publish(v2, v2_dir, ctx(v2, epoch=2, supersedes=v1.attempt_id))
     location = target.publisher().load_table().metadata_location
-    read = con.execute(
+    read = duckdb_iceberg_scan(
         "SELECT CAST(dt AS VARCHAR), id, name FROM iceberg_scan(?) ORDER BY ALL", [location]
-    ).fetchall()
+    )
     assert read == target.rows() == sorted(OTHER_ROWS + V2_ROWS)
 
 
