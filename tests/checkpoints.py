@@ -33,3 +33,36 @@ def stage_csv_checkpoint(
     if durable:
         store.mark_durable(pipeline, key, attempt=writer.attempt, actor=actor)
     return path
+
+
+def stage_parquet_checkpoint(
+    store: Any,
+    layout: StagingLayout,
+    pipeline: str,
+    key: str,
+    dt: str,
+    ids: list[int],
+    *,
+    actor: Any,
+    staging_root: str | None = None,
+) -> None:
+    """Register ``pipeline/key`` (overwrite, a table target), stage one Parquet file per id of
+    ``ids`` (columns ``id``, ``name``) in partition ``dt=<dt>``, seal it and record it DURABLE."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    store.register(pipeline, key, mode="overwrite", actor=actor, target="table", staging_root=staging_root)
+    writer = CheckpointWriter(store, layout, pipeline, key, actor=actor, partition_columns=["dt"])
+    attempt_dir = writer.begin()
+    (attempt_dir / f"dt={dt}").mkdir(parents=True)
+    relatives = []
+    for n, i in enumerate(ids):
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"id": pa.array([i], pa.int64()), "name": [f"n{i}"]}), buf)
+        relatives.append(f"dt={dt}/part-{n}.parquet")
+        (attempt_dir / relatives[-1]).write_bytes(buf.getvalue())
+    writer.add_files(relatives, rows=dict.fromkeys(relatives, 1), writer="stage")
+    writer.seal()
+    store.mark_durable(pipeline, key, attempt=writer.attempt, actor=actor)

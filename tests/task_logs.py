@@ -27,6 +27,17 @@ def noise(log: str) -> list[str]:
     return [n for n in LOG_NOISE if n in log]
 
 
+#: A Spark (log4j) INFO line as spark-submit prints it: ``26/11/29 03:12:21 INFO SparkContext: ...``.
+_SPARK_INFO = re.compile(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d INFO (\w+): ")
+
+
+def spark_info_loggers(log: str) -> set[str]:
+    """The Spark loggers that said something at INFO in ``log`` (spark-submit's output). With
+    ``spark.log.level`` WARN only SparkContext's first lines (version, OS, Java), said before
+    it applies the level, are left."""
+    return set(_SPARK_INFO.findall(log))
+
+
 def phase_lines(log: str, pipeline: str, key: str, rows: int) -> dict[str, int]:
     """How many lines of ``log`` say each phase's outcome for checkpoint ``pipeline/key``."""
     name = re.escape(f"{pipeline}/{key}")

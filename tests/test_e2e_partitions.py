@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_walsink.core.staging.layout import StagingLayout
 from airflow_provider_walsink.core.store.store import CommitterStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
@@ -51,7 +52,7 @@ def _examples():
     return walsink_example_common
 
 
-def _backfill_runs(stack, backfill_id: int, seen: set[str]) -> dict[str, dict]:
+def _backfill_runs(stack, backfill_id: int, seen: set[str], dag_id: str = UPSTREAM) -> dict[str, dict]:
     """The runs of a finished backfill (the backfill runs not in ``seen``, which it then holds), by
     partition key (``wait_for_backfill`` matches logical dates, which partitioned runs lack)."""
     stack.wait_until(
@@ -59,29 +60,27 @@ def _backfill_runs(stack, backfill_id: int, seen: set[str]) -> dict[str, dict]:
         lambda: stack.get(f"/api/v2/backfills/{backfill_id}")["completed_at"],
         timeout=900,
     )
-    runs = [
-        r for r in stack.dag_runs(UPSTREAM) if r["run_type"] == "backfill" and r["dag_run_id"] not in seen
-    ]
+    runs = [r for r in stack.dag_runs(dag_id) if r["run_type"] == "backfill" and r["dag_run_id"] not in seen]
     seen.update(r["dag_run_id"] for r in runs)
-    stack.wait_for_runs(UPSTREAM, [r["dag_run_id"] for r in runs], timeout=900)
-    finished = {r["dag_run_id"]: r for r in stack.dag_runs(UPSTREAM)}
+    stack.wait_for_runs(dag_id, [r["dag_run_id"] for r in runs], timeout=900)
+    finished = {r["dag_run_id"]: r for r in stack.dag_runs(dag_id)}
     return {r["partition_key"]: finished[r["dag_run_id"]] for r in runs}
 
 
-def _events(stack, run_id: str) -> list[dict]:
-    found = stack.get("/api/v2/assets/events", source_dag_id=UPSTREAM, source_run_id=run_id, limit=100)
+def _events(stack, run_id: str, dag_id: str = UPSTREAM) -> list[dict]:
+    found = stack.get("/api/v2/assets/events", source_dag_id=dag_id, source_run_id=run_id, limit=100)
     return [e for e in found["asset_events"] if e["source_run_id"] == run_id]
 
 
-def _downstream_runs(stack) -> dict[str, dict]:
-    return {r["dag_run_id"]: r for r in stack.dag_runs(DOWNSTREAM)}
+def _downstream_runs(stack, dag_id: str = DOWNSTREAM) -> dict[str, dict]:
+    return {r["dag_run_id"]: r for r in stack.dag_runs(dag_id)}
 
 
-def _new_downstream_runs(stack, before: set[str], count: int) -> dict[str, dict]:
+def _new_downstream_runs(stack, before: set[str], count: int, dag_id: str = DOWNSTREAM) -> dict[str, dict]:
     """Inside an asset_scheduling block: wait until ``count`` new downstream runs have finished."""
 
     def finished() -> dict[str, dict] | None:
-        new = {k: v for k, v in _downstream_runs(stack).items() if k not in before}
+        new = {k: v for k, v in _downstream_runs(stack, dag_id).items() if k not in before}
         done = all(r["state"] in ("success", "failed") for r in new.values())
         return new if len(new) >= count and done else None
 
@@ -193,4 +192,93 @@ def test_partitioned_backfill_commits_each_partition_once_and_runs_downstream_pe
     finally:
         stack.pause(DOWNSTREAM)
         stack.pause(UPSTREAM)
+        store.dispose()
+
+
+GROUP_DAG = "walsink_group_commit_test"
+GROUP_DOWNSTREAM = "walsink_group_commit_downstream_test"
+GROUP_PIPELINE = "group_events"
+#: Four partitions no other test writes, each staged with as many files as its day of the month.
+GROUP_KEYS = [f"2026-09-0{d}" for d in range(1, 5)]
+
+
+def test_a_partition_aware_downstream_filtering_on_published_sees_every_partition_of_a_group_commit(
+    airflow_stack,
+):
+    """Issue 47: four partitions' checkpoints are durable before their commit tasks run, one run
+    at a time; the first leads a group commit of the four (one Delta version), the other three
+    find theirs committed by it and add their events. The downstream DAG keeps the triggering
+    events whose ``published`` is above 0, as a user would: each of its four runs keeps its
+    partition's event, with that partition's own files and the group's identity. (Before, a
+    member's event said ``published: 0`` and named no group: three of the four kept nothing.)"""
+    from deltalake import DeltaTable
+
+    from tests.checkpoints import stage_parquet_checkpoint
+    from tests.helpers import ACTOR
+
+    stack = airflow_stack
+    store = CommitterStore.from_url(f"sqlite:///{stack.home}/walsink/committer.db")
+    table_path = stack.home / "walsink" / "examples" / "target" / GROUP_PIPELINE
+    staging = table_path / "_walsink_staging"  # the DAG's staging_root
+    try:
+        for dag_id in (GROUP_DAG, GROUP_DOWNSTREAM):
+            stack.wait_for_dag(dag_id)
+            stack.unpause(dag_id)
+        before = set(_downstream_runs(stack, GROUP_DOWNSTREAM))
+        for day, key in enumerate(GROUP_KEYS, start=1):
+            stage_parquet_checkpoint(
+                store, StagingLayout(staging), GROUP_PIPELINE, f"pk={key}", key, [100 * day + n for n in range(day)],
+                actor=ACTOR, staging_root=str(staging),
+            )  # fmt: skip
+
+        runs = _backfill_runs(
+            stack,
+            stack.backfill(GROUP_DAG, GROUP_KEYS[0], GROUP_KEYS[-1], max_active_runs=1),
+            set(),
+            GROUP_DAG,
+        )
+        assert sorted(runs) == GROUP_KEYS, runs
+        records = {key: store.require(GROUP_PIPELINE, f"pk={key}") for key in GROUP_KEYS}
+        events = {}
+        for key, run in runs.items():
+            assert run["state"] == "success", (key, stack.task_states(GROUP_DAG, run["dag_run_id"]))
+            assert records[key].state.value == "COMMITTED"
+            [event] = _events(stack, run["dag_run_id"], GROUP_DAG)
+            assert event["partition_key"] == key
+            events[key] = event["extra"]
+        assert [records[k].committables for k in GROUP_KEYS] == [1, 2, 3, 4]
+        table = DeltaTable(str(table_path))
+        assert sum(1 for h in table.history() if "walsink.pipeline" in h) == 1  # one table commit
+        assert table.to_pyarrow_table().num_rows == 1 + 2 + 3 + 4
+        [leader] = [k for k in GROUP_KEYS if events[k]["announced"] == "new commit"]
+        assert sorted(e["announced"] for e in events.values()).count("group member") == 3, events
+        group = {"leader": f"pk={leader}", "size": 4, "snapshot": str(table.version())}  # as recorded
+
+        with stack.asset_scheduling(keep_unpaused=[GROUP_DOWNSTREAM]):
+            downstream = _new_downstream_runs(stack, before, len(GROUP_KEYS), GROUP_DOWNSTREAM)
+        assert sorted(r["partition_key"] for r in downstream.values()) == GROUP_KEYS, downstream
+        assert {r["state"] for r in downstream.values()} == {"success"}, downstream
+        reported = {
+            r["partition_key"]: stack.xcom(GROUP_DOWNSTREAM, r["dag_run_id"], "committed_partition")
+            for r in downstream.values()
+        }
+        # The filter kept every partition of the group (before: the leader's only).
+        assert sorted(k for k, r in reported.items() if r["seen"]) == GROUP_KEYS, reported
+        for key, report in reported.items():
+            # Its partition's event, with that checkpoint's own files and the group's identity.
+            assert report == {
+                "partition_key": key,
+                "seen": [
+                    {
+                        "checkpoint_key": f"pk={key}",
+                        "files": records[key].committables,
+                        "published": records[key].committables,
+                        "rows": records[key].rows,
+                        "group": group,
+                    }
+                ],
+            }, report
+    finally:
+        stack.pause(GROUP_DOWNSTREAM)
+        stack.pause(GROUP_DAG)
         store.dispose()
