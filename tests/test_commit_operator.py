@@ -246,7 +246,8 @@ def test_a_checkpoint_committed_by_a_group_is_announced_once_by_its_own_task(
         assert session.query(AssetEvent).count() == before
 
 
-@pytest.mark.parametrize("backend", ["postgresql"])  # the announcement does not depend on the committer database
+# The announcement does not depend on the committer database: one is enough.
+@pytest.mark.parametrize("backend", ["postgresql"])
 def test_every_member_of_a_group_commit_announces_its_own_files_and_the_group(
     airflow_db, walsink_conn, tmp_path
 ):
