@@ -432,7 +432,7 @@ def draw(op: str, key: str, data: Any, cfg: Any) -> dict[str, Any] | None:
     if op == "decide":
         choice = data.draw(st.sampled_from(["publish", "publish", "abort"]), label="choice")
         meanwhile = data.draw(
-            st.sampled_from(["none", "abort", "rewrite", "rewrite_reject", "abort_rewrite_reject"]),
+            st.sampled_from(["none", "none", "abort", "rewrite", "rewrite_reject", "abort_rewrite_reject"]),
             label="meanwhile",
         )
         return {"op": op, "key": key, "choice": choice, "meanwhile": meanwhile}
