@@ -294,7 +294,7 @@ MUTATIONS: list[Mutation] = [
     M(
         "approval-abort-not-of-the-shown-attempt",
         "core/store/abort_transitions.py",
-        """        if attempt_id is not None and (row["attempt_id"], row["sealed_attempt_id"]) != (attempt_id, attempt_id):""",
+        """        if attempt_id is not None and now != (attempt_id, attempt_id):""",
         """        if False:""",
         "a person's Abort ends whatever attempt the checkpoint has now, not only the one shown: an "
         "attempt written meanwhile (its own audit pending or passed) is aborted (the bug issue 49 found)",

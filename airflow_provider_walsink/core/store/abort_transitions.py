@@ -154,10 +154,8 @@ class AbortTransitions(CheckpointTransitions):
         """A person's abort decided about ``attempt_id`` (the REJECTED attempt the approval step
         showed) holds for that attempt only: a newer one (the interval written again meanwhile)
         has its own audit, and is not theirs to abort."""
-        if attempt_id is not None and (row["attempt_id"], row["sealed_attempt_id"]) != (
-            attempt_id,
-            attempt_id,
-        ):
+        now = (row["attempt_id"], row["sealed_attempt_id"])
+        if attempt_id is not None and now != (attempt_id, attempt_id):
             raise StaleAttemptError(
                 f"the abort decided about attempt {attempt_id} of {row['pipeline']}/{row['checkpoint_key']} is "
                 f"stale: its attempt is now {row['attempt_id']} (sealed {row['sealed_attempt_id']}, "
