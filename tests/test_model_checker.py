@@ -332,9 +332,9 @@ FOUND = [
     # attempt with a newer one written meanwhile, the commit-deadline callback run twice and at once.
     pytest.param(
         "delta", "overwrite", "lease",
-        [{"op": "partition_run", "pk": "a=b", "n": 2, "replace": False},
-         {"op": "partition_run", "pk": "a+3Db", "n": 1, "replace": False},
-         {"op": "partition_run", "pk": "a%3Db", "n": 1, "replace": False}],
+        [{"op": "partition_run", "pk": "a%3Db", "n": 1, "replace": False},
+         {"op": "partition_run", "pk": "a=b", "n": 2, "replace": False},
+         {"op": "partition_run", "pk": "a+3Db", "n": 1, "replace": False}],
         id="mutation-partition-key-keeps-plus-partition-dir-keeps-percent",
     ),
     pytest.param(

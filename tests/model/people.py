@@ -27,6 +27,7 @@ Invariants (:meth:`People.people_check`, after every step):
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections import Counter
@@ -145,7 +146,13 @@ class People:
         self.model.attempts[aid] = Attempt(key, aid, version, rows, [held])
         pm.attempt_pk[aid] = pk
         self.counts["partition_run.written"] += 1
-        return f"{key}: sealed {aid[:8]} v{version} ({len(rows)} rows); {self.op_durable(key)}; {self.op_commit(key)}"
+        durable = self.op_durable(key)
+        committed = self._commit_until_done(key)
+        if committed.get("error") == "OrderError":
+            # Invariant 10 refuses an older checkpoint over a newer one's partition: each key has a
+            # partition of its own, so another key's checkpoint holds this key's partition.
+            self.notes.append(f"{key} ({pk!r}) was refused a partition another checkpoint holds: {committed}")
+        return f"{key}: sealed {aid[:8]} v{version} ({len(rows)} rows); {durable}; {json.dumps(committed)}"
 
     def _partition_rows(self, problems: list[str]) -> list[tuple[Any, str, int | None]]:
         """Check the partition-keyed checkpoints against the model; the rows they must show."""
@@ -284,7 +291,6 @@ class People:
 
     def _commit_audited(self, key: str) -> str:
         """The commit task of an audited pipeline (``require_audit``), with Airflow's retries."""
-        import json
         import time
 
         from .world import LEASE_TTL, MAX_TRIES, actor, committer
