@@ -48,7 +48,7 @@ def test_an_approval_makes_the_rejected_attempt_committable_and_names_who_and_wh
     assert store.require("p", "k").state is S.COMMITTING
 
 
-def test_an_approval_of_another_attempt_or_state_changes_nothing(store):
+def test_an_approval_or_abort_of_another_attempt_or_state_changes_nothing(store):
     rejected = _rejected(store)
     fresh = store.start_attempt("p", "k", actor=A)  # the interval was written again meanwhile
     with pytest.raises(StaleAttemptError, match="is stale"):
@@ -56,6 +56,14 @@ def test_an_approval_of_another_attempt_or_state_changes_nothing(store):
             "p", "k", attempt_id=rejected.sealed_attempt_id, approver="ann", reason=WHY, actor=A
         )
     assert store.require("p", "k") == fresh
+    # A person's Abort holds for the attempt shown too (issue 49): neither step of the abort ends
+    # the newer attempt, and nothing is recorded.
+    history = len(store.history("p", "k"))
+    with pytest.raises(StaleAttemptError, match="is stale"):
+        store.begin_abort("p", "k", actor=A, reason=WHY, ttl=TTL, attempt_id=rejected.sealed_attempt_id)
+    with pytest.raises(StaleAttemptError, match="is stale"):
+        store.abort("p", "k", actor=A, reason=WHY, attempt_id=rejected.sealed_attempt_id)
+    assert store.require("p", "k") == fresh and len(store.history("p", "k")) == history
     durable = to_durable(store, "d")
     with pytest.raises(TransitionError, match="only a REJECTED checkpoint can be approved"):
         store.approve_rejected(

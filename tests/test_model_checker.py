@@ -3,7 +3,9 @@
 Every target combination (kind x mode x fencing) runs a few random schedules of
 every operation (runs, crashes with SIGKILL at the crash points, SIGSTOPped
 committers, concurrent commits, aborts, reprocesses, retention, GC, table
-maintenance, staged files swapped for symlinks), checked after every step
+maintenance, staged files swapped for symlinks; partition-keyed runs, audits
+and a person's approval or abort of a REJECTED checkpoint, the commit-deadline
+callback run once, twice and concurrently), checked after every step
 against the reference model. A combination blocked by an open symptom of issue
 22 is marked xfail (not strict) with the symptom's number. The companion tests
 break a publisher on purpose and show the checker catches it.
@@ -226,7 +228,10 @@ def test_model_checker_exercised_every_operation():
     c = TOTAL.counts
     print(TOTAL.describe())
     for what in ("kills", "pauses", "race", "aborts.done", "reprocesses.begun", "retention", "gc", "maintain",
-                 "symlinks", "tamper", "reseal", "compact_reprocess", "crash_rerun"):  # fmt: skip
+                 "symlinks", "tamper", "reseal", "compact_reprocess", "crash_rerun",
+                 # issue 49 (tests/model/people.py): partition keys, audit approvals, commit deadlines
+                 "partition_run.written", "audit.REJECTED", "decide.approved", "decide.refused",
+                 "deadline.twice", "deadline.concurrent", "deadline.during_commit"):  # fmt: skip
         assert c[what] > 0, f"{what}: {TOTAL.describe()}"
 
 
@@ -322,6 +327,35 @@ K2 = "20260102"
 #: Shrunk schedules the checker found on the code of issue 22 (see the issue's symptoms); each
 #: must replay with no violation once its symptom is fixed.
 FOUND = [
+    # Issue 49 (tests/model/people.py; first, so the mutation check reaches them first): partition
+    # keys that differ only in an escaped character or in case, a person's decision about a REJECTED
+    # attempt with a newer one written meanwhile, the commit-deadline callback run twice and at once.
+    pytest.param(
+        "delta", "overwrite", "lease",
+        [{"op": "partition_run", "pk": "a%3Db", "n": 1, "replace": False},
+         {"op": "partition_run", "pk": "a=b", "n": 2, "replace": False},
+         {"op": "partition_run", "pk": "a+3Db", "n": 1, "replace": False}],
+        id="mutation-partition-key-keeps-plus-partition-dir-keeps-percent",
+    ),
+    pytest.param(
+        "sql-mysql", "overwrite", "lease",
+        [{"op": "partition_run", "pk": "München", "n": 2, "replace": False},
+         {"op": "partition_run", "pk": "münchen", "n": 1, "replace": False}],
+        id="mutation-partition-key-folds-case",
+    ),
+    pytest.param(
+        # The second step found a real bug: a person's Abort of the attempt shown aborted the attempt
+        # written after it (fixed: the approval step's abort names the attempt decided about).
+        "iceberg", "overwrite", "lease",
+        [{"op": "decide", "key": K1, "choice": "publish", "meanwhile": "rewrite_reject"},
+         {"op": "decide", "key": K2, "choice": "abort", "meanwhile": "rewrite"}],
+        id="mutation-approval-not-of-the-shown-attempt-approval-abort-not-of-the-shown-attempt",
+    ),
+    pytest.param(
+        "files", "append", "lease",
+        [{"op": "deadline", "key": K1, "runs": "twice"}, {"op": "deadline", "key": K2, "runs": "concurrent"}],
+        id="mutation-deadline-claim-held-by-any-holder-deadline-notice-keyed-by-claimant",
+    ),
     pytest.param(
         "delta", "overwrite", "lease",
         [{"op": "crash", "key": K2, "point": "table.before_table_commit"}, {"op": "run", "key": K1, "n": 2, "parts": [0]}],

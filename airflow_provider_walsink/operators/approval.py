@@ -51,6 +51,7 @@ except ImportError:  # Airflow 3.1 (task-sdk 1.1): the standard provider's SkipM
     from airflow.providers.standard.utils.skipmixin import SkipMixin  # type: ignore[no-redef]
 
 from airflow_provider_walsink.core.protocol.states import CheckpointState
+from airflow_provider_walsink.core.store.errors import StaleAttemptError
 from airflow_provider_walsink.hooks.aborts import aborter_for
 from airflow_provider_walsink.hooks.context import actor_from_context, checkpoint_key_from_context
 from airflow_provider_walsink.hooks.walsink import WalsinkHook
@@ -189,8 +190,8 @@ class WalAuditApprovalOperator(HITLOperator, SkipMixin):
         actor = dataclasses.replace(task_actor, name=f"{approver} via {task_actor.name}"[:255])
         hook = WalsinkHook(self.walsink_conn_id)
         store = hook.get_store()
+        shown = context["ti"].xcom_pull(task_ids=self.task_id, key=SHOWN_ATTEMPT_KEY)
         if choice == self.PUBLISH:
-            shown = context["ti"].xcom_pull(task_ids=self.task_id, key=SHOWN_ATTEMPT_KEY)
             done = store.approve_rejected(
                 self.pipeline, key, attempt_id=shown, approver=approver, reason=reason, actor=actor
             )
@@ -203,7 +204,13 @@ class WalAuditApprovalOperator(HITLOperator, SkipMixin):
             checkpoint_key=key,
             stores=hook.get_staging_store,
         )
-        outcome = aborter.abort(self.pipeline, key, reason=f"{reason} (decided by {approver})", actor=actor)
+        try:
+            # The person decided about the attempt shown: a newer one has its own audit.
+            outcome = aborter.abort(
+                self.pipeline, key, reason=f"{reason} (decided by {approver})", actor=actor, attempt_id=shown
+            )
+        except StaleAttemptError as exc:
+            raise AirflowFailException(str(exc)) from exc
         self.log.info("%s aborted by %s: %s; %s", name, approver, reason, outcome.to_dict())
         # Nothing to publish: the commit task (and what follows it) ends skipped.
         self.skip(ti=context["ti"], tasks=self.get_direct_relatives(upstream=False))

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, initialize, invariant, rule
 
+from . import people
 from .kafka import KAFKA_KILL_POINTS
 from .stores import ObjectStore
 from .world import GROUP_KILL_POINTS, KEYS, KILL_POINTS, PAUSE_POINTS, Config, World, schedule_text
@@ -137,6 +138,8 @@ WEIGHTED = (
     + ["tamper"] * 2 + ["reseal"]
     # Composite: compaction then a reprocess (table targets); a crash, retention, a re-run with other data.
     + ["compact_reprocess"] * 2 + ["crash_rerun"] * 2
+    # People and Airflow around the pipeline (people.py): partition keys, audit approvals, deadlines.
+    + people.WEIGHTED
 )  # fmt: skip
 #: ``Combo.corrupting``: the operations with ``corrupt`` (hostile, every staging store: a staged value
 #: changed in place, same size, after durability, then a commit), weighted as ``tamper``.
@@ -194,6 +197,11 @@ def machine_for(
                 )
                 op = data.draw(st.sampled_from(ops), label="op")
             key = data.draw(KEY, label="key")
+            if op in people.OPS:
+                step = people.draw(op, key, data, self.world.cfg)
+                if step is not None:
+                    self._do(step)
+                return
             if op in ("run", "write"):
                 n = data.draw(st.sampled_from([2, 1, 3, 0]), label="n")  # 0: an empty checkpoint
                 parts = data.draw(st.sampled_from([[0], [1], [0, 1]]), label="parts")

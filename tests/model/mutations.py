@@ -254,6 +254,67 @@ MUTATIONS: list[Mutation] = [
         "an abort's clean-up goes on after the checkpoint moved on (a new run's attempt)",
         also="tests/test_abort_fence.py",
     ),
+    # ---------------------------------------------------------------- people and Airflow (issue 49, people.py)
+    M(
+        "partition-key-keeps-plus",
+        "core/protocol/partition_keys.py",
+        '_KEPT = re.compile(r"[A-Za-z0-9_.\\-]")',
+        '_KEPT = re.compile(r"[A-Za-z0-9_.\\-+]")',
+        "the partition key's checkpoint encoding keeps '+', its own escape character, as it is: "
+        "'a+3Db' and 'a=b' name one checkpoint",
+    ),
+    M(
+        "partition-key-folds-case",
+        "core/protocol/partition_keys.py",
+        "        for ch in partition_key\n    )\n    key = PARTITION_KEY_PREFIX + escaped",
+        "        for ch in partition_key.casefold()\n    )\n    key = PARTITION_KEY_PREFIX + escaped",
+        "the partition key's checkpoint encoding folds case (keys compared as people type them): "
+        "'München' and 'münchen' name one checkpoint",
+    ),
+    M(
+        "partition-dir-keeps-percent",
+        "core/protocol/partitions.py",
+        """frozenset("\\"#%'*/:=?\\\\\\x7f{[]^")""",
+        """frozenset("\\"#'*/:=?\\\\\\x7f{[]^")""",
+        "the Hive directory escape leaves '%' as it is: partition key 'a%3Db' is written into "
+        "'a=b''s partition (dt=a%3Db), and reads back as 'a=b'",
+    ),
+    M(
+        "approval-not-of-the-shown-attempt",
+        "core/store/verdicts.py",
+        """            if row["sealed_attempt_id"] != attempt_id:
+                raise StaleAttemptError(
+                    f"the approval of attempt""",
+        """            if False:
+                raise StaleAttemptError(
+                    f"the approval of attempt""",
+        "a person's approval is recorded on whatever attempt is REJECTED now, not only the one "
+        "shown: an attempt written and rejected meanwhile is published on the older one's approval",
+    ),
+    M(
+        "approval-abort-not-of-the-shown-attempt",
+        "core/store/abort_transitions.py",
+        """        if attempt_id is not None and now != (attempt_id, attempt_id):""",
+        """        if False:""",
+        "a person's Abort ends whatever attempt the checkpoint has now, not only the one shown: an "
+        "attempt written meanwhile (its own audit pending or passed) is aborted (the bug issue 49 found)",
+    ),
+    M(
+        "deadline-claim-held-by-any-holder",
+        "core/store/deadlines.py",
+        """            return holder is not None and holder["claimed_by"] == claimant[:255]""",
+        """            return holder is not None""",
+        "a deadline claim that fails on the key reads the holder and takes any holder for its own "
+        "(meant for a retry whose first insert committed): a second run of the callback notifies again",
+    ),
+    M(
+        "deadline-notice-keyed-by-claimant",
+        "core/store/migrations/versions/0014_deadline_notice.py",
+        """sa.PrimaryKeyConstraint("pipeline", "deadline", name=""",
+        """sa.PrimaryKeyConstraint("pipeline", "deadline", "claimed_by", name=""",
+        "the deadline notice's primary key includes the claimant: every run of the callback inserts "
+        "its own claim and notifies",
+    ),
 ]
 
 

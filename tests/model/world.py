@@ -58,6 +58,7 @@ from airflow_provider_walsink.core.store.store import Actor, CommitterStore, Lea
 from airflow_provider_walsink.core.targets.registry import TargetOptions, resolve_target
 
 from . import stores
+from .people import People
 
 LEASE_TTL = timedelta(milliseconds=800)
 #: An abort waits out a holder's trusted confirmation: min(TTL/3, 2 s) with this TTL, plus margin.
@@ -456,7 +457,7 @@ class Model:
     retired: list[str] = field(default_factory=list)
 
 
-class World:
+class World(People):
     """One pipeline of one target: runs steps, checks them against :class:`Model`."""
 
     def __init__(self, cfg: Config) -> None:
@@ -696,7 +697,7 @@ class World:
         """Write and verify a new attempt (of ``parts``, default both) first unless the checkpoint
         can be committed (or is COMMITTED)."""
         rec = self.store.get(self.cfg.pipeline, key)
-        if rec is not None and (rec.state.value in ("DURABLE", "COMMITTING", "COMMITTED")
+        if rec is not None and (rec.state.value in ("DURABLE", "AUDITED", "COMMITTING", "COMMITTED")
                                 or (rec.state.value == "FAILED" and rec.durable_at)):  # fmt: skip
             return ""
         wrote = self.op_write(key, 2, parts or [0, 1])
@@ -1633,6 +1634,7 @@ class World:
             expected = [r for a in [*m.committed.values(), *m.retired] for r in m.attempts[a].rows]
         else:
             expected = [r for p, a in m.owners.items() for r in m.attempts[a].rows if r[0] == p]
+        expected += self.people_check(problems)  # approvals, deadlines, partition keys (people.py)
         try:
             got = self.rows()
             if cfg.staging != "local":

@@ -188,6 +188,7 @@ class CheckpointAborter:
         reason: str,
         actor: Actor,
         manifest_lost: bool = False,
+        attempt_id: str | None = None,
     ) -> AbortOutcome:
         """Abort the checkpoint's current attempt; see the module docstring for the steps.
 
@@ -202,6 +203,11 @@ class CheckpointAborter:
         deleted); abort without checking whether the target holds the attempt.
         What it published is rolled back only where the target keeps its own
         record of the attempt (a directory target's publish journal).
+
+        ``attempt_id``: abort only while that attempt is the checkpoint's (the
+        REJECTED attempt a person decided about); a newer one (the interval
+        written again meanwhile) raises :class:`~.errors.StaleAttemptError` and
+        nothing is recorded. An ABORTED checkpoint is answered as aborted.
         """
         if not reason or not reason.strip():
             raise StoreError("an abort needs a reason (it is recorded in the checkpoint's history)")
@@ -218,7 +224,7 @@ class CheckpointAborter:
                 "registered without one), so the abort cannot check or roll it back; nothing changed"
             )
         lease = self.store.begin_abort(
-            pipeline, checkpoint_key, actor=actor, reason=reason, ttl=self.lease_ttl
+            pipeline, checkpoint_key, actor=actor, reason=reason, ttl=self.lease_ttl, attempt_id=attempt_id
         )
         assert lease.record is not None
         # Every decision from here on is taken from the row as the fencing transaction saw it:
@@ -288,7 +294,9 @@ class CheckpointAborter:
                 message = self._published(record, held)
                 self._give_back(lease, actor, message)
                 raise AbortRefusedError(message)
-        done = self.store.abort(pipeline, checkpoint_key, reason=reason, actor=actor, lease=lease)
+        done = self.store.abort(
+            pipeline, checkpoint_key, reason=reason, actor=actor, lease=lease, attempt_id=attempt_id
+        )
         if done.state is S.COMMITTED:
             # An abandoned new version (a reprocess): the committed version is the checkpoint
             # again and stays in the target; only the new version's own staging goes.

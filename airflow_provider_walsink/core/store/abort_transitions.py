@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, select, update
 
 from airflow_provider_walsink.core.protocol.states import CheckpointState
-from airflow_provider_walsink.core.store.errors import StoreError, TransitionError
+from airflow_provider_walsink.core.store.errors import StaleAttemptError, StoreError, TransitionError
 from airflow_provider_walsink.core.store.leases import next_epoch
 from airflow_provider_walsink.core.store.models import checkpoint_table as ckpt
 from airflow_provider_walsink.core.store.models import version_table as vers
@@ -32,7 +32,14 @@ class AbortTransitions(CheckpointTransitions):
 
     @retrying
     def begin_abort(
-        self, pipeline: str, checkpoint_key: str, *, actor: Actor, reason: str, ttl: timedelta
+        self,
+        pipeline: str,
+        checkpoint_key: str,
+        *,
+        actor: Actor,
+        reason: str,
+        ttl: timedelta,
+        attempt_id: str | None = None,
     ) -> Lease:
         """First step of an abort (:mod:`.abort`): fence the lease holder out, change no state.
 
@@ -43,10 +50,13 @@ class AbortTransitions(CheckpointTransitions):
         target. The history records the request, who made it and why. Returns
         the abort's lease: :meth:`abort` with it is a compare-and-set on its
         epoch. Raises :class:`TransitionError` for a COMMITTED checkpoint (its
-        data is in the target). Repeating it takes a newer token (safe).
+        data is in the target), :class:`StaleAttemptError` when ``attempt_id``
+        (the attempt a person decided about) is no longer the checkpoint's
+        attempt (nothing recorded). Repeating it takes a newer token (safe).
         """
         with self._tx() as conn:
             row = self._lock(conn, pipeline, checkpoint_key)
+            self._check_decided_attempt(row, attempt_id)
             if row["state"] == S.COMMITTED.value:
                 raise TransitionError(
                     f"checkpoint {pipeline}/{checkpoint_key} is COMMITTED: its data is in the target, "
@@ -99,6 +109,7 @@ class AbortTransitions(CheckpointTransitions):
         reason: str,
         actor: Actor,
         lease: Lease | None = None,
+        attempt_id: str | None = None,
     ) -> CheckpointRecord:
         """Give a checkpoint's current attempt up for good (it unblocks later ``append`` checkpoints).
 
@@ -109,12 +120,14 @@ class AbortTransitions(CheckpointTransitions):
         checkpoint since. Without one, a COMMITTING checkpoint is refused (use
         :class:`~.abort.CheckpointAborter`, which fences the holder out and
         checks the target first). Repeating it returns the ABORTED row. A later
-        run may start a new write attempt of an ABORTED checkpoint.
+        run may start a new write attempt of an ABORTED checkpoint. ``attempt_id``:
+        as :meth:`begin_abort`'s.
         """
         with self._tx() as conn:
             row = self._lock(conn, pipeline, checkpoint_key)
             if row["state"] == S.ABORTED.value:
                 return CheckpointRecord.from_row(row)
+            self._check_decided_attempt(row, attempt_id)
             if lease is not None and row["lease_epoch"] != lease.epoch:
                 raise self._lease_lost(conn, lease, "abort")
             if row["state"] == S.COMMITTING.value and lease is None:
@@ -134,6 +147,19 @@ class AbortTransitions(CheckpointTransitions):
                 lease_owner=None,
                 lease_expires_at=None,
                 lease_epoch=next_epoch(row["lease_epoch"], row["_now"]),
+            )
+
+    @staticmethod
+    def _check_decided_attempt(row: dict[str, Any], attempt_id: str | None) -> None:
+        """A person's abort decided about ``attempt_id`` (the REJECTED attempt the approval step
+        showed) holds for that attempt only: a newer one (the interval written again meanwhile)
+        has its own audit, and is not theirs to abort."""
+        now = (row["attempt_id"], row["sealed_attempt_id"])
+        if attempt_id is not None and now != (attempt_id, attempt_id):
+            raise StaleAttemptError(
+                f"the abort decided about attempt {attempt_id} of {row['pipeline']}/{row['checkpoint_key']} is "
+                f"stale: its attempt is now {row['attempt_id']} (sealed {row['sealed_attempt_id']}, "
+                f"{row['state']}); nothing is recorded"
             )
 
     def _restore_committed_version(
