@@ -297,20 +297,14 @@ MUTATIONS: list[Mutation] = [
         "(its checksum is never computed) passes, and the target publishes the changed bytes",
     ),
     M(
-        "files-swap-unfenced",
+        "files-swap-not-resumable",
         "core/targets/files/publisher.py",
-        "                ctx.fence()\n"
-        '                pending_fd = dirs.open(f"{pending_rel}/{partition}", create=True)\n'
-        "                write_atomic_at(pending_fd, MARKER_NAME, json.dumps(self._marker(manifest), sort_keys=True))\n"
-        '                live_parent, live_name = partition.rpartition("/")[::2]\n'
-        '                pending_parent, pending_name = f"{pending_rel}/{partition}".rpartition("/")[::2]\n'
-        "                ctx.fence()\n",
-        '                pending_fd = dirs.open(f"{pending_rel}/{partition}", create=True)\n'
-        "                write_atomic_at(pending_fd, MARKER_NAME, json.dumps(self._marker(manifest), sort_keys=True))\n"
-        '                live_parent, live_name = partition.rpartition("/")[::2]\n'
-        '                pending_parent, pending_name = f"{pending_rel}/{partition}".rpartition("/")[::2]\n',
-        "a files overwrite swaps its partitions in without asking for its lease again (its files were moved "
-        "under it): a committer paused between two swaps and fenced out swaps the rest in when it resumes",
+        "                marker = self._live_marker(partition)\n"
+        '                if marker is not None and marker.get("attempt_id") == manifest.attempt_id:\n'
+        "                    continue\n",
+        "                marker = self._live_marker(partition)\n",
+        "a files overwrite's swap loop swaps every partition, also one its interrupted try swapped in already: "
+        "a publish resumed after a pause (or a retry) swaps the live partition out for an empty one",
     ),
 ]
 
