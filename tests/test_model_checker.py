@@ -231,7 +231,11 @@ def test_model_checker_exercised_every_operation():
                  "symlinks", "tamper", "reseal", "compact_reprocess", "crash_rerun",
                  # issue 49 (tests/model/people.py): partition keys, audit approvals, commit deadlines
                  "partition_run.written", "audit.REJECTED", "decide.approved", "decide.refused",
-                 "deadline.twice", "deadline.concurrent", "deadline.during_commit"):  # fmt: skip
+                 "deadline.twice", "deadline.concurrent", "deadline.during_commit",
+                 # issue 49 (tests/model/storage_ops.py): what each did, not only that it was drawn
+                 # (pause_publish: files combinations only, too few draws: the fixed
+                 # ``pause-publish-abort-and-crash`` schedule below carries it)
+                 "abort_writing.paused", "seal_race.raced", "corrupt.refused"):  # fmt: skip
         assert c[what] > 0, f"{what}: {TOTAL.describe()}"
 
 
@@ -520,6 +524,35 @@ FOUND = [
          {"op": "unreported", "key": K3, "fault": "500", "down": False, "group": True, "also": [K1, K2]}],
         id="rest-group-leader-left-out-by-the-order-check",
     ),
+    # Issue 49, part B (tests/model/storage_ops.py).
+    pytest.param(
+        # Found by the first run of seal_race: on a local staging root two seals of one attempt in flight
+        # at once were both accepted (a check, then a rename), the second replacing the manifest the first
+        # recorded, so the attempt could never be verified (fixed: the seal is created only if absent).
+        "files", "append", "lease", [{"op": "seal_race", "key": K1, "parts": [0, 1]}],
+        id="local-seals-racing-both-accepted",
+    ),
+    pytest.param(
+        "files", "append", "lease", [{"op": "abort_writing", "key": K1, "point": "write.after_staging"}],
+        id="mutation-late-seal-after-abort",
+    ),
+    pytest.param(
+        "files", "append", "lease", [{"op": "resize", "key": K1}],
+        id="mutation-checksum-skips-resized-files",
+    ),
+    pytest.param(
+        "files", "overwrite", "lease", [{"op": "pause_publish", "key": K1, "then": "retry"}],
+        id="mutation-files-swap-not-resumable",
+    ),
+    pytest.param(
+        # A files overwrite paused after its first swap, then an abort (it rolls the swapped partition
+        # back; the resumed committer is fenced), then another paused while a second committer is
+        # SIGKILLed mid-publish and retried: both end ABORTED or COMMITTED, every row once.
+        "files", "overwrite", "lease",
+        [{"op": "run", "key": K1, "n": 2, "parts": [0, 1]}, {"op": "pause_publish", "key": K2, "then": "abort"},
+         {"op": "pause_publish", "key": K3, "then": "crash"}],
+        id="pause-publish-abort-and-crash",
+    ),
     pytest.param(
         "iceberg-rest", "append", "lease", [{"op": "unreported", "key": K1, "fault": "500"}],
         id="mutation-iceberg-unknown-outcome-cleaned-up-rest",
@@ -539,6 +572,37 @@ def test_found_schedule_replays_clean(kind, mode, fencing, steps, database_urls,
                  pipeline="found", catalog="rest" if rest_uri else "sql", rest_uri=rest_uri)  # fmt: skip
     found = replay(cfg, steps, verbose=False)
     assert not found, "\n".join(found)
+
+
+#: Issue 49's storage operations on S3 (moto), one of each form: two seals of one attempt in flight at
+#: once (a conditional put each: one wins, the row records it), an abort while the write is staging
+#: and while its manifest is written but not recorded (the resumed write never seals; then a re-run
+#: commits a new attempt), a committable's bytes and size changed after durability (refused).
+S3_STORAGE_STEPS = [
+    {"op": "seal_race", "key": K1, "parts": [0, 1]},
+    {"op": "abort_writing", "key": K2, "point": "write.after_staging", "rerun": True},
+    {"op": "abort_writing", "key": K3, "point": "seal.after_manifest"},
+    {"op": "seal_race", "key": K4, "parts": [0]},
+    {"op": "resize", "key": "20260105"},
+]  # fmt: skip
+
+
+def test_found_schedule_replays_clean_on_s3(s3_server, tmp_path):  # noqa: F811
+    """:data:`S3_STORAGE_STEPS` on Delta staged on S3, checked after every step (named as the pinned
+    schedules are: it is the pinned case of the mutation ``s3-seal-reads-then-writes``)."""
+    cfg = Config("delta", "overwrite", "lease", str(tmp_path / "w"), f"sqlite:///{tmp_path}/c.db", pipeline="s3ops",
+                 staging="s3", s3_endpoint=s3_server.endpoint)  # fmt: skip
+    world = World(cfg)
+    try:
+        log = run_checked(world, S3_STORAGE_STEPS)
+        c = world.counts
+        assert (c["seal_race.raced"], c["abort_writing.aborted"], c["corrupt.refused"]) == (2, 2, 1), (
+            f"{dict(c)}\n{log}"
+        )
+        states = [world.store.require(cfg.pipeline, k).state.value for k in (K1, K2, K3, K4, "20260105")]
+        assert states == ["COMMITTED", "COMMITTED", "ABORTED", "COMMITTED", "FAILED"], log
+    finally:
+        world.close()
 
 
 #: A fixed schedule whose writes run a real PySpark job (issue 36): a run, a retried write (a new

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, initialize, invariant, rule
 
-from . import people
+from . import people, storage_ops
 from .kafka import KAFKA_KILL_POINTS
 from .stores import ObjectStore
 from .world import GROUP_KILL_POINTS, KEYS, KILL_POINTS, PAUSE_POINTS, Config, World, schedule_text
@@ -140,6 +140,9 @@ WEIGHTED = (
     + ["compact_reprocess"] * 2 + ["crash_rerun"] * 2
     # People and Airflow around the pipeline (people.py): partition keys, audit approvals, deadlines.
     + people.WEIGHTED
+    # Issue 49: an abort while WRITING, racing seals, bytes and size changed, a files publish paused
+    # between two moves (tests/model/storage_ops.py).
+    + storage_ops.WEIGHTED
 )  # fmt: skip
 #: ``Combo.corrupting``: the operations with ``corrupt`` (hostile, every staging store: a staged value
 #: changed in place, same size, after durability, then a commit), weighted as ``tamper``.
@@ -211,6 +214,10 @@ def machine_for(
                 # An object store has no symlinks; tamper rewrites local files; a store's seal is the
                 # service's conditional create, tested on its own (and by CI's fixed schedules).
                 return
+            elif op in storage_ops.OPS:
+                step = storage_ops.draw(op, key, data, self.world)
+                if step is not None:
+                    self._do(step)
             elif op == "durable":
                 # The sensor's default checks sizes only; one in three without checksums.
                 verify = data.draw(st.sampled_from([True, True, False]), label="verify")

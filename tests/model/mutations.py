@@ -56,6 +56,11 @@ class Mutation:
     #: The pytest selection of the rest of CI that catches it where the checker does not (run by
     #: this script when the checker misses it, as ``--tests`` is).
     also: str = ""
+    #: Further replacements of the same slip, ``(path, old, new)`` each (one change over two places).
+    more: tuple[tuple[str, str, str], ...] = ()
+
+    def parts(self) -> list[tuple[str, str, str]]:
+        return [(self.path, self.old, self.new), *self.more]
 
 
 M = Mutation
@@ -96,8 +101,9 @@ MUTATIONS: list[Mutation] = [
         "second-seal-overwrites",
         "core/staging/object_store.py",
         "            if os.path.lexists(path):\n                return self._same_seal(location, digest)\n",
-        "",
-        "a second seal of the same attempt (zombie or speculative driver) overwrites the sealed manifest",
+        "            if os.path.lexists(path):\n                os.unlink(path)  # a crashed seal's leftover\n",
+        "a second seal of the same attempt (zombie or speculative driver) takes the manifest it finds for a "
+        "crashed seal's leftover and replaces it: it overwrites the sealed manifest",
     ),
     M(
         "gcs-seal-overwrites",
@@ -315,20 +321,67 @@ MUTATIONS: list[Mutation] = [
         "the deadline notice's primary key includes the claimant: every run of the callback inserts "
         "its own claim and notifies",
     ),
+    # ---------------------------------------------------------------- issue 49, part B (storage_ops.py)
+    M(
+        "late-seal-after-abort",
+        "core/store/lifecycle.py",
+        'if row["attempt"] != attempt or row["state"] != S.WRITING.value:',
+        'if row["attempt"] != attempt or row["state"] not in (S.WRITING.value, S.ABORTED.value):',
+        "a write that finishes after its checkpoint was aborted still records its seal (so that its staging "
+        "is tracked): the aborted attempt becomes SEALED, then durable and committable",
+        more=(
+            (
+                "core/protocol/states.py",
+                "    S.ABORTED: frozenset({S.WRITING}),",
+                "    S.ABORTED: frozenset({S.WRITING, S.SEALED}),",
+            ),
+        ),  # fmt: skip
+    ),
+    M(
+        "s3-seal-reads-then-writes",
+        "core/staging/object_store.py",
+        "            client.put_object(\n"
+        '                Bucket=bucket, Key=key, Body=data, ContentType="application/json", IfNoneMatch="*"\n'
+        "            )\n",
+        '            if client.list_objects_v2(Bucket=bucket, Prefix=key).get("KeyCount"):\n'
+        "                return self._same_seal(location, digest)\n"
+        '            client.put_object(Bucket=bucket, Key=key, Body=data, ContentType="application/json")\n',
+        "the S3 seal looks for a manifest, then puts its own (two requests, no If-None-Match): two seals of "
+        "one attempt in flight at once both write, the last one replacing the manifest the other recorded",
+    ),
+    M(
+        "checksum-skips-resized-files",
+        "core/commit/checksums.py",
+        "checked=report.checked, wrong_size=report.wrong_size, wrong_checksum=report.wrong_checksum",
+        "checked=report.checked, wrong_checksum=report.wrong_checksum",
+        "the commit's verify_checksums counts checksum mismatches only: a committable whose size changed too "
+        "(its checksum is never computed) passes, and the target publishes the changed bytes",
+    ),
+    M(
+        "files-swap-not-resumable",
+        "core/targets/files/publisher.py",
+        "                marker = self._live_marker(partition)\n"
+        '                if marker is not None and marker.get("attempt_id") == manifest.attempt_id:\n'
+        "                    continue\n",
+        "                marker = self._live_marker(partition)\n",
+        "a files overwrite's swap loop swaps every partition, also one its interrupted try swapped in already: "
+        "a publish resumed after a pause (or a retry) swaps the live partition out for an empty one",
+    ),
 ]
 
 
 def apply(mutation: Mutation, root: Path) -> None:
-    """Plant ``mutation`` in the copy at ``root``; raises if its old text is not there exactly once."""
-    path = root / PACKAGE / mutation.path
-    text = path.read_text()
-    n = text.count(mutation.old)
-    if n != 1:
-        raise SystemExit(
-            f"mutation {mutation.name}: its old text is in {PACKAGE}/{mutation.path} {n} times, not once "
-            "(the code changed: update the mutation)"
-        )
-    path.write_text(text.replace(mutation.old, mutation.new))
+    """Plant ``mutation`` in the copy at ``root``; raises if an old text is not there exactly once."""
+    for where, old, new in mutation.parts():
+        path = root / PACKAGE / where
+        text = path.read_text()
+        n = text.count(old)
+        if n != 1:
+            raise SystemExit(
+                f"mutation {mutation.name}: its old text is in {PACKAGE}/{where} {n} times, not once "
+                "(the code changed: update the mutation)"
+            )
+        path.write_text(text.replace(old, new))
 
 
 def copy_repo(dest: Path) -> None:
@@ -411,10 +464,11 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown mutation(s): {', '.join(sorted(unknown))}")
         chosen = [m for m in MUTATIONS if m.name in wanted]
     for m in chosen:  # every mutation must still apply, before anything runs
-        text = (ROOT / PACKAGE / m.path).read_text()
-        if text.count(m.old) != 1:
-            print(f"mutation {m.name}: old text found {text.count(m.old)} times in {m.path}", file=sys.stderr)
-            return 2
+        for where, old, _new in m.parts():
+            found = (ROOT / PACKAGE / where).read_text().count(old)
+            if found != 1:
+                print(f"mutation {m.name}: old text found {found} times in {where}", file=sys.stderr)
+                return 2
     if args.list:
         for m in chosen:
             print(f"{m.name:45s} {m.path:32s} {m.what}")

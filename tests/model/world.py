@@ -59,6 +59,7 @@ from airflow_provider_walsink.core.targets.registry import TargetOptions, resolv
 
 from . import stores
 from .people import People
+from .storage_ops import StorageOps, resized
 
 LEASE_TTL = timedelta(milliseconds=800)
 #: An abort waits out a holder's trusted confirmation: min(TTL/3, 2 s) with this TTL, plus margin.
@@ -457,7 +458,7 @@ class Model:
     retired: list[str] = field(default_factory=list)
 
 
-class World(People):
+class World(People, StorageOps):
     """One pipeline of one target: runs steps, checks them against :class:`Model`."""
 
     def __init__(self, cfg: Config) -> None:
@@ -1196,7 +1197,7 @@ class World(People):
         what a commit publishes)."""
         att.rows = [(p, new if i == old else i, v) for p, i, v in att.rows]
 
-    def op_corrupt(self, key: str) -> str:
+    def op_corrupt(self, key: str, resize: bool = False) -> str:
         """Hostile: after the durability gate, a staged committable of the checkpoint's sealed attempt
         has a value's bytes changed in place with its size unchanged (:func:`flip_a_value`; a local
         file written in place, an object on S3 put again with as many bytes), which no size check
@@ -1207,7 +1208,7 @@ class World(People):
         target unchanged; the attempt is never to be published (a later commit refuses it again).
         Off: by design nothing re-reads staged bytes after the gate, so the commit publishes the
         committable as it is, once: the model expects the changed value, exactly once, and every
-        other invariant as usual."""
+        other invariant as usual. ``resize`` (``storage_ops.op_resize``): other bytes and another size."""
         cfg = self.cfg
         if cfg.kafka:
             return "skipped: the Kafka invariants compare rows with the topic's records"
@@ -1237,11 +1238,13 @@ class World(People):
                     data = f.read()
             except (OSError, WalsinkError):
                 continue  # moved into the target already (the file target), or swapped for a symlink
-            flipped = flip_a_value(data)
+            flipped = resized(data) if resize else flip_a_value(data)
             if flipped is None:
                 continue
             changed, old, new = flipped
-            if staging.layout is not None:  # in place: only the changed bytes are written
+            if staging.layout is not None and resize:
+                Path(path).write_bytes(changed)
+            elif staging.layout is not None:  # in place: only the changed bytes are written
                 with open(path, "r+b") as f:
                     for i, (a, b) in enumerate(zip(data, changed, strict=True)):
                         if a != b:
@@ -1257,7 +1260,7 @@ class World(People):
         if held:
             self.counts["corrupt.held"] += 1
         elif cfg.verify_checksums:
-            att.tampered.add("same_size")
+            att.tampered.add("resized" if resize else "same_size")
             att.poisoned = True
         else:
             att.tampered.add("same_size")
@@ -1277,6 +1280,11 @@ class World(People):
                     f"{key}: a commit refused attempt {att.attempt_id[:8]} for its checksum, but the row is "
                     f"{now.state.value} with error {now.error!r} (uncommitted, the error recorded)"
                 )
+        elif cfg.verify_checksums and resize and result.get("error") == "CommittableError":
+            self.notes.append(
+                f"{key}: attempt {att.attempt_id[:8]}'s staged {done[0]} changed bytes and size after durability: "
+                f"verify_checksums let it through to the publisher, which refused it ({json.dumps(result)[:300]})"
+            )
         elif cfg.verify_checksums and result.get("ok") and not held:
             self.notes.append(
                 f"{key}: attempt {att.attempt_id[:8]} committed with verify_checksums although {done[0]} "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import errno
 import functools
 import hashlib
 import json
@@ -612,6 +613,39 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    fsync_dir(directory)
+
+
+def write_once(path: str | os.PathLike[str], data: bytes) -> None:
+    """Create ``path`` holding ``data`` only if no file has that name (a seal): readers see all of it
+    or nothing, and of two writers racing, one creates it and the other gets ``FileExistsError``.
+
+    Temp file, fsync, hard link to ``path`` (which refuses an existing name, unlike a rename), fsync
+    the directory. A file system without hard links falls back to a check, then a rename: the race
+    between two writers of one name is open there again.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(path) or "."
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                raise
+            if os.path.lexists(path):
+                raise FileExistsError(errno.EEXIST, "already sealed", path) from None
+            os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
     fsync_dir(directory)
 
 

@@ -29,7 +29,7 @@ from airflow_provider_walsink.core.protocol.manifest import (
     Manifest,
     digest_of,
     parse_manifest,
-    write_manifest,
+    write_once,
 )
 from airflow_provider_walsink.core.protocol.manifest import read_manifest as read_local_manifest
 from airflow_provider_walsink.core.staging.base import AttemptLocation, StagingBackend, StagingListing
@@ -242,7 +242,13 @@ class StagingStore(StagingBackend):
             if os.path.lexists(path):
                 return self._same_seal(location, digest)
             os.makedirs(location.path, exist_ok=True)
-            return write_manifest(path, manifest)
+            try:
+                # Created only if absent: of two seals in flight at once, the second must not
+                # replace the manifest the first recorded (a rename would).
+                write_once(path, data)
+            except FileExistsError:
+                return self._same_seal(location, digest)
+            return digest
         if self.kind != "s3":
             return self._seal_once(location, data, digest)
         bucket, _, key = location.manifest_path.partition("/")
