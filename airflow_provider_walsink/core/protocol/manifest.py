@@ -600,20 +600,30 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     directory so the rename itself survives a crash.
     """
     path = os.fspath(path)
-    directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    tmp = _temp_beside(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(os.path.dirname(path) or ".")
+
+
+def _temp_beside(path: str, data: bytes) -> str:
+    """A new temp file in ``path``'s directory holding ``data``, fsynced; removed again if writing fails."""
+    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(directory)
+    return tmp
 
 
 def write_once(path: str | os.PathLike[str], data: bytes) -> None:
@@ -626,13 +636,8 @@ def write_once(path: str | os.PathLike[str], data: bytes) -> None:
     """
     path = os.fspath(path)
     directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    tmp = _temp_beside(path, data)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         try:
             os.link(tmp, path)
         except FileExistsError:
