@@ -182,11 +182,7 @@ class StorageOps:
         except WalsinkError as exc:
             aborted = f"refused: {type(exc).__name__}: {str(exc)[:160]}"
         finally:
-            try:
-                os.kill(proc.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-            proc.join(300)
+            W.resume(proc)
         told = W.World._result(out)
         now = self.store.require(cfg.pipeline, key)
         if aborted == "ABORTED" and writing:
@@ -370,11 +366,7 @@ class StorageOps:
         except WalsinkError as exc:
             meanwhile = f"refused: {type(exc).__name__}: {str(exc)[:160]}"
         finally:
-            try:
-                os.kill(proc.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-            proc.join(300)
+            W.resume(proc)
         resumed = self._result(out)
         self._note_commit(resumed)
         # The commit task's retries: the publish must finish from wherever the others left it.

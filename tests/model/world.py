@@ -405,6 +405,17 @@ def _child_group_commit(cfg: Config, key: str, n: int, point: str | None, out: s
     os._exit(0)
 
 
+def resume(proc: Any) -> bool:
+    """SIGCONT a child the checker stopped, then wait for it; ``False`` if it was already gone."""
+    try:
+        os.kill(proc.pid, signal.SIGCONT)
+        resumed = True
+    except ProcessLookupError:
+        resumed = False
+    proc.join(300)
+    return resumed
+
+
 def _proc_state(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -940,11 +951,8 @@ class World(People, StorageOps):
         except WalsinkError as exc:
             meanwhile = f"refused: {type(exc).__name__}: {str(exc)[:160]}"
         finally:
-            try:
-                os.kill(proc.pid, signal.SIGCONT)
-            except ProcessLookupError:
+            if not resume(proc):
                 self.counts["pauses.resumed_early"] += 1  # something else resumed it (see _child_commit)
-            proc.join(300)
         resumed = self._result(out)
         self._note_commit(resumed)
         after = ""
