@@ -115,10 +115,12 @@ CANCEL_WAIT_S = 30.0
 CANCEL_BY = ("abort", "newer_attempt")
 
 
-def _rows(world: Any, key: str, n: int, parts: list[int], version: int, record: Any):
-    """The rows of an attempt of ``key`` as ``World.op_write`` draws them (``(dt, id, v)``), its
-    partitions, their directories and the offsets it reads (append)."""
-    cfg, store = world.cfg, world.store
+def _rows(
+    world: Any, key: str, n: int, parts: list[int], record: Any
+) -> tuple[list[tuple[Any, str, int | None]], list[str], dict[str, str], int | None, int | None]:
+    """The rows of the next attempt of ``record`` as ``World.op_write`` draws them (``(dt, id, v)``),
+    its partitions, their directories and the offsets it reads (append)."""
+    cfg, store, version = world.cfg, world.store, record.version
     rows: list[tuple[Any, str, int | None]] = []
     start = end = None
     if cfg.mode == "append":
@@ -178,7 +180,7 @@ def cancel_write(world: Any, key: str, by: str, n: int = 2, parts: list[int] | N
         earlier = [r for r in store.pending(cfg.pipeline) if r.sequence < record.sequence]
         if earlier:
             return f"skipped: earlier {earlier[0].checkpoint_key} is {earlier[0].state}"
-    rows, partitions, directories, start, end = _rows(world, key, n, parts or [0], record.version, record)
+    rows, partitions, directories, start, end = _rows(world, key, n, parts or [0], record)
     job_input = write_job_input(cfg, rows, partitions, directories, end)
     running = Path(cfg.work) / f"running-{uuid.uuid4().hex}"
     runner = SparkConnectRunner(job_name="walsink-model", spark_conn_id=conn_id)
