@@ -619,17 +619,28 @@ SPARK_STEPS = [
 ]  # fmt: skip
 
 
-def run_spark_schedule(spark_write: str, tmp_path) -> None:
-    """:data:`SPARK_STEPS` with the write steps run by ``spark_write``, checked after every step."""
+#: Then, Spark Connect only (``tests/model/spark_write.py``: ``cancel_write``): a write through the
+#: write phase's watched Connect runner whose job runs while a person aborts the checkpoint, and
+#: one whose job runs while a newer attempt of its checkpoint starts, seals and commits.
+CANCEL_STEPS = [
+    {"op": "cancel_write", "key": K3, "by": "abort", "n": 2, "parts": [0]},
+    {"op": "cancel_write", "key": K4, "by": "newer_attempt", "n": 2, "parts": [1]},
+]  # fmt: skip
+
+
+def run_spark_schedule(spark_write: str, tmp_path, steps: list[dict] = SPARK_STEPS) -> World:
+    """``steps`` (:data:`SPARK_STEPS` first) with the write steps run by ``spark_write``, checked
+    after every step; the world, closed."""
     cfg = Config("delta", "overwrite", "lease", str(tmp_path / "w"), f"sqlite:///{tmp_path}/c.db",
                  pipeline="spark", spark_write=spark_write)  # fmt: skip
     world = World(cfg)
     try:
-        log = run_checked(world, SPARK_STEPS)
+        log = run_checked(world, steps)
     finally:
         world.close()
-    writes = [line for line in log.splitlines() if "sealed " in line]
+    writes = [line for line in log.splitlines()[: len(SPARK_STEPS)] if "sealed " in line]
     assert len(writes) == 4 and all(f"by {spark_write})" in line for line in writes), log
+    return world
 
 
 def test_model_checker_with_the_writes_run_by_spark_submit(tmp_path):
@@ -641,10 +652,37 @@ def test_model_checker_with_the_writes_run_by_spark_submit(tmp_path):
 
 def test_model_checker_with_the_writes_run_by_spark_connect(spark_connect_server, tmp_path, monkeypatch):
     """The same schedule with each write a Spark Connect client of the session's Connect server
-    (on the worker that runs the other Connect tests: one server per session)."""
+    (on the worker that runs the other Connect tests: one server per session), then
+    :data:`CANCEL_STEPS`: each watched write's job cancelled, its attempt never sealed or
+    published, the aborted checkpoint ABORTED, the newer attempt committed with each row once."""
+    import re
+    import time
+
     for key, value in spark_connect_server.connection_env("model_connect").items():
         monkeypatch.setenv(key, value)
-    run_spark_schedule("connect:model_connect", tmp_path)
+    world = run_spark_schedule("connect:model_connect", tmp_path, SPARK_STEPS + CANCEL_STEPS)
+    log = "\n".join(world.log)
+    print(log)
+    c = world.counts
+    assert (c["cancel_write.abort"], c["cancel_write.newer_attempt"]) == (1, 1), f"{dict(c)}\n{log}"
+    states = [world.store.require("spark", k).state.value for k in (K3, K4)]
+    assert states == ["ABORTED", "COMMITTED"], log
+    # Seen on the server too: each watched job's Spark job was cancelled.
+    sessions = re.findall(r"Spark Connect session ([0-9a-f-]{36})", log)
+    assert len(sessions) == 2, log
+
+    def cancelled() -> set[str]:
+        text = spark_connect_server.log_path.read_text(errors="replace")
+        return {
+            s
+            for s in sessions
+            if any("SPARK_JOB_CANCELLED" in ln and f"Session_{s}" in ln for ln in text.splitlines())
+        }
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and cancelled() != set(sessions):
+        time.sleep(0.5)
+    assert cancelled() == set(sessions), spark_connect_server.log_tail()
 
 
 # ----------------------------------------------------------------------------- a REST catalog (issue 45)

@@ -10,9 +10,10 @@ project files; nothing of ``.git``, ``.venv`` or ``var``), the mutation is
 applied there, and CI's run of the checker (``tests/test_model_checker.py``,
 the whole file, as ``scripts/test.sh`` runs it) runs against the copy, which is
 first on ``PYTHONPATH``. It runs in two parts, stopping at the first failure
-(``-x``): the pinned schedules and the Kafka source's tests (``-k "found_schedule
-or kafka"``, a minute or two), then the rest of the file (the random schedules of
-every combination, minutes). A failure
+(``-x``): the pinned schedules, the Kafka source's tests and the fixed schedule whose
+writes run through Spark Connect (``-k "found_schedule or kafka or spark_connect"``, a
+few minutes), then the rest of the file (the random schedules of every combination,
+minutes). A failure
 means the checker caught the bug; the time it took is printed.
 
 ``--tests "tests/test_x.py -k y"``: for the mutations the checker missed, run
@@ -42,8 +43,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "airflow_provider_walsink"
 CHECKER = "tests/test_model_checker.py"
 REQUIRED = 0.80
-#: The checker's tests run first (seconds each): the pinned schedules and the Kafka source's.
-FIRST = "found_schedule or kafka"
+#: The checker's tests run first (seconds each): the pinned schedules, the Kafka source's and the
+#: Spark Connect schedule (its ``cancel_write`` steps pin the cancel of a write job).
+FIRST = "found_schedule or kafka or spark_connect"
 
 
 @dataclass(frozen=True)
@@ -366,6 +368,15 @@ MUTATIONS: list[Mutation] = [
         "                marker = self._live_marker(partition)\n",
         "a files overwrite's swap loop swaps every partition, also one its interrupted try swapped in already: "
         "a publish resumed after a pause (or a retry) swaps the live partition out for an empty one",
+    ),
+    # ---------------------------------------------------------------- issue 49: cancel while writing
+    M(
+        "connect-cancel-interrupts-nothing",
+        "hooks/spark_connect_runner.py",
+        "        self._cancelled = True\n        try:\n            interrupted = session.interruptAll()\n",
+        "        self._cancelled = True\n        try:\n            interrupted = session.interruptTag(self.job_name)\n",
+        "the Spark Connect runner's cancel interrupts the operations tagged with the job's name, not the tag "
+        "its operations carry: nothing; the job of an aborted or fenced attempt runs on, holding the cluster",
     ),
 ]
 

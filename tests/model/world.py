@@ -635,6 +635,13 @@ class World(People, StorageOps):
             return wrote
         return f"{wrote}; {self.op_durable(key)}; {self.op_commit(key)}"
 
+    def op_cancel_write(self, key: str, by: str, n: int = 2, parts: list[int] | None = None) -> str:
+        """A write through the write phase with the Spark Connect runner and its attempt watch, ended
+        while its job runs by an abort or a newer attempt (``tests/model/spark_write.py``)."""
+        from . import spark_write
+
+        return spark_write.cancel_write(self, key, by, n, parts)
+
     def op_durable(self, key: str, verify: bool = True) -> str:
         """The durability gate; ``verify=False``: sizes only (the sensor's default, no checksums)."""
         from airflow_provider_walsink.triggers.durable import evaluate_durability
