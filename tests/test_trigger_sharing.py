@@ -255,3 +255,56 @@ def test_triggers_check_when_their_rows_change_not_at_every_poke(monkeypatch, tm
     assert [e["status"] for e in events] == ["durable"] * TRIGGERS, events
     assert checks == dict.fromkeys(keys, 1)  # the seal woke each trigger to one check
     store.dispose()
+
+
+def test_the_checks_of_many_triggers_reuse_their_committer_connections(monkeypatch, layout, database_urls):
+    """Many triggers checking at once, again and again (a file of each is missing until it is put
+    back), through the triggers' pool of threads: the committer's engine opens at most one
+    connection per thread of the pool and reuses them, where keeping one would open and close a
+    server connection for nearly every check (a PostgreSQL backend started per check)."""
+    from sqlalchemy import event
+
+    from airflow_provider_walsink.core.store import engine as engines
+    from airflow_provider_walsink.triggers import watch
+
+    url = database_urls("postgresql")
+    # As in a fresh triggerer, whose first engine is made in a check's thread: no engine of the URL
+    # yet (other tests of this process made one), and the pool's threads started (what they set
+    # is this process's until the test ends).
+    monkeypatch.setattr(engines, "_shared", {})
+    monkeypatch.setattr(walsink_hooks, "_stores", {})
+    monkeypatch.setattr(engines, "_idle_connections", engines.POOL_SIZE)
+    asyncio.run(watch.off_loop(watch._check_thread_started))
+    store = walsink_hooks.store_for_url(url)  # the process's store of the URL, which the triggers' hook gets
+    pipeline = f"pool{uuid.uuid4().hex[:8]}"
+    keys = [f"202601{d:02d}T000000Z" for d in range(1, 3 * watch.CHECK_THREADS + 1)]
+    held = []
+    for key in keys:
+        store.register(pipeline, key, mode="overwrite", actor=ACTOR)
+        writer = CheckpointWriter(store, layout, pipeline, key, actor=ACTOR)
+        where = writer.begin()
+        for i in range(2):
+            (where / f"part-{i}.csv").write_bytes(f"{key},{i}\n".encode())
+        writer.add_files(["part-0.csv", "part-1.csv"], writer="t")
+        writer.seal(file_format="csv")
+        missing = where / "part-1.csv"
+        held.append((missing, missing.read_bytes()))
+        missing.unlink()
+    _conn(monkeypatch, "walsink_default", "walsink", extra={"url": url, "staging_root": str(layout.root)})
+    connects: list[int] = []
+    event.listen(store.engine, "connect", lambda *_: connects.append(1))
+
+    def put_back() -> None:
+        for path, data in held:
+            path.write_bytes(data)
+
+    triggers = [
+        CheckpointDurableTrigger(pipeline=pipeline, checkpoint_key=key, poke_interval=0.02, timeout=60,
+                                 actor={"name": "triggerer"})
+        for key in keys
+    ]  # fmt: skip
+    events = _run_all(triggers, before_second_look=put_back)
+
+    assert [e["status"] for e in events] == ["durable"] * len(keys), events
+    assert len(connects) <= watch.CHECK_THREADS, f"{len(connects)} connections opened for the checks"
+    store.dispose()

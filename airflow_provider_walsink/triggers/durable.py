@@ -22,7 +22,7 @@ by every walsink trigger of the triggerer process (:mod:`.watch`). That bounds w
 triggers do at once, and leaves the default executor, which Airflow's own ``sync_to_async`` and
 other triggers use, to them. What the checks open is shared by the process's triggers too
 (:mod:`.shared`): one connection lookup per connection and minute, one committer engine per
-database URL (its pool never larger than the checks running at once), one staging client per
+database URL (its pool never larger than the pool of threads, kept between checks), one staging client per
 root and credentials.
 """
 

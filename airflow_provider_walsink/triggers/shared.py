@@ -8,8 +8,9 @@ open a new committer engine and a new staging client. Here they share, per proce
 * **one hook per walsink connection id** (:func:`hook_for`): the walsink connection, and the
   staging connection it names, are looked up once and kept for :data:`CONNECTION_TTL` seconds;
 * **one committer store per database URL** (its SQLAlchemy engine and pool:
-  ``hooks/walsink.py: store_for_url``); the pool never holds more connections than the checks
-  running at once, which the triggers' thread pool bounds (``watch.py: CHECK_THREADS``);
+  ``hooks/walsink.py: store_for_url``); the pool never holds more connections than the triggers'
+  thread pool has threads (``watch.py: CHECK_THREADS``), and keeps them between checks instead of
+  opening a server connection per check (``core/store/engine.py: keep_idle_connections``);
 * **one staging store per root and credentials** (:func:`staging_store_for`; on S3 its
   ``pyarrow`` file system, and its boto3 client once made), the :data:`STAGING_STORES` most
   recently used kept.

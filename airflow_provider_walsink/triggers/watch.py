@@ -31,8 +31,11 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 #: Threads of the pool every walsink trigger of one triggerer process checks in: at most this
-#: many checks (and committer connections) at once, whatever the number of triggers.
-CHECK_THREADS = 4
+#: many checks (and committer connections) at once, whatever the number of triggers. A check
+#: mostly waits (on the committer database, on the object store), so more threads than cores:
+#: with 4, a thousand checkpoints sealed over a minute on S3 queued for seconds (bench/README.md,
+#: benchmark 10).
+CHECK_THREADS = 8
 #: Seconds between two reads of the watched checkpoints' rows (one query per walsink connection).
 WATCH_INTERVAL = 0.5
 
@@ -52,8 +55,19 @@ def _checks_pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="walsink-durability")
+            _pool = ThreadPoolExecutor(
+                CHECK_THREADS, thread_name_prefix="walsink-durability", initializer=_check_thread_started
+            )
         return _pool
+
+
+def _check_thread_started() -> None:
+    """In each thread of the pool, before its first check: every thread uses the committer
+    database, so its engine keeps one connection per thread between checks instead of opening and
+    closing one per check (``core/store/engine.py``). Imported here, off the loop."""
+    from airflow_provider_walsink.core.store.engine import keep_idle_connections
+
+    keep_idle_connections(CHECK_THREADS)
 
 
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:

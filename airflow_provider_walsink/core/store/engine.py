@@ -7,7 +7,9 @@ deadlock upgrading a read lock.
 A server database's engine keeps **one** idle connection (``pool_size=1``): a commit task
 uses the database one transaction at a time, so it holds one connection, and hundreds of
 tasks need hundreds of connections, not two or five each. Connections beyond it (threads of an
-api-server or a triggerer) are opened when needed and closed when given back, never kept idle.
+api-server) are opened when needed and closed when given back, never kept idle; the triggerer's
+pool of durability checks, whose threads use the database all the time, keeps one per thread
+(:func:`keep_idle_connections`).
 :func:`shared_engine` is the one engine per URL and process, shared by the committer store and
 an Iceberg SQL catalog on the same database (``core/targets/iceberg/catalog.py``).
 
@@ -32,6 +34,9 @@ POOL_SIZE = 1
 #: Connections opened beyond it at once (closed when given back); a single-threaded task never does.
 MAX_OVERFLOW = 10
 
+#: Idle connections the engines this process creates from now on keep (:func:`keep_idle_connections`).
+_idle_connections = POOL_SIZE
+
 _shared: dict[str, Engine] = {}
 _shared_lock = threading.Lock()
 
@@ -50,7 +55,7 @@ def create_committer_engine(url: str, **kwargs: Any) -> Engine:
     # No ping per checkout (a round trip each): the store retries every call
     # on a dropped connection instead (committer.retry.retrying).
     kwargs.setdefault("pool_pre_ping", False)
-    kwargs.setdefault("pool_size", POOL_SIZE)
+    kwargs.setdefault("pool_size", _idle_connections)
     kwargs.setdefault("max_overflow", MAX_OVERFLOW)
     connect_args = kwargs.setdefault("connect_args", {})
     if parsed.get_backend_name() in ("postgresql", "mysql", "mariadb"):
@@ -60,6 +65,17 @@ def create_committer_engine(url: str, **kwargs: Any) -> Engine:
         # mode gives the next transaction another server session, which has no such statement.
         connect_args.setdefault("prepare_threshold", None)
     return create_engine(parsed, **kwargs)
+
+
+def keep_idle_connections(n: int) -> None:
+    """Let the server-database engines this process creates from now on keep up to ``n`` idle
+    connections (default :data:`POOL_SIZE`, one). For a process whose threads use the database at
+    once all the time, the triggerer's pool of durability checks (``triggers/watch.py``): with
+    one kept, every check beyond the first would open a connection and close it again (a server
+    process started and ended per check), and the checks would wait on that instead of the
+    database. A task process never calls it: it holds one connection."""
+    global _idle_connections
+    _idle_connections = max(POOL_SIZE, n)
 
 
 def shared_engine(url: str | URL) -> Engine:
