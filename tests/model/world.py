@@ -1597,19 +1597,23 @@ class World(People, StorageOps):
                         )
                     m.superseded.add(between)
                 m.reprocessing.pop(key, None)
+            rerun_replaces = False
             if key in m.trimmed and old is not None and old != aid:
                 # A re-run after retention committed a new attempt: in overwrite it replaces the old
-                # one's partitions; in append it read new offsets and the old rows stay.
+                # one, all of it (the table's marker names it: core/targets/_tables.py, decide);
+                # in append it read new offsets and the old rows stay.
                 if cfg.mode == "append":
                     m.retired.append(old)
                 else:
                     m.superseded.add(old)
+                    rerun_replaces = True
             m.trimmed.discard(key)
             m.committed[key] = aid
             if cfg.mode == "overwrite":
-                if superseding:
-                    # A new version holds the interval alone: the superseded version's partitions
-                    # that the new one no longer writes are emptied (docs/backfill.md, targets.md).
+                if superseding or rerun_replaces:
+                    # A new version (or a re-run the table tells from the old attempt) holds the
+                    # interval alone: the replaced attempt's partitions that the new one does not
+                    # write are emptied (docs/backfill.md, targets.md).
                     for p, owner in list(m.owners.items()):
                         if owner == old and p not in att.partitions:
                             del m.owners[p]
