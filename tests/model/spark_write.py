@@ -124,12 +124,9 @@ def _rows(
     rows: list[tuple[Any, str, int | None]] = []
     start = end = None
     if cfg.mode == "append":
-        if record.supersedes_attempt_id is not None:  # a new version re-reads the same input
-            start = (record.start_offsets or {}).get("src", 0)
-            end = store.versions(cfg.pipeline, key)[-1].end_offsets["src"]
-        else:
-            start = (store.last_committed_offsets(cfg.pipeline) or {"src": 0})["src"]
-            end = start + n
+        from .world import append_range
+
+        start, end = append_range(store, cfg.pipeline, key, record, n)
         dt = f"{key[:4]}-{key[4:6]}-{key[6:]}"
         rows = [(dt, f"o{o}", o * 10 + version) for o in range(start, end)]
         return rows, [dt], {dt: f"dt={dt}"}, start, end

@@ -545,15 +545,11 @@ class World(People, StorageOps):
             return "skipped: COMMITTED (a reprocess starts a new version)"
         start = end = None
         if cfg.mode == "append":
-            if record.supersedes_attempt_id is not None:  # a new version re-reads the same input
-                start = (record.start_offsets or {}).get("src", 0)
-                end = store.versions(cfg.pipeline, key)[-1].end_offsets["src"]
-            else:
+            if record.supersedes_attempt_id is None:
                 earlier = [r for r in store.pending(cfg.pipeline) if r.sequence < record.sequence]
                 if earlier:
                     return f"skipped: earlier {earlier[0].checkpoint_key} is {earlier[0].state}"
-                start = (store.last_committed_offsets(cfg.pipeline) or {"src": 0})["src"]
-                end = start + n
+            start, end = append_range(store, cfg.pipeline, key, record, n)
         writer = CheckpointWriter(
             store, self.layout, cfg.pipeline, key, actor=a, partition_columns=cfg.columns
         )
@@ -1746,6 +1742,16 @@ def schedule_text(cfg: Config, steps: list[dict[str, Any]]) -> str:
     if cfg.sql_url:
         c["sql"] = cfg.sql_url.split(":", 1)[0].split("+")[0]
     return json.dumps({"config": c, "steps": steps}, indent=None)
+
+
+def append_range(store: Any, pipeline: str, key: str, record: Any, n: int) -> tuple[int, int]:
+    """The source offsets ``[start, end)`` the next append attempt of ``record`` reads: a new version
+    re-reads its own range; any other attempt the ``n`` records after the last committed end."""
+    if record.supersedes_attempt_id is not None:
+        start = (record.start_offsets or {}).get("src", 0)
+        return start, store.versions(pipeline, key)[-1].end_offsets["src"]
+    start = (store.last_committed_offsets(pipeline) or {"src": 0})["src"]
+    return start, start + n
 
 
 def replay(cfg: Config, steps: list[dict[str, Any]], *, verbose: bool = True) -> list[str]:
