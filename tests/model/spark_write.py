@@ -115,30 +115,6 @@ CANCEL_WAIT_S = 30.0
 CANCEL_BY = ("abort", "newer_attempt")
 
 
-def _rows(
-    world: Any, key: str, n: int, parts: list[int], record: Any
-) -> tuple[list[tuple[Any, str, int | None]], list[str], dict[str, str], int | None, int | None]:
-    """The rows of the next attempt of ``record`` as ``World.op_write`` draws them (``(dt, id, v)``),
-    its partitions, their directories and the offsets it reads (append)."""
-    cfg, store, version = world.cfg, world.store, record.version
-    rows: list[tuple[Any, str, int | None]] = []
-    start = end = None
-    if cfg.mode == "append":
-        from .world import append_range
-
-        start, end = append_range(store, cfg.pipeline, key, record, n)
-        dt = f"{key[:4]}-{key[4:6]}-{key[6:]}"
-        rows = [(dt, f"o{o}", o * 10 + version) for o in range(start, end)]
-        return rows, [dt], {dt: f"dt={dt}"}, start, end
-    chosen = [cfg.partitions()[i] for i in sorted(set(parts))]
-    partitions = [held for held, _ in chosen]
-    for i, dt in enumerate(partitions):
-        for _ in range(n if i == 0 else max(0, n - 1)):
-            serial = world._next()
-            rows.append((dt, f"{key}.{serial}", serial))
-    return rows, partitions, dict(chosen), start, end
-
-
 def cancel_write(world: Any, key: str, by: str, n: int = 2, parts: list[int] | None = None) -> str:
     """``cancel_write``: a write of ``key`` through the real write phase (``WritePhase``) with the
     Spark Connect runner and its ``AttemptWatch``; while its job runs, the checkpoint is aborted
@@ -160,7 +136,7 @@ def cancel_write(world: Any, key: str, by: str, n: int = 2, parts: list[int] | N
     from airflow_provider_walsink.core.staging.layout import StagingLayout
     from airflow_provider_walsink.hooks.spark_connect_runner import SparkConnectRunner
 
-    from .world import actor
+    from .world import actor, append_range, earlier_open
 
     cfg, store = world.cfg, world.store
     if by not in CANCEL_BY:
@@ -173,11 +149,13 @@ def cancel_write(world: Any, key: str, by: str, n: int = 2, parts: list[int] | N
     record = store.register(cfg.pipeline, key, mode=cfg.mode, actor=a, target=cfg.uri())
     if record.is_committed or record.state is S.COMMITTING:
         return f"skipped: {record.state.value}"
-    if cfg.mode == "append" and record.supersedes_attempt_id is None:
-        earlier = [r for r in store.pending(cfg.pipeline) if r.sequence < record.sequence]
-        if earlier:
-            return f"skipped: earlier {earlier[0].checkpoint_key} is {earlier[0].state}"
-    rows, partitions, directories, start, end = _rows(world, key, n, parts or [0], record)
+    if (waits := earlier_open(store, cfg, record)) is not None:
+        return waits
+    start, end = append_range(store, cfg.pipeline, key, record, n) if cfg.mode == "append" else (None, None)
+    # Drawn as the model's own write draws them, without nulls.
+    rows, partitions, directories = world.draw_rows(
+        key, n, parts or [0], record.version, start, end, nulls=False
+    )
     job_input = write_job_input(cfg, rows, partitions, directories, end)
     running = Path(cfg.work) / f"running-{uuid.uuid4().hex}"
     runner = SparkConnectRunner(job_name="walsink-model", spark_conn_id=conn_id)

@@ -543,40 +543,17 @@ class World(People, StorageOps):
         record = store.register(cfg.pipeline, key, mode=cfg.mode, actor=a, target=cfg.uri())
         if record.is_committed:
             return "skipped: COMMITTED (a reprocess starts a new version)"
-        start = end = None
-        if cfg.mode == "append":
-            if record.supersedes_attempt_id is None:
-                earlier = [r for r in store.pending(cfg.pipeline) if r.sequence < record.sequence]
-                if earlier:
-                    return f"skipped: earlier {earlier[0].checkpoint_key} is {earlier[0].state}"
-            start, end = append_range(store, cfg.pipeline, key, record, n)
+        if (waits := earlier_open(store, cfg, record)) is not None:
+            return waits
+        start, end = (
+            append_range(store, cfg.pipeline, key, record, n) if cfg.mode == "append" else (None, None)
+        )
         writer = CheckpointWriter(
             store, self.layout, cfg.pipeline, key, actor=a, partition_columns=cfg.columns
         )
         attempt_dir = writer.begin(start_offsets={"src": start} if start is not None else None)
         version = store.require(cfg.pipeline, key).version
-        rows: list[tuple[Any, str, int | None]] = []
-        every = cfg.partitions()
-        if cfg.mode == "append":
-            # One partition per key: its date, or (widened domain) the key's own domain partition.
-            if cfg.domain is None:
-                dt = f"{key[:4]}-{key[4:6]}-{key[6:]}"
-                directories = {dt: f"dt={dt}"}
-            else:
-                dt, directory = every[KEYS.index(key)]
-                directories = {dt: directory}
-            partitions = [dt]
-            for o in range(start, end):
-                v = None if nulls and (o + version) % 3 == 0 else o * 10 + version
-                rows.append((dt, f"o{o}", v))
-        else:
-            chosen = [every[i] for i in sorted(set(parts or [0]))]
-            partitions = [held for held, _ in chosen]
-            directories = dict(chosen)
-            for i, dt in enumerate(partitions):
-                for _j in range(n if i == 0 else max(0, n - 1)):
-                    serial = self._next()
-                    rows.append((dt, f"{key}.{serial}", None if nulls and serial % 3 == 0 else serial))
+        rows, partitions, directories = self.draw_rows(key, n, parts, version, start, end, nulls=nulls)
         if cfg.spark_write:
             from . import spark_write
 
@@ -613,6 +590,43 @@ class World(People, StorageOps):
         offsets = {"start_offsets": {"src": start}, "end_offsets": {"src": end}} if start is not None else {}
         writer.seal(file_format="parquet", job="model", **offsets)
         return self._sealed(key, version, rows, partitions, start, end)
+
+    def draw_rows(
+        self,
+        key: str,
+        n: int,
+        parts: list[int] | None,
+        version: int,
+        start: int | None,
+        end: int | None,
+        *,
+        nulls: bool = True,
+    ) -> tuple[list[tuple[Any, str, int | None]], list[str], dict[str, str]]:
+        """The rows (``(dt, id, v)``) of an attempt of ``key`` at ``version``, its partitions and their
+        directories: in append one partition per key and a row per source offset in ``[start,
+        end)``; in overwrite the ``parts`` chosen, ``n`` rows in the first and ``n - 1`` in the others."""
+        cfg = self.cfg
+        rows: list[tuple[Any, str, int | None]] = []
+        every = cfg.partitions()
+        if cfg.mode == "append":
+            # One partition per key: its date, or (widened domain) the key's own domain partition.
+            if cfg.domain is None:
+                dt = f"{key[:4]}-{key[4:6]}-{key[6:]}"
+                directories = {dt: f"dt={dt}"}
+            else:
+                dt, directory = every[KEYS.index(key)]
+                directories = {dt: directory}
+            for o in range(start or 0, end or 0):
+                v = None if nulls and (o + version) % 3 == 0 else o * 10 + version
+                rows.append((dt, f"o{o}", v))
+            return rows, [dt], directories
+        chosen = [every[i] for i in sorted(set(parts or [0]))]
+        partitions = [held for held, _ in chosen]
+        for i, dt in enumerate(partitions):
+            for _j in range(n if i == 0 else max(0, n - 1)):
+                serial = self._next()
+                rows.append((dt, f"{key}.{serial}", None if nulls and serial % 3 == 0 else serial))
+        return rows, partitions, dict(chosen)
 
     def _sealed(self, key: str, version: int, rows: list, partitions: list[str], start: Any, end: Any) -> str:
         """The model of the attempt just sealed for ``key``."""
@@ -1752,6 +1766,15 @@ def append_range(store: Any, pipeline: str, key: str, record: Any, n: int) -> tu
         return start, store.versions(pipeline, key)[-1].end_offsets["src"]
     start = (store.last_committed_offsets(pipeline) or {"src": 0})["src"]
     return start, start + n
+
+
+def earlier_open(store: Any, cfg: Config, record: Any) -> str | None:
+    """Why an append write of ``record`` waits (an earlier checkpoint still open), as the write task
+    refuses it; ``None``: it may write (overwrite, or a new version re-reading its own range)."""
+    if cfg.mode != "append" or record.supersedes_attempt_id is not None:
+        return None
+    earlier = [r for r in store.pending(cfg.pipeline) if r.sequence < record.sequence]
+    return f"skipped: earlier {earlier[0].checkpoint_key} is {earlier[0].state}" if earlier else None
 
 
 def replay(cfg: Config, steps: list[dict[str, Any]], *, verbose: bool = True) -> list[str]:
