@@ -461,6 +461,22 @@ def one_config(
         i = index_of[r.run_id]
         since = sealed_at[i] if r.task_id == "durable" else moments[i]
         latency[r.task_id].append(r.end_date.timestamp() - since)
+    # walsink's latency in its two parts: the seal to the DURABLE mark (the watch and the check,
+    # walsink's own) and the mark to the task's success (the event's way through Airflow, which a
+    # DateTimeTrigger's event takes too). The mark's time is the committer database's clock
+    # (naive UTC, the same machine).
+    marked: list[float] = []
+    if "durable" in tasks:
+        with committer.engine.connect() as conn:
+            found = conn.execute(
+                text(
+                    "SELECT c.pipeline, t.at FROM walsink_transition t JOIN walsink_checkpoint c"
+                    " ON c.id = t.checkpoint_id WHERE t.to_state = 'DURABLE' AND c.pipeline LIKE :like"
+                ),
+                {"like": f"{prefix}_p%"},
+            ).all()
+        at_of = {p: at.replace(tzinfo=UTC).timestamp() for p, at in found}
+        marked = [at_of[pipelines[i]] - sealed_at[i] for i in range(n) if pipelines[i] in at_of]
     collections = []  # (epoch, pid, seconds) of the long garbage collections, with --gc-log
     if (scratch / "gc.log").exists():
         for line in (scratch / "gc.log").read_text().splitlines():
@@ -496,6 +512,7 @@ def one_config(
         "n": n,
         "staging": staging_kind,
         "latency": latency,
+        "marked": marked,
         "failed": failed,
         "phases": phases,
         "loaded_in": assigned_at - started,
@@ -682,6 +699,14 @@ def _tables(
                         for x in (p["gc_runner"], p["gc_supervisor"])
                     ),
                 ]
+            )
+    for r in results:
+        if r.get("marked"):
+            m = r["marked"]
+            latency.notes.append(
+                f"N={r['n']} {r['staging']}: walsink's own part, from the seal recorded to the DURABLE mark "
+                f"(the watch and the check): p50 {fmt_s(_pct(m, 0.5))}, p95 {fmt_s(_pct(m, 0.95))}, "
+                f"max {fmt_s(max(m))}; the rest is the event's way to the task's success."
             )
     latency.notes.append(
         f"Moments spread evenly over {window:.0f} s per (N, staging); the sensor's poke_interval {poke:g} s; "

@@ -191,10 +191,21 @@ def test_the_seal_reads_nothing_before_it_writes(service_store, monkeypatch):
             return getattr(real, name)
 
     monkeypatch.setattr(store, "filesystem", Watch())
+    if store.kind == "s3":  # the conditional put and the manifest's read go through boto3 there
+        client = store._boto3()
+
+        class WatchClient:
+            def __getattr__(self, name):
+                looked.append(name)
+                return getattr(client, name)
+
+        monkeypatch.setattr(store, "_s3_client", WatchClient())
     with pytest.raises(AlreadySealedError):
         store.seal(location, manifest_for({"dt=1/b.parquet": b"b"}))
-    # Only the read of the sealed manifest, after the service refused the create.
-    assert looked == ["open_input_stream"], looked
+    # Only the read of the sealed manifest, after the service refused the create (on S3 one GET,
+    # no HEAD: the durability checks of a busy triggerer read manifests the same way).
+    expected = ["put_object", "get_object"] if store.kind == "s3" else ["open_input_stream"]
+    assert looked == expected, looked
 
 
 def test_listing_gives_sizes_and_the_services_own_checksums(service_store):

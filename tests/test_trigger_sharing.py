@@ -137,6 +137,16 @@ def test_many_triggers_share_one_lookup_engine_and_client_until_the_connection_c
     lookups.clear()
     opened.clear()
     engines.clear()
+    # Reading the options from the connection's extra is a round trip to the triggerer's
+    # supervisor in a real triggerer (the Task SDK masks its secrets there): once per lookup too.
+    options_read: list[str] = []
+    real_options = walsink_hooks.options_from_connection
+
+    def reading_options(conn, staging_root):
+        options_read.append(conn.conn_id)
+        return real_options(conn, staging_root)
+
+    monkeypatch.setattr(walsink_hooks, "options_from_connection", reading_options)
 
     def put_back() -> None:
         for path, data in held:
@@ -148,9 +158,10 @@ def test_many_triggers_share_one_lookup_engine_and_client_until_the_connection_c
     # Every trigger waited through several checks (the file was missing), then fired...
     assert [e["status"] for e in events] == ["durable"] * TRIGGERS, events
     assert {first.require("p", key).state for key in keys} == {S.DURABLE}
-    # ...and all of them together looked each connection up once, and opened one committer
-    # engine and one S3 client.
+    # ...and all of them together looked each connection up once, read the staging options from
+    # it once, and opened one committer engine and one S3 client.
     assert lookups == {"walsink_default": 1, "s3_stage": 1}, lookups
+    assert options_read == ["s3_stage"], options_read
     assert (engines, opened) == ([first_url], [root])
 
     # The committer moves to another database: a trigger started within the lookup's minute
@@ -168,6 +179,7 @@ def test_many_triggers_share_one_lookup_engine_and_client_until_the_connection_c
     assert moved["status"] == "durable", moved
     assert second.require("p", "20260201T000000Z").state is S.DURABLE
     assert lookups == {"walsink_default": 2, "s3_stage": 2}, lookups
+    assert options_read == ["s3_stage", "s3_stage"], options_read  # read afresh with the lookup
     assert (engines, opened) == ([first_url, second_url], [root])
     assert first_url not in walsink_hooks._stores and second_url in walsink_hooks._stores
     first.dispose()
@@ -260,7 +272,7 @@ def test_triggers_check_when_their_rows_change_not_at_every_poke(monkeypatch, tm
 def test_the_checks_of_many_triggers_reuse_their_committer_connections(monkeypatch, layout, database_urls):
     """Many triggers checking at once, again and again (a file of each is missing until it is put
     back), through the triggers' pool of threads: the committer's engine opens at most one
-    connection per thread of the pool and reuses them, where keeping one would open and close a
+    connection per thread of the pools (the checks' and the watch's) and reuses them, where keeping one would open and close a
     server connection for nearly every check (a PostgreSQL backend started per check)."""
     from sqlalchemy import event
 
@@ -274,7 +286,7 @@ def test_the_checks_of_many_triggers_reuse_their_committer_connections(monkeypat
     monkeypatch.setattr(engines, "_shared", {})
     monkeypatch.setattr(walsink_hooks, "_stores", {})
     monkeypatch.setattr(engines, "_idle_connections", engines.POOL_SIZE)
-    asyncio.run(watch.off_loop(watch._check_thread_started))
+    asyncio.run(watch.off_loop(watch._thread_started))
     store = walsink_hooks.store_for_url(url)  # the process's store of the URL, which the triggers' hook gets
     pipeline = f"pool{uuid.uuid4().hex[:8]}"
     keys = [f"202601{d:02d}T000000Z" for d in range(1, 3 * watch.CHECK_THREADS + 1)]
@@ -306,5 +318,6 @@ def test_the_checks_of_many_triggers_reuse_their_committer_connections(monkeypat
     events = _run_all(triggers, before_second_look=put_back)
 
     assert [e["status"] for e in events] == ["durable"] * len(keys), events
-    assert len(connects) <= watch.CHECK_THREADS, f"{len(connects)} connections opened for the checks"
+    threads = watch.CHECK_THREADS + watch.WATCH_THREADS
+    assert len(connects) <= threads, f"{len(connects)} connections opened for the checks and the watch"
     store.dispose()

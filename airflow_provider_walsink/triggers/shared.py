@@ -6,7 +6,12 @@ triggerer's event loop to its supervisor process and its metadata database, per 
 open a new committer engine and a new staging client. Here they share, per process:
 
 * **one hook per walsink connection id** (:func:`hook_for`): the walsink connection, and the
-  staging connection it names, are looked up once and kept for :data:`CONNECTION_TTL` seconds;
+  staging connection it names, are looked up once and kept for :data:`CONNECTION_TTL` seconds,
+  and so are the storage options read from them. Reading a connection's extra in a triggerer
+  is itself a round trip: the Task SDK masks every secret it finds there by sending it to the
+  triggerer's supervisor, one message at a time for all threads. Done per check, it made every
+  check wait for that channel, and a thousand checkpoints sealed over a minute on S3 queued for
+  seconds (bench/README.md, benchmark 10);
 * **one committer store per database URL** (its SQLAlchemy engine and pool:
   ``hooks/walsink.py: store_for_url``); the pool never holds more connections than the triggers'
   thread pool has threads (``watch.py: CHECK_THREADS``), and keeps them between checks instead of
@@ -41,6 +46,7 @@ from typing import Any
 
 from airflow_provider_walsink.core.staging.object_store import StagingStore
 from airflow_provider_walsink.core.store.store import CommitterStore
+from airflow_provider_walsink.hooks.staging import StagingCredentials
 from airflow_provider_walsink.hooks.walsink import WalsinkHook, forget_store_for_url
 
 #: Seconds a connection lookup is trusted by the triggers of one process.
@@ -68,7 +74,9 @@ class SharedWalsinkHook(WalsinkHook):
         super().__init__(walsink_conn_id, **kwargs)
         self.looked_up_at = time.monotonic()
         self._connections: dict[str, Any] = {}
+        self._credentials: dict[str, StagingCredentials] = {}
         self._lookup_lock = threading.Lock()
+        self._credentials_lock = threading.Lock()
 
     def get_connection(self, conn_id: str) -> Any:  # type: ignore[override]
         """The connection, as looked up the first time (``AirflowNotFoundException`` again if absent)."""
@@ -85,6 +93,16 @@ class SharedWalsinkHook(WalsinkHook):
             found = self._connections[conn_id]
         if isinstance(found, Exception):
             raise found
+        return found
+
+    def get_staging_credentials(self, staging_root: str | None = None) -> StagingCredentials:
+        """The root's storage options, read from its connection once in the hook's life (a failure
+        is not kept: raised again, and read again, at the next check)."""
+        root = staging_root or self.staging_root
+        with self._credentials_lock:  # one thread reads them while the others wait for it
+            found = self._credentials.get(root)
+            if found is None:
+                found = self._credentials[root] = super().get_staging_credentials(root)
         return found
 
     def get_store(self) -> CommitterStore:

@@ -2,9 +2,11 @@
 
 Imported on the loop with :mod:`.durable`: the standard library only.
 
-* :func:`off_loop`: every blocking step (a check, a read of the committer table) runs in one
-  pool of :data:`CHECK_THREADS` threads per triggerer process, never on the loop and never in
-  the default executor that Airflow's ``sync_to_async`` and other triggers use.
+* :func:`off_loop`: every blocking step of a check runs in one pool of :data:`CHECK_THREADS`
+  threads per triggerer process, never on the loop and never in the default executor that
+  Airflow's ``sync_to_async`` and other triggers use. The watches' reads run in a thread of their
+  own (:func:`watch_off_loop`): queued behind a burst of checks, they would delay the very wake-ups
+  that start the next checks (bench/README.md, benchmark 10).
 * :class:`CommitterWatch`: one per walsink connection and loop. Every :data:`WATCH_INTERVAL`
   seconds it reads the rows of every checkpoint a trigger waits on, in one query
   (``CommitterStore.checkpoint_states``), and wakes the triggers whose row changed. A
@@ -39,7 +41,11 @@ CHECK_THREADS = 8
 #: Seconds between two reads of the watched checkpoints' rows (one query per walsink connection).
 WATCH_INTERVAL = 0.5
 
+#: Threads that read the watched rows (one query per walsink connection every interval).
+WATCH_THREADS = 1
+
 _pool: ThreadPoolExecutor | None = None
+_watch_pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 _watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, CommitterWatch]] = (
     weakref.WeakKeyDictionary()
@@ -56,25 +62,44 @@ def _checks_pool() -> ThreadPoolExecutor:
     with _pool_lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(
-                CHECK_THREADS, thread_name_prefix="walsink-durability", initializer=_check_thread_started
+                CHECK_THREADS, thread_name_prefix="walsink-durability", initializer=_thread_started
             )
         return _pool
 
 
-def _check_thread_started() -> None:
-    """In each thread of the pool, before its first check: every thread uses the committer
-    database, so its engine keeps one connection per thread between checks instead of opening and
+def _watches_pool() -> ThreadPoolExecutor:
+    global _watch_pool
+    with _pool_lock:
+        if _watch_pool is None:
+            _watch_pool = ThreadPoolExecutor(
+                WATCH_THREADS, thread_name_prefix="walsink-watch", initializer=_thread_started
+            )
+        return _watch_pool
+
+
+def _thread_started() -> None:
+    """In each thread of either pool, before its first call: every thread uses the committer
+    database, so its engine keeps one connection per thread between calls instead of opening and
     closing one per check (``core/store/engine.py``). Imported here, off the loop."""
     from airflow_provider_walsink.core.store.engine import keep_idle_connections
 
-    keep_idle_connections(CHECK_THREADS)
+    keep_idle_connections(CHECK_THREADS + WATCH_THREADS)
+
+
+async def _in(pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
+    call = functools.partial(contextvars.copy_context().run, fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(pool, call)
 
 
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` in the walsink triggers' thread pool, with the caller's context variables
     (as :func:`asyncio.to_thread` passes them: Airflow's trigger logging reads them)."""
-    call = functools.partial(contextvars.copy_context().run, fn, *args)
-    return await asyncio.get_running_loop().run_in_executor(_checks_pool(), call)
+    return await _in(_checks_pool(), fn, *args)
+
+
+async def watch_off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in the watches' own thread, never queued behind the checks."""
+    return await _in(_watches_pool(), fn, *args)
 
 
 def _read_states(walsink_conn_id: str, keys: list[Key]) -> States:
@@ -126,7 +151,7 @@ class CommitterWatch:
             keys = list(self._waiters)
             started = time.monotonic()
             try:
-                states = await off_loop(_read_states, self.walsink_conn_id, keys)
+                states = await watch_off_loop(_read_states, self.walsink_conn_id, keys)
             except Exception:  # noqa: BLE001 - the triggers check on their own until it reads again
                 states = None
             if states is not None:
