@@ -44,9 +44,9 @@ WATCH_INTERVAL = 0.5
 #: Threads that read the watched rows (one query per walsink connection every interval).
 WATCH_THREADS = 1
 
-_pool: ThreadPoolExecutor | None = None
-_watch_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+CHECKS, WATCHES = "walsink-durability", "walsink-watch"
+_pools: dict[str, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
 _watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, CommitterWatch]] = (
     weakref.WeakKeyDictionary()
 )
@@ -57,24 +57,17 @@ Key = tuple[str, str]
 States = dict[Key, tuple[tuple[Any, ...], bool]]
 
 
-def _checks_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(
-                CHECK_THREADS, thread_name_prefix="walsink-durability", initializer=_thread_started
+def _pool(name: str) -> ThreadPoolExecutor:
+    """The process's pool ``name``: ``walsink-durability`` (the checks, :data:`CHECK_THREADS`
+    threads) or ``walsink-watch`` (the watches' reads, :data:`WATCH_THREADS`)."""
+    with _pools_lock:
+        pool = _pools.get(name)
+        if pool is None:
+            size = CHECK_THREADS if name == CHECKS else WATCH_THREADS
+            pool = _pools[name] = ThreadPoolExecutor(
+                size, thread_name_prefix=name, initializer=_thread_started
             )
-        return _pool
-
-
-def _watches_pool() -> ThreadPoolExecutor:
-    global _watch_pool
-    with _pool_lock:
-        if _watch_pool is None:
-            _watch_pool = ThreadPoolExecutor(
-                WATCH_THREADS, thread_name_prefix="walsink-watch", initializer=_thread_started
-            )
-        return _watch_pool
+        return pool
 
 
 def _thread_started() -> None:
@@ -94,12 +87,12 @@ async def _in(pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` in the walsink triggers' thread pool, with the caller's context variables
     (as :func:`asyncio.to_thread` passes them: Airflow's trigger logging reads them)."""
-    return await _in(_checks_pool(), fn, *args)
+    return await _in(_pool(CHECKS), fn, *args)
 
 
 async def watch_off_loop(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` in the watches' own thread, never queued behind the checks."""
-    return await _in(_watches_pool(), fn, *args)
+    return await _in(_pool(WATCHES), fn, *args)
 
 
 def _read_states(walsink_conn_id: str, keys: list[Key]) -> States:
