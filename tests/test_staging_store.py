@@ -238,6 +238,27 @@ def test_an_unsealed_attempt_has_no_manifest(store):
         store.read_manifest(location)
 
 
+def test_an_empty_or_unreadable_manifest_is_a_manifest_error(store, monkeypatch):
+    """An empty object where the manifest belongs (S3 refuses a ranged read of one) and a store
+    that does not answer are both a :class:`ManifestError` naming the manifest, never another
+    exception: the durability check reports "not yet" and the commit refuses."""
+    location = store.attempt("events", "k1", 1, ATTEMPT_ID)
+    put(store, location.manifest_path, b"")
+    with pytest.raises(ManifestError, match="_manifest.json"):
+        store.read_manifest(location)
+    if store.kind == "s3":  # nothing listens at the endpoint any more
+        import boto3
+        from botocore.config import Config
+
+        gone = boto3.client(
+            "s3", endpoint_url="http://127.0.0.1:9", aws_access_key_id="k", aws_secret_access_key="s",
+            region_name=REGION, config=Config(retries={"max_attempts": 1}, connect_timeout=1),
+        )  # fmt: skip
+        monkeypatch.setattr(store, "_s3_client", gone)
+        with pytest.raises(ManifestError, match="cannot be read"):
+            store.read_manifest(location)
+
+
 def test_sizes_come_from_metadata_and_a_listing(store):
     location = store.attempt("events", "k1", 1, ATTEMPT_ID)
     put(store, f"{location.path}/dt=2026-01-01/a.parquet", b"12345")
