@@ -269,6 +269,49 @@ def test_triggers_check_when_their_rows_change_not_at_every_poke(monkeypatch, tm
     store.dispose()
 
 
+def test_a_seal_is_checked_and_marked_durable_while_the_triggerers_loop_is_blocked(
+    monkeypatch, tmp_path, layout
+):
+    """The watch reads the rows and runs the checks of the triggers whose row changed in threads,
+    never waiting for a turn of the event loop (which a triggerer's thousands of triggers share,
+    and which Airflow's own work blocks for seconds at a time): checkpoints sealed while the loop
+    is blocked are verified and marked DURABLE before it runs again; only the triggers' events
+    wait for it."""
+    url = f"sqlite:///{tmp_path}/committer.db"
+    store = CommitterStore.from_url(url)
+    _conn(monkeypatch, "walsink_default", "walsink", extra={"url": url, "staging_root": str(layout.root)})
+    keys = [f"k{i}" for i in range(TRIGGERS)]
+    writers = []
+    for key in keys:  # being written: registered, staged, not sealed
+        store.register("p", key, mode="overwrite", actor=ACTOR)
+        writer = CheckpointWriter(store, layout, "p", key, actor=ACTOR)
+        (writer.begin() / "part-0.csv").write_bytes(b"a\n")
+        writer.add_files(["part-0.csv"], writer="t")
+        writers.append(writer)
+    triggers = [CheckpointDurableTrigger(pipeline="p", checkpoint_key=key, poke_interval=3600.0, timeout=60)
+                for key in keys]  # fmt: skip
+    during: list[set] = []
+
+    async def main():
+        async def first_event(trigger):
+            async for event in trigger.run():
+                return event.payload
+
+        running = [asyncio.ensure_future(first_event(t)) for t in triggers]
+        # Every trigger has made its first check (rows WRITING) and waits.
+        await asyncio.to_thread(lambda: time.sleep(1.5))
+        for writer in writers:  # the write tasks end...
+            writer.seal(file_format="csv")
+        time.sleep(3.0)  # ...while the loop is blocked (as a long garbage collection blocks it)
+        during.append({store.require("p", key).state for key in keys})
+        return await asyncio.gather(*running)
+
+    events = asyncio.run(main())
+    assert during == [{S.DURABLE}], during  # checked and marked with the loop blocked throughout
+    assert [e["status"] for e in events] == ["durable"] * TRIGGERS, events
+    store.dispose()
+
+
 def test_the_checks_of_many_triggers_reuse_their_committer_connections(monkeypatch, layout, database_urls):
     """Many triggers checking at once, again and again (a file of each is missing until it is put
     back), through the triggers' pool of threads: the committer's engine opens at most one

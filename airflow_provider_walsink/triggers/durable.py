@@ -29,6 +29,7 @@ root and credentials.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -43,7 +44,7 @@ except ImportError:  # pragma: no cover
         TriggerEvent,
     )
 
-from airflow_provider_walsink.triggers.watch import CommitterWatch, off_loop, watch_for
+from airflow_provider_walsink.triggers.watch import CommitterWatch, Waiter, off_loop, watch_for
 
 if TYPE_CHECKING:
     from airflow_provider_walsink.core.store.records import Actor
@@ -200,15 +201,17 @@ class CheckpointDurableTrigger(BaseTrigger):
         if deadline is None and self.timeout is not None:
             deadline = time.time() + self.timeout
         watch = watch_for(self.walsink_conn_id)
-        with watch.watching(self.pipeline, key) as changed:
+        with watch.watching(self.pipeline, key, check=functools.partial(self._check, key, actor)) as waiter:
             checked = time.monotonic()
             status = await off_loop(self._check, key, actor)
             while not status.durable:
                 self.log.info("not durable yet: %s", status.message)
-                if not await self._check_due(watch, key, changed, checked, deadline):
+                due = await self._check_due(watch, key, waiter, checked, deadline)
+                if due is None:
                     break
                 checked = time.monotonic()
-                status = await off_loop(self._check, key, actor)
+                # The watch checked when the row changed, or a check of the trigger's own is due.
+                status = due if due is not True else await off_loop(self._check, key, actor)
         if status.durable:
             self.log.info("%s", status.message)
             yield (
@@ -223,19 +226,21 @@ class CheckpointDurableTrigger(BaseTrigger):
             yield TriggerEvent({"status": "timeout", **status.to_dict()})
 
     async def _check_due(
-        self, watch: CommitterWatch, key: str, changed: asyncio.Event, checked: float, deadline: float | None
-    ) -> bool:
-        """Wait until the checkpoint's row changes (the watch wakes it) or ``poke_interval`` has
-        passed, then ``True``: a check is due; unless the watch read the row after the last check
-        (``checked``, monotonic) and no check could pass on it: then wait again. ``False`` once the
+        self, watch: CommitterWatch, key: str, waiter: Waiter, checked: float, deadline: float | None
+    ) -> DurabilityStatus | bool | None:
+        """Wait until the watch hands over the status of the check it ran when the checkpoint's row
+        changed (returned), or ``poke_interval`` has passed (``True``: a check is due); unless the
+        watch read the row after the last check (``checked``, monotonic) and no check could pass on
+        it, or a check the watch started is still running: then wait again. ``None`` once the
         deadline has passed."""
         while deadline is None or time.time() < deadline:
             wait = self.poke_interval if deadline is None else min(self.poke_interval, deadline - time.time())
             try:
-                await asyncio.wait_for(changed.wait(), max(0.0, wait))
+                await asyncio.wait_for(waiter.event.wait(), max(0.0, wait))
             except TimeoutError:
-                if watch.rules_out(self.pipeline, key, since=checked):
+                if waiter.pending or watch.rules_out(self.pipeline, key, since=checked):
                     continue
-            changed.clear()
-            return True
-        return False
+            waiter.event.clear()
+            status = waiter.take()
+            return status if status is not None else True
+        return None

@@ -4,17 +4,19 @@ Imported on the loop with :mod:`.durable`: the standard library only.
 
 * :func:`off_loop`: every blocking step of a check runs in one pool of :data:`CHECK_THREADS`
   threads per triggerer process, never on the loop and never in the default executor that
-  Airflow's ``sync_to_async`` and other triggers use. The watches' reads run in a thread of their
-  own (:func:`watch_off_loop`): queued behind a burst of checks, they would delay the very wake-ups
-  that start the next checks (bench/README.md, benchmark 10).
-* :class:`CommitterWatch`: one per walsink connection and loop. Every :data:`WATCH_INTERVAL`
-  seconds it reads the rows of every checkpoint a trigger waits on, in one query
-  (``CommitterStore.checkpoint_states``), and wakes the triggers whose row changed. A
-  trigger's own check (row, manifest, staged files) then runs only when its row changed, or
-  every ``poke_interval`` while its row is SEALED (its files checked again), so a checkpoint is
-  seen within about half a second of its seal, however many triggers wait and whatever their
-  ``poke_interval``, and waiting costs one query per interval for all of them. While the watch
-  cannot read the table (the database is down), each trigger checks on its own, as before.
+  Airflow's ``sync_to_async`` and other triggers use.
+* :class:`CommitterWatch`: one per walsink connection and loop, in a thread of its own. Every
+  :data:`WATCH_INTERVAL` seconds it reads the rows of every checkpoint a trigger waits on, in
+  one query (``CommitterStore.checkpoint_states``), and for each trigger whose row changed it
+  runs that trigger's check in the pool at once and hands it the status (:class:`Waiter`). A
+  trigger checks on its own only at its start and every ``poke_interval`` while its row is
+  SEALED (its files checked again), so a checkpoint is seen within about half a second of its
+  seal, however many triggers wait and whatever their ``poke_interval``, and waiting costs one
+  query per interval for all of them. Neither the read, its sleep nor the check waits for a
+  turn of the event loop, which a triggerer's thousands of triggers share: only the status's
+  delivery does, once, as a DateTimeTrigger's timer does (bench/README.md, benchmark 10).
+  While the watch cannot read the table (the database is down), each trigger checks on its
+  own, as before.
 """
 
 from __future__ import annotations
@@ -41,10 +43,10 @@ CHECK_THREADS = 8
 #: Seconds between two reads of the watched checkpoints' rows (one query per walsink connection).
 WATCH_INTERVAL = 0.5
 
-#: Threads that read the watched rows (one query per walsink connection every interval).
+#: Threads that read the watched rows: one per watch (walsink connection), one query per interval.
 WATCH_THREADS = 1
 
-CHECKS, WATCHES = "walsink-durability", "walsink-watch"
+CHECKS = "walsink-durability"
 _pools: dict[str, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 _watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, CommitterWatch]] = (
@@ -58,20 +60,18 @@ States = dict[Key, tuple[tuple[Any, ...], bool]]
 
 
 def _pool(name: str) -> ThreadPoolExecutor:
-    """The process's pool ``name``: ``walsink-durability`` (the checks, :data:`CHECK_THREADS`
-    threads) or ``walsink-watch`` (the watches' reads, :data:`WATCH_THREADS`)."""
+    """The process's pool of checks (``name`` is :data:`CHECKS`: :data:`CHECK_THREADS` threads)."""
     with _pools_lock:
         pool = _pools.get(name)
         if pool is None:
-            size = CHECK_THREADS if name == CHECKS else WATCH_THREADS
             pool = _pools[name] = ThreadPoolExecutor(
-                size, thread_name_prefix=name, initializer=_thread_started
+                CHECK_THREADS, thread_name_prefix=name, initializer=_thread_started
             )
         return pool
 
 
 def _thread_started() -> None:
-    """In each thread of either pool, before its first call: every thread uses the committer
+    """In each thread of the pool and each watch's thread, before its first call: every thread uses the committer
     database, so its engine keeps one connection per thread between calls instead of opening and
     closing one per check (``core/store/engine.py``). Imported here, off the loop."""
     from airflow_provider_walsink.core.store.engine import keep_idle_connections
@@ -79,20 +79,11 @@ def _thread_started() -> None:
     keep_idle_connections(CHECK_THREADS + WATCH_THREADS)
 
 
-async def _in(pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
-    call = functools.partial(contextvars.copy_context().run, fn, *args)
-    return await asyncio.get_running_loop().run_in_executor(pool, call)
-
-
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` in the walsink triggers' thread pool, with the caller's context variables
     (as :func:`asyncio.to_thread` passes them: Airflow's trigger logging reads them)."""
-    return await _in(_pool(CHECKS), fn, *args)
-
-
-async def watch_off_loop(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in the watches' own thread, never queued behind the checks."""
-    return await _in(_pool(WATCHES), fn, *args)
+    call = functools.partial(contextvars.copy_context().run, fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(_pool(CHECKS), call)
 
 
 def _read_states(walsink_conn_id: str, keys: list[Key]) -> States:
@@ -101,64 +92,148 @@ def _read_states(walsink_conn_id: str, keys: list[Key]) -> States:
     return checkpoint_states(walsink_conn_id, keys)
 
 
+class Waiter:
+    """One trigger's wait on its checkpoint's row (:meth:`CommitterWatch.watching`).
+
+    ``event`` is set on the trigger's loop when the row changed. With a ``check`` (the trigger's
+    own, a callable that never raises), the watch runs it at once in the checks' pool when the
+    row changes, and sets ``event`` only when its status is there to :meth:`take`: the trigger
+    then need not wake, submit and wait for a thread again, each of them a turn of a loop that
+    2,000 triggers share (bench/README.md, benchmark 10).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, check: Callable[[], Any] | None) -> None:
+        self.event = asyncio.Event()
+        self._loop = loop
+        self._check = check
+        # The trigger's context variables (Airflow's trigger logging reads them), copied for each run.
+        self._context = contextvars.copy_context()
+        self._status: Any = None
+        self._pending = False
+        self._lock = threading.Lock()
+
+    @property
+    def pending(self) -> bool:
+        """A check the watch started has not delivered its status yet."""
+        with self._lock:
+            return self._pending
+
+    def take(self) -> Any:
+        """The status of the check the watch ran since the last call, or ``None``."""
+        with self._lock:
+            status, self._status = self._status, None
+        return status
+
+    def _deliver(self, status: Any) -> None:  # in the check's thread
+        with self._lock:
+            self._pending = False
+            self._status = status
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.event.set)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    def _changed(self) -> None:
+        """The row changed (in the watch's thread): check now, in the pool, or just wake the trigger."""
+        if self._check is None:
+            self._wake()
+            return
+        with self._lock:
+            if self._pending:
+                return
+            self._pending = True
+        future = _pool(CHECKS).submit(self._context.copy().run, self._check)
+
+        def done(f: Any) -> None:
+            # A check never raises; a pool shut down cancels it: then the trigger checks itself.
+            self._deliver(None if f.cancelled() or f.exception() is not None else f.result())
+
+        future.add_done_callback(done)
+
+
 class CommitterWatch:
-    """The rows of the checkpoints the triggers of one loop wait on through one walsink connection."""
+    """The rows of the checkpoints the triggers of one loop wait on through one walsink connection.
+
+    It reads them in a thread of its own (not on the loop: a read, its sleep and the wakes it
+    sends never wait for a turn of the loop), one query per :data:`WATCH_INTERVAL`, while anyone
+    waits; it stops when nobody does, and the next waiter starts it again.
+    """
 
     def __init__(self, walsink_conn_id: str) -> None:
         self.walsink_conn_id = walsink_conn_id
-        self._waiters: dict[Key, set[asyncio.Event]] = {}
+        self._lock = threading.Lock()
+        self._waiters: dict[Key, set[Waiter]] = {}
         #: The last fingerprint read per key (``None``: no row) and whether it could be durable.
         self._seen: dict[Key, tuple[tuple[Any, ...] | None, bool]] = {}
         #: Monotonic time at which the last successful read started.
         self.read_started = float("-inf")
-        self._task: asyncio.Task[None] | None = None
+        self._thread: threading.Thread | None = None
 
     @contextmanager
-    def watching(self, pipeline: str, checkpoint_key: str) -> Iterator[asyncio.Event]:
-        """Watch one checkpoint while the block runs: the event is set when its row changes."""
+    def watching(
+        self, pipeline: str, checkpoint_key: str, *, check: Callable[[], Any] | None = None
+    ) -> Iterator[Waiter]:
+        """Watch one checkpoint while the block runs (see :class:`Waiter`)."""
         key = (pipeline, checkpoint_key)
-        event = asyncio.Event()
-        self._waiters.setdefault(key, set()).add(event)
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"walsink-committer-watch-{self.walsink_conn_id}"
-            )
+        waiter = Waiter(asyncio.get_running_loop(), check)
+        with self._lock:
+            self._waiters.setdefault(key, set()).add(waiter)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"walsink-watch-{self.walsink_conn_id}", daemon=True
+                )
+                self._thread.start()
         try:
-            yield event
+            yield waiter
         finally:
-            events = self._waiters.get(key)
-            if events is not None:
-                events.discard(event)
-                if not events:
-                    del self._waiters[key]
-                    self._seen.pop(key, None)
+            with self._lock:
+                waiters = self._waiters.get(key)
+                if waiters is not None:
+                    waiters.discard(waiter)
+                    if not waiters:
+                        del self._waiters[key]
+                        self._seen.pop(key, None)
 
     def rules_out(self, pipeline: str, checkpoint_key: str, *, since: float) -> bool:
         """Whether a read started after ``since`` (monotonic) found the checkpoint's row in a state
         no check could find durable (not registered, writing, failed...): its check can wait."""
-        seen = self._seen.get((pipeline, checkpoint_key))
-        return seen is not None and not seen[1] and self.read_started > since
+        with self._lock:
+            seen = self._seen.get((pipeline, checkpoint_key))
+            return seen is not None and not seen[1] and self.read_started > since
 
-    async def _run(self) -> None:
-        while self._waiters:
-            keys = list(self._waiters)
+    def _run(self) -> None:
+        _thread_started()
+        while True:
+            with self._lock:
+                keys = list(self._waiters)
+                if not keys:
+                    self._thread = None
+                    return
             started = time.monotonic()
             try:
-                states = await watch_off_loop(_read_states, self.walsink_conn_id, keys)
+                states: States | None = _read_states(self.walsink_conn_id, keys)
             except Exception:  # noqa: BLE001 - the triggers check on their own until it reads again
                 states = None
             if states is not None:
-                self.read_started = started
-                for key in keys:
-                    fingerprint, checkable = states.get(key, (None, False))
-                    before = self._seen.get(key)
-                    self._seen[key] = (fingerprint, checkable)
-                    # A change wakes; so does a first sight of a row a check could find durable
-                    # (it may have changed between the trigger's check and this read).
-                    if (before[0] != fingerprint) if before is not None else checkable:
-                        for event in self._waiters.get(key, ()):
-                            event.set()
-            await asyncio.sleep(WATCH_INTERVAL)
+                changed: list[Waiter] = []
+                with self._lock:
+                    self.read_started = started
+                    for key in keys:
+                        if key not in self._waiters:
+                            continue  # its trigger ended during the read
+                        fingerprint, checkable = states.get(key, (None, False))
+                        before = self._seen.get(key)
+                        self._seen[key] = (fingerprint, checkable)
+                        # A change wakes; so does a first sight of a row a check could find
+                        # durable (it may have changed between the trigger's check and this read).
+                        if (before[0] != fingerprint) if before is not None else checkable:
+                            changed.extend(self._waiters[key])
+                for waiter in changed:
+                    waiter._changed()
+            time.sleep(WATCH_INTERVAL)
 
 
 def watch_for(walsink_conn_id: str) -> CommitterWatch:
