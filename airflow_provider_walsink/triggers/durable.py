@@ -9,9 +9,10 @@ scheduler (the sensor's ``start_from_trigger``), it ends the task itself (``Task
 
 It checks when its checkpoint's row changes and every ``poke_interval`` seconds while the row
 is SEALED (the staged files checked again): the triggers of one triggerer watch their rows
-together, one query per walsink connection every half second (:class:`~.watch.CommitterWatch`),
-so a seal is seen within about half a second whatever the number of triggers, and a trigger
-whose checkpoint is still being written costs nothing more.
+together, one query per walsink connection every half second (:class:`~.watch.CommitterWatch`,
+in a thread, which also runs the check of a trigger whose row changed and hands it the status),
+so a seal is seen within about half a second whatever the number of triggers and however busy
+the loop, and a trigger whose checkpoint is still being written costs nothing more.
 
 Nothing it does blocks the triggerer's event loop, which every deferred task of the deployment
 shares (issue 46). Airflow imports this module on the loop, so it imports only the standard
