@@ -314,7 +314,10 @@ def test_a_write_task_stages_on_s3_through_spark_submit_and_the_sensor_and_trigg
 
     caplog.set_level(logging.INFO)
     root = f"s3://walsink/{uuid.uuid4().hex[:8]}/staging"
-    aws_conn(monkeypatch, "s3_stage", region_name=REGION, endpoint_url=s3_server.endpoint)
+    # A secret of this test's own: the job looks for it on every process's command line, and the
+    # session's shared test secret may be on another test's (moto takes any key).
+    secret = f"{SECRET_KEY}-{uuid.uuid4().hex}"
+    aws_conn(monkeypatch, "s3_stage", password=secret, region_name=REGION, endpoint_url=s3_server.endpoint)
     walsink_conn(monkeypatch, database_urls("sqlite"), root, staging_conn_id="s3_stage")
     job = tmp_path / "job.py"
     job.write_text(JOB)
@@ -411,7 +414,10 @@ def test_a_dag_run_stages_on_s3_and_its_sensor_finds_the_root_the_write_task_pus
     from airflow.sdk import DAG
 
     root = f"s3://walsink/{uuid.uuid4().hex[:8]}/staging"
-    aws_conn(monkeypatch, "s3_stage", region_name=REGION, endpoint_url=s3_server.endpoint)
+    # A secret of this test's own: the job looks for it on every process's command line, and the
+    # session's shared test secret may be on another test's (moto takes any key).
+    secret = f"{SECRET_KEY}-{uuid.uuid4().hex}"
+    aws_conn(monkeypatch, "s3_stage", password=secret, region_name=REGION, endpoint_url=s3_server.endpoint)
     walsink_conn(monkeypatch, database_urls("sqlite"), root, staging_conn_id="s3_stage")
     job = tmp_path / "job.py"
     job.write_text(JOB)
@@ -419,7 +425,7 @@ def test_a_dag_run_stages_on_s3_and_its_sensor_finds_the_root_the_write_task_pus
         write = WalWriteOperator(
             task_id="write",
             application=str(job),
-            application_args=[hashlib.sha256(SECRET_KEY.encode()).hexdigest()],
+            application_args=[hashlib.sha256(secret.encode()).hexdigest()],
             pipeline="s3events",
             partition_by=["dt"],
             master="local[2]",
