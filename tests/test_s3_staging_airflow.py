@@ -334,7 +334,7 @@ def test_a_write_task_stages_on_s3_through_spark_submit_and_the_sensor_and_trigg
     op = WalWriteOperator(
         task_id="write",
         application=str(job),
-        application_args=[hashlib.sha256(SECRET_KEY.encode()).hexdigest()],
+        application_args=[hashlib.sha256(secret.encode()).hexdigest()],
         pipeline="events",
         checkpoint_key=KEY,
         partition_by=["dt"],
@@ -355,7 +355,7 @@ def test_a_write_task_stages_on_s3_through_spark_submit_and_the_sensor_and_trigg
 
     # The credentials travelled in spark-submit's environment, never on its command line.
     ((argv, env),) = started
-    assert env["AWS_SECRET_ACCESS_KEY"] == SECRET_KEY and env["AWS_ACCESS_KEY_ID"] == ACCESS_KEY
+    assert env["AWS_SECRET_ACCESS_KEY"] == secret and env["AWS_ACCESS_KEY_ID"] == ACCESS_KEY
     assert env["AWS_ENDPOINT_URL"] == s3_server.endpoint
     assert not secrets_in(" ".join(argv)) and ACCESS_KEY not in " ".join(argv)
     said = logged(caplog, capfd)
