@@ -46,9 +46,8 @@ WATCH_INTERVAL = 0.5
 #: Threads that read the watched rows: one per watch (walsink connection), one query per interval.
 WATCH_THREADS = 1
 
-CHECKS = "walsink-durability"
-_pools: dict[str, ThreadPoolExecutor] = {}
-_pools_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 _watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, CommitterWatch]] = (
     weakref.WeakKeyDictionary()
 )
@@ -59,15 +58,15 @@ Key = tuple[str, str]
 States = dict[Key, tuple[tuple[Any, ...], bool]]
 
 
-def _pool(name: str) -> ThreadPoolExecutor:
-    """The process's pool of checks (``name`` is :data:`CHECKS`: :data:`CHECK_THREADS` threads)."""
-    with _pools_lock:
-        pool = _pools.get(name)
-        if pool is None:
-            pool = _pools[name] = ThreadPoolExecutor(
-                CHECK_THREADS, thread_name_prefix=name, initializer=_thread_started
+def _checks_pool() -> ThreadPoolExecutor:
+    """The process's pool of :data:`CHECK_THREADS` check threads."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(
+                CHECK_THREADS, thread_name_prefix="walsink-durability", initializer=_thread_started
             )
-        return pool
+        return _pool
 
 
 def _thread_started() -> None:
@@ -83,7 +82,7 @@ async def off_loop(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` in the walsink triggers' thread pool, with the caller's context variables
     (as :func:`asyncio.to_thread` passes them: Airflow's trigger logging reads them)."""
     call = functools.partial(contextvars.copy_context().run, fn, *args)
-    return await asyncio.get_running_loop().run_in_executor(_pool(CHECKS), call)
+    return await asyncio.get_running_loop().run_in_executor(_checks_pool(), call)
 
 
 def _read_states(walsink_conn_id: str, keys: list[Key]) -> States:
@@ -145,7 +144,7 @@ class Waiter:
             if self._pending:
                 return
             self._pending = True
-        future = _pool(CHECKS).submit(self._context.copy().run, self._check)
+        future = _checks_pool().submit(self._context.copy().run, self._check)
 
         def done(f: Any) -> None:
             # A check never raises; a pool shut down cancels it: then the trigger checks itself.
