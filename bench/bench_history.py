@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_walsink.core.protocol.manifest import Committable, Manifest, build_manifest
+from airflow_provider_walsink.core.targets.archive import DEFAULT_BATCH, DEFAULT_KEEP
 from airflow_provider_walsink.core.targets.base import StaticContext
 
 from .bench_tables import _iceberg, _size, _stage, _v
@@ -90,13 +91,57 @@ def iceberg_history_properties(manifests: Iterator[tuple[Manifest, str]]) -> dic
 
 def iceberg_table(base: Path, history: list[tuple[Manifest, str]]):
     """An Iceberg table holding the markers of ``len(history) + 1`` checkpoints: one real commit, then one
-    holding ``history``'s."""
+    holding ``history``'s as walsink's commits leave them: the newest in the table, the rest archived
+    (:func:`iceberg_archived_history`) into a committer database beside it."""
+    from airflow_provider_walsink.core.store.store import CommitterStore
+
     publisher = _iceberg(base)
+    publisher.property_archive = CommitterStore.from_url(f"sqlite:///{base}/committer.db")
+    publisher.archive_keep = (DEFAULT_KEEP, DEFAULT_BATCH)
     first = _stage(base / "staging" / "seed" / "attempt-1", 1, "seed")
     publisher.publish(first, base / "staging" / "seed" / "attempt-1", StaticContext.for_manifest(first))
     table = publisher.load_table()
-    table.transaction().set_properties(iceberg_history_properties(iter(history))).commit_transaction()
+    props = iceberg_history_properties(iter(history))
+    kept, removed = iceberg_archived_history(publisher, str(table.metadata.table_uuid), props)
+    tx = table.transaction().set_properties(kept)
+    if removed:
+        tx.remove_properties(*removed)
+    tx.commit_transaction()
     return publisher
+
+
+def iceberg_archived_history(
+    publisher, table_uuid: str, props: dict[str, str]
+) -> tuple[dict[str, str], list[str]]:
+    """What walsink's archiving leaves of ``props`` (in commit order): the newest ``DEFAULT_KEEP`` in the
+    table, the rest chained into the table's archive property, the older of them copied into the
+    committer database and the last batch carried by the table (``core/targets/archive.py``)."""
+    from airflow_provider_walsink.core.targets.archive import (
+        ARCHIVE_PREFIX,
+        ArchivedEntry,
+        ArchiveState,
+        chained,
+        genesis,
+    )
+
+    names = list(props)
+    cut = max(0, len(names) - (DEFAULT_KEEP - 1))  # with the seed checkpoint's, DEFAULT_KEEP in the table
+    archived, kept = names[:cut], names[cut:]
+    if not archived:
+        return props, []
+    entries = [ArchivedEntry("marker", n.split("/", 1)[1], n.split("/", 1)[1], props[n]) for n in archived]
+    digests, d = [], genesis(table_uuid, PIPELINE)
+    for e in entries:
+        d = chained(d, e)
+        digests.append(d)
+    first = max(0, len(entries) - DEFAULT_BATCH)
+    for start in range(0, first, 5000):
+        end = min(first, start + 5000)
+        chunk = list(zip(entries[start:end], digests[start:end], strict=True))
+        publisher.property_archive.archive_extend(table_uuid, PIPELINE, start + 1, chunk)
+    base = digests[first - 1] if first else genesis(table_uuid, PIPELINE)
+    state = ArchiveState(len(entries), digests[-1], base, tuple(entries[first:]))
+    return {n: props[n] for n in kept} | {ARCHIVE_PREFIX + PIPELINE: state.dump()}, []
 
 
 def iceberg_reader(publisher) -> Any:
@@ -118,13 +163,16 @@ def iceberg_commit(publisher, base: Path, tag: str) -> tuple[float, int, int]:
 
 
 def iceberg_check(publisher, history: list[tuple[Manifest, str]]) -> None:
-    """The table holds one marker per checkpoint, and walsink's lookup finds the first and the last."""
+    """The table holds at most its bound of markers, and walsink's lookup finds the first and the last."""
     from airflow_provider_walsink.core.targets.iceberg.markers import MARKER_PREFIX, marker_of
 
     table = publisher.load_table()
-    assert sum(1 for k in table.metadata.properties if k.startswith(MARKER_PREFIX)) == len(history) + 1
+    held = sum(1 for k in table.metadata.properties if k.startswith(MARKER_PREFIX))
+    assert held == min(len(history) + 1, DEFAULT_KEEP), held
     for manifest, _ in (history[0], history[-1]):
-        assert marker_of(table, manifest).attempt_id == manifest.attempt_id, manifest.checkpoint_key
+        assert marker_of(publisher._props(table), manifest).attempt_id == manifest.attempt_id, (
+            manifest.checkpoint_key
+        )
 
 
 # --------------------------------------------------------------------------- Delta

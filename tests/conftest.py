@@ -177,6 +177,7 @@ def _empty(store) -> None:
         consumer_group_table,
         deadline_notice_table,
         pipeline_table,
+        table_archive_table,
         transition_table,
         version_table,
     )
@@ -189,6 +190,7 @@ def _empty(store) -> None:
             pipeline_table,
             consumer_group_table,
             deadline_notice_table,
+            table_archive_table,
         ):
             conn.execute(table.delete())
 

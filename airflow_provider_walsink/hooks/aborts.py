@@ -101,6 +101,7 @@ def aborter_for(
             layout=staging.layout,
             connections=connections,
             extra=dict(row.get("target_connections") or {}),
+            property_archive=store,
         )
         return resolve_target(uri, options)  # type: ignore[arg-type]
 

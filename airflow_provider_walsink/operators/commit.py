@@ -245,11 +245,12 @@ class WalCommitOperator(BaseOperator):
         self.group_commit = group_commit
         self.group_poll = group_poll
 
-    def get_publisher(self, layout: StagingLayout | None) -> Publisher:
+    def get_publisher(self, layout: StagingLayout | None, archive: Any = None) -> Publisher:
         """The target's publisher: the object given, or one built from the target URI.
 
         ``layout``: the local staging layout (file and SQL targets read it); ``None`` for a
-        checkpoint staged on an object store (table targets read the attempt through the store)."""
+        checkpoint staged on an object store (table targets read the attempt through the store).
+        ``archive``: the committer store, where a table target archives its oldest markers."""
         return resolve_target(
             self.target,
             TargetOptions(
@@ -260,6 +261,7 @@ class WalCommitOperator(BaseOperator):
                 allow_older_overwrite=self.allow_older_overwrite,
                 connections=airflow_connection_fields,
                 extra=self.target_options,
+                property_archive=archive,
             ),
         )
 
@@ -291,9 +293,9 @@ class WalCommitOperator(BaseOperator):
         staging = as_store(staging_for(record, lambda: self._derived_root(hook), hook.get_staging_store))
         if staging.layout is None:
             # Staged on an object store: table targets publish the staged objects by reference.
-            publisher = self._object_store_publisher(staging.root_uri)
+            publisher = self._object_store_publisher(staging.root_uri, store)
         else:
-            publisher = self.get_publisher(staging.layout)
+            publisher = self.get_publisher(staging.layout, store)
         return CheckpointCommitter(
             store,
             staging,
@@ -385,10 +387,10 @@ class WalCommitOperator(BaseOperator):
             refused.append(str(exc))
             return None
 
-    def _object_store_publisher(self, root: str) -> Publisher:
+    def _object_store_publisher(self, root: str, store: Any) -> Publisher:
         """The publisher of a checkpoint staged on an object store; only a target that publishes a
         staged attempt by reference (Iceberg, Delta) can, so any other fails here, before the lease."""
-        publisher = self.get_publisher(None)
+        publisher = self.get_publisher(None, store)
         if not publisher.takes_staged_attempt:
             raise AirflowFailException(
                 f"checkpoint of pipeline {self.pipeline} is staged on an object store ({root}), but target "

@@ -201,7 +201,7 @@ MUTATIONS: list[Mutation] = [
     M(
         "iceberg-overwrite-order-not-checked",
         "core/targets/iceberg/publisher.py",
-        "            self._check_order(table, manifest)\n            if footers is None:",
+        "            self._check_order(view, manifest)\n            if footers is None:",
         "            if footers is None:",
         "an Iceberg overwrite lets an older checkpoint replace a newer one's partition (invariant 10)",
     ),
@@ -377,6 +377,16 @@ MUTATIONS: list[Mutation] = [
         "        self._cancelled = True\n        try:\n            interrupted = session.interruptTag(self.job_name)\n",
         "the Spark Connect runner's cancel interrupts the operations tagged with the job's name, not the tag "
         "its operations carry: nothing; the job of an aborted or fenced attempt runs on, holding the cluster",
+    ),
+    # ---------------------------------------------------------------- issue 45: bounded table metadata
+    M(
+        "archived-marker-read-as-absent",
+        "core/targets/archive.py",
+        "        if state.first == 0:\n            return None  # nothing archived before the batch\n",
+        "        if state.first >= 0:\n            return None  # nothing archived before the batch\n",
+        "a marker archived out of an Iceberg table (past the batch the table carries) reads as absent instead "
+        "of being looked up in the committer database: a re-run of an old checkpoint publishes it again",
+        also="tests/test_table_archive.py",
     ),
 ]
 

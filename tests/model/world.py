@@ -265,6 +265,12 @@ class Config:
 
     def publisher(self, layout: StagingLayout | StagingStore | None = None) -> Any:
         extra: dict[str, Any] = {"url": self.sql_url, "lock_timeout": 2} if self.kind == "sql" else {}
+        archive = None
+        if self.kind == "iceberg":
+            # A bound small enough that every schedule archives: its commits, crashes, races,
+            # groups, aborts and reprocesses read old markers through the committer database.
+            extra["table_markers"] = TABLE_MARKERS
+            archive = _archive_store(self.db_url)
         if self.staging != "local":
             if self.kind == "delta":
                 extra["storage_options"] = self.objects.delta_options()
@@ -279,6 +285,7 @@ class Config:
             partition_by=self.columns,
             connections=self.connections,
             extra=extra,
+            property_archive=archive,
         )
         return resolve_target(self.uri(), options)
 
@@ -300,6 +307,18 @@ class Config:
 def delete_prefix(cfg: Config) -> int:
     """Delete every object under the schedule's prefix in the bucket; how many."""
     return cfg.objects.delete(cfg.prefix)
+
+
+#: Markers and partition holders an Iceberg schedule's pipeline keeps in the table (batch 1).
+TABLE_MARKERS = 3
+_ARCHIVES: dict[str, CommitterStore] = {}
+
+
+def _archive_store(url: str) -> CommitterStore:
+    """This process's store on the schedule's committer database, where Iceberg archives markers."""
+    if url not in _ARCHIVES:
+        _ARCHIVES[url] = CommitterStore.from_url(url, migrate=False)
+    return _ARCHIVES[url]
 
 
 def actor(step: str, key: str, n: int) -> Actor:

@@ -17,6 +17,7 @@ from airflow_provider_walsink.core.protocol.errors import (
     OrderError,
     PathEscapeError,
     SupersedeError,
+    TargetStateError,
 )
 from airflow_provider_walsink.core.protocol.states import CheckpointState
 from airflow_provider_walsink.core.store.records import Actor, CheckpointRecord
@@ -34,6 +35,7 @@ BAD_INPUT = (
     LayoutError,
     OrderError,
     SupersedeError,
+    TargetStateError,
 )
 
 

@@ -34,6 +34,12 @@ class PathEscapeError(WalsinkError):
     """A path named by a manifest resolves outside the root it must stay under."""
 
 
+class TargetStateError(WalsinkError):
+    """What the target records of walsink's commits and what the committer database holds disagree
+    (a lost, restored or swapped database, a replaced table): nothing is published until an
+    operator restores the one that is wrong; the message names both sides."""
+
+
 class CommittableError(WalsinkError):
     """A committable is missing, or its size or checksum does not match the manifest."""
 

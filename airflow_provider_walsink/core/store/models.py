@@ -269,9 +269,38 @@ class DeadlineNotice(Base):
     detail: Mapped[str | None] = mapped_column(PlainText)
 
 
+class TableArchiveEntry(Base):
+    """One walsink table property a table target archived (migration 0015, ``core/targets/archive.py``):
+    copied from the table's committed archive batch, in the order of the table's hash chain,
+    with the chain's digest after it. Never trimmed by history retention: it is what answers
+    "was this checkpoint committed?" once the table no longer carries the marker."""
+
+    __tablename__ = "walsink_table_archive"
+    __table_args__ = (
+        Index("ix_walsink_table_archive_item", "table_uuid", "pipeline", "kind", "item_digest", "n"),
+        Index("ix_walsink_table_archive_checkpoint", "table_uuid", "pipeline", "checkpoint_key"),
+    )
+
+    #: The table's own UUID (a table recreated under the same name starts a new chain).
+    table_uuid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    pipeline: Mapped[str] = mapped_column(Identifier, primary_key=True)
+    #: Position in the chain, from 1.
+    n: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    kind: Mapped[str] = mapped_column(String(16))
+    item: Mapped[str] = mapped_column(Text)
+    #: sha256 of ``item``: an index key of bounded length for any partition path.
+    item_digest: Mapped[str] = mapped_column(String(64))
+    checkpoint_key: Mapped[str] = mapped_column(Identifier)
+    value: Mapped[str] = mapped_column(Text)
+    #: The chain's digest after this entry.
+    digest: Mapped[str] = mapped_column(String(64))
+    archived_at: Mapped[datetime] = mapped_column(Timestamp)
+
+
 checkpoint_table = Checkpoint.__table__
 version_table = CheckpointVersion.__table__
 pipeline_table = Pipeline.__table__
 consumer_group_table = ConsumerGroup.__table__
 transition_table = Transition.__table__
 deadline_notice_table = DeadlineNotice.__table__
+table_archive_table = TableArchiveEntry.__table__

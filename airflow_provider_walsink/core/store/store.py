@@ -28,8 +28,8 @@ plumbing and the history of :mod:`.transitions`: the life cycle up to
 durable and the ``append`` order (:mod:`.lifecycle`), the audit verdicts
 (:mod:`.verdicts`), the leases and what is recorded under them
 (:mod:`.leases`), the store's side of an abort (:mod:`.abort_transitions`; the abort *orchestration* is :mod:`.abort`),
-the source plans (:mod:`.source_plans`), the first asset event's claim (:mod:`.first_event`)
-and missed commit deadlines (:mod:`.deadlines`).
+the source plans (:mod:`.source_plans`), the first asset event's claim (:mod:`.first_event`),
+missed commit deadlines (:mod:`.deadlines`) and the table targets' archived markers (:mod:`.archive`).
 
 The read model lives in :mod:`.queries`, the PostgreSQL one-statement
 transitions in :mod:`.fastpath`, the retry policy in :mod:`.retry`.
@@ -46,6 +46,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from airflow_provider_walsink.core.store.abort_transitions import AbortTransitions
+from airflow_provider_walsink.core.store.archive import TableArchives
 from airflow_provider_walsink.core.store.deadlines import CommitDeadlines
 from airflow_provider_walsink.core.store.engine import create_committer_engine, shared_engine
 from airflow_provider_walsink.core.store.errors import (
@@ -114,6 +115,7 @@ class CommitterStore(
     FirstEventClaims,
     GroupLeads,
     CommitDeadlines,
+    TableArchives,
     CheckpointQueries,
 ):
     """The committer table's API. Thread-safe; share one per process and engine.

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 from airflow_provider_walsink.core.protocol.errors import PreflightError, WalsinkError
 from airflow_provider_walsink.core.staging.layout import StagingLayout
+from airflow_provider_walsink.core.targets.archive import PropertyArchive
 from airflow_provider_walsink.core.targets.base import Publisher
 
 ENTRY_POINT_GROUP = "walsink.targets"
@@ -125,6 +126,9 @@ class TargetOptions:
     connections: ConnectionResolver | None = None
     #: Kind-specific settings (catalog properties, create-table flags...).
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: Where a table target archives a pipeline's oldest markers (:mod:`.archive`): the committer
+    #: store. ``None`` (tools, the write task's checks): nothing is archived.
+    property_archive: PropertyArchive | None = None
 
 
 #: The keys of ``target_options`` that name a connection (never a secret): recorded on the

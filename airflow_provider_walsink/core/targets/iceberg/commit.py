@@ -14,6 +14,7 @@ from pyiceberg.table import Table, TableProperties
 
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.targets._tables import Marker
+from airflow_provider_walsink.core.targets.archive import WalsinkProperties
 from airflow_provider_walsink.core.targets.iceberg.markers import marker_properties
 from airflow_provider_walsink.core.targets.iceberg.outcome import UnknownCommitOutcome, unknown_outcome_errors
 
@@ -45,9 +46,13 @@ def commit_snapshot(
     data_files: list[DataFile],
     deletes: list[DataFile],
     replaced: Sequence[str] = (),
+    *,
+    props: WalsinkProperties | None = None,
+    keep: tuple[int, int] | None = None,
 ) -> int:
     """One transaction, library retries off: snapshot + marker (+ the holder of each replaced
-    partition), or ``CommitFailedException``."""
+    partition, + the pipeline's oldest markers archived once it has more than ``keep[0]``:
+    :func:`set_walsink_properties`), or ``CommitFailedException``."""
     tx = without_library_retries(table).transaction()
     summary = {
         "walsink.pipeline": manifest.pipeline,
@@ -65,16 +70,41 @@ def commit_snapshot(
             producer.delete_data_file(df)
         for df in data_files:
             producer.append_data_file(df)
-    props = marker_properties(manifest, epoch, str(producer.snapshot_id), marker, len(data_files), replaced)
-    if table.metadata.name_mapping() is None:
-        # Staged files carry no Iceberg field ids: readers map their columns by name.
-        props[TableProperties.DEFAULT_NAME_MAPPING] = table.schema().name_mapping.model_dump_json()
-    tx.set_properties(props)
+    marker_props = marker_properties(
+        manifest, epoch, str(producer.snapshot_id), marker, len(data_files), replaced
+    )
+    set_walsink_properties(tx, table, marker_props, props, keep, [manifest.pipeline])
     try:
         tx.commit_transaction()
     except unknown_outcome_errors() as exc:
         raise UnknownCommitOutcome(exc, producer.snapshot_id) from exc
     return producer.snapshot_id
+
+
+def set_walsink_properties(
+    tx: Any,
+    table: Table,
+    setting: dict[str, str],
+    props: WalsinkProperties | None,
+    keep: tuple[int, int] | None,
+    pipelines: Sequence[str],
+) -> None:
+    """Set a commit's markers and holders in its transaction and, per pipeline past ``keep``,
+    archive the oldest (:meth:`~..archive.WalsinkProperties.archiving`: the previous batch is
+    copied into the committer database first)."""
+    setting = dict(setting)
+    removing: list[str] = []
+    if props is not None and keep is not None:
+        for pipeline in dict.fromkeys(pipelines):
+            archived, removed = props.archiving(pipeline, setting, keep=keep[0], batch=keep[1])
+            setting.update(archived)
+            removing += removed
+    if table.metadata.name_mapping() is None:
+        # Staged files carry no Iceberg field ids: readers map their columns by name.
+        setting[TableProperties.DEFAULT_NAME_MAPPING] = table.schema().name_mapping.model_dump_json()
+    tx.set_properties(setting)
+    if removing:
+        tx.remove_properties(*removing)
 
 
 def one_manifest_evaluator_per_manifest(producer: Any) -> None:

@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException, ValidationException
-from pyiceberg.table import TableProperties
 
 from airflow_provider_walsink.core.protocol.errors import WalsinkError
 from airflow_provider_walsink.core.targets._tables import (
@@ -30,6 +29,7 @@ from airflow_provider_walsink.core.targets.base import (
 from airflow_provider_walsink.core.targets.iceberg.commit import (
     GROUP_COMMIT_ATTEMPTS,
     one_manifest_evaluator_per_manifest,
+    set_walsink_properties,
     without_library_retries,
 )
 from airflow_provider_walsink.core.targets.iceberg.files import data_files as data_files_of
@@ -46,6 +46,7 @@ class IcebergGroupCommit:
     identifier: str
     mode: str
     storage: Any
+    archive_keep: tuple[int, int] | None
 
     def publish_group(self, members: list[GroupMember]) -> list[PublishResult | Exception]:
         """Several checkpoints in one snapshot, each with its own marker (:class:`~.base.GroupPublisher`).
@@ -73,19 +74,20 @@ class IcebergGroupCommit:
         pending: dict[int, dict[str, PublishResult]] = {}
         for attempt in range(GROUP_COMMIT_ATTEMPTS):
             table = self._load_deciding(None, {s: r for p in pending.values() for s, r in p.items()})
+            view = self._props(table) if table is not None else None
             live: list[tuple[int, Any]] = []
             for i, m in enumerate(members):
                 if results[i] is not None:
                     continue
                 try:
-                    marker = marker_of(table, m.manifest) if table is not None else None
-                    aborted = aborted_of(table, m.manifest) if table is not None else frozenset()
+                    marker = marker_of(view, m.manifest) if view is not None else None
+                    aborted = aborted_of(view, m.manifest) if view is not None else frozenset()
                     if decide(marker, m.manifest, m.ctx, self.mode, aborted):
                         results[i] = self._landed(m.manifest, marker, pending.get(i, {})) or self._already(
                             m.manifest, marker, where[i][1]
                         )
                         continue
-                    self._check_order(table, m.manifest)
+                    self._check_order(view, m.manifest)
                     if i not in footers:
                         locations = where[i][1]
                         footers[i] = staging_storage(self.storage, m.attempt).footers(
@@ -109,7 +111,14 @@ class IcebergGroupCommit:
                         table, m.manifest, locations, footers[i], identifier=self.identifier
                     )
                     deletes, replaced = files_to_delete(
-                        table, m.manifest, marker, base, None, mode=self.mode, identifier=self.identifier
+                        table,
+                        m.manifest,
+                        marker,
+                        base,
+                        None,
+                        mode=self.mode,
+                        identifier=self.identifier,
+                        props=view,
                     )
                     m.ctx.fence()  # the member's lease is still the leader's: else it is left out
                 except WalsinkError as exc:
@@ -148,10 +157,12 @@ class IcebergGroupCommit:
                 props.update(
                     marker_properties(m.manifest, m.ctx.epoch, snapshot, marker, len(data_files), replaced)
                 )
-            if table.metadata.name_mapping() is None:
-                props[TableProperties.DEFAULT_NAME_MAPPING] = table.schema().name_mapping.model_dump_json()
-            tx.set_properties(props)
+            pipelines = [members[i].manifest.pipeline for i, *_ in prepared]
             leader = members[0].ctx
+            try:
+                set_walsink_properties(tx, table, props, view, self.archive_keep, pipelines)
+            except WalsinkError as exc:  # the archive cannot be read: no member is published
+                return [r if r is not None else exc for r in results]
             try:
                 leader.event("table.before_group_commit")
                 tx.commit_transaction()
@@ -193,7 +204,9 @@ class IcebergGroupCommit:
             table = self._load_deciding(None, {s: r for p in pending.values() for s, r in p.items()})
             for i, m in enumerate(members):
                 if results[i] is None and table is not None:
-                    results[i] = self._landed(m.manifest, marker_of(table, m.manifest), pending.get(i, {}))
+                    results[i] = self._landed(
+                        m.manifest, marker_of(self._props(table), m.manifest), pending.get(i, {})
+                    )
             return [
                 r
                 if r is not None

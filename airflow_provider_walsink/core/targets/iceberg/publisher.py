@@ -21,48 +21,27 @@ token (keyed by the stable pipeline id and checkpoint key, never by a run id:
 Flink's sink lost data when its job id changed, iceberg issues 10892/16008).
 
 **The marker.** The same commit sets the table property
-``walsink.marker.<pipeline>/<key>`` = ``{attempt_id, epoch, snapshot, previous}``:
-one dictionary lookup in metadata the table loads anyway (the check costs the
-table load, whatever the history: ``bench/bench_tables.py``), and it survives
+``walsink.marker.<pipeline>/<key>`` = ``{attempt_id, epoch, snapshot, previous, files, t}``:
+one dictionary lookup in metadata the table loads anyway, and it survives
 snapshot expiry.
 
-**Why one property per checkpoint, kept forever.** The properties grow with
-the number of checkpoints ever committed (about 150 bytes each), also after
-``expire_snapshots``, and pyiceberg parses all of them on every load; each
-commit rewrites them in a new metadata file (docs/targets.md, "What it
-costs", has the figures). Bounding them was considered and rejected, because
-the guarantee they carry is: *a checkpoint whose marker is in the table is
-never published twice, even with the committer table lost* (retention trims
-it; a backfill re-runs old keys, in any order).
-
-* A high-water mark per pipeline (the greatest key committed) plus the
-  markers of recent keys: a key below the mark with no marker is either an
-  evicted committed checkpoint or one never committed (backfills commit out of
-  order). Calling it published drops its rows silently; calling it new
-  publishes an evicted one twice in ``append``. Refusing it is safe but makes
-  every out-of-order backfill below the mark uncommittable, and a reprocess of
-  an evicted key loses what it must retract (the superseded attempt id and its
-  snapshot), so it would have to be refused too.
-* Any exact answer to "is key k one of the N keys committed?" for arbitrary
-  keys committed in any order needs space growing with N (the set itself is
-  the information); a compressed summary such as a Bloom filter errs in one
-  direction only, so its "maybe" would again have to refuse a legitimate new
-  key, and it still grows linearly (in bits rather than bytes).
-* Keeping old markers in files outside the metadata JSON: a table property
-  is not a reference that Iceberg's ``remove_orphan_files`` honours, so the
-  maintenance users run anyway would delete them, and a lost marker is a
-  silent double publish.
-
-So the markers stay one per checkpoint; the cost is measured and documented
-(after 10,000 checkpoints with snapshots expired: 1.5 MiB of metadata, a load
-of 23.5 ms against 1.7 ms without markers, a one-file commit of 337 ms against
-47 ms), and the metadata files a commit leaves behind are bounded by the
-table's own ``write.metadata.delete-after-commit.enabled`` (docs/targets.md).
-A denser encoding (one property per pipeline holding all its keys) would cut
-the constant, not the growth (pyiceberg would copy one string where it now
-copies 10,000 entries), at a price: every marker write would then rely on the
-commit asserting the branch head, where per-key properties compose even under
-concurrent property updates. Not done.
+**Bounded: the oldest markers are archived** (:mod:`..archive`). Kept forever,
+one property per checkpoint made every load and commit grow with the
+history (pyiceberg copies the whole metadata several times per commit). So a
+pipeline keeps at most ``table_markers`` (default 256) markers and partition
+holders in the table; a commit past that also moves the oldest batch into the
+committer database and sets the pipeline's ``walsink.archive.<pipeline>``
+property, a hash chain over everything archived plus the batch just moved. A
+marker is read from the table, else that batch, else the committer database,
+and the database is only believed when its chain ends where the table's does.
+What the markers protected still holds: a re-run of any old checkpoint is
+recognised, and a committer database that was lost, restored from an older
+backup or belongs to another table cannot cause a duplicate: the commit is
+refused (:class:`~..archive.ArchiveMismatchError`, recorded on the
+checkpoint) until the database is restored. What it costs: a table whose
+database is lost no longer vouches for its old checkpoints on its own
+(docs/targets.md, "Bounded table metadata"). Abort tombstones are not
+archived (one per abort a person makes).
 
 **Reprocess.** With ``ctx.supersedes`` (a new version of a committed
 checkpoint) the same snapshot also deletes every live file of the superseded
@@ -135,6 +114,12 @@ from airflow_provider_walsink.core.targets._tables import (
     superseded_attempt,
     uri_flags,
 )
+from airflow_provider_walsink.core.targets.archive import (
+    DEFAULT_BATCH,
+    DEFAULT_KEEP,
+    PropertyArchive,
+    WalsinkProperties,
+)
 from airflow_provider_walsink.core.targets.base import (
     Publisher,
     PublisherContext,
@@ -165,6 +150,7 @@ from airflow_provider_walsink.core.targets.iceberg.markers import (
     aborted_of,
     marker_of,
     partition_holder,
+    walsink_properties,
 )
 from airflow_provider_walsink.core.targets.iceberg.outcome import (
     CommitOutcomeUnknownError,
@@ -214,6 +200,8 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
         create_table: bool = False,
         table_properties: Mapping[str, str] | None = None,
         allow_older_overwrite: bool = False,
+        property_archive: PropertyArchive | None = None,
+        table_markers: int = DEFAULT_KEEP,
     ) -> None:
         WriteMode.parse(mode, error=IcebergTargetError)
         namespace, dot, name = identifier.rpartition(".")
@@ -237,6 +225,16 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
         self.create_table = create_table
         self.table_properties = dict(table_properties or {})
         self.allow_older_overwrite = allow_older_overwrite
+        #: Where a pipeline's markers beyond ``table_markers`` go (:mod:`..archive`); ``None``:
+        #: nothing is archived, and a table that archived some is refused where it must be read.
+        self.property_archive = property_archive
+        if int(table_markers) < 1:
+            raise IcebergTargetError(f"table_markers must be at least 1, not {table_markers!r}")
+        self.archive_keep: tuple[int, int] | None = (
+            (int(table_markers), max(1, min(DEFAULT_BATCH, int(table_markers) // 4)))
+            if property_archive
+            else None
+        )
         self._catalog: Catalog | None = None
         self.storage = Storage(self._s3_settings())
 
@@ -278,6 +276,8 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
             create_table=flags.get("create_table", bool(extra.get("create_table", False))),
             table_properties=extra.get("table_properties"),
             allow_older_overwrite=bool(getattr(options, "allow_older_overwrite", False)),
+            property_archive=getattr(options, "property_archive", None),
+            table_markers=int(extra.get("table_markers", DEFAULT_KEEP)),
         )
         publisher.catalog_source = source if props is not None else "walsink's embedded catalog"
         return publisher
@@ -457,12 +457,16 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
 
     # ------------------------------------------------------------------ marker
 
-    def _check_order(self, table: Table | None, manifest: Manifest) -> None:
+    def _props(self, table: Table) -> WalsinkProperties:
+        """The walsink properties of this table state, the archived ones behind them."""
+        return walsink_properties(table, self.property_archive, self.identifier)
+
+    def _check_order(self, props: WalsinkProperties | None, manifest: Manifest) -> None:
         """Invariant 10 on the metadata the commit is based on (``OrderError``; the commit asserts the head)."""
-        if table is None or self.mode != "overwrite":
+        if props is None or self.mode != "overwrite":
             return
         for partition in manifest.replaced_partitions():
-            holder = partition_holder(table, manifest.pipeline, partition) or {}
+            holder = partition_holder(props, manifest.pipeline, partition) or {}
             check_partition_order(
                 manifest,
                 partition,
@@ -477,9 +481,10 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
         table = self.load_table()
         if table is None:
             return TableFenceState(None)
-        marker = marker_of(table, ref)  # type: ignore[arg-type]
+        view = self._props(table)
+        marker = marker_of(view, ref)
         known = frozenset({marker.attempt_id, *marker.previous}) if marker else frozenset()
-        return TableFenceState(marker.attempt_id if marker else None, aborted_of(table, ref), known)
+        return TableFenceState(marker.attempt_id if marker else None, aborted_of(view, ref), known)
 
     def published_marker(self, manifest: Manifest) -> Marker | None:
         """The table's marker for the manifest's checkpoint (attempt id, fencing token, snapshot), or ``None``.
@@ -487,7 +492,7 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
         Lets a committer whose rows were trimmed take its next lease above the token the table holds.
         """
         table = self.load_table()
-        return marker_of(table, manifest) if table is not None else None
+        return marker_of(self._props(table), manifest) if table is not None else None
 
     def published_attempt(self, manifest: Manifest) -> str | None:
         marker = self.published_marker(manifest)
@@ -526,19 +531,21 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
         pending: dict[str, PublishResult] = {}
         for attempt in range(MAX_COMMIT_ATTEMPTS):
             table = self._load_deciding(manifest, pending)
-            marker = marker_of(table, manifest) if table is not None else None
-            aborted = aborted_of(table, manifest) if table is not None else frozenset()
+            view = self._props(table) if table is not None else None
+            marker = marker_of(view, manifest) if view is not None else None
+            aborted = aborted_of(view, manifest) if view is not None else frozenset()
             if decide(marker, manifest, ctx, self.mode, aborted):
                 return self._landed(manifest, marker, pending) or self._already(manifest, marker, locations)
-            self._check_order(table, manifest)
+            self._check_order(view, manifest)
             if footers is None:
                 footers = storage.footers(
                     [(loc, c.size) for loc, c in zip(locations, manifest.committables, strict=True)]
                 )
             if table is None:
                 table = self._create(manifest, footers)
-                marker = marker_of(table, manifest)
-                if decide(marker, manifest, ctx, self.mode, aborted_of(table, manifest)):
+                view = self._props(table)
+                marker = marker_of(view, manifest)
+                if decide(marker, manifest, ctx, self.mode, aborted_of(view, manifest)):
                     return self._already(manifest, marker, locations)
             data_files = data_files_of(table, manifest, locations, footers, identifier=self.identifier)
             deletes, replaced = files_to_delete(
@@ -549,6 +556,7 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
                 superseded_attempt(ctx, manifest),
                 mode=self.mode,
                 identifier=self.identifier,
+                props=view,
             )
             result = PublishResult(
                 published=len(data_files),
@@ -562,7 +570,16 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
                     ctx,
                     "table_commit",
                     partial(
-                        commit_snapshot, table, manifest, ctx.epoch, marker, data_files, deletes, replaced
+                        commit_snapshot,
+                        table,
+                        manifest,
+                        ctx.epoch,
+                        marker,
+                        data_files,
+                        deletes,
+                        replaced,
+                        props=view,
+                        keep=self.archive_keep,
                     ),
                 )
             except (CommitFailedException, ValidationException) as e:
@@ -587,7 +604,7 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
             return result
         if pending:  # the last commit's outcome is still to be read from the table
             table = self._load_deciding(manifest, pending)
-            marker = marker_of(table, manifest) if table is not None else None
+            marker = marker_of(self._props(table), manifest) if table is not None else None
             if (landed := self._landed(manifest, marker, pending)) is not None:
                 return landed
         raise TableCommitConflict(
@@ -689,13 +706,13 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
         if root is None:
             return []
         table = self.load_table()
-        marker = marker_of(table, manifest) if table is not None else None
+        marker = marker_of(self._props(table), manifest) if table is not None else None
         if marker is None or marker.attempt_id != manifest.attempt_id:
             return []  # not (or no longer) ours in the table: leave everything to the committer's GC
 
         def held_now(attempt_id: str) -> bool:
             now = self.load_table()
-            current = marker_of(now, manifest) if now is not None else None
+            current = marker_of(self._props(now), manifest) if now is not None else None
             # No marker now (the table was replaced or dropped): keep, never guess.
             return current is None or attempt_id in (current.attempt_id, *current.previous)
 

@@ -12,6 +12,7 @@ from pyiceberg.transforms import IdentityTransform
 from airflow_provider_walsink.core.protocol.errors import LayoutError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.targets._tables import Marker, as_uri, check_retractable, partition_of_path
+from airflow_provider_walsink.core.targets.archive import WalsinkProperties
 from airflow_provider_walsink.core.targets.iceberg.files import from_path
 from airflow_provider_walsink.core.targets.iceberg.markers import partitions_held
 
@@ -25,6 +26,7 @@ def files_to_delete(
     *,
     mode: str,
     identifier: str,
+    props: WalsinkProperties,
 ) -> tuple[list[DataFile], list[str]]:
     """Files this commit removes, and the partitions it replaces (``overwrite``).
 
@@ -49,7 +51,7 @@ def files_to_delete(
         return [], replaced
     if mode == "overwrite":
         if supersedes:
-            held = [p for p in partitions_held(table, manifest) if p not in replaced]
+            held = [p for p in partitions_held(props, manifest) if p not in replaced]
             replaced += held
         schema = table.schema()
         spec = table.spec()

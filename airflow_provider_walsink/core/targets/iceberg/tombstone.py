@@ -32,6 +32,7 @@ class IcebergTombstone:
     identifier: str
     create_table: bool
     storage: Any
+    _props: Any
 
     def tombstone(
         self,
@@ -70,11 +71,12 @@ class IcebergTombstone:
                     [(loc, c.size) for loc, c in zip(created_from, manifest.committables, strict=True)]
                 )
                 table = self._create(manifest, footers)
-            marker = marker_of(table, ref)  # type: ignore[arg-type]
+            view = self._props(table)
+            marker = marker_of(view, ref)
             if marker is not None and marker.attempt_id != superseded:
                 return marker.attempt_id
             known = {marker.attempt_id, *marker.previous} if marker else set()
-            already = aborted_of(table, ref)
+            already = aborted_of(view, ref)
             new = set(attempt_ids) - known - already
             if not new:
                 return None

@@ -1,0 +1,269 @@
+"""Bounded table metadata (issue 45): a pipeline's oldest markers and partition holders archived
+into the committer database behind the table's hash chain (``core/targets/archive.py``).
+
+The Iceberg target on pyiceberg's SQL catalog, local warehouse; the committer database is the
+session's SQLite store. What is proven:
+
+* the table keeps at most ``table_markers`` markers and holders per pipeline, however many
+  checkpoints were committed, and every old checkpoint is still recognised;
+* the same history decides every commit alike, archived or not (a differential run);
+* a committer database that is lost, restored from an older backup, another table's, or not
+  given refuses the commit, naming both sides, and publishes nothing; one behind by just the
+  batch the table carries catches up from the table.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+import pytest
+from sqlalchemy import delete, func, select, update
+
+from airflow_provider_walsink.core.protocol.errors import (
+    CommittableError,
+    FencedError,
+    TargetStateError,
+)
+from airflow_provider_walsink.core.store.models import table_archive_table
+from airflow_provider_walsink.core.targets._tables import HeldByAnotherAttemptError
+from airflow_provider_walsink.core.targets.archive import ARCHIVE_PREFIX, ArchiveMismatchError
+from airflow_provider_walsink.core.targets.base import PublishOutcome, StaticContext
+from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
+from tests.table_fixtures import Place, ctx, stage_attempt
+
+pytest.importorskip("pyiceberg")
+
+@dataclass
+class TableFenced(StaticContext):
+    """A publish with table fencing (no lease: the table's commit is the only fence)."""
+
+    fencing: str = "table"
+
+
+KEEP = 8  # markers and holders a pipeline keeps in the table; batch: KEEP // 4 = 2
+
+
+class Table:
+    """One Iceberg table in its own SQL catalog, published into with or without an archive."""
+
+    def __init__(self, tmp_path, store=None, keep: int = KEEP, mode: str = "append"):
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        self.place = Place("local", str(tmp_path / "tables"))
+        self.props = {
+            "type": "sql",
+            "uri": f"sqlite:///{tmp_path}/catalog.db",
+            "warehouse": self.place.uri("warehouse"),
+        }
+        self.identifier = f"ns.events_{uuid.uuid4().hex[:6]}"
+        self.store, self.keep, self.mode = store, keep, mode
+
+    def publisher(self, **kwargs) -> IcebergPublisher:
+        kwargs.setdefault("property_archive", self.store)
+        return IcebergPublisher(
+            self.identifier,
+            self.mode,
+            catalog_properties=self.props,
+            partition_by=["dt"],
+            create_table=True,
+            table_markers=self.keep,
+            **kwargs,
+        )
+
+    def stage(self, key, rows, **kwargs):
+        return stage_attempt(self.place, self.publisher().staging_root(), "events", key, rows, **kwargs)
+
+    def publish(self, key, rows, epoch=1, fencing="lease", **kwargs):
+        staged = kwargs.pop("staged", None) or self.stage(key, rows)
+        manifest, attempt_dir = staged
+        context = (TableFenced.for_manifest if fencing == "table" else ctx)(manifest, epoch=epoch, **kwargs)
+        return self.publisher().publish(manifest, attempt_dir, context), staged
+
+    def properties(self) -> dict[str, str]:
+        return dict(self.publisher().load_table().metadata.properties)
+
+    def rows(self) -> list[tuple]:
+        table = self.publisher().load_table()
+        return sorted((r["dt"], r["id"], r["name"]) for r in table.scan().to_arrow().to_pylist())
+
+    def state(self) -> tuple:
+        table = self.publisher().load_table()
+        return table.metadata.current_snapshot_id, self.rows()
+
+
+def walsink_counts(props: dict[str, str]) -> tuple[int, int]:
+    markers = sum(1 for n in props if n.startswith("walsink.marker.events/"))
+    holders = sum(1 for n in props if n.startswith("walsink.partition.events/"))
+    return markers, holders
+
+
+def archived_rows(store) -> int:
+    with store.engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(table_archive_table)).scalar_one()
+
+
+def key(i: int) -> str:
+    return f"2026-01-{i:02d}"
+
+
+def test_a_pipelines_markers_stay_bounded_and_every_old_checkpoint_is_still_recognised(
+    tmp_path, sqlite_store
+):
+    table = Table(tmp_path, sqlite_store)
+    staged = {}
+    for i in range(1, 25):
+        result, staged[i] = table.publish(key(i), [(key(i), i, "a")])
+        assert result.outcome is PublishOutcome.PUBLISHED
+        markers, _ = walsink_counts(table.properties())
+        assert markers <= KEEP, f"after {i} checkpoints the table holds {markers} markers"
+    assert archived_rows(sqlite_store) >= 24 - KEEP - 2
+    assert ARCHIVE_PREFIX + "events" in table.properties()
+    expected = sorted((key(i), i, "a") for i in range(1, 25))
+    assert table.rows() == expected
+
+    # Every checkpoint run again with its committer rows gone (a new lease at epoch 0): recognised,
+    # from the table's own markers, the batch it carries, or the archive.
+    for i in range(1, 25):
+        manifest, attempt_dir = staged[i]
+        again = table.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=0))
+        assert again.outcome is PublishOutcome.ALREADY_PUBLISHED, key(i)
+        assert table.publisher().published_attempt(manifest) == manifest.attempt_id
+    assert table.rows() == expected
+
+    # Another attempt of the oldest, archived checkpoint is judged on its archived marker: refused
+    # in append under the lease (epoch below the marker's: fenced; above: rows would be retracted)
+    # and with table fencing (the first publication of a version wins).
+    other = table.stage(key(1), [(key(1), 100, "x")], attempt=2)
+    with pytest.raises(FencedError):
+        table.publish(key(1), None, epoch=0, staged=other)
+    with pytest.raises(CommittableError, match="already holds attempt"):
+        table.publish(key(1), None, epoch=5, staged=other)
+    with pytest.raises(HeldByAnotherAttemptError) as held:
+        table.publish(key(1), None, epoch=5, staged=other, fencing="table")
+    assert held.value.held == staged[1][0].attempt_id
+    assert table.rows() == expected
+
+
+def _history(table: Table) -> list[str]:
+    """One history of commits, re-runs and refusals; what each step ended in."""
+    said = []
+
+    def step(what, fn):
+        try:
+            result = fn()
+            said.append(f"{what}: {result.outcome.value} {result.published} {result.files_rolled_back}")
+        except Exception as exc:  # noqa: BLE001 - the outcome compared is the error's kind
+            said.append(f"{what}: {type(exc).__name__}")
+
+    staged = {}
+    for i in range(1, 13):
+        staged[i] = table.stage(key(i), [(key(i), i, "a"), (key(i), 100 + i, "b")])
+        step(f"commit {i}", lambda i=i: table.publish(key(i), None, staged=staged[i])[0])
+    for i in (1, 2, 6, 12):
+        m, d = staged[i]
+        step(f"re-run {i}", lambda m=m, d=d: table.publisher().publish(m, d, ctx(m, epoch=0)))
+    for i in (1, 11):
+        m, _ = staged[i]
+        new = table.stage(key(i), [(key(i), 500 + i, "v2")], attempt=2)
+        step(
+            f"reprocess {i}",
+            lambda i=i, m=m, new=new: table.publish(
+                key(i), None, epoch=3, staged=new, supersedes=m.attempt_id
+            )[0],
+        )
+    # A late, older checkpoint writing into a partition a newer one holds (invariant 10 in overwrite).
+    late = table.stage("2025-12-31", [(key(3), 900, "late")])
+    step("late older key", lambda: table.publish("2025-12-31", None, staged=late)[0])
+    stray = table.stage(key(2), [(key(2), 700, "stray")], attempt=3)
+    step("stray attempt", lambda: table.publish(key(2), None, epoch=4, staged=stray)[0])
+    said.append(f"rows {table.rows()}")
+    return said
+
+
+@pytest.mark.parametrize("mode", ["append", "overwrite"])
+def test_the_same_history_decides_every_commit_alike_archived_or_not(tmp_path, sqlite_store, mode):
+    archived = Table(tmp_path / "archived", sqlite_store, keep=4, mode=mode)
+    kept = Table(tmp_path / "kept", None, keep=10_000, mode=mode)
+    got, want = _history(archived), _history(kept)
+    assert got == want
+    markers, holders = walsink_counts(archived.properties())
+    assert markers <= 4 and holders <= 4
+    assert archived_rows(sqlite_store) > 0
+    # The history reaches what the markers and holders decide (read from the archive for the
+    # oldest keys): re-runs recognised, stray attempts refused (append) or replacing (overwrite),
+    # a late older key refused by the holder of its partition (overwrite).
+    assert "re-run 1: ALREADY_PUBLISHED 0 0" in want
+    if mode == "append":
+        assert "stray attempt: CommittableError" in want
+    else:
+        assert "late older key: OrderError" in want and "stray attempt: PUBLISHED 1 1" in want
+
+
+LOSSES = ["lost", "older backup", "another database", "no database", "diverged"]
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_a_committer_database_that_cannot_vouch_for_the_archive_refuses_and_publishes_nothing(
+    tmp_path, sqlite_store, database_urls, loss
+):
+    table = Table(tmp_path, sqlite_store)
+    staged = {}
+    for i in range(1, 21):
+        _, staged[i] = table.publish(key(i), [(key(i), i, "a")])
+    before = table.state()
+    uuid_ = str(table.publisher().load_table().metadata.table_uuid)
+    with sqlite_store.engine.begin() as conn:
+        head = conn.execute(select(func.max(table_archive_table.c.n))).scalar_one()
+        if loss == "lost":
+            conn.execute(delete(table_archive_table))
+        elif loss == "older backup":  # restored from before the last two batches
+            conn.execute(delete(table_archive_table).where(table_archive_table.c.n > head - 4))
+        elif loss == "diverged":  # another history under this table's chain
+            conn.execute(
+                update(table_archive_table).where(table_archive_table.c.n == head).values(digest="0" * 64)
+            )
+    if loss == "another database":
+        from airflow_provider_walsink.core.store.store import CommitterStore
+
+        other = CommitterStore.from_url(f"sqlite:///{tmp_path}/other.db")
+        table.store = other
+    elif loss == "no database":
+        table.store = None
+
+    # A re-run of an archived checkpoint, and a checkpoint never committed: neither can be told
+    # from a duplicate, so both are refused, naming the table and both chains.
+    manifest, attempt_dir = staged[1]
+    with pytest.raises(ArchiveMismatchError, match=f"Iceberg table {table.identifier}") as refused:
+        table.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=0))
+    assert isinstance(refused.value, TargetStateError)
+    with pytest.raises(ArchiveMismatchError, match="archived"):
+        table.publish("2026-02-01", [("2026-02-01", 99, "new")])
+    assert table.state() == before
+    if loss not in ("no database", "another database"):
+        with sqlite_store.engine.connect() as conn:
+            kept = conn.execute(
+                select(func.count()).where(table_archive_table.c.table_uuid == uuid_)
+            ).scalar_one()
+        assert kept <= head  # nothing was copied past the gap
+
+
+def test_a_database_behind_by_the_batch_the_table_carries_catches_up_from_the_table(tmp_path, sqlite_store):
+    """Restored from a backup taken just before the last archiving commit, or that commit's process
+    died before anything copied its batch: the table still carries the batch, so nothing is lost."""
+    table = Table(tmp_path, sqlite_store)
+    staged = {}
+    for i in range(1, 21):
+        _, staged[i] = table.publish(key(i), [(key(i), i, "a")])
+    props = table.properties()
+    state = json.loads(props[ARCHIVE_PREFIX + "events"])
+    first = state["count"] - len(state["batch"])
+    with sqlite_store.engine.begin() as conn:
+        conn.execute(delete(table_archive_table).where(table_archive_table.c.n > first))
+    for i in range(1, 21):
+        manifest, attempt_dir = staged[i]
+        again = table.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=0))
+        assert again.outcome is PublishOutcome.ALREADY_PUBLISHED, key(i)
+    result, _ = table.publish("2026-02-01", [("2026-02-01", 99, "new")])
+    assert result.outcome is PublishOutcome.PUBLISHED
+    assert archived_rows(sqlite_store) >= state["count"]
