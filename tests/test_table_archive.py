@@ -35,6 +35,7 @@ from tests.table_fixtures import Place, ctx, stage_attempt
 
 pytest.importorskip("pyiceberg")
 
+
 @dataclass
 class TableFenced(StaticContext):
     """A publish with table fencing (no lease: the table's commit is the only fence)."""
