@@ -268,3 +268,18 @@ def test_a_database_behind_by_the_batch_the_table_carries_catches_up_from_the_ta
     result, _ = table.publish("2026-02-01", [("2026-02-01", 99, "new")])
     assert result.outcome is PublishOutcome.PUBLISHED
     assert archived_rows(sqlite_store) >= state["count"]
+
+
+def test_the_commit_task_builds_its_table_publisher_with_the_committer_store(tmp_path, sqlite_store):
+    """The commit operator hands the committer store to the publisher (archiving on, at the
+    ``table_markers`` of its ``target_options``); without it, nothing is archived."""
+    from airflow_provider_walsink.operators.commit import WalCommitOperator
+
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"file://{tmp_path}/wh"}
+    task = WalCommitOperator(
+        task_id="commit", pipeline="events", target="iceberg://lake/ns.events",
+        target_options={"catalog": catalog, "table_markers": 40}, checkpoint_key="k", emit_asset_events=False,
+    )  # fmt: skip
+    publisher = task.get_publisher(None, sqlite_store)
+    assert publisher.property_archive is sqlite_store and publisher.archive_keep == (40, 10)
+    assert task.get_publisher(None).archive_keep is None
