@@ -283,3 +283,29 @@ def test_the_commit_task_builds_its_table_publisher_with_the_committer_store(tmp
     publisher = task.get_publisher(None, sqlite_store)
     assert publisher.property_archive is sqlite_store and publisher.archive_keep == (40, 10)
     assert task.get_publisher(None).archive_keep is None
+
+
+def test_a_table_holding_every_marker_shrinks_to_the_bound_and_still_knows_every_checkpoint(
+    tmp_path, sqlite_store, monkeypatch
+):
+    """A table written without an archive (every marker kept, as an earlier walsink did) is
+    archived oldest first, at most ``MAX_PER_COMMIT`` per commit, so no commit carries them all."""
+    from airflow_provider_walsink.core.targets import archive
+
+    table = Table(tmp_path, None, keep=10_000)
+    staged = {i: table.publish(key(i), [(key(i), i, "a")])[1] for i in range(1, 31)}
+    table.store, table.keep = sqlite_store, KEEP
+    monkeypatch.setattr(archive, "MAX_PER_COMMIT", 6)
+    seen = []
+    for i in range(31, 37):
+        table.publish(key(i), [(key(i), i, "a")])
+        seen.append(walsink_counts(table.properties())[0])
+    # 31 markers: 6 archived per commit down to the bound, then KEEP + the batch of 2 below it.
+    assert seen == [25, 20, 15, 10, 6, 7], seen
+    batch = json.loads(table.properties()[ARCHIVE_PREFIX + "events"])["batch"]
+    assert len(batch) <= 6
+    for i in range(1, 31):
+        manifest, attempt_dir = staged[i]
+        again = table.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=0))
+        assert again.outcome is PublishOutcome.ALREADY_PUBLISHED, key(i)
+    assert table.rows() == sorted((key(i), i, "a") for i in range(1, 37))

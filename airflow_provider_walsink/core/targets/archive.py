@@ -49,6 +49,9 @@ KIND_PREFIXES = {"marker": "walsink.marker.", "partition": "walsink.partition."}
 DEFAULT_KEEP = 256
 #: How many more than ``keep`` an archiving commit moves, so that one commit in ``batch`` archives.
 DEFAULT_BATCH = 64
+#: At most this many per commit: a table written by an earlier walsink, holding every marker,
+#: shrinks over a few commits instead of carrying them all in one batch property.
+MAX_PER_COMMIT = 1024
 
 
 class ArchiveMismatchError(TargetStateError):
@@ -279,7 +282,7 @@ class WalsinkProperties:
         candidates = sorted(
             (n for n in names if n not in setting), key=lambda n: (_commit_time(self.properties[n]), n)
         )
-        chosen = candidates[: len(names) - keep + batch]
+        chosen = candidates[: min(len(names) - keep + batch, MAX_PER_COMMIT)]
         if not chosen:
             return {}, []
         state = self.state(pipeline)
