@@ -1,8 +1,9 @@
 """Table targets after 1,000, 10,000 and 100,000 committed checkpoints (issue 45): does what walsink keeps grow?
 
 Per checkpoint walsink leaves one marker property in an Iceberg table
-(``walsink.marker.<pipeline>/<key>``) and application transactions in a Delta
-table, kept for good. For a table holding the markers of N checkpoints this
+(``walsink.marker.<pipeline>/<key>``; past ``table_markers`` the oldest are archived into
+the committer database, ``core/targets/archive.py``) and application transactions in a
+Delta table, kept for good. For a table holding the markers of N checkpoints this
 measures, each beside its value at the smallest N (the goal: at 100,000 at most
 1.2x that at 1,000):
 
@@ -20,7 +21,8 @@ measures, each beside its value at the smallest N (the goal: at 100,000 at most
 walsink commit creates the table, then ONE library commit carries the markers
 of N-1 further checkpoints exactly as walsink's commits leave them, produced by
 the target's own marker functions (:func:`iceberg_history_properties` folds
-``iceberg.markers.marker_properties``; :func:`delta_history_transactions` folds
+``iceberg.markers.marker_properties``, and :func:`iceberg_archived_history` archives them as
+walsink's commits would; :func:`delta_history_transactions` folds
 ``delta.log.marker_transactions``). Iceberg: a pyiceberg ``set_properties``
 commit; Delta: a deltalake commit of those app transactions, then deltalake's
 ``create_checkpoint`` (a checkpoint holds every app transaction, as the
