@@ -309,3 +309,38 @@ def test_a_table_holding_every_marker_shrinks_to_the_bound_and_still_knows_every
         again = table.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=0))
         assert again.outcome is PublishOutcome.ALREADY_PUBLISHED, key(i)
     assert table.rows() == sorted((key(i), i, "a") for i in range(1, 37))
+
+
+def test_through_the_committer_a_lost_archive_leaves_the_checkpoint_uncommitted_with_its_error(
+    tmp_path, sqlite_store
+):
+    """The commit sequence records the refusal on the checkpoint, which stays uncommitted, and the
+    table is unchanged: the committer table says why, as for any input that cannot commit."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.staging.layout import StagingLayout
+    from airflow_provider_walsink.core.targets._tables import local_path
+    from tests.helpers import ACTOR, stage_checkpoint
+    from tests.table_fixtures import events_table
+
+    table = Table(tmp_path, sqlite_store)
+    for i in range(1, 21):
+        table.publish(key(i), [(key(i), i, "a")])
+    before = table.state()
+    with sqlite_store.engine.begin() as conn:
+        conn.execute(delete(table_archive_table))
+    buf = io.BytesIO()
+    pq.write_table(events_table([("2026-02-01", 99, "new")]).drop_columns(["dt"]), buf)
+    layout = StagingLayout(local_path(table.publisher().staging_root()))
+    stage_checkpoint(sqlite_store, layout, "events", "2026-02-01", {"dt=2026-02-01/part-0.parquet": buf.getvalue()},
+                     mode="append")  # fmt: skip
+    committer = CheckpointCommitter(sqlite_store, layout, table.publisher(), mode="append")
+    with pytest.raises(TargetStateError):
+        committer.commit("events", "2026-02-01", actor=ACTOR)
+    record = sqlite_store.require("events", "2026-02-01")
+    assert not record.is_committed
+    assert "committer database" in (record.error or "") and table.identifier in record.error
+    assert table.state() == before
