@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_walsink.core.protocol.manifest import Committable, Manifest, build_manifest
-from airflow_provider_walsink.core.targets.archive import DEFAULT_BATCH, DEFAULT_KEEP
 from airflow_provider_walsink.core.targets.base import StaticContext
 
 from .bench_tables import _iceberg, _size, _stage, _v
@@ -97,9 +96,7 @@ def iceberg_table(base: Path, history: list[tuple[Manifest, str]]):
     (:func:`iceberg_archived_history`) into a committer database beside it."""
     from airflow_provider_walsink.core.store.store import CommitterStore
 
-    publisher = _iceberg(base)
-    publisher.property_archive = CommitterStore.from_url(f"sqlite:///{base}/committer.db")
-    publisher.archive_keep = (DEFAULT_KEEP, DEFAULT_BATCH)
+    publisher = _iceberg(base, property_archive=CommitterStore.from_url(f"sqlite:///{base}/committer.db"))
     first = _stage(base / "staging" / "seed" / "attempt-1", 1, "seed")
     publisher.publish(first, base / "staging" / "seed" / "attempt-1", StaticContext.for_manifest(first))
     table = publisher.load_table()
@@ -115,8 +112,8 @@ def iceberg_table(base: Path, history: list[tuple[Manifest, str]]):
 def iceberg_archived_history(
     publisher, table_uuid: str, props: dict[str, str]
 ) -> tuple[dict[str, str], list[str]]:
-    """What walsink's archiving leaves of ``props`` (in commit order): the newest ``DEFAULT_KEEP`` in the
-    table, the rest chained into the table's archive property, the older of them copied into the
+    """What walsink's archiving leaves of ``props`` (in commit order): the newest ``keep`` (the
+    publisher's bound) in the table, the rest chained into the table's archive property, the older of them copied into the
     committer database and the last batch carried by the table (``core/targets/archive.py``)."""
     from airflow_provider_walsink.core.targets.archive import (
         ARCHIVE_PREFIX,
@@ -126,8 +123,9 @@ def iceberg_archived_history(
         genesis,
     )
 
+    keep, batch = publisher.archive_keep
     names = list(props)
-    cut = max(0, len(names) - (DEFAULT_KEEP - 1))  # with the seed checkpoint's, DEFAULT_KEEP in the table
+    cut = max(0, len(names) - (keep - 1))  # with the seed checkpoint's, keep in the table
     archived, kept = names[:cut], names[cut:]
     if not archived:
         return props, []
@@ -136,7 +134,7 @@ def iceberg_archived_history(
     for e in entries:
         d = chained(d, e)
         digests.append(d)
-    first = max(0, len(entries) - DEFAULT_BATCH)
+    first = max(0, len(entries) - batch)
     for start in range(0, first, 5000):
         end = min(first, start + 5000)
         chunk = list(zip(entries[start:end], digests[start:end], strict=True))
@@ -170,7 +168,7 @@ def iceberg_check(publisher, history: list[tuple[Manifest, str]]) -> None:
 
     table = publisher.load_table()
     held = sum(1 for k in table.metadata.properties if k.startswith(MARKER_PREFIX))
-    assert held == min(len(history) + 1, DEFAULT_KEEP), held
+    assert held == min(len(history) + 1, publisher.archive_keep[0]), held
     for manifest, _ in (history[0], history[-1]):
         assert marker_of(publisher._props(table), manifest).attempt_id == manifest.attempt_id, (
             manifest.checkpoint_key

@@ -49,6 +49,7 @@ import os
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -88,11 +89,11 @@ def _stage(attempt_dir: Path, n: int, key: str, attempt: int = 1):
 # --------------------------------------------------------------------------- Iceberg
 
 
-def _iceberg(base: Path, mode: str = "append"):
+def _iceberg(base: Path, mode: str = "append", **kwargs: Any):
     from airflow_provider_walsink.core.targets.iceberg import IcebergPublisher
 
     props = {"type": "sql", "uri": f"sqlite:///{base}/catalog.db", "warehouse": f"file://{base}/wh"}
-    return IcebergPublisher("bench.t", mode, catalog_properties=props, create_table=True)
+    return IcebergPublisher("bench.t", mode, catalog_properties=props, create_table=True, **kwargs)
 
 
 def _iceberg_create(publisher, manifest, attempt_dir: Path):

@@ -344,3 +344,40 @@ def test_through_the_committer_a_lost_archive_leaves_the_checkpoint_uncommitted_
     assert not record.is_committed
     assert "committer database" in (record.error or "") and table.identifier in record.error
     assert table.state() == before
+
+
+def test_the_committer_database_side_on_every_backend(store):
+    """``PropertyArchive`` on SQLite, PostgreSQL and MySQL/MariaDB: entries stored in chain order,
+    a repeat is a no-op, another digest at a position is refused; the latest value at or before a
+    position; the partitions whose latest holder is a checkpoint."""
+    from airflow_provider_walsink.core.targets.archive import ArchivedEntry, chained, genesis
+
+    def holder(checkpoint: str) -> str:
+        return json.dumps({"checkpoint": checkpoint})
+
+    entries = [
+        ArchivedEntry("marker", "k1", "k1", '{"attempt_id": "a1"}'),
+        ArchivedEntry("partition", "dt=1", "k1", holder("k1")),
+        ArchivedEntry("partition", "dt=2", "k1", holder("k1")),
+        ArchivedEntry("marker", "k1", "k1", '{"attempt_id": "a2"}'),
+        ArchivedEntry("partition", "dt=2", "k2", holder("k2")),
+    ]
+    digests, d = [], genesis("uuid-1", "p")
+    for e in entries:
+        d = chained(d, e)
+        digests.append(d)
+    chain = list(zip(entries, digests, strict=True))
+    assert store.archive_head("uuid-1", "p") == (0, "")
+    store.archive_extend("uuid-1", "p", 1, chain[:3])
+    store.archive_extend("uuid-1", "p", 1, chain)  # the first three again: left as they are
+    assert store.archive_head("uuid-1", "p") == (5, digests[-1])
+    assert store.archive_digest("uuid-1", "p", 2) == digests[1]
+    assert store.archive_value("uuid-1", "p", "marker", "k1", 5) == '{"attempt_id": "a2"}'
+    assert store.archive_value("uuid-1", "p", "marker", "k1", 3) == '{"attempt_id": "a1"}'
+    assert store.archive_value("uuid-1", "p", "marker", "k2", 5) is None
+    assert store.archive_held("uuid-1", "p", "k1", 5) == ["dt=1"]
+    assert store.archive_held("uuid-1", "p", "k1", 4) == ["dt=1", "dt=2"]
+    assert store.archive_held("uuid-1", "p", "k2", 5) == ["dt=2"]
+    assert store.archive_head("uuid-2", "p") == (0, "")  # keyed by the table's UUID
+    with pytest.raises(TargetStateError, match="another entry 5"):
+        store.archive_extend("uuid-1", "p", 5, [(entries[0], "0" * 64)])

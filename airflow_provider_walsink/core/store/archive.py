@@ -29,13 +29,14 @@ class TableArchives(CheckpointTransitions):
 
     def archive_head(self, table_uuid: str, pipeline: str) -> tuple[int, str]:
         """``(n, digest)`` of the last archived entry of the table's pipeline, ``(0, "")`` if none."""
-        mine = (archive.c.table_uuid == table_uuid) & (archive.c.pipeline == pipeline)
         with self.engine.connect() as conn:
-            last = conn.execute(select(func.max(archive.c.n)).where(mine)).scalar()
-            if last is None:
-                return 0, ""
-            digest = conn.execute(select(archive.c.digest).where(mine & (archive.c.n == last))).scalar_one()
-        return int(last), digest
+            last = conn.execute(
+                select(archive.c.n, archive.c.digest)
+                .where(archive.c.table_uuid == table_uuid, archive.c.pipeline == pipeline)
+                .order_by(archive.c.n.desc())
+                .limit(1)
+            ).first()
+        return (int(last.n), last.digest) if last is not None else (0, "")
 
     def archive_digest(self, table_uuid: str, pipeline: str, n: int) -> str | None:
         with self.engine.connect() as conn:
@@ -115,31 +116,31 @@ class TableArchives(CheckpointTransitions):
             ).scalar()
 
     def archive_held(self, table_uuid: str, pipeline: str, checkpoint: str, upto: int) -> list[str]:
-        """Partitions whose latest archived holder (at or before ``upto``) is ``checkpoint``."""
+        """Partitions whose latest archived holder (at or before ``upto``) is ``checkpoint``: one
+        statement, the latest entry of each partition the checkpoint ever held."""
         mine = (
             (archive.c.table_uuid == table_uuid)
             & (archive.c.pipeline == pipeline)
             & (archive.c.kind == "partition")
             & (archive.c.n <= upto)
         )
+        named = select(archive.c.item_digest).where(mine & (archive.c.checkpoint_key == checkpoint))
+        latest = (
+            select(archive.c.item_digest, func.max(archive.c.n).label("n"))
+            .where(mine & archive.c.item_digest.in_(named))
+            .group_by(archive.c.item_digest)
+            .subquery()
+        )
         with self.engine.connect() as conn:
-            named = (
+            held = (
                 conn.execute(
-                    select(archive.c.item_digest)
+                    select(archive.c.item)
+                    .join(
+                        latest, (archive.c.item_digest == latest.c.item_digest) & (archive.c.n == latest.c.n)
+                    )
                     .where(mine & (archive.c.checkpoint_key == checkpoint))
-                    .distinct()
                 )
                 .scalars()
                 .all()
             )
-            held = []
-            for digest in named:
-                latest = conn.execute(
-                    select(archive.c.item, archive.c.checkpoint_key)
-                    .where(mine & (archive.c.item_digest == digest))
-                    .order_by(archive.c.n.desc())
-                    .limit(1)
-                ).one()
-                if latest.checkpoint_key == checkpoint:
-                    held.append(latest.item)
         return sorted(held)

@@ -49,6 +49,17 @@ KIND_PREFIXES = {"marker": "walsink.marker.", "partition": "walsink.partition."}
 DEFAULT_KEEP = 256
 #: How many more than ``keep`` an archiving commit moves, so that one commit in ``batch`` archives.
 DEFAULT_BATCH = 64
+
+
+def archive_bounds(table_markers: int) -> tuple[int, int]:
+    """``(keep, batch)`` for a target's ``table_markers``: the batch a quarter of the bound, 1 to
+    :data:`DEFAULT_BATCH`, so that one commit in ``batch`` archives."""
+    keep = int(table_markers)
+    if keep < 1:
+        raise ValueError(f"table_markers must be at least 1, not {table_markers!r}")
+    return keep, max(1, min(DEFAULT_BATCH, keep // 4))
+
+
 #: At most this many per commit: a table written by an earlier walsink, holding every marker,
 #: shrinks over a few commits instead of carrying them all in one batch property.
 MAX_PER_COMMIT = 1024

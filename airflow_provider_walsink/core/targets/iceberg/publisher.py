@@ -115,10 +115,10 @@ from airflow_provider_walsink.core.targets._tables import (
     uri_flags,
 )
 from airflow_provider_walsink.core.targets.archive import (
-    DEFAULT_BATCH,
     DEFAULT_KEEP,
     PropertyArchive,
     WalsinkProperties,
+    archive_bounds,
 )
 from airflow_provider_walsink.core.targets.base import (
     Publisher,
@@ -228,13 +228,11 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
         #: Where a pipeline's markers beyond ``table_markers`` go (:mod:`..archive`); ``None``:
         #: nothing is archived, and a table that archived some is refused where it must be read.
         self.property_archive = property_archive
-        if int(table_markers) < 1:
-            raise IcebergTargetError(f"table_markers must be at least 1, not {table_markers!r}")
-        self.archive_keep: tuple[int, int] | None = (
-            (int(table_markers), max(1, min(DEFAULT_BATCH, int(table_markers) // 4)))
-            if property_archive
-            else None
-        )
+        try:
+            bounds = archive_bounds(table_markers)
+        except ValueError as exc:
+            raise IcebergTargetError(f"Iceberg table {identifier}: {exc}") from None
+        self.archive_keep: tuple[int, int] | None = bounds if property_archive else None
         self._catalog: Catalog | None = None
         self.storage = Storage(self._s3_settings())
 
