@@ -558,3 +558,98 @@ def test_a_delta_table_on_gcs_or_azure_takes_its_credentials_from_a_connection_o
     publisher = resolve_target("delta+gs://b/t", options(keyed))
     assert json.loads(publisher.storage_options["google_service_account_key"]) == keyfile
     assert "not-real" not in publisher.describe()
+
+
+def _walsink_txns(target: Target, version: int) -> list[dict]:
+    """The application transactions walsink wrote in one table version, as its log entry holds them."""
+    import json
+
+    fs, path = target.place.storage.fs_and_path(f"{target.uri}/_delta_log/{version:020d}.json")
+    with fs.open_input_stream(path) as f:
+        lines = f.read().decode().splitlines()
+    return [json.loads(line)["txn"] for line in lines if line.startswith('{"txn"')]
+
+
+def test_markers_carry_their_commit_time_as_delta_readers_expect(target):
+    """Spark's Delta drops an application transaction without ``lastUpdated`` at the next log
+    checkpoint of a table that sets ``delta.setTransactionRetentionDuration``; with its commit time
+    it is dropped only by age, in every engine."""
+    import time
+
+    manifest, attempt_dir = target.stage("2026-01-01", ROWS_A)
+    before = int(time.time() * 1000)
+    target.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=1))
+    txns = _walsink_txns(target, target.version())
+    assert {t["appId"] for t in txns} >= {app_id(manifest), app_id(manifest, manifest.attempt_id)}
+    assert all(before <= t["lastUpdated"] <= int(time.time() * 1000) for t in txns), txns
+
+    # An abort's tombstone too.
+    other, _ = target.stage("2026-01-09", ROWS_A, attempt=7)
+    from airflow_provider_walsink.core.targets._tables import CheckpointRef
+
+    ref = CheckpointRef(other.pipeline, other.checkpoint_key)
+    assert target.publisher().tombstone(ref, frozenset({other.attempt_id})) is None
+    (tomb,) = _walsink_txns(target, target.version())
+    assert tomb["appId"] == app_id(other, other.attempt_id) and tomb["lastUpdated"] >= before
+
+
+def test_a_table_that_expires_markers_is_refused_and_a_rerun_never_publishes_twice(tmp_path, sqlite_store):
+    """With ``delta.setTransactionRetentionDuration`` set, Delta drops walsink's markers on its own
+    (here after a second: the marker of the first checkpoint is gone from the table). A re-run of
+    that checkpoint with its committer rows gone would then publish it twice, and the clean-up would
+    delete files the table references: every use of the table is refused instead, naming the
+    property, the table unchanged; through the commit sequence the checkpoint stays uncommitted
+    with the error recorded."""
+    import time
+
+    from airflow_provider_walsink.core.commit import CheckpointCommitter
+    from airflow_provider_walsink.core.protocol.errors import TargetStateError
+    from tests.helpers import ACTOR, stage_checkpoint
+    from tests.table_fixtures import Place
+
+    target = Target(Place("local", str(tmp_path / "tables")))
+    manifest, attempt_dir = target.stage("2026-01-01", ROWS_A)
+    target.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=1))
+    target.table().alter.set_table_properties({"delta.setTransactionRetentionDuration": "interval 1 seconds"})
+    version = target.table().version()
+    time.sleep(1.5)
+    assert target.table().transaction_version(app_id(manifest)) is None  # expired by the table itself
+
+    # The re-run: the write task ran again (its committer rows lost) and staged a new attempt.
+    rerun, rerun_dir = target.stage("2026-01-01", ROWS_A, attempt=2)
+    publisher = target.publisher()
+    for action in (
+        lambda: publisher.publish(rerun, rerun_dir, ctx(rerun, epoch=2)),
+        lambda: publisher.published_marker(manifest),
+        lambda: publisher.finish(manifest, layout_for(target.place, target.staging)),
+    ):
+        with pytest.raises(TargetStateError, match="delta.setTransactionRetentionDuration"):
+            action()
+    assert target.table().version() == version
+    assert target.rows() == sorted(ROWS_A)
+    fs, path = target.place.storage.fs_and_path(f"{attempt_dir}/{manifest.committables[0].path}")
+    assert fs.get_file_info(path).type.name == "File"  # the clean-up deleted nothing
+
+    # Through the commit sequence: a new checkpoint stays uncommitted, its error recorded.
+    layout = StagingLayout(target.staging)
+    import io
+
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"id": [9], "name": ["late"]}), buf)
+    stage_checkpoint(
+        sqlite_store,
+        layout,
+        "events",
+        "2026-01-05",
+        {"dt=2026-01-05/p-0.parquet": buf.getvalue()},
+        mode="append",
+    )
+    with pytest.raises(TargetStateError):
+        CheckpointCommitter(sqlite_store, layout, publisher, mode="append").commit(
+            "events", "2026-01-05", actor=ACTOR
+        )
+    record = sqlite_store.get("events", "2026-01-05")
+    assert record.state != "COMMITTED" and "delta.setTransactionRetentionDuration" in (record.error or "")
+    assert target.table().version() == version

@@ -12,6 +12,7 @@ module; nothing here knows the publisher.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
 
+from airflow_provider_walsink.core.protocol.errors import TargetStateError
 from airflow_provider_walsink.core.protocol.file_stats import bound_kind
 from airflow_provider_walsink.core.protocol.manifest import FileStats, Manifest
 from airflow_provider_walsink.core.targets._tables import CheckpointRef, Storage, offsets_value
@@ -28,10 +30,49 @@ from airflow_provider_walsink.core.targets._tables import CheckpointRef, Storage
 ABORTED_TXN = -1
 #: How far back ``published_attempt`` looks for the id of another attempt (a rare, reconciling path).
 HISTORY_SCAN_LIMIT = 10_000
+#: The table property by which Delta readers expire application transactions. With it set, Spark's
+#: Delta drops every one without a ``lastUpdated`` at the table's next log checkpoint, and every
+#: engine (Spark, delta-rs) drops one older than the duration (Delta's ``InMemoryLogReplay``).
+TXN_RETENTION = "delta.setTransactionRetentionDuration"
 #: Check + commit attempts before giving up on a table that keeps changing.
 MAX_COMMIT_ATTEMPTS = 20
 #: Check + commit attempts of one group before giving up on a table that keeps changing.
 GROUP_COMMIT_ATTEMPTS = 40
+
+
+class MarkerRetentionError(TargetStateError):
+    """The Delta table expires application transactions (:data:`TXN_RETENTION` is set), so the
+    markers walsink relies on can vanish on their own: nothing is published, tombstoned or cleaned
+    up in it until the property is removed."""
+
+
+def check_markers_kept(dt: DeltaTable, table_uri: str) -> None:
+    """Refuse a table that can drop walsink's markers on its own (:class:`MarkerRetentionError`).
+
+    A marker gone from the table reads as "never published": a re-run whose committer rows were
+    trimmed (``walsink gc``) or lost would publish the checkpoint twice, and the clean-up, which
+    keeps a staged attempt only while its application transaction names it, would delete files the
+    table still references. Refused whatever the duration: markers written before walsink stamped
+    them with their commit time have none, and Spark drops those at its next log checkpoint.
+    """
+    for key, value in dt.metadata().configuration.items():
+        if key.lower() == TXN_RETENTION.lower() and value is not None and str(value).strip():
+            raise MarkerRetentionError(
+                f"Delta table {table_uri} sets {TXN_RETENTION} = {value!r}: Delta then expires the "
+                "application transactions that are walsink's markers (Spark drops those without a "
+                "time at its next log checkpoint, every engine drops those older than the "
+                "duration), and a re-run of a checkpoint whose committer rows were trimmed or lost "
+                "could publish it twice. Remove the property (ALTER TABLE ... UNSET TBLPROPERTIES "
+                f"('{TXN_RETENTION}')) to commit into this table (docs/targets.md, \"Delta\"); nothing "
+                "was published or deleted"
+            )
+
+
+def now_ms() -> int:
+    """The ``lastUpdated`` walsink's application transactions carry: their commit time, so a
+    table that expires them (:data:`TXN_RETENTION`) does so by age in every engine, never at the
+    next log checkpoint (as Spark does with one that has no time)."""
+    return int(time.time() * 1000)
 
 
 def app_id(manifest: Manifest | CheckpointRef, attempt_id: str | None = None) -> str:
@@ -88,12 +129,13 @@ def marker_transactions(
     """The application transactions one checkpoint's commit carries, alone or in a group: the
     checkpoint and the attempt at ``token`` (the fencing token), the attempt's file count, and for
     each replaced partition its holder at ``version`` (the table version the commit must get)."""
+    at = now_ms()
     return [
-        Transaction(app_id(manifest), token),
-        Transaction(app_id(manifest, manifest.attempt_id), token),
-        Transaction(files_app_id(manifest, manifest.attempt_id), files),
+        Transaction(app_id(manifest), token, at),
+        Transaction(app_id(manifest, manifest.attempt_id), token, at),
+        Transaction(files_app_id(manifest, manifest.attempt_id), files, at),
         *(
-            Transaction(app, version)
+            Transaction(app, version, at)
             for partition in replaced
             for app in (
                 partition_app_id(manifest.pipeline, partition),

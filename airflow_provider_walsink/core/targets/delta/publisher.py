@@ -32,6 +32,10 @@ directory by another attempt) and adds the new ones.
 A concurrent commit of the same app id is refused by the table's
 conflict check (``CommitFailedError``): walsink then reloads and checks again,
 and finds the winner's marker.
+Every application transaction carries its commit time (``lastUpdated``), and a table
+that expires them (``delta.setTransactionRetentionDuration``) is refused at every load
+(:func:`.log.check_markers_kept`): a marker Delta dropped on its own would read as "never
+published".
 
 **Order and retraction by identity.** ``walsink-files/<pipeline>/<key>/<attempt id>``
 holds the number of files the attempt added: a reprocess in ``append``
@@ -101,6 +105,7 @@ from airflow_provider_walsink.core.targets.delta.log import (
     MAX_COMMIT_ATTEMPTS,
     app_id,
     append_commit,
+    check_markers_kept,
     commit_holders,
     commit_properties,
     held_version,
@@ -316,10 +321,15 @@ class DeltaPublisher(DeltaGroupCommit, DeltaTombstone, DeltaActions, Publisher):
     # ------------------------------------------------------------------ table
 
     def load_table(self) -> DeltaTable | None:
+        """The table as its log stands now, or ``None`` (not created yet). Every read and commit of
+        the target goes through here, so a table that can drop walsink's markers on its own is
+        refused before anything is decided from them (:func:`.log.check_markers_kept`)."""
         try:
-            return DeltaTable(self.table_uri, storage_options=self.storage_options or None)
+            dt = DeltaTable(self.table_uri, storage_options=self.storage_options or None)
         except TableNotFoundError:
             return None
+        check_markers_kept(dt, self.table_uri)
+        return dt
 
     def describe(self) -> str:
         endpoint = stores.endpoint_of(self.store_options) or self._s3_settings().endpoint

@@ -26,6 +26,7 @@ from airflow_provider_walsink.core.targets.delta.log import (
     MAX_COMMIT_ATTEMPTS,
     app_id,
     append_commit,
+    now_ms,
 )
 
 # The target's one logger (its name is what users filter on).
@@ -80,7 +81,7 @@ class DeltaTombstone:
                     "walsink.checkpoint": ref.checkpoint_key,
                     "walsink.aborted": ",".join(sorted(new)),
                 },
-                app_transactions=[Transaction(app_id(ref, a), ABORTED_TXN) for a in sorted(new)],
+                app_transactions=[Transaction(app_id(ref, a), ABORTED_TXN, now_ms()) for a in sorted(new)],
             )
             try:
                 if dt is None:
