@@ -115,7 +115,11 @@ def _timed(phase, info):
         _began[:] = [time.perf_counter()]
     elif _began and time.perf_counter() - _began[0] > 0.05:
         with open(_log, "a") as out:
-            out.write(f"{time.time():.3f} {os.getpid()} {info['generation']} {time.perf_counter() - _began[0]:.3f}\\n")
+            pause = time.perf_counter() - _began[0]
+            scanned = len(gc.get_objects(2)) if info["generation"] == 2 else -1
+            out.write(
+                f"{time.time():.3f} {os.getpid()} {info['generation']} {pause:.3f} {scanned} {gc.get_freeze_count()}\\n"
+            )
 
 
 if _log:
@@ -480,7 +484,9 @@ def one_config(
     collections = []  # (epoch, pid, seconds) of the long garbage collections, with --gc-log
     if (scratch / "gc.log").exists():
         for line in (scratch / "gc.log").read_text().splitlines():
-            at, pid, _generation, pause = line.split()
+            at, pid, _generation, pause, *_heap = (
+                line.split()
+            )  # and the old generation's and the frozen objects
             collections.append((float(at), int(pid), float(pause)))
     phases = {}
     for name, phase in monitor.phases.items():

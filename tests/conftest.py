@@ -52,6 +52,10 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 # with about half the CPU (12-20 s of CPU per job measured on the 2-core machine), the suite's
 # largest cost. Tests only: a long production job wants the default JIT.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# Tests run durability checks in this process: no freeze of its heap (triggers/watch.py:
+# settle_heap), which would keep the cycles of every fixture alive then. The Airflow stack's
+# triggerer and the cold-triggerer test run with the default.
+os.environ["WALSINK_TRIGGERER_GC_FREEZE"] = "0"
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
 # A second bundle holds DAGs that exist only for tests (dag.test() needs a DAG in a bundle).
 os.environ["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(

@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover
         TriggerEvent,
     )
 
-from airflow_provider_walsink.triggers.watch import CommitterWatch, Waiter, off_loop, watch_for
+from airflow_provider_walsink.triggers.watch import CommitterWatch, Waiter, off_loop, settle_heap, watch_for
 
 if TYPE_CHECKING:
     from airflow_provider_walsink.core.store.records import Actor
@@ -186,6 +186,8 @@ class CheckpointDurableTrigger(BaseTrigger):
             status = DurabilityStatus(False, None, f"durability check failed: {e}")
             self.log.warning("%s", status.message)
             return status
+        finally:
+            settle_heap()
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
