@@ -63,8 +63,8 @@ def check_markers_kept(dt: DeltaTable, table_uri: str) -> None:
                 "time at its next log checkpoint, every engine drops those older than the "
                 "duration), and a re-run of a checkpoint whose committer rows were trimmed or lost "
                 "could publish it twice. Remove the property (ALTER TABLE ... UNSET TBLPROPERTIES "
-                f"('{TXN_RETENTION}')) to commit into this table (docs/targets.md, \"Delta\"); nothing "
-                "was published or deleted"
+                f"('{TXN_RETENTION}')) to commit into this table (docs/targets.md, \"Delta tables that "
+                'expire application transactions are refused"); nothing was published or deleted'
             )
 
 
