@@ -422,3 +422,45 @@ def test_one_group_leader_at_a_time_and_a_waiter_sees_the_lead_in_one_read(store
     assert store.group_leader(pipeline) == "b"
     assert store.group_wait(pipeline, key_of(0)).lead_live is True
     store.release_group_lead(pipeline, "b")
+
+
+def test_a_group_into_a_delta_table_that_expires_markers_is_refused_with_every_member_left_uncommitted(
+    tmp_path, sqlite_store
+):
+    """A group commit reads and writes the same markers a single commit does: into a Delta table
+    that sets ``delta.setTransactionRetentionDuration`` nothing is published, the leader records
+    the refusal and the members are released, uncommitted, to their own tasks."""
+    from airflow_provider_walsink.core.protocol.errors import TargetStateError
+
+    store = sqlite_store
+    spec = local_table_spec("delta", tmp_path)
+    layout = StagingLayout(make_publisher("delta", spec).staging_root())
+    stage(store, layout, key_of(0), rows_of(0))
+    committer(store, layout, "delta", spec, group=0).commit(PIPELINE, key_of(0), actor=ACTOR)
+    table = make_publisher("delta", spec).load_table()
+    table.alter.set_table_properties({"delta.setTransactionRetentionDuration": "interval 30 days"})
+    keys = [key_of(i) for i in range(1, 4)]
+    for i, key in enumerate(keys, start=1):
+        stage(store, layout, key, rows_of(i))
+    from deltalake import DeltaTable
+
+    version = DeltaTable(spec["uri"]).version()
+
+    with pytest.raises(TargetStateError, match="delta.setTransactionRetentionDuration"):
+        committer(store, layout, "delta", spec).commit(PIPELINE, keys[0], actor=ACTOR)
+
+    assert DeltaTable(spec["uri"]).version() == version
+    leader, *members = [store.require(PIPELINE, k) for k in keys]
+    assert leader.state is S.FAILED and "delta.setTransactionRetentionDuration" in (leader.error or "")
+    # The members go back unheld, to be committed by their own tasks (which are refused alike).
+    assert [(m.state, m.lease_owner) for m in members] == [(S.COMMITTING, None)] * 2
+    # The members were in the group (held, then released by it), not left out of it.
+    for key in keys[1:]:
+        assert any(
+            f"group commit of {keys[0]} failed" in (h.detail or "") for h in store.history(PIPELINE, key)
+        )
+    with pytest.raises(TargetStateError, match="delta.setTransactionRetentionDuration"):
+        committer(store, layout, "delta", spec, group=0).commit(PIPELINE, keys[1], actor=ACTOR)
+    assert DeltaTable(spec["uri"]).version() == version
+    read = DeltaTable(spec["uri"]).to_pyarrow_table().to_pylist()  # the publisher refuses to load it
+    assert Counter((r["dt"], r["id"], r["name"]) for r in read) == Counter(rows_of(0))
