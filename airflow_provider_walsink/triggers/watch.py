@@ -102,7 +102,8 @@ def settle_heap() -> None:
     freeze keeps from the cycle collector is what is alive at that moment, once: if it later
     becomes garbage in a reference cycle, it stays (what is freed by reference count, a check's
     own objects among it, is freed as before). ``WALSINK_TRIGGERER_GC_FREEZE=0`` in the
-    triggerer's environment turns it off.
+    triggerer's environment turns it off. ``dag.test()`` runs a deferred sensor's trigger in its
+    own process, so the freeze happens there too, once; walsink's tests turn it off for theirs.
     """
     global _heap_settled
     with _pool_lock:
