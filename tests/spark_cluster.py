@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -138,32 +139,16 @@ class SparkCluster:
         self._procs: dict[str, subprocess.Popen] = {}
         self._logs: dict[str, Any] = {}
 
-        master_cmd = _service_command(compose, MASTER_SERVICE, MASTER_CLASS)
-        self.compose_master_host = _option(master_cmd, "--host")
-        self.compose_master_port = int(_option(master_cmd, "--port"))
-        self.port = free_port()
-        self.webui_port = free_port()
-        self.master_url = f"spark://127.0.0.1:{self.port}"
-        self.webui_url = f"http://127.0.0.1:{self.webui_port}"
-        cmd = _replace_option(master_cmd, "--host", "127.0.0.1")
-        cmd = _replace_option(cmd, "--port", str(self.port))
-        self.master_command = [spark_class(), *_replace_option(cmd, "--webui-port", str(self.webui_port))[1:]]
-
+        self._master_cmd = _service_command(compose, MASTER_SERVICE, MASTER_CLASS)
+        self.compose_master_host = _option(self._master_cmd, "--host")
+        self.compose_master_port = int(_option(self._master_cmd, "--port"))
         worker_service = compose["services"][WORKER_SERVICE]
-        worker_cmd = _service_command(compose, WORKER_SERVICE, WORKER_CLASS)
+        self._worker_cmd = _service_command(compose, WORKER_SERVICE, WORKER_CLASS)
         compose_master_url = f"spark://{self.compose_master_host}:{self.compose_master_port}"
-        if worker_cmd[-1] != compose_master_url:
+        if self._worker_cmd[-1] != compose_master_url:
             raise ClusterError(f"{WORKER_SERVICE} must end with the master URL {compose_master_url}")
-        replicas = int(worker_service.get("deploy", {}).get("replicas", 1))
-        self.workers: list[WorkerProcess] = []
-        self.worker_commands: list[list[str]] = []
-        for i in range(replicas):
-            worker = WorkerProcess(i + 1, free_port(), self.root / f"worker-{i + 1}", host=f"127.0.0.{i + 2}")
-            worker.work_dir.mkdir(parents=True, exist_ok=True)
-            cmd = _replace_option(worker_cmd, "--webui-port", str(worker.webui_port))
-            cmd = _replace_option(cmd, "--work-dir", str(worker.work_dir))
-            self.workers.append(worker)
-            self.worker_commands.append([spark_class(), *cmd[1:-1], self.master_url])
+        self._replicas = int(worker_service.get("deploy", {}).get("replicas", 1))
+        self._assign_ports()
 
         self.env = {
             **os.environ,
@@ -173,7 +158,33 @@ class SparkCluster:
             "PYSPARK_PYTHON": sys.executable,
             "SPARK_LOG_DIR": str(self.logs_dir),
             "SPARK_NO_DAEMONIZE": "1",
+            # A port taken between free_port() and the bind fails the process (then start() takes
+            # new ports) instead of Spark moving to the next port, where nothing would look for it.
+            "SPARK_DAEMON_JAVA_OPTS": " ".join(
+                filter(None, [os.environ.get("SPARK_DAEMON_JAVA_OPTS"), "-Dspark.port.maxRetries=0"])
+            ),
         }
+
+    def _assign_ports(self) -> None:
+        """Free loopback ports for the master (RPC, web UI) and each worker's web UI, and the
+        commands that use them."""
+        self.port = free_port()
+        self.webui_port = free_port()
+        self.rest_port = free_port()  # Spark's default 6066 is one per machine: a second cluster's is taken
+        self.master_url = f"spark://127.0.0.1:{self.port}"
+        self.webui_url = f"http://127.0.0.1:{self.webui_port}"
+        cmd = _replace_option(self._master_cmd, "--host", "127.0.0.1")
+        cmd = _replace_option(cmd, "--port", str(self.port))
+        self.master_command = [spark_class(), *_replace_option(cmd, "--webui-port", str(self.webui_port))[1:]]
+        self.workers: list[WorkerProcess] = []
+        self.worker_commands: list[list[str]] = []
+        for i in range(self._replicas):
+            worker = WorkerProcess(i + 1, free_port(), self.root / f"worker-{i + 1}", host=f"127.0.0.{i + 2}")
+            worker.work_dir.mkdir(parents=True, exist_ok=True)
+            cmd = _replace_option(self._worker_cmd, "--webui-port", str(worker.webui_port))
+            cmd = _replace_option(cmd, "--work-dir", str(worker.work_dir))
+            self.workers.append(worker)
+            self.worker_commands.append([spark_class(), *cmd[1:-1], self.master_url])
 
     @classmethod
     def from_compose(
@@ -220,21 +231,51 @@ class SparkCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _spawn(self, name: str, command: list[str], *, host: str = "127.0.0.1") -> None:
+    def _spawn(
+        self, name: str, command: list[str], *, host: str = "127.0.0.1", env: Mapping[str, str] = {}
+    ) -> None:
         log = open(self.logs_dir / f"{name}.out", "ab")  # noqa: SIM115 - closed in stop()
         self._logs[name] = log
         self._procs[name] = subprocess.Popen(
             command,
-            env={**self.env, "SPARK_LOCAL_IP": host},
+            env={**self.env, **env, "SPARK_LOCAL_IP": host},
             cwd=self.root,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
-    def start(self, timeout: float = 180) -> None:
-        """Start the master, wait for its JSON status, start the workers, wait until all are ALIVE."""
-        self._spawn("master", self.master_command)
+    def start(self, timeout: float = 180, attempts: int = 3) -> None:
+        """Start the master, wait for its JSON status, start the workers, wait until all are ALIVE.
+
+        A process that could not bind its port (another process took it after ``free_port()``)
+        ends the attempt: everything started is stopped and the next attempt takes new ports.
+        """
+        for attempt in range(1, attempts + 1):
+            logged = {p: p.stat().st_size for p in self.logs_dir.glob("*.out")}
+            try:
+                self._start_once(timeout)
+                return
+            except ClusterError:
+                self.stop(save_logs=False)
+                if attempt == attempts or not self._bind_failed(logged):
+                    raise
+                self._assign_ports()
+
+    def _bind_failed(self, logged: dict[Path, int]) -> bool:
+        """Whether a log written since ``logged`` (sizes before the attempt) shows a port taken."""
+        for path in self.logs_dir.glob("*.out"):
+            with path.open("rb") as f:
+                f.seek(logged.get(path, 0))
+                if re.search(rb"BindException|Address already in use|could not bind", f.read()):
+                    return True
+        return False
+
+    def _start_once(self, timeout: float) -> None:
+        opts = " ".join(
+            filter(None, [self.env.get("SPARK_MASTER_OPTS"), f"-Dspark.master.rest.port={self.rest_port}"])
+        )
+        self._spawn("master", self.master_command, env={"SPARK_MASTER_OPTS": opts})
         self.wait_until("the master's /json/", lambda: self.master_status(), timeout)
         for worker, command in zip(self.workers, self.worker_commands, strict=True):
             self._spawn(f"worker-{worker.index}", command, host=worker.host)
@@ -246,7 +287,7 @@ class SparkCluster:
 
         self.wait_until(f"{len(want)} workers to register as ALIVE", all_alive, timeout)
 
-    def stop(self, grace: float = 15) -> None:
+    def stop(self, grace: float = 15, *, save_logs: bool = True) -> None:
         """Kill every process group (master, workers and their executors), save the logs."""
         for proc in self._procs.values():
             _signal_group(proc, signal.SIGTERM)
@@ -265,7 +306,7 @@ class SparkCluster:
         for log in self._logs.values():
             log.close()
         self._logs.clear()
-        if self.artifacts_dir:
+        if self.artifacts_dir and save_logs:
             self.artifacts_dir.mkdir(parents=True, exist_ok=True)
             shutil.copytree(self.logs_dir, self.artifacts_dir / "logs", dirs_exist_ok=True)
             for worker in self.workers:  # executor stdout/stderr, per app and executor id
@@ -307,7 +348,9 @@ class SparkCluster:
                 value = predicate()
                 if value:
                     return value
-            except httpx.HTTPError:
+            except (httpx.HTTPError, json.JSONDecodeError):
+                # Not answering yet, or not with JSON: a page that is not the master's status
+                # (seen once: an HTML page at /json/ while the master started) is waited out too.
                 pass
             if time.monotonic() > deadline:
                 raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}" + self.log_tail())

@@ -306,3 +306,29 @@ def test_cluster_is_the_compose_files(spark_cluster):
     # What the master reports: both workers alive with the compose file's one core each.
     workers = spark_cluster.master_status()["workers"]
     assert sorted((w["state"], w["cores"]) for w in workers) == [("ALIVE", 1), ("ALIVE", 1)]
+
+
+def test_a_port_taken_before_the_master_binds_it_is_replaced_by_a_free_one(tmp_path):
+    """Another process binding the master's web UI port between ``free_port()`` and the master's
+    start fails that start with a bind error (Spark moving to the next port would leave the tests
+    asking the wrong process): the cluster stops it and comes up on new ports."""
+    import socket
+
+    from spark_cluster import SparkCluster
+
+    from tests.helpers import missing_prerequisite
+
+    if not shutil.which("java") and not os.environ.get("JAVA_HOME"):
+        missing_prerequisite("Java (17) is not installed: the Spark cluster cannot start")
+    cluster = SparkCluster.from_compose(tmp_path / "cluster")
+    taken = cluster.webui_port
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        with cluster:
+            assert cluster.webui_port != taken
+            workers = cluster.master_status()["workers"]
+            assert sorted(w["state"] for w in workers) == ["ALIVE", "ALIVE"]
+    master_log = (cluster.logs_dir / "master.out").read_text(errors="replace")
+    assert f"{taken}" in master_log and "BindException" in master_log
