@@ -2,9 +2,12 @@
 
 One ``airflow triggerer`` process (the real one, started as the end-to-end tests start it:
 ``tests/airflow_stack.py``, PostgreSQL metadata database, connections stored in it) holds, at
-once, N walsink durability triggers, each on its own checkpoint of its own pipeline, and N of
-Airflow's own ``DateTimeTrigger``; N = 100, 500 and 1,000, the staging root local and on S3
-(a ``moto_server`` process), in one run. Both are what the sensors defer in production: the DAG
+once, N walsink durability triggers, each on its own checkpoint of its own pipeline, and then,
+on the same triggerer, N of Airflow's own ``DateTimeTrigger`` (``--triggers in-turn``, the
+default: each kind measured under the same conditions, its loop blocks its own); N = 100, 500
+and 1,000, the staging root local and on S3 (a ``moto_server`` process), in one run.
+``--triggers both`` loads the 2N at once (a stress beyond the goals: what one kind's load does
+to the other's), ``walsink`` or ``datetime`` one kind alone. Both are what the sensors defer in production: the DAG
 ``bench_triggerer`` has a ``CheckpointDurableSensor(deferrable=True)`` and a
 ``DateTimeSensorAsync(start_from_trigger=True, end_from_trigger=True)``, both started in the
 triggerer and ending their tasks there. Each DAG run carries its pipeline and its moment in its
@@ -34,7 +37,7 @@ committer table: the end of a write task), and DateTimeTrigger i is due. Measure
 * **memory**: resident set of the triggerer (its supervisor process and its trigger runner
   subprocess) at its peak while it holds the 2N triggers.
 
-The triggerer is started afresh for each (N, staging). Loading 2N triggers is Airflow's own work
+The triggerer is started afresh for each (N, staging). Loading triggers is Airflow's own work
 (the supervisor builds every new trigger's workload, with the serialized DAG, in its loop):
 blocks and heartbeat gaps are reported apart for the loading phase and for the wait and the
 firing. Goals: walsink's p95 ≤ 1.2× DateTimeTrigger's, no block over 0.2 s, 0 missed
@@ -74,7 +77,14 @@ WATCHDOG_THRESHOLD_S = 0.15
 ACCESS_KEY, SECRET_KEY, REGION, BUCKET = "bench-key", "bench-secret", "us-east-1", "walsink-bench"
 FIRST_DAY = datetime(2001, 1, 1, tzinfo=UTC)
 #: --triggers: which of the DAG's tasks are deferred (durable: walsink's sensor; moment: DateTimeSensorAsync).
-TRIGGER_TASKS = {"both": ("durable", "moment"), "walsink": ("durable",), "datetime": ("moment",)}
+#: in-turn: one kind after the other on the same triggerer (each turn N triggers, measured apart).
+TRIGGER_TURNS: dict[str, list[tuple[str, ...]]] = {
+    "in-turn": [("durable",), ("moment",)],
+    "both": [("durable", "moment")],
+    "walsink": [("durable",)],
+    "datetime": [("moment",)],
+}
+LABELS = {"durable": "walsink", "moment": "DateTimeTrigger"}
 
 _DAG = """\
 from datetime import UTC, datetime
@@ -329,18 +339,21 @@ def one_config(
     poke: float,
     batch: int,
     scratch: Path,
-    tasks: list[str],
+    turns: list[tuple[str, ...]],
 ) -> dict[str, Any]:
-    """Load N + N triggers (``tasks``: of one kind only, to tell them apart) into a fresh triggerer,
-    fire them over ``window``, and measure."""
+    """Start a fresh triggerer, then for each of ``turns`` (the tasks it defers: both kinds at once,
+    or one kind a turn) load N runs' triggers, fire them over ``window``, and measure."""
     from sqlalchemy import text
 
     from airflow_provider_walsink.core.commit.writer import CheckpointWriter
     from airflow_provider_walsink.core.store.records import Actor
 
+    tasks = [t for t in ("durable", "moment") if any(t in turn for turn in turns)]
     prefix = f"c{index}_{staging_kind}_{n}"
     actor = Actor(name="bench-write", dag_id=DAG_ID, run_id=prefix, task_id="write", try_number=1)
-    days = [FIRST_DAY + timedelta(days=index * 2000 + i) for i in range(n + 1)]
+    # The sensor takes its checkpoint's key from the run's logical date: pipeline i's checkpoint is
+    # days[i] (the warm-up's days[n]); runs of a turn without walsink's sensor take days after those.
+    days = [FIRST_DAY + timedelta(days=index * 5000 + i) for i in range((len(turns) + 1) * n + 1)]
     pipelines = [f"{prefix}_p{i:04d}" for i in range(n + 1)]
 
     def stage(i: int) -> Any:
@@ -362,9 +375,9 @@ def one_config(
         writers = list(pool.map(stage, range(n + 1)))  # every row WRITING: the write tasks are running
     warm_up = writers.pop()  # the last one: sealed now, waited on first
 
-    def defer(runs: list[dict[str, Any]], name: str) -> None:
+    def defer(runs: list[dict[str, Any]], name: str, deferred: list[str]) -> None:
         spec_file = scratch / f"{prefix}_{name}.json"
-        spec_file.write_text(json.dumps({"batch": batch, "pause": 0.5, "runs": runs, "tasks": tasks}))
+        spec_file.write_text(json.dumps({"batch": batch, "pause": 0.5, "runs": runs, "tasks": deferred}))
         done = subprocess.run(
             [sys.executable, "-m", "bench.bench_triggerer", "--defer-runs", str(spec_file)],
             env={
@@ -378,11 +391,14 @@ def one_config(
         if done.returncode != 0:
             raise RuntimeError(f"bench: deferring the {name} runs failed:\n{done.stderr[-3000:]}")
 
-    def run_spec(i: int, moment: float) -> dict[str, Any]:
+    def run_spec(run_id: str, day: int, pipeline: int, moment: float) -> dict[str, Any]:
         return {
-            "run_id": f"{prefix}__{i:04d}",
-            "logical_date": days[i].isoformat(),
-            "conf": {"pipeline": pipelines[i], "fire_at": datetime.fromtimestamp(moment, UTC).isoformat()},
+            "run_id": run_id,
+            "logical_date": days[day].isoformat(),
+            "conf": {
+                "pipeline": pipelines[pipeline],
+                "fire_at": datetime.fromtimestamp(moment, UTC).isoformat(),
+            },
         }
 
     def states(like: str) -> list[Any]:
@@ -406,65 +422,75 @@ def one_config(
     monitor.phase("start-up (1 trigger of each kind)")
     monitor.start()
     warm_up.seal(file_format="csv")
-    defer([run_spec(n, time.time())], "warm-up")
+    defer([run_spec(f"{prefix}__warm", n, n, time.time())], "warm-up", tasks)
     up_by = time.time() + 600
-    while (
-        sum(r.state == "success" for r in states(f"{prefix}__{n:04d}")) < len(tasks) and time.time() < up_by
-    ):
+    while sum(r.state == "success" for r in states(f"{prefix}__warm")) < len(tasks) and time.time() < up_by:
         time.sleep(1)
-    monitor.phase("loading")
-    # Loading N runs takes the triggerer a while (its supervisor builds each workload): the
-    # moments start after a lead that covers it; if it did not, the notes say so.
-    lead = 30.0 + 0.15 * n
-    t0 = time.time() + lead
-    moments = [t0 + i * window / n for i in range(n)]
-    started = time.time()
-    defer([run_spec(i, moments[i]) for i in range(n)], "load")
-    like = f"{prefix}__%"
-    index_of = {f"{prefix}__{i:04d}": i for i in range(n)}
-    while True:  # every trigger assigned to the triggerer
-        with engine.connect() as conn:
-            waiting = conn.execute(
-                text(
-                    "SELECT count(*) FROM task_instance ti JOIN trigger t ON t.id = ti.trigger_id "
-                    "WHERE ti.dag_id = :d AND ti.run_id LIKE :r AND t.triggerer_id IS NOT NULL"
-                ),
-                {"d": DAG_ID, "r": like},
-            ).scalar()
-        if waiting >= len(tasks) * n or time.time() > t0:
-            break
-        time.sleep(1)
-    assigned_at = time.time()
-    # The triggerer builds the assigned triggers' workloads and starts them: a settling time.
-    time.sleep(max(0.0, min(t0 - time.time(), 10.0 + 0.02 * n)))
-    monitor.phase("waiting and firing")
-    overran = time.time() > t0
-    sealed_at: list[float] = []
-    for i, writer in enumerate(writers):
-        delay = moments[i] - time.time()
-        if delay > 0:
-            time.sleep(delay)
-        writer.seal(file_format="csv")  # durable on storage from here: manifest written, seal recorded
-        sealed_at.append(time.time())
-    deadline = time.time() + 3 * poke + 180
-    while True:
-        rows = [r for r in states(like) if r.run_id in index_of and r.task_id in tasks]
-        done = [r for r in rows if r.state in ("success", "failed")]
-        if len(done) >= len(tasks) * n or time.time() > deadline:
-            break
-        time.sleep(1)
-    monitor.finish()
-    stack.stop_component("triggerer")
 
     latency: dict[str, list[float]] = {"durable": [], "moment": []}
     failed: dict[str, int] = {"durable": 0, "moment": 0}
-    for r in rows:
-        if r.state != "success" or r.end_date is None:
-            failed[r.task_id] += 1
-            continue
-        i = index_of[r.run_id]
-        since = sealed_at[i] if r.task_id == "durable" else moments[i]
-        latency[r.task_id].append(r.end_date.timestamp() - since)
+    loaded_in: list[float] = []
+    overran: list[bool] = []
+    sealed_at: list[float] = []
+    seal_moments: list[float] = []
+    for t, turn in enumerate(turns):
+        label = "" if len(turns) == 1 else " (" + " and ".join(LABELS[x] for x in turn) + ")"
+        monitor.phase("loading" + label)
+        # Loading N runs takes the triggerer a while (its supervisor builds each workload): the
+        # moments start after a lead that covers it; if it did not, the notes say so.
+        lead = 30.0 + 0.15 * n
+        t0 = time.time() + lead
+        moments = [t0 + i * window / n for i in range(n)]
+        started = time.time()
+        run_ids = [f"{prefix}t{t}__{i:04d}" for i in range(n)]
+        first_day = 0 if "durable" in turn else n + 1 + t * n
+        defer([run_spec(run_ids[i], first_day + i, i, moments[i]) for i in range(n)], f"load{t}", list(turn))
+        like = f"{prefix}t{t}__%"
+        index_of = {run_id: i for i, run_id in enumerate(run_ids)}
+        while True:  # every trigger assigned to the triggerer
+            with engine.connect() as conn:
+                waiting = conn.execute(
+                    text(
+                        "SELECT count(*) FROM task_instance ti JOIN trigger t ON t.id = ti.trigger_id "
+                        "WHERE ti.dag_id = :d AND ti.run_id LIKE :r AND t.triggerer_id IS NOT NULL"
+                    ),
+                    {"d": DAG_ID, "r": like},
+                ).scalar()
+            if waiting >= len(turn) * n or time.time() > t0:
+                break
+            time.sleep(1)
+        loaded_in.append(time.time() - started)
+        # The triggerer builds the assigned triggers' workloads and starts them: a settling time.
+        time.sleep(max(0.0, min(t0 - time.time(), 10.0 + 0.02 * n)))
+        monitor.phase("waiting and firing" + label)
+        overran.append(time.time() > t0)
+        if "durable" in turn:
+            for i, writer in enumerate(writers):
+                delay = moments[i] - time.time()
+                if delay > 0:
+                    time.sleep(delay)
+                writer.seal(
+                    file_format="csv"
+                )  # durable on storage from here: manifest written, seal recorded
+                sealed_at.append(time.time())
+            seal_moments = moments
+        deadline = moments[-1] + 3 * poke + 180
+        while True:
+            rows = [r for r in states(like) if r.run_id in index_of and r.task_id in turn]
+            done = [r for r in rows if r.state in ("success", "failed")]
+            if len(done) >= len(turn) * n or time.time() > deadline:
+                break
+            time.sleep(1)
+        for r in rows:
+            if r.state != "success" or r.end_date is None:
+                failed[r.task_id] += 1
+                continue
+            i = index_of[r.run_id]
+            since = sealed_at[i] if r.task_id == "durable" else moments[i]
+            latency[r.task_id].append(r.end_date.timestamp() - since)
+    monitor.finish()
+    stack.stop_component("triggerer")
+
     # walsink's latency in its two parts: the seal to the DURABLE mark (the watch and the check,
     # walsink's own) and the mark to the task's success (the event's way through Airflow, which a
     # DateTimeTrigger's event takes too). The mark's time is the committer database's clock
@@ -521,9 +547,9 @@ def one_config(
         "marked": marked,
         "failed": failed,
         "phases": phases,
-        "loaded_in": assigned_at - started,
-        "overran": overran,
-        "seal_lag": max(s - m for s, m in zip(sealed_at, moments, strict=True)),
+        "loaded_in": loaded_in,
+        "overran": any(overran),
+        "seal_lag": max((s - m for s, m in zip(sealed_at, seal_moments, strict=True)), default=0.0),
     }
 
 
@@ -536,7 +562,7 @@ def run(
     scratch: Path,
     asyncio_debug: bool = False,
     gc_log: bool = False,
-    tasks: tuple[str, ...] = ("durable", "moment"),
+    turns: list[tuple[str, ...]] = TRIGGER_TURNS["in-turn"],
 ) -> list[Table]:
     sys.path.insert(0, str(REPO / "tests"))
     from airflow_stack import AirflowStack  # the e2e tests' stack
@@ -621,7 +647,7 @@ def run(
                         result = one_config(
                             stack=stack, engine=engine, committer=committer, n=n, staging_kind=kind,
                             staging=staging, index=index, window=window, poke=poke, batch=batch,
-                            scratch=scratch, tasks=list(tasks),
+                            scratch=scratch, turns=turns,
                         )  # fmt: skip
                         results.append(result)
                         print(f"    {_summary(result)}", flush=True)
@@ -652,8 +678,8 @@ def _tables(
         ["N", "staging", "trigger", "p50", "p95", "max", "tasks succeeded", "p95 × DateTimeTrigger"],
     )
     health = Table(
-        "Benchmark 10: the triggerer holding 2N triggers (goals: no event-loop block over 0.2 s, 0 missed "
-        "heartbeats)",
+        "Benchmark 10: the triggerer's health, phase by phase (goals: no event-loop block over 0.2 s, 0 "
+        "missed heartbeats)",
         [
             "N",
             "staging",
@@ -723,12 +749,14 @@ def _tables(
     for r in results:
         if r["overran"]:
             latency.notes.append(
-                f"N={r['n']} {r['staging']}: loading took longer than the lead ({r['loaded_in']:.0f} s): the first "
+                f"N={r['n']} {r['staging']}: a loading took longer than its lead: the first "
                 "moments came before every trigger ran, for both kinds alike."
             )
     latency.notes.append(
         "Loading: "
-        + "; ".join(f"N={r['n']} {r['staging']} {r['loaded_in']:.0f} s" for r in results)
+        + "; ".join(
+            f"N={r['n']} {r['staging']} " + " + ".join(f"{x:.0f} s" for x in r["loaded_in"]) for r in results
+        )
         + ". Longest lag of a seal behind its moment (the benchmark's own): "
         + "; ".join(f"{fmt_s(r['seal_lag'])}" for r in results)
         + f". Component logs kept in {artifacts}."
@@ -757,9 +785,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--triggers",
-        choices=sorted(TRIGGER_TASKS),
-        default="both",
-        help="load both kinds (the benchmark), or one alone (to tell their costs apart)",
+        choices=sorted(TRIGGER_TURNS),
+        default="in-turn",
+        help="in-turn (the benchmark): N walsink triggers, then N DateTimeTriggers, on the same triggerer; "
+        "both: the 2N at once; walsink, datetime: one kind alone",
     )
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--defer-runs", help=argparse.SUPPRESS)  # the loader, in the stack's configuration
@@ -781,7 +810,7 @@ def main(argv: list[str] | None = None) -> int:
             scratch,
             args.asyncio_debug,
             args.gc_log,
-            TRIGGER_TASKS[args.triggers],
+            TRIGGER_TURNS[args.triggers],
         ),
     )
 
