@@ -83,6 +83,8 @@ TRIGGER_TURNS: dict[str, list[tuple[str, ...]]] = {
     "both": [("durable", "moment")],
     "walsink": [("durable",)],
     "datetime": [("moment",)],
+    # The control for in-turn: what a first turn of 1,000 finished tasks leaves to the second.
+    "datetime-twice": [("moment",), ("moment",)],
 }
 LABELS = {"durable": "walsink", "moment": "DateTimeTrigger"}
 
@@ -433,8 +435,9 @@ def one_config(
     overran: list[bool] = []
     sealed_at: list[float] = []
     seal_moments: list[float] = []
+    per_turn: dict[str, dict[str, float]] = {}  # each turn's p95 by task
     for t, turn in enumerate(turns):
-        label = "" if len(turns) == 1 else " (" + " and ".join(LABELS[x] for x in turn) + ")"
+        label = "" if len(turns) == 1 else f" (turn {t + 1}: " + " and ".join(LABELS[x] for x in turn) + ")"
         monitor.phase("loading" + label)
         # Loading N runs takes the triggerer a while (its supervisor builds each workload): the
         # moments start after a lead that covers it; if it did not, the notes say so.
@@ -481,13 +484,19 @@ def one_config(
             if len(done) >= len(turn) * n or time.time() > deadline:
                 break
             time.sleep(1)
+        turn_latency: dict[str, list[float]] = {task: [] for task in turn}
         for r in rows:
             if r.state != "success" or r.end_date is None:
                 failed[r.task_id] += 1
                 continue
             i = index_of[r.run_id]
             since = sealed_at[i] if r.task_id == "durable" else moments[i]
-            latency[r.task_id].append(r.end_date.timestamp() - since)
+            turn_latency[r.task_id].append(r.end_date.timestamp() - since)
+        for task, values in turn_latency.items():
+            latency[task].extend(values)
+        per_turn[f"turn {t + 1}"] = {
+            LABELS[task]: _pct(values, 0.95) for task, values in turn_latency.items()
+        }
     monitor.finish()
     stack.stop_component("triggerer")
 
@@ -548,6 +557,7 @@ def one_config(
         "failed": failed,
         "phases": phases,
         "loaded_in": loaded_in,
+        "per_turn_p95": per_turn,
         "overran": any(overran),
         "seal_lag": max((s - m for s, m in zip(sealed_at, seal_moments, strict=True)), default=0.0),
     }
@@ -563,6 +573,7 @@ def run(
     asyncio_debug: bool = False,
     gc_log: bool = False,
     turns: list[tuple[str, ...]] = TRIGGER_TURNS["in-turn"],
+    gc_freeze: bool = True,
 ) -> list[Table]:
     sys.path.insert(0, str(REPO / "tests"))
     from airflow_stack import AirflowStack  # the e2e tests' stack
@@ -620,6 +631,7 @@ def run(
                         )
                     ),
                     **diag,
+                    **({} if gc_freeze else {"WALSINK_TRIGGERER_GC_FREEZE": "0"}),
                     # asyncio's debug mode names each slow callback in the triggerer's log (and slows it).
                     **({"PYTHONASYNCIODEBUG": "1"} if asyncio_debug else {}),
                 },
@@ -664,7 +676,7 @@ def _summary(r: dict[str, Any]) -> str:
     lat = r["latency"]
     return (
         f"walsink p95 {fmt_s(_pct(lat['durable'], 0.95))}, DateTimeTrigger p95 {fmt_s(_pct(lat['moment'], 0.95))}, "
-        f"failed {r['failed']}, phases {json.dumps(r['phases'], default=str)}"
+        f"failed {r['failed']}, p95 by turn {r['per_turn_p95']}, phases {json.dumps(r['phases'], default=str)}"
     )
 
 
@@ -788,7 +800,10 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(TRIGGER_TURNS),
         default="in-turn",
         help="in-turn (the benchmark): N walsink triggers, then N DateTimeTriggers, on the same triggerer; "
-        "both: the 2N at once; walsink, datetime: one kind alone",
+        "both: the 2N at once; walsink, datetime: one kind alone; datetime-twice: two turns of it",
+    )
+    parser.add_argument(
+        "--no-gc-freeze", action="store_true", help="WALSINK_TRIGGERER_GC_FREEZE=0 in the triggerer"
     )
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--defer-runs", help=argparse.SUPPRESS)  # the loader, in the stack's configuration
@@ -811,6 +826,7 @@ def main(argv: list[str] | None = None) -> int:
             args.asyncio_debug,
             args.gc_log,
             TRIGGER_TURNS[args.triggers],
+            not args.no_gc_freeze,
         ),
     )
 
