@@ -15,6 +15,7 @@ import json
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -75,16 +76,33 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def emulator(name: str, argv: list[str], answers: Callable[[], bool], env: dict[str, str] | None = None):
+def emulator(
+    name: str,
+    argv: list[str],
+    answers: Callable[[], bool],
+    env: dict[str, str] | None = None,
+    *,
+    chatty: bool = False,
+):
     """``argv`` started as an emulator on loopback, yielded once ``answers()`` says it serves, and
-    stopped afterwards (killed by the kernel if the test process dies first)."""
+    stopped afterwards (killed by the kernel if the test process dies first). ``chatty``: it logs
+    every request, so its output goes to a file that nothing must drain (a pipe would fill and
+    stop it)."""
+    output = tempfile.TemporaryFile() if chatty else subprocess.PIPE  # noqa: SIM115 - closed below
     process = subprocess.Popen(
-        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=output, preexec_fn=_die_with_parent
     )
+
+    def said() -> str:
+        if chatty:
+            output.seek(0)
+            return output.read().decode(errors="replace")[-2000:]
+        return process.stderr.read().decode()[-2000:]
+
     try:
         for _ in range(1200):  # up to a minute: a loaded machine starts Node slowly
             if process.poll() is not None:
-                raise RuntimeError(f"{name} exited: {process.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(f"{name} exited: {said()}")
             if answers():
                 break
             time.sleep(0.05)
@@ -98,6 +116,8 @@ def emulator(name: str, argv: list[str], answers: Callable[[], bool], env: dict[
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        if chatty:
+            output.close()
 
 
 @contextlib.contextmanager

@@ -79,22 +79,10 @@ class S3Server:
 
 @pytest.fixture(scope="session")
 def s3_server():
-    from moto.server import ThreadedMotoServer
+    from tests.moto_server import serve
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        import boto3
-
-        boto3.client(
-            "s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
-            region_name=REGION,
-        ).create_bucket(Bucket="walsink")  # fmt: skip
+    with serve("walsink") as endpoint:
         yield S3Server(endpoint, "walsink")
-    finally:
-        server.stop()
 
 
 @dataclass

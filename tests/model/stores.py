@@ -128,21 +128,10 @@ def serve(scheme: str, *, memory_mib: int = 256) -> Iterator[ObjectStore]:
     """The emulator of ``scheme`` on a free loopback port, its bucket created; stopped on leaving
     (``memory_mib``: Azurite's in-memory limit)."""
     if scheme == "s3":
-        import boto3
-        from moto.server import ThreadedMotoServer
+        from tests.moto_server import serve as moto
 
-        from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY
-
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        try:
-            host, port = server.get_host_and_port()
-            endpoint = f"http://{host}:{port}"
-            boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
-                         region_name=REGION).create_bucket(Bucket=BUCKET)  # fmt: skip
+        with moto(BUCKET) as endpoint:
             yield ObjectStore("s3", endpoint)
-        finally:
-            server.stop()
     elif scheme == "gs":
         from tests.gcs_server import serve as gcs
 
