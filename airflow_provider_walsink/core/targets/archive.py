@@ -223,50 +223,7 @@ class WalsinkProperties:
         state = self.state(pipeline)
         if state.count == 0:
             return 0
-        what = f"{self.where}, pipeline {pipeline!r}"
-        table_says = f"the table archived {state.count} entries (chain {state.digest[:12]})"
-        if self.archive is None:
-            raise ArchiveMismatchError(
-                f"{what}: {table_says} into a committer database, and this publisher was given none; "
-                "open the target through the committer (or pass TargetOptions.property_archive)"
-            )
-        digests = state.digests()
-        if (digests[-1] if digests else state.base) != state.digest or (
-            state.first == 0 and state.base != genesis(self.table_uuid, pipeline)
-        ):
-            raise ArchiveMismatchError(f"{what}: {table_says}, but its archive property does not chain")
-        head, head_digest = self.archive.archive_head(self.table_uuid, pipeline)
-        head_digest = head_digest if head else genesis(self.table_uuid, pipeline)
-        db_says = f"the committer database holds {head} (chain {head_digest[:12]})"
-        if head < state.first:
-            raise ArchiveMismatchError(
-                f"{what}: {table_says}; {db_says}: the database lost entries the table no longer carries "
-                "(it was lost, or restored from an older backup). Nothing is published while walsink "
-                "cannot tell which checkpoints this table holds: restore the committer database"
-            )
-        expected = state.base if head == state.first else None
-        if head > state.first:
-            at = min(head, state.count)
-            expected = digests[at - state.first - 1]
-            head_digest = (
-                head_digest
-                if head == at
-                else (self.archive.archive_digest(self.table_uuid, pipeline, at) or "")
-            )
-        if head_digest != expected:
-            raise ArchiveMismatchError(
-                f"{what}: {table_says}; {db_says}, and the two chains differ (another database, or the "
-                "table was replaced or restored). Nothing is published: point walsink at this table's "
-                "committer database, or restore it"
-            )
-        if head < state.count:
-            start = head - state.first
-            self.archive.archive_extend(
-                self.table_uuid,
-                pipeline,
-                head + 1,
-                list(zip(state.batch[start:], digests[start:], strict=True)),
-            )
+        sync_chain(self.archive, self.table_uuid, pipeline, state, where=self.where)
         self._synced[pipeline] = state.count
         return state.count
 
@@ -307,6 +264,54 @@ class WalsinkProperties:
         new = ArchiveState(state.count + len(entries), "", base, tuple(entries))
         new = ArchiveState(new.count, new.digests()[-1], base, new.batch)
         return {ARCHIVE_PREFIX + pipeline: new.dump()}, chosen
+
+
+def sync_chain(
+    archive: PropertyArchive | None, table_uuid: str, pipeline: str, state: ArchiveState, *, where: str
+) -> None:
+    """Copy the batch ``state`` carries into the database, after checking both chains end alike.
+
+    ``state`` is what one committed table state says (``count``, ``digest``; the batch it carries
+    with the digest before it, or no batch: ``base == digest``). Raises
+    :class:`ArchiveMismatchError` when the database lost entries the table no longer carries, its
+    chain differs, or there is no database (module docstring).
+    """
+    what = f"{where}, pipeline {pipeline!r}"
+    table_says = f"the table archived {state.count} entries (chain {state.digest[:12]})"
+    if archive is None:
+        raise ArchiveMismatchError(
+            f"{what}: {table_says} into a committer database, and this publisher was given none; "
+            "open the target through the committer (or pass TargetOptions.property_archive)"
+        )
+    digests = state.digests()
+    if (digests[-1] if digests else state.base) != state.digest or (
+        state.first == 0 and state.base != genesis(table_uuid, pipeline)
+    ):
+        raise ArchiveMismatchError(f"{what}: {table_says}, but its archive record does not chain")
+    head, head_digest = archive.archive_head(table_uuid, pipeline)
+    head_digest = head_digest if head else genesis(table_uuid, pipeline)
+    db_says = f"the committer database holds {head} (chain {head_digest[:12]})"
+    if head < state.first:
+        raise ArchiveMismatchError(
+            f"{what}: {table_says}; {db_says}: the database lost entries the table no longer carries "
+            "(it was lost, or restored from an older backup). Nothing is published while walsink "
+            "cannot tell which checkpoints this table holds: restore the committer database"
+        )
+    # The chain's digest after each position from ``first`` (the base) to ``count``.
+    chain = [state.base, *digests]
+    at = min(head, state.count)
+    at_digest = head_digest if head == at else (archive.archive_digest(table_uuid, pipeline, at) or "")
+    if at_digest != chain[at - state.first]:
+        raise ArchiveMismatchError(
+            f"{what}: {table_says}; {db_says}, and the two chains differ (another database, or the "
+            "table was replaced or restored). Nothing is published: point walsink at this table's "
+            "committer database, or restore it"
+        )
+    if head < state.count:
+        start = head - state.first
+        archive.archive_extend(
+            table_uuid, pipeline, head + 1, list(zip(state.batch[start:], digests[start:], strict=True))
+        )
 
 
 def _commit_time(value: str) -> int:
