@@ -388,6 +388,16 @@ MUTATIONS: list[Mutation] = [
         "of being looked up in the committer database: a re-run of an old checkpoint publishes it again",
         also="tests/test_table_archive.py",
     ),
+    M(
+        "delta-expired-marker-read-as-absent",
+        "core/targets/delta/markers.py",
+        "        if pipeline is None or self.archive_state(pipeline).count == 0:\n            return None\n",
+        "        if pipeline is None or self.archive_state(pipeline).count >= 0:\n            return None\n",
+        "a marker walsink expired out of a Delta table reads as absent instead of being looked up in the "
+        "committer database: a re-run of an old checkpoint publishes it again, and the clean-up deletes "
+        "files older table versions reference",
+        also="tests/test_table_archive.py",
+    ),
 ]
 
 

@@ -266,9 +266,10 @@ class Config:
     def publisher(self, layout: StagingLayout | StagingStore | None = None) -> Any:
         extra: dict[str, Any] = {"url": self.sql_url, "lock_timeout": 2} if self.kind == "sql" else {}
         archive = None
-        if self.kind == "iceberg":
+        if self.kind in ("iceberg", "delta"):
             # A bound small enough that every schedule archives: its commits, crashes, races,
-            # groups, aborts and reprocesses read old markers through the committer database.
+            # groups, aborts and reprocesses read old markers through the committer database
+            # (Delta: walsink bounds the table at its first commit, and archives in every version).
             extra["table_markers"] = TABLE_MARKERS
             archive = _archive_store(self.db_url)
         if self.staging != "local":
@@ -309,14 +310,15 @@ def delete_prefix(cfg: Config) -> int:
     return cfg.objects.delete(cfg.prefix)
 
 
-#: Markers and partition holders an Iceberg schedule's pipeline keeps in the table (batch 1): with
-#: three keys, the first one's marker is only in the committer database by the third commit.
+#: Markers and partition holders (Delta: application transactions) a schedule's pipeline keeps in
+#: the table (batch 1): with three keys, the first one's marker is only in the committer database by
+#: the third commit (Delta: by the second).
 TABLE_MARKERS = 1
 _ARCHIVES: dict[str, CommitterStore] = {}
 
 
 def _archive_store(url: str) -> CommitterStore:
-    """This process's store on the schedule's committer database, where Iceberg archives markers."""
+    """This process's store on the schedule's committer database, where table targets archive markers."""
     if url not in _ARCHIVES:
         _ARCHIVES[url] = CommitterStore.from_url(url, migrate=False)
     return _ARCHIVES[url]

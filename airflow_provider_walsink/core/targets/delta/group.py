@@ -97,6 +97,11 @@ class DeltaGroupCommit:
                     continue
                 self._create_empty(schema, partition_by)
                 continue  # the data goes in a normal (put-if-absent) commit on the new table
+            try:
+                if self.bounding(dt):
+                    continue
+            except CommitFailedError:
+                continue  # another writer changed the table first: load it again
             version = dt.version() + 1
             # Every member's removes read the same table state: list its files once, not once per member.
             listed_files = dt.get_add_actions(flatten=True)
@@ -130,12 +135,15 @@ class DeltaGroupCommit:
                 prepared.append((i, adds, removes, replaced))
             if not prepared:
                 break
+            pipelines = sorted({members[i].manifest.pipeline for i, *_ in prepared})
+            archived, info = self.archiving(dt, pipelines, transactions, version)
             commit = CommitProperties(
                 custom_metadata={
                     "walsink.pipeline": members[prepared[0][0]].manifest.pipeline,
                     "walsink.group": json.dumps(listed, sort_keys=True),
+                    **info,
                 },
-                app_transactions=transactions,
+                app_transactions=[*transactions, *archived],
                 # Our own retries only: the partition holders name this exact version.
                 max_commit_retries=0,
             )
@@ -151,6 +159,8 @@ class DeltaGroupCommit:
                 continue
             leader.event("table.after_group_commit")
             dt.update_incremental()
+            if archived:
+                dt.copy_archived(pipelines)
             for i, adds, removes, replaced in prepared:
                 results[i] = PublishResult(
                     published=len(adds),

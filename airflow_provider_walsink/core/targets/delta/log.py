@@ -40,6 +40,15 @@ MAX_COMMIT_ATTEMPTS = 20
 GROUP_COMMIT_ATTEMPTS = 40
 
 
+#: walsink's value of ``delta.setTransactionRetentionDuration`` on a table it bounds: long enough
+#: that no live transaction ever expires, finite so that :data:`EXPIRED` is before its start.
+RETENTION = "interval 365000 days"
+#: The ``lastUpdated`` of an archived transaction: before any retention's start (-2^62 ms).
+EXPIRED = -(2**62)
+#: Set (version 1) by :func:`bound_table` before the retention: the table was bounded by walsink.
+BOUND_APP = "walsink-bounded"
+
+
 class MarkerRetentionError(TargetStateError):
     """The Delta table expires application transactions (:data:`TXN_RETENTION` is set), so the
     markers walsink relies on can vanish on their own: nothing is published, tombstoned or cleaned
@@ -52,20 +61,40 @@ def check_markers_kept(dt: DeltaTable, table_uri: str) -> None:
     A marker gone from the table reads as "never published": a re-run whose committer rows were
     trimmed (``walsink gc``) or lost would publish the checkpoint twice, and the clean-up, which
     keeps a staged attempt only while its application transaction names it, would delete files the
-    table still references. Refused whatever the duration: markers written before walsink stamped
-    them with their commit time have none, and Spark drops those at its next log checkpoint.
+    table still references. Refused whatever the duration, but for the one walsink sets itself on
+    a table it bounds (:func:`is_bound`, :mod:`.markers`: no live marker expires, and those it
+    expires are kept in the committer database): markers written before walsink stamped them with
+    their commit time have none, and Spark drops those at its next log checkpoint.
     """
+    value = retention_of(dt)
+    if value is not None and not is_bound(dt):
+        raise MarkerRetentionError(
+            f"Delta table {table_uri} sets {TXN_RETENTION} = {value!r}: Delta then expires the "
+            "application transactions that are walsink's markers (Spark drops those without a "
+            "time at its next log checkpoint, every engine drops those older than the "
+            "duration), and a re-run of a checkpoint whose committer rows were trimmed or lost "
+            "could publish it twice. Remove the property (ALTER TABLE ... UNSET TBLPROPERTIES "
+            f"('{TXN_RETENTION}')) to commit into this table (docs/targets.md, \"Delta tables that "
+            'expire application transactions are refused"); walsink sets its own value only when it '
+            "bounds the table's markers itself (target option table_markers); nothing was published or deleted"
+        )
+
+
+def retention_of(dt: DeltaTable) -> str | None:
     for key, value in dt.metadata().configuration.items():
         if key.lower() == TXN_RETENTION.lower() and value is not None and str(value).strip():
-            raise MarkerRetentionError(
-                f"Delta table {table_uri} sets {TXN_RETENTION} = {value!r}: Delta then expires the "
-                "application transactions that are walsink's markers (Spark drops those without a "
-                "time at its next log checkpoint, every engine drops those older than the "
-                "duration), and a re-run of a checkpoint whose committer rows were trimmed or lost "
-                "could publish it twice. Remove the property (ALTER TABLE ... UNSET TBLPROPERTIES "
-                f"('{TXN_RETENTION}')) to commit into this table (docs/targets.md, \"Delta tables that "
-                'expire application transactions are refused"); nothing was published or deleted'
-            )
+            return str(value)
+    return None
+
+
+def is_bound(dt: DeltaTable) -> bool:
+    """Whether walsink bounded the table: its retention, set after its own transactions were stamped."""
+    value = retention_of(dt)
+    return (
+        value is not None
+        and " ".join(value.lower().split()) == RETENTION
+        and DeltaTable.transaction_version(dt, BOUND_APP) == 1
+    )
 
 
 def now_ms() -> int:
@@ -96,27 +125,30 @@ def partition_app_id(pipeline: str, partition: str, checkpoint_key: str | None =
 def commit_properties(
     manifest: Manifest,
     token: int,
-    files: int,
-    replaced: Sequence[str],
-    version: int,
+    transactions: Sequence[Transaction],
+    *,
+    exact_version: bool,
+    metadata: Mapping[str, str] | None = None,
 ) -> CommitProperties:
-    """The commit's metadata and application transactions: the checkpoint's marker, the number
-    of files the attempt adds, and for each replaced partition its holder at ``version`` (the
-    version this commit must get: library retries are then off, so it never lands elsewhere)."""
-    metadata = {
+    """The commit's metadata (naming the checkpoint, plus ``metadata``) and ``transactions``
+    (:func:`marker_transactions`, and what archiving adds). With ``exact_version`` (a commit whose
+    transactions name its own table version: partition holders, an archive state) the library
+    does not retry it at another version."""
+    info = {
         "walsink.pipeline": manifest.pipeline,
         "walsink.checkpoint": manifest.checkpoint_key,
         "walsink.sequence": str(manifest.sequence),
         "walsink.attempt-id": manifest.attempt_id,
         "walsink.epoch": str(token),
+        **(metadata or {}),
     }
     offsets = offsets_value(manifest)
     if offsets is not None:
-        metadata["walsink.offsets"] = json.dumps(offsets, sort_keys=True)
+        info["walsink.offsets"] = json.dumps(offsets, sort_keys=True)
     return CommitProperties(
-        custom_metadata=metadata,
-        app_transactions=marker_transactions(manifest, token, files, replaced, version),
-        max_commit_retries=0 if replaced else None,
+        custom_metadata=info,
+        app_transactions=list(transactions),
+        max_commit_retries=0 if exact_version else None,
         # The library's retries only rebase onto commits its conflict check
         # accepts; a commit carrying our app id is refused, and then walsink
         # reloads and checks the marker itself.

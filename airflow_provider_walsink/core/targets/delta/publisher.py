@@ -35,7 +35,10 @@ and finds the winner's marker.
 Every application transaction carries its commit time (``lastUpdated``), and a table
 that expires them (``delta.setTransactionRetentionDuration``) is refused at every load
 (:func:`.log.check_markers_kept`): a marker Delta dropped on its own would read as "never
-published".
+published". The one exception is walsink's own bound (``table_markers``, opt-in,
+:mod:`.markers`): walsink then expires a pipeline's oldest markers itself, after keeping them
+in the committer database, and every lookup here reads them through
+:class:`.markers.MarkedDeltaTable`.
 
 **Order and retraction by identity.** ``walsink-files/<pipeline>/<key>/<attempt id>``
 holds the number of files the attempt added: a reprocess in ``append``
@@ -59,12 +62,12 @@ from functools import partial
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from deltalake import DeltaTable
+from deltalake import DeltaTable, Transaction
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
-from airflow_provider_walsink.core.protocol.errors import NOTHING_DONE
+from airflow_provider_walsink.core.protocol.errors import NOTHING_DONE, TargetStateError
 from airflow_provider_walsink.core.protocol.manifest import Manifest
 from airflow_provider_walsink.core.protocol.modes import WriteMode
 from airflow_provider_walsink.core.targets._reach import check_bucket, check_location, missing_credentials
@@ -89,6 +92,7 @@ from airflow_provider_walsink.core.targets._tables import (
     table_fenced,
     uri_flags,
 )
+from airflow_provider_walsink.core.targets.archive import PropertyArchive, archive_bounds
 from airflow_provider_walsink.core.targets.base import (
     Publisher,
     PublisherContext,
@@ -110,7 +114,10 @@ from airflow_provider_walsink.core.targets.delta.log import (
     commit_properties,
     held_version,
     history,
+    is_bound,
+    marker_transactions,
 )
+from airflow_provider_walsink.core.targets.delta.markers import MarkedDeltaTable, bound_table
 from airflow_provider_walsink.core.targets.delta.tombstone import DeltaTombstone
 from airflow_provider_walsink.core.targets.registry import (
     TargetUnreachableError,
@@ -174,6 +181,8 @@ class DeltaPublisher(DeltaGroupCommit, DeltaTombstone, DeltaActions, Publisher):
         create_table: bool = False,
         allow_older_overwrite: bool = False,
         store_options: Mapping[str, Any] | None = None,
+        property_archive: PropertyArchive | None = None,
+        table_markers: int | None = None,
     ) -> None:
         WriteMode.parse(mode, error=DeltaTargetError)
         if "://" not in table_uri and not os.path.isabs(table_uri):
@@ -193,6 +202,17 @@ class DeltaPublisher(DeltaGroupCommit, DeltaTombstone, DeltaActions, Publisher):
             **dict(storage_options or {}),
         }
         self._storage: Storage | None = None
+        #: Where expired markers are kept (:mod:`.markers`); also read without ``table_markers``,
+        #: since another task may have bounded the table.
+        self.property_archive = property_archive
+        #: ``(keep, batch)`` when this publisher bounds the table's markers (``table_markers``, opt-in).
+        self.archive_keep: tuple[int, int] | None = None
+        if table_markers is not None:
+            try:
+                bounds = archive_bounds(table_markers)
+            except ValueError as exc:
+                raise DeltaTargetError(f"Delta table {self.table_uri}: {exc}") from None
+            self.archive_keep = bounds if property_archive is not None else None
 
     @property
     def storage(self) -> Storage:
@@ -267,6 +287,8 @@ class DeltaPublisher(DeltaGroupCommit, DeltaTombstone, DeltaActions, Publisher):
             create_table=flags.get("create_table", bool(extra.get("create_table", False))),
             allow_older_overwrite=bool(getattr(options, "allow_older_overwrite", False)),
             store_options=store_options,
+            property_archive=getattr(options, "property_archive", None),
+            table_markers=int(extra["table_markers"]) if extra.get("table_markers") is not None else None,
         )
         publisher.conn_id = str(extra["conn_id"]) if extra.get("conn_id") else None
         return publisher
@@ -320,16 +342,34 @@ class DeltaPublisher(DeltaGroupCommit, DeltaTombstone, DeltaActions, Publisher):
 
     # ------------------------------------------------------------------ table
 
-    def load_table(self) -> DeltaTable | None:
+    def load_table(self) -> MarkedDeltaTable | None:
         """The table as its log stands now, or ``None`` (not created yet). Every read and commit of
         the target goes through here, so a table that can drop walsink's markers on its own is
-        refused before anything is decided from them (:func:`.log.check_markers_kept`)."""
+        refused before anything is decided from them (:func:`.log.check_markers_kept`), and
+        every marker lookup also answers the archived ones (:class:`.markers.MarkedDeltaTable`)."""
         try:
-            dt = DeltaTable(self.table_uri, storage_options=self.storage_options or None)
+            dt = MarkedDeltaTable(self.table_uri, storage_options=self.storage_options or None)
         except TableNotFoundError:
             return None
         check_markers_kept(dt, self.table_uri)
-        return dt
+        return dt.attach(self.storage, self.property_archive, self.table_uri)
+
+    def bounding(self, dt: MarkedDeltaTable) -> bool:
+        """Bound the table first if this publisher should and it is not yet (:func:`.markers.bound_table`);
+        ``True`` when it did (the caller reloads)."""
+        if self.archive_keep is None or is_bound(dt):
+            return False
+        bound_table(dt, self.storage, self.table_uri)
+        return True
+
+    def archiving(
+        self, dt: MarkedDeltaTable, pipelines: Sequence[str], transactions: list[Transaction], version: int
+    ) -> tuple[list[Transaction], dict[str, str]]:
+        """What the commit at ``version`` also carries to keep each pipeline bounded (:mod:`.markers`)."""
+        if self.archive_keep is None:
+            return [], {}
+        keep, batch = self.archive_keep
+        return dt.archiving(pipelines, transactions, version=version, keep=keep, batch=batch)
 
     def describe(self) -> str:
         endpoint = stores.endpoint_of(self.store_options) or self._s3_settings().endpoint
@@ -492,9 +532,20 @@ class DeltaPublisher(DeltaGroupCommit, DeltaTombstone, DeltaActions, Publisher):
                     _, schema, partition_by = self._adds_for_new_table(manifest, base, staged)
                     self._create_empty(schema, partition_by)
                     continue  # the data goes in a normal (put-if-absent) commit on the new table
+                if self.bounding(dt):
+                    continue
                 adds = self._adds(dt, manifest, base, staged)
                 removes, replaced = self._removes(dt, manifest, marker, base, supersedes)
-                commit = commit_properties(manifest, token, len(adds), replaced, dt.version() + 1)
+                version = dt.version() + 1
+                transactions = marker_transactions(manifest, token, len(adds), replaced, version)
+                archived, info = self.archiving(dt, [manifest.pipeline], transactions, version)
+                commit = commit_properties(
+                    manifest,
+                    token,
+                    [*transactions, *archived],
+                    exact_version=bool(replaced or archived),
+                    metadata=info,
+                )
                 actions: list[AddAction | RemoveAction] = [*removes, *adds]
                 call_with_events(
                     ctx,
@@ -510,6 +561,8 @@ class DeltaPublisher(DeltaGroupCommit, DeltaTombstone, DeltaActions, Publisher):
                 )
                 continue
             dt.update_incremental()  # the log entries since the load: our commit's version
+            if archived:
+                dt.copy_archived([manifest.pipeline])
             return PublishResult(
                 published=len(adds),
                 files_rolled_back=len(removes),
@@ -555,7 +608,10 @@ class DeltaPublisher(DeltaGroupCommit, DeltaTombstone, DeltaActions, Publisher):
 
         def held_now(attempt_id: str) -> bool:
             now = self.load_table()
-            return now is None or held_version(now.transaction_version(app_id(manifest, attempt_id)))
+            try:
+                return now is None or held_version(now.transaction_version(app_id(manifest, attempt_id)))
+            except TargetStateError:  # an archived marker the database cannot vouch for: keep the files
+                return True
 
         return staging_storage(self.storage, layout).remove_unreferenced_attempts(
             checkpoint_location(local_path(root), manifest), manifest, held_now, fence=fence
