@@ -2,8 +2,10 @@
 
 Per checkpoint walsink leaves one marker property in an Iceberg table
 (``walsink.marker.<pipeline>/<key>``; past ``table_markers`` the oldest are archived into
-the committer database, ``core/targets/archive.py``) and application transactions in a
-Delta table, kept for good. For a table holding the markers of N checkpoints this
+the committer database, ``core/targets/archive.py``) and three application transactions in a
+Delta table: with the target's ``table_markers`` (``delta``, here 256) past the bound the
+oldest are expired from the table and kept in the committer database
+(``core/targets/delta/markers.py``), without it (``delta-kept``) kept for good. For a table holding the markers of N checkpoints this
 measures, each beside its value at the smallest N (the goal: at 100,000 at most
 1.2x that at 1,000):
 
@@ -23,7 +25,8 @@ of N-1 further checkpoints exactly as walsink's commits leave them, produced by
 the target's own marker functions (:func:`iceberg_history_properties` folds
 ``iceberg.markers.marker_properties``, and :func:`iceberg_archived_history` archives them as
 walsink's commits would; :func:`delta_history_transactions` folds
-``delta.log.marker_transactions``). Iceberg: a pyiceberg ``set_properties``
+``delta.log.marker_transactions``, and :func:`delta_archived_history` expires and archives them
+as walsink's commits would). Iceberg: a pyiceberg ``set_properties``
 commit; Delta: a deltalake commit of those app transactions, then deltalake's
 ``create_checkpoint`` (a checkpoint holds every app transaction, as the
 hundredth real commit's checkpoint would). A marker design that changes what a
@@ -36,7 +39,7 @@ only, as after ``expire_snapshots``; benchmark 6 measures snapshot history).
 Keys are hourly (``20140101T000000Z`` + i hours), the pipeline is ``hourly``,
 appends with no offsets: the issue's "hourly pipeline after ten years" case.
 
-Run: ``python -m bench.bench_history [--sizes 1000,10000,100000] [--samples 5]``.
+Run: ``python -m bench.bench_history [--sizes 1000,10000,100000] [--samples 5] [--kinds iceberg,delta,delta-kept]``.
 Each table's marker count is checked through walsink's own lookup (the first
 and the last synthetic checkpoint are found as committed).
 """
@@ -188,31 +191,101 @@ def delta_history_transactions(manifests: Iterator[tuple[Manifest, str]]) -> lis
     return txns
 
 
-def delta_table(base: Path, history: list[tuple[Manifest, str]]) -> str:
+def delta_table(base: Path, history: list[tuple[Manifest, str]], *, bounded: bool = True) -> tuple[str, Any]:
     """A Delta table holding the markers of ``len(history) + 1`` checkpoints: one real commit, one holding
-    ``history``'s, then a checkpoint."""
+    ``history``'s, then a checkpoint; ``(uri, committer store)``. ``bounded``: the target sets
+    ``table_markers`` (the default 256), so the first commit bounds the table and the history commit
+    leaves what walsink's archiving would (:func:`delta_archived_history`); else every marker is kept."""
     from deltalake import CommitProperties, DeltaTable
 
+    from airflow_provider_walsink.core.store.store import CommitterStore
+    from airflow_provider_walsink.core.targets.archive import DEFAULT_KEEP
     from airflow_provider_walsink.core.targets.delta import DeltaPublisher
     from airflow_provider_walsink.core.targets.delta.log import append_commit
 
     uri = str(base / "delta")
-    publisher = DeltaPublisher(uri, "append", create_table=True)
+    store = CommitterStore.from_url(f"sqlite:///{base}/committer.db") if bounded else None
+    publisher = DeltaPublisher(
+        uri,
+        "append",
+        create_table=True,
+        property_archive=store,
+        table_markers=DEFAULT_KEEP if bounded else None,
+    )
     d = Path(uri) / "_walsink_staging" / "seed" / "attempt-1"
     first = _stage(d, 1, "seed")
     publisher.publish(first, d, StaticContext.for_manifest(first))
     dt = DeltaTable(uri)
-    append_commit(dt, [], CommitProperties(app_transactions=delta_history_transactions(iter(history))))
+    txns = delta_history_transactions(iter(history))
+    if bounded:
+        txns, metadata = delta_archived_history(publisher, dt, txns)
+    else:
+        metadata = {}
+    append_commit(
+        dt, [], CommitProperties(custom_metadata=metadata, app_transactions=txns, max_commit_retries=0)
+    )
     dt = DeltaTable(uri)
     dt.create_checkpoint()
-    return uri
+    return uri, store
 
 
-def delta_commit(uri: str, base: Path, tag: str) -> tuple[float, int, int]:
-    """One walsink commit of a one-file checkpoint: (seconds, commit JSON bytes, checkpoint bytes written)."""
+def delta_archived_history(publisher, dt, txns: list[Any]) -> tuple[list[Any], dict[str, str]]:
+    """What walsink's archiving leaves of ``txns`` (in commit order), committed in the next version:
+    the newest within the publisher's bound live, the rest re-emitted expired and chained into the
+    pipeline's archive state, the older of them copied into the committer database and the last
+    batch carried by the commit's ``commitInfo`` (``core/targets/delta/markers.py``)."""
+    from deltalake import Transaction
+
+    from airflow_provider_walsink.core.targets.archive import ArchivedEntry, ArchiveState, chained, genesis
+    from airflow_provider_walsink.core.targets.delta.log import EXPIRED, now_ms
+    from airflow_provider_walsink.core.targets.delta.markers import (
+        ARCHIVE_INFO,
+        KIND,
+        _words,
+        checkpoint_of,
+        state_apps,
+    )
+
+    keep, batch = publisher.archive_keep
+    cut = max(0, len(txns) - (keep - 3))  # with the seed checkpoint's three, keep in the table
+    archived, kept = txns[:cut], txns[cut:]
+    if not archived:
+        return txns, {}
+    table_uuid = str(dt.metadata().id)
+    entries = [ArchivedEntry(KIND, t.app_id, checkpoint_of(t.app_id), str(t.version)) for t in archived]
+    digests, d = [], genesis(table_uuid, PIPELINE)
+    for e in entries:
+        d = chained(d, e)
+        digests.append(d)
+    first = max(0, len(entries) - batch)
+    for start in range(0, first, 5000):
+        end = min(first, start + 5000)
+        chunk = list(zip(entries[start:end], digests[start:end], strict=True))
+        publisher.property_archive.archive_extend(table_uuid, PIPELINE, start + 1, chunk)
+    base = digests[first - 1] if first else genesis(table_uuid, PIPELINE)
+    state = ArchiveState(len(entries), digests[-1], base, tuple(entries[first:]))
+    apps, at = state_apps(PIPELINE), now_ms()
+    chain = [Transaction(apps["count"], state.count, at), Transaction(apps["at"], dt.version() + 1, at)]
+    chain += [Transaction(apps[f"digest{i}"], w, at) for i, w in enumerate(_words(state.digest))]
+    expired = [Transaction(t.app_id, t.version, EXPIRED) for t in archived]
+    return [*expired, *kept, *chain], {ARCHIVE_INFO + PIPELINE: state.dump()}
+
+
+def delta_publisher(handle: tuple[str, Any]):
+    """walsink's publisher of a table :func:`delta_table` built: bounded with its committer store, or not."""
+    from airflow_provider_walsink.core.targets.archive import DEFAULT_KEEP
     from airflow_provider_walsink.core.targets.delta import DeltaPublisher
 
-    publisher = DeltaPublisher(uri, "append")
+    uri, store = handle
+    return DeltaPublisher(
+        uri, "append", property_archive=store, table_markers=DEFAULT_KEEP if store else None
+    )
+
+
+def delta_commit(handle: tuple[str, Any], base: Path, tag: str) -> tuple[float, int, int]:
+    """One walsink commit of a one-file checkpoint: (seconds, commit JSON bytes, checkpoint bytes written)."""
+    uri = handle[0]
+    publisher = delta_publisher(handle)
     d = Path(uri) / "_walsink_staging" / tag / "attempt-1"
     m = _stage(d, 1, tag)
     with Timer() as t:
@@ -223,26 +296,42 @@ def delta_commit(uri: str, base: Path, tag: str) -> tuple[float, int, int]:
     return t.wall, (log / f"{version:020d}.json").stat().st_size, sum(p.stat().st_size for p in checkpoints)
 
 
-def delta_pad_to_checkpoint(uri: str) -> None:
+def delta_pad_to_checkpoint(handle: tuple[str, Any]) -> None:
     """Marker-only commits (as walsink's, through deltalake) up to one version before a checkpoint's."""
     from deltalake import DeltaTable
 
-    from airflow_provider_walsink.core.targets.delta.log import append_commit, commit_properties
+    from airflow_provider_walsink.core.targets.delta.log import (
+        append_commit,
+        commit_properties,
+        marker_transactions,
+    )
 
+    uri = handle[0]
     dt = DeltaTable(uri)
     i = 0
     while (dt.version() + 2) % CHECKPOINT_INTERVAL:
         m = _stage(Path(uri) / "_pad" / str(i), 0, f"pad{dt.version()}")
-        append_commit(dt, [], commit_properties(m, 1, 0, (), dt.version() + 1))
+        txns = marker_transactions(m, 1, 0, (), dt.version() + 1)
+        append_commit(dt, [], commit_properties(m, 1, txns, exact_version=False))
         dt.update_incremental()
         i += 1
 
 
-def delta_check(uri: str, history: list[tuple[Manifest, str]]) -> None:
-    """walsink's lookup finds the first and the last checkpoint of the history committed."""
-    from airflow_provider_walsink.core.targets.delta import DeltaPublisher
+def delta_check(handle: tuple[str, Any], history: list[tuple[Manifest, str]]) -> None:
+    """walsink's lookup finds the first and the last checkpoint of the history committed; a bounded
+    table's checkpoint holds at most the bound of the pipeline's application transactions."""
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
 
-    publisher = DeltaPublisher(uri, "append")
+    from airflow_provider_walsink.core.targets.delta.markers import pipeline_of
+
+    publisher = delta_publisher(handle)
+    if handle[1] is not None:
+        dt = DeltaTable(handle[0])
+        (checkpoint,) = (Path(handle[0]) / "_delta_log").glob(f"{dt.version():020d}.checkpoint.parquet")
+        txns = [t for t in pq.read_table(checkpoint, columns=["txn"]).column("txn").to_pylist() if t]
+        held = sum(1 for t in txns if pipeline_of(t["appId"]) == PIPELINE)
+        assert held <= publisher.archive_keep[0], held
     for manifest, _ in (history[0], history[-1]):
         assert publisher.published_attempt(manifest) == manifest.attempt_id, manifest.checkpoint_key
 
@@ -262,6 +351,11 @@ def main(argv: list[str] | None = None) -> list[Table]:
     parser.add_argument(
         "--checkpoint-samples", type=int, default=3, help="Delta: timed checkpoint-writing commits (0: none)"
     )
+    parser.add_argument(
+        "--kinds",
+        default="iceberg,delta",
+        help="iceberg, delta (bounded: table_markers 256), delta-kept (every marker kept, no table_markers)",
+    )
     parser.add_argument("--work-dir", default=None)
     args = parser.parse_args(argv)
     from deltalake import DeltaTable
@@ -276,7 +370,7 @@ def main(argv: list[str] | None = None) -> list[Table]:
     build = Table("History built (synthetic)", ["target", "N", "seconds to build and check"])
     try:
         histories = {n: list(history_manifests(n - 1)) for n in sizes}
-        for kind in ("iceberg", "delta"):
+        for kind in args.kinds.split(","):
             handles: dict[int, Any] = {}
             loads: dict[int, Any] = {}
             for n in sizes:
@@ -288,8 +382,8 @@ def main(argv: list[str] | None = None) -> list[Table]:
                     loads[n] = iceberg_reader(handles[n])
                     iceberg_check(handles[n], histories[n])
                 else:
-                    handles[n] = delta_table(d, histories[n])
-                    loads[n] = partial(DeltaTable, handles[n])
+                    handles[n] = delta_table(d, histories[n], bounded=kind == "delta")
+                    loads[n] = partial(DeltaTable, handles[n][0])
                     delta_check(handles[n], histories[n])
                 build.rows.append([kind, n, f"{time.perf_counter() - t0:.1f}"])
             commit_s: dict[int, list[float]] = {n: [] for n in sizes}
@@ -316,13 +410,13 @@ def main(argv: list[str] | None = None) -> list[Table]:
                     _bytes,
                 ),
             ]
-            if kind == "delta" and args.checkpoint_samples:
+            if kind.startswith("delta") and args.checkpoint_samples:
                 ck_s: dict[int, list[float]] = {n: [] for n in sizes}
                 ck_b: dict[int, list[int]] = {n: [] for n in sizes}
                 for i in range(args.checkpoint_samples):
                     for n in sizes:
                         delta_pad_to_checkpoint(handles[n])
-                        wall, size, ck = delta_commit(handles[n], root / f"delta-{n}", f"k{i}")
+                        wall, size, ck = delta_commit(handles[n], root / f"{kind}-{n}", f"k{i}")
                         assert ck > 0, "the commit at a checkpoint interval wrote no checkpoint"
                         ck_s[n].append(wall)
                         ck_b[n].append(size + ck)

@@ -98,7 +98,9 @@ def settle_heap() -> None:
     to scan every object the process holds; most of them are modules and classes that are never
     garbage. Frozen, they are no longer scanned, so each later collection scans only what was made
     since (the triggers, their task instances): in benchmark 10 (bench/README.md, 1,000 walsink
-    triggers) the trigger runner's longest collection fell from 0.34-0.44 s to 0.13 s. What the
+    triggers) the trigger runner's longest collection fell from 0.34-0.44 s to 0.13 s, and other
+    triggers that run after walsink's on the same triggerer are no slower for it (four runs
+    alternating the freeze, bench/README.md: "Does the heap freeze make a later turn worse?"). What the
     freeze keeps from the cycle collector is what is alive at that moment, once: if it later
     becomes garbage in a reference cycle, it stays (what is freed by reference count, a check's
     own objects among it, is freed as before). ``WALSINK_TRIGGERER_GC_FREEZE=0`` in the
