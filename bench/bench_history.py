@@ -121,9 +121,6 @@ def iceberg_archived_history(
     from airflow_provider_walsink.core.targets.archive import (
         ARCHIVE_PREFIX,
         ArchivedEntry,
-        ArchiveState,
-        chained,
-        genesis,
     )
 
     keep, batch = publisher.archive_keep
@@ -133,6 +130,15 @@ def iceberg_archived_history(
     if not archived:
         return props, []
     entries = [ArchivedEntry("marker", n.split("/", 1)[1], n.split("/", 1)[1], props[n]) for n in archived]
+    state = archived_chain(publisher.property_archive, table_uuid, entries, batch)
+    return {n: props[n] for n in kept} | {ARCHIVE_PREFIX + PIPELINE: state.dump()}, []
+
+
+def archived_chain(archive, table_uuid: str, entries: list[Any], batch: int) -> Any:
+    """The archive state after ``entries`` (in commit order): chained from the table's genesis, all
+    but the last ``batch`` copied into the committer database ``archive``, which the state carries."""
+    from airflow_provider_walsink.core.targets.archive import ArchiveState, chained, genesis
+
     digests, d = [], genesis(table_uuid, PIPELINE)
     for e in entries:
         d = chained(d, e)
@@ -140,11 +146,11 @@ def iceberg_archived_history(
     first = max(0, len(entries) - batch)
     for start in range(0, first, 5000):
         end = min(first, start + 5000)
-        chunk = list(zip(entries[start:end], digests[start:end], strict=True))
-        publisher.property_archive.archive_extend(table_uuid, PIPELINE, start + 1, chunk)
+        archive.archive_extend(
+            table_uuid, PIPELINE, start + 1, list(zip(entries[start:end], digests[start:end], strict=True))
+        )
     base = digests[first - 1] if first else genesis(table_uuid, PIPELINE)
-    state = ArchiveState(len(entries), digests[-1], base, tuple(entries[first:]))
-    return {n: props[n] for n in kept} | {ARCHIVE_PREFIX + PIPELINE: state.dump()}, []
+    return ArchiveState(len(entries), digests[-1], base, tuple(entries[first:]))
 
 
 def iceberg_reader(publisher) -> Any:
@@ -236,7 +242,7 @@ def delta_archived_history(publisher, dt, txns: list[Any]) -> tuple[list[Any], d
     batch carried by the commit's ``commitInfo`` (``core/targets/delta/markers.py``)."""
     from deltalake import Transaction
 
-    from airflow_provider_walsink.core.targets.archive import ArchivedEntry, ArchiveState, chained, genesis
+    from airflow_provider_walsink.core.targets.archive import ArchivedEntry
     from airflow_provider_walsink.core.targets.delta.log import EXPIRED, now_ms
     from airflow_provider_walsink.core.targets.delta.markers import (
         ARCHIVE_INFO,
@@ -253,17 +259,7 @@ def delta_archived_history(publisher, dt, txns: list[Any]) -> tuple[list[Any], d
         return txns, {}
     table_uuid = str(dt.metadata().id)
     entries = [ArchivedEntry(KIND, t.app_id, checkpoint_of(t.app_id), str(t.version)) for t in archived]
-    digests, d = [], genesis(table_uuid, PIPELINE)
-    for e in entries:
-        d = chained(d, e)
-        digests.append(d)
-    first = max(0, len(entries) - batch)
-    for start in range(0, first, 5000):
-        end = min(first, start + 5000)
-        chunk = list(zip(entries[start:end], digests[start:end], strict=True))
-        publisher.property_archive.archive_extend(table_uuid, PIPELINE, start + 1, chunk)
-    base = digests[first - 1] if first else genesis(table_uuid, PIPELINE)
-    state = ArchiveState(len(entries), digests[-1], base, tuple(entries[first:]))
+    state = archived_chain(publisher.property_archive, table_uuid, entries, batch)
     apps, at = state_apps(PIPELINE), now_ms()
     chain = [Transaction(apps["count"], state.count, at), Transaction(apps["at"], dt.version() + 1, at)]
     chain += [Transaction(apps[f"digest{i}"], w, at) for i, w in enumerate(_words(state.digest))]
