@@ -120,6 +120,19 @@ def emulator(
             output.close()
 
 
+def http_answers(url: str) -> Callable[[], bool]:
+    """An emulator's readiness probe: ``url`` answers a GET with a success."""
+
+    def answers() -> bool:
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    return answers
+
+
 @contextlib.contextmanager
 def serve() -> Iterator[GcsServer]:
     """fake-gcs-server on a free loopback port with the bucket created, stopped on leaving (the
@@ -129,17 +142,10 @@ def serve() -> Iterator[GcsServer]:
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
 
-    def answers() -> bool:
-        try:
-            urllib.request.urlopen(f"{endpoint}/storage/v1/b", timeout=1).close()
-            return True
-        except OSError:
-            return False
-
     # Its own argv (the wrapper's start() would also set STORAGE_EMULATOR_HOST for the whole process).
     argv = [str(wrapper._get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
             "-port", str(port), "-external-url", endpoint, "-log-level", "error"]  # fmt: skip
-    with emulator("fake-gcs-server", argv, answers):
+    with emulator("fake-gcs-server", argv, http_answers(f"{endpoint}/storage/v1/b")):
         server = GcsServer(endpoint, BUCKET)
         server.create_bucket(BUCKET)
         yield server

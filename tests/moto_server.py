@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,21 +20,19 @@ def serve(bucket: str) -> Iterator[str]:
     """The endpoint of a ``moto_server`` with ``bucket`` created, until the block ends."""
     import boto3
 
-    from tests.gcs_server import emulator, free_port
+    from tests.gcs_server import emulator, free_port, http_answers
     from tests.table_fixtures import ACCESS_KEY, REGION, SECRET_KEY
 
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
 
-    def answers() -> bool:
-        try:
-            urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=1).close()
-            return True
-        except OSError:
-            return False
-
     binary = Path(sys.executable).with_name("moto_server")
-    with emulator("moto_server", [str(binary), "-H", "127.0.0.1", "-p", str(port)], answers, chatty=True):
+    with emulator(
+        "moto_server",
+        [str(binary), "-H", "127.0.0.1", "-p", str(port)],
+        http_answers(f"{endpoint}/moto-api/data.json"),
+        chatty=True,
+    ):
         boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
                      region_name=REGION).create_bucket(Bucket=bucket)  # fmt: skip
         yield endpoint

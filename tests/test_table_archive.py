@@ -646,3 +646,20 @@ def test_delta_log_clean_up_of_the_archiving_commit_needs_a_database_in_step(tmp
     with pytest.raises(ArchiveMismatchError, match="lost entries"):
         table.publisher().publish(manifest, attempt_dir, ctx(manifest, epoch=0))
     assert table.state() == before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("value", ["abc", 0, -3, "", True])
+def test_a_table_markers_that_is_not_a_whole_number_of_at_least_one_is_refused_naming_it(
+    tmp_path, sqlite_store, kind, value
+):
+    """Refused when the target is built (before anything is written), naming the option and the
+    value; a number given as digits (as a form or a JSON connection extra gives it) is taken."""
+    from airflow_provider_walsink.core.protocol.errors import WalsinkError
+
+    with pytest.raises(
+        WalsinkError, match=f"table_markers must be a whole number of at least 1, not {value!r}"
+    ):
+        make_table(kind, tmp_path, sqlite_store, keep=value).publisher()
+    assert not (tmp_path / "tables").exists() or not any((tmp_path / "tables").iterdir())
+    assert make_table(kind, tmp_path / "digits", sqlite_store, keep="40").publisher().archive_keep == (40, 10)

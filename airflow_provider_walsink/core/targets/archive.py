@@ -51,12 +51,16 @@ DEFAULT_KEEP = 256
 DEFAULT_BATCH = 64
 
 
-def archive_bounds(table_markers: int) -> tuple[int, int]:
-    """``(keep, batch)`` for a target's ``table_markers``: the batch a quarter of the bound, 1 to
-    :data:`DEFAULT_BATCH`, so that one commit in ``batch`` archives."""
-    keep = int(table_markers)
+def archive_bounds(table_markers: Any) -> tuple[int, int]:
+    """``(keep, batch)`` for a target's ``table_markers`` (as ``target_options`` gives it: an int or
+    its digits): the batch a quarter of the bound, 1 to :data:`DEFAULT_BATCH`, so that one commit
+    in ``batch`` archives. ``ValueError`` naming the option for anything but a whole number >= 1."""
+    try:
+        keep = int(str(table_markers).strip()) if not isinstance(table_markers, bool) else 0
+    except ValueError:
+        keep = 0
     if keep < 1:
-        raise ValueError(f"table_markers must be at least 1, not {table_markers!r}")
+        raise ValueError(f"table_markers must be a whole number of at least 1, not {table_markers!r}")
     return keep, max(1, min(DEFAULT_BATCH, keep // 4))
 
 

@@ -143,9 +143,9 @@ def live_transactions(
             data = _read(fs, f"{root}/{name}")
             if data is None:
                 return None
-            table = pq.read_table(pa.BufferReader(data))
-            if "txn" in table.column_names:
-                for txn in table.column("txn").to_pylist():
+            checkpoint = pq.ParquetFile(pa.BufferReader(data))
+            if "txn" in checkpoint.schema_arrow.names:  # only that column: a checkpoint is mostly add actions
+                for txn in checkpoint.read(columns=["txn"]).column("txn").to_pylist():
                     if txn:
                         found[txn["appId"]] = (int(txn["version"]), txn.get("lastUpdated"))
         start = version + 1

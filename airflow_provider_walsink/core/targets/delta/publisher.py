@@ -182,7 +182,7 @@ class DeltaPublisher(DeltaGroupCommit, DeltaTombstone, DeltaActions, Publisher):
         allow_older_overwrite: bool = False,
         store_options: Mapping[str, Any] | None = None,
         property_archive: PropertyArchive | None = None,
-        table_markers: int | None = None,
+        table_markers: int | str | None = None,
     ) -> None:
         WriteMode.parse(mode, error=DeltaTargetError)
         if "://" not in table_uri and not os.path.isabs(table_uri):
@@ -288,7 +288,7 @@ class DeltaPublisher(DeltaGroupCommit, DeltaTombstone, DeltaActions, Publisher):
             allow_older_overwrite=bool(getattr(options, "allow_older_overwrite", False)),
             store_options=store_options,
             property_archive=getattr(options, "property_archive", None),
-            table_markers=int(extra["table_markers"]) if extra.get("table_markers") is not None else None,
+            table_markers=extra.get("table_markers"),
         )
         publisher.conn_id = str(extra["conn_id"]) if extra.get("conn_id") else None
         return publisher

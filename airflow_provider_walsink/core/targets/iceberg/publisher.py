@@ -201,7 +201,7 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
         table_properties: Mapping[str, str] | None = None,
         allow_older_overwrite: bool = False,
         property_archive: PropertyArchive | None = None,
-        table_markers: int = DEFAULT_KEEP,
+        table_markers: int | str = DEFAULT_KEEP,
     ) -> None:
         WriteMode.parse(mode, error=IcebergTargetError)
         namespace, dot, name = identifier.rpartition(".")
@@ -275,7 +275,7 @@ class IcebergPublisher(IcebergGroupCommit, IcebergTombstone, Publisher):
             table_properties=extra.get("table_properties"),
             allow_older_overwrite=bool(getattr(options, "allow_older_overwrite", False)),
             property_archive=getattr(options, "property_archive", None),
-            table_markers=int(extra.get("table_markers", DEFAULT_KEEP)),
+            table_markers=extra.get("table_markers", DEFAULT_KEEP),
         )
         publisher.catalog_source = source if props is not None else "walsink's embedded catalog"
         return publisher
