@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from collections import Counter
@@ -364,3 +365,91 @@ def test_the_checks_of_many_triggers_reuse_their_committer_connections(monkeypat
     threads = watch.CHECK_THREADS + watch.WATCH_THREADS
     assert len(connects) <= threads, f"{len(connects)} connections opened for the checks and the watch"
     store.dispose()
+
+
+def test_the_triggers_write_their_log_in_the_checks_threads_never_on_the_loop(monkeypatch, tmp_path, layout):
+    """Writing a line of a trigger's log gives up the interpreter lock; on the loop, with checks
+    running beside it, taking it back waited for them, once per line (benchmark 10's blocks while
+    hundreds of triggers loaded, bench/README.md). So a check's "not durable yet" and its "durable"
+    are written by the thread that ran the check."""
+    url = f"sqlite:///{tmp_path}/committer.db"
+    store = CommitterStore.from_url(url)
+    _conn(monkeypatch, "walsink_default", "walsink", extra={"url": url, "staging_root": str(layout.root)})
+    keys = [f"k{i}" for i in range(TRIGGERS)]
+    held = []
+    for key in keys:  # sealed, its second file missing until it is put back
+        store.register("p", key, mode="overwrite", actor=ACTOR)
+        writer = CheckpointWriter(store, layout, "p", key, actor=ACTOR)
+        where = writer.begin()
+        for i in range(2):
+            (where / f"part-{i}.csv").write_bytes(f"{key},{i}\n".encode())
+        writer.add_files(["part-0.csv", "part-1.csv"], writer="t")
+        writer.seal(file_format="csv")
+        held.append((where / "part-1.csv", (where / "part-1.csv").read_bytes()))
+        (where / "part-1.csv").unlink()
+    lines: list[tuple[int, str]] = []
+
+    class Recorded:
+        def _line(self, message: str, *args, **_kwargs) -> None:
+            lines.append((threading.get_ident(), message % args if args else message))
+
+        debug = info = warning = error = exception = _line
+
+    monkeypatch.setattr(CheckpointDurableTrigger, "log", property(lambda _self: Recorded()))
+
+    def put_back() -> None:
+        for path, data in held:
+            path.write_bytes(data)
+
+    loop_threads: list[int] = []
+
+    async def first_event(trigger):
+        loop_threads.append(threading.get_ident())
+        async for event in trigger.run():
+            return event.payload
+
+    async def run_all():
+        running = [asyncio.ensure_future(first_event(t)) for t in _triggers(keys)]
+        await asyncio.sleep(0.5)  # every trigger has checked, and found a file missing, by now
+        await asyncio.to_thread(put_back)
+        return await asyncio.gather(*running)
+
+    events = asyncio.run(run_all())
+    assert [e["status"] for e in events] == ["durable"] * TRIGGERS, events
+    texts = [text for _, text in lines]
+    assert sum(t.startswith("not durable yet") for t in texts) >= TRIGGERS, texts
+    assert sum(not t.startswith("not durable yet") for t in texts) >= TRIGGERS, texts  # the durable ones
+    on_loop = [text for ident, text in lines if ident in set(loop_threads)]
+    assert on_loop == [], on_loop
+    store.dispose()
+
+
+def test_a_trigger_joins_and_asks_the_watch_while_its_thread_is_stalled_in_a_read(monkeypatch):
+    """The watch's thread may lose the interpreter lock anywhere in its handling of a read (to the
+    checks running beside it) and get it back only much later. The loop, adding a trigger or
+    asking whether a check can wait, never waits for it: here the thread is held inside its
+    handling of a read until the loop has done both."""
+    from airflow_provider_walsink.triggers import watch
+
+    inside, release, resumed = threading.Event(), threading.Event(), []
+
+    class StalledRead(dict):
+        def get(self, key, default=None):
+            inside.set()
+            release.wait(5)  # long enough to tell, short enough for a failing run
+            resumed.append(release.is_set())
+            return super().get(key, default)
+
+    monkeypatch.setattr(watch, "_read_states", lambda _conn_id, keys: StalledRead())
+
+    async def main():
+        committer_watch = watch.CommitterWatch("stalled")
+        with committer_watch.watching("p", "k1"):
+            assert await asyncio.to_thread(inside.wait, 5)
+            with committer_watch.watching("p", "k2"):
+                committer_watch.rules_out("p", "k1", since=0.0)
+                done_while_stalled = not resumed
+            release.set()
+        return done_while_stalled
+
+    assert asyncio.run(main()) is True

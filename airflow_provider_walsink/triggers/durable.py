@@ -25,6 +25,15 @@ other triggers use, to them. What the checks open is shared by the process's tri
 (:mod:`.shared`): one connection lookup per connection and minute, one committer engine per
 database URL (its pool never larger than the pool of threads, kept between checks), one staging client per
 root and credentials.
+
+Off the loop is not all: a thread running Python holds the interpreter lock, and every time the
+loop gives it up (a write, a wait for another thread) it must take it back from the checks
+running beside it. So on the loop a trigger writes no log line (its check's thread does), starts
+no thread (the pool starts all of its threads at once, :func:`~.watch.off_loop`), and never waits
+for a lock a working thread holds (:class:`~.watch.CommitterWatch`). A pool thread started on the
+loop while 500 triggers loaded waited 0.37 s for the lock: the blocks of 0.34 to 0.43 s that
+benchmark 10 saw now and then (bench/README.md); a line written or a lock waited for on the loop
+waits the same way.
 """
 
 from __future__ import annotations
@@ -173,7 +182,7 @@ class CheckpointDurableTrigger(BaseTrigger):
             # Credentials of an object-store root are read here, in the triggerer, from the
             # connections: the trigger's kwargs (stored in Airflow's database) hold only ids. The
             # hook, its lookups, engine and staging client are shared by the process's triggers.
-            return evaluate_with_hook(
+            status = evaluate_with_hook(
                 shared.hook_for(self.walsink_conn_id),
                 self.staging_root or None,  # "" when rendered from a write task that pushed no root
                 self.pipeline,
@@ -188,6 +197,11 @@ class CheckpointDurableTrigger(BaseTrigger):
             return status
         finally:
             settle_heap()
+        # Logged here, in the check's thread, not on the loop: writing the trigger's log gives up
+        # the interpreter lock, and the loop, taking it back from the checks running beside it,
+        # waited for each line (issue 46: hundreds of such lines in one turn blocked it).
+        self.log.info("%s%s", "" if status.durable else "not durable yet: ", status.message)
+        return status
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
@@ -208,7 +222,6 @@ class CheckpointDurableTrigger(BaseTrigger):
             checked = time.monotonic()
             status = await off_loop(self._check, key, actor)
             while not status.durable:
-                self.log.info("not durable yet: %s", status.message)
                 due = await self._check_due(watch, key, waiter, checked, deadline)
                 if due is None:
                     break
@@ -216,7 +229,6 @@ class CheckpointDurableTrigger(BaseTrigger):
                 # The watch checked when the row changed, or a check of the trigger's own is due.
                 status = due if due is not True else await off_loop(self._check, key, actor)
         if status.durable:
-            self.log.info("%s", status.message)
             yield (
                 TaskSuccessEvent()
                 if self.end_from_trigger

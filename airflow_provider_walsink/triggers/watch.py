@@ -47,6 +47,9 @@ WATCH_INTERVAL = 0.5
 
 #: Threads that read the watched rows: one per watch (walsink connection), one query per interval.
 WATCH_THREADS = 1
+#: Seconds a watch's thread waits for a new waiter once nobody waits, before it ends: a triggerer
+#: whose walsink triggers come and go does not start it again (on its loop) each time.
+WATCH_IDLE = 60.0
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -61,13 +64,29 @@ States = dict[Key, tuple[tuple[Any, ...], bool]]
 
 
 def _checks_pool() -> ThreadPoolExecutor:
-    """The process's pool of :data:`CHECK_THREADS` check threads."""
+    """The process's pool of :data:`CHECK_THREADS` check threads, every one of them started when
+    the pool is made (at the first trigger's first step).
+
+    A ``ThreadPoolExecutor`` starts a thread in ``submit`` whenever none is idle, that is on the
+    loop, and each start waits until the new thread has run. With checks already running beside
+    it, the new thread waits for the interpreter lock, and so the loop waited: one of the blocks
+    of benchmark 10 (bench/README.md). Started at once, while a triggerer's first trigger starts,
+    later submits only queue work."""
     global _pool
+    pool = _pool
+    if pool is not None:
+        return pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(
+            pool = ThreadPoolExecutor(
                 CHECK_THREADS, thread_name_prefix="walsink-durability", initializer=_thread_started
             )
+            # The pool starts a thread per submit while none is idle: held at a barrier, none is
+            # until all are started.
+            all_started = threading.Barrier(CHECK_THREADS)
+            for _ in range(CHECK_THREADS):
+                pool.submit(all_started.wait, 60.0)
+            _pool = pool
         return _pool
 
 
@@ -189,18 +208,29 @@ class CommitterWatch:
 
     It reads them in a thread of its own (not on the loop: a read, its sleep and the wakes it
     sends never wait for a turn of the loop), one query per :data:`WATCH_INTERVAL`, while anyone
-    waits; it stops when nobody does, and the next waiter starts it again.
+    waits. When nobody has waited for :data:`WATCH_IDLE` seconds it stops, and the next waiter
+    starts it again.
+
+    What the loop does here never waits for the watch's thread. Its lock guards only the thread's
+    start and stop; the thread reads the waiters and publishes what it read (``_seen``, then
+    ``read_started``) without it, one dictionary operation at a time (each atomic under the
+    interpreter lock). Holding a lock through a read of hundreds of keys, the thread could lose the
+    interpreter lock to the checks running beside it, and the loop, wanting the same lock to add a
+    trigger, waited for it (issue 46).
     """
 
     def __init__(self, walsink_conn_id: str) -> None:
         self.walsink_conn_id = walsink_conn_id
         self._lock = threading.Lock()
+        #: Changed on the loop only; the watch's thread reads it.
         self._waiters: dict[Key, set[Waiter]] = {}
-        #: The last fingerprint read per key (``None``: no row) and whether it could be durable.
+        #: Written by the watch's thread only (the loop drops a key nobody waits on): the last
+        #: fingerprint read per key (``None``: no row) and whether it could be durable.
         self._seen: dict[Key, tuple[tuple[Any, ...] | None, bool]] = {}
-        #: Monotonic time at which the last successful read started.
+        #: Monotonic time at which the last successful read started (set after ``_seen``).
         self.read_started = float("-inf")
         self._thread: threading.Thread | None = None
+        self._wanted = threading.Event()
 
     @contextmanager
     def watching(
@@ -209,8 +239,14 @@ class CommitterWatch:
         """Watch one checkpoint while the block runs (see :class:`Waiter`)."""
         key = (pipeline, checkpoint_key)
         waiter = Waiter(asyncio.get_running_loop(), check)
+        waiters = self._waiters.get(key)
+        if waiters is None:
+            # A new set, filled before it is published: the thread may be reading the old one.
+            self._waiters[key] = {waiter}
+        else:
+            self._waiters[key] = waiters | {waiter}
+        self._wanted.set()
         with self._lock:
-            self._waiters.setdefault(key, set()).add(waiter)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=f"walsink-watch-{self.walsink_conn_id}", daemon=True
@@ -219,29 +255,31 @@ class CommitterWatch:
         try:
             yield waiter
         finally:
-            with self._lock:
-                waiters = self._waiters.get(key)
-                if waiters is not None:
-                    waiters.discard(waiter)
-                    if not waiters:
-                        del self._waiters[key]
-                        self._seen.pop(key, None)
+            waiters = self._waiters.get(key, set()) - {waiter}
+            if waiters:
+                self._waiters[key] = waiters
+            else:
+                self._waiters.pop(key, None)
+                self._seen.pop(key, None)
 
     def rules_out(self, pipeline: str, checkpoint_key: str, *, since: float) -> bool:
         """Whether a read started after ``since`` (monotonic) found the checkpoint's row in a state
-        no check could find durable (not registered, writing, failed...): its check can wait."""
-        with self._lock:
-            seen = self._seen.get((pipeline, checkpoint_key))
-            return seen is not None and not seen[1] and self.read_started > since
+        no check could find durable (not registered, writing, failed...): its check can wait.
+
+        Read without a lock: a read's ``_seen`` is published before its ``read_started``, so a
+        start after ``since`` comes with that read's state or a later one; and a row that becomes
+        checkable wakes its trigger at once (:meth:`Waiter._changed`)."""
+        seen = self._seen.get((pipeline, checkpoint_key))
+        return seen is not None and not seen[1] and self.read_started > since
 
     def _run(self) -> None:
         _thread_started()
         while True:
-            with self._lock:
-                keys = list(self._waiters)
-                if not keys:
-                    self._thread = None
-                    return
+            keys = list(self._waiters)
+            if not keys and not self._idle():
+                return
+            if not keys:
+                continue
             started = time.monotonic()
             try:
                 states: States | None = _read_states(self.walsink_conn_id, keys)
@@ -249,21 +287,35 @@ class CommitterWatch:
                 states = None
             if states is not None:
                 changed: list[Waiter] = []
-                with self._lock:
-                    self.read_started = started
-                    for key in keys:
-                        if key not in self._waiters:
-                            continue  # its trigger ended during the read
-                        fingerprint, checkable = states.get(key, (None, False))
-                        before = self._seen.get(key)
-                        self._seen[key] = (fingerprint, checkable)
-                        # A change wakes; so does a first sight of a row a check could find
-                        # durable (it may have changed between the trigger's check and this read).
-                        if (before[0] != fingerprint) if before is not None else checkable:
-                            changed.extend(self._waiters[key])
+                for key in keys:
+                    waiters = self._waiters.get(key)
+                    if waiters is None:
+                        continue  # its trigger ended during the read
+                    fingerprint, checkable = states.get(key, (None, False))
+                    before = self._seen.get(key)
+                    self._seen[key] = (fingerprint, checkable)
+                    # A change wakes; so does a first sight of a row a check could find
+                    # durable (it may have changed between the trigger's check and this read).
+                    if (before[0] != fingerprint) if before is not None else checkable:
+                        changed.extend(waiters)
+                for key in [key for key in list(self._seen) if key not in self._waiters]:
+                    self._seen.pop(key, None)  # its trigger ended during the read
+                self.read_started = started
                 for waiter in changed:
                     waiter._changed()
             time.sleep(WATCH_INTERVAL)
+
+    def _idle(self) -> bool:
+        """Nobody waits: wait up to :data:`WATCH_IDLE` seconds for a waiter. ``False``: none came,
+        and the thread is to end (decided under the lock, so a waiter added meanwhile starts a new one)."""
+        self._wanted.clear()
+        if self._waiters or self._wanted.wait(WATCH_IDLE):
+            return True
+        with self._lock:
+            if self._waiters:
+                return True
+            self._thread = None
+            return False
 
 
 def watch_for(walsink_conn_id: str) -> CommitterWatch:
