@@ -139,6 +139,34 @@ if _log:
 """
 
 
+#: With ``--loop-log``: appended to the same ``sitecustomize``, logging every callback of an event
+#: loop of the triggerer's processes that ran over 40 ms, with the CPU time its thread spent in it:
+#: a callback whose CPU time is a small part of its time waited (for the interpreter lock, a lock,
+#: a thread's start), which is how a block with no garbage collection behind it shows its cause.
+_LOOP_LOG = """\
+import asyncio.events, os, time
+
+_loop_log = os.environ.get("WALSINK_BENCH_LOOP_LOG")
+_run_handle = asyncio.events.Handle._run
+
+
+def _timed_run(self):
+    began, cpu = time.perf_counter(), time.thread_time()
+    try:
+        return _run_handle(self)
+    finally:
+        took = time.perf_counter() - began
+        if took > 0.04:
+            with open(_loop_log, "a") as out:
+                spent = time.thread_time() - cpu
+                out.write(f"{time.time():.3f} {os.getpid()} {took:.3f} {spent:.3f} {repr(self)[:300]!r}\\n")
+
+
+if _loop_log:
+    asyncio.events.Handle._run = _timed_run
+"""
+
+
 @dataclass
 class Phase:
     """One phase as the monitor saw it: when it began and ended, the triggerer's resident set in
@@ -574,6 +602,7 @@ def run(
     gc_log: bool = False,
     turns: list[tuple[str, ...]] = TRIGGER_TURNS["in-turn"],
     gc_freeze: bool = True,
+    loop_log: bool = False,
 ) -> list[Table]:
     sys.path.insert(0, str(REPO / "tests"))
     from airflow_stack import AirflowStack  # the e2e tests' stack
@@ -588,10 +617,13 @@ def run(
     (dags / f"{DAG_ID}.py").write_text(_DAG.format(dag_id=DAG_ID, poke=poke))
     local_root = scratch / "staging"
     diag: dict[str, str] = {}
-    if gc_log:
+    if gc_log or loop_log:
         (scratch / "diag").mkdir()
-        (scratch / "diag" / "sitecustomize.py").write_text(_GC_LOG)
-        diag = {"WALSINK_BENCH_GC_LOG": str(scratch / "gc.log")}
+        (scratch / "diag" / "sitecustomize.py").write_text(_GC_LOG + (_LOOP_LOG if loop_log else ""))
+        diag = {
+            "WALSINK_BENCH_GC_LOG": str(scratch / "gc.log") if gc_log else "",
+            "WALSINK_BENCH_LOOP_LOG": str(scratch / "loop.log") if loop_log else "",
+        }
     results = []
     moto = None
     artifacts = REPO / "test-artifacts" / f"bench-triggerer-{time.strftime('%Y%m%dT%H%M%S')}"
@@ -624,7 +656,7 @@ def run(
                         filter(
                             None,
                             [
-                                str(scratch / "diag") if gc_log else "",
+                                str(scratch / "diag") if diag else "",
                                 str(REPO),
                                 os.environ.get("PYTHONPATH"),
                             ],
@@ -669,7 +701,25 @@ def run(
         if moto is not None:
             moto.terminate()
             moto.wait(timeout=30)
-    return _tables(results, window, poke, artifacts, gc_log)
+    tables = _tables(results, window, poke, artifacts, gc_log)
+    if loop_log:
+        tables[-1].notes.append(_slow_callbacks(scratch / "loop.log", artifacts))
+    return tables
+
+
+def _slow_callbacks(log: Path, artifacts: Path) -> str:
+    """The ``--loop-log`` note: the longest callbacks of the triggerer's loops, with their CPU time
+    (the log itself copied to ``artifacts``)."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    if lines:
+        artifacts.mkdir(parents=True, exist_ok=True)
+        (artifacts / "loop.log").write_text("\n".join(lines) + "\n")
+    longest = sorted((line.split(" ", 4) for line in lines), key=lambda x: -float(x[2]))[:5]
+    shown = "; ".join(
+        f"{fmt_s(float(took))} (CPU {fmt_s(float(cpu))}, pid {pid}) {handle}"
+        for _, pid, took, cpu, handle in longest
+    )
+    return f"Loop callbacks over 40 ms (--loop-log): {len(lines)}; the longest: {shown or 'none'}."
 
 
 def _summary(r: dict[str, Any]) -> str:
@@ -796,6 +846,11 @@ def main(argv: list[str] | None = None) -> int:
         "--gc-log", action="store_true", help="report the triggerer's garbage collections over 50 ms"
     )
     parser.add_argument(
+        "--loop-log",
+        action="store_true",
+        help="log the triggerer's loop callbacks over 40 ms with their CPU time (what a block waited for)",
+    )
+    parser.add_argument(
         "--triggers",
         choices=sorted(TRIGGER_TURNS),
         default="in-turn",
@@ -827,6 +882,7 @@ def main(argv: list[str] | None = None) -> int:
             args.gc_log,
             TRIGGER_TURNS[args.triggers],
             not args.no_gc_freeze,
+            args.loop_log,
         ),
     )
 
