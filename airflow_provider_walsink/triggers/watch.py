@@ -276,10 +276,10 @@ class CommitterWatch:
         _thread_started()
         while True:
             keys = list(self._waiters)
-            if not keys and not self._idle():
-                return
             if not keys:
-                continue
+                if self._idle():
+                    continue
+                return
             started = time.monotonic()
             try:
                 states: States | None = _read_states(self.walsink_conn_id, keys)
