@@ -343,6 +343,18 @@ def _blocks(log_path: Path, phase: Phase) -> list[tuple[float, float]]:
     ]
 
 
+def _slow_lookups(log_path: Path, phase: Phase, trigger_logs: list[Path]) -> list[float]:
+    """The connection lookups walsink's triggers logged as slow (1 s or more) in ``phase`` (in the
+    triggerer's log) or in ``trigger_logs`` (a trigger's own log, where a lookup in its check goes):
+    a fresh triggerer's first lookup of a connection in the metadata database, during which its
+    supervisor builds Airflow's in-process Execution API and does not heartbeat."""
+    with log_path.open("rb") as f:
+        f.seek(phase.log_from)
+        text_ = f.read(max(0, phase.log_to - phase.log_from)).decode(errors="replace")
+    text_ += "".join(p.read_text(errors="replace") for p in trigger_logs)
+    return [float(x) for x in re.findall(r"walsink: connection '[^']*' took ([0-9.]+) s to look up", text_)]
+
+
 def _missed(gaps: list[float]) -> tuple[int, float]:
     """(heartbeats missed, longest gap) of gaps between heartbeats."""
     missed = sum(int(g // HEARTBEAT_S) - 1 for g in gaps if g > 2 * HEARTBEAT_S)
@@ -574,6 +586,17 @@ def one_config(
                 )
                 for end, b in blocks
             ),
+            "lookup": max(
+                _slow_lookups(
+                    log_path,
+                    phase,
+                    # the start-up's triggers: the first lookups of this triggerer
+                    list(log_path.parent.glob(f"dag_id={DAG_ID}/run_id={prefix}__warm/*/*.trigger.*.log"))
+                    if name.startswith("start-up")
+                    else [],
+                ),
+                default=None,
+            ),
             "rss": max((a + b for a, b in phase.rss), default=0),
             "rss_runner": max((b for _, b in phase.rss), default=0),
         }
@@ -603,6 +626,7 @@ def run(
     turns: list[tuple[str, ...]] = TRIGGER_TURNS["in-turn"],
     gc_freeze: bool = True,
     loop_log: bool = False,
+    connections: str = "metadata",
 ) -> list[Table]:
     sys.path.insert(0, str(REPO / "tests"))
     from airflow_stack import AirflowStack  # the e2e tests' stack
@@ -641,6 +665,30 @@ def run(
             )
         with private_pg_database() as committer_url:
             committer = CommitterStore.from_url(committer_url)
+            conns = {
+                "walsink_default": {
+                    "conn_type": "walsink",
+                    "extra": {
+                        "url": committer_url,
+                        "staging_root": str(local_root),
+                        "staging_conn_id": "bench_s3",
+                    },
+                }
+            }
+            if moto is not None:
+                conns["bench_s3"] = {
+                    "conn_type": "aws",
+                    "login": ACCESS_KEY,
+                    "password": SECRET_KEY,
+                    "extra": {"region_name": REGION, "endpoint_url": endpoint},
+                }
+            # --connections environment: the trigger runner finds them in its environment and never
+            # asks the supervisor, whose first lookup starts Airflow's in-process Execution API.
+            in_env = (
+                {f"AIRFLOW_CONN_{c.upper()}": json.dumps(v) for c, v in conns.items()}
+                if connections == "environment"
+                else {}
+            )
             stack = AirflowStack.create(
                 scratch / "stack",
                 postgres_admin_url=PG_ADMIN_URL,
@@ -663,23 +711,16 @@ def run(
                         )
                     ),
                     **diag,
+                    **in_env,
                     **({} if gc_freeze else {"WALSINK_TRIGGERER_GC_FREEZE": "0"}),
                     # asyncio's debug mode names each slow callback in the triggerer's log (and slows it).
                     **({"PYTHONASYNCIODEBUG": "1"} if asyncio_debug else {}),
                 },
             )
             with stack:
-                walsink = {
-                    "url": committer_url,
-                    "staging_root": str(local_root),
-                    "staging_conn_id": "bench_s3",
-                }
-                stack.airflow("connections", "add", "walsink_default", "--conn-json",
-                              json.dumps({"conn_type": "walsink", "extra": walsink}))  # fmt: skip
-                if moto is not None:
-                    stack.airflow("connections", "add", "bench_s3", "--conn-json", json.dumps(
-                        {"conn_type": "aws", "login": ACCESS_KEY, "password": SECRET_KEY,
-                         "extra": {"region_name": REGION, "endpoint_url": endpoint}}))  # fmt: skip
+                for conn_id, conn in conns.items():
+                    if not in_env:
+                        stack.airflow("connections", "add", conn_id, "--conn-json", json.dumps(conn))
                 stack.airflow("dags", "reserialize", timeout=300)
                 engine = create_engine(stack.metadata_url)
                 index = 0
@@ -702,6 +743,15 @@ def run(
             moto.terminate()
             moto.wait(timeout=30)
     tables = _tables(results, window, poke, artifacts, gc_log)
+    tables[-1].notes.append(
+        "walsink's connections: "
+        + (
+            "in the triggerer's environment (AIRFLOW_CONN_*): no lookup reaches the supervisor."
+            if connections == "environment"
+            else "in Airflow's metadata database: a fresh triggerer's first lookup starts Airflow's "
+            "in-process Execution API in its supervisor (start-up)."
+        )
+    )
     if loop_log:
         tables[-1].notes.append(_slow_callbacks(scratch / "loop.log", artifacts))
     return tables
@@ -786,7 +836,8 @@ def _tables(
                     if gc_log
                     else p["blocks_over"],
                     p["beats"],
-                    f"{p['missed']} ({p['gap']:.1f} s)",
+                    f"{p['missed']} ({p['gap']:.1f} s)"
+                    + (f"; a {p['lookup']:.1f} s connection lookup" if p.get("lookup") else ""),
                     f"{p['rss'] / 2**20:.0f} MiB ({p['rss_runner'] / 2**20:.0f} MiB)",
                     " / ".join(
                         ("none over 50 ms" if gc_log else "-") if x is None else fmt_s(x)
@@ -860,6 +911,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-gc-freeze", action="store_true", help="WALSINK_TRIGGERER_GC_FREEZE=0 in the triggerer"
     )
+    parser.add_argument(
+        "--connections",
+        choices=("metadata", "environment"),
+        default="metadata",
+        help="where walsink's connections live: Airflow's metadata database (the default) or the "
+        "triggerer's environment (AIRFLOW_CONN_*, which the trigger runner reads without its supervisor)",
+    )
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--defer-runs", help=argparse.SUPPRESS)  # the loader, in the stack's configuration
     args = parser.parse_args(argv)
@@ -883,6 +941,7 @@ def main(argv: list[str] | None = None) -> int:
             TRIGGER_TURNS[args.triggers],
             not args.no_gc_freeze,
             args.loop_log,
+            args.connections,
         ),
     )
 

@@ -453,3 +453,28 @@ def test_a_trigger_joins_and_asks_the_watch_while_its_thread_is_stalled_in_a_rea
         return done_while_stalled
 
     assert asyncio.run(main()) is True
+
+
+def test_a_slow_connection_lookup_is_logged_with_what_it_usually_is(monkeypatch):
+    """A lookup that took SLOW_LOOKUP seconds or more (a fresh triggerer's first, which starts
+    Airflow's in-process Execution API in the supervisor) says so in the trigger's log, once per
+    lookup; a quick one says nothing."""
+    said: list[str] = []
+
+    class Recorded:
+        def info(self, msg, *args):
+            said.append(msg % args)
+
+    _conn(monkeypatch, "walsink_slow", "walsink", extra={"url": "sqlite://"})
+    monkeypatch.setattr(shared, "SLOW_LOOKUP", 3600.0)
+    hook = shared.SharedWalsinkHook("walsink_slow")
+    hook._log = Recorded()
+    assert hook.get_connection("walsink_slow").conn_type == "walsink"
+    assert said == []
+    monkeypatch.setattr(shared, "SLOW_LOOKUP", 0.0)
+    hook = shared.SharedWalsinkHook("walsink_slow")
+    hook._log = Recorded()
+    hook.get_connection("walsink_slow")
+    hook.get_connection("walsink_slow")  # kept: not looked up again, not logged again
+    assert len(said) == 1 and said[0].startswith("walsink: connection 'walsink_slow' took 0.0 s")
+    assert "secrets backend or environment variables" in said[0]

@@ -55,6 +55,8 @@ CONNECTION_TTL = 60.0
 RETRY_LOOKUP_AFTER = 5.0
 #: Staging stores (clients) kept per process, most recently used first.
 STAGING_STORES = 32
+#: A connection lookup that took this many seconds or more is logged, with what it usually is.
+SLOW_LOOKUP = 1.0
 
 _lock = threading.Lock()
 _hooks: dict[str, SharedWalsinkHook] = {}
@@ -82,8 +84,23 @@ class SharedWalsinkHook(WalsinkHook):
         """The connection, as looked up the first time (``AirflowNotFoundException`` again if absent)."""
         with self._lookup_lock:
             if conn_id not in self._connections:
+                began = time.monotonic()
                 try:
                     self._connections[conn_id] = super().get_connection(conn_id)
+                    took = time.monotonic() - began
+                    if took >= SLOW_LOOKUP:
+                        # Airflow's supervisor builds its in-process Execution API at the first
+                        # lookup it serves; until then it neither heartbeats nor records events.
+                        self.log.info(
+                            "walsink: connection %r took %.1f s to look up. A fresh triggerer's first "
+                            "lookup of a connection stored in Airflow's metadata database starts "
+                            "Airflow's in-process Execution API in the triggerer's supervisor, which "
+                            "meanwhile neither heartbeats nor records trigger events; connections in "
+                            "a secrets backend or environment variables never reach the supervisor "
+                            "(docs/production.md, 'The triggerer').",
+                            conn_id,
+                            took,
+                        )
                 except Exception as exc:
                     from airflow.exceptions import AirflowNotFoundException
 
