@@ -355,6 +355,21 @@ def _slow_lookups(log_path: Path, phase: Phase, trigger_logs: list[Path]) -> lis
     return [float(x) for x in re.findall(r"walsink: connection '[^']*' took ([0-9.]+) s to look up", text_)]
 
 
+def _blocks_in_pauses(
+    blocks: list[tuple[float, float]], collections: list[tuple[float, int, float]], pids: set[int]
+) -> int:
+    """How many of the blocks over 0.2 s (end, length) overlapped a GC pause (end, pid, length) of
+    one of ``pids``."""
+    return sum(
+        b > 0.2
+        and any(
+            pid in pids and at - pause - 0.05 <= end and end - b - 0.05 <= at
+            for at, pid, pause in collections
+        )
+        for end, b in blocks
+    )
+
+
 def _missed(gaps: list[float]) -> tuple[int, float]:
     """(heartbeats missed, longest gap) of gaps between heartbeats."""
     missed = sum(int(g // HEARTBEAT_S) - 1 for g in gaps if g > 2 * HEARTBEAT_S)
@@ -577,15 +592,11 @@ def one_config(
             "beats": len(gaps),
             "block": max((b for _, b in blocks), default=0.0),
             "blocks_over": sum(b > 0.2 for _, b in blocks),
-            # ...of them, those a long collection of the runner overlapped (a GC pause stops the loop).
-            "blocks_over_gc": sum(
-                b > 0.2
-                and any(
-                    pid in monitor.runner and at - pause - 0.05 <= end and end - b - 0.05 <= at
-                    for at, pid, pause in collections
-                )
-                for end, b in blocks
-            ),
+            # ...of them, those a long collection of the runner overlapped (a GC pause stops the
+            # loop), and those one of the supervisor overlapped (the runner writes its triggers'
+            # logs and events to the supervisor, which reads none while it collects).
+            "blocks_over_gc": _blocks_in_pauses(blocks, collections, monitor.runner),
+            "blocks_over_supervisor_gc": _blocks_in_pauses(blocks, collections, monitor.supervisor),
             "lookup": max(
                 _slow_lookups(
                     log_path,
@@ -832,7 +843,8 @@ def _tables(
                     r["staging"],
                     name,
                     fmt_s(p["block"]) if p["block"] else "none over 0.05 s",
-                    f"{p['blocks_over']} ({p['blocks_over_gc']} in a GC pause)"
+                    f"{p['blocks_over']} ({p['blocks_over_gc']} in a GC pause of the runner, "
+                    f"{p['blocks_over_supervisor_gc']} of the supervisor)"
                     if gc_log
                     else p["blocks_over"],
                     p["beats"],
