@@ -729,8 +729,8 @@ def run(
                 },
             )
             with stack:
-                for conn_id, conn in conns.items():
-                    if not in_env:
+                if not in_env:
+                    for conn_id, conn in conns.items():
                         stack.airflow("connections", "add", conn_id, "--conn-json", json.dumps(conn))
                 stack.airflow("dags", "reserialize", timeout=300)
                 engine = create_engine(stack.metadata_url)

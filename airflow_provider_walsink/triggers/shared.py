@@ -82,25 +82,13 @@ class SharedWalsinkHook(WalsinkHook):
 
     def get_connection(self, conn_id: str) -> Any:  # type: ignore[override]
         """The connection, as looked up the first time (``AirflowNotFoundException`` again if absent)."""
+        took: float | None = None  # set by a lookup made here, not by one kept
         with self._lookup_lock:
             if conn_id not in self._connections:
                 began = time.monotonic()
                 try:
                     self._connections[conn_id] = super().get_connection(conn_id)
                     took = time.monotonic() - began
-                    if took >= SLOW_LOOKUP:
-                        # Airflow's supervisor builds its in-process Execution API at the first
-                        # lookup it serves; until then it neither heartbeats nor records events.
-                        self.log.info(
-                            "walsink: connection %r took %.1f s to look up. A fresh triggerer's first "
-                            "lookup of a connection stored in Airflow's metadata database starts "
-                            "Airflow's in-process Execution API in the triggerer's supervisor, which "
-                            "meanwhile neither heartbeats nor records trigger events; connections in "
-                            "a secrets backend or environment variables never reach the supervisor "
-                            "(docs/production.md, 'The triggerer').",
-                            conn_id,
-                            took,
-                        )
                 except Exception as exc:
                     from airflow.exceptions import AirflowNotFoundException
 
@@ -108,6 +96,17 @@ class SharedWalsinkHook(WalsinkHook):
                         raise  # a secrets backend down: not cached, asked again next time
                     self._connections[conn_id] = exc
             found = self._connections[conn_id]
+        if took is not None and took >= SLOW_LOOKUP:
+            # Logged after the lock: a log line goes to the supervisor, and may wait for it.
+            self.log.info(
+                "walsink: connection %r took %.1f s to look up. A fresh triggerer's first lookup of "
+                "a connection stored in Airflow's metadata database starts Airflow's in-process "
+                "Execution API in the triggerer's supervisor, which meanwhile neither heartbeats nor "
+                "records trigger events; connections in a secrets backend or environment variables "
+                "never reach the supervisor (docs/production.md, 'The triggerer').",
+                conn_id,
+                took,
+            )
         if isinstance(found, Exception):
             raise found
         return found
