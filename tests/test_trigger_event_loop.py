@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -30,7 +31,7 @@ KEYS = [f"2026010{i}T000000Z" for i in range(1, 5)]
 
 TRIGGERER = textwrap.dedent(
     """
-    import asyncio, gc, json, logging, sys
+    import asyncio, gc, json, logging, os, sys
     from datetime import datetime, timedelta, timezone
 
     import airflow.triggers.base  # loaded in the triggerer before any trigger
@@ -84,7 +85,9 @@ TRIGGERER = textwrap.dedent(
     # What a full collection scans now (frozen objects are not in any generation), and what is frozen.
     heap = {"before": alive_before, "scanned": len(gc.get_objects()), "frozen": gc.get_freeze_count()}
     loop.close()
-    print(json.dumps({"result": result, "slow": slow, "heap": heap}))
+    # To a file of its own: the triggers' log lines share stdout, flushed in no fixed order.
+    with open(os.environ["WALSINK_TEST_RESULT"], "w") as out:
+        json.dump({"result": result, "slow": slow, "heap": heap}, out)
     """
 )
 
@@ -104,17 +107,19 @@ def sealed(tmp_path):
 
 def _triggerer(what: str, extra: dict, *args: str) -> dict:
     """Run the triggerer's part ``what`` in a cold interpreter; its result and slow callbacks."""
+    result = Path(extra["staging_root"]).parent / f"{what}-result.json"
     env = {
         **os.environ,
         "AIRFLOW_CONN_WALSINK_DEFAULT": json.dumps({"conn_type": "walsink", "extra": extra}),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "WALSINK_TRIGGERER_GC_FREEZE": "1",  # a triggerer's default (the test session turns it off)
+        "WALSINK_TEST_RESULT": str(result),
     }
     done = subprocess.run(
         [sys.executable, "-c", TRIGGERER, what, *args], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(result.read_text())
 
 
 def test_durability_triggers_never_block_the_event_loop(sealed):
