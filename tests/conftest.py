@@ -50,8 +50,13 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 # Every Spark driver of the session (the shared session, each task's spark-submit, through the
 # Airflow stack too) is a short JVM on small data: C1 only and the serial collector start it
 # with about half the CPU (12-20 s of CPU per job measured on the 2-core machine), the suite's
-# largest cost. Tests only: a long production job wants the default JIT.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# largest cost; a class archive halves what is left (tests/jvm_class_archive.py). Tests only: a
+# long production job wants the default JIT. Made by the controller (or a session without
+# workers): xdist's workers inherit its environment.
+if "SPARK_SUBMIT_OPTS" not in os.environ:
+    from jvm_class_archive import class_archive_opts
+
+    os.environ["SPARK_SUBMIT_OPTS"] = class_archive_opts("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 # Tests run durability checks in this process: no freeze of its heap (triggers/watch.py:
 # settle_heap), which would keep the cycles of every fixture alive then. The Airflow stack's
 # triggerer and the cold-triggerer test run with the default.
@@ -377,13 +382,15 @@ def spark():
 
 #: Fixtures that start the session's one running stack (Airflow components, the Spark cluster):
 #: under ``pytest -n 3 --dist loadgroup`` every test that uses one runs on the same worker, so
-#: the stack starts once while the other workers take the rest of the suite.
+#: the stack starts once while the other workers take the rest of the suite. An end-to-end test
+#: that starts Airflow components of its own (the quickstart's, the lifecycle test's) runs on any
+#: worker: on the stack's, it made that worker the suite's longest by a few minutes.
 STACK_FIXTURES = {"airflow_stack", "spark_cluster"}
 
 
 def _xdist_group(item) -> str | None:
     fixtures = set(getattr(item, "fixturenames", ()))
-    if STACK_FIXTURES & fixtures or item.get_closest_marker("e2e"):
+    if STACK_FIXTURES & fixtures:
         return "stack"
     if "spark_connect_server" in fixtures:  # one Connect server, on whichever worker
         return "connect"
