@@ -7,11 +7,12 @@ bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/lint-imports --no-cache  # the core never imports Airflow; no import circle (setup.cfg)
 set +e
-# Three workers (pytest-xdist) on two cores: every test that uses the running stack (Airflow
+# Four workers (pytest-xdist) on two cores: every test that uses the running stack (Airflow
 # components, the Spark cluster) on one of them (tests/conftest.py: the "stack" group), the rest
-# spread over the other two. Most of a test is waiting (on the scheduler, a lease, a retry's delay):
-# two heavy tests measured alone used about half a core each, so two workers left a core idle.
-.venv/bin/python -m pytest -n 3 --dist loadgroup "$@"
+# spread over the other three. Most of a test is waiting (on the scheduler, a lease, a retry's
+# delay): with three workers the cores were busy about 80% of the run (process accounting), and
+# the whole run took 1,122-1,173 s; with four, 1,057 s (2026-11-30, bench/README.md "CI time").
+.venv/bin/python -m pytest -n 4 --dist loadgroup "$@"
 status=$?
 set -e
 exit $status

@@ -57,6 +57,7 @@ if "SPARK_SUBMIT_OPTS" not in os.environ:
     from jvm_class_archive import class_archive_opts
 
     os.environ["SPARK_SUBMIT_OPTS"] = class_archive_opts("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+    os.environ["WALSINK_TEST_SPARK_OPTS_OURS"] = "1"  # tests/test_spark_class_archive.py
 # Tests run durability checks in this process: no freeze of its heap (triggers/watch.py:
 # settle_heap), which would keep the cycles of every fixture alive then. The Airflow stack's
 # triggerer and the cold-triggerer test run with the default.
