@@ -11,7 +11,7 @@ set +e
 # components, the Spark cluster) on one of them (tests/conftest.py: the "stack" group), the rest
 # spread over the other three. Most of a test is waiting (on the scheduler, a lease, a retry's
 # delay): with three workers the cores were busy about 80% of the run (process accounting), and
-# the whole run took 1,122-1,173 s; with four, 1,057 s (2026-11-30, bench/README.md "CI time").
+# the whole run took 1,122-1,173 s; with four, 1,057-1,103 s (2026-11-30, bench/README.md "CI time").
 .venv/bin/python -m pytest -n 4 --dist loadgroup "$@"
 status=$?
 set -e

@@ -382,7 +382,7 @@ def spark():
 
 
 #: Fixtures that start the session's one running stack (Airflow components, the Spark cluster):
-#: under ``pytest -n 3 --dist loadgroup`` every test that uses one runs on the same worker, so
+#: under ``pytest -n 4 --dist loadgroup`` every test that uses one runs on the same worker, so
 #: the stack starts once while the other workers take the rest of the suite. An end-to-end test
 #: that starts Airflow components of its own (the quickstart's, the lifecycle test's) runs on any
 #: worker: on the stack's, it made that worker the suite's longest by a few minutes.
